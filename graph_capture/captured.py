@@ -1,0 +1,227 @@
+"""`CapturedGraph`: the joint forward+backward fx graph, the solver's DAG, and the map between.
+
+Layout of ``CapturedGraph.joint`` (an aten-level, functionalized ``torch.fx.GraphModule`` whose
+``forward`` takes flat positional tensors and returns a flat ``list``):
+
+Placeholders, in this order (names in the ``*_placeholders`` fields)::
+
+    params   one per parameter, ``model.named_parameters()`` order (tied weights once,
+             under their first name)                      -> param_names[i]
+    buffers  one per buffer, ``model.named_buffers()`` order -> buffer_names[i]
+    inputs   one per flat user input (``example_inputs``, positional tensors)
+    tangents one per forward output that requires grad, in output order; the incoming
+             gradient of forward output ``tangent_output_indices[i]``
+
+Outputs (the joint returns a flat list; the position of each item is in the index fields)::
+
+    buffer updates  new values of the buffers the forward mutates (BatchNorm running stats,
+                    num_batches_tracked), in buffer order      -> buffer_update_indices
+    forward outputs the model's outputs, pytree-flattened      -> forward_output_indices
+    grads           one slot per primal placeholder (params, buffers, inputs); ``None`` where
+                    no gradient exists (buffers, inputs that do not require grad)
+                    -> param_grad_indices, input_grad_indices
+
+Nothing in the graph mutates its inputs: the executor copies buffer updates into the model
+after the step (see `JointResult.apply_buffer_updates`). Random ops (``native_dropout``,
+``rand*``, ``bernoulli``) are fx nodes drawing from the global CPU generator, listed in
+``random_nodes``; an exact replay must restore the RNG state each one saw in the plain run.
+
+The DAG (``networkx.DiGraph``; solver contract):
+
+- node id: the name of the fx node producing the group's main value (its "anchor").
+- ``mem`` (int, bytes): bytes of the storages this group creates that something outside the
+  group reads (another group or the graph output), deduplicated by storage. Views and aliases
+  add nothing. ``temp_mem`` (bytes): storages created and consumed inside the group.
+- ``cost``: seconds (median of repeated runs, ``cost_model="time"``) or FLOPs
+  (``cost_model="flops"``) to compute the whole group once. ``time`` (s) and ``flops`` are
+  always both present.
+- ``phase`` in {"forward", "backward"}, ``backward`` (bool), ``name``, ``op`` (aten op of the
+  anchor), ``module`` (nn.Module path, e.g. ``"blocks.0.attn"``; backward nodes carry the
+  module of the forward op they differentiate), ``random`` (bool), ``shapes`` / ``dtypes``
+  (of the anchor's tensor outputs), ``is_output`` (bool: a group member is a graph output).
+- an edge u -> v for every data dependency of a member of v on a member of u.
+- graph attr ``order``: all node ids, topological, every forward node before every backward
+  node. Graph attrs ``static_bytes`` and ``granularity`` repeat the fields below.
+
+Parameters, buffers, inputs and tangents are not DAG nodes: their bytes are in
+``static_bytes``. Gradient outputs *are* produced by DAG nodes (their bytes are in those
+nodes' ``mem``); ``static_bytes["grads"]`` reports their total for reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import networkx as nx
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape, dtype and requires_grad of one example input (to explain a mismatch)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> TensorSpec:
+        return cls(tuple(tensor.shape), tensor.dtype, tensor.requires_grad)
+
+
+@dataclass
+class JointResult:
+    """What one plain run of the joint graph produced.
+
+    ``outputs``: forward outputs (flat, in the model's pytree order); ``param_grads``: parameter
+    name -> gradient (``None`` if unused); ``input_grads``: flat input index -> gradient for
+    inputs that require grad; ``buffer_updates``: buffer name -> its new value.
+    """
+
+    outputs: list[torch.Tensor]
+    param_grads: dict[str, torch.Tensor | None]
+    input_grads: dict[int, torch.Tensor | None]
+    buffer_updates: dict[str, torch.Tensor]
+
+    def apply_buffer_updates(self, model: nn.Module) -> None:
+        """Copy the new buffer values into ``model`` (what eager training does in place)."""
+        buffers = dict(model.named_buffers())
+        with torch.no_grad():
+            for name, value in self.buffer_updates.items():
+                buffers[name].copy_(value)
+
+
+@dataclass
+class CapturedGraph:
+    """A model's joint forward+backward graph and the DAG the solver schedules.
+
+    See the module docstring for the exact placeholder/output layout and DAG attributes.
+    ``members[v]`` lists, in execution order, the fx node names DAG node ``v`` computes; every
+    fx node other than placeholders and the output belongs to exactly one DAG node.
+    """
+
+    joint: torch.fx.GraphModule
+    dag: nx.DiGraph
+    members: dict[str, list[str]]
+    granularity: str
+    cost_model: str
+    param_names: list[str]
+    param_placeholders: list[str]
+    buffer_names: list[str]
+    buffer_placeholders: list[str]
+    input_placeholders: list[str]
+    tangent_placeholders: list[str]
+    tangent_output_indices: list[int]
+    forward_output_indices: list[int]
+    buffer_update_indices: dict[str, int]
+    param_grad_indices: dict[str, int]
+    input_grad_indices: dict[int, int]
+    random_nodes: list[str]
+    static_bytes: dict[str, int]
+    input_specs: list[TensorSpec]
+    output_specs: list[TensorSpec]
+    output_treespec: object = field(repr=False)
+    node_group: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def order(self) -> list[str]:
+        """The DAG's topological order (forward nodes first)."""
+        return self.dag.graph["order"]
+
+    @property
+    def first_backward_index(self) -> int:
+        """Index in ``order`` of the first backward node (``len(order)`` if none)."""
+        for i, v in enumerate(self.order):
+            if self.dag.nodes[v]["backward"]:
+                return i
+        return len(self.order)
+
+    def placeholder_values(
+        self,
+        model: nn.Module,
+        inputs: Sequence[torch.Tensor],
+        tangents: Sequence[torch.Tensor],
+    ) -> list[torch.Tensor]:
+        """The joint's positional arguments: params, buffers, inputs, tangents (in layout order).
+
+        Raises `CaptureError` when ``inputs`` or ``tangents`` do not match the capture.
+        """
+        from graph_capture.errors import CaptureError
+
+        if len(inputs) != len(self.input_specs):
+            raise CaptureError(
+                f"expected {len(self.input_specs)} inputs {self.input_specs}, got {len(inputs)}"
+            )
+        for i, (tensor, spec) in enumerate(zip(inputs, self.input_specs, strict=True)):
+            if (tuple(tensor.shape), tensor.dtype) != (spec.shape, spec.dtype):
+                raise CaptureError(
+                    f"input {i}: captured with shape {spec.shape} {spec.dtype}, got "
+                    f"{tuple(tensor.shape)} {tensor.dtype}; capture again for new shapes"
+                )
+        if len(tangents) != len(self.tangent_placeholders):
+            raise CaptureError(
+                f"expected {len(self.tangent_placeholders)} tangents (one per output that "
+                f"requires grad: outputs {self.tangent_output_indices}), got {len(tangents)}"
+            )
+        params = dict(model.named_parameters())
+        buffers = dict(model.named_buffers())
+        return (
+            [params[name] for name in self.param_names]
+            + [buffers[name] for name in self.buffer_names]
+            + list(inputs)
+            + list(tangents)
+        )
+
+    def unpack_outputs(self, flat: Sequence[torch.Tensor | None]) -> JointResult:
+        """Split the joint's flat output list into a `JointResult`."""
+        return JointResult(
+            outputs=[flat[i] for i in self.forward_output_indices],
+            param_grads={n: flat[i] for n, i in self.param_grad_indices.items()},
+            input_grads={k: flat[i] for k, i in self.input_grad_indices.items()},
+            buffer_updates={n: flat[i] for n, i in self.buffer_update_indices.items()},
+        )
+
+    def run_plain(
+        self,
+        model: nn.Module,
+        inputs: Sequence[torch.Tensor],
+        tangents: Sequence[torch.Tensor],
+    ) -> JointResult:
+        """Run every node of the joint graph once, in graph order (the reference run).
+
+        Uses the global RNG from its current state, as eager forward+backward would; does not
+        touch ``model`` (call ``apply_buffer_updates`` for BatchNorm statistics).
+        """
+        args = self.placeholder_values(model, inputs, tangents)
+        with torch.no_grad():
+            flat = self.joint(*args)
+        return self.unpack_outputs(flat)
+
+    def default_tangents(self) -> list[torch.Tensor]:
+        """Tangents of ones, one per differentiable forward output (``sum()`` as the loss)."""
+        specs = [self.output_specs[i] for i in self.tangent_output_indices]
+        return [torch.ones(s.shape, dtype=s.dtype) for s in specs]
+
+
+def eager_reference(
+    model: nn.Module,
+    inputs: Sequence[torch.Tensor],
+    tangents: Sequence[torch.Tensor],
+    tangent_output_indices: Sequence[int],
+) -> tuple[list[torch.Tensor], Mapping[str, torch.Tensor | None], list[torch.Tensor | None]]:
+    """Eager forward + backward: (flat outputs, param name -> grad, input grads).
+
+    Mutates ``model`` exactly as a training step's forward/backward would (BatchNorm running
+    statistics, ``.grad`` fields are set from scratch).
+    """
+    for p in model.parameters():
+        p.grad = None
+    leaves = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
+    out = model(*leaves)
+    flat, _ = torch.utils._pytree.tree_flatten(out)
+    diff = [flat[i] for i in tangent_output_indices]
+    torch.autograd.backward(diff, list(tangents))
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    return [t.detach() for t in flat], grads, [x.grad for x in leaves]
