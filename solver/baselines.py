@@ -1,0 +1,189 @@
+"""Heuristic schedules the exact solver must beat, all under the same semantics and checker.
+
+Each baseline is a family of checkpoint policies: a set of nodes kept between stages (see
+`stages.plan_from_keep`); everything else is dropped after use and recomputed when needed. On a
+forward+backward graph only forward nodes are candidates for dropping (backward nodes are kept
+until their last use, as Checkmate's baselines do); on a graph without phases every node is.
+For a budget, a baseline returns the cheapest member of its family that fits, or None.
+
+- `checkpoint_all`: keep everything; no recomputation. Its peak defines "100%" of a budget.
+- `sqrt_segments`: Chen et al.'s sqrt(n): keep every round(sqrt(c))-th of the c candidates.
+- `every_k`: keep every k-th candidate, best k.
+- `chen_greedy`: Chen et al.'s greedy: walk the candidates, keep one whenever the bytes dropped
+  since the last kept one exceed b; best b over a sweep.
+- `ap_sqrt_segments`, `ap_greedy`: the same two with candidates restricted to the articulation
+  points of the (forward) graph, Checkmate's generalisation to non-linear graphs.
+- `bytes_per_cost`: drop candidates in order of bytes freed per unit of recompute cost (cheap per
+  byte first); best prefix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+
+from solver.graph import Problem, prepare
+from solver.schedule import Schedule, make_schedule
+from solver.stages import IndexedSchedule, StagePlan, plan_from_keep, plan_to_ops
+
+SWEEP_POINTS = 48
+"""How many members a swept family (every_k, greedy budgets, ranking prefixes) evaluates at most."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One schedule of a baseline family: the parameter that produced it and its ops."""
+
+    param: str
+    plan: StagePlan
+    schedule: IndexedSchedule
+
+
+def candidates(problem: Problem) -> list[int]:
+    """Nodes a baseline may drop: forward nodes of a training graph, else all nodes."""
+    return [i for i in range(problem.n) if not problem.backward[i]]
+
+
+def articulation_candidates(problem: Problem) -> list[int]:
+    """Candidates that are articulation points of the undirected candidate subgraph."""
+    cands = candidates(problem)
+    sub = nx.Graph()
+    sub.add_nodes_from(cands)
+    cand_set = set(cands)
+    sub.add_edges_from((p, v) for v in cands for p in problem.preds[v] if p in cand_set)
+    return sorted(nx.articulation_points(sub))
+
+
+def _member(problem: Problem, param: str, dropped_from: set[int]) -> Member:
+    keep = [i for i in range(problem.n) if i not in dropped_from]
+    plan = plan_from_keep(problem, keep)
+    return Member(param, plan, plan_to_ops(problem, plan))
+
+
+def _keep_every(problem: Problem, cands: Sequence[int], k: int) -> Member:
+    kept = set(cands[k - 1 :: k])
+    return _member(problem, f"k={k}", set(cands) - kept)
+
+
+def _sampled(values: Sequence[int], limit: int = SWEEP_POINTS) -> list[int]:
+    if len(values) <= limit:
+        return list(values)
+    step = (len(values) - 1) / (limit - 1)
+    return sorted({values[round(j * step)] for j in range(limit)})
+
+
+def checkpoint_all(problem: Problem) -> list[Member]:
+    """Keep every value until its last use."""
+    return [_member(problem, "-", set())]
+
+
+def _sqrt(problem: Problem, cands: Sequence[int]) -> list[Member]:
+    if not cands:
+        return checkpoint_all(problem)
+    return [_keep_every(problem, cands, max(1, round(math.sqrt(len(cands)))))]
+
+
+def sqrt_segments(problem: Problem) -> list[Member]:
+    """Chen's sqrt(n): segments of about sqrt(c) candidates, keep each segment's last node."""
+    return _sqrt(problem, candidates(problem))
+
+
+def ap_sqrt_segments(problem: Problem) -> list[Member]:
+    """sqrt(n) segments over articulation points only."""
+    return _sqrt(problem, articulation_candidates(problem))
+
+
+def every_k(problem: Problem) -> list[Member]:
+    """Keep every k-th candidate, for k over 1..c (sampled)."""
+    cands = candidates(problem)
+    return [_keep_every(problem, cands, k) for k in _sampled(range(1, len(cands) + 1))]
+
+
+def _greedy(problem: Problem, cands: Sequence[int]) -> list[Member]:
+    if not cands:
+        return checkpoint_all(problem)
+    sizes = [problem.mem[v] for v in cands]
+    low, high = max(1, min(sizes)), max(1, sum(sizes))
+    budgets = sorted(
+        {round(low * (high / low) ** (j / (SWEEP_POINTS - 1))) for j in range(SWEEP_POINTS)}
+    )
+    members = []
+    seen: set[frozenset[int]] = set()
+    for b in budgets:
+        kept, dropped_bytes = set(), 0
+        for v in cands:
+            dropped_bytes += problem.mem[v]
+            if dropped_bytes > b:
+                kept.add(v)
+                dropped_bytes = 0
+        key = frozenset(kept)
+        if key not in seen:
+            seen.add(key)
+            members.append(_member(problem, f"b={b}", set(cands) - kept))
+    return members
+
+
+def chen_greedy(problem: Problem) -> list[Member]:
+    """Chen's greedy over all candidates, sweeping the segment budget b (bytes)."""
+    return _greedy(problem, candidates(problem))
+
+
+def ap_greedy(problem: Problem) -> list[Member]:
+    """Chen's greedy over articulation points only."""
+    return _greedy(problem, articulation_candidates(problem))
+
+
+def bytes_per_cost(problem: Problem) -> list[Member]:
+    """Drop candidates with the most bytes per unit of recompute cost first; sweep the prefix."""
+    cands = candidates(problem)
+    ratio = {
+        v: problem.mem[v] / problem.cost[v] if problem.cost[v] > 0 else math.inf for v in cands
+    }
+    ranked = sorted(cands, key=lambda v: (-ratio[v], v))
+    return [
+        _member(problem, f"drop={m}", set(ranked[:m])) for m in _sampled(range(len(ranked) + 1))
+    ]
+
+
+BASELINES: dict[str, Callable[[Problem], list[Member]]] = {
+    "checkpoint_all": checkpoint_all,
+    "sqrt_segments": sqrt_segments,
+    "ap_sqrt_segments": ap_sqrt_segments,
+    "every_k": every_k,
+    "chen_greedy": chen_greedy,
+    "ap_greedy": ap_greedy,
+    "bytes_per_cost": bytes_per_cost,
+}
+"""Every baseline family by name, in the order tables list them."""
+
+
+def cheapest_within(members: Iterable[Member], budget: int | None) -> Member | None:
+    """The lowest-cost member whose peak fits `budget` bytes (ties: lower peak), or None."""
+    fitting = [m for m in members if budget is None or m.schedule.peak <= budget]
+    return min(fitting, key=lambda m: (m.schedule.cost, m.schedule.peak), default=None)
+
+
+def smallest_within(members: Iterable[Member], compute_budget: float | None) -> Member | None:
+    """The lowest-peak member whose cost fits `compute_budget` (ties: lower cost), or None."""
+    fitting = [
+        m
+        for m in members
+        if compute_budget is None or m.schedule.cost <= compute_budget * (1 + 1e-12)
+    ]
+    return min(fitting, key=lambda m: (m.schedule.peak, m.schedule.cost), default=None)
+
+
+def baseline(graph: nx.DiGraph, name: str, budget: int | None = None) -> Schedule | None:
+    """Run one baseline on `graph`: its cheapest schedule within `budget` bytes, or None."""
+    if name not in BASELINES:
+        raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
+    problem = prepare(graph)
+    best = cheapest_within(BASELINES[name](problem), budget)
+    if best is None:
+        return None
+    return make_schedule(
+        graph, problem, best.schedule, method=name, budget=budget, extra={"param": best.param}
+    )

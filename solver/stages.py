@@ -1,0 +1,113 @@
+"""Checkmate-style stage plans and their translation into op sequences.
+
+A plan has one stage per node, in solver order. Stage t computes node t for the first time and,
+before it, any earlier nodes it needs that are not live (recomputations), each at most once and in
+topological order. `kept[t]` is the set of values live when stage t begins (carried over from
+earlier stages). Within a stage, values are freed as early as possible: a value is dropped right
+after its last use in the stage unless it is kept into the next stage; carried values with no use
+and not kept are dropped when the stage begins. For a given plan this eager freeing gives the
+lowest peak, so a plan determines its schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from solver.graph import Problem
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """computed[t]: ascending node indices computed in stage t (the last one is t).
+    kept[t]: node indices live when stage t begins; kept[0] is empty, len(kept) == n + 1 and
+    kept[n] (after the last stage) is empty.
+    """
+
+    computed: tuple[tuple[int, ...], ...]
+    kept: tuple[frozenset[int], ...]
+
+    def cost(self, problem: Problem) -> float:
+        """Total cost of all computes (first computations and recomputations)."""
+        return sum(problem.cost[i] for stage in self.computed for i in stage)
+
+
+@dataclass(frozen=True)
+class IndexedSchedule:
+    """Ops over node indices with the peak (bytes) and cost they give, computed on the fly."""
+
+    ops: tuple[tuple[str, int], ...]
+    peak: int
+    cost: float
+
+
+def plan_to_ops(problem: Problem, plan: StagePlan) -> IndexedSchedule:
+    """Expand a plan into compute/free ops with eager frees; O(total ops * in-degree)."""
+    ops: list[tuple[str, int]] = []
+    live_bytes = 0
+    peak = 0
+    cost = 0.0
+    for t, stage in enumerate(plan.computed):
+        carried = plan.kept[t]
+        keep_next = plan.kept[t + 1]
+        last_use: dict[int, int] = {}
+        for k in stage:
+            last_use[k] = k
+            for p in problem.preds[k]:
+                last_use[p] = k
+        for i in sorted(carried):
+            if i not in last_use and i not in keep_next:
+                ops.append(("free", i))
+                live_bytes -= problem.mem[i]
+        for k in stage:
+            ops.append(("compute", k))
+            live_bytes += problem.mem[k]
+            peak = max(peak, live_bytes)
+            cost += problem.cost[k]
+            for i in (*problem.preds[k], k):
+                if last_use.get(i) == k and i not in keep_next:
+                    ops.append(("free", i))
+                    live_bytes -= problem.mem[i]
+                    last_use[i] = -1  # freed once even if i appears twice in the list
+    return IndexedSchedule(tuple(ops), peak, cost)
+
+
+def plan_from_keep(problem: Problem, keep: Iterable[int]) -> StagePlan:
+    """The plan that keeps exactly the values in `keep` between stages.
+
+    A node in `keep` stays live from its first computation until the last stage that reads it;
+    every other node is dropped at the end of each stage that computes it and recomputed (with
+    whatever of its inputs is missing) whenever a later stage needs it. keep = all nodes is
+    checkpoint-all (no recomputation). O(n * (V + E)) in the worst case.
+    """
+    keep_set = frozenset(keep)
+    n = problem.n
+    computed: list[tuple[int, ...]] = []
+    last_stage: dict[int, int] = {}
+    for t in range(n):
+        needed = {t}
+        stack = [t]
+        while stack:
+            v = stack.pop()
+            for p in problem.preds[v]:
+                if p in keep_set:
+                    last_stage[p] = t
+                elif p not in needed:
+                    needed.add(p)
+                    stack.append(p)
+        computed.append(tuple(sorted(needed)))
+    kept = [frozenset()] + [
+        frozenset(i for i in keep_set if i < t and last_stage.get(i, -1) >= t) for t in range(1, n)
+    ]
+    kept.append(frozenset())
+    return StagePlan(tuple(computed), tuple(kept))
+
+
+def plan_from_matrices(
+    problem: Problem, compute: Sequence[Sequence[bool]], keep: Sequence[Sequence[bool]]
+) -> StagePlan:
+    """Build a plan from 0/1 matrices: compute[t][i] (i <= t) and keep[t][i] (i < t)."""
+    n = problem.n
+    computed = tuple(tuple(i for i in range(t + 1) if i == t or compute[t][i]) for t in range(n))
+    kept = tuple(frozenset(i for i in range(t) if keep[t][i]) for t in range(n))
+    return StagePlan(computed, (*kept, frozenset()))
