@@ -1,0 +1,21 @@
+"""Exceptions raised by the executor; each message says what differs and what to do.
+
+Schedule problems reuse the solver's classes: `solver.errors.ScheduleMismatchError` (a schedule
+solved for another graph) and `solver.errors.InvalidScheduleError` (the simulator rejects it).
+"""
+
+from solver.errors import RematError
+
+
+class ExecutorError(RematError):
+    """Base class of the executor's own errors."""
+
+
+class InputMismatchError(ExecutorError, ValueError):
+    """The inputs differ (count, shape, dtype, device) from the example the graph was captured
+    with; the captured graph is specialised to that example, so capture again for new shapes."""
+
+
+class UnsupportedScheduleError(ExecutorError):
+    """The schedule is valid for the solver but cannot run as a forward/backward pair, e.g. it
+    computes a forward output only after backward work that needs the output's gradient."""

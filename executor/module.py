@@ -1,0 +1,272 @@
+"""`Rematerialized`: a model wrapped to train under a solved rematerialization schedule.
+
+One training step is one `torch.autograd.Function`:
+
+- forward: the schedule's ops up to (not including) the first compute of a node that reads a
+  tangent (an incoming output gradient) run in `forward`; the values live at that point stay in
+  the step's environment (held by the autograd context), everything else is already freed;
+- backward: the rest of the ops (recomputes, backward ops, frees) run in `backward` once the
+  output gradients are known.
+
+Parameter gradients go straight into `param.grad` when the schedule computes them (exactly what
+autograd's AccumulateGrad does: a new tensor with the parameter's strides when `.grad` is None,
+an in-place add otherwise), so a gradient the schedule frees is released like in eager. Input
+gradients are returned to autograd. New buffer values (BatchNorm running statistics) are copied
+into the model the first time the schedule computes them; recomputes read a snapshot of the
+buffer taken at the start of the step, so every recompute sees what the first compute saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from executor.errors import InputMismatchError, UnsupportedScheduleError
+from executor.interpreter import ScheduleInterpreter, Step
+from graph_capture.captured import CapturedGraph
+from solver.schedule import Schedule
+from solver.simulate import simulate
+
+__all__ = ["Rematerialized", "rematerialize", "split_ops"]
+
+Op = tuple[str, Hashable]
+
+
+def split_ops(captured: CapturedGraph, ops: Sequence[Op]) -> int:
+    """Index of the first op that computes a DAG node reading a tangent (len(ops) if none).
+
+    Ops before it can run in the autograd forward; the rest need the output gradients.
+    Raises UnsupportedScheduleError if a forward output is first computed after that point.
+    """
+    graph = captured.joint.graph
+    needs_tangent: set[str] = set(captured.tangent_placeholders)
+    for node in graph.nodes:
+        if node.op != "placeholder" and any(a.name in needs_tangent for a in node.all_input_nodes):
+            needs_tangent.add(node.name)
+    split = next(
+        (
+            i
+            for i, (kind, v) in enumerate(ops)
+            if kind == "compute" and any(m in needs_tangent for m in captured.members[v])
+        ),
+        len(ops),
+    )
+    output = next(n for n in graph.nodes if n.op == "output").args[0]
+    before = {m for kind, v in ops[:split] if kind == "compute" for m in captured.members[v]}
+    placeholders = {n.name for n in graph.nodes if n.op == "placeholder"}
+    for k, position in enumerate(captured.forward_output_indices):
+        name = output[position].name
+        if name not in before and name not in placeholders:
+            raise UnsupportedScheduleError(
+                f"forward output {k} (fx node {name}) is first computed at op "
+                f"{_first_compute(captured, ops, name)}, after op {split} already needs output "
+                "gradients; compute every forward output before the first backward op"
+            )
+    return split
+
+
+def _first_compute(captured: CapturedGraph, ops: Sequence[Op], name: str) -> int | None:
+    for i, (kind, v) in enumerate(ops):
+        if kind == "compute" and name in captured.members[v]:
+            return i
+    return None
+
+
+class _Program:
+    """A captured graph and one schedule, prepared to run steps on one model."""
+
+    def __init__(self, model: nn.Module, captured: CapturedGraph, schedule: Schedule) -> None:
+        self.model = model
+        self.captured = captured
+        self.schedule = schedule
+        self.interpreter = ScheduleInterpreter(
+            captured.joint, captured.members, captured.random_nodes
+        )
+        split = split_ops(captured, schedule.ops)
+        self.forward_ops = list(schedule.ops[:split])
+        self.backward_ops = list(schedule.ops[split:])
+        output = next(n for n in captured.joint.graph.nodes if n.op == "output").args[0]
+        self.placeholder_results = [
+            (position, self.interpreter.slot[node.name])
+            for position, node in enumerate(output)
+            if isinstance(node, torch.fx.Node) and node.op == "placeholder"
+        ]
+        self.grad_position_to_param = {i: n for n, i in captured.param_grad_indices.items()}
+        self.buffer_of_position = {i: n for n, i in captured.buffer_update_indices.items()}
+        self.mutated_buffers = set(captured.buffer_update_indices)
+
+    def start(self, params: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Step:
+        """A new step with parameters, buffers (mutated ones snapshotted) and inputs bound."""
+        c = self.captured
+        step = self.interpreter.new_step()
+        buffers = dict(self.model.named_buffers())
+        buffer_values = [
+            buffers[n].clone() if n in self.mutated_buffers else buffers[n] for n in c.buffer_names
+        ]
+        self.interpreter.set_placeholders(step, c.param_placeholders, params)
+        self.interpreter.set_placeholders(step, c.buffer_placeholders, buffer_values)
+        self.interpreter.set_placeholders(step, c.input_placeholders, inputs)
+        step.on_result = lambda position, value: self._on_result(position, value)
+        self._record_placeholder_results(step)
+        return step
+
+    def forward(self, step: Step) -> list[torch.Tensor]:
+        """Run the forward part; returns the forward outputs. Leaves the RNG where eager would."""
+        self.interpreter.run(self.forward_ops, step)
+        step.rng.finish()
+        return [step.results[i] for i in self.captured.forward_output_indices]
+
+    def backward(self, step: Step, tangents: Sequence[torch.Tensor]) -> dict[int, object]:
+        """Run the rest with the output gradients; returns the results (input grads etc.)."""
+        self.interpreter.set_placeholders(step, self.captured.tangent_placeholders, tangents)
+        self._record_placeholder_results(step)
+        self.interpreter.run(self.backward_ops, step)
+        results = step.results
+        step.env.clear()
+        return results
+
+    def _record_placeholder_results(self, step: Step) -> None:
+        for position, slot in self.placeholder_results:
+            if position not in step.results and step.env[slot] is not None:
+                step.results[position] = step.env[slot]
+                self._on_result(position, step.env[slot])
+
+    def _on_result(self, position: int, value: object) -> None:
+        name = self.grad_position_to_param.get(position)
+        if name is not None:
+            _accumulate_grad(self.model.get_parameter(name), value)
+            return
+        name = self.buffer_of_position.get(position)
+        if name is not None:
+            self.model.get_buffer(name).copy_(value)
+
+
+def _accumulate_grad(param: torch.Tensor, grad: torch.Tensor) -> None:
+    """What autograd's AccumulateGrad does: adopt (with the param's strides) or add in place."""
+    if param.grad is None:
+        if grad.stride() != param.stride() or grad.data_ptr() == param.data_ptr():
+            grad = torch.empty_like(param).copy_(grad)
+        param.grad = grad
+    else:
+        param.grad.add_(grad)
+
+
+class _RematFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, program: _Program, n_params: int, *flat: torch.Tensor):  # type: ignore[override]
+        step = program.start(flat[:n_params], flat[n_params:])
+        outputs = program.forward(step)
+        ctx.program, ctx.step, ctx.n_params = program, step, n_params
+        tangent_outputs = set(program.captured.tangent_output_indices)
+        ctx.mark_non_differentiable(*(o for k, o in enumerate(outputs) if k not in tangent_outputs))
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs: torch.Tensor):  # type: ignore[override]
+        program: _Program = ctx.program
+        step: Step = ctx.step
+        ctx.step = None
+        if step is None:
+            raise RuntimeError(
+                "Rematerialized: backward ran twice through the same step; the schedule frees "
+                "its values, so retain_graph=True is not supported"
+            )
+        tangents = [grad_outputs[k] for k in program.captured.tangent_output_indices]
+        with torch.no_grad():
+            results = program.backward(step, tangents)
+        needs_input_grad = ctx.needs_input_grad[2 + ctx.n_params :]
+        input_grads: list[torch.Tensor | None] = [None] * len(needs_input_grad)
+        for k, position in program.captured.input_grad_indices.items():
+            if needs_input_grad[k]:
+                input_grads[k] = results.get(position)
+        return (None, None, *([None] * ctx.n_params), *input_grads)
+
+
+class Rematerialized(nn.Module):
+    """`model` trained under `schedule`: same outputs, bit-identical gradients, less memory.
+
+    Use it like the model: ``out = rm(*inputs); loss(out).backward(); optimizer.step()``.
+    Parameters are the model's own (``rm.parameters()`` yields them), so an optimizer built on
+    either works. Inputs must match the captured example in count, shape, dtype and device.
+    In eval mode (``rm.eval()``) it calls the model directly: the schedule is for training.
+    """
+
+    def __init__(self, model: nn.Module, captured: CapturedGraph, schedule: Schedule) -> None:
+        super().__init__()
+        schedule.check_graph(captured.dag)
+        simulate(captured.dag, schedule.ops).raise_if_invalid()
+        self.model = model
+        self.captured = captured
+        self.schedule = schedule
+        self._program = _Program(model, captured, schedule)
+
+    @classmethod
+    def from_file(
+        cls, model: nn.Module, example_inputs: Sequence[torch.Tensor], path: str | Path
+    ) -> Rematerialized:
+        """Capture `model` on `example_inputs` and load the schedule solved offline at `path`.
+
+        Raises solver.errors.ScheduleMismatchError when the file was solved for another graph.
+        """
+        from graph_capture import capture
+
+        captured = capture(model, example_inputs)
+        return cls(model, captured, Schedule.load(path, captured.dag))
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """The solver's peak of live activation/gradient bytes for this schedule."""
+        return self.schedule.peak
+
+    def forward(self, *inputs: torch.Tensor) -> object:
+        if not self.training:
+            return self.model(*inputs)
+        self.check_inputs(inputs)
+        params = [self.model.get_parameter(n) for n in self.captured.param_names]
+        outputs = _RematFunction.apply(self._program, len(params), *params, *inputs)
+        return pytree.tree_unflatten(list(outputs), self.captured.output_treespec)
+
+    def check_inputs(self, inputs: Sequence[object]) -> None:
+        """Raise InputMismatchError saying what differs from the captured example inputs."""
+        specs = self.captured.input_specs
+        if len(inputs) != len(specs):
+            raise InputMismatchError(
+                f"expected {len(specs)} positional tensor inputs (as captured), got {len(inputs)}"
+            )
+        device = next(iter(self.model.parameters()), torch.empty(0)).device
+        for i, (x, spec) in enumerate(zip(inputs, specs, strict=True)):
+            if not isinstance(x, torch.Tensor):
+                raise InputMismatchError(f"input {i}: expected a tensor, got {type(x).__name__}")
+            if tuple(x.shape) != spec.shape or x.dtype != spec.dtype:
+                raise InputMismatchError(
+                    f"input {i}: captured with shape {spec.shape} and dtype {spec.dtype}, got "
+                    f"shape {tuple(x.shape)} and dtype {x.dtype}; the graph is specialised to "
+                    "the example shapes: capture (and solve) again for these inputs"
+                )
+            if x.device != device:
+                raise InputMismatchError(
+                    f"input {i}: on {x.device}, but the model is on {device}; move it there"
+                )
+
+
+def rematerialize(
+    model: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    budget: int | float | str,
+    **solve_options: object,
+) -> Rematerialized:
+    """Capture `model`, solve for `budget` (bytes, "512MiB" or "50%" of the checkpoint-all
+    peak) and wrap: the one call for the common case. `solve_options` go to `solver.solve`."""
+    import solver
+    from graph_capture import capture
+    from solver.budget import parse_budget
+    from solver.graph import prepare
+
+    captured = capture(model, example_inputs)
+    budget_bytes = parse_budget(budget, prepare(captured.dag))
+    schedule = solver.solve(captured.dag, budget=budget_bytes, **solve_options)
+    return Rematerialized(model, captured, schedule)
