@@ -1,0 +1,14 @@
+"""Capture a PyTorch model's training step as a joint fx graph and a DAG for the solver."""
+
+from graph_capture.capture import capture
+from graph_capture.captured import CapturedGraph, JointResult, TensorSpec, eager_reference
+from graph_capture.errors import CaptureError
+
+__all__ = [
+    "CaptureError",
+    "CapturedGraph",
+    "JointResult",
+    "TensorSpec",
+    "capture",
+    "eager_reference",
+]

@@ -1,0 +1,175 @@
+"""`capture`: trace a model's training step, measure it on real tensors, group it for the solver."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from graph_capture.captured import CapturedGraph, TensorSpec
+from graph_capture.dag import build_dag
+from graph_capture.errors import CaptureError
+from graph_capture.grouping import group_modules, group_ops, op_group_order
+from graph_capture.measure import StorageKey, _storages, is_random, measure_joint
+from graph_capture.trace import TracedJoint, trace_joint
+
+GRANULARITIES = ("op", "module")
+
+
+def capture(
+    model: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    *,
+    granularity: str = "op",
+    cost_model: str = "time",
+    module_depth: int | None = None,
+    repeats: int = 3,
+) -> CapturedGraph:
+    """Capture ``model(*example_inputs)`` forward + backward as a `CapturedGraph`.
+
+    ``granularity``: "op" (one DAG node per allocating aten op, views folded in) or "module"
+    (consecutive ops of one module and phase merged; ``module_depth`` truncates module paths).
+    ``cost_model``: "time" (DAG ``cost`` in seconds, median of ``repeats`` runs per op) or
+    "flops". Measurement runs the graph once on the example inputs with tangents of ones; the
+    global RNG state and the model are left as they were. Raises `CaptureError`.
+    """
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")
+    with torch.random.fork_rng(devices=[]):
+        traced = trace_joint(model, example_inputs)
+        layout = _layout(traced, model)
+        gm = traced.graph_module
+        output_specs = _output_specs(gm, layout["forward_output_indices"])
+        tangents = [
+            torch.ones(output_specs[i].shape, dtype=output_specs[i].dtype)
+            for i in layout["tangent_output_indices"]
+        ]
+        params = dict(model.named_parameters())
+        buffers = dict(model.named_buffers())
+        args = (
+            [params[n] for n in layout["param_names"]]
+            + [buffers[n] for n in layout["buffer_names"]]
+            + [x.detach() for x in example_inputs]
+            + tangents
+        )
+        measures, _, flat_outputs = measure_joint(gm, args, repeats=repeats)
+    group = group_ops(gm, measures)
+    order = op_group_order(gm, group)
+    modules = None
+    if granularity == "module":
+        group, order, modules = group_modules(gm, group, order, module_depth)
+    dag, members = build_dag(gm, measures, group, order, cost_model, modules)
+    static = _static_bytes(args, layout, flat_outputs)
+    dag.graph["static_bytes"] = static
+    dag.graph["granularity"] = granularity
+    return CapturedGraph(
+        joint=gm,
+        dag=dag,
+        members=members,
+        granularity=granularity,
+        cost_model=cost_model,
+        random_nodes=[n.name for n in gm.graph.nodes if n.op == "call_function" and is_random(n)],
+        static_bytes=static,
+        input_specs=[TensorSpec.of(x) for x in example_inputs],
+        output_specs=output_specs,
+        output_treespec=traced.output_treespec,
+        node_group=group,
+        **{k: v for k, v in layout.items() if k != "grad_indices"},
+    )
+
+
+def _layout(traced: TracedJoint, model: nn.Module) -> dict:
+    """Read the placeholder and output layout from AOTAutograd's descriptors."""
+    placeholders = [n.name for n in traced.graph_module.graph.find_nodes(op="placeholder")]
+    kinds: dict[str, list] = {"param": [], "buffer": [], "input": [], "tangent": []}
+    for name, desc in zip(placeholders, traced.input_descs, strict=True):
+        kind = type(desc).__name__
+        if kind == "ParamAOTInput":
+            kinds["param"].append((name, desc.target))
+        elif kind == "BufferAOTInput":
+            kinds["buffer"].append((name, desc.target))
+        elif kind == "PlainAOTInput":
+            kinds["input"].append((name, desc.idx))
+        elif kind == "TangentAOTInput" and type(desc.output).__name__ == "PlainAOTOutput":
+            kinds["tangent"].append((name, desc.output.idx))
+        else:
+            raise CaptureError(f"unsupported joint-graph input {desc} (placeholder '{name}')")
+    if [idx for _, idx in kinds["input"]] != list(range(len(kinds["input"]))):
+        raise CaptureError(f"joint-graph inputs out of order: {kinds['input']}")
+    param_names = [t for _, t in kinds["param"]]
+    if param_names != [n for n, _ in model.named_parameters()]:
+        raise CaptureError("joint-graph parameters are not in model.named_parameters() order")
+    layout = {
+        "param_names": param_names,
+        "param_placeholders": [n for n, _ in kinds["param"]],
+        "buffer_names": [t for _, t in kinds["buffer"]],
+        "buffer_placeholders": [n for n, _ in kinds["buffer"]],
+        "input_placeholders": [n for n, _ in kinds["input"]],
+        "tangent_placeholders": [n for n, _ in kinds["tangent"]],
+        "tangent_output_indices": [i for _, i in kinds["tangent"]],
+        "forward_output_indices": [],
+        "buffer_update_indices": {},
+        "param_grad_indices": {},
+        "input_grad_indices": {},
+    }
+    for position, desc in enumerate(traced.output_descs):
+        kind = type(desc).__name__
+        if kind == "PlainAOTOutput":
+            if desc.idx != len(layout["forward_output_indices"]):
+                raise CaptureError(f"forward outputs out of order at {desc}")
+            layout["forward_output_indices"].append(position)
+        elif kind == "InputMutationAOTOutput":
+            mutated = desc.mutated_input
+            if type(mutated).__name__ != "BufferAOTInput":
+                raise CaptureError(
+                    f"the model mutates {mutated} in place (only buffers such as BatchNorm "
+                    "running statistics may be mutated); clone it before modifying"
+                )
+            layout["buffer_update_indices"][mutated.target] = position
+        elif kind == "GradAOTOutput":
+            of = desc.grad_of
+            if type(of).__name__ == "ParamAOTInput":
+                layout["param_grad_indices"][of.target] = position
+            elif type(of).__name__ == "PlainAOTInput":
+                layout["input_grad_indices"][of.idx] = position
+        elif desc is not None:
+            raise CaptureError(
+                f"unsupported joint-graph output {desc} (an output aliasing an input or an "
+                "intermediate's base?): return fresh tensors, e.g. .clone()"
+            )
+    return layout
+
+
+def _output_specs(gm: torch.fx.GraphModule, forward_positions: list[int]) -> list[TensorSpec]:
+    (output,) = gm.graph.find_nodes(op="output")
+    specs = []
+    for position in forward_positions:
+        val = output.args[0][position].meta["val"]
+        specs.append(TensorSpec(tuple(val.shape), val.dtype, val.requires_grad))
+    return specs
+
+
+def _static_bytes(args: list[torch.Tensor], layout: dict, outputs: list[object]) -> dict[str, int]:
+    """Bytes of params, buffers, inputs, tangents (storage-deduplicated) and of the grads."""
+    counts = [
+        ("params", len(layout["param_names"])),
+        ("buffers", len(layout["buffer_names"])),
+        ("inputs", len(layout["input_placeholders"])),
+        ("tangents", len(layout["tangent_placeholders"])),
+    ]
+    seen: set[StorageKey] = set()
+    static: dict[str, int] = {}
+    start = 0
+    for name, count in counts:
+        storages = _storages(args[start : start + count])
+        static[name] = sum(b for k, b in storages.items() if k not in seen)
+        seen.update(storages)
+        start += count
+    grad_positions = [
+        *layout["param_grad_indices"].values(),
+        *layout["input_grad_indices"].values(),
+    ]
+    grads = _storages([outputs[i] for i in grad_positions])
+    static["grads"] = sum(grads.values())
+    return static

@@ -1,0 +1,131 @@
+"""Partition the joint graph's fx nodes into the solver's nodes (groups).
+
+Op granularity (`group_ops`), exact by construction:
+
+- an op that allocates new storage starts a group (its "anchor");
+- an op whose outputs only alias storage of one group (views, ``getitem``, ``detach``) joins
+  that group: it is free to compute and cannot outlive the storage it views, so keeping it
+  as a separate node would let a schedule "free" bytes that a view still holds;
+- an op that allocates nothing and aliases only static memory (``t`` of a weight, views of a
+  tangent) joins its single consumer when that consumer is in the same phase, otherwise it
+  is its own zero-byte node.
+
+Module granularity (`group_modules`): maximal runs of consecutive op groups (in the op-level
+topological order) that share a phase and a module path, truncated to ``depth`` components.
+Runs of a topological order merge without creating cycles.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from graph_capture.errors import CaptureError
+from graph_capture.measure import NodeMeasure
+
+_REPEAT_SUFFIX = re.compile(r"@\d+$")
+
+
+def phase_of(node: torch.fx.Node) -> str:
+    """ "backward" for ops AOTAutograd traced from the backward pass, else "forward"."""
+    return "backward" if node.meta.get("partitioner_tag") == "is_backward" else "forward"
+
+
+def module_of(node: torch.fx.Node) -> str:
+    """Dotted path of the innermost nn.Module the op came from ("" for the root module).
+
+    Backward ops report the module of the forward op they differentiate.
+    """
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = next(reversed(stack.values()))[0]
+    parts = [_REPEAT_SUFFIX.sub("", part) for part in path.split(".")]
+    return ".".join(p for p in parts if p and not p.startswith("L["))
+
+
+def _where(node: torch.fx.Node) -> str:
+    return f"op {node.target} (fx node '{node.name}') in module '{module_of(node) or '(root)'}'"
+
+
+def group_ops(gm: torch.fx.GraphModule, measures: dict[str, NodeMeasure]) -> dict[str, str]:
+    """Map every computing fx node to the anchor name of its op-level group (rules above)."""
+    owner: dict[object, str] = {}
+    group: dict[str, str] = {}
+    free: list[torch.fx.Node] = []
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    for node in nodes:
+        measure = measures[node.name]
+        aliased = {owner[k] for k in measure.storages if k in owner}
+        if measure.new_storages:
+            if aliased:
+                raise CaptureError(
+                    f"{_where(node)} returns new memory together with an alias of the output "
+                    f"of {sorted(aliased)}; this output layout is not supported"
+                )
+            group[node.name] = node.name
+            owner.update(dict.fromkeys(measure.new_storages, node.name))
+        elif aliased:
+            if len(aliased) > 1:
+                raise CaptureError(
+                    f"{_where(node)} aliases the outputs of several ops {sorted(aliased)}"
+                )
+            (target,) = aliased
+            readers = {group[n.name] for n in node.all_input_nodes if n.name in group}
+            if readers - {target}:
+                raise CaptureError(
+                    f"{_where(node)} aliases the output of '{target}' but also reads "
+                    f"{sorted(readers - {target})}; cannot place it exactly"
+                )
+            group[node.name] = target
+        else:
+            free.append(node)
+    for node in reversed(free):
+        consumers = list(node.users)
+        only = consumers[0] if len(consumers) == 1 else None
+        if only is not None and only.op == "call_function" and phase_of(only) == phase_of(node):
+            group[node.name] = group[only.name]
+        else:
+            group[node.name] = node.name
+    return group
+
+
+def op_group_order(gm: torch.fx.GraphModule, group: dict[str, str]) -> list[str]:
+    """Group anchors sorted forward first, then by the anchor's position in the graph."""
+    position = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+    nodes = {n.name: n for n in gm.graph.nodes}
+    anchors = set(group.values())
+    return sorted(anchors, key=lambda a: (phase_of(nodes[a]) == "backward", position[a]))
+
+
+def group_modules(
+    gm: torch.fx.GraphModule,
+    group: dict[str, str],
+    order: list[str],
+    depth: int | None = None,
+) -> tuple[dict[str, str], list[str], dict[str, str]]:
+    """Merge consecutive op groups of one module and phase.
+
+    Returns (fx node -> group id, group order, group id -> module path).
+
+    A merged group's id is the anchor of its last op group (usually the module's output).
+    ``depth`` truncates module paths ("blocks.0.attn" at depth 2 is "blocks.0").
+    """
+    nodes = {n.name: n for n in gm.graph.nodes}
+
+    def key(anchor: str) -> tuple[str, str]:
+        path = module_of(nodes[anchor])
+        if depth is not None:
+            path = ".".join(path.split(".")[:depth]) if path else path
+        return phase_of(nodes[anchor]), path
+
+    runs: list[list[str]] = []
+    for anchor in order:
+        if runs and key(runs[-1][-1]) == key(anchor):
+            runs[-1].append(anchor)
+        else:
+            runs.append([anchor])
+    renamed = {anchor: run[-1] for run in runs for anchor in run}
+    paths = {run[-1]: key(run[-1])[1] for run in runs}
+    return {n: renamed[g] for n, g in group.items()}, [run[-1] for run in runs], paths

@@ -1,0 +1,137 @@
+"""Run the joint graph node by node on real tensors: storages, seconds and FLOPs per fx node.
+
+Every value stays alive until the end of the run, so storage data pointers are unique and a
+storage is identified by its pointer (zero-byte storages get a private key).
+"""
+
+from __future__ import annotations
+
+import operator
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode
+
+StorageKey = tuple[int, int]
+
+
+@dataclass
+class NodeMeasure:
+    """One fx node's measurements.
+
+    ``storages``: storage key -> bytes of every storage its tensor outputs reference;
+    ``new_storages``: the subset this node allocated (not seen on any earlier value);
+    ``seconds``: median wall time of ``repeats`` runs; ``flops_counted``: what
+    ``FlopCounterMode`` counts (matmul, conv, attention); ``flops``: that, or a numel-based
+    estimate (one FLOP per element of the largest input or of all outputs, whichever is
+    larger) for ops it counts as 0 that allocate memory.
+    """
+
+    storages: dict[StorageKey, int]
+    new_storages: set[StorageKey]
+    seconds: float
+    flops_counted: int
+    flops: int
+    shapes: list[tuple[int, ...]] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(value)
+    return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+def _storages(value: object) -> dict[StorageKey, int]:
+    found: dict[StorageKey, int] = {}
+    for tensor in _tensors(value):
+        storage = tensor.untyped_storage()
+        nbytes = storage.nbytes()
+        key = (storage.data_ptr(), 0) if nbytes else (0, id(storage))
+        found[key] = nbytes
+    return found
+
+
+def is_random(node: torch.fx.Node) -> bool:
+    """True when the node's op draws from the RNG (dropout, rand*, bernoulli, ...)."""
+    tags = getattr(node.target, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags
+
+
+def _estimate_flops(args: Sequence[object], out: object) -> int:
+    largest_input = max((x.numel() for x in _tensors(args)), default=0)
+    outputs = sum(x.numel() for x in _tensors(out))
+    return max(largest_input, outputs)
+
+
+def measure_joint(
+    gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], *, repeats: int = 3
+) -> tuple[dict[str, NodeMeasure], dict[StorageKey, int], list[object]]:
+    """Run ``gm`` once node by node (plus ``repeats`` timed re-runs per node, RNG restored).
+
+    Returns (fx node name -> `NodeMeasure`, storages of the placeholders, the flat outputs).
+    The outputs are those of a plain run: each node's value is from a run that started from
+    the RNG state the plain run would have had.
+    """
+    env: dict[str, object] = {}
+    measures: dict[str, NodeMeasure] = {}
+    seen: dict[StorageKey, int] = {}
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    for node, value in zip(placeholders, args, strict=True):
+        env[node.name] = value
+        seen.update(_storages(value))
+    static = dict(seen)
+    outputs: list[object] = []
+    with torch.no_grad():
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                outputs = list(torch.fx.node.map_arg(node.args[0], lambda n: env[n.name]))
+                break
+            if node.op != "call_function":
+                raise RuntimeError(f"unexpected fx node {node.op} {node.name} in joint graph")
+            fn_args, fn_kwargs = torch.fx.node.map_arg(
+                (node.args, node.kwargs), lambda n: env[n.name]
+            )
+            value, measure = _run_node(node, fn_args, fn_kwargs, repeats)
+            measure.new_storages = {k for k in measure.storages if k not in seen}
+            seen.update(measure.storages)
+            env[node.name] = value
+            measures[node.name] = measure
+    return measures, static, outputs
+
+
+def _run_node(
+    node: torch.fx.Node, args: tuple, kwargs: dict, repeats: int
+) -> tuple[object, NodeMeasure]:
+    target = node.target
+    if target is operator.getitem:
+        value = target(*args, **kwargs)
+        return value, NodeMeasure(_storages(value), set(), 0.0, 0, 0, *_shapes(value))
+    state = torch.get_rng_state() if is_random(node) else None
+    with FlopCounterMode(display=False) as counter:
+        target(*args, **kwargs)
+    seconds = []
+    value = None
+    for _ in range(max(1, repeats)):
+        if state is not None:
+            torch.set_rng_state(state)
+        start = time.perf_counter()
+        value = target(*args, **kwargs)
+        seconds.append(time.perf_counter() - start)
+    counted = int(counter.get_total_flops())
+    storages = _storages(value)
+    allocates = any(k not in _storages((args, kwargs)) for k in storages)
+    flops = counted or (_estimate_flops((args, kwargs), value) if allocates else 0)
+    return value, NodeMeasure(
+        storages, set(), statistics.median(seconds), counted, flops, *_shapes(value)
+    )
+
+
+def _shapes(value: object) -> tuple[list[tuple[int, ...]], list[str]]:
+    tensors = _tensors(value)
+    return [tuple(t.shape) for t in tensors], [str(t.dtype).removeprefix("torch.") for t in tensors]

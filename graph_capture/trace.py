@@ -1,0 +1,136 @@
+"""Trace a model into its aten-level joint forward+backward fx graph.
+
+Path: ``torch.export.export(strict=False)`` (handles HF transformers models and records
+``nn_module_stack``), then AOTAutograd's ``aot_export_joint_with_descriptors`` on the exported
+module, which functionalizes (BatchNorm running stats become outputs), keeps dropout as a
+traced ``native_dropout`` and tags every placeholder and output with a descriptor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.fx.traceback as fx_traceback
+from torch import nn
+from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
+from graph_capture.errors import CaptureError
+
+
+@dataclass
+class TracedJoint:
+    """The joint graph (flat positional codegen) and the descriptor of each placeholder/output."""
+
+    graph_module: torch.fx.GraphModule
+    input_descs: list[object]
+    output_descs: list[object]
+    output_treespec: object
+
+
+@contextlib.contextmanager
+def _module_stack_recorder(model: nn.Module) -> Iterator[list[str]]:
+    """Keep the path of the modules currently running (innermost last) while tracing."""
+    names = {id(m): name for name, m in model.named_modules()}
+    stack: list[str] = []
+
+    def push(module: nn.Module, args: object) -> None:
+        if id(module) in names:
+            stack.append(names[id(module)] or "(root)")
+
+    def pop(module: nn.Module, args: object, output: object) -> None:
+        if id(module) in names and stack:
+            stack.pop()
+
+    handles = [
+        nn.modules.module.register_module_forward_pre_hook(push),
+        nn.modules.module.register_module_forward_hook(pop),
+    ]
+    try:
+        yield stack
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _first_lines(error: BaseException, count: int = 6) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return "\n  ".join(lines[:count])
+
+
+def _check_model(model: nn.Module, inputs: Sequence[object]) -> None:
+    if not any(p.requires_grad for p in model.parameters()):
+        raise CaptureError(
+            f"{type(model).__name__} has no parameters that require grad: there is no backward "
+            "to schedule (set requires_grad on at least one parameter)"
+        )
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            raise CaptureError(
+                f"example input {i} is a {type(x).__name__}, not a tensor; pass tensors only "
+                "(bind other arguments with functools.partial or a wrapper module)"
+            )
+    if not model.training:
+        raise CaptureError(
+            f"{type(model).__name__} is in eval mode; call model.train() to capture a training "
+            "step (dropout and BatchNorm behave differently in eval)"
+        )
+
+
+def _export(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.fx.GraphModule:
+    with _module_stack_recorder(model) as stack:
+        try:
+            exported = torch.export.export(model, inputs, strict=False)
+        except Exception as error:
+            where = stack[-1] if stack else "(root)"
+            raise CaptureError(
+                f"torch.export failed in module '{where}' "
+                f"(data-dependent control flow or an op that cannot be traced):\n  "
+                f"{_first_lines(error)}"
+            ) from error
+    for i, spec in enumerate(exported.graph_signature.output_specs):
+        if spec.kind.name == "USER_OUTPUT" and not hasattr(spec.arg, "name"):
+            raise CaptureError(
+                f"forward output {i} is not a tensor ({spec.arg!r}); return tensors only"
+            )
+        if spec.kind.name == "USER_INPUT_MUTATION":
+            raise CaptureError(
+                f"the model mutates its input '{spec.target}' in place; the joint graph cannot "
+                "replay that exactly: clone the input first"
+            )
+    return exported.module()
+
+
+def trace_joint(model: nn.Module, inputs: Sequence[torch.Tensor]) -> TracedJoint:
+    """Trace ``model(*inputs)`` forward and backward into one functional aten graph.
+
+    Raises `CaptureError` naming the module and op on anything that would not replay exactly.
+    """
+    inputs = tuple(inputs)
+    _check_model(model, inputs)
+    exported = _export(model, inputs)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(fx_traceback.preserve_node_meta())
+        try:
+            joint = aot_export_joint_with_descriptors(
+                stack, exported, inputs, _record_nn_module_stack=True
+            )
+        except Exception as error:
+            raise CaptureError(
+                f"tracing the backward (AOTAutograd) failed; unsupported or mutating op?\n  "
+                f"{_first_lines(error)}"
+            ) from error
+        gm = joint.graph_module
+        treespec = joint.out_spec
+    gm.graph._codegen = torch.fx.graph.CodeGen()
+    gm.recompile()
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    (output,) = gm.graph.find_nodes(op="output")
+    return TracedJoint(
+        graph_module=gm,
+        input_descs=[p.meta["desc"] for p in placeholders],
+        output_descs=list(output.meta["desc"]),
+        output_treespec=treespec,
+    )
