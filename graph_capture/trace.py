@@ -100,7 +100,37 @@ def _export(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.fx.Grap
                 f"the model mutates its input '{spec.target}' in place; the joint graph cannot "
                 "replay that exactly: clone the input first"
             )
-    return exported.module()
+    return _share_state(exported.module(), model)
+
+
+def _share_state(exported: torch.fx.GraphModule, model: nn.Module) -> torch.fx.GraphModule:
+    """Point the exported module at the model's own parameters and buffers, tied ones once.
+
+    ``torch.export`` un-ties shared weights (one attribute per name) and AOTAutograd would
+    lift each name as its own input with its own gradient. Reading every alias through the
+    first name gives one placeholder per distinct tensor, whose gradient the traced backward
+    accumulates over all uses exactly as eager autograd does.
+    """
+    canonical: dict[int, str] = {}
+    alias_of: dict[str, str] = {}
+    state = [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]
+    for name, tensor in state:
+        first = canonical.setdefault(id(tensor), name)
+        prefix, _, attr = name.rpartition(".")
+        owner = exported.get_submodule(prefix) if prefix else exported
+        table = owner._parameters if isinstance(tensor, nn.Parameter) else owner._buffers
+        if first == name:
+            table[attr] = tensor
+        else:
+            alias_of[name] = first
+            del table[attr]
+    for node in exported.graph.find_nodes(op="get_attr"):
+        node.target = alias_of.get(node.target, node.target)
+    exported.recompile()
+    return exported
 
 
 def trace_joint(model: nn.Module, inputs: Sequence[torch.Tensor]) -> TracedJoint:
