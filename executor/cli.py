@@ -1,0 +1,77 @@
+"""The `remat` command: assembles the subcommands of the three packages.
+
+remat solve GRAPH.json | --demo [NAME]   exact schedule vs baselines (solver.cli)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import networkx as nx
+
+from solver.cli import add_solve_arguments, run_solve
+from solver.errors import RematError
+from solver.examples import DEMOS
+from solver.io import load_graph
+
+
+def _add_graph_source(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "graph",
+        nargs="?",
+        help="node-link JSON graph file (e.g. a Checkmate graph from ../shared/graphs)",
+    )
+    parser.add_argument(
+        "--demo",
+        nargs="?",
+        const="residual",
+        default=None,
+        metavar="NAME",
+        help=f"a built-in example instead of a file: {', '.join(DEMOS)} (default residual)",
+    )
+
+
+def _graph_from_args(args: argparse.Namespace) -> nx.DiGraph:
+    if args.graph and args.demo:
+        raise RematError("give either a graph file or --demo, not both")
+    if args.graph:
+        return load_graph(args.graph)
+    if args.demo in DEMOS:
+        return DEMOS[args.demo]()
+    raise RematError(
+        f"unknown demo {args.demo!r}; choose from {', '.join(DEMOS)}"
+        if args.demo
+        else "give a graph file (remat solve GRAPH.json) or --demo"
+    )
+
+
+def _solve(args: argparse.Namespace) -> int:
+    return run_solve(args, _graph_from_args(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of `remat` with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="remat", description="Exact optimal activation-checkpointing schedules."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    solve = sub.add_parser("solve", help="solve the optimal schedule for a budget")
+    _add_graph_source(solve)
+    add_solve_arguments(solve)
+    solve.set_defaults(handler=_solve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `remat` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (RematError, ValueError) as exc:
+        print(f"remat: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""`remat solve`: arguments, the comparison table and the schedule file. No torch here.
+
+The graph comes from the caller (a file, a built-in example or a captured model), so this module
+only knows the solver; `executor.cli` assembles the `remat` command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import networkx as nx
+
+from solver.baselines import BASELINES, cheapest_within, smallest_within
+from solver.budget import checkpoint_all_peak, parse_budget, parse_compute_budget
+from solver.exact import human_bytes, solve
+from solver.graph import prepare
+
+
+def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `remat solve` (the graph source options are added by the caller)."""
+    parser.add_argument(
+        "--budget",
+        default="80%",
+        help="peak-memory budget: bytes, 512MiB, 1.5GiB or a percentage of the "
+        "checkpoint-all peak (default 80%%)",
+    )
+    parser.add_argument(
+        "--objective",
+        choices=["cost", "memory"],
+        default="cost",
+        help="cost: least recompute under --budget; memory: least peak under --compute-budget",
+    )
+    parser.add_argument(
+        "--compute-budget",
+        default=None,
+        help="for --objective memory: 1.2x (of the checkpoint-all cost) or a cost",
+    )
+    parser.add_argument(
+        "--time-limit", type=float, default=60.0, help="seconds for the exact solver (default 60)"
+    )
+    parser.add_argument("--workers", type=int, default=8, help="CP-SAT workers (default 8)")
+    parser.add_argument("--out", default=None, help="write the exact schedule to this JSON file")
+    parser.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="solve only; skip the baseline rows of the table",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no solver progress on stderr")
+
+
+def _row(method: str, cost, total: float, peak, ref_peak: int, status: str, gap, seconds) -> str:
+    cost_s = "-" if cost is None else f"{cost:.6g}"
+    over = "-" if cost is None else f"{100 * (cost / total - 1):+.1f}%"
+    peak_s = "-" if peak is None else f"{human_bytes(peak)} ({100 * peak / ref_peak:.0f}%)"
+    gap_s = "-" if gap is None else f"{100 * gap:.2f}%"
+    time_s = "-" if seconds is None else f"{seconds:.2f}s"
+    return f"{method:<18} {cost_s:>12} {over:>9} {peak_s:>22} {status:>10} {gap_s:>7} {time_s:>8}"
+
+
+def run_solve(args: argparse.Namespace, graph: nx.DiGraph) -> int:
+    """Solve `graph` as `args` say, print the table (stdout) and write --out. Returns 0."""
+    problem = prepare(graph)
+    ref_peak = checkpoint_all_peak(problem)
+    name = graph.graph.get("name", "graph")
+    print(
+        f"{name}: {problem.n} nodes, {graph.number_of_edges()} edges, checkpoint-all peak "
+        f"{human_bytes(ref_peak)}, cost {problem.total_cost:.6g}, memory lower bound "
+        f"{human_bytes(problem.memory_lower_bound)}"
+    )
+    if args.objective == "cost":
+        budget = parse_budget(args.budget, problem)
+        print(f"objective: least cost with peak <= {human_bytes(budget)} ({budget} bytes)")
+        schedule = solve(
+            graph, budget, time_limit=args.time_limit, workers=args.workers, progress=not args.quiet
+        )
+    else:
+        limit = (
+            None
+            if args.compute_budget is None
+            else parse_compute_budget(args.compute_budget, problem)
+        )
+        print(f"objective: least peak with cost <= {limit if limit is not None else 'unlimited'}")
+        schedule = solve(
+            graph,
+            objective="memory",
+            compute_budget=limit,
+            time_limit=args.time_limit,
+            workers=args.workers,
+            progress=not args.quiet,
+        )
+    print()
+    print(
+        f"{'method':<18} {'cost':>12} {'overhead':>9} {'peak (of ckpt-all)':>22} "
+        f"{'status':>10} {'gap':>7} {'time':>8}"
+    )
+    print(
+        _row(
+            "exact",
+            schedule.cost,
+            problem.total_cost,
+            schedule.peak,
+            ref_peak,
+            schedule.status,
+            schedule.gap,
+            schedule.solve_seconds,
+        )
+    )
+    if not args.no_baselines:
+        for method, family in BASELINES.items():
+            members = family(problem)
+            best = (
+                cheapest_within(members, schedule.budget)
+                if args.objective == "cost"
+                else smallest_within(members, schedule.compute_budget)
+            )
+            if best is None:
+                print(_row(method, None, problem.total_cost, None, ref_peak, "NO FIT", None, None))
+            else:
+                print(
+                    _row(
+                        method,
+                        best.schedule.cost,
+                        problem.total_cost,
+                        best.schedule.peak,
+                        ref_peak,
+                        "HEURISTIC",
+                        None,
+                        None,
+                    )
+                )
+    if args.out:
+        schedule.save(args.out)
+        print(f"\nschedule written to {args.out}", file=sys.stderr)
+    return 0
