@@ -33,12 +33,18 @@ __all__ = ["ScheduleInterpreter", "Step"]
 
 @dataclass
 class Step:
-    """The state of one training step: live values, results found so far, the RNG record."""
+    """The state of one training step.
+
+    `env`: live values by fx slot. `rng`: the step's random-state record. `seen`: graph output
+    positions already reported to `on_result`. `results`: what the caller chose to keep (by
+    output position); the interpreter itself keeps no reference to a result.
+    """
 
     env: list[object]
     rng: RngReplay
+    seen: set[int] = field(default_factory=set)
     results: dict[int, object] = field(default_factory=dict)
-    on_result: Callable[[int, object], None] | None = None
+    on_result: Callable[[Step, int, object], None] | None = None
 
 
 _Fetch = Callable[[list[object]], object]
@@ -68,6 +74,7 @@ class ScheduleInterpreter:
             v: tuple(self.slot[name] for name in names) for v, names in members.items()
         }
         self._check_ownership()
+        self._drop_after = self._group_temporaries(graph)
         named = {self.slot[name] for name in random_names}
         self.random_slots = [
             i for i, n in enumerate(self.nodes) if i in named or is_random_op(n.target)
@@ -98,11 +105,15 @@ class ScheduleInterpreter:
             raise ExecutorError(f"unknown op kind {kind!r} (expected 'compute' or 'free')")
 
     def compute(self, node: Hashable, step: Step) -> None:
-        """Compute DAG node `node`: run its fx nodes in order, then keep any graph results."""
+        """Compute DAG node `node`: run its fx nodes in order, report graph results, and drop
+        each value only the group itself reads after its last use (the group's temporaries)."""
+        env = step.env
         for slot in self.members[node]:
-            step.env[slot] = self.run_node(slot, step)
+            env[slot] = self.run_node(slot, step)
             if slot in self.result_positions:
                 self.record_results(slot, step)
+            for internal in self._drop_after[slot]:
+                env[internal] = None
 
     def free(self, node: Hashable, step: Step) -> None:
         """Free DAG node `node`: drop the values of its fx nodes."""
@@ -127,15 +138,15 @@ class ScheduleInterpreter:
             ) from None
 
     def record_results(self, slot: int, step: Step) -> None:
-        """Keep the first value of each graph output `slot` provides and tell `step.on_result`
+        """Report the first value of each graph output `slot` provides to `step.on_result`
         (recomputes give bit-identical values, so later ones are not reported again)."""
         value = step.env[slot]
         for position in self.result_positions[slot]:
-            if position in step.results:
+            if position in step.seen:
                 continue
-            step.results[position] = value
+            step.seen.add(position)
             if step.on_result is not None:
-                step.on_result(position, value)
+                step.on_result(step, position, value)
 
     # ---- setup helpers --------------------------------------------------------------------
     def new_step(self) -> Step:
@@ -166,6 +177,23 @@ class ScheduleInterpreter:
                     f"fx node {n.name} belongs to no DAG node, so no schedule computes it; the "
                     "capture's `members` must cover every non-placeholder node"
                 )
+
+    def _group_temporaries(self, graph: torch.fx.Graph) -> list[tuple[int, ...]]:
+        """For each slot, the group-internal slots whose last reader it is (or itself, when
+        nothing reads it): values no other group and no graph output reads."""
+        drop_after: list[list[int]] = [[] for _ in self.nodes]
+        for slots in self.members.values():
+            inside = set(slots)
+            position = {s: k for k, s in enumerate(slots)}
+            for s in slots:
+                readers = [u for u in self.nodes[s].users if u.op != "output"]
+                if any(u.op == "output" for u in self.nodes[s].users) or any(
+                    self.slot[u.name] not in inside for u in readers
+                ):
+                    continue
+                last = max((self.slot[u.name] for u in readers), key=position.get, default=s)
+                drop_after[last].append(s)
+        return [tuple(d) for d in drop_after]
 
     def _compile(self, node: torch.fx.Node) -> Callable[[list[object]], object] | None:
         if node.op == "placeholder":

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.fx
 
-__all__ = ["PeakMemory", "measure_peak", "median_seconds"]
+__all__ = ["PeakMemory", "measure_peak", "median_seconds", "op_scratch_bytes"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +95,33 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def op_scratch_bytes(graph_module: torch.fx.GraphModule, args: Sequence[object]) -> dict[str, int]:
+    """Measured scratch of every op: fx node name -> bytes it allocates beyond its output.
+
+    Runs the graph once, node by node (under `torch.no_grad`, with the global RNG restored
+    afterwards), measuring each node with `measure_peak`: scratch = peak - bytes still held
+    after the node (its output). The solver's `mem` counts outputs only, so a schedule's measured
+    peak may exceed its prediction by at most the largest scratch of an op running at the peak:
+    `max(op_scratch_bytes(...).values())` is the allowance the executor's tests use.
+    """
+    values: dict[str, object] = {}
+    placeholders = iter(args)
+    scratch: dict[str, int] = {}
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        for node in graph_module.graph.nodes:
+            if node.op == "placeholder":
+                values[node.name] = next(placeholders)
+                continue
+            if node.op == "output":
+                continue
+            call_args = torch.fx.node.map_arg(node.args, lambda n: values[n.name])
+            call_kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: values[n.name])
+
+            def run(node: torch.fx.Node = node, a: object = call_args, k: object = call_kwargs):
+                values[node.name] = node.target(*a, **k)
+
+            measured = measure_peak(run)
+            scratch[node.name] = measured.peak_bytes - measured.end_bytes
+    return scratch

@@ -18,6 +18,7 @@ buffer taken at the start of the step, so every recompute sees what the first co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from torch import nn
 
 from executor.errors import InputMismatchError, UnsupportedScheduleError
 from executor.interpreter import ScheduleInterpreter, Step
+from executor.memory import op_scratch_bytes
 from graph_capture.captured import CapturedGraph
 from solver.schedule import Schedule
 from solver.simulate import simulate
@@ -98,6 +100,9 @@ class _Program:
         self.grad_position_to_param = {i: n for n, i in captured.param_grad_indices.items()}
         self.buffer_of_position = {i: n for n, i in captured.buffer_update_indices.items()}
         self.mutated_buffers = set(captured.buffer_update_indices)
+        self.kept_positions = set(captured.forward_output_indices) | set(
+            captured.input_grad_indices.values()
+        )
 
     def start(self, params: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Step:
         """A new step with parameters, buffers (mutated ones snapshotted) and inputs bound."""
@@ -110,7 +115,7 @@ class _Program:
         self.interpreter.set_placeholders(step, c.param_placeholders, params)
         self.interpreter.set_placeholders(step, c.buffer_placeholders, buffer_values)
         self.interpreter.set_placeholders(step, c.input_placeholders, inputs)
-        step.on_result = lambda position, value: self._on_result(position, value)
+        step.on_result = self._on_result
         self._record_placeholder_results(step)
         return step
 
@@ -118,7 +123,7 @@ class _Program:
         """Run the forward part; returns the forward outputs. Leaves the RNG where eager would."""
         self.interpreter.run(self.forward_ops, step)
         step.rng.finish()
-        return [step.results[i] for i in self.captured.forward_output_indices]
+        return [step.results.pop(i) for i in self.captured.forward_output_indices]
 
     def backward(self, step: Step, tangents: Sequence[torch.Tensor]) -> dict[int, object]:
         """Run the rest with the output gradients; returns the results (input grads etc.)."""
@@ -131,11 +136,13 @@ class _Program:
 
     def _record_placeholder_results(self, step: Step) -> None:
         for position, slot in self.placeholder_results:
-            if position not in step.results and step.env[slot] is not None:
-                step.results[position] = step.env[slot]
-                self._on_result(position, step.env[slot])
+            if position not in step.seen and step.env[slot] is not None:
+                step.seen.add(position)
+                self._on_result(step, position, step.env[slot])
 
-    def _on_result(self, position: int, value: object) -> None:
+    def _on_result(self, step: Step, position: int, value: object) -> None:
+        """A graph output was computed for the first time this step: use it, keep only what
+        is returned later (forward outputs, input gradients)."""
         name = self.grad_position_to_param.get(position)
         if name is not None:
             _accumulate_grad(self.model.get_parameter(name), value)
@@ -143,6 +150,9 @@ class _Program:
         name = self.buffer_of_position.get(position)
         if name is not None:
             self.model.get_buffer(name).copy_(value)
+            return
+        if position in self.kept_positions:
+            step.results[position] = value
 
 
 def _accumulate_grad(param: torch.Tensor, grad: torch.Tensor) -> None:
@@ -221,6 +231,35 @@ class Rematerialized(nn.Module):
     def predicted_peak_bytes(self) -> int:
         """The solver's peak of live activation/gradient bytes for this schedule."""
         return self.schedule.peak
+
+    @property
+    def bookkeeping_bytes(self) -> int:
+        """Bytes the executor holds per step beyond the schedule's values: one generator state
+        per random node and a snapshot of each buffer the step mutates."""
+        state = torch.get_rng_state().nbytes
+        buffers = dict(self.model.named_buffers())
+        snapshots = sum(buffers[n].nbytes for n in self.captured.buffer_update_indices)
+        return len(self._program.interpreter.random_slots) * state + snapshots
+
+    def peak_allowance(self, example_inputs: Sequence[torch.Tensor]) -> dict[str, int]:
+        """How much a measured peak may exceed `schedule.peak`, in bytes, by cause:
+
+        - ``op_scratch``: the largest scratch any op allocates beyond its output (measured
+          once per op by `executor.memory.op_scratch_bytes`; the DAG's `mem` counts outputs);
+        - ``bookkeeping``: `bookkeeping_bytes`;
+        - ``held_outputs``: the forward outputs, which the caller (``backward(out, ...)``)
+          holds for the whole step even where the schedule frees them.
+
+        ``total`` is their sum. Parameters, inputs, tangents and preallocated ``.grad`` are
+        outside the measurement (they exist before the step starts).
+        """
+        args = self.captured.placeholder_values(
+            self.model, example_inputs, self.captured.default_tangents()
+        )
+        scratch = max(op_scratch_bytes(self.captured.joint, args).values(), default=0)
+        held = sum(math.prod(s.shape) * s.dtype.itemsize for s in self.captured.output_specs)
+        parts = {"op_scratch": scratch, "bookkeeping": self.bookkeeping_bytes, "held_outputs": held}
+        return {**parts, "total": sum(parts.values())}
 
     def forward(self, *inputs: torch.Tensor) -> object:
         if not self.training:
