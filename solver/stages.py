@@ -73,31 +73,55 @@ def plan_to_ops(problem: Problem, plan: StagePlan) -> IndexedSchedule:
 
 
 def plan_from_keep(problem: Problem, keep: Iterable[int]) -> StagePlan:
-    """The plan that keeps exactly the values in `keep` between stages.
+    """The plan of a checkpoint policy: `keep` is the set of checkpointed nodes.
 
-    A node in `keep` stays live from its first computation until the last stage that reads it;
-    every other node is dropped at the end of each stage that computes it and recomputed (with
-    whatever of its inputs is missing) whenever a later stage needs it. keep = all nodes is
-    checkpoint-all (no recomputation). O(n * (V + E)) in the worst case.
+    A node in `keep` stays live from its first computation until the last stage that reads it.
+    Any other node is dropped once its first pass is over: on a forward+backward graph after its
+    last forward user (Chen et al.: the forward pass runs as usual, dropping what is not a
+    checkpoint), on a graph without phases after its first user. When a later stage needs a
+    dropped node it is recomputed (with whatever of its inputs is missing) and then kept until
+    its last use, so a dropped segment is recomputed once. keep = all nodes is checkpoint-all.
+    O(n * (V + E)) in the worst case.
     """
-    keep_set = frozenset(keep)
     n = problem.n
+    keep_set = frozenset(keep)
+    end_of_first_pass = {}
+    for v in range(n):
+        users = [w for w in problem.succs[v] if not problem.backward[w]]
+        if v in keep_set:
+            end_of_first_pass[v] = n - 1
+        elif problem.has_phases:
+            end_of_first_pass[v] = max(users, default=v)
+        else:
+            end_of_first_pass[v] = min(problem.succs[v], default=v)
+    windows: dict[int, list[list[int]]] = {}  # node -> [start, end, last read] per live window
     computed: list[tuple[int, ...]] = []
-    last_stage: dict[int, int] = {}
+
+    def live(v: int, t: int) -> list[int] | None:
+        for window in windows.get(v, ()):
+            if window[0] <= t <= window[1]:
+                return window
+        return None
+
     for t in range(n):
         needed = {t}
         stack = [t]
         while stack:
             v = stack.pop()
             for p in problem.preds[v]:
-                if p in keep_set:
-                    last_stage[p] = t
+                window = live(p, t)
+                if window is not None:
+                    window[2] = t
                 elif p not in needed:
                     needed.add(p)
                     stack.append(p)
         computed.append(tuple(sorted(needed)))
-    kept = [frozenset()] + [
-        frozenset(i for i in keep_set if i < t and last_stage.get(i, -1) >= t) for t in range(1, n)
+        for v in needed:
+            end = end_of_first_pass[v] if v == t else n - 1
+            windows.setdefault(v, []).append([t + 1, end, -1])
+    kept = [
+        frozenset(v for v, ws in windows.items() if any(s <= t <= last for s, _, last in ws))
+        for t in range(n)
     ]
     kept.append(frozenset())
     return StagePlan(tuple(computed), tuple(kept))
