@@ -1,0 +1,56 @@
+"""Hypothesis strategies for solver tests: small DAGs of the shapes networks have."""
+
+from __future__ import annotations
+
+import networkx as nx
+from hypothesis import strategies as st
+
+from solver.examples import chain, training_graph
+
+mems = st.integers(min_value=0, max_value=8)
+costs = st.integers(min_value=0, max_value=5)
+
+
+def _attach(graph: nx.DiGraph, draw) -> nx.DiGraph:
+    for v in graph.nodes:
+        graph.nodes[v]["mem"] = draw(mems)
+        graph.nodes[v]["cost"] = draw(costs)
+    return graph
+
+
+@st.composite
+def forward_dags(draw, max_nodes: int = 5) -> nx.DiGraph:
+    """Chains, diamonds, skip connections and random DAGs (edges only go forward)."""
+    n = draw(st.integers(min_value=2, max_value=max_nodes))
+    shape = draw(st.sampled_from(["chain", "diamond", "skip", "random"]))
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from((i, i + 1) for i in range(n - 1))
+    if shape == "diamond" and n >= 4:
+        graph.remove_edge(1, 2)
+        graph.add_edges_from([(0, 2), (1, 3)])
+    elif shape == "skip":
+        for i in range(n - 2):
+            if draw(st.booleans()):
+                graph.add_edge(i, i + 2)
+    elif shape == "random":
+        for i in range(n):
+            for j in range(i + 2, n):
+                if draw(st.booleans()):
+                    graph.add_edge(i, j)
+    return _attach(graph, draw)
+
+
+@st.composite
+def small_graphs(draw, max_nodes: int = 6) -> nx.DiGraph:
+    """Forward DAGs of up to max_nodes nodes, or training graphs (forward + backward) of up to
+    max_nodes // 2 forward nodes."""
+    if draw(st.booleans()):
+        return draw(forward_dags(max_nodes))
+    forward = draw(forward_dags(max_nodes // 2))
+    return _attach(training_graph(forward), draw)
+
+
+def uniform_chain(n: int) -> nx.DiGraph:
+    """A forward chain of n unit nodes."""
+    return chain([1] * n, [1] * n)

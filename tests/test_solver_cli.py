@@ -1,0 +1,64 @@
+"""`remat solve`: table, schedule file and error exit."""
+
+from __future__ import annotations
+
+import solver
+from executor.cli import main
+from solver.examples import residual_demo
+from solver.io import save_graph
+
+
+def test_solve_prints_the_table_and_writes_a_loadable_schedule(tmp_path, capsys):
+    graph = residual_demo(blocks=2)
+    save_graph(graph, tmp_path / "g.json")
+    out = tmp_path / "s.json"
+    assert (
+        main(
+            [
+                "solve",
+                str(tmp_path / "g.json"),
+                "--budget",
+                "80%",
+                "--out",
+                str(out),
+                "--time-limit",
+                "30",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    for word in ("method", "exact", "OPTIMAL", "sqrt_segments", "chen_greedy", "overhead"):
+        assert word in text
+    schedule = solver.Schedule.load(out, graph)
+    assert schedule.status == "OPTIMAL" and schedule.peak <= schedule.budget
+
+
+def test_memory_objective_from_the_command_line(tmp_path, capsys):
+    graph = residual_demo(blocks=1)
+    save_graph(graph, tmp_path / "g.json")
+    assert (
+        main(
+            [
+                "solve",
+                str(tmp_path / "g.json"),
+                "--objective",
+                "memory",
+                "--compute-budget",
+                "1.1x",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    assert "least peak" in capsys.readouterr().out
+
+
+def test_errors_exit_2_with_a_message(tmp_path, capsys):
+    assert main(["solve", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read graph file" in capsys.readouterr().err
+    graph = residual_demo(blocks=1)
+    save_graph(graph, tmp_path / "g.json")
+    assert main(["solve", str(tmp_path / "g.json"), "--budget", "1%", "--quiet"]) == 2
+    assert "minimum feasible budget" in capsys.readouterr().err

@@ -1,0 +1,110 @@
+"""The exact solver against independent references, baselines and its other objective."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from solver_reference import general_space_min_cost, min_cost_within, stage_space_frontier
+from solver_strategies import small_graphs
+
+import solver
+from solver.baselines import BASELINES, cheapest_within
+from solver.examples import uniform_training_chain
+
+TIME_LIMIT = 30.0
+
+
+def _budgets(graph) -> list[int]:
+    problem = solver.prepare(graph)
+    top = solver.checkpoint_all_peak(problem)
+    return sorted(
+        {
+            max(0, problem.memory_lower_bound - 1),
+            problem.memory_lower_bound,
+            (problem.memory_lower_bound + top) // 2,
+            top - 1,
+            top,
+        }
+    )
+
+
+@settings(max_examples=40)
+@given(small_graphs(max_nodes=6))
+def test_exact_cost_equals_exhaustive_stage_search(graph):
+    frontier = stage_space_frontier(graph)
+    for budget in _budgets(graph):
+        expected = min_cost_within(frontier, budget)
+        try:
+            schedule = solver.solve(graph, budget, time_limit=TIME_LIMIT)
+        except solver.InfeasibleBudgetError as exc:
+            assert expected is None, f"solver says infeasible, reference found cost {expected}"
+            assert exc.minimum_bytes == min(p for _, p in frontier)
+            continue
+        assert schedule.status == "OPTIMAL"
+        assert schedule.cost == pytest.approx(expected)
+        check = solver.simulate(graph, schedule.ops)
+        assert check.valid and check.peak == schedule.peak <= budget
+        assert check.cost == pytest.approx(schedule.cost)
+        general = general_space_min_cost(graph, budget)
+        assert general is not None and general <= schedule.cost + 1e-9
+
+
+@settings(max_examples=25)
+@given(small_graphs(max_nodes=6))
+def test_exact_is_never_worse_than_any_baseline(graph):
+    problem = solver.prepare(graph)
+    for budget in _budgets(graph):
+        try:
+            schedule = solver.solve(graph, budget, time_limit=TIME_LIMIT)
+        except solver.InfeasibleBudgetError:
+            continue
+        for name, family in BASELINES.items():
+            best = cheapest_within(family(problem), budget)
+            if best is not None:
+                assert schedule.cost <= best.schedule.cost + 1e-9, name
+                assert solver.simulate(graph, solver.baseline(graph, name, budget).ops).valid
+
+
+@settings(max_examples=25)
+@given(small_graphs(max_nodes=6), st.floats(min_value=1.0, max_value=2.5))
+def test_memory_objective_matches_exhaustive_search_and_cost_objective(graph, ratio):
+    problem = solver.prepare(graph)
+    limit = problem.total_cost * ratio
+    frontier = stage_space_frontier(graph)
+    least_peak = min(p for c, p in frontier if c <= limit + 1e-9)
+    schedule = solver.solve(graph, objective="memory", compute_budget=limit, time_limit=TIME_LIMIT)
+    assert schedule.status == "OPTIMAL"
+    assert schedule.peak == least_peak
+    assert schedule.cost <= limit + 1e-9
+    # At the frontier the two objectives agree: the least cost within that peak is affordable.
+    by_cost = solver.solve(graph, schedule.peak, time_limit=TIME_LIMIT)
+    assert by_cost.cost <= schedule.cost + 1e-9
+    assert by_cost.cost == pytest.approx(min_cost_within(frontier, schedule.peak))
+
+
+@pytest.mark.parametrize("n", [9, 16])
+def test_sqrt_segments_peak_follows_k_plus_n_over_k_and_exact_is_cheaper(n):
+    graph = uniform_training_chain(n)
+    problem = solver.prepare(graph)
+    k = round(math.sqrt(n))
+    sqrt_schedule = solver.baseline(graph, "sqrt_segments")
+    # n/k checkpoints plus one live segment of k values, with the gradient pair of a block.
+    assert k + n / k <= sqrt_schedule.peak <= k + n / k + 1
+    # One extra forward pass, less the checkpoints that are not recomputed.
+    assert sqrt_schedule.cost - problem.total_cost == n - n // k
+    exact = solver.solve(graph, 2 * k, time_limit=TIME_LIMIT)
+    assert exact.status == "OPTIMAL"
+    assert exact.peak <= 2 * k
+    assert exact.cost <= sqrt_schedule.cost
+
+
+def test_every_k_on_48_blocks_reproduces_the_seed_numbers():
+    graph = uniform_training_chain(48)
+    problem = solver.prepare(graph)
+    from solver.baselines import _keep_every, candidates
+
+    peaks = {k: _keep_every(problem, candidates(problem), k).schedule.peak for k in (4, 7)}
+    assert peaks == {4: 16, 7: 14}  # k + n/k units: 4 + 12, 7 + 48/7 ~ 13.9

@@ -1,0 +1,54 @@
+"""Regression: optimal costs on the published Checkmate graphs (skipped when absent).
+
+Budgets are fractions of the checkpoint-all peak, as in the literature. The pinned optima match
+those reported for the Checkmate stage space (VGG16 90%: 15805; VGG19: 9503030 / 9754760).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import solver
+from solver.io import load_graph
+
+GRAPHS = Path(__file__).resolve().parents[2] / "shared" / "graphs"
+
+
+def _graph(name: str):
+    path = GRAPHS / f"{name}_train_nx.json"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    return load_graph(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "budget", "optimum"),
+    [
+        ("VGG16_256_224x224x3", "90%", 15805),
+        ("VGG19_256_224x224x3", "90%", 9503030),
+        ("VGG19_256_224x224x3", "80%", 9754760),
+    ],
+)
+def test_published_optimum_is_reproduced_and_proven(name, budget, optimum):
+    graph = _graph(name)
+    schedule = solver.solve(graph, budget, time_limit=120)
+    assert schedule.status == "OPTIMAL"
+    assert schedule.cost == optimum
+    assert solver.simulate(graph, schedule.ops).peak <= schedule.budget
+
+
+def test_vgg16_at_80_percent_is_refused_by_the_one_line_bound():
+    graph = _graph("VGG16_256_224x224x3")
+    with pytest.raises(solver.InfeasibleBudgetError) as info:
+        solver.solve(graph, "80%", time_limit=60)
+    assert info.value.minimum_bytes == solver.prepare(graph).memory_lower_bound
+
+
+def test_checkmate_attributes_map_onto_mem_and_cost():
+    graph = _graph("VGG16_256_224x224x3")
+    problem = solver.prepare(graph)
+    assert problem.n == 45 and problem.has_phases
+    first = graph.nodes[problem.ids[0]]
+    assert first["mem"] == first["cost_ram"] and first["cost"] == first["cost_cpu"]

@@ -1,0 +1,171 @@
+"""The simulator's semantics, the schedule file and the errors of the solver interface."""
+
+from __future__ import annotations
+
+import json
+
+import networkx as nx
+import pytest
+from solver_strategies import uniform_chain
+
+import solver
+from solver.examples import residual_demo, uniform_training_chain
+from solver.io import graph_from_node_link, load_graph, save_graph
+
+
+def _diamond() -> nx.DiGraph:
+    g = nx.DiGraph()
+    for v, m in zip("abcd", (1, 2, 4, 8), strict=True):
+        g.add_node(v, mem=m, cost=1)
+    g.add_edges_from([("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")])
+    return g
+
+
+def test_peak_counts_the_new_value_and_its_live_inputs():
+    ops = [
+        ("compute", "a"),
+        ("compute", "b"),
+        ("compute", "c"),
+        ("free", "a"),
+        ("compute", "d"),
+        ("free", "b"),
+        ("free", "c"),
+    ]
+    result = solver.simulate(_diamond(), ops)
+    assert result.valid and result.peak == 2 + 4 + 8 and result.cost == 4
+
+
+def test_recomputation_counts_cost_and_recomputes():
+    ops = [
+        ("compute", "a"),
+        ("compute", "b"),
+        ("free", "a"),
+        ("compute", "a"),
+        ("compute", "c"),
+        ("free", "a"),
+        ("compute", "d"),
+    ]
+    result = solver.simulate(_diamond(), ops)
+    assert result.valid and result.cost == 5 and result.recomputes == 1
+
+
+@pytest.mark.parametrize(
+    ("ops", "message"),
+    [
+        ([("compute", "b")], "needs 'a'"),
+        ([("compute", "a"), ("compute", "a")], "already live"),
+        ([("free", "a")], "not live"),
+        ([("compute", "z")], "unknown node"),
+        ([("compute", "a"), ("drop", "a")], "unknown op kind"),
+        ([("compute", "a")], "never computed"),
+    ],
+)
+def test_invalid_schedules_are_rejected_with_the_reason(ops, message):
+    result = solver.simulate(_diamond(), ops)
+    assert not result.valid and message in result.error
+    with pytest.raises(solver.InvalidScheduleError, match=message):
+        result.raise_if_invalid()
+
+
+def test_schedule_json_round_trip_and_graph_check(tmp_path):
+    graph = uniform_training_chain(6)
+    schedule = solver.solve(graph, 6, time_limit=20)
+    path = tmp_path / "s.json"
+    schedule.save(path)
+    loaded = solver.Schedule.load(path, graph)
+    assert loaded.ops == schedule.ops and loaded.cost == schedule.cost
+    assert loaded.status == "OPTIMAL" and loaded.bound == schedule.bound
+    assert json.loads(path.read_text())["version"] == 1
+    other = uniform_training_chain(7)
+    with pytest.raises(solver.ScheduleMismatchError, match="solved for graph"):
+        solver.Schedule.load(path, other)
+
+
+def test_fingerprint_ignores_cost_but_not_bytes():
+    graph = uniform_training_chain(4)
+    base = solver.prepare(graph).fingerprint
+    graph.nodes[0]["cost"] = 7
+    assert solver.prepare(graph).fingerprint == base
+    graph.nodes[0]["mem"] = 7
+    assert solver.prepare(graph).fingerprint != base
+
+
+def test_cyclic_graph_is_refused():
+    g = uniform_chain(3)
+    g.add_edge(2, 0)
+    with pytest.raises(solver.GraphError, match="cycle"):
+        solver.solve(g, 10)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("mem", None, "no 'mem'"),
+        ("cost", -1, "negative"),
+        ("mem", 1.5, "whole number"),
+        ("cost", float("nan"), "finite"),
+    ],
+)
+def test_bad_attributes_are_refused(key, value, message):
+    g = uniform_chain(3)
+    if value is None:
+        del g.nodes[1][key]
+    else:
+        g.nodes[1][key] = value
+    with pytest.raises(solver.GraphError, match=message):
+        solver.solve(g, 10)
+
+
+def test_order_must_be_topological():
+    g = uniform_chain(3)
+    g.graph["order"] = [1, 0, 2]
+    with pytest.raises(solver.GraphError, match="not topological"):
+        solver.prepare(g)
+
+
+def test_impossible_budget_names_the_minimum():
+    graph = uniform_training_chain(5)
+    least = solver.minimum_peak(graph, time_limit=20)
+    assert least.status == "OPTIMAL"
+    with pytest.raises(
+        solver.InfeasibleBudgetError, match=f"minimum feasible budget is {least.peak} bytes"
+    ) as info:
+        solver.solve(graph, least.peak - 1, time_limit=20)
+    assert info.value.minimum_bytes == least.peak
+    assert solver.solve(graph, least.peak, time_limit=20).peak <= least.peak
+
+
+def test_compute_budget_below_total_cost_is_refused():
+    with pytest.raises(solver.ComputeBudgetError, match=r"1\.0x"):
+        solver.solve(uniform_training_chain(3), objective="memory", compute_budget="0.9x")
+
+
+def test_budget_parsing():
+    problem = solver.prepare(uniform_training_chain(4))
+    assert solver.parse_budget("1KiB", problem) == 1024
+    assert solver.parse_budget("2 MB", problem) == 2_000_000
+    assert solver.parse_budget("50%", problem) == solver.checkpoint_all_peak(problem) // 2
+    assert solver.parse_compute_budget("1.5x", problem) == 1.5 * problem.total_cost
+    with pytest.raises(ValueError, match="cannot read memory budget"):
+        solver.parse_budget("lots", problem)
+
+
+def test_saved_graph_loads_back_identically(tmp_path):
+    graph = residual_demo(blocks=2)
+    save_graph(graph, tmp_path / "g.json")
+    loaded = load_graph(tmp_path / "g.json")
+    assert solver.prepare(loaded).fingerprint == solver.prepare(graph).fingerprint
+
+
+def test_random_layered_link_format():
+    data = {
+        "nodes": [{"id": 0, "out_cost": 3, "duration": 1}, {"id": 1, "out_cost": 2, "duration": 0}],
+        "links": [{"0": 0, "1": 1}],
+    }
+    g = graph_from_node_link(data)
+    assert g.nodes[0]["mem"] == 3 and list(g.edges) == [(0, 1)]
+
+
+def test_graph_without_cost_attributes_is_refused():
+    with pytest.raises(solver.GraphError, match="cost_ram"):
+        graph_from_node_link({"nodes": [{"id": 0}], "links": []})
