@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import networkx as nx
 import torch
 
@@ -38,6 +40,8 @@ def build_dag(
         g = group[node.name]
         measure = measures[node.name]
         created[g].update({k: measure.storages[k] for k in measure.new_storages})
+        if g == node.name and node.target is operator.getitem:
+            created[g].update(measure.storages)  # a saved output of a multi-output op
         for user in node.users:
             if user.op == "output" or group.get(user.name) != g:
                 exported[g].update(measure.storages)

@@ -3,6 +3,8 @@
 Op granularity (`group_ops`), exact by construction:
 
 - an op that allocates new storage starts a group (its "anchor");
+- a ``getitem`` of a multi-output op read only by the other phase (see `is_saved_output`)
+  starts its own group, owning its storage;
 - an op whose outputs only alias storage of one group (views, ``getitem``, ``detach``) joins
   that group: it is free to compute and cannot outlive the storage it views, so keeping it
   as a separate node would let a schedule "free" bytes that a view still holds;
@@ -17,6 +19,7 @@ Runs of a topological order merge without creating cycles.
 
 from __future__ import annotations
 
+import operator
 import re
 
 import torch
@@ -49,6 +52,46 @@ def _where(node: torch.fx.Node) -> str:
     return f"op {node.target} (fx node '{node.name}') in module '{module_of(node) or '(root)'}'"
 
 
+def _reader_phases(node: torch.fx.Node, measures: dict[str, NodeMeasure]) -> set[str]:
+    """Phases of the ops that read ``node``'s value, directly or through views of it."""
+    phases: set[str] = set()
+    for user in node.users:
+        if user.op != "call_function":
+            continue
+        if measures[user.name].new_storages or not measures[user.name].storages:
+            phases.add(phase_of(user))
+        else:
+            phases |= _reader_phases(user, measures) or {phase_of(user)}
+    return phases
+
+
+def is_saved_output(node: torch.fx.Node, measures: dict[str, NodeMeasure]) -> bool:
+    """True for a ``getitem`` of a multi-output op that only the other phase reads, when no
+    other output of that op is read by both phases (which would keep the op's node alive).
+
+    Such an output (BatchNorm's saved mean/rstd and new running stats) gets its own DAG node
+    owning its storage, so keeping it for the backward does not keep the op's forward-only
+    outputs alive. While the op's node is still live, the solver counts that storage twice:
+    a transient, safe overestimate of one small tensor (the op's node has no other reader).
+    """
+    if node.target is not operator.getitem or not node.users:
+        return False
+    (source,) = node.all_input_nodes
+    other = "backward" if phase_of(source) == "forward" else "forward"
+    if _reader_phases(node, measures) != {other}:
+        return False
+    mine = set(measures[node.name].storages)
+    for sibling in source.users:
+        if sibling is node:
+            continue
+        if mine & set(measures[sibling.name].storages):
+            return False
+        phases = _reader_phases(sibling, measures)
+        if other in phases and phases != {other}:
+            return False  # that output keeps the op's node alive into the other phase anyway
+    return True
+
+
 def group_ops(gm: torch.fx.GraphModule, measures: dict[str, NodeMeasure]) -> dict[str, str]:
     """Map every computing fx node to the anchor name of its op-level group (rules above)."""
     owner: dict[object, str] = {}
@@ -66,6 +109,9 @@ def group_ops(gm: torch.fx.GraphModule, measures: dict[str, NodeMeasure]) -> dic
                 )
             group[node.name] = node.name
             owner.update(dict.fromkeys(measure.new_storages, node.name))
+        elif aliased and is_saved_output(node, measures):
+            group[node.name] = node.name
+            owner.update(dict.fromkeys(measure.storages, node.name))
         elif aliased:
             if len(aliased) > 1:
                 raise CaptureError(
