@@ -10,6 +10,14 @@ import sys
 
 import networkx as nx
 
+from graph_capture.cli import (
+    add_model_arguments,
+    add_profile_arguments,
+    graph_from_args,
+    run_profile,
+    wants_model,
+)
+from graph_capture.errors import CaptureError
 from solver.cli import add_solve_arguments, run_solve
 from solver.errors import RematError
 from solver.examples import DEMOS
@@ -33,6 +41,8 @@ def _add_graph_source(parser: argparse.ArgumentParser) -> None:
 
 
 def _graph_from_args(args: argparse.Namespace) -> nx.DiGraph:
+    if wants_model(args):
+        return graph_from_args(args)
     if args.graph and args.demo:
         raise RematError("give either a graph file or --demo, not both")
     if args.graph:
@@ -59,7 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     solve = sub.add_parser("solve", help="solve the optimal schedule for a budget")
     _add_graph_source(solve)
     add_solve_arguments(solve)
+    add_model_arguments(solve, demo=False)
     solve.set_defaults(handler=_solve)
+    profile = sub.add_parser("profile", help="per-module activation bytes and FLOPs of a model")
+    add_profile_arguments(profile)
+    profile.set_defaults(handler=run_profile)
     return parser
 
 
@@ -68,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (RematError, ValueError) as exc:
+    except (RematError, CaptureError, ValueError) as exc:
         print(f"remat: error: {exc}", file=sys.stderr)
         return 2
 

@@ -122,9 +122,14 @@ def _layout(traced: TracedJoint, model: nn.Module) -> dict:
         elif kind == "InputMutationAOTOutput":
             mutated = desc.mutated_input
             if type(mutated).__name__ != "BufferAOTInput":
+                what = (
+                    f"its input {mutated.idx}"
+                    if type(mutated).__name__ == "PlainAOTInput"
+                    else f"{mutated}"
+                )
                 raise CaptureError(
-                    f"the model mutates {mutated} in place (only buffers such as BatchNorm "
-                    "running statistics may be mutated); clone it before modifying"
+                    f"the model mutates {what} in place (only buffers such as BatchNorm "
+                    "running statistics may be mutated): clone it before modifying"
                 )
             layout["buffer_update_indices"][mutated.target] = position
         elif kind == "GradAOTOutput":
@@ -144,8 +149,13 @@ def _layout(traced: TracedJoint, model: nn.Module) -> dict:
 def _output_specs(gm: torch.fx.GraphModule, forward_positions: list[int]) -> list[TensorSpec]:
     (output,) = gm.graph.find_nodes(op="output")
     specs = []
-    for position in forward_positions:
-        val = output.args[0][position].meta["val"]
+    for index, position in enumerate(forward_positions):
+        node = output.args[0][position]
+        if not isinstance(node, torch.fx.Node):
+            raise CaptureError(
+                f"forward output {index} is not a tensor ({node!r}); return tensors only"
+            )
+        val = node.meta["val"]
         specs.append(TensorSpec(tuple(val.shape), val.dtype, val.requires_grad))
     return specs
 

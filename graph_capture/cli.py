@@ -1,0 +1,163 @@
+"""Model sources for the `remat` CLI and the `remat profile` subcommand.
+
+``--demo gpt|resnet|unet`` builds a demo model (`graph_capture.demo_models`); ``--model
+pkg.module:factory`` imports ``factory`` and calls it with no arguments: it must return
+``(model, example_inputs)``. Either is traced with `graph_capture.capture`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+
+import networkx as nx
+import torch
+from torch import nn
+
+from graph_capture.capture import GRANULARITIES, capture
+from graph_capture.captured import CapturedGraph
+from graph_capture.demo_models import DEMOS
+from graph_capture.errors import CaptureError
+from graph_capture.profile import format_table, human_bytes, module_profile, plot_saved_bytes
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, demo: bool = True) -> None:
+    """Add ``--model``, capture options and (unless the parser has one) ``--demo``."""
+    if demo:
+        parser.add_argument(
+            "--demo",
+            metavar="NAME",
+            choices=sorted(DEMOS),
+            help="built-in model: gpt, resnet, unet",
+        )
+    parser.add_argument(
+        "--model",
+        metavar="MODULE:FACTORY",
+        help="a callable returning (model, example_inputs), e.g. mypkg.models:make",
+    )
+    parser.add_argument(
+        "--granularity",
+        choices=GRANULARITIES,
+        default="op",
+        help="DAG nodes: one per allocating aten op, or runs of one module (default op)",
+    )
+    parser.add_argument(
+        "--module-depth",
+        type=int,
+        default=None,
+        metavar="D",
+        help="with --granularity module: group by module path truncated to D components",
+    )
+    parser.add_argument(
+        "--cost-model",
+        choices=("time", "flops"),
+        default="time",
+        help="node cost: measured seconds (default) or FLOPs",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads while measuring")
+
+
+def wants_model(args: argparse.Namespace) -> bool:
+    """True when the arguments name a PyTorch model (``--model`` or a model ``--demo``)."""
+    return bool(getattr(args, "model", None)) or getattr(args, "demo", None) in DEMOS
+
+
+def load_model_from_args(args: argparse.Namespace) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Build ``(model, example_inputs)`` from ``--model`` or ``--demo``."""
+    if getattr(args, "model", None):
+        module_name, _, attr = args.model.partition(":")
+        if not attr:
+            raise CaptureError(f"--model wants MODULE:FACTORY, got {args.model!r}")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as error:
+            raise CaptureError(f"cannot load --model {args.model}: {error}") from error
+        made = factory()
+    elif getattr(args, "demo", None) in DEMOS:
+        made = DEMOS[args.demo]()
+    else:
+        raise CaptureError(f"give --model MODULE:FACTORY or --demo {{{', '.join(DEMOS)}}}")
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
+        raise CaptureError("the factory must return (model, example_inputs)")
+    model, inputs = made
+    return model.train(), tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
+
+
+def capture_from_args(args: argparse.Namespace) -> CapturedGraph:
+    """Load the model named by the arguments and capture it; prints a one-line summary."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, inputs = load_model_from_args(args)
+    started = time.perf_counter()
+    graph = capture(
+        model,
+        inputs,
+        granularity=args.granularity,
+        cost_model=args.cost_model,
+        module_depth=args.module_depth,
+    )
+    dag = graph.dag
+    forward = graph.first_backward_index
+    print(
+        f"captured {type(model).__name__}: {len(graph.joint.graph.nodes)} fx nodes -> "
+        f"{dag.number_of_nodes()} DAG nodes ({forward} forward, "
+        f"{dag.number_of_nodes() - forward} backward) at {graph.granularity} granularity, "
+        f"cost={graph.cost_model}, in {time.perf_counter() - started:.1f} s; static: "
+        + ", ".join(f"{k} {human_bytes(v)}" for k, v in graph.static_bytes.items()),
+        file=sys.stderr,
+    )
+    return graph
+
+
+def graph_from_args(args: argparse.Namespace) -> nx.DiGraph:
+    """The solver DAG of the model named by the arguments."""
+    return capture_from_args(args).dag
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``remat profile``."""
+    parser.add_argument("name", nargs="?", help="demo model name (same as --demo)")
+    add_model_arguments(parser)
+    parser.add_argument(
+        "--depth", type=int, default=2, help="module path depth of the per-block table (2)"
+    )
+    parser.add_argument("--top", type=int, default=15, help="rows of the per-module tables")
+    parser.add_argument("--plot", metavar="FILE.png", help="save a bar chart of saved bytes")
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """``remat profile``: per-module and per-block activation bytes, FLOPs and ranking."""
+    if args.name:
+        if args.demo or args.model:
+            raise CaptureError("give the model once: a NAME, --demo or --model")
+        if args.name not in DEMOS:
+            raise CaptureError(f"unknown demo {args.name!r}; choose from {', '.join(DEMOS)}")
+        args.demo = args.name
+    args.granularity = "op"
+    graph = capture_from_args(args)
+    leaves = module_profile(graph)
+    blocks = module_profile(graph, args.depth)
+    saved = sum(r.saved_bytes for r in leaves)
+    total = sum(r.activation_bytes for r in leaves)
+    print(
+        f"forward activations {human_bytes(total)}, saved for backward {human_bytes(saved)}; "
+        f"static {human_bytes(sum(graph.static_bytes.values()))}"
+    )
+    by_saved = sorted(leaves, key=lambda r: -r.saved_bytes)[: args.top]
+    print(format_table(by_saved, "\nper module (innermost), by saved bytes:"))
+    print(format_table(blocks, f"\nper block (module depth {args.depth}), forward order:"))
+    ranked = sorted((r for r in leaves if r.saved_bytes), key=lambda r: -r.saved_bytes_per_flop)
+    print(
+        format_table(
+            ranked[: args.top],
+            "\nbest to recompute (saved bytes per forward FLOP, high first):",
+        )
+    )
+    if args.plot:
+        plot_saved_bytes(
+            blocks, args.plot, f"activation bytes per block: {args.demo or args.model}"
+        )
+        print(f"\nsaved {args.plot}")
+    return 0
