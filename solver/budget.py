@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from solver.graph import Problem
-from solver.stages import plan_from_keep, plan_to_ops
+from solver.stages import checkpoint_all
 
 _UNITS = {
     "": 1,
@@ -22,7 +22,7 @@ _UNITS = {
 
 def checkpoint_all_peak(problem: Problem) -> int:
     """Peak bytes of the plain schedule: every node once in order, freed after its last use."""
-    return plan_to_ops(problem, plan_from_keep(problem, range(problem.n))).peak
+    return checkpoint_all(problem).peak
 
 
 def parse_budget(text: str | int | float, problem: Problem) -> int:

@@ -44,7 +44,7 @@ from solver.budget import parse_budget, parse_compute_budget
 from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeoutError
 from solver.graph import Problem, prepare
 from solver.schedule import Schedule, make_schedule
-from solver.stages import StagePlan, plan_from_keep, plan_to_ops
+from solver.stages import StagePlan, checkpoint_all, plan_to_ops
 
 ProgressFn = Callable[[float, float, float], None]
 """Called on each improving solution with (seconds, objective, bound) in graph units."""
@@ -205,6 +205,9 @@ def _run(
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit)
     solver.parameters.num_workers = workers
+    # Linearising the memory constraints for the LP workers tightened the bound: VGG19 80%
+    # proved in 16 s instead of 28 s, FCN8 80% in 17 s instead of 21 s (both on a loaded machine).
+    solver.parameters.linearization_level = 2
     callback = _Progress(progress, scale, offset) if progress else None
     status = solver.solve(built.model, callback)
     return solver, status
@@ -328,7 +331,7 @@ def solve(
 
 def _solve_cost(run: _Run, budget: int | None) -> Schedule:
     problem = run.problem
-    everything = plan_to_ops(problem, plan_from_keep(problem, range(problem.n)))
+    everything = checkpoint_all(problem)
     if budget is None or everything.peak <= budget:
         # No recomputation at all fits: the cost cannot go below computing every node once.
         return run.finish(everything, "OPTIMAL", problem.total_cost, budget=budget)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -162,8 +162,3 @@ def _is_backward(attrs: dict) -> bool:
     if "phase" in attrs:
         return attrs["phase"] == "backward"
     return bool(attrs.get("backward", False))
-
-
-def from_problem_order(problem: Problem, nodes: Sequence[int]) -> list[Hashable]:
-    """Map node indices back to the graph's node ids."""
-    return [problem.ids[i] for i in nodes]

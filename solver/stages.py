@@ -11,7 +11,7 @@ lowest peak, so a plan determines its schedule.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from solver.graph import Problem
@@ -127,11 +127,6 @@ def plan_from_keep(problem: Problem, keep: Iterable[int]) -> StagePlan:
     return StagePlan(tuple(computed), tuple(kept))
 
 
-def plan_from_matrices(
-    problem: Problem, compute: Sequence[Sequence[bool]], keep: Sequence[Sequence[bool]]
-) -> StagePlan:
-    """Build a plan from 0/1 matrices: compute[t][i] (i <= t) and keep[t][i] (i < t)."""
-    n = problem.n
-    computed = tuple(tuple(i for i in range(t + 1) if i == t or compute[t][i]) for t in range(n))
-    kept = tuple(frozenset(i for i in range(t) if keep[t][i]) for t in range(n))
-    return StagePlan(computed, (*kept, frozenset()))
+def checkpoint_all(problem: Problem) -> IndexedSchedule:
+    """Every node once, in order, each freed after its last user: no recomputation."""
+    return plan_to_ops(problem, plan_from_keep(problem, range(problem.n)))
