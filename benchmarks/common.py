@@ -1,0 +1,158 @@
+"""Plumbing shared by the benchmarks: the results folder, CSV + markdown tables, PNG plots, and
+the predicted frontier of the exact solver against every baseline family (rotor on chains)."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import networkx as nx
+
+import solver
+from solver.baselines import BASELINES, Member, cheapest_within
+from solver.graph import Problem
+from solver.rotor import NotAChainError, rotor
+
+Row = dict[str, object]
+
+GRAPHS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "graphs"
+"""The published Checkmate graphs (`../shared/graphs` from the repository); may be absent."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One benchmark run: where results go, how long exact solves may take (seconds), how many
+    repeats timing medians use, and whether this is the quick (CI smoke) variant."""
+
+    out: Path
+    quick: bool = False
+    time_limit: float = 20.0
+    repeats: int = 5
+    workers: int = 8
+
+
+def write_table(rows: Sequence[Row], out: Path, stem: str, title: str) -> Path:
+    """Write `rows` as `stem.csv` and `stem.md` (a titled markdown table) under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with open(out / f"{stem}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [f"### {title}", "", "| " + " | ".join(columns) + " |"]
+    lines.append("|" + "---|" * len(columns))
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    path = out / f"{stem}.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "-" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def families(problem: Problem) -> dict[str, list[Member]]:
+    """Every baseline family of `solver.BASELINES`, plus rotor where the graph is a chain's."""
+    out = {name: make(problem) for name, make in BASELINES.items()}
+    with contextlib.suppress(NotAChainError):
+        out["rotor"] = rotor(problem)
+    return out
+
+
+def exact_row(graph: nx.DiGraph, budget: int, settings: Settings) -> tuple[Row, object]:
+    """The exact solver at `budget` bytes: a row (cost, peak, status, gap, seconds) and the
+    schedule (None when infeasible or timed out)."""
+    start = time.perf_counter()
+    try:
+        s = solver.solve(graph, budget, time_limit=settings.time_limit, workers=settings.workers)
+    except solver.InfeasibleBudgetError:
+        return {"status": "INFEASIBLE"}, None
+    except solver.SolverTimeoutError:
+        return {"status": "TIMEOUT"}, None
+    seconds = time.perf_counter() - start
+    return {"cost": s.cost, "peak": s.peak, "status": s.status, "gap": s.gap, "s": seconds}, s
+
+
+def predicted_frontier(
+    graph: nx.DiGraph, fractions: Sequence[float], settings: Settings, label: str
+) -> list[Row]:
+    """Recompute overhead and peak of the exact solver and every baseline family at each budget
+    (a fraction of the checkpoint-all peak), in the solver's model. Overhead = cost / the
+    checkpoint-all cost - 1; peak_frac = peak / checkpoint-all peak."""
+    problem = solver.prepare(graph)
+    full_peak, total = solver.checkpoint_all_peak(problem), problem.total_cost
+    fams = families(problem)
+    rows: list[Row] = []
+    for fraction in fractions:
+        budget = int(full_peak * fraction)
+        found, _ = exact_row(graph, budget, settings)
+        points = {"exact": found}
+        for name, members in fams.items():
+            best = cheapest_within(members, budget)
+            points[name] = (
+                {"status": "NO FIT"}
+                if best is None
+                else {"cost": best.schedule.cost, "peak": best.schedule.peak, "status": "FIT"}
+            )
+        for method, p in points.items():
+            cost = p.get("cost")
+            rows.append(
+                {
+                    "graph": label,
+                    "budget_frac": round(fraction, 4),
+                    "method": method,
+                    "overhead": None if cost is None else cost / total - 1,
+                    "peak_frac": None if cost is None else p["peak"] / full_peak,
+                    "status": p["status"],
+                    "gap": p.get("gap"),
+                    "solve_s": p.get("s"),
+                }
+            )
+    return rows
+
+
+def budget_ladder(problem: Problem, points: int) -> list[float]:
+    """`points` budget fractions from 100% (checkpoint-all) down to the one-line lower bound."""
+    low = problem.memory_lower_bound / solver.checkpoint_all_peak(problem)
+    low = min(0.999, low * 1.001)
+    return [1.0 - (1.0 - low) * j / (points - 1) for j in range(points)]
+
+
+def plot_frontier(rows: Sequence[Row], path: Path, title: str) -> Path:
+    """Overhead vs peak fraction, one line per method (points that fit only)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=90)
+    methods = list(dict.fromkeys(str(r["method"]) for r in rows))
+    for method in methods:
+        pts = sorted(
+            (float(r["budget_frac"]), float(r["overhead"]))
+            for r in rows
+            if r["method"] == method and r["overhead"] is not None
+        )
+        if pts:
+            style = {"lw": 2.5, "color": "black"} if method == "exact" else {"lw": 1, "alpha": 0.8}
+            ax.step(*zip(*pts, strict=True), where="post", label=method, marker=".", **style)
+    ax.set_xlabel("memory budget (fraction of checkpoint-all peak)")
+    ax.set_ylabel("recompute overhead (fraction of one step)")
+    ax.invert_xaxis()
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
