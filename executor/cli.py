@@ -36,7 +36,8 @@ def _add_graph_source(parser: argparse.ArgumentParser) -> None:
         const="residual",
         default=None,
         metavar="NAME",
-        help=f"a built-in example instead of a file: {', '.join(DEMOS)} (default residual)",
+        help=f"a built-in example instead of a file: {', '.join(DEMOS)} (default residual), "
+        "or a PyTorch demo model to capture: gpt, resnet, unet",
     )
 
 

@@ -63,6 +63,7 @@ def capture(
     static = _static_bytes(args, layout, flat_outputs)
     dag.graph["static_bytes"] = static
     dag.graph["granularity"] = granularity
+    dag.graph["name"] = f"{type(model).__name__} ({granularity})"
     return CapturedGraph(
         joint=gm,
         dag=dag,
