@@ -302,10 +302,7 @@ def rematerialize(
     peak) and wrap: the one call for the common case. `solve_options` go to `solver.solve`."""
     import solver
     from graph_capture import capture
-    from solver.budget import parse_budget
-    from solver.graph import prepare
 
     captured = capture(model, example_inputs)
-    budget_bytes = parse_budget(budget, prepare(captured.dag))
-    schedule = solver.solve(captured.dag, budget=budget_bytes, **solve_options)
+    schedule = solver.solve(captured.dag, budget=budget, **solve_options)
     return Rematerialized(model, captured, schedule)
