@@ -344,9 +344,11 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
     solver, status = _run(built, run.remaining(), run.workers, run.report, run.unit, run.offset)
     bound = solver.best_objective_bound * run.unit + run.offset
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        plan = _plan_from_solution(solver, built, problem.n)
+        found = plan_to_ops(problem, _plan_from_solution(solver, built, problem.n))
+        if warm is not None and warm.schedule.cost < found.cost and status != cp_model.OPTIMAL:
+            found = warm.schedule  # never return worse than the heuristic it started from
         verdict = "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE"
-        return run.finish(plan_to_ops(problem, plan), verdict, bound, budget=budget)
+        return run.finish(found, verdict, bound, budget=budget)
     if status == cp_model.INFEASIBLE:
         _raise_infeasible(run, budget)
     if warm is not None:
