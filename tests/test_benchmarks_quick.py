@@ -1,0 +1,47 @@
+"""Smoke test of the benchmarks' quick path on tiny inputs (CI: well under a minute)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from benchmarks import frontier, published, seeds
+from benchmarks.common import GRAPHS_DIR, Settings, plot_frontier, write_table
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings(tmp_path, quick=True, time_limit=1, repeats=1)
+
+
+def test_tables_and_plot_are_written(tmp_path: Path) -> None:
+    rows = [{"method": "exact", "budget_frac": 0.5, "overhead": 0.1}]
+    md = write_table(rows, tmp_path, "t", "title")
+    assert "| exact | 0.5 | 0.1 |" in md.read_text()
+    with open(tmp_path / "t.csv") as f:
+        assert next(csv.DictReader(f))["method"] == "exact"
+    assert plot_frontier(rows, tmp_path / "t.png", "t").stat().st_size > 0
+
+
+def test_seed_rows_on_a_16_stack(tmp_path: Path) -> None:
+    rows = seeds.every_k_rows(16, _settings(tmp_path))
+    k4 = next(r for r in rows if r["k"] == 4)
+    assert k4["every_k_peak"] == 4 + 16 // 4  # k + n/k units
+    assert k4["rotor_recompute"] <= k4["every_k_recompute"]
+    assert k4["exact_recompute"] <= k4["every_k_recompute"]
+
+
+@pytest.mark.skipif(not GRAPHS_DIR.is_dir(), reason="published graphs absent")
+def test_published_ratio_row(tmp_path: Path) -> None:
+    (row,) = published.ratio_rows("VGG16_256_224x224x3", _settings(tmp_path), (0.9,))
+    assert row["status"] in ("OPTIMAL", "FEASIBLE")
+    assert all(row[m] == "NO FIT" or row[m] >= 1 - 1e-9 for m in ("sqrt_segments", "every_k"))
+
+
+def test_model_frontier_and_measurements(tmp_path: Path) -> None:
+    predicted, measured = frontier.run_model("stack16", _settings(tmp_path))
+    assert any(r["method"] == "exact" for r in predicted)
+    methods = {r["method"] for r in measured}
+    assert {"eager (plain)", "remat sqrt_segments", "torch.utils.checkpoint per block"} <= methods
+    assert (tmp_path / "frontier_stack16.png").exists()
