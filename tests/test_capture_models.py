@@ -11,6 +11,11 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from graph_capture import CapturedGraph, capture, eager_reference
+from graph_capture.accounting import (
+    eager_saved_bytes,
+    expected_graph_saved_bytes,
+    graph_saved_bytes,
+)
 from graph_capture.demo_models import Block, TinyUNet
 
 torch.set_num_threads(1)
@@ -181,62 +186,10 @@ def test_flops_match_flop_counter_totals(captured) -> None:
     assert sum(graph.dag.nodes[v]["flops"] for v in graph.dag) >= counted
 
 
-def _hooks_saved_bytes(model: nn.Module, inputs: tuple) -> int:
-    """Bytes autograd saves for backward (saved_tensors_hooks), storage-deduplicated."""
-    static = {
-        t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), *inputs]
-    }
-    saved: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in static:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(*inputs)
-    return sum(saved.values())
-
-
-def saved_bytes(graph: CapturedGraph) -> int:
-    """Bytes of forward DAG nodes that some backward node reads (checkpoint-all keeps them)."""
-    dag = graph.dag
-    return sum(
-        dag.nodes[v]["mem"]
-        for v in dag
-        if not dag.nodes[v]["backward"] and any(dag.nodes[s]["backward"] for s in dag.successors(v))
-    )
-
-
-def _expected_graph_saved_bytes(
-    graph: CapturedGraph, model: nn.Module, inputs: tuple, hooks_bytes: int
-) -> int:
-    """What the graph should save, given what eager autograd saves, after two known differences.
-
-    The traced ``native_dropout`` keeps a bool mask where eager CPU dropout keeps a float32 one
-    (3 bytes less per element); BatchNorm's backward reads the new running statistics, fresh
-    tensors in the functional graph where eager saves the (static) buffers themselves.
-    """
-    result = graph.run_plain(model, inputs, graph.default_tangents())
-    mask_elements = sum(
-        node.meta["val"].numel()
-        for node in graph.joint.graph.nodes
-        if node.op == "call_function"
-        and node.args
-        and getattr(node.args[0], "target", None) is torch.ops.aten.native_dropout.default
-        and node.args[1] == 1
-    )
-    running_stats = sum(
-        value.nbytes for value in result.buffer_updates.values() if value.is_floating_point()
-    )
-    return hooks_bytes - 3 * mask_elements + running_stats
-
-
 def test_saved_bytes_match_saved_tensors_hooks(captured) -> None:
     _, model, inputs, graph = captured
-    hooks = _hooks_saved_bytes(model, inputs)
-    assert saved_bytes(graph) == _expected_graph_saved_bytes(graph, model, inputs, hooks)
+    eager = eager_saved_bytes(model, inputs)
+    assert graph_saved_bytes(graph) == expected_graph_saved_bytes(graph, model, inputs, eager)
 
 
 def test_module_granularity_keeps_totals(captured) -> None:
