@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -15,6 +16,7 @@ def small_model() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 
 def test_profile_demo_prints_tables_and_saves_plot(tmp_path, capsys) -> None:
+    pytest.importorskip("matplotlib")
     plot = tmp_path / "unet.png"
     assert main(["profile", "unet", "--plot", str(plot)]) == 0
     out = capsys.readouterr().out
