@@ -74,12 +74,12 @@ class ScheduleInterpreter:
             v: tuple(self.slot[name] for name in names) for v, names in members.items()
         }
         self._check_ownership()
-        self._drop_after = self._group_temporaries(graph)
+        self.drop_after = self._group_temporaries(graph)
         named = {self.slot[name] for name in random_names}
         self.random_slots = [
             i for i, n in enumerate(self.nodes) if i in named or is_random_op(n.target)
         ]
-        self._is_random = set(self.random_slots)
+        self.random_set = set(self.random_slots)
         output_node = next(n for n in graph.nodes if n.op == "output")
         outputs = output_node.args[0]
         # slot -> output positions it provides (one fx node may be several outputs)
@@ -112,7 +112,7 @@ class ScheduleInterpreter:
             env[slot] = self.run_node(slot, step)
             if slot in self.result_positions:
                 self.record_results(slot, step)
-            for internal in self._drop_after[slot]:
+            for internal in self.drop_after[slot]:
                 env[internal] = None
 
     def free(self, node: Hashable, step: Step) -> None:
@@ -128,7 +128,7 @@ class ScheduleInterpreter:
             raise ExecutorError(f"fx node {self.nodes[slot].name} is a placeholder; it is not run")
         env = step.env
         try:
-            if slot in self._is_random:
+            if slot in self.random_set:
                 return step.rng.draw(slot, lambda: call(env))
             return call(env)
         except _MissingValue as missing:

@@ -26,6 +26,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from executor.codegen import compile_ops
 from executor.errors import InputMismatchError, UnsupportedScheduleError
 from executor.interpreter import ScheduleInterpreter, Step
 from executor.memory import op_scratch_bytes
@@ -81,23 +82,48 @@ def _first_compute(captured: CapturedGraph, ops: Sequence[Op], name: str) -> int
 class _Program:
     """A captured graph and one schedule, prepared to run steps on one model."""
 
-    def __init__(self, model: nn.Module, captured: CapturedGraph, schedule: Schedule) -> None:
+    def __init__(
+        self, model: nn.Module, captured: CapturedGraph, schedule: Schedule, compiled: bool
+    ) -> None:
         self.model = model
         self.captured = captured
         self.schedule = schedule
+        # resolved once: a parameter or buffer *object* replaced later is not seen (in-place
+        # updates, load_state_dict and .to() keep the objects)
+        self.params = [model.get_parameter(n) for n in captured.param_names]
+        self.buffers = {n: model.get_buffer(n) for n in captured.buffer_names}
         self.interpreter = ScheduleInterpreter(
             captured.joint, captured.members, captured.random_nodes
         )
         split = split_ops(captured, schedule.ops)
         self.forward_ops = list(schedule.ops[:split])
         self.backward_ops = list(schedule.ops[split:])
+        self.run_forward = lambda step: self.interpreter.run(self.forward_ops, step)
+        self.run_backward = lambda step: self.interpreter.run(self.backward_ops, step)
+        if compiled:
+            slots = self.interpreter.slot
+            primals = [
+                slots[n]
+                for n in captured.param_placeholders
+                + captured.buffer_placeholders
+                + captured.input_placeholders
+            ]
+            reported: set[int] = set()
+            self.run_forward, live = compile_ops(
+                self.interpreter, self.forward_ops, primals, reported
+            )
+            tangents = [slots[n] for n in captured.tangent_placeholders]
+            self.run_backward, _ = compile_ops(
+                self.interpreter, self.backward_ops, live | set(tangents), reported
+            )
         output = next(n for n in captured.joint.graph.nodes if n.op == "output").args[0]
         self.placeholder_results = [
             (position, self.interpreter.slot[node.name])
             for position, node in enumerate(output)
             if isinstance(node, torch.fx.Node) and node.op == "placeholder"
         ]
-        self.grad_position_to_param = {i: n for n, i in captured.param_grad_indices.items()}
+        index = {n: k for k, n in enumerate(captured.param_names)}
+        self.grad_position_to_param = {i: index[n] for n, i in captured.param_grad_indices.items()}
         self.buffer_of_position = {i: n for n, i in captured.buffer_update_indices.items()}
         self.mutated_buffers = set(captured.buffer_update_indices)
         self.kept_positions = set(captured.forward_output_indices) | set(
@@ -108,7 +134,7 @@ class _Program:
         """A new step with parameters, buffers (mutated ones snapshotted) and inputs bound."""
         c = self.captured
         step = self.interpreter.new_step()
-        buffers = dict(self.model.named_buffers())
+        buffers = self.buffers
         buffer_values = [
             buffers[n].clone() if n in self.mutated_buffers else buffers[n] for n in c.buffer_names
         ]
@@ -121,7 +147,7 @@ class _Program:
 
     def forward(self, step: Step) -> list[torch.Tensor]:
         """Run the forward part; returns the forward outputs. Leaves the RNG where eager would."""
-        self.interpreter.run(self.forward_ops, step)
+        self.run_forward(step)
         step.rng.finish()
         return [step.results.pop(i) for i in self.captured.forward_output_indices]
 
@@ -129,7 +155,7 @@ class _Program:
         """Run the rest with the output gradients; returns the results (input grads etc.)."""
         self.interpreter.set_placeholders(step, self.captured.tangent_placeholders, tangents)
         self._record_placeholder_results(step)
-        self.interpreter.run(self.backward_ops, step)
+        self.run_backward(step)
         results = step.results
         step.env.clear()
         return results
@@ -145,11 +171,11 @@ class _Program:
         is returned later (forward outputs, input gradients)."""
         name = self.grad_position_to_param.get(position)
         if name is not None:
-            _accumulate_grad(self.model.get_parameter(name), value)
+            _accumulate_grad(self.params[name], value)
             return
         name = self.buffer_of_position.get(position)
         if name is not None:
-            self.model.get_buffer(name).copy_(value)
+            self.buffers[name].copy_(value)
             return
         if position in self.kept_positions:
             step.results[position] = value
@@ -203,16 +229,25 @@ class Rematerialized(nn.Module):
     Parameters are the model's own (``rm.parameters()`` yields them), so an optimizer built on
     either works. Inputs must match the captured example in count, shape, dtype and device.
     In eval mode (``rm.eval()``) it calls the model directly: the schedule is for training.
+    ``compiled=True`` runs the schedule as generated straight-line code (`executor.codegen`);
+    ``compiled=False`` walks it with `ScheduleInterpreter` (same results, slower, debuggable).
     """
 
-    def __init__(self, model: nn.Module, captured: CapturedGraph, schedule: Schedule) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        captured: CapturedGraph,
+        schedule: Schedule,
+        *,
+        compiled: bool = True,
+    ) -> None:
         super().__init__()
         schedule.check_graph(captured.dag)
         simulate(captured.dag, schedule.ops).raise_if_invalid()
         self.model = model
         self.captured = captured
         self.schedule = schedule
-        self._program = _Program(model, captured, schedule)
+        self._program = _Program(model, captured, schedule, compiled)
 
     @classmethod
     def from_file(
@@ -237,7 +272,7 @@ class Rematerialized(nn.Module):
         """Bytes the executor holds per step beyond the schedule's values: one generator state
         per random node and a snapshot of each buffer the step mutates."""
         state = torch.get_rng_state().nbytes
-        buffers = dict(self.model.named_buffers())
+        buffers = self._program.buffers
         snapshots = sum(buffers[n].nbytes for n in self.captured.buffer_update_indices)
         return len(self._program.interpreter.random_slots) * state + snapshots
 
@@ -265,7 +300,7 @@ class Rematerialized(nn.Module):
         if not self.training:
             return self.model(*inputs)
         self.check_inputs(inputs)
-        params = [self.model.get_parameter(n) for n in self.captured.param_names]
+        params = self._program.params
         outputs = _RematFunction.apply(self._program, len(params), *params, *inputs)
         return pytree.tree_unflatten(list(outputs), self.captured.output_treespec)
 
@@ -276,7 +311,7 @@ class Rematerialized(nn.Module):
             raise InputMismatchError(
                 f"expected {len(specs)} positional tensor inputs (as captured), got {len(inputs)}"
             )
-        device = next(iter(self.model.parameters()), torch.empty(0)).device
+        device = self._program.params[0].device
         for i, (x, spec) in enumerate(zip(inputs, specs, strict=True)):
             if not isinstance(x, torch.Tensor):
                 raise InputMismatchError(f"input {i}: expected a tensor, got {type(x).__name__}")

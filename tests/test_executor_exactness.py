@@ -109,11 +109,13 @@ def eager_step(model, x, tangent, optimizer=None):
     return out.detach(), grads
 
 
-def assert_same_training(model, x, schedule_of, steps: int, optimizer_cls=None) -> None:
+def assert_same_training(
+    model, x, schedule_of, steps: int, optimizer_cls=None, compiled: bool = True
+) -> None:
     """`steps` steps of eager and of the rematerialized copy agree bit for bit."""
     eager_model, remat_model = copy.deepcopy(model), copy.deepcopy(model)
     captured = capture(remat_model, [x])
-    rm = Rematerialized(remat_model, captured, schedule_of(captured))
+    rm = Rematerialized(remat_model, captured, schedule_of(captured), compiled=compiled)
     tangent = torch.randn(captured.output_specs[0].shape, generator=torch.Generator())
     opt_e = optimizer_cls(eager_model.parameters()) if optimizer_cls else None
     opt_r = optimizer_cls(rm.parameters()) if optimizer_cls else None
@@ -141,8 +143,11 @@ def assert_same_training(model, x, schedule_of, steps: int, optimizer_cls=None) 
     data=st.data(),
     keep_mask=st.lists(st.booleans(), min_size=1, max_size=7),
     seed=st.integers(0, 1000),
+    compiled=st.booleans(),
 )
-def test_gradients_bit_identical_to_eager_for_any_keep_schedule(family, data, keep_mask, seed):
+def test_gradients_bit_identical_to_eager_for_any_keep_schedule(
+    family, data, keep_mask, seed, compiled
+):
     names = data.draw(
         st.lists(
             st.sampled_from(sorted(SEQ_BLOCKS if family == "seq" else CONV_BLOCKS)),
@@ -151,11 +156,15 @@ def test_gradients_bit_identical_to_eager_for_any_keep_schedule(family, data, ke
         )
     )
     model, x = build(family, names, seed)
-    assert_same_training(model, x, lambda c: keep_schedule(c, keep_mask), steps=1)
+    assert_same_training(
+        model, x, lambda c: keep_schedule(c, keep_mask), steps=1, compiled=compiled
+    )
 
 
-@pytest.mark.parametrize("keep", [[True], [False], [True, False, False]])
-def test_parameters_bit_identical_after_steps_with_optimizer_and_dropout(keep):
+@pytest.mark.parametrize(
+    ("keep", "compiled"), [([True], True), ([False], True), ([True, False, False], False)]
+)
+def test_parameters_bit_identical_after_steps_with_optimizer_and_dropout(keep, compiled):
     """Several optimizer steps: a stale dropout mask from step 2 on would break equality."""
     model, x = build("seq", ["dropout", "attention", "batchnorm", "residual"], 7)
     assert_same_training(
@@ -180,7 +189,8 @@ def with_repeated_computes(captured, schedule: Schedule, times: int) -> Schedule
     return make_schedule(captured.dag, problem, ops, method="test-repeated")
 
 
-def test_schedule_recomputing_nodes_several_times_is_exact():
+@pytest.mark.parametrize("compiled", [True, False])
+def test_schedule_recomputing_nodes_several_times_is_exact(compiled):
     model, x = build("seq", ["dropout", "gelu", "linear", "dropout", "linear"], 3)
 
     def repeated(captured):
@@ -229,7 +239,8 @@ def reversed_order_schedule(captured) -> Schedule:
     return make_schedule(captured.dag, problem, ops, method="test-reversed")
 
 
-def test_random_nodes_drawn_out_of_eager_order_replay_eager_masks():
+@pytest.mark.parametrize("compiled", [True, False])
+def test_random_nodes_drawn_out_of_eager_order_replay_eager_masks(compiled):
     torch.manual_seed(0)
     model, x = TwoBranches().train(), torch.randn(3, 5, WIDTH)
     assert_same_training(
