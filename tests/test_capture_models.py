@@ -165,6 +165,15 @@ def test_every_data_dependency_is_an_edge(captured) -> None:
                 assert graph.dag.has_edge(group[source.name], group[node.name])
 
 
+def test_no_forward_node_reads_a_tangent(captured) -> None:
+    _, _, _, graph = captured
+    nodes = {n.name: n for n in graph.joint.graph.nodes}
+    tangents = set(graph.tangent_placeholders)
+    for v in graph.order[: graph.first_backward_index]:
+        for member in graph.members[v]:
+            assert not {a.name for a in nodes[member].all_input_nodes} & tangents, member
+
+
 def test_node_counts_are_sane(captured) -> None:
     _, _, _, graph = captured
     forward = sum(1 for v in graph.order if not graph.dag.nodes[v]["backward"])
