@@ -321,6 +321,12 @@ class Rematerialized(nn.Module):
                     f"shape {tuple(x.shape)} and dtype {x.dtype}; the graph is specialised to "
                     "the example shapes: capture (and solve) again for these inputs"
                 )
+            if x.requires_grad and not spec.requires_grad:
+                raise InputMismatchError(
+                    f"input {i} requires grad, but the graph was captured with an example that "
+                    "does not, so it computes no gradient for it; capture with "
+                    f"example_inputs[{i}].requires_grad_()"
+                )
             if x.device != device:
                 raise InputMismatchError(
                     f"input {i}: on {x.device}, but the model is on {device}; move it there"

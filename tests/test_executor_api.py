@@ -1,0 +1,170 @@
+"""Rematerialized as a drop-in module: errors, schedule files, accumulation, measured memory."""
+
+from __future__ import annotations
+
+import copy
+
+import networkx as nx
+import pytest
+import torch
+from torch import nn
+
+from executor.errors import InputMismatchError, UnsupportedScheduleError
+from executor.memory import measure_peak
+from executor.module import Rematerialized, rematerialize
+from graph_capture import capture
+from solver import prepare
+from solver.errors import InvalidScheduleError, ScheduleMismatchError
+from solver.schedule import Schedule, make_schedule
+from solver.stages import plan_from_keep, plan_to_ops
+
+torch.set_num_threads(1)
+
+
+def small_model(width: int = 16, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Linear(width, width),
+        nn.LayerNorm(width),
+        nn.Dropout(0.2),
+        nn.GELU(),
+        nn.Linear(width, width),
+        nn.Dropout(0.2),
+        nn.GELU(),
+        nn.Linear(width, width),
+    ).train()
+    return model, torch.randn(8, width)
+
+
+def keep_schedule(captured, keep_every: int) -> Schedule:
+    """Keep every `keep_every`-th node (0: keep none), recompute the rest."""
+    problem = prepare(captured.dag)
+    keep = [i for i in range(problem.n) if keep_every and i % keep_every == 0]
+    ops = plan_to_ops(problem, plan_from_keep(problem, keep))
+    return make_schedule(captured.dag, problem, ops, method="test-keep")
+
+
+@pytest.fixture(scope="module")
+def captured_small():
+    model, x = small_model()
+    return model, x, capture(model, [x])
+
+
+def test_wrong_input_shape_dtype_count_say_what_differs(captured_small):
+    model, x, captured = captured_small
+    rm = Rematerialized(model, captured, keep_schedule(captured, 1))
+    with pytest.raises(InputMismatchError, match=r"shape \(8, 16\).*shape \(4, 16\)"):
+        rm(torch.randn(4, 16))
+    with pytest.raises(InputMismatchError, match=r"torch.float32.*torch.float64"):
+        rm(x.double())
+    with pytest.raises(InputMismatchError, match=r"expected 1 positional tensor inputs.*got 2"):
+        rm(x, x)
+
+
+def test_schedule_for_another_graph_is_refused(captured_small):
+    model, _, captured = captured_small
+    other_model, other_x = small_model(width=8)
+    other = capture(other_model, [other_x])
+    with pytest.raises(ScheduleMismatchError, match="Solve a new schedule"):
+        Rematerialized(model, captured, keep_schedule(other, 1))
+
+
+def test_schedule_the_simulator_rejects_is_refused(captured_small):
+    model, _, captured = captured_small
+    schedule = keep_schedule(captured, 1)
+    first_compute = next(i for i, (kind, _) in enumerate(schedule.ops) if kind == "compute")
+    del schedule.ops[first_compute]
+    with pytest.raises(InvalidScheduleError, match=r"not live|never computed"):
+        Rematerialized(model, captured, schedule)
+
+
+def test_schedule_computing_a_tangent_reader_before_the_output_is_refused(captured_small):
+    model, _, captured = captured_small
+    problem = prepare(captured.dag)
+    # every node once, backward nodes as early as the edges allow, nothing freed: valid for the
+    # simulator, but the loss gradient is needed before the loss exists
+    order = nx.lexicographical_topological_sort(
+        captured.dag, key=lambda v: (not captured.dag.nodes[v]["backward"], problem.index[v])
+    )
+    ops = [("compute", problem.index[v]) for v in order]
+    schedule = make_schedule(captured.dag, problem, ops, method="test-bad-split")
+    with pytest.raises(UnsupportedScheduleError, match="forward output 0"):
+        Rematerialized(model, captured, schedule)
+
+
+def test_schedule_file_round_trip_and_refusal_of_another_graph(tmp_path):
+    model, x = small_model()
+    captured = capture(model, [x])
+    path = tmp_path / "schedule.json"
+    keep_schedule(captured, 2).save(path)
+    eager_model, remat_model = copy.deepcopy(model), copy.deepcopy(model)
+    rm = Rematerialized.from_file(remat_model, [x], path)
+    torch.manual_seed(3)
+    eager_model(x).sum().backward()
+    torch.manual_seed(3)
+    rm(x).sum().backward()
+    for a, b in zip(eager_model.parameters(), remat_model.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+    other_model, other_x = small_model(width=8)
+    with pytest.raises(ScheduleMismatchError):
+        Rematerialized.from_file(other_model, [other_x], path)
+
+
+def test_rematerialize_one_call_and_grad_accumulation_over_micro_batches():
+    model, x = small_model()
+    eager_model = copy.deepcopy(model)
+    rm = rematerialize(model, [x], budget="100%", time_limit=20)
+    torch.manual_seed(5)
+    for _ in range(2):
+        eager_model(x).square().sum().backward()
+    torch.manual_seed(5)
+    for _ in range(2):  # two micro-batches, no zero_grad: .grad accumulates like autograd's
+        rm(x).square().sum().backward()
+    for a, b in zip(eager_model.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+
+
+def test_inputs_requiring_grad_receive_the_eager_gradient():
+    model, x = small_model()
+    captured = capture(model, [x.clone().requires_grad_()])
+    rm = Rematerialized(copy.deepcopy(model), captured, keep_schedule(captured, 3))
+    xe, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.manual_seed(2)
+    copy.deepcopy(model)(xe).sum().backward()
+    torch.manual_seed(2)
+    rm(xr).sum().backward()
+    assert xr.grad is not None and torch.equal(xe.grad, xr.grad)
+
+
+def test_input_requiring_grad_against_a_capture_without_is_refused(captured_small):
+    model, x, captured = captured_small
+    rm = Rematerialized(model, captured, keep_schedule(captured, 1))
+    with pytest.raises(InputMismatchError, match="requires grad"):
+        rm(x.clone().requires_grad_())
+
+
+def test_eval_mode_runs_the_model_itself(captured_small):
+    model, x, captured = captured_small
+    rm = Rematerialized(model, captured, keep_schedule(captured, 1)).eval()
+    with torch.no_grad():
+        assert torch.equal(rm(x), model(x))
+    model.train()
+
+
+@pytest.mark.parametrize("keep_every", [1, 3, 0])
+def test_measured_peak_is_within_the_measured_allowance_of_the_prediction(keep_every):
+    model, x = small_model(width=64)
+    captured = capture(model, [x])
+    rm = Rematerialized(model, captured, keep_schedule(captured, keep_every))
+    allowance = rm.peak_allowance([x])
+    tangents = captured.default_tangents()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # gradient buffers exist before the step, like params
+
+    def step() -> None:
+        torch.autograd.backward(rm(x), tangents)
+
+    step()
+    measured = measure_peak(step).peak_bytes
+    predicted = rm.schedule.peak
+    assert predicted <= measured <= predicted + allowance["total"], (measured, allowance)
