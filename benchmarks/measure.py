@@ -6,6 +6,9 @@ for remat's executor, plain eager, torch.utils.checkpoint per block, and PyTorch
 
 from __future__ import annotations
 
+import math
+import statistics
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -13,24 +16,50 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from executor.memory import measure_peak, median_seconds
+from executor.memory import measure_peak
 
 Step = Callable[[], None]
 
 
-def measure(step: Step, repeats: int) -> dict[str, float]:
-    """Run `step` once (so .grad exists), then its measured peak (MiB) and median step (ms)."""
-    step()
-    peak = measure_peak(step).peak_bytes
-    seconds = median_seconds(step, repeats=repeats, warmup=0)
-    return {"peak_MiB": peak / 2**20, "step_ms": seconds * 1e3}
+def measure(steps: dict[str, Step], repeats: int) -> dict[str, dict[str, float]]:
+    """Measured peak (MiB) and median step time (ms) of each step, side by side: each step runs
+    once first (so .grad exists and lazy setup is done), then its peak is measured, then the
+    timing runs in `repeats` interleaved rounds (one call of every step per round), so load
+    from other processes hits every variant alike."""
+    torch.set_num_threads(1)
+    peaks = {}
+    for name, step in steps.items():
+        step()
+        peaks[name] = measure_peak(step).peak_bytes
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {
+        name: {
+            "peak_MiB": peaks[name] / 2**20,
+            "step_ms": statistics.median(times[name]) * 1e3 if repeats else math.nan,
+        }
+        for name in steps
+    }
 
 
-def loss_step(forward: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...]) -> Step:
-    """A training step: forward to the scalar loss, backward."""
+def loss_step(
+    forward: Callable[..., torch.Tensor],
+    inputs: tuple[torch.Tensor, ...],
+    blocks: list[nn.Module] | None = None,
+) -> Step:
+    """A training step: forward to the scalar loss, backward; with `blocks`, each of them under
+    torch.utils.checkpoint for the step."""
 
     def step() -> None:
-        forward(*inputs).backward()
+        if blocks is None:
+            forward(*inputs).backward()
+            return
+        with checkpointed_blocks(blocks):
+            forward(*inputs).backward()
 
     return step
 

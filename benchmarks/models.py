@@ -67,7 +67,15 @@ def hf_gpt2() -> Bench:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=256, n_positions=64)
+    config = GPT2Config(
+        n_layer=4,
+        n_embd=64,
+        n_head=4,
+        vocab_size=256,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = GPT2LMHeadModel(config).train()
     ids = torch.randint(0, 256, (4, 32))
     wrapped = _HFLoss(model, ("input_ids", "labels"), use_cache=False)
@@ -109,9 +117,8 @@ def hf_vit() -> Bench:
     )
     model = ViTForImageClassification(config).train()
     pixels, labels = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
-    return Bench(
-        _HFLoss(model, ("pixel_values", "labels")), (pixels, labels), list(model.vit.encoder.layer)
-    )
+    layers = model.vit.layers if hasattr(model.vit, "layers") else model.vit.encoder.layer
+    return Bench(_HFLoss(model, ("pixel_values", "labels")), (pixels, labels), list(layers))
 
 
 MODELS: dict[str, Callable[[], Bench]] = {
