@@ -7,37 +7,10 @@ import pytest
 import torch
 
 from graph_capture import capture, eager_reference
+from graph_capture.hf_models import bert, gpt2, vit
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 torch.set_num_threads(1)
-
-CONFIG = {"hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 2}
-
-
-def gpt2() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=2,
-        vocab_size=64,
-        n_positions=16,
-        use_cache=False,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return transformers.GPT2LMHeadModel(config), (torch.randint(0, 64, (2, 12)),)
-
-
-def bert() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    config = transformers.BertConfig(
-        **CONFIG, intermediate_size=64, vocab_size=64, max_position_embeddings=16
-    )
-    return transformers.BertModel(config), (torch.randint(0, 64, (2, 12)),)
-
-
-def vit() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    config = transformers.ViTConfig(**CONFIG, intermediate_size=64, image_size=16, patch_size=8)
-    return transformers.ViTModel(config), (torch.randn(2, 3, 16, 16),)
 
 
 @pytest.mark.parametrize("factory", [gpt2, bert, vit], ids=["gpt2", "bert", "vit"])
