@@ -9,6 +9,7 @@ traced ``native_dropout`` and tags every placeholder and output with a descripto
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -133,6 +134,23 @@ def _share_state(exported: torch.fx.GraphModule, model: nn.Module) -> torch.fx.G
     return exported
 
 
+def _modules_of_op(exported: torch.fx.GraphModule, error: BaseException) -> str:
+    """ " in module(s) 'a', 'b'" for the forward op autograd names in ``error``, else ""."""
+    match = re.search(r"output \d+ of (\w+?)(Backward\d*)?\b", str(error))
+    if not match:
+        return ""
+    op = match.group(1).lower()
+    modules = []
+    for node in exported.graph.nodes:
+        name = getattr(node.target, "__name__", str(node.target)).split(".")[0].lower()
+        stack = node.meta.get("nn_module_stack") or {}
+        if node.op == "call_function" and name.strip("_") == op and stack:
+            path = next(reversed(stack.values()))[0]
+            modules.append(path or "(root)")
+    found = ", ".join(f"'{m}'" for m in dict.fromkeys(modules))
+    return f" at op {op} in module {found}" if found else f" at op {op}"
+
+
 def trace_joint(model: nn.Module, inputs: Sequence[torch.Tensor]) -> TracedJoint:
     """Trace ``model(*inputs)`` forward and backward into one functional aten graph.
 
@@ -149,8 +167,8 @@ def trace_joint(model: nn.Module, inputs: Sequence[torch.Tensor]) -> TracedJoint
             )
         except Exception as error:
             raise CaptureError(
-                f"tracing the backward (AOTAutograd) failed; unsupported or mutating op?\n  "
-                f"{_first_lines(error)}"
+                f"tracing the backward (AOTAutograd) failed{_modules_of_op(exported, error)}; "
+                f"unsupported or mutating op?\n  {_first_lines(error)}"
             ) from error
         gm = joint.graph_module
         treespec = joint.out_spec
