@@ -76,8 +76,9 @@ class JointResult:
     """What one plain run of the joint graph produced.
 
     ``outputs``: forward outputs (flat, in the model's pytree order); ``param_grads``: parameter
-    name -> gradient (``None`` if unused); ``input_grads``: flat input index -> gradient for
-    inputs that require grad; ``buffer_updates``: buffer name -> its new value.
+    name -> gradient, for parameters that require grad (frozen ones have no entry);
+    ``input_grads``: flat input index -> gradient for inputs that require grad;
+    ``buffer_updates``: buffer name -> its new value.
     """
 
     outputs: list[torch.Tensor]

@@ -134,19 +134,30 @@ def _share_state(exported: torch.fx.GraphModule, model: nn.Module) -> torch.fx.G
     return exported
 
 
+def _module_path(node: torch.fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    return (next(reversed(stack.values()))[0] or "(root)") if stack else "(root)"
+
+
 def _modules_of_op(exported: torch.fx.GraphModule, error: BaseException) -> str:
-    """ " in module(s) 'a', 'b'" for the forward op autograd names in ``error``, else ""."""
-    match = re.search(r"output \d+ of (\w+?)(Backward\d*)?\b", str(error))
+    """ " at op X in module 'a'" for the op an AOTAutograd error points at, else ""."""
+    text = str(error)
+    executing = re.search(r"While executing %(\w+)", text)
+    if executing:
+        for node in exported.graph.nodes:
+            if node.name == executing.group(1):
+                return f" at op {node.target} in module '{_module_path(node)}'"
+    match = re.search(r"output \d+ of (\w+?)(Backward\d*)?\b", text)
     if not match:
         return ""
     op = match.group(1).lower()
-    modules = []
-    for node in exported.graph.nodes:
-        name = getattr(node.target, "__name__", str(node.target)).split(".")[0].lower()
-        stack = node.meta.get("nn_module_stack") or {}
-        if node.op == "call_function" and name.strip("_") == op and stack:
-            path = next(reversed(stack.values()))[0]
-            modules.append(path or "(root)")
+    modules = [
+        _module_path(node)
+        for node in exported.graph.nodes
+        if node.op == "call_function"
+        and getattr(node.target, "__name__", str(node.target)).split(".")[0].strip("_").lower()
+        == op
+    ]
     found = ", ".join(f"'{m}'" for m in dict.fromkeys(modules))
     return f" at op {op} in module {found}" if found else f" at op {op}"
 

@@ -73,6 +73,22 @@ def test_data_dependent_control_flow_names_the_module() -> None:
         capture(Outer(), (torch.randn(2, 4),))
 
 
+class MaskedSelect(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        return h[h > 0].sum()
+
+
+def test_data_dependent_shape_names_the_op_and_module() -> None:
+    model = nn.Sequential(nn.Identity(), MaskedSelect())
+    with pytest.raises(CaptureError, match=r"at op aten.index.Tensor in module '1'"):
+        capture(model, (torch.randn(2, 4),))
+
+
 def test_model_without_trainable_parameters_is_rejected() -> None:
     model = nn.Linear(4, 4).requires_grad_(False)
     with pytest.raises(CaptureError, match="no parameters that require grad"):
