@@ -1,6 +1,7 @@
 """The `remat` command: assembles the subcommands of the three packages.
 
 remat solve GRAPH.json | --demo [NAME]   exact schedule vs baselines (solver.cli)
+remat run --demo gpt --budget 50%        train under the schedule, measured (executor.run_command)
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 
 import networkx as nx
 
+from executor.run_command import add_run_arguments, run_run
 from graph_capture.cli import (
     add_model_arguments,
     add_profile_arguments,
@@ -75,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     profile = sub.add_parser("profile", help="per-module activation bytes and FLOPs of a model")
     add_profile_arguments(profile)
     profile.set_defaults(handler=run_profile)
+    run = sub.add_parser("run", help="train a demo model under a schedule; measured vs eager")
+    add_run_arguments(run)
+    run.set_defaults(handler=run_run)
     return parser
 
 

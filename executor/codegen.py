@@ -9,7 +9,8 @@ at run time is decided once at compile time:
 
 - which compute is the first of a graph result in the whole schedule (only that one is reported);
 - whether every read value is live (a missing DAG edge fails at compile time, not mid-step);
-- which values are live at the slice's end (stored back into ``step.env``; the rest is released).
+- which values are live at the slice's end (stored back into ``step.env``; the rest is released;
+  live-in values are moved out of ``step.env`` into locals so a free really releases them).
 
 Random nodes still go through ``step.rng.draw``, so replay is the interpreter's.
 """
@@ -108,10 +109,10 @@ def compile_ops(
                 body.append(f"v{internal} = None")
     lines = ["def run(step):", "    env = step.env", "    draw = step.rng.draw"]
     lines.append("    on_result = step.on_result")
-    lines += [f"    v{s} = env[{s}]" for s in start]
+    # move live-in values into locals (env must not keep them alive past their free)
+    lines += [f"    v{s} = env[{s}]; env[{s}] = None" for s in start]
     lines += [f"    {line}" for line in body]
     lines += [f"    env[{s}] = v{s}" for s in sorted(live)]
-    lines += [f"    env[{s}] = None" for s in start if s not in live]
     lines.append("    return None")
     namespace: dict[str, object] = dict(src.constants)
     # an OpOverload's `_op` is the C++ callable its Python __call__ forwards to
