@@ -125,6 +125,11 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--top", type=int, default=15, help="rows of the per-module tables")
     parser.add_argument("--plot", metavar="FILE.png", help="save a bar chart of saved bytes")
+    parser.add_argument(
+        "--save-graph",
+        metavar="FILE.json",
+        help="also write the solver DAG as node-link JSON (for remat solve FILE.json)",
+    )
 
 
 def run_profile(args: argparse.Namespace) -> int:
@@ -135,8 +140,15 @@ def run_profile(args: argparse.Namespace) -> int:
         if args.name not in DEMOS:
             raise CaptureError(f"unknown demo {args.name!r}; choose from {', '.join(DEMOS)}")
         args.demo = args.name
-    args.granularity = "op"
     graph = capture_from_args(args)
+    if args.save_graph:
+        from solver.io import save_graph
+
+        save_graph(graph.dag, args.save_graph)
+        print(f"wrote {args.save_graph} ({graph.granularity} granularity)", file=sys.stderr)
+    if graph.granularity != "op":
+        args.granularity = "op"
+        graph = capture_from_args(args)
     leaves = module_profile(graph)
     blocks = module_profile(graph, args.depth)
     saved = sum(r.saved_bytes for r in leaves)

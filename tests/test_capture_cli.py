@@ -30,6 +30,13 @@ def test_profile_loads_a_model_factory(capsys) -> None:
     assert "saved for backward" in capsys.readouterr().out
 
 
+def test_profile_saves_the_dag_for_remat_solve(tmp_path) -> None:
+    path = tmp_path / "mlp.json"
+    argv = ["profile", "--model", f"{__name__}:small_model", "--save-graph", str(path)]
+    assert main(argv) == 0
+    assert main(["solve", str(path), "--budget", "100%", "--time-limit", "5", "--quiet"]) == 0
+
+
 def test_solve_runs_on_a_captured_model(capsys) -> None:
     args = ["solve", "--model", f"{__name__}:small_model", "--budget", "100%"]
     assert main([*args, "--time-limit", "5", "--quiet", "--no-baselines"]) == 0
