@@ -11,7 +11,7 @@ from graph_capture.captured import CapturedGraph, TensorSpec
 from graph_capture.dag import build_dag
 from graph_capture.errors import CaptureError
 from graph_capture.grouping import group_modules, group_ops, op_group_order
-from graph_capture.measure import StorageKey, _storages, is_random, measure_joint
+from graph_capture.measure import StorageKey, is_random, measure_joint, storages_of
 from graph_capture.trace import TracedJoint, trace_joint
 
 GRANULARITIES = ("op", "module")
@@ -53,7 +53,7 @@ def capture(
             + [x.detach() for x in example_inputs]
             + tangents
         )
-        measures, _, flat_outputs = measure_joint(gm, args, repeats=repeats)
+        measures, flat_outputs = measure_joint(gm, args, repeats=repeats)
     group = group_ops(gm, measures)
     order = op_group_order(gm, group)
     modules = None
@@ -173,7 +173,7 @@ def _static_bytes(args: list[torch.Tensor], layout: dict, outputs: list[object])
     static: dict[str, int] = {}
     start = 0
     for name, count in counts:
-        storages = _storages(args[start : start + count])
+        storages = storages_of(args[start : start + count])
         static[name] = sum(b for k, b in storages.items() if k not in seen)
         seen.update(storages)
         start += count
@@ -181,6 +181,6 @@ def _static_bytes(args: list[torch.Tensor], layout: dict, outputs: list[object])
         *layout["param_grad_indices"].values(),
         *layout["input_grad_indices"].values(),
     ]
-    grads = _storages([outputs[i] for i in grad_positions])
+    grads = storages_of([outputs[i] for i in grad_positions])
     static["grads"] = sum(grads.values())
     return static

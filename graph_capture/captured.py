@@ -57,6 +57,8 @@ import networkx as nx
 import torch
 from torch import nn
 
+from graph_capture.errors import CaptureError
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -100,7 +102,10 @@ class CapturedGraph:
 
     See the module docstring for the exact placeholder/output layout and DAG attributes.
     ``members[v]`` lists, in execution order, the fx node names DAG node ``v`` computes; every
-    fx node other than placeholders and the output belongs to exactly one DAG node.
+    fx node other than placeholders and the output belongs to exactly one DAG node, and
+    ``node_group`` is the inverse map (fx node name -> DAG node). ``output_treespec`` is the
+    pytree spec that rebuilds the model's output structure from the flat forward outputs.
+    ``cost_model`` ("time" or "flops") says what the DAG's ``cost`` holds.
     """
 
     joint: torch.fx.GraphModule
@@ -149,8 +154,6 @@ class CapturedGraph:
 
         Raises `CaptureError` when ``inputs`` or ``tangents`` do not match the capture.
         """
-        from graph_capture.errors import CaptureError
-
         if len(inputs) != len(self.input_specs):
             raise CaptureError(
                 f"expected {len(self.input_specs)} inputs {self.input_specs}, got {len(inputs)}"

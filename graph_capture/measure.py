@@ -45,7 +45,8 @@ def _tensors(value: object) -> list[torch.Tensor]:
     return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
-def _storages(value: object) -> dict[StorageKey, int]:
+def storages_of(value: object) -> dict[StorageKey, int]:
+    """Storage key -> bytes of every storage the tensors in ``value`` (a pytree) reference."""
     found: dict[StorageKey, int] = {}
     for tensor in _tensors(value):
         storage = tensor.untyped_storage()
@@ -69,10 +70,10 @@ def _estimate_flops(args: Sequence[object], out: object) -> int:
 
 def measure_joint(
     gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], *, repeats: int = 3
-) -> tuple[dict[str, NodeMeasure], dict[StorageKey, int], list[object]]:
+) -> tuple[dict[str, NodeMeasure], list[object]]:
     """Run ``gm`` once node by node (plus ``repeats`` timed re-runs per node, RNG restored).
 
-    Returns (fx node name -> `NodeMeasure`, storages of the placeholders, the flat outputs).
+    Returns (fx node name -> `NodeMeasure`, the flat outputs).
     The outputs are those of a plain run: each node's value is from a run that started from
     the RNG state the plain run would have had.
     """
@@ -82,8 +83,7 @@ def measure_joint(
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     for node, value in zip(placeholders, args, strict=True):
         env[node.name] = value
-        seen.update(_storages(value))
-    static = dict(seen)
+        seen.update(storages_of(value))
     outputs: list[object] = []
     with torch.no_grad():
         for node in gm.graph.nodes:
@@ -102,7 +102,7 @@ def measure_joint(
             seen.update(measure.storages)
             env[node.name] = value
             measures[node.name] = measure
-    return measures, static, outputs
+    return measures, outputs
 
 
 def _run_node(
@@ -111,7 +111,7 @@ def _run_node(
     target = node.target
     if target is operator.getitem:
         value = target(*args, **kwargs)
-        return value, NodeMeasure(_storages(value), set(), 0.0, 0, 0, *_shapes(value))
+        return value, NodeMeasure(storages_of(value), set(), 0.0, 0, 0, *_shapes(value))
     state = torch.get_rng_state() if is_random(node) else None
     with FlopCounterMode(display=False) as counter:
         target(*args, **kwargs)
@@ -124,8 +124,8 @@ def _run_node(
         value = target(*args, **kwargs)
         seconds.append(time.perf_counter() - start)
     counted = int(counter.get_total_flops())
-    storages = _storages(value)
-    allocates = any(k not in _storages((args, kwargs)) for k in storages)
+    storages = storages_of(value)
+    allocates = any(k not in storages_of((args, kwargs)) for k in storages)
     flops = counted or (_estimate_flops((args, kwargs), value) if allocates else 0)
     return value, NodeMeasure(
         storages, set(), statistics.median(seconds), counted, flops, *_shapes(value)
