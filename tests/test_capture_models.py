@@ -278,3 +278,41 @@ def test_random_stacks_replay_bit_identical(kinds: list[str], width: int) -> Non
     graph = capture(model, inputs, repeats=1)
     assert nx.is_directed_acyclic_graph(graph.dag)
     _assert_exact_replay(model, inputs, graph)
+
+
+CONV_LAYERS = st.sampled_from(["conv", "batchnorm", "relu", "dropout2d", "avgpool_up", "skip"])
+
+
+def _conv_stack(kinds: list[str], channels: int) -> nn.Module:
+    class Skip(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([x, self.conv(x)], dim=1)[:, :channels] + x
+
+    class PoolUp(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return nn.functional.interpolate(nn.functional.avg_pool2d(x, 2), scale_factor=2)
+
+    make = {
+        "conv": lambda: nn.Conv2d(channels, channels, 3, padding=1),
+        "batchnorm": lambda: nn.BatchNorm2d(channels),
+        "relu": nn.ReLU,
+        "dropout2d": lambda: nn.Dropout2d(0.3),
+        "avgpool_up": PoolUp,
+        "skip": Skip,
+    }
+    return nn.Sequential(nn.Conv2d(2, channels, 3, padding=1), *(make[k]() for k in kinds))
+
+
+@settings(max_examples=10)
+@given(kinds=st.lists(CONV_LAYERS, min_size=1, max_size=5), channels=st.integers(1, 4))
+def test_random_conv_stacks_replay_bit_identical(kinds: list[str], channels: int) -> None:
+    torch.manual_seed(0)
+    model = _conv_stack(kinds, channels)
+    inputs = (torch.randn(2, 2, 8, 8),)
+    graph = capture(model, inputs, repeats=1)
+    assert nx.is_directed_acyclic_graph(graph.dag)
+    _assert_exact_replay(model, inputs, graph)
