@@ -127,9 +127,11 @@ def measured_stack(n: int, settings: Settings) -> list[Row]:
     from torch import nn
     from torch.utils.checkpoint import checkpoint_sequential
 
+    from benchmarks.models import mlp_block
+
     torch.manual_seed(0)
     width, batch = (64, 32) if settings.quick else (256, 128)
-    stack = nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(n)))
+    stack = nn.Sequential(*(mlp_block(width) for _ in range(n)))
     x = torch.randn(batch, width, requires_grad=True)
 
     def step(segments: int | None) -> Step:
