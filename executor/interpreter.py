@@ -80,6 +80,8 @@ class ScheduleInterpreter:
             i for i, n in enumerate(self.nodes) if i in named or is_random_op(n.target)
         ]
         self.random_set = set(self.random_slots)
+        self._rng_devices = [_device_of(self.nodes[s]) for s in self.random_slots]
+        self._rng_dry_runs = [self._dry_run(s) for s in self.random_slots]
         output_node = next(n for n in graph.nodes if n.op == "output")
         outputs = output_node.args[0]
         # slot -> output positions it provides (one fx node may be several outputs)
@@ -152,9 +154,7 @@ class ScheduleInterpreter:
     def new_step(self) -> Step:
         """A fresh step: empty values and a fresh RNG record (states are drawn per step)."""
         env: list[object] = [None] * len(self.nodes)
-        devices = [_device_of(self.nodes[s]) for s in self.random_slots]
-        dry_runs = [self._dry_run(s) for s in self.random_slots]
-        return Step(env, RngReplay(self.random_slots, devices, dry_runs))
+        return Step(env, RngReplay(self.random_slots, self._rng_devices, self._rng_dry_runs))
 
     def set_placeholders(self, step: Step, names: Sequence[str], values: Sequence[object]) -> None:
         """Bind placeholder values (by fx name)."""

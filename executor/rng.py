@@ -52,7 +52,7 @@ class RngReplay:
     ) -> None:
         self._position = {slot: i for i, slot in enumerate(order)}
         self._generators = [_generator(d) for d in devices]
-        self._dry_runs = list(dry_runs)
+        self._dry_runs = dry_runs
         self._states: list[torch.Tensor | None] = [None] * len(order)
         self._cursor = 0
 

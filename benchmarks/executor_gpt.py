@@ -1,0 +1,201 @@
+"""The executor's "done means" numbers on the demo GPT (docs/executor.md).
+
+    .venv/bin/python -m benchmarks.executor_gpt [--time-limit 60] [--reps 40]
+
+For budgets 100%, 70%, 50% and the minimum: predicted vs measured peak (bytes above the start of
+a forward+backward, `.grad` preallocated), the measured allowance, bit-exactness over 3 AdamW
+steps, and step time vs eager; then torch.utils.checkpoint with sqrt(n) segments and the exact
+schedule solved for checkpoint's measured memory; then the executor's own overhead (the
+no-recompute schedule vs eager autograd and vs the captured graph run plainly). Times are
+medians over `--reps` interleaved repetitions (eager, candidate, eager, ...) on one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import solver
+from executor.memory import measure_peak
+from executor.module import Rematerialized
+from executor.run_command import sqrt_checkpointed
+from graph_capture import capture
+from graph_capture.demo_models import gpt
+
+
+def _interleaved_medians(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    seconds: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():  # warm-up
+        call()
+    for _ in range(reps):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            seconds[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(s) for name, s in seconds.items()}
+
+
+def _step(call: Callable[..., torch.Tensor], inputs) -> Callable[[], None]:
+    return lambda: call(*inputs).backward()
+
+
+def _with_grads(model: torch.nn.Module) -> torch.nn.Module:
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    return model
+
+
+def _exact_over_steps(model, captured, schedule, inputs, steps: int = 3) -> bool:
+    eager, remat_model = copy.deepcopy(model), copy.deepcopy(model)
+    rm = Rematerialized(remat_model, captured, schedule)
+    runs = []
+    for module, params in ((eager, eager.parameters()), (rm, remat_model.parameters())):
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        torch.manual_seed(0)
+        record = []
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = module(*inputs)
+            loss.backward()
+            record.append([loss.detach()] + [p.grad.clone() for p in opt.param_groups[0]["params"]])
+            opt.step()
+        record.append(torch.get_rng_state())
+        runs.append(record)
+    same_steps = all(
+        torch.equal(a, b)
+        for ra, rb in zip(runs[0][:-1], runs[1][:-1], strict=True)
+        for a, b in zip(ra, rb, strict=True)
+    )
+    same_params = all(
+        torch.equal(a, b)
+        for a, b in zip(eager.state_dict().values(), remat_model.state_dict().values(), strict=True)
+    )
+    return same_steps and same_params and torch.equal(runs[0][-1], runs[1][-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--reps", type=int, default=40)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model, inputs = gpt()
+    captured = capture(model, inputs)
+    problem = solver.prepare(captured.dag)
+    full = solver.checkpoint_all_peak(problem)
+    mib = 2**20
+
+    eager = _with_grads(copy.deepcopy(model))
+    eager_peak = measure_peak(_step(eager, inputs)).peak_bytes
+    ckpt = _with_grads(sqrt_checkpointed(copy.deepcopy(model)))
+    ckpt_peak = measure_peak(_step(ckpt, inputs)).peak_bytes
+    print(
+        f"demo gpt: {captured.dag.number_of_nodes()} DAG nodes, checkpoint-all peak "
+        f"{full / mib:.3f} MiB, eager measured {eager_peak / mib:.3f} MiB"
+    )
+
+    rows = []
+    budgets: list[tuple[str, str | None]] = [
+        ("100%", "100%"),
+        ("70%", "70%"),
+        ("50%", "50%"),
+        ("min", None),
+    ]
+    rm_full = None
+    for label, budget in budgets:
+        t0 = time.perf_counter()
+        if budget is None:
+            schedule = solver.minimum_peak(captured.dag, time_limit=args.time_limit)
+        else:
+            schedule = solver.solve(captured.dag, budget=budget, time_limit=args.time_limit)
+        solve_s = time.perf_counter() - t0
+        rm = Rematerialized(_with_grads(copy.deepcopy(model)), captured, schedule)
+        if label == "100%":
+            rm_full = rm
+        allowance = rm.peak_allowance(inputs)["total"]
+        step = _step(rm, inputs)
+        step()
+        measured = measure_peak(step).peak_bytes
+        times = _interleaved_medians({"eager": _step(eager, inputs), "remat": step}, args.reps)
+        rows.append(
+            (
+                label,
+                schedule,
+                solve_s,
+                measured,
+                allowance,
+                _exact_over_steps(model, captured, schedule, inputs),
+                times,
+            )
+        )
+
+    print(
+        "\n| budget | schedule | recomputes | predicted | measured | allowance | within | "
+        "exact (3 AdamW steps) | step time | vs eager |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for label, s, solve_s, measured, allowance, exact, times in rows:
+        within = s.peak <= measured <= s.peak + allowance
+        print(
+            f"| {label} | {s.method} {s.status} ({solve_s:.0f} s) | {s.recomputes} | "
+            f"{s.peak / mib:.3f} MiB | {measured / mib:.3f} MiB | {allowance / mib:.3f} MiB | "
+            f"{'yes' if within else 'NO'} | {'yes' if exact else 'NO'} | "
+            f"{1e3 * times['remat']:.2f} ms | {100 * (times['remat'] / times['eager'] - 1):+.1f}% |"
+        )
+
+    # torch.utils.checkpoint sqrt(n) vs the exact schedule at checkpoint's measured memory
+    match_budget = max(0, ckpt_peak - rows[0][4])  # leave room for the allowance
+    matched = solver.solve(captured.dag, budget=match_budget, time_limit=args.time_limit)
+    rm_matched = Rematerialized(_with_grads(copy.deepcopy(model)), captured, matched)
+    step_matched = _step(rm_matched, inputs)
+    step_matched()
+    matched_peak = measure_peak(step_matched).peak_bytes
+    times = _interleaved_medians(
+        {"eager": _step(eager, inputs), "ckpt": _step(ckpt, inputs), "matched": step_matched},
+        args.reps,
+    )
+    segments = next(
+        m.checkpoint_segments for m in ckpt.modules() if hasattr(m, "checkpoint_segments")
+    )
+    print("\n| run | measured peak | step time | vs eager |")
+    print("|---|---|---|---|")
+    print(f"| eager | {eager_peak / mib:.3f} MiB | {1e3 * times['eager']:.2f} ms | +0.0% |")
+    print(
+        f"| checkpoint_sequential, sqrt(n)={segments} segments | {ckpt_peak / mib:.3f} MiB | "
+        f"{1e3 * times['ckpt']:.2f} ms | {100 * (times['ckpt'] / times['eager'] - 1):+.1f}% |"
+    )
+    print(
+        f"| exact schedule at budget {match_budget / mib:.3f} MiB | {matched_peak / mib:.3f} MiB "
+        f"| {1e3 * times['matched']:.2f} ms | "
+        f"{100 * (times['matched'] / times['eager'] - 1):+.1f}% |"
+    )
+
+    # the executor's own overhead: no-recompute schedule vs eager vs the graph run plainly
+    assert rm_full is not None
+    interpreted = Rematerialized(
+        _with_grads(copy.deepcopy(model)), captured, rm_full.schedule, compiled=False
+    )
+    tangents = captured.default_tangents()
+    plain_model = copy.deepcopy(model)
+    times = _interleaved_medians(
+        {
+            "eager": _step(eager, inputs),
+            "compiled": _step(rm_full, inputs),
+            "interpreted": _step(interpreted, inputs),
+            "plain graph": lambda: captured.run_plain(plain_model, inputs, tangents),
+        },
+        3 * args.reps,
+    )
+    print("\n| no-recompute schedule (100%) | step time | vs eager |")
+    print("|---|---|---|")
+    for name, t in times.items():
+        print(f"| {name} | {1e3 * t:.2f} ms | {100 * (t / times['eager'] - 1):+.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
