@@ -37,7 +37,7 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
         help="for --objective memory: 1.2x (of the checkpoint-all cost) or a cost",
     )
     parser.add_argument(
-        "--time-limit", type=float, default=60.0, help="seconds for the exact solver (default 60)"
+        "--time-limit", type=float, default=30.0, help="seconds for the exact solver (default 30)"
     )
     parser.add_argument("--workers", type=int, default=8, help="CP-SAT workers (default 8)")
     parser.add_argument("--out", default=None, help="write the exact schedule to this JSON file")
