@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+import solver
 from executor.module import Rematerialized
 from graph_capture import capture
 from solver import prepare, simulate
@@ -257,3 +258,38 @@ def test_schedule_is_validated_by_the_simulator_before_running():
     captured = capture(model, [x])
     schedule = keep_schedule(captured, [True])
     assert simulate(captured.dag, schedule.ops).valid
+
+
+@settings(max_examples=5)
+@given(
+    names=st.lists(st.sampled_from(sorted(SEQ_BLOCKS)), min_size=1, max_size=3),
+    fraction=st.floats(0.0, 1.0),
+    seed=st.integers(0, 1000),
+)
+def test_solver_schedules_from_checkpoint_all_down_to_minimum_are_exact(names, fraction, seed):
+    """Budgets between the least-peak schedule found and the checkpoint-all peak."""
+    model, x = build("seq", names, seed)
+    captured = capture(copy.deepcopy(model), [x])
+    least = solver.minimum_peak(captured.dag, time_limit=2)
+    full = solver.checkpoint_all_peak(prepare(captured.dag))
+    budget = least.peak + int(fraction * (full - least.peak))
+    schedule = least if fraction == 0 else solver.solve(captured.dag, budget=budget, time_limit=2)
+    assert schedule.peak <= max(budget, least.peak)
+    assert_same_training(
+        model,
+        x,
+        lambda c: schedule,
+        steps=2,
+        optimizer_cls=lambda ps: torch.optim.SGD(ps, lr=0.1),
+    )
+
+
+def test_batchnorm_statistics_update_once_per_step_despite_recomputes():
+    model, x = build("conv", ["batchnorm", "gelu", "conv", "batchnorm"], 4)
+    captured = capture(copy.deepcopy(model), [x])
+    schedule = with_repeated_computes(captured, keep_schedule(captured, [False]), times=1)
+    rm = Rematerialized(model, captured, schedule)
+    for _ in range(3):
+        rm(x).sum().backward()
+    tracked = [b for n, b in model.named_buffers() if n.endswith("num_batches_tracked")]
+    assert [int(t) for t in tracked] == [3, 3]
