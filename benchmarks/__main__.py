@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = Settings(
         args.out,
         quick=args.quick,
-        time_limit=3 if args.quick else 15,
+        time_limit=3 if args.quick else 10,
         repeats=3 if args.quick else 5,
     )
     seeds.run(settings)

@@ -120,15 +120,33 @@ def predicted_frontier(
     return rows
 
 
-def budget_ladder(problem: Problem, points: int) -> list[float]:
-    """`points` budget fractions from 100% (checkpoint-all) down to the one-line lower bound."""
-    low = problem.memory_lower_bound / solver.checkpoint_all_peak(problem)
-    low = min(0.999, low * 1.001)
+def budget_ladder(low: float, points: int) -> list[float]:
+    """`points` budget fractions from 1.0 (the checkpoint-all peak) down to `low`."""
     return [1.0 - (1.0 - low) * j / (points - 1) for j in range(points)]
 
 
+def min_peak_row(graph: nx.DiGraph, settings: Settings, label: str) -> tuple[Row, solver.Schedule]:
+    """The exact solver's least-peak schedule (objective "memory", unlimited recomputation):
+    the low end of the frontier, as a row (overhead, status, gap of the peak) and itself."""
+    problem = solver.prepare(graph)
+    s = solver.minimum_peak(graph, time_limit=settings.time_limit, workers=settings.workers)
+    frac = s.peak / solver.checkpoint_all_peak(problem)
+    row = {
+        "graph": label,
+        "budget_frac": round(frac, 4),
+        "method": "exact min-peak",
+        "overhead": s.cost / problem.total_cost - 1,
+        "peak_frac": frac,
+        "status": s.status,
+        "gap": s.gap,
+        "solve_s": s.solve_seconds,
+    }
+    return row, s
+
+
 def plot_frontier(rows: Sequence[Row], path: Path, title: str) -> Path:
-    """Overhead vs peak fraction, one line per method (points that fit only)."""
+    """Recompute overhead at each budget (fraction of the checkpoint-all peak), one line per
+    method over the budgets where it fits."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,7 +162,9 @@ def plot_frontier(rows: Sequence[Row], path: Path, title: str) -> Path:
         )
         if pts:
             style = {"lw": 2.5, "color": "black"} if method == "exact" else {"lw": 1, "alpha": 0.8}
-            ax.step(*zip(*pts, strict=True), where="post", label=method, marker=".", **style)
+            if method == "exact min-peak":
+                style = {"color": "black", "marker": "*", "markersize": 10, "ls": "none"}
+            ax.plot(*zip(*pts, strict=True), label=method, **{"marker": ".", **style})
     ax.set_xlabel("memory budget (fraction of checkpoint-all peak)")
     ax.set_ylabel("recompute overhead (fraction of one step)")
     ax.invert_xaxis()

@@ -28,8 +28,16 @@ from benchmarks.common import (
 from solver.baselines import cheapest_within
 from solver.io import load_graph
 
+LABELS = {
+    "VGG16_256_224x224x3": "VGG16",
+    "VGG19_256_224x224x3": "VGG19",
+    "fcn_8_vgg_32_416x608x3": "FCN8",
+    "MobileNet_512_224x224x3": "MobileNet",
+    "vgg_unet_32_416x608x3": "VGG-UNet",
+}
+"""Graph file stems (without _train_nx.json) and their table labels."""
 QUICK = ("VGG16_256_224x224x3", "VGG19_256_224x224x3")
-FULL = (*QUICK, "fcn_8_vgg_32_416x608x3", "MobileNet_512_224x224x3", "vgg_unet_32_416x608x3")
+FULL = tuple(LABELS)
 
 
 def ratio_rows(name: str, settings: Settings, fractions: tuple[float, ...]) -> list[Row]:
@@ -43,7 +51,7 @@ def ratio_rows(name: str, settings: Settings, fractions: tuple[float, ...]) -> l
         budget = int(full_peak * fraction)
         found, _ = exact_row(graph, budget, settings)
         row: Row = {
-            "graph": name.split("_")[0],
+            "graph": LABELS[name],
             "nodes": problem.n,
             "budget": f"{fraction:.0%}",
             "exact_overhead": found["cost"] / problem.total_cost - 1 if "cost" in found else None,
@@ -79,7 +87,7 @@ def run(settings: Settings) -> list[Row]:
             ladder = [1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6]
             frontier = predicted_frontier(graph, ladder, settings, name)
             write_table(frontier, settings.out, f"frontier_{name}", f"{name} frontier")
-            plot_frontier(frontier, settings.out / f"frontier_{name}.png", name.split("_")[0])
+            plot_frontier(frontier, settings.out / f"frontier_{name}.png", LABELS[name])
     return rows
 
 
@@ -88,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
-    run(Settings(args.out, quick=args.quick, time_limit=5 if args.quick else 30))
+    run(Settings(args.out, quick=args.quick, time_limit=3 if args.quick else 10))
 
 
 if __name__ == "__main__":

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
-    run(Settings(args.out, quick=args.quick, time_limit=5 if args.quick else 30))
+    run(Settings(args.out, quick=args.quick, time_limit=3 if args.quick else 10))
 
 
 if __name__ == "__main__":
