@@ -18,7 +18,6 @@ buffer taken at the start of the step, so every recompute sees what the first co
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
@@ -126,6 +125,7 @@ class _Program:
         self.grad_position_to_param = {i: index[n] for n, i in captured.param_grad_indices.items()}
         self.buffer_of_position = {i: n for n, i in captured.buffer_update_indices.items()}
         self.mutated_buffers = set(captured.buffer_update_indices)
+        self.output_storage_bytes: int | None = None  # of the last step's forward outputs
         self.kept_positions = set(captured.forward_output_indices) | set(
             captured.input_grad_indices.values()
         )
@@ -149,7 +149,10 @@ class _Program:
         """Run the forward part; returns the forward outputs. Leaves the RNG where eager would."""
         self.run_forward(step)
         step.rng.finish()
-        return [step.results.pop(i) for i in self.captured.forward_output_indices]
+        outputs = [step.results.pop(i) for i in self.captured.forward_output_indices]
+        storages = {o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in outputs}
+        self.output_storage_bytes = sum(storages.values())
+        return outputs
 
     def backward(self, step: Step, tangents: Sequence[torch.Tensor]) -> dict[int, object]:
         """Run the rest with the output gradients; returns the results (input grads etc.)."""
@@ -282,8 +285,9 @@ class Rematerialized(nn.Module):
         - ``op_scratch``: the largest scratch any op allocates beyond its output (measured
           once per op by `executor.memory.op_scratch_bytes`; the DAG's `mem` counts outputs);
         - ``bookkeeping``: `bookkeeping_bytes`;
-        - ``held_outputs``: the forward outputs, which the caller (``backward(out, ...)``)
-          holds for the whole step even where the schedule frees them.
+        - ``held_outputs``: the storages of the forward outputs (observed on the last step, or
+          on one forward run here), which the caller holds for the whole step even where the
+          schedule frees them (a scalar loss may sit in a larger storage, e.g. mse_loss's).
 
         ``total`` is their sum. Parameters, inputs, tangents and preallocated ``.grad`` are
         outside the measurement (they exist before the step starts).
@@ -292,9 +296,19 @@ class Rematerialized(nn.Module):
             self.model, example_inputs, self.captured.default_tangents()
         )
         scratch = max(op_scratch_bytes(self.captured.joint, args).values(), default=0)
-        held = sum(math.prod(s.shape) * s.dtype.itemsize for s in self.captured.output_specs)
+        if self._program.output_storage_bytes is None:
+            self._forward_once(example_inputs)
+        held = self._program.output_storage_bytes
         parts = {"op_scratch": scratch, "bookkeeping": self.bookkeeping_bytes, "held_outputs": held}
         return {**parts, "total": sum(parts.values())}
+
+    def _forward_once(self, inputs: Sequence[torch.Tensor]) -> None:
+        """One forward with the RNG and buffers left as they were (to observe the outputs)."""
+        saved = {n: b.clone() for n, b in self._program.buffers.items()}
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            self(*inputs)
+        for name, value in saved.items():
+            self._program.buffers[name].copy_(value)
 
     def forward(self, *inputs: torch.Tensor) -> object:
         if not self.training:

@@ -210,7 +210,10 @@ def run_run(args: argparse.Namespace) -> int:
         f"{_mib(allowance['held_outputs'])}]"
     )
     within = schedule.peak <= peaks["remat"] <= schedule.peak + allowance["total"]
-    print(f"  within allowance: {'yes' if within else 'NO'}")
+    print(
+        f"  within allowance: {'yes' if within else 'NO'} (measured - predicted = "
+        f"{peaks['remat'] - schedule.peak} bytes, allowance {allowance['total']} bytes)"
+    )
     print(f"{'run':<28} {'measured peak':>14} {'step time':>11} {'vs eager':>9}")
     labels = {
         "eager": "eager",
