@@ -1,0 +1,25 @@
+"""Run a traced training step under a solved rematerialization schedule.
+
+    rm = executor.rematerialize(model, example_inputs, budget="50%")   # capture, solve, wrap
+    rm = executor.Rematerialized.from_file(model, example_inputs, "schedule.json")
+    loss = rm(*inputs); loss.backward(); optimizer.step()              # bit-identical to eager
+
+See docs/executor.md for the forward/backward split, RNG replay, BatchNorm statistics and how
+peak memory is measured.
+"""
+
+from executor.errors import ExecutorError, InputMismatchError, UnsupportedScheduleError
+from executor.memory import PeakMemory, measure_peak, median_seconds, op_scratch_bytes
+from executor.module import Rematerialized, rematerialize
+
+__all__ = [
+    "ExecutorError",
+    "InputMismatchError",
+    "PeakMemory",
+    "Rematerialized",
+    "UnsupportedScheduleError",
+    "measure_peak",
+    "median_seconds",
+    "op_scratch_bytes",
+    "rematerialize",
+]
