@@ -1,0 +1,196 @@
+r"""Checkmate's stage formulation as a solver-neutral 0/1 linear model.
+
+Variables (stage t = 0..n-1, node i <= t, nodes in solver order):
+
+    R[t,i] in {0,1}   node i is computed in stage t            (R[t,t] = 1)
+    S[t,i] in {0,1}   value i is live when stage t begins      (i < t; S[0,.] = S[n,.] = 0)
+    F[t,i,k] in {0,1} value i is freed right after computing k in stage t  (i in preds(k) + {k})
+    U[t,k] >= 0       bytes live right after computing k in stage t
+
+Constraints:
+
+    (1) S[t+1,i] <= S[t,i] + R[t,i]                  a kept value was live in stage t
+    (2) R[t,j]   <= R[t,i] + S[t,i]   for i -> j     inputs are live when a node is computed
+    (3) R[t,i] + S[t,i] <= 1                         never compute a live value
+    (4) F[t,i,k] <= R[t,k];  F[t,i,k] + S[t+1,i] <= 1;  F[t,i,k] + R[t,j] <= 1 for users j of i,
+        k < j <= t                                   free only after the last use in the stage
+    (5) U[t,k] = sum_i mem_i S[t,i] + sum_{j<=k} mem_j R[t,j]
+                 - sum_{j<k} sum_{i in preds(j)+{j}} mem_i F[t,i,j]    <= budget (or <= peak)
+    (6) S[t,i] <= S[t+1,i] + sum_{users j <= t} R[t,j]   carried values are used (dominance)
+    (7) R[t,i] <= S[t+1,i] + sum_{users i < j <= t} R[t,j]  recomputed values are used (dominance)
+
+Objective "cost": min sum_{t,i<t} cost_i R[t,i] (the first computes are a constant).
+Objective "memory": min peak subject to sum_{t,i<t} cost_i R[t,i] <= recompute limit.
+
+(6) and (7) only remove dominated solutions (dropping a useless value lowers cost and memory), so
+the optimum is unchanged. The model is plain data (`LinearModel`): the CP-SAT backend solves it,
+and its LP relaxation (GLOP) gives bounds and reduced costs for variable fixing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from solver.graph import Problem
+from solver.stages import StagePlan
+
+Row = tuple[list[int], list[int], int | None, int | None]
+"""A linear row: variable indices, integer coefficients, lower and upper bound (None: open)."""
+
+
+@dataclass
+class LinearModel:
+    """A 0/1 linear model with integer coefficients; every variable's lower bound is `lower`."""
+
+    names: list[str] = field(default_factory=list)
+    lower: list[int] = field(default_factory=list)
+    upper: list[int] = field(default_factory=list)
+    integral: list[bool] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    objective: dict[int, int] = field(default_factory=dict)
+    compute: list[dict[int, int]] = field(default_factory=list)
+    keep: list[dict[int, int]] = field(default_factory=list)
+    free: list[dict[tuple[int, int], int]] = field(default_factory=list)
+    recompute_cost: dict[int, int] = field(default_factory=dict)
+    peak: int | None = None
+
+    def var(self, name: str, lower: int, upper: int, integral: bool = True) -> int:
+        """Add a variable and return its index."""
+        self.names.append(name)
+        self.lower.append(lower)
+        self.upper.append(upper)
+        self.integral.append(integral)
+        return len(self.names) - 1
+
+    def row(self, terms: list[tuple[int, int]], lo: int | None, hi: int | None) -> None:
+        """Add lo <= sum(coef * var) <= hi, terms as (coef, var) pairs."""
+        self.rows.append(([v for _, v in terms], [c for c, _ in terms], lo, hi))
+
+    @property
+    def binaries(self) -> list[int]:
+        """Indices of the 0/1 decision variables (R, S, F)."""
+        out = [v for stage in self.compute for v in stage.values()]
+        out += [v for stage in self.keep for v in stage.values()]
+        out += [v for stage in self.free for v in stage.values()]
+        return out
+
+
+def _variables(lm: LinearModel, problem: Problem, budget: int | None, mem_cap: int) -> None:
+    n = problem.n
+    one = lm.var("one", 1, 1)
+    zero = lm.var("zero", 0, 0)
+    lm.compute = [{i: lm.var(f"R[{t},{i}]", 0, 1) for i in range(t)} | {t: one} for t in range(n)]
+    lm.keep = [{i: lm.var(f"S[{t},{i}]", 0, 1) for i in range(t)} for t in range(n)]
+    lm.keep.append({i: zero for i in range(n)})
+    lm.free = [
+        {
+            (i, k): lm.var(f"F[{t},{i},{k}]", 0, 1)
+            for k in range(t + 1)
+            for i in (*problem.preds[k], k)
+        }
+        for t in range(n)
+    ]
+    if budget is None:
+        lm.peak = lm.var("peak", problem.memory_lower_bound, mem_cap)
+
+
+def _keep_needs_live(lm: LinearModel, t: int, i: int) -> None:  # (1)
+    lm.row([(1, lm.keep[t + 1][i]), (-1, lm.keep[t][i]), (-1, lm.compute[t][i])], None, 0)
+
+
+def _inputs_live(lm: LinearModel, t: int, i: int, j: int) -> None:  # (2)
+    lm.row([(1, lm.compute[t][j]), (-1, lm.compute[t][i]), (-1, lm.keep[t][i])], None, 0)
+
+
+def _no_compute_of_live(lm: LinearModel, t: int, i: int) -> None:  # (3)
+    lm.row([(1, lm.compute[t][i]), (1, lm.keep[t][i])], None, 1)
+
+
+def _free_after_last_use(lm: LinearModel, problem: Problem, t: int) -> None:  # (4)
+    for (i, k), f in lm.free[t].items():
+        lm.row([(1, f), (-1, lm.compute[t][k])], None, 0)
+        lm.row([(1, f), (1, lm.keep[t + 1][i])], None, 1)
+        for j in problem.succs[i]:
+            if k < j <= t:
+                lm.row([(1, f), (1, lm.compute[t][j])], None, 1)
+
+
+def _memory(lm: LinearModel, problem: Problem, t: int, budget: int | None, mem_cap: int) -> None:
+    """(5): U[t,k] as a chain of variables, each bounded by the budget (or the peak)."""
+    previous: list[tuple[int, int]] = [(problem.mem[i], lm.keep[t][i]) for i in range(t)]
+    for k in range(t + 1):
+        level = lm.var(f"U[{t},{k}]", 0, mem_cap if budget is None else budget, integral=True)
+        terms = [*previous, (problem.mem[k], lm.compute[t][k]), (-1, level)]
+        lm.row(terms, 0, 0)
+        if lm.peak is not None:
+            lm.row([(1, level), (-1, lm.peak)], None, 0)
+        previous = [(1, level)] + [
+            (-problem.mem[i], lm.free[t][(i, k)]) for i in (*problem.preds[k], k)
+        ]
+
+
+def _carried_values_are_used(lm: LinearModel, problem: Problem, t: int, i: int) -> None:  # (6)
+    users = [(-1, lm.compute[t][j]) for j in problem.succs[i] if j <= t]
+    lm.row([(1, lm.keep[t][i]), (-1, lm.keep[t + 1][i]), *users], None, 0)
+
+
+def _recomputed_values_are_used(lm: LinearModel, problem: Problem, t: int, i: int) -> None:  # (7)
+    users = [(-1, lm.compute[t][j]) for j in problem.succs[i] if i < j <= t]
+    lm.row([(1, lm.compute[t][i]), (-1, lm.keep[t + 1][i]), *users], None, 0)
+
+
+def build(
+    problem: Problem, budget: int | None, int_cost: list[int], recompute_limit: int | None = None
+) -> LinearModel:
+    """The model for a memory budget in bytes (objective cost) or, with budget None, for the least
+    peak (objective memory, optionally with total recompute cost <= recompute_limit)."""
+    lm = LinearModel()
+    mem_cap = sum(problem.mem)
+    _variables(lm, problem, budget, mem_cap)
+    for t in range(problem.n):
+        for i in range(t):
+            _keep_needs_live(lm, t, i)
+            _no_compute_of_live(lm, t, i)
+            _carried_values_are_used(lm, problem, t, i)
+            _recomputed_values_are_used(lm, problem, t, i)
+        for j in range(t + 1):
+            for i in problem.preds[j]:
+                _inputs_live(lm, t, i, j)
+        _free_after_last_use(lm, problem, t)
+        _memory(lm, problem, t, budget, mem_cap)
+    lm.recompute_cost = {
+        lm.compute[t][i]: int_cost[i] for t in range(problem.n) for i in range(t) if int_cost[i]
+    }
+    if recompute_limit is not None:
+        terms = [(c, v) for v, c in lm.recompute_cost.items()]
+        lm.row(terms, None, recompute_limit)
+    lm.objective = {lm.peak: 1} if budget is None else dict(lm.recompute_cost)
+    return lm
+
+
+def hint_values(lm: LinearModel, problem: Problem, plan: StagePlan) -> dict[int, int]:
+    """Values of every R, S and F variable for a plan (F from its eager frees)."""
+    values: dict[int, int] = {}
+    for t, stage in enumerate(plan.computed):
+        members = set(stage)
+        for i, var in lm.compute[t].items():
+            values[var] = int(i in members)
+        for i, var in lm.keep[t].items():
+            values[var] = int(i in plan.kept[t])
+        last_use: dict[int, int] = {}
+        for k in stage:
+            last_use[k] = k
+            for p in problem.preds[k]:
+                last_use[p] = k
+        for (i, k), var in lm.free[t].items():
+            values[var] = int(last_use.get(i) == k and k in members and i not in plan.kept[t + 1])
+    return values
+
+
+def plan_from_values(lm: LinearModel, n: int, value) -> StagePlan:
+    """The plan of a solution; `value(var)` returns a variable's 0/1 value."""
+    computed = tuple(
+        tuple(sorted(i for i, v in lm.compute[t].items() if i == t or value(v))) for t in range(n)
+    )
+    kept = tuple(frozenset(i for i, v in lm.keep[t].items() if value(v)) for t in range(n))
+    return StagePlan(computed, (*kept, frozenset()))

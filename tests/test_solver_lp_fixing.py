@@ -1,0 +1,36 @@
+"""The LP proof phase never cuts off an optimal schedule."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from solver_reference import min_cost_within, stage_space_frontier
+from solver_strategies import small_graphs
+
+import solver
+from solver.cpsat import solve_cp_sat
+from solver.exact import integer_costs
+from solver.formulation import build
+from solver.lp_fixing import reduced_cost_fixings, solve_relaxation
+
+
+@settings(max_examples=30)
+@given(small_graphs(max_nodes=6))
+def test_fixing_at_the_optimum_keeps_the_optimum(graph):
+    problem = solver.prepare(graph)
+    frontier = stage_space_frontier(graph)
+    int_cost, unit = integer_costs(problem)
+    assert unit == 1.0
+    least = min(p for _, p in frontier)
+    for budget in sorted({least, (least + solver.checkpoint_all_peak(problem)) // 2}):
+        optimum = round(min_cost_within(frontier, budget)) - sum(int_cost)
+        lm = build(problem, budget, int_cost)
+        lp = solve_relaxation(lm, time_limit=30)
+        assert lp is not None and lp.objective <= optimum + 1e-6
+        # Cutoff at the optimum itself: the optimal schedule must survive every fixing.
+        fixed = reduced_cost_fixings(lm, lp, optimum)
+        result = solve_cp_sat(lm, time_limit=30, workers=8, fixed=fixed, objective_cap=optimum)
+        assert result.status == "OPTIMAL" and result.objective == optimum
+        # One below the optimum nothing may remain.
+        fixed = reduced_cost_fixings(lm, lp, optimum - 1)
+        below = solve_cp_sat(lm, time_limit=30, workers=8, fixed=fixed, objective_cap=optimum - 1)
+        assert below.status == "INFEASIBLE"
