@@ -5,8 +5,9 @@ Attribute mapping onto the solver contract (`mem` bytes, `cost`):
 - remat's own files: `mem` and `cost` as they are.
 - Checkmate graphs (`*_train_nx.json`, `*_test_nx.json`): `mem` = `cost_ram` (bytes of the
   output), `cost` = `cost_cpu` (profiled cost units), `backward` kept.
-- random layered graphs (`random_layered_n*.json`): links as `{"0": src, "1": dst}`,
-  `mem` = `out_cost`, `cost` = `duration`.
+- random layered graphs (`random_layered_n*.json`): nodes named by `name`, links as
+  `{"0": src, "1": dst}`, `mem` = `out_cost`, `cost` = `duration`, the order from the file's
+  graph attribute `order`.
 
 Node ids are kept as they are in the file. The order is the nodes' order in the file when that
 is topological (Checkmate files list nodes in their topological order), else the deterministic
@@ -31,8 +32,11 @@ def graph_from_node_link(data: dict) -> nx.DiGraph:
         raise GraphError("not a node-link graph: expected a JSON object with 'nodes' and 'links'")
     graph = nx.DiGraph()
     for node in data["nodes"]:
-        attrs = {k: v for k, v in node.items() if k != "id"}
-        graph.add_node(node["id"], **attrs)
+        key = "id" if "id" in node else "name"
+        if key not in node:
+            raise GraphError(f"node {node!r} has neither an 'id' nor a 'name'")
+        attrs = {k: v for k, v in node.items() if k != key}
+        graph.add_node(node[key], **attrs)
     for link in data.get("links", data.get("edges", [])):
         src = link["source"] if "source" in link else link.get("0")
         dst = link["target"] if "target" in link else link.get("1")

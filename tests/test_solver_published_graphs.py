@@ -52,3 +52,13 @@ def test_checkmate_attributes_map_onto_mem_and_cost():
     assert problem.n == 45 and problem.has_phases
     first = graph.nodes[problem.ids[0]]
     assert first["mem"] == first["cost_ram"] and first["cost"] == first["cost_cpu"]
+
+
+def test_random_layered_graphs_load_with_their_order():
+    path = GRAPHS / "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    graph = load_graph(path)
+    problem = solver.prepare(graph)
+    assert problem.n == 100 and problem.ids == tuple(graph.graph["order"])
+    assert not problem.has_phases
