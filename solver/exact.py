@@ -181,7 +181,10 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
     lm = build(problem, budget, run.int_cost)
     first = solve_cp_sat(
         lm,
-        time_limit=min(run.remaining(), max(2.0, FIRST_PHASE_SHARE * run.time_limit)),
+        # Without an incumbent the LP phase has no cutoff to fix against: CP-SAT gets it all.
+        time_limit=run.remaining()
+        if warm is None
+        else min(run.remaining(), max(2.0, FIRST_PHASE_SHARE * run.time_limit)),
         workers=run.workers,
         hint=hint_values(lm, problem, warm.plan) if warm is not None else None,
         progress=run.report,
