@@ -195,3 +195,34 @@ def test_demo_gpt_measured_peak_within_allowance(gpt_captured, keep_every, compi
     step()
     measured = measure_peak(step).peak_bytes
     assert schedule.peak <= measured <= schedule.peak + allowance["total"], (measured, allowance)
+
+
+class DictOutputs(nn.Module):
+    """Several inputs; outputs in a dict, one of them not differentiable."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.drop = nn.Linear(8, 8), nn.Linear(8, 4), nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.drop(torch.relu(self.a(x)))
+        return {"out": self.b(h) + y.sum(), "aux": h.mean(), "idx": h.argmax(-1)}
+
+
+def test_pytree_outputs_and_non_differentiable_outputs_match_eager():
+    torch.manual_seed(0)
+    model, x, y = DictOutputs().train(), torch.randn(5, 8), torch.randn(3)
+    captured = capture(copy.deepcopy(model), [x, y])
+    eager, remat_model = copy.deepcopy(model), copy.deepcopy(model)
+    rm = Rematerialized(remat_model, captured, keep_schedule(captured, 0))
+    outs = []
+    for module in (eager, rm):
+        torch.manual_seed(1)
+        out = module(x, y)
+        (out["out"].square().sum() + out["aux"]).backward()
+        outs.append(out)
+    assert set(outs[1]) == {"out", "aux", "idx"} and not outs[1]["idx"].requires_grad
+    for key in outs[0]:
+        assert torch.equal(outs[0][key], outs[1][key])
+    for a, b in zip(eager.parameters(), remat_model.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)

@@ -19,3 +19,30 @@ def test_remat_run_demo_gpt_is_bit_identical_and_within_allowance(capsys):
 def test_remat_run_refuses_an_unknown_demo(capsys):
     assert main(["run", "--demo", "nope"]) == 2
     assert "unknown demo model 'nope'" in capsys.readouterr().err
+
+
+def test_remat_run_with_a_schedule_file_solved_offline(tmp_path, capsys):
+    path = tmp_path / "gpt.json"
+    assert (
+        main(
+            [
+                "solve",
+                "--demo",
+                "gpt",
+                "--budget",
+                "100%",
+                "--no-baselines",
+                "--quiet",
+                "--time-limit",
+                "10",
+                "--out",
+                str(path),
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["run", "--demo", "gpt", "--schedule", str(path), "--steps", "2"]) == 0
+    assert (
+        "bit-identical to eager on every step (loss, grads, params): yes" in capsys.readouterr().out
+    )
