@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
         args.out,
         quick=args.quick,
         time_limit=3 if args.quick else 10,
-        repeats=3 if args.quick else 5,
+        repeats=3 if args.quick else 7,
     )
     seeds.run(settings)
     published.run(settings)

@@ -24,18 +24,20 @@ Step = Callable[[], None]
 def measure(steps: dict[str, Step], repeats: int) -> dict[str, dict[str, float]]:
     """Measured peak (MiB) and median step time (ms) of each step, side by side: each step runs
     once first (so .grad exists and lazy setup is done), then its peak is measured, then the
-    timing runs in `repeats` interleaved rounds (one call of every step per round), so load
-    from other processes hits every variant alike."""
+    timing runs in `repeats` interleaved rounds (one call of every step per round, the order
+    rotated each round), so load from other processes and position in a round hit every
+    variant alike."""
     torch.set_num_threads(1)
     peaks = {}
     for name, step in steps.items():
         step()
         peaks[name] = measure_peak(step).peak_bytes
     times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
+    names = list(steps)
+    for round_ in range(repeats):
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
             start = time.perf_counter()
-            step()
+            steps[name]()
             times[name].append(time.perf_counter() - start)
     return {
         name: {
