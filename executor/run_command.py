@@ -135,16 +135,28 @@ def _mib(n: float) -> str:
 
 def run_run(args: argparse.Namespace) -> int:
     """Train ``--demo`` for ``--steps`` steps under the schedule; print the comparison."""
-    from graph_capture import capture
     from graph_capture.demo_models import DEMOS
-    from solver import prepare
 
     if args.demo not in DEMOS:
         raise ValueError(f"unknown demo model {args.demo!r}; choose from {', '.join(DEMOS)}")
     if args.steps < 2:
         raise ValueError("--steps must be at least 2 (the first step is warm-up for timing)")
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
-    model, inputs = DEMOS[args.demo]()
+    try:
+        return _train_and_report(args, DEMOS[args.demo])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_and_report(
+    args: argparse.Namespace, factory: Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
+) -> int:
+    """Capture, solve, train the three copies side by side and print the report."""
+    from graph_capture import capture
+    from solver import prepare
+
+    model, inputs = factory()
     captured = capture(model, inputs)
     schedule = _schedule(args, captured)
 
