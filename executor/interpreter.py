@@ -6,14 +6,15 @@ Call map (override a method to change one thing)::
       -> run_op(op, step)                     dispatch on the op kind
            -> compute(node, step)             run the fx nodes the DAG node stands for, in order
                 -> run_node(slot, step)       one fx node; random ones go through step.rng
-                -> record_results(slot, ...)  keep outputs, gradients, new buffer values
+                -> record_results(slot, step) report outputs, gradients, new buffer values
            -> free(node, step)                drop the values of the DAG node's fx nodes
 
 Values live in `step.env`, a list indexed by fx-node slot: placeholders (parameters, buffers,
 inputs, tangents) are set by the caller and never freed; every other slot holds a value exactly
 while the schedule keeps its DAG node live, so the real memory follows the schedule. Graph
-results (forward outputs, gradients, new buffer values) are kept by reference when first
-computed, because the schedule may free their DAG node before the step ends.
+results (forward outputs, gradients, new buffer values) are reported to `step.on_result` at
+their first compute (the schedule may free their DAG node before the step ends); the caller
+keeps what it needs. `executor.codegen` compiles the same semantics into straight-line code.
 """
 
 from __future__ import annotations
@@ -45,9 +46,6 @@ class Step:
     seen: set[int] = field(default_factory=set)
     results: dict[int, object] = field(default_factory=dict)
     on_result: Callable[[Step, int, object], None] | None = None
-
-
-_Fetch = Callable[[list[object]], object]
 
 
 class ScheduleInterpreter:
