@@ -162,6 +162,18 @@ def _modules_of_op(exported: torch.fx.GraphModule, error: BaseException) -> str:
     return f" at op {op} in module {found}" if found else f" at op {op}"
 
 
+def _views_as_reshapes(gm: torch.fx.GraphModule) -> None:
+    """Run `aten.view` as `aten.reshape` (a view whenever a view is possible, else a copy).
+
+    The joint graph is traced with fake tensors whose strides come from meta kernels; on CPU
+    some eager kernels return other strides (BatchNorm1d's backward on a transposed input), and
+    a `view` that was valid for the traced strides then fails. The values are the same either
+    way, and the graph is functional, so nothing depends on the aliasing.
+    """
+    for node in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.view.default):
+        node.target = torch.ops.aten.reshape.default
+
+
 def trace_joint(model: nn.Module, inputs: Sequence[torch.Tensor]) -> TracedJoint:
     """Trace ``model(*inputs)`` forward and backward into one functional aten graph.
 
@@ -184,6 +196,7 @@ def trace_joint(model: nn.Module, inputs: Sequence[torch.Tensor]) -> TracedJoint
         gm = joint.graph_module
         treespec = joint.out_spec
     gm.graph._codegen = torch.fx.graph.CodeGen()
+    _views_as_reshapes(gm)
     gm.recompile()
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     (output,) = gm.graph.find_nodes(op="output")

@@ -316,3 +316,22 @@ def test_random_conv_stacks_replay_bit_identical(kinds: list[str], channels: int
     graph = capture(model, inputs, repeats=1)
     assert nx.is_directed_acyclic_graph(graph.dag)
     _assert_exact_replay(model, inputs, graph)
+
+
+class TransposedBatchNorm(nn.Module):
+    """BatchNorm1d over features of a (batch, time, features) tensor: eager CPU kernels return
+    strides the traced meta kernels did not predict, which a traced `view` cannot take."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.lin(x).transpose(1, 2)).transpose(1, 2).square().sum()
+
+
+def test_batchnorm_on_a_transposed_input_replays_bit_identical() -> None:
+    torch.manual_seed(0)
+    model, inputs = TransposedBatchNorm(), (torch.randn(2, 5, 8),)
+    _assert_exact_replay(model, inputs, capture(model, inputs, repeats=1))
