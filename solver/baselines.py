@@ -15,6 +15,8 @@ For a budget, a baseline returns the cheapest member of its family that fits, or
   points of the (forward) graph, Checkmate's generalisation to non-linear graphs.
 - `bytes_per_cost`: drop candidates in order of bytes freed per unit of recompute cost (cheap per
   byte first); best prefix.
+- `every_k_recompute_each_use`: every k-th candidate kept, everything else recomputed at each use
+  and never kept: low peaks at a high cost, the warm start for tight budgets.
 """
 
 from __future__ import annotations
@@ -57,15 +59,19 @@ def articulation_candidates(problem: Problem) -> list[int]:
     return sorted(nx.articulation_points(sub))
 
 
-def _member(problem: Problem, param: str, dropped_from: set[int]) -> Member:
+def _member(
+    problem: Problem, param: str, dropped_from: set[int], retain_recomputed: bool = True
+) -> Member:
     keep = [i for i in range(problem.n) if i not in dropped_from]
-    plan = plan_from_keep(problem, keep)
+    plan = plan_from_keep(problem, keep, retain_recomputed)
     return Member(param, plan, plan_to_ops(problem, plan))
 
 
-def _keep_every(problem: Problem, cands: Sequence[int], k: int) -> Member:
+def _keep_every(
+    problem: Problem, cands: Sequence[int], k: int, retain_recomputed: bool = True
+) -> Member:
     kept = set(cands[k - 1 :: k])
-    return _member(problem, f"k={k}", set(cands) - kept)
+    return _member(problem, f"k={k}", set(cands) - kept, retain_recomputed)
 
 
 def _sampled(values: Sequence[int], limit: int = SWEEP_POINTS) -> list[int]:
@@ -100,6 +106,18 @@ def every_k(problem: Problem) -> list[Member]:
     """Keep every k-th candidate, for k over 1..c (sampled)."""
     cands = candidates(problem)
     return [_keep_every(problem, cands, k) for k in _sampled(range(1, len(cands) + 1))]
+
+
+RECOMPUTE_EACH_USE_POINTS = 12
+"""Members of `every_k_recompute_each_use` (each costs a full recomputation sweep)."""
+
+
+def every_k_recompute_each_use(problem: Problem) -> list[Member]:
+    """Keep every k-th candidate and recompute every other value at each use, never keeping a
+    recomputed value: the least-memory end of the checkpoint policies (quadratic cost)."""
+    cands = candidates(problem)
+    ks = _sampled(range(1, len(cands) + 1), RECOMPUTE_EACH_USE_POINTS)
+    return [_keep_every(problem, cands, k, retain_recomputed=False) for k in ks]
 
 
 def _greedy(problem: Problem, cands: Sequence[int]) -> list[Member]:
@@ -156,6 +174,7 @@ BASELINES: dict[str, Callable[[Problem], list[Member]]] = {
     "chen_greedy": chen_greedy,
     "ap_greedy": ap_greedy,
     "bytes_per_cost": bytes_per_cost,
+    "every_k_recompute_each_use": every_k_recompute_each_use,
 }
 """Every baseline family by name, in the order tables list them."""
 

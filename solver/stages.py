@@ -72,7 +72,9 @@ def plan_to_ops(problem: Problem, plan: StagePlan) -> IndexedSchedule:
     return IndexedSchedule(tuple(ops), peak, cost)
 
 
-def plan_from_keep(problem: Problem, keep: Iterable[int]) -> StagePlan:
+def plan_from_keep(
+    problem: Problem, keep: Iterable[int], retain_recomputed: bool = True
+) -> StagePlan:
     """The plan of a checkpoint policy: `keep` is the set of checkpointed nodes.
 
     A node in `keep` stays live from its first computation until the last stage that reads it.
@@ -80,8 +82,9 @@ def plan_from_keep(problem: Problem, keep: Iterable[int]) -> StagePlan:
     last forward user (Chen et al.: the forward pass runs as usual, dropping what is not a
     checkpoint), on a graph without phases after its first user. When a later stage needs a
     dropped node it is recomputed (with whatever of its inputs is missing) and then kept until
-    its last use, so a dropped segment is recomputed once. keep = all nodes is checkpoint-all.
-    O(n * (V + E)) in the worst case.
+    its last use, so a dropped segment is recomputed once. With retain_recomputed=False it is
+    dropped again after the stage that recomputed it (recomputed at every use: least memory,
+    most recomputation). keep = all nodes is checkpoint-all. O(n * (V + E)) in the worst case.
     """
     n = problem.n
     keep_set = frozenset(keep)
@@ -117,7 +120,9 @@ def plan_from_keep(problem: Problem, keep: Iterable[int]) -> StagePlan:
                     stack.append(p)
         computed.append(tuple(sorted(needed)))
         for v in needed:
-            end = end_of_first_pass[v] if v == t else n - 1
+            # A recomputed value is kept until its last use, or dropped when the stage ends.
+            recomputed_end = n - 1 if retain_recomputed else t
+            end = end_of_first_pass[v] if v == t else recomputed_end
             windows.setdefault(v, []).append([t + 1, end, -1])
     kept = [
         frozenset(v for v, ws in windows.items() if any(s <= t <= last for s, _, last in ws))
