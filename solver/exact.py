@@ -25,16 +25,16 @@ import networkx as nx
 
 from solver.baselines import BASELINES, Member, cheapest_within, smallest_within
 from solver.budget import parse_budget, parse_compute_budget
-from solver.cpsat import CpResult, ProgressFn, print_progress, solve_cp_sat
+from solver.cpsat import ProgressFn, print_progress, solve_cp_sat
 from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeoutError
-from solver.formulation import LinearModel, build, hint_values, plan_from_values
+from solver.formulation import build, hint_values, plan_from_values
 from solver.graph import Problem, prepare
 from solver.lp_fixing import reduced_cost_fixings, solve_relaxation
 from solver.schedule import Schedule, make_schedule
 from solver.stages import IndexedSchedule, checkpoint_all, plan_to_ops
 
-FIRST_PHASE_SHARE = 0.3
-"""Share of the time limit that plain CP-SAT gets before the LP-driven proof phase starts."""
+LP_SHARE = 0.5
+"""Most of the time limit the LP relaxation may take before CP-SAT starts."""
 
 
 def integer_costs(problem: Problem) -> tuple[list[int], float]:
@@ -179,88 +179,52 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
         _raise_infeasible(run, budget)
     warm = cheapest_within(_family_members(problem), budget)
     lm = build(problem, budget, run.int_cost)
-    first = solve_cp_sat(
+    hint = hint_values(lm, problem, warm.plan) if warm is not None else None
+    incumbent = None if warm is None else _recompute_cost(run, warm.schedule)
+    bound, fixed = 0.0, {}
+    if incumbent is not None:
+        lp = solve_relaxation(lm, LP_SHARE * run.remaining())
+        if lp is not None:
+            bound = lp.objective
+            if lp.objective > incumbent - 1 + 1e-6 * max(1, incumbent):
+                return run.finish(warm.schedule, "OPTIMAL", warm.schedule.cost, budget=budget)
+            fixed = reduced_cost_fixings(lm, lp, incumbent - 1)
+    result = solve_cp_sat(
         lm,
-        # Without an incumbent the LP phase has no cutoff to fix against: CP-SAT gets it all.
-        time_limit=run.remaining()
-        if warm is None
-        else min(run.remaining(), max(2.0, FIRST_PHASE_SHARE * run.time_limit)),
+        time_limit=run.remaining(),
         workers=run.workers,
-        hint=hint_values(lm, problem, warm.plan) if warm is not None else None,
+        hint=hint,
+        fixed=fixed,
+        objective_cap=None if incumbent is None else incumbent - 1,
         progress=run.report,
         scale=run.unit,
         offset=run.offset,
     )
-    if first.status == "INFEASIBLE":
-        _raise_infeasible(run, budget)
-    incumbent = _incumbent(run, lm, first, warm)
-    if incumbent is None:
+    if result.status == "INFEASIBLE":
+        if warm is None:
+            _raise_infeasible(run, budget)
+        return run.finish(warm.schedule, "OPTIMAL", warm.schedule.cost, budget=budget)
+    if result.values is not None:
+        found = plan_to_ops(problem, plan_from_values(lm, problem.n, result.values.__getitem__))
+        if result.status == "OPTIMAL":
+            return run.finish(found, "OPTIMAL", found.cost, budget=budget)
+        bound = max(bound, result.bound)
+        return run.finish(found, "FEASIBLE", bound * run.unit + run.offset, budget=budget)
+    if warm is None:
         raise SolverTimeoutError(
             f"no schedule within {human_bytes(budget)} was found in {run.time_limit:g} s and no "
             "baseline fits that budget; raise the time limit (--time-limit) or the budget"
         )
-    schedule, recompute = incumbent
-    if first.status == "OPTIMAL":
-        return run.finish(schedule, "OPTIMAL", schedule.cost, budget=budget)
-    bound = max(first.bound, 0.0)
-    proven, better, bound = _prove(run, lm, recompute, bound)
-    if better is not None:
-        schedule = plan_to_ops(problem, plan_from_values(lm, problem.n, better.__getitem__))
-    status = "OPTIMAL" if proven else "FEASIBLE"
-    final_bound = schedule.cost if proven else bound * run.unit + run.offset
-    return run.finish(schedule, status, final_bound, budget=budget)
+    # Every schedule cheaper than the incumbent satisfies the fixings and the cap, so CP-SAT's
+    # bound holds for them; the incumbent itself bounds the rest.
+    bound = max(bound, min(result.bound, incumbent))
+    return run.finish(warm.schedule, "FEASIBLE", bound * run.unit + run.offset, budget=budget)
 
 
-def _incumbent(
-    run: _Run, lm: LinearModel, result: CpResult, warm: Member | None
-) -> tuple[IndexedSchedule, int] | None:
-    """The better of CP-SAT's solution and the warm start, with its recompute cost (int units)."""
-    options = []
-    if result.values is not None:
-        plan = plan_from_values(lm, run.problem.n, result.values.__getitem__)
-        options.append(plan_to_ops(run.problem, plan))
-    if warm is not None:
-        options.append(warm.schedule)
-    if not options:
-        return None
-    best = min(options, key=lambda s: s.cost)
-    recompute = sum(run.int_cost[i] for kind, i in best.ops if kind == "compute") - sum(
-        run.int_cost
-    )
-    return best, recompute
-
-
-def _prove(
-    run: _Run, lm: LinearModel, incumbent: int, bound: float
-) -> tuple[bool, list[int] | None, float]:
-    """Try to prove `incumbent` (recompute cost, int units) optimal or beat it.
-
-    Returns (proven, values of a better solution or None, lower bound in int units).
-    """
-    lp = solve_relaxation(lm, run.remaining())
-    if lp is None:
-        return False, None, bound
-    bound = max(bound, lp.objective)
-    if lp.objective > incumbent - 1 + 1e-6 * max(1, incumbent):
-        return True, None, incumbent
-    fixed = reduced_cost_fixings(lm, lp, incumbent - 1)
-    second = solve_cp_sat(
-        lm,
-        time_limit=run.remaining(),
-        workers=run.workers,
-        fixed=fixed,
-        objective_cap=incumbent - 1,
-        progress=run.report,
-        scale=run.unit,
-        offset=run.offset,
-    )
-    if second.status == "INFEASIBLE":
-        return True, None, incumbent
-    if second.status == "OPTIMAL":
-        return True, second.values, second.objective
-    # Every solution better than the incumbent is in the fixed model, so its bound holds there.
-    bound = max(bound, min(second.bound, incumbent))
-    return False, second.values, bound
+def _recompute_cost(run: _Run, schedule: IndexedSchedule) -> int:
+    """Recompute cost of a schedule in the model's integer units."""
+    total = sum(run.int_cost[i] for kind, i in schedule.ops if kind == "compute")
+    return total - sum(run.int_cost)
 
 
 def _solve_memory(run: _Run, compute_budget: float | None) -> Schedule:
