@@ -18,6 +18,7 @@ or rounded at a resolution of max(cost)/1e6, recorded as `extra["cost_unit"]`.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeo
 from solver.formulation import build, hint_values, plan_from_values
 from solver.graph import Problem, prepare
 from solver.lp_fixing import reduced_cost_fixings, solve_relaxation
+from solver.rotor import NotAChainError, rotor
 from solver.schedule import Schedule, make_schedule
 from solver.stages import IndexedSchedule, checkpoint_all, plan_to_ops
 
@@ -54,7 +56,11 @@ def integer_costs(problem: Problem) -> tuple[list[int], float]:
 
 
 def _family_members(problem: Problem) -> list[Member]:
-    return [m for family in BASELINES.values() for m in family(problem)]
+    """Every baseline schedule, plus rotor's on the training graph of a chain (warm starts)."""
+    members = [m for family in BASELINES.values() for m in family(problem)]
+    with contextlib.suppress(NotAChainError):
+        members += rotor(problem)
+    return members
 
 
 def human_bytes(n: float) -> str:

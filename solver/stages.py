@@ -124,12 +124,13 @@ def plan_from_keep(
             recomputed_end = n - 1 if retain_recomputed else t
             end = end_of_first_pass[v] if v == t else recomputed_end
             windows.setdefault(v, []).append([t + 1, end, -1])
-    kept = [
-        frozenset(v for v, ws in windows.items() if any(s <= t <= last for s, _, last in ws))
-        for t in range(n)
-    ]
-    kept.append(frozenset())
-    return StagePlan(tuple(computed), tuple(kept))
+    live_at: list[set[int]] = [set() for _ in range(n + 1)]
+    for v, ws in windows.items():
+        for start, _, last in ws:
+            for t in range(start, last + 1):
+                live_at[t].add(v)
+    live_at[0] = live_at[n] = set()
+    return StagePlan(tuple(computed), tuple(frozenset(s) for s in live_at))
 
 
 def checkpoint_all(problem: Problem) -> IndexedSchedule:
