@@ -250,6 +250,11 @@ def rotor(problem: Problem) -> list[Member]:
     members = []
     for m in drops:
         plan = _plan_from_ops(problem, program.ops(m))
+        if len(plan.computed) != problem.n:
+            # The program only computes what the backward reads: a last forward node that no
+            # backward node reads (a loss whose gradient ignores its value) is never computed.
+            missing = problem.n - len(plan.computed)
+            raise NotAChainError(f"rotor's schedules leave {missing} node(s) uncomputed")
         members.append(Member(f"m={m * unit}", plan, plan_to_ops(problem, plan)))
     return members
 

@@ -80,3 +80,14 @@ def test_not_a_chain_raises() -> None:
         rotor(solver.prepare(residual_demo()))
     with pytest.raises(NotAChainError):
         rotor(solver.prepare(chain([1, 1], [1, 1])))
+
+
+def test_a_loss_no_backward_node_reads_is_refused_not_skipped():
+    """A captured loss (mean) whose gradient ignores its value: rotor's program would never
+    compute it, so rotor must refuse the graph and the exact solver must still be valid."""
+    graph = training_graph(chain([1] * 6, [1] * 6))
+    graph.remove_edge(5, "d5")
+    with pytest.raises(NotAChainError, match="uncomputed"):
+        rotor(solver.prepare(graph))
+    schedule = solver.solve(graph, 5, time_limit=20)
+    assert solver.simulate(graph, schedule.ops).valid
