@@ -3,11 +3,12 @@ the predicted frontier of the exact solver against every baseline family (rotor 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,3 +184,15 @@ def plot_frontier(rows: Sequence[Row], path: Path, title: str) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def command_line(
+    run: Callable[[Settings], object], description: str, argv: list[str] | None = None
+) -> None:
+    """`python -m benchmarks.<part> [--quick] [--out DIR]`: run one part with the usual settings
+    (exact solves limited to 3 s with --quick, else 10 s)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("results"))
+    args = parser.parse_args(argv)
+    run(Settings(args.out, quick=args.quick, time_limit=3 if args.quick else 10))

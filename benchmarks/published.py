@@ -11,14 +11,12 @@ Run: python -m benchmarks.published [--quick] [--out results]
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 import solver
 from benchmarks.common import (
     GRAPHS_DIR,
     Row,
     Settings,
+    command_line,
     exact_row,
     families,
     plot_frontier,
@@ -92,11 +90,7 @@ def run(settings: Settings) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("results"))
-    args = parser.parse_args(argv)
-    run(Settings(args.out, quick=args.quick, time_limit=3 if args.quick else 10))
+    command_line(run, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,10 @@ Run: python -m benchmarks.seeds [--quick] [--out results]
 
 from __future__ import annotations
 
-import argparse
 import math
-from pathlib import Path
 
 import solver
-from benchmarks.common import Row, Settings, exact_row, plot_frontier, write_table
+from benchmarks.common import Row, Settings, command_line, exact_row, plot_frontier, write_table
 from benchmarks.measure import Step, measure
 from solver.baselines import BASELINES, cheapest_within
 from solver.examples import uniform_training_chain
@@ -194,11 +192,7 @@ def run(settings: Settings) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("results"))
-    args = parser.parse_args(argv)
-    run(Settings(args.out, quick=args.quick, time_limit=3 if args.quick else 10))
+    command_line(run, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

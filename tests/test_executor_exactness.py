@@ -24,14 +24,7 @@ from solver import prepare, simulate
 from solver.schedule import Schedule, make_schedule
 from solver.stages import plan_from_keep, plan_to_ops
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Exactness holds at a fixed thread count (1 vs 2 threads differ already for eager)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Attention(nn.Module):
