@@ -5,12 +5,14 @@ For objective "cost":
 
 1. budget >= checkpoint-all peak: checkpoint-all is optimal (the cost cannot go below computing
    every node once). Budget below the one-line bound (a node plus its inputs): infeasible.
-2. CP-SAT, warm-started from the best baseline schedule, for a share of the time limit.
-3. If not yet proven: the LP relaxation (GLOP) gives a lower bound and reduced costs; with the
-   incumbent cost z every variable whose reduced cost proves it cannot change in a solution of
-   cost <= z - 1 is fixed (`solver.lp_fixing`), and CP-SAT solves that much smaller model with the
-   cap z - 1. Infeasible proves z optimal; a solution is a better schedule, optimal when CP-SAT
-   proves it. Both steps keep every strictly better solution, so the optimum is unchanged.
+2. Warm start: the cheapest baseline schedule within the budget (rotor's too on chains), cost z.
+3. The LP relaxation (CLP, `solver.lp_fixing`) gives a lower bound and reduced costs: when the
+   bound exceeds z - 1, z is optimal; otherwise every 0/1 variable whose reduced cost shows it
+   cannot differ in a schedule of cost <= z - 1 is fixed.
+4. CP-SAT, hinted with the warm start, solves the fixed model capped at z - 1: infeasible proves z
+   optimal; a solution is a better schedule, optimal when CP-SAT proves it. Steps 3 and 4 keep
+   every strictly better schedule, so the optimum is unchanged. Without a warm start, CP-SAT
+   solves the plain model for the whole time limit.
 
 Costs must be integers for CP-SAT: non-integer costs are scaled by a power of ten (at most 1e6)
 or rounded at a resolution of max(cost)/1e6, recorded as `extra["cost_unit"]`.
@@ -115,13 +117,12 @@ class _Run:
         *,
         budget: int | None = None,
         compute_budget: float | None = None,
-        method: str = "exact",
     ) -> Schedule:
         return make_schedule(
             self.graph,
             self.problem,
             ops,
-            method=method,
+            method="exact",
             objective=self.objective,
             status=status,
             bound=bound,
