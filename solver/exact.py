@@ -193,6 +193,9 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
         lp = solve_relaxation(lm, LP_SHARE * run.remaining())
         if lp is not None:
             bound = lp.objective
+            if run.report:  # the LP phase is silent otherwise: show its bound on the incumbent
+                elapsed = time.perf_counter() - run.started
+                run.report(elapsed, warm.schedule.cost, bound * run.unit + run.offset)
             if lp.objective > incumbent - 1 + 1e-6 * max(1, incumbent):
                 return run.finish(warm.schedule, "OPTIMAL", warm.schedule.cost, budget=budget)
             fixed = reduced_cost_fixings(lm, lp, incumbent - 1)
