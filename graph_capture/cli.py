@@ -20,7 +20,8 @@ from graph_capture.capture import GRANULARITIES, capture
 from graph_capture.captured import CapturedGraph
 from graph_capture.demo_models import DEMOS
 from graph_capture.errors import CaptureError
-from graph_capture.profile import format_table, human_bytes, module_profile, plot_saved_bytes
+from graph_capture.profile import format_table, module_profile, plot_saved_bytes
+from solver.budget import human_bytes
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, demo: bool = True) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from graph_capture.captured import CapturedGraph
+from solver.budget import human_bytes
 
 
 @dataclass
@@ -57,15 +58,6 @@ def module_profile(graph: CapturedGraph, depth: int | None = None) -> list[Modul
         if any(dag.nodes[s]["backward"] for s in dag.successors(v)):
             row.saved_bytes += attrs["mem"]
     return list(rows.values())
-
-
-def human_bytes(count: float) -> str:
-    """``1536`` -> ``"1.5 KiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(count) < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    raise AssertionError("unreachable")
 
 
 def format_table(rows: Iterable[ModuleProfile], title: str) -> str:

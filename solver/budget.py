@@ -61,3 +61,12 @@ def parse_compute_budget(text: str | int | float, problem: Problem) -> float:
             f"cannot read compute budget {text!r}: use a multiple of the checkpoint-all cost "
             "(1.2x) or an absolute cost in the graph's unit"
         ) from None
+
+
+def human_bytes(n: float) -> str:
+    """Bytes as text with a binary unit, e.g. 1536 -> '1.50 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError

@@ -12,8 +12,8 @@ import sys
 import networkx as nx
 
 from solver.baselines import BASELINES, cheapest_within, smallest_within
-from solver.budget import checkpoint_all_peak, parse_budget, parse_compute_budget
-from solver.exact import human_bytes, solve
+from solver.budget import checkpoint_all_peak, human_bytes, parse_budget, parse_compute_budget
+from solver.exact import solve
 from solver.graph import prepare
 
 

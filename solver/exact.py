@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from solver.baselines import BASELINES, Member, cheapest_within, smallest_within
-from solver.budget import parse_budget, parse_compute_budget
+from solver.budget import human_bytes, parse_budget, parse_compute_budget
 from solver.cpsat import ProgressFn, print_progress, solve_cp_sat
 from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeoutError
 from solver.formulation import build, hint_values, plan_from_values
@@ -63,15 +63,6 @@ def _family_members(problem: Problem) -> list[Member]:
     with contextlib.suppress(NotAChainError):
         members += rotor(problem)
     return members
-
-
-def human_bytes(n: float) -> str:
-    """Bytes as text with a binary unit, e.g. 1536 -> '1.50 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError
 
 
 def minimum_peak(
