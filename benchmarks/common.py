@@ -4,7 +4,6 @@ the predicted frontier of the exact solver against every baseline family (rotor 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import math
 import time
@@ -15,9 +14,7 @@ from pathlib import Path
 import networkx as nx
 
 import solver
-from solver.baselines import BASELINES, Member, cheapest_within
-from solver.graph import Problem
-from solver.rotor import NotAChainError, rotor
+from solver.frontier import frontier
 
 Row = dict[str, object]
 
@@ -61,21 +58,6 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-ROTOR_MAX_FORWARD = 80
-"""Longest chain (forward nodes) rotor runs on here: its program is O(n^3) array operations over
-the memory grid, about a minute at 150 forward nodes on this machine."""
-
-
-def families(problem: Problem) -> dict[str, list[Member]]:
-    """Every baseline family of `solver.BASELINES`, plus rotor where the graph is a chain's of at
-    most ROTOR_MAX_FORWARD forward nodes."""
-    out = {name: make(problem) for name, make in BASELINES.items()}
-    if sum(not b for b in problem.backward) <= ROTOR_MAX_FORWARD:
-        with contextlib.suppress(NotAChainError):
-            out["rotor"] = rotor(problem)
-    return out
-
-
 def exact_row(graph: nx.DiGraph, budget: int, settings: Settings) -> tuple[Row, object]:
     """The exact solver at `budget` bytes: a row (cost, peak, status, gap, seconds) and the
     schedule (None when infeasible or timed out)."""
@@ -93,39 +75,27 @@ def exact_row(graph: nx.DiGraph, budget: int, settings: Settings) -> tuple[Row, 
 def predicted_frontier(
     graph: nx.DiGraph, fractions: Sequence[float], settings: Settings, label: str
 ) -> list[Row]:
-    """Recompute overhead and peak of the exact solver and every baseline family at each budget
-    (a fraction of the checkpoint-all peak), in the solver's model. Overhead = cost / the
-    checkpoint-all cost - 1; peak_frac = peak / checkpoint-all peak."""
+    """`solver.frontier.frontier` at each budget (a fraction of the checkpoint-all peak) as rows:
+    overhead = cost / the checkpoint-all cost - 1; peak_frac = peak / checkpoint-all peak."""
     problem = solver.prepare(graph)
     full_peak, total = solver.checkpoint_all_peak(problem), problem.total_cost
-    fams = families(problem)
-    rows: list[Row] = []
-    for fraction in fractions:
-        budget = int(full_peak * fraction)
-        found, _ = exact_row(graph, budget, settings)
-        points = {"exact": found}
-        for name, members in fams.items():
-            best = cheapest_within(members, budget)
-            points[name] = (
-                {"status": "NO FIT"}
-                if best is None
-                else {"cost": best.schedule.cost, "peak": best.schedule.peak, "status": "FIT"}
-            )
-        for method, p in points.items():
-            cost = p.get("cost")
-            rows.append(
-                {
-                    "graph": label,
-                    "budget_frac": round(fraction, 4),
-                    "method": method,
-                    "overhead": None if cost is None else cost / total - 1,
-                    "peak_frac": None if cost is None else p["peak"] / full_peak,
-                    "status": p["status"],
-                    "gap": p.get("gap"),
-                    "solve_s": p.get("s"),
-                }
-            )
-    return rows
+    fraction_of = {int(full_peak * fraction): fraction for fraction in fractions}
+    points = frontier(
+        graph, list(fraction_of), time_limit=settings.time_limit, workers=settings.workers
+    )
+    return [
+        {
+            "graph": label,
+            "budget_frac": round(fraction_of[p.budget], 4),
+            "method": p.method,
+            "overhead": None if p.cost is None else p.cost / total - 1,
+            "peak_frac": None if p.cost is None else p.peak / full_peak,
+            "status": p.status,
+            "gap": p.gap,
+            "solve_s": p.seconds if p.method == "exact" else None,
+        }
+        for p in points
+    ]
 
 
 def budget_ladder(low: float, points: int) -> list[float]:

@@ -18,12 +18,12 @@ from benchmarks.common import (
     Settings,
     command_line,
     exact_row,
-    families,
     plot_frontier,
     predicted_frontier,
     write_table,
 )
 from solver.baselines import cheapest_within
+from solver.families import families
 from solver.io import load_graph
 
 LABELS = {

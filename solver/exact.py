@@ -5,7 +5,7 @@ For objective "cost":
 
 1. budget >= checkpoint-all peak: checkpoint-all is optimal (the cost cannot go below computing
    every node once). Budget below the one-line bound (a node plus its inputs): infeasible.
-2. Warm start: the cheapest baseline schedule within the budget (rotor's too on chains), cost z.
+2. Warm start: the cheapest schedule of `solver.families` within the budget, cost z.
 3. The LP relaxation (CLP, `solver.lp_fixing`) gives a lower bound and reduced costs: when the
    bound exceeds z - 1, z is optimal; otherwise every 0/1 variable whose reduced cost shows it
    cannot differ in a schedule of cost <= z - 1 is fixed.
@@ -20,20 +20,19 @@ or rounded at a resolution of max(cost)/1e6, recorded as `extra["cost_unit"]`.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 
 import networkx as nx
 
-from solver.baselines import BASELINES, Member, cheapest_within, smallest_within
+from solver.baselines import cheapest_within, smallest_within
 from solver.budget import human_bytes, parse_budget, parse_compute_budget
 from solver.cpsat import ProgressFn, print_progress, solve_cp_sat
 from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeoutError
+from solver.families import all_members
 from solver.formulation import build, hint_values, plan_from_values
 from solver.graph import Problem, prepare
 from solver.lp_fixing import reduced_cost_fixings, solve_relaxation
-from solver.rotor import NotAChainError, rotor
 from solver.schedule import Schedule, make_schedule
 from solver.stages import IndexedSchedule, checkpoint_all, plan_to_ops
 
@@ -55,14 +54,6 @@ def integer_costs(problem: Problem) -> tuple[list[int], float]:
             return [round(c * scale) for c in costs], 1.0 / scale
     unit = max(costs) / 1e6
     return [round(c / unit) for c in costs], unit
-
-
-def _family_members(problem: Problem) -> list[Member]:
-    """Every baseline schedule, plus rotor's on the training graph of a chain (warm starts)."""
-    members = [m for family in BASELINES.values() for m in family(problem)]
-    with contextlib.suppress(NotAChainError):
-        members += rotor(problem)
-    return members
 
 
 def minimum_peak(
@@ -175,7 +166,7 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
         return run.finish(everything, "OPTIMAL", problem.total_cost, budget=budget)
     if budget < problem.memory_lower_bound:
         _raise_infeasible(run, budget)
-    warm = cheapest_within(_family_members(problem), budget)
+    warm = cheapest_within(all_members(problem), budget)
     lm = build(problem, budget, run.int_cost)
     hint = hint_values(lm, problem, warm.plan) if warm is not None else None
     incumbent = None if warm is None else _recompute_cost(run, warm.schedule)
@@ -235,7 +226,7 @@ def _solve_memory(run: _Run, compute_budget: float | None) -> Schedule:
             f"compute budget {compute_budget:g} is below {problem.total_cost:g}, the cost of "
             "computing every node once; no schedule can fit (use a budget >= 1.0x)"
         )
-    warm = smallest_within(_family_members(problem), compute_budget)
+    warm = smallest_within(all_members(problem), compute_budget)
     recompute_limit = None
     if compute_budget is not None:
         recompute_limit = int(compute_budget / run.unit + 1e-9) - sum(run.int_cost)

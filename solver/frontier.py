@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from solver.baselines import BASELINES, cheapest_within
+from solver.baselines import cheapest_within
 from solver.budget import parse_budget
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
+from solver.families import families
 from solver.graph import prepare
 
 
@@ -39,13 +40,18 @@ def frontier(
 ) -> list[FrontierPoint]:
     """Solve every budget with the exact solver and each baseline (all by default).
 
-    `methods` picks among "exact" and the names in `solver.BASELINES`. Baseline families are
-    evaluated once and then filtered per budget. A method that cannot fit a budget gives a point
-    with status "INFEASIBLE" (exact: proven) or "NO FIT" (baseline) and cost None.
+    `methods` picks among "exact", the names in `solver.BASELINES` and "rotor" (training graphs
+    of chains; see `solver.families`). Families are evaluated once and filtered per budget. A
+    method that cannot fit a budget gives a point with status "INFEASIBLE" (exact: proven),
+    "TIMEOUT" (exact: nothing found in time) or "NO FIT" (heuristic) and cost None.
     """
     problem = prepare(graph)
-    names = methods or ["exact", *BASELINES]
-    families = {name: BASELINES[name](problem) for name in names if name != "exact"}
+    available = families(problem)
+    names = methods or ["exact", *available]
+    unknown = set(names) - {"exact", *available}
+    if unknown:
+        raise ValueError(f"unknown or inapplicable methods {sorted(unknown)}")
+    chosen = {name: available[name] for name in names if name != "exact"}
     points = []
     for raw in budgets:
         budget = parse_budget(raw, problem)
@@ -59,7 +65,7 @@ def frontier(
                 points.append(FrontierPoint("exact", budget, None, None, "INFEASIBLE", None, 0.0))
             except SolverTimeoutError:
                 points.append(FrontierPoint("exact", budget, None, None, "TIMEOUT", None, 0.0))
-        for name, members in families.items():
+        for name, members in chosen.items():
             best = cheapest_within(members, budget)
             if best is None:
                 points.append(FrontierPoint(name, budget, None, None, "NO FIT", None, 0.0))
