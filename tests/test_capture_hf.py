@@ -5,8 +5,9 @@ from __future__ import annotations
 import networkx as nx
 import pytest
 import torch
+from capture_checks import assert_exact_replay
 
-from graph_capture import capture, eager_reference
+from graph_capture import capture
 from graph_capture.hf_models import bert, gpt2, vit
 
 pytest.importorskip("transformers")
@@ -21,12 +22,4 @@ def test_hf_model_captures_and_replays_bit_identical(factory) -> None:
     graph = capture(model, inputs, repeats=1)
     assert nx.is_directed_acyclic_graph(graph.dag)
     assert graph.random_nodes, "HF configs default to dropout 0.1"
-    tangents = graph.default_tangents()
-    torch.manual_seed(1)
-    result = graph.run_plain(model, inputs, tangents)
-    torch.manual_seed(1)
-    outputs, grads, _ = eager_reference(model, inputs, tangents, graph.tangent_output_indices)
-    assert all(torch.equal(a, b) for a, b in zip(result.outputs, outputs, strict=True))
-    for name, grad in grads.items():
-        got = result.param_grads[name]
-        assert (got is None and grad is None) or torch.equal(got, grad), name
+    assert_exact_replay(model, inputs, graph)

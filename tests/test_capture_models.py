@@ -5,6 +5,7 @@ from __future__ import annotations
 import networkx as nx
 import pytest
 import torch
+from capture_checks import assert_exact_replay
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -107,29 +108,6 @@ def captured(request) -> tuple[str, nn.Module, tuple, CapturedGraph]:
     return request.param, model, inputs, capture(model, inputs, repeats=1)
 
 
-def _assert_exact_replay(model: nn.Module, inputs: tuple, graph: CapturedGraph) -> None:
-    """Plain run of the joint graph == eager forward+backward, bit for bit (same RNG seed)."""
-    tangents = graph.default_tangents()
-    before = {k: v.clone() for k, v in model.named_buffers()}
-    torch.manual_seed(123)
-    result = graph.run_plain(model, inputs, tangents)
-    torch.manual_seed(123)
-    outputs, grads, input_grads = eager_reference(
-        model, inputs, tangents, graph.tangent_output_indices
-    )
-    assert len(result.outputs) == len(outputs)
-    for got, want in zip(result.outputs, outputs, strict=True):
-        assert torch.equal(got, want)
-    assert set(result.param_grads) == set(grads)
-    for name, grad in grads.items():
-        assert torch.equal(result.param_grads[name], grad), name
-    for index, grad in result.input_grads.items():
-        assert torch.equal(grad, input_grads[index])
-    for name, value in result.buffer_updates.items():
-        assert not torch.equal(value, before[name]) or name.endswith("num_batches_tracked")
-        assert torch.equal(value, dict(model.named_buffers())[name]), name
-
-
 def test_dag_meets_solver_contract(captured) -> None:
     _, _, _, graph = captured
     dag = graph.dag
@@ -183,7 +161,7 @@ def test_node_counts_are_sane(captured) -> None:
 
 def test_plain_replay_is_bit_identical_to_eager(captured) -> None:
     _, model, inputs, graph = captured
-    _assert_exact_replay(model, inputs, graph)
+    assert_exact_replay(model, inputs, graph)
 
 
 def test_flops_match_flop_counter_totals(captured) -> None:
@@ -216,7 +194,7 @@ def test_module_granularity_keeps_totals(captured) -> None:
     )
     assert 0.95 * op_total <= total <= op_total
     assert nx.is_directed_acyclic_graph(graph.dag)
-    _assert_exact_replay(model, inputs, graph)
+    assert_exact_replay(model, inputs, graph)
 
 
 def test_capture_leaves_model_and_rng_untouched() -> None:
@@ -277,7 +255,7 @@ def test_random_stacks_replay_bit_identical(kinds: list[str], width: int) -> Non
     inputs = (torch.randn(3, width, requires_grad=True),)
     graph = capture(model, inputs, repeats=1)
     assert nx.is_directed_acyclic_graph(graph.dag)
-    _assert_exact_replay(model, inputs, graph)
+    assert_exact_replay(model, inputs, graph)
 
 
 CONV_LAYERS = st.sampled_from(["conv", "batchnorm", "relu", "dropout2d", "avgpool_up", "skip"])
@@ -315,7 +293,7 @@ def test_random_conv_stacks_replay_bit_identical(kinds: list[str], channels: int
     inputs = (torch.randn(2, 2, 8, 8),)
     graph = capture(model, inputs, repeats=1)
     assert nx.is_directed_acyclic_graph(graph.dag)
-    _assert_exact_replay(model, inputs, graph)
+    assert_exact_replay(model, inputs, graph)
 
 
 class TransposedBatchNorm(nn.Module):
@@ -334,4 +312,4 @@ class TransposedBatchNorm(nn.Module):
 def test_batchnorm_on_a_transposed_input_replays_bit_identical() -> None:
     torch.manual_seed(0)
     model, inputs = TransposedBatchNorm(), (torch.randn(2, 5, 8),)
-    _assert_exact_replay(model, inputs, capture(model, inputs, repeats=1))
+    assert_exact_replay(model, inputs, capture(model, inputs, repeats=1))
