@@ -52,12 +52,11 @@ def solve_cp_sat(
     workers: int,
     hint: dict[int, int] | None = None,
     fixed: dict[int, int] | None = None,
-    objective_cap: int | None = None,
     progress: ProgressFn | None = None,
     scale: float = 1.0,
     offset: float = 0.0,
 ) -> CpResult:
-    """Minimise lm.objective; `fixed` pins variables, `objective_cap` adds objective <= cap.
+    """Minimise lm.objective; `fixed` pins variables.
 
     `scale` and `offset` turn the integer objective into graph units for `progress` only.
     """
@@ -73,8 +72,6 @@ def solve_cp_sat(
     objective = cp_model.LinearExpr.weighted_sum(
         [xs[v] for v in lm.objective], list(lm.objective.values())
     )
-    if objective_cap is not None:
-        m.add(objective <= objective_cap)
     m.minimize(objective)
     for var, value in (hint or {}).items():
         m.add_hint(xs[var], value)

@@ -6,13 +6,17 @@ For objective "cost":
 1. budget >= checkpoint-all peak: checkpoint-all is optimal (the cost cannot go below computing
    every node once). Budget below the one-line bound (a node plus its inputs): infeasible.
 2. Warm start: the cheapest schedule of `solver.families` within the budget, cost z.
-3. The LP relaxation (CLP, `solver.lp_fixing`) gives a lower bound and reduced costs: when the
-   bound exceeds z - 1, z is optimal; otherwise every 0/1 variable whose reduced cost shows it
-   cannot differ in a schedule of cost <= z - 1 is fixed.
-4. CP-SAT, hinted with the warm start, solves the fixed model capped at z - 1: infeasible proves z
-   optimal; a solution is a better schedule, optimal when CP-SAT proves it. Steps 3 and 4 keep
-   every strictly better schedule, so the optimum is unchanged. Without a warm start, CP-SAT
-   solves the plain model for the whole time limit.
+3. The model is built for recompute cost <= z - 1 only (`formulation.build`'s recompute_limit:
+   nodes costing more are never recomputed, which shrinks it). Its LP relaxation (CLP,
+   `solver.lp_fixing`) gives a lower bound and reduced costs: when the bound exceeds z - 1, z is
+   optimal; otherwise every 0/1 variable whose reduced cost shows it cannot differ in a schedule
+   of cost <= z - 1 is fixed. The LP's keep fractions are rounded into schedules
+   (`solver.rounding`); one cheaper than z becomes the incumbent and step 3 repeats (at most
+   LP_ROUNDS LPs). Without a warm start the model has no limit and rounding may find the first
+   schedule.
+4. CP-SAT, hinted with the incumbent, solves the fixed model: infeasible proves z optimal; a
+   solution is a better schedule, optimal when CP-SAT proves it. Steps 3 and 4 keep every strictly
+   better schedule, so the optimum is unchanged.
 
 Costs must be integers for CP-SAT: non-integer costs are scaled by a power of ten (at most 1e6)
 or rounded at a resolution of max(cost)/1e6, recorded as `extra["cost_unit"]`.
@@ -20,6 +24,7 @@ or rounded at a resolution of max(cost)/1e6, recorded as `extra["cost_unit"]`.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -33,11 +38,16 @@ from solver.families import all_members
 from solver.formulation import build, hint_values, plan_from_values
 from solver.graph import Problem, prepare
 from solver.lp_fixing import reduced_cost_fixings, solve_relaxation
+from solver.rounding import rounded_members
 from solver.schedule import Schedule, make_schedule
 from solver.stages import IndexedSchedule, checkpoint_all, plan_to_ops
 
 LP_SHARE = 0.5
-"""Most of the time limit the LP relaxation may take before CP-SAT starts."""
+"""Most of the remaining time limit one LP relaxation may take before CP-SAT starts."""
+
+LP_ROUNDS = 3
+"""Most LP relaxations solved: each one whose rounding beats the incumbent is followed by one on
+the smaller model below the new incumbent."""
 
 
 def integer_costs(problem: Problem) -> tuple[list[int], float]:
@@ -166,51 +176,60 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
         return run.finish(everything, "OPTIMAL", problem.total_cost, budget=budget)
     if budget < problem.memory_lower_bound:
         _raise_infeasible(run, budget)
-    warm = cheapest_within(all_members(problem), budget)
-    lm = build(problem, budget, run.int_cost)
-    hint = hint_values(lm, problem, warm.plan) if warm is not None else None
-    incumbent = None if warm is None else _recompute_cost(run, warm.schedule)
+    best = cheapest_within(all_members(problem), budget)
     bound, fixed = 0.0, {}
-    if incumbent is not None:
+    for _ in range(LP_ROUNDS):
+        incumbent = None if best is None else _recompute_cost(run, best.schedule)
+        lm = build(problem, budget, run.int_cost, None if incumbent is None else incumbent - 1)
         lp = solve_relaxation(lm, LP_SHARE * run.remaining())
-        if lp is not None:
-            bound = lp.objective
-            if run.report:  # the LP phase is silent otherwise: show its bound on the incumbent
-                elapsed = time.perf_counter() - run.started
-                run.report(elapsed, warm.schedule.cost, bound * run.unit + run.offset)
-            if lp.objective > incumbent - 1 + 1e-6 * max(1, incumbent):
-                return run.finish(warm.schedule, "OPTIMAL", warm.schedule.cost, budget=budget)
-            fixed = reduced_cost_fixings(lm, lp, incumbent - 1)
+        if lp is None:
+            break
+        if incumbent is not None and lp.objective > incumbent - 1 + 1e-6 * max(1, incumbent):
+            return run.finish(best.schedule, "OPTIMAL", best.schedule.cost, budget=budget)
+        bound = lp.objective  # for every schedule cheaper than the incumbent
+        if run.report:  # the LP phase is silent otherwise: show its bound
+            elapsed = time.perf_counter() - run.started
+            shown = math.inf if best is None else best.schedule.cost
+            run.report(elapsed, shown, bound * run.unit + run.offset)
+        fixed = {} if incumbent is None else reduced_cost_fixings(lm, lp, incumbent - 1)
+        fractions = [{i: lp.values[v] for i, v in stage.items()} for stage in lm.keep]
+        rounded = cheapest_within(rounded_members(problem, fractions), budget)
+        if rounded is None or (best is not None and rounded.schedule.cost >= best.schedule.cost):
+            break
+        best, fixed = rounded, {}  # a new incumbent: a smaller model next round
+    incumbent = None if best is None else _recompute_cost(run, best.schedule)
+    if incumbent is not None and lm.recompute_limit != incumbent - 1:  # the last round improved
+        lm = build(problem, budget, run.int_cost, incumbent - 1)
+    hint = None if best is None else hint_values(lm, problem, best.plan)
     result = solve_cp_sat(
         lm,
         time_limit=run.remaining(),
         workers=run.workers,
         hint=hint,
         fixed=fixed,
-        objective_cap=None if incumbent is None else incumbent - 1,
         progress=run.report,
         scale=run.unit,
         offset=run.offset,
     )
     if result.status == "INFEASIBLE":
-        if warm is None:
+        if best is None:
             _raise_infeasible(run, budget)
-        return run.finish(warm.schedule, "OPTIMAL", warm.schedule.cost, budget=budget)
+        return run.finish(best.schedule, "OPTIMAL", best.schedule.cost, budget=budget)
     if result.values is not None:
         found = plan_to_ops(problem, plan_from_values(lm, problem.n, result.values.__getitem__))
         if result.status == "OPTIMAL":
             return run.finish(found, "OPTIMAL", found.cost, budget=budget)
         bound = max(bound, result.bound)
         return run.finish(found, "FEASIBLE", bound * run.unit + run.offset, budget=budget)
-    if warm is None:
+    if best is None:
         raise SolverTimeoutError(
             f"no schedule within {human_bytes(budget)} was found in {run.time_limit:g} s and no "
-            "baseline fits that budget; raise the time limit (--time-limit) or the budget"
+            "heuristic fits that budget; raise the time limit (--time-limit) or the budget"
         )
-    # Every schedule cheaper than the incumbent satisfies the fixings and the cap, so CP-SAT's
-    # bound holds for them; the incumbent itself bounds the rest.
+    # Every schedule cheaper than the incumbent satisfies the model's limit and the fixings, so
+    # CP-SAT's bound holds for them; the incumbent itself bounds the rest.
     bound = max(bound, min(result.bound, incumbent))
-    return run.finish(warm.schedule, "FEASIBLE", bound * run.unit + run.offset, budget=budget)
+    return run.finish(best.schedule, "FEASIBLE", bound * run.unit + run.offset, budget=budget)
 
 
 def _recompute_cost(run: _Run, schedule: IndexedSchedule) -> int:

@@ -1,4 +1,4 @@
-"""LP relaxation (GLOP) of a `LinearModel`, its bound and reduced-cost variable fixing.
+"""LP relaxation (CLP) of a `LinearModel`, its bound and reduced-cost variable fixing.
 
 For a minimisation LP with optimum z_LP and reduced costs d, every feasible point x satisfies
 cost(x) >= z_LP + sum_{d_j > 0} d_j (x_j - lower_j) + sum_{d_j < 0} d_j (x_j - upper_j). So a 0/1
@@ -31,9 +31,10 @@ class LpRelaxation:
 def solve_relaxation(
     lm: LinearModel, time_limit: float, backend: str = "CLP"
 ) -> LpRelaxation | None:
-    """Solve the LP relaxation with GLOP; None when it does not reach optimality in time.
+    """Solve the LP relaxation (CLP by default); None when it does not reach optimality in time
+    or is infeasible (floating-point infeasibility proves nothing here: CP-SAT then decides).
 
-    Byte counts (up to 1e10) beside 0/1 coefficients make the LP badly scaled (GLOP reports it
+    Byte counts (up to 1e10) beside 0/1 coefficients make the LP badly scaled (GLOP reported it
     abnormal), so the LP is solved on an equivalent scaling: each non-binary variable divided by
     its upper bound, then each row by its largest coefficient. Reduced costs of the 0/1
     variables are unchanged by this; values are mapped back.

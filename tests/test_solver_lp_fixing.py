@@ -23,14 +23,16 @@ def test_fixing_at_the_optimum_keeps_the_optimum(graph):
     least = min(p for _, p in frontier)
     for budget in sorted({least, (least + solver.checkpoint_all_peak(problem)) // 2}):
         optimum = round(min_cost_within(frontier, budget)) - sum(int_cost)
-        lm = build(problem, budget, int_cost)
+        # Limit and cutoff at the optimum itself: the optimal schedule must survive both.
+        lm = build(problem, budget, int_cost, recompute_limit=optimum)
         lp = solve_relaxation(lm, time_limit=30)
         assert lp is not None and lp.objective <= optimum + 1e-6
-        # Cutoff at the optimum itself: the optimal schedule must survive every fixing.
         fixed = reduced_cost_fixings(lm, lp, optimum)
-        result = solve_cp_sat(lm, time_limit=30, workers=8, fixed=fixed, objective_cap=optimum)
+        result = solve_cp_sat(lm, time_limit=30, workers=8, fixed=fixed)
         assert result.status == "OPTIMAL" and result.objective == optimum
         # One below the optimum nothing may remain.
-        fixed = reduced_cost_fixings(lm, lp, optimum - 1)
-        below = solve_cp_sat(lm, time_limit=30, workers=8, fixed=fixed, objective_cap=optimum - 1)
+        lm = build(problem, budget, int_cost, recompute_limit=optimum - 1)
+        lp = solve_relaxation(lm, time_limit=30)
+        fixed = {} if lp is None else reduced_cost_fixings(lm, lp, optimum - 1)
+        below = solve_cp_sat(lm, time_limit=30, workers=8, fixed=fixed)
         assert below.status == "INFEASIBLE"
