@@ -52,29 +52,54 @@ def solve_cp_sat(
     workers: int,
     hint: dict[int, int] | None = None,
     fixed: dict[int, int] | None = None,
+    objective_cap: int | None = None,
     progress: ProgressFn | None = None,
     scale: float = 1.0,
     offset: float = 0.0,
 ) -> CpResult:
-    """Minimise lm.objective; `fixed` pins variables.
+    """Minimise lm.objective; `fixed` pins variables, `objective_cap` adds objective <= cap.
 
-    `scale` and `offset` turn the integer objective into graph units for `progress` only.
+    Fixed variables enter CP-SAT as constants (rows left with none free are checked here), so a
+    heavily fixed model is built quickly. `scale` and `offset` turn the integer objective into
+    graph units for `progress` only.
     """
-    m = cp_model.CpModel()
     fixed = fixed or {}
-    xs = []
+    infeasible = CpResult("INFEASIBLE", None, None, 0.0)
+    m = cp_model.CpModel()
+    constant: dict[int, int] = {}
+    xs: dict[int, cp_model.IntVar] = {}
     for idx, name in enumerate(lm.names):
-        lo, hi = (fixed[idx], fixed[idx]) if idx in fixed else (lm.lower[idx], lm.upper[idx])
-        xs.append(m.new_int_var(lo, hi, name))
+        lo, hi = lm.lower[idx], lm.upper[idx]
+        if idx in fixed:
+            lo, hi = max(lo, fixed[idx]), min(hi, fixed[idx])
+        if lo > hi:
+            return infeasible
+        if lo == hi:
+            constant[idx] = lo
+        else:
+            xs[idx] = m.new_int_var(lo, hi, name)
+
+    def linear(variables, coefs) -> tuple[cp_model.LinearExprT, int]:
+        free = [(xs[v], c) for v, c in zip(variables, coefs, strict=True) if v in xs]
+        known = sum(c * constant[v] for v, c in zip(variables, coefs, strict=True) if v in constant)
+        return cp_model.LinearExpr.weighted_sum([x for x, _ in free], [c for _, c in free]), known
+
     for variables, coefs, lo, hi in lm.rows:
-        expr = cp_model.LinearExpr.weighted_sum([xs[v] for v in variables], coefs)
-        m.add_linear_constraint(expr, -_OPEN if lo is None else lo, _OPEN if hi is None else hi)
-    objective = cp_model.LinearExpr.weighted_sum(
-        [xs[v] for v in lm.objective], list(lm.objective.values())
-    )
-    m.minimize(objective)
+        expr, known = linear(variables, coefs)
+        lo = -_OPEN if lo is None else lo - known
+        hi = _OPEN if hi is None else hi - known
+        if all(v in constant for v in variables):
+            if not lo <= 0 <= hi:
+                return infeasible
+            continue
+        m.add_linear_constraint(expr, lo, hi)
+    objective, known = linear(list(lm.objective), list(lm.objective.values()))
+    if objective_cap is not None:
+        m.add(objective <= objective_cap - known)
+    m.minimize(objective + known)
     for var, value in (hint or {}).items():
-        m.add_hint(xs[var], value)
+        if var in xs:
+            m.add_hint(xs[var], value)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit)
     solver.parameters.num_workers = workers
@@ -85,6 +110,8 @@ def solve_cp_sat(
     status = solver.solve(m, callback)
     name = solver.status_name(status)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        values = [solver.value(x) for x in xs]
+        values = [
+            constant[i] if i in constant else solver.value(xs[i]) for i in range(len(lm.names))
+        ]
         return CpResult(name, values, round(solver.objective_value), solver.best_objective_bound)
     return CpResult(name, None, None, solver.best_objective_bound if name == "UNKNOWN" else 0.0)

@@ -14,9 +14,12 @@ For objective "cost":
    (`solver.rounding`); one cheaper than z becomes the incumbent and step 3 repeats (at most
    LP_ROUNDS LPs). Without a warm start the model has no limit and rounding may find the first
    schedule.
-4. CP-SAT, hinted with the incumbent, solves the fixed model: infeasible proves z optimal; a
-   solution is a better schedule, optimal when CP-SAT proves it. Steps 3 and 4 keep every strictly
-   better schedule, so the optimum is unchanged.
+4. Probes of objective caps between the LP bound and the incumbent (`_bisect`): CP-SAT, hinted
+   with the incumbent, looks for a schedule of recompute cost <= cap with the variables the LP's
+   reduced costs fix at that cap fixed. Infeasible raises the proven lower bound to cap + 1; a
+   schedule becomes the incumbent. Infeasible at cap z - 1 proves z optimal. Steps 3 and 4 keep
+   every schedule strictly better than the incumbent, so the optimum is unchanged. Without an LP
+   (it ran out of time) or an incumbent, CP-SAT solves the model in one run.
 
 Costs must be integers for CP-SAT: non-integer costs are scaled by a power of ten (at most 1e6)
 or rounded at a resolution of max(cost)/1e6, recorded as `extra["cost_unit"]`.
@@ -30,20 +33,23 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from solver.baselines import cheapest_within, smallest_within
+from solver.baselines import Member, cheapest_within, smallest_within
 from solver.budget import human_bytes, parse_budget, parse_compute_budget
 from solver.cpsat import ProgressFn, print_progress, solve_cp_sat
 from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeoutError
 from solver.families import all_members
-from solver.formulation import build, hint_values, plan_from_values
+from solver.formulation import LinearModel, build, hint_values, plan_from_values
 from solver.graph import Problem, prepare
-from solver.lp_fixing import reduced_cost_fixings, solve_relaxation
+from solver.lp_fixing import LpRelaxation, reduced_cost_fixings, solve_relaxation
 from solver.rounding import rounded_members
 from solver.schedule import Schedule, make_schedule
-from solver.stages import IndexedSchedule, checkpoint_all, plan_to_ops
+from solver.stages import IndexedSchedule, StagePlan, checkpoint_all, plan_to_ops
 
 LP_SHARE = 0.5
 """Most of the remaining time limit one LP relaxation may take before CP-SAT starts."""
+
+PROBE_SHARE = 0.25
+"""Share of the remaining time a probe below the final cap may take (see `_bisect`)."""
 
 LP_ROUNDS = 3
 """Most LP relaxations solved: each one whose rounding beats the incumbent is followed by one on
@@ -98,8 +104,11 @@ class _Run:
         """Cost of the first computes, in graph units (the objective counts recomputes only)."""
         return sum(self.int_cost) * self.unit
 
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
     def remaining(self) -> float:
-        return self.time_limit - (time.perf_counter() - self.started)
+        return self.time_limit - self.elapsed()
 
     def finish(
         self,
@@ -120,7 +129,7 @@ class _Run:
             bound=bound,
             budget=budget,
             compute_budget=compute_budget,
-            solve_seconds=time.perf_counter() - self.started,
+            solve_seconds=self.elapsed(),
             extra={"cost_unit": self.unit},
         )
 
@@ -177,36 +186,34 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
     if budget < problem.memory_lower_bound:
         _raise_infeasible(run, budget)
     best = cheapest_within(all_members(problem), budget)
-    bound, fixed = 0.0, {}
+    lm, lp = None, None
     for _ in range(LP_ROUNDS):
-        incumbent = None if best is None else _recompute_cost(run, best.schedule)
-        lm = build(problem, budget, run.int_cost, None if incumbent is None else incumbent - 1)
+        limit = None if best is None else _recompute_cost(run, best.schedule) - 1
+        lm = build(problem, budget, run.int_cost, limit)
         lp = solve_relaxation(lm, LP_SHARE * run.remaining())
         if lp is None:
             break
-        if incumbent is not None and lp.objective > incumbent - 1 + 1e-6 * max(1, incumbent):
-            return run.finish(best.schedule, "OPTIMAL", best.schedule.cost, budget=budget)
-        bound = lp.objective  # for every schedule cheaper than the incumbent
         if run.report:  # the LP phase is silent otherwise: show its bound
-            elapsed = time.perf_counter() - run.started
             shown = math.inf if best is None else best.schedule.cost
-            run.report(elapsed, shown, bound * run.unit + run.offset)
-        fixed = {} if incumbent is None else reduced_cost_fixings(lm, lp, incumbent - 1)
+            run.report(run.elapsed(), shown, lp.objective * run.unit + run.offset)
         fractions = [{i: lp.values[v] for i, v in stage.items()} for stage in lm.keep]
         rounded = cheapest_within(rounded_members(problem, fractions), budget)
         if rounded is None or (best is not None and rounded.schedule.cost >= best.schedule.cost):
             break
-        best, fixed = rounded, {}  # a new incumbent: a smaller model next round
-    incumbent = None if best is None else _recompute_cost(run, best.schedule)
-    if incumbent is not None and lm.recompute_limit != incumbent - 1:  # the last round improved
-        lm = build(problem, budget, run.int_cost, incumbent - 1)
-    hint = None if best is None else hint_values(lm, problem, best.plan)
+        best = rounded
+    if best is None or lp is None:
+        return _search(run, lm, best, budget)
+    return _bisect(run, lm, lp, best.plan, budget)
+
+
+def _search(run: _Run, lm: LinearModel, best: Member | None, budget: int) -> Schedule:
+    """One CP-SAT run over the whole model (no LP to fix variables with)."""
+    problem = run.problem
     result = solve_cp_sat(
         lm,
         time_limit=run.remaining(),
         workers=run.workers,
-        hint=hint,
-        fixed=fixed,
+        hint=None if best is None else hint_values(lm, problem, best.plan),
         progress=run.report,
         scale=run.unit,
         offset=run.offset,
@@ -217,19 +224,71 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
         return run.finish(best.schedule, "OPTIMAL", best.schedule.cost, budget=budget)
     if result.values is not None:
         found = plan_to_ops(problem, plan_from_values(lm, problem.n, result.values.__getitem__))
-        if result.status == "OPTIMAL":
-            return run.finish(found, "OPTIMAL", found.cost, budget=budget)
-        bound = max(bound, result.bound)
-        return run.finish(found, "FEASIBLE", bound * run.unit + run.offset, budget=budget)
+        status = "OPTIMAL" if result.status == "OPTIMAL" else "FEASIBLE"
+        return run.finish(found, status, result.bound * run.unit + run.offset, budget=budget)
     if best is None:
         raise SolverTimeoutError(
             f"no schedule within {human_bytes(budget)} was found in {run.time_limit:g} s and no "
             "heuristic fits that budget; raise the time limit (--time-limit) or the budget"
         )
-    # Every schedule cheaper than the incumbent satisfies the model's limit and the fixings, so
-    # CP-SAT's bound holds for them; the incumbent itself bounds the rest.
-    bound = max(bound, min(result.bound, incumbent))
+    # The model holds every schedule cheaper than the incumbent, so CP-SAT's bound holds for
+    # them; the incumbent itself bounds the rest.
+    bound = min(result.bound, _recompute_cost(run, best.schedule))
     return run.finish(best.schedule, "FEASIBLE", bound * run.unit + run.offset, budget=budget)
+
+
+def _bisect(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget: int) -> Schedule:
+    """Close the gap between the LP bound and the incumbent by probing objective caps.
+
+    Each probe asks CP-SAT for a schedule of recompute cost <= cap on the model with every
+    variable fixed that the LP's reduced costs fix at that cap (the lower the cap, the more are
+    fixed and the smaller the search). Infeasible raises the lower bound to cap + 1; a schedule
+    is a new incumbent (optimal when CP-SAT proves it optimal under the cap). Probes first ask
+    for anything better than the incumbent (cap z - 1), which proves a good incumbent optimal at
+    once. When such a probe runs out of its share of the time, caps halve the gap instead (better
+    schedules are found fast under low caps, which then lower the final cap), and when one of
+    those runs out too, the final cap gets all the time left. `lm` holds every schedule cheaper
+    than the first incumbent, so all of this is exact.
+    """
+    problem = run.problem
+    schedule = plan_to_ops(problem, plan)
+    incumbent = _recompute_cost(run, schedule)
+    lower = min(incumbent, math.ceil(lp.objective - 1e-6 * max(1.0, abs(lp.objective))))
+    phase = "improve"  # -> "halve" -> "last"
+    while lower < incumbent and run.remaining() > 0.01:
+        cap = (lower + incumbent - 1) // 2 if phase == "halve" else incumbent - 1
+        share = (
+            1.0 if phase == "last" or (phase == "halve" and cap == incumbent - 1) else PROBE_SHARE
+        )
+        result = solve_cp_sat(
+            lm,
+            time_limit=run.remaining() * share,
+            workers=run.workers,
+            hint=hint_values(lm, problem, plan),
+            fixed=reduced_cost_fixings(lm, lp, cap),
+            objective_cap=cap,
+            progress=run.report,
+            scale=run.unit,
+            offset=run.offset,
+        )
+        if result.status == "INFEASIBLE":
+            lower = cap + 1
+        elif result.values is not None:
+            plan = plan_from_values(lm, problem.n, result.values.__getitem__)
+            schedule = plan_to_ops(problem, plan)
+            incumbent = _recompute_cost(run, schedule)
+            proven = incumbent if result.status == "OPTIMAL" else math.ceil(result.bound - 1e-6)
+            lower = max(lower, proven)
+        else:  # out of time under this cap: what it proved holds for schedules within the cap
+            lower = max(lower, min(math.ceil(result.bound - 1e-6), cap + 1))
+            if share == 1.0:
+                break
+            phase = "halve" if phase == "improve" else "last"
+        if run.report:
+            run.report(run.elapsed(), schedule.cost, lower * run.unit + run.offset)
+    if lower >= incumbent:
+        return run.finish(schedule, "OPTIMAL", schedule.cost, budget=budget)
+    return run.finish(schedule, "FEASIBLE", lower * run.unit + run.offset, budget=budget)
 
 
 def _recompute_cost(run: _Run, schedule: IndexedSchedule) -> int:
