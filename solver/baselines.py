@@ -111,10 +111,17 @@ def every_k(problem: Problem) -> list[Member]:
 RECOMPUTE_EACH_USE_POINTS = 12
 """Members of `every_k_recompute_each_use` (each costs a full recomputation sweep)."""
 
+RECOMPUTE_EACH_USE_MAX_NODES = 400
+"""Largest graph `every_k_recompute_each_use` runs on: its schedules have O(n^2) ops, and at 500
+nodes its 12 members took 32 s, longer than the exact solver's whole default time limit."""
+
 
 def every_k_recompute_each_use(problem: Problem) -> list[Member]:
     """Keep every k-th candidate and recompute every other value at each use, never keeping a
-    recomputed value: the least-memory end of the checkpoint policies (quadratic cost)."""
+    recomputed value: the least-memory end of the checkpoint policies (quadratic cost). Empty
+    on graphs of more than RECOMPUTE_EACH_USE_MAX_NODES nodes."""
+    if problem.n > RECOMPUTE_EACH_USE_MAX_NODES:
+        return []
     cands = candidates(problem)
     ks = _sampled(range(1, len(cands) + 1), RECOMPUTE_EACH_USE_POINTS)
     return [_keep_every(problem, cands, k, retain_recomputed=False) for k in ks]

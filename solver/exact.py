@@ -38,7 +38,7 @@ from solver.budget import human_bytes, parse_budget, parse_compute_budget
 from solver.cpsat import ProgressFn, print_progress, solve_cp_sat
 from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeoutError
 from solver.families import all_members
-from solver.formulation import LinearModel, build, hint_values, plan_from_values
+from solver.formulation import LinearModel, build, hint_values, plan_from_values, variable_count
 from solver.graph import Problem, prepare
 from solver.lp_fixing import LpRelaxation, reduced_cost_fixings, solve_relaxation
 from solver.rounding import rounded_members
@@ -50,6 +50,11 @@ LP_SHARE = 0.5
 
 PROBE_SHARE = 0.25
 """Share of the remaining time a probe below the final cap may take (see `_bisect`)."""
+
+MAX_MODEL_VARIABLES = 1_500_000
+"""Largest stage model built. random_layered n=500 (0.93M variables) builds in about 10 s; at
+n=1000 (4.1M) building alone would take minutes and several GiB, so the best heuristic comes
+back with the trivial bound instead."""
 
 LP_ROUNDS = 3
 """Most LP relaxations solved: each one whose rounding beats the incumbent is followed by one on
@@ -186,6 +191,17 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
     if budget < problem.memory_lower_bound:
         _raise_infeasible(run, budget)
     best = cheapest_within(all_members(problem), budget)
+    limit = None if best is None else _recompute_cost(run, best.schedule) - 1
+    size = variable_count(problem, run.int_cost, limit)
+    if size > MAX_MODEL_VARIABLES:
+        if best is None:
+            raise SolverTimeoutError(
+                f"no heuristic fits {human_bytes(budget)} and the exact model of this graph "
+                f"would have {size} variables (the limit is {MAX_MODEL_VARIABLES}); raise the "
+                "budget, or capture the model coarser (graph_capture granularity='module')"
+            )
+        # Without the model the only proven bound is that of computing every node once.
+        return run.finish(best.schedule, "FEASIBLE", problem.total_cost, budget=budget)
     lm, lp = None, None
     for _ in range(LP_ROUNDS):
         limit = None if best is None else _recompute_cost(run, best.schedule) - 1
@@ -308,6 +324,11 @@ def _solve_memory(run: _Run, compute_budget: float | None) -> Schedule:
     recompute_limit = None
     if compute_budget is not None:
         recompute_limit = int(compute_budget / run.unit + 1e-9) - sum(run.int_cost)
+    if variable_count(problem, run.int_cost, recompute_limit) > MAX_MODEL_VARIABLES:
+        if warm is None:  # checkpoint-all always fits a compute budget >= the total cost
+            raise AssertionError("no baseline fits a compute budget above the total cost")
+        bound = float(problem.memory_lower_bound)
+        return run.finish(warm.schedule, "FEASIBLE", bound, compute_budget=compute_budget)
     lm = build(problem, None, run.int_cost, recompute_limit)
     result = solve_cp_sat(
         lm,

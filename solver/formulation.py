@@ -190,6 +190,17 @@ def _freed_at_most_once(lm: LinearModel, t: int) -> None:  # (8)
         lm.row([*terms, *present, *_computes(lm, t, [i])], None, 0)
 
 
+def variable_count(problem: Problem, int_cost: list[int], recompute_limit: int | None) -> int:
+    """How many variables `build` creates, counted without building (O(n^2))."""
+    recomputable = _recomputable(int_cost, recompute_limit)
+    total = 2
+    for t in range(problem.n):
+        positions = [k for k in range(t) if recomputable[k]] + [t]
+        frees = sum(len(problem.preds[k]) for k in positions) + 1
+        total += (len(positions) - 1) + t + frees + len(positions)
+    return total
+
+
 def build(
     problem: Problem, budget: int | None, int_cost: list[int], recompute_limit: int | None = None
 ) -> LinearModel:
