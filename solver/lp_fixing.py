@@ -1,4 +1,4 @@
-"""LP relaxation (CLP) of a `LinearModel`, its bound and reduced-cost variable fixing.
+"""LP relaxation (HiGHS) of a `LinearModel`, its bound and reduced-cost variable fixing.
 
 For a minimisation LP with optimum z_LP and reduced costs d, every feasible point x satisfies
 cost(x) >= z_LP + sum_{d_j > 0} d_j (x_j - lower_j) + sum_{d_j < 0} d_j (x_j - upper_j). So a 0/1
@@ -10,9 +10,12 @@ infeasible. Fixing uses a safety margin so that LP round-off never fixes wrongly
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
-from ortools.linear_solver import pywraplp
+import highspy
+import numpy as np
 
 from solver.formulation import LinearModel
 
@@ -28,42 +31,92 @@ class LpRelaxation:
     reduced_costs: list[float]
 
 
-def solve_relaxation(
-    lm: LinearModel, time_limit: float, backend: str = "CLP"
-) -> LpRelaxation | None:
-    """Solve the LP relaxation (CLP by default); None when it does not reach optimality in time
-    or is infeasible (floating-point infeasibility proves nothing here: CP-SAT then decides).
+def _scaled_columns(lm: LinearModel, col: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The constraint matrix column by column (starts, row indices, values) with column j scaled
+    by col[j] and each row by its largest coefficient, plus the scaled row bounds."""
+    rows = len(lm.rows)
+    lengths = np.fromiter((len(r[0]) for r in lm.rows), np.int64, rows)
+    nnz = int(lengths.sum())
+    row_of = np.repeat(np.arange(rows, dtype=np.int64), lengths)
+    var_of = np.fromiter((v for r in lm.rows for v in r[0]), np.int64, nnz)
+    coef = np.fromiter((c for r in lm.rows for c in r[1]), float, nnz) * col[var_of]
+    key = var_of * rows + row_of  # column-major; a variable twice in a row is summed
+    order = np.argsort(key, kind="stable")
+    key, coef = key[order], coef[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    coef, key = np.add.reduceat(coef, starts), key[starts]
+    nonzero = coef != 0
+    coef, key = coef[nonzero], key[nonzero]
+    row_of, var_of = key % rows, key // rows
+    row_scale = np.zeros(rows)
+    np.maximum.at(row_scale, row_of, np.abs(coef))
+    row_scale[row_scale == 0] = 1.0
+    inf = highspy.kHighsInf
+    lo = np.fromiter((-inf if r[2] is None else r[2] for r in lm.rows), float, rows) / row_scale
+    hi = np.fromiter((inf if r[3] is None else r[3] for r in lm.rows), float, rows) / row_scale
+    column_starts = np.r_[0, np.cumsum(np.bincount(var_of, minlength=len(lm.names)))]
+    return column_starts, row_of, coef / row_scale[row_of], lo, hi
 
-    Byte counts (up to 1e10) beside 0/1 coefficients make the LP badly scaled (GLOP reported it
-    abnormal), so the LP is solved on an equivalent scaling: each non-binary variable divided by
-    its upper bound, then each row by its largest coefficient. Reduced costs of the 0/1
-    variables are unchanged by this; values are mapped back.
+
+def _quiet_highs() -> highspy.Highs:
+    """A Highs instance. The first one in a process writes a banner to the C-level stdout, which
+    would end up in the middle of our own output (`remat solve` tables and JSON): it goes to
+    /dev/null."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def solve_relaxation(lm: LinearModel, time_limit: float) -> LpRelaxation | None:
+    """Solve the LP relaxation with HiGHS's dual simplex; None when it does not reach optimality
+    in time or is infeasible (floating-point infeasibility proves nothing here: CP-SAT decides).
+
+    Byte counts (up to 1e10) beside 0/1 coefficients make the LP badly scaled, so it is solved on
+    an equivalent scaling: each non-binary variable divided by its upper bound, then each row by
+    its largest coefficient. Reduced costs of the 0/1 variables are unchanged by this; values are
+    mapped back. Devex pricing without presolve was the fastest setting measured (ResNet50 at
+    90%, 217k variables: 11 s; OR-Tools' CLP 27 s, GLOP 47 s; OR-Tools' own HiGHS interface
+    returns zero reduced costs, so HiGHS is called through highspy).
     """
-    lp = pywraplp.Solver.CreateSolver(backend)
-    lp.SetTimeLimit(max(1, int(time_limit * 1000)))
-    col = [max(1.0, float(hi)) if hi > 1 else 1.0 for hi in lm.upper]
-    xs = [lp.NumVar(lo / s, hi / s, "") for lo, hi, s in zip(lm.lower, lm.upper, col, strict=True)]
-    infinity = lp.infinity()
-    for variables, coefs, lo, hi in lm.rows:
-        merged: dict[int, float] = {}
-        for v, c in zip(variables, coefs, strict=True):
-            merged[v] = merged.get(v, 0.0) + c * col[v]
-        r = max((abs(c) for c in merged.values()), default=1.0) or 1.0
-        row = lp.RowConstraint(
-            -infinity if lo is None else lo / r, infinity if hi is None else hi / r, ""
-        )
-        for v, c in merged.items():
-            row.SetCoefficient(xs[v], c / r)
-    objective = lp.Objective()
+    upper = np.asarray(lm.upper, float)
+    col = np.where(upper > 1, upper, 1.0)
+    starts, row_of, coef, row_lo, row_hi = _scaled_columns(lm, col)
+    cost = np.zeros(len(lm.names))
     for v, c in lm.objective.items():
-        objective.SetCoefficient(xs[v], c * col[v])
-    objective.SetMinimization()
-    if lp.Solve() != pywraplp.Solver.OPTIMAL:
+        cost[v] += c
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = len(lm.names), len(lm.rows)
+    lp.col_cost_ = cost * col
+    lp.col_lower_ = np.asarray(lm.lower, float) / col
+    lp.col_upper_ = upper / col
+    lp.row_lower_, lp.row_upper_ = row_lo, row_hi
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = starts, row_of, coef
+    highs = _quiet_highs()
+    for option, value in (
+        ("output_flag", False),
+        ("time_limit", max(0.01, float(time_limit))),
+        ("solver", "simplex"),
+        ("simplex_strategy", 1),  # dual simplex
+        ("simplex_dual_edge_weight_strategy", 1),  # devex: steepest edge was 3x slower here
+        ("presolve", "off"),  # removed ~7% of the rows and cost more time than it saved
+    ):
+        highs.setOptionValue(option, value)
+    highs.passModel(lp)
+    highs.run()
+    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None
+    solution = highs.getSolution()
     return LpRelaxation(
-        objective.Value(),
-        [x.solution_value() * s for x, s in zip(xs, col, strict=True)],
-        [x.reduced_cost() / s for x, s in zip(xs, col, strict=True)],
+        highs.getInfo().objective_function_value,
+        (np.asarray(solution.col_value) * col).tolist(),
+        (np.asarray(solution.col_dual) / col).tolist(),
     )
 
 
