@@ -328,31 +328,30 @@ def _solve_memory(run: _Run, compute_budget: float | None) -> Schedule:
             "computing every node once; no schedule can fit (use a budget >= 1.0x)"
         )
     warm = smallest_within(all_members(problem), compute_budget)
+    # checkpoint-all always fits a compute budget >= the total cost
+    assert warm is not None, "no baseline fits a compute budget above the total cost"
+    lower = float(problem.memory_lower_bound)
+    if warm.schedule.peak <= lower:  # a node with its inputs needs this much in any schedule
+        return run.finish(warm.schedule, "OPTIMAL", lower, compute_budget=compute_budget)
     recompute_limit = None
     if compute_budget is not None:
         recompute_limit = int(compute_budget / run.unit + 1e-9) - sum(run.int_cost)
     if variable_count(problem, run.int_cost, recompute_limit) > MAX_MODEL_VARIABLES:
-        if warm is None:  # checkpoint-all always fits a compute budget >= the total cost
-            raise AssertionError("no baseline fits a compute budget above the total cost")
-        bound = float(problem.memory_lower_bound)
-        return run.finish(warm.schedule, "FEASIBLE", bound, compute_budget=compute_budget)
+        return run.finish(warm.schedule, "FEASIBLE", lower, compute_budget=compute_budget)
     lm = build(problem, None, run.int_cost, recompute_limit)
     result = solve_cp_sat(
         lm,
         time_limit=run.remaining(),
         workers=run.workers,
-        hint=hint_values(lm, problem, warm.plan) if warm is not None else None,
+        hint=hint_values(lm, problem, warm.plan),
         progress=run.report,
     )
+    bound = max(result.bound, lower)
     if result.values is not None:
         found = plan_to_ops(problem, plan_from_values(lm, problem.n, result.values.__getitem__))
-        if warm is None or found.peak <= warm.schedule.peak or result.status == "OPTIMAL":
-            bound = max(result.bound, float(problem.memory_lower_bound))
+        if found.peak <= warm.schedule.peak or result.status == "OPTIMAL":
             status = "OPTIMAL" if result.status == "OPTIMAL" else "FEASIBLE"
             return run.finish(found, status, bound, compute_budget=compute_budget)
-    if warm is None:  # checkpoint-all always fits a compute budget >= the total cost
-        raise AssertionError("no baseline fits a compute budget above the total cost")
-    bound = max(result.bound, float(problem.memory_lower_bound))
     return run.finish(warm.schedule, "FEASIBLE", bound, compute_budget=compute_budget)
 
 

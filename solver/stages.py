@@ -11,7 +11,7 @@ lowest peak, so a plan determines its schedule.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from solver.graph import Problem
@@ -131,6 +131,43 @@ def plan_from_keep(
                 live_at[t].add(v)
     live_at[0] = live_at[n] = set()
     return StagePlan(tuple(computed), tuple(frozenset(s) for s in live_at))
+
+
+def _complete(problem: Problem, wanted: Sequence[frozenset[int]]) -> StagePlan:
+    """Stage t computes t and whatever (recursively) is missing for t and for wanted[t + 1]."""
+    n = problem.n
+    computed: list[tuple[int, ...]] = []
+    kept: list[frozenset[int]] = [frozenset()]
+    for t in range(n):
+        live = kept[t]
+        targets = [t, *(i for i in wanted[t + 1] if i not in live and i <= t)]
+        stage: set[int] = set()
+        stack = [v for v in targets if v not in stage]
+        while stack:
+            v = stack.pop()
+            if v in stage:
+                continue
+            stage.add(v)
+            stack.extend(p for p in problem.preds[v] if p not in live and p not in stage)
+        computed.append(tuple(sorted(stage)))
+        kept.append(frozenset(i for i in wanted[t + 1] if i <= t) if t + 1 < n else frozenset())
+    return StagePlan(tuple(computed), tuple(kept))
+
+
+def _drop_unread(problem: Problem, plan: StagePlan) -> list[frozenset[int]]:
+    """The kept sets without values that no later stage reads before they are dropped."""
+    kept = list(plan.kept)
+    for t in range(problem.n - 1, 0, -1):
+        read = {p for k in plan.computed[t] for p in problem.preds[k]}
+        kept[t] = frozenset(i for i in kept[t] if i in kept[t + 1] or i in read)
+    return kept
+
+
+def plan_from_kept_sets(problem: Problem, wanted: Sequence[Iterable[int]]) -> StagePlan:
+    """A valid plan keeping (at most) wanted[t] when stage t begins, t = 0..n; every value a
+    stage needs that is not kept is recomputed in it."""
+    first = _complete(problem, [frozenset(w) for w in wanted])
+    return _complete(problem, _drop_unread(problem, first))
 
 
 def checkpoint_all(problem: Problem) -> IndexedSchedule:
