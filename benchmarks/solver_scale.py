@@ -1,4 +1,5 @@
-"""Time to proven optimality on the published graphs (issue 6's table), with baseline ratios.
+"""Time to proven optimality on the published graphs and the demo models (issue 6's table),
+with baseline ratios.
 
     python -m benchmarks.solver_scale [--time-limit 60] [--rows vgg16 resnet50 ...] [--out results]
 
@@ -6,7 +7,8 @@ For every row: the budget in bytes, status (OPTIMAL = proven), the optimal (or b
 certified gap, the wall time of `solver.solve` (seconds, one run: these are proofs, not
 micro-benchmarks) and each baseline's cost relative to that cost ("NO FIT" where it cannot
 meet the budget). Checkmate's Table 2 reports AP sqrt(n) at 1.14-1.54x and greedy at 1.06-1.39x
-of optimal on these graphs.
+of optimal on these graphs. The demo rows capture the op-level graphs of graph_capture's demo
+models (FLOP costs, one thread, so the costs are the same on every run).
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import argparse
 import time
 from pathlib import Path
 
+import networkx as nx
+
 import solver
 from benchmarks.common import GRAPHS_DIR, Row, write_table
 from solver.baselines import BASELINES, cheapest_within
 from solver.io import load_graph
 
-ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
+PUBLISHED: dict[str, tuple[str, tuple[str, ...]]] = {
     "vgg16": ("VGG16_256_224x224x3_train_nx", ("90%", "80%", "70%", "min")),
     "vgg19": ("VGG19_256_224x224x3_train_nx", ("90%", "80%", "70%", "min")),
     "fcn8": ("fcn_8_vgg_32_416x608x3_train_nx", ("90%", "80%")),
@@ -32,10 +36,30 @@ ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 """Issue 6's table: graph file stem and budgets ("min" = the least feasible peak)."""
 
+DEMOS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "demo-gpt": ("gpt", ("50%",)),
+    "demo-resnet": ("resnet", ("50%",)),
+    "demo-unet": ("unet", ("50%",)),
+}
+"""Demo model (graph_capture.demo_models) and budgets."""
 
-def solve_row(label: str, stem: str, budget_text: str, time_limit: float) -> Row:
+
+def load_row_graph(label: str) -> nx.DiGraph | None:
+    """The graph of a row: a published file (None when ../shared/graphs lacks it) or a capture."""
+    if label in PUBLISHED:
+        path = GRAPHS_DIR / f"{PUBLISHED[label][0]}.json"
+        return load_graph(path) if path.exists() else None
+    import torch  # only the demo rows need torch
+
+    from graph_capture import capture, demo_models
+
+    torch.set_num_threads(1)
+    model, inputs = getattr(demo_models, DEMOS[label][0])()
+    return capture(model, inputs, cost_model="flops").dag
+
+
+def solve_row(label: str, graph: nx.DiGraph, budget_text: str, time_limit: float) -> Row:
     """Solve one (graph, budget) and compare every baseline with the result."""
-    graph = load_graph(GRAPHS_DIR / f"{stem}.json")
     problem = solver.prepare(graph)
     start = time.perf_counter()
     row: Row = {"graph": label, "nodes": problem.n, "budget": budget_text}
@@ -58,7 +82,8 @@ def solve_row(label: str, stem: str, budget_text: str, time_limit: float) -> Row
     row.update(
         budget_bytes=budget,
         status=schedule.status,
-        cost=schedule.cost,
+        cost=_whole(schedule.cost),
+        bound=_whole(schedule.bound),
         gap=schedule.gap,
         seconds=round(time.perf_counter() - start, 2),
     )
@@ -68,20 +93,25 @@ def solve_row(label: str, stem: str, budget_text: str, time_limit: float) -> Row
     return row
 
 
+def _whole(value: float | None) -> float | int | None:
+    """Whole costs as ints, so that tables print every digit of an optimum."""
+    return round(value) if value is not None and value == round(value) else value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve")
-    parser.add_argument("--rows", nargs="*", choices=list(ROWS), help="default: all")
+    parser.add_argument("--rows", nargs="*", choices=[*PUBLISHED, *DEMOS], help="default: all")
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
     rows = []
-    for label in args.rows or list(ROWS):
-        stem, budgets = ROWS[label]
-        if not (GRAPHS_DIR / f"{stem}.json").exists():
-            print(f"skip {label}: {GRAPHS_DIR / stem}.json not present")
+    for label in args.rows or [*PUBLISHED, *DEMOS]:
+        graph = load_row_graph(label)
+        if graph is None:
+            print(f"skip {label}: {PUBLISHED[label][0]}.json not in {GRAPHS_DIR}")
             continue
-        for budget in budgets:
-            rows.append(solve_row(label, stem, budget, args.time_limit))
+        for budget in {**PUBLISHED, **DEMOS}[label][1]:
+            rows.append(solve_row(label, graph, budget, args.time_limit))
             print(rows[-1], flush=True)
     path = write_table(rows, args.out, "solver_scale", "Time to proven optimality")
     print(path.read_text())
