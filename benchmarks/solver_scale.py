@@ -73,10 +73,18 @@ def solve_row(label: str, graph: nx.DiGraph, budget_text: str, time_limit: float
             budget = solver.parse_budget(budget_text, problem)
             schedule = solver.solve(graph, budget, time_limit=time_limit)
     except solver.InfeasibleBudgetError as exc:
+        least = exc.minimum_bytes or f">= {exc.lower_bound_bytes} (not proven)"
         row.update(
             status="INFEASIBLE",
             seconds=round(time.perf_counter() - start, 2),
-            note=f"least feasible peak {exc.minimum_bytes} B",
+            note=f"least feasible peak {least} B",
+        )
+        return row
+    except solver.SolverTimeoutError:
+        row.update(
+            status="NO SCHEDULE",
+            seconds=round(time.perf_counter() - start, 2),
+            note="no heuristic fits and the solver found none in time",
         )
         return row
     row.update(

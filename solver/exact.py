@@ -37,7 +37,7 @@ from solver.baselines import Member, cheapest_within, smallest_within
 from solver.budget import human_bytes, parse_budget, parse_compute_budget
 from solver.cpsat import ProgressFn, print_progress, solve_cp_sat
 from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeoutError
-from solver.families import all_members
+from solver.families import all_members, cheapest_member
 from solver.formulation import LinearModel, build, hint_values, plan_from_values, variable_count
 from solver.graph import Problem, prepare
 from solver.lp_fixing import LpRelaxation, reduced_cost_fixings, solve_relaxation
@@ -48,7 +48,7 @@ from solver.stages import IndexedSchedule, StagePlan, checkpoint_all, plan_to_op
 LP_SHARE = 0.5
 """Most of the remaining time limit one LP relaxation may take before CP-SAT starts."""
 
-IMPROVE_SHARE = 0.1
+IMPROVE_SHARE = 0.25
 """Share of the remaining time the first probe (anything better than the incumbent) may take."""
 
 PROBE_SHARE = 0.25
@@ -193,7 +193,7 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
         return run.finish(everything, "OPTIMAL", problem.total_cost, budget=budget)
     if budget < problem.memory_lower_bound:
         _raise_infeasible(run, budget)
-    best = cheapest_within(all_members(problem), budget)
+    best = cheapest_member(problem, budget)
     limit = None if best is None else _recompute_cost(run, best.schedule) - 1
     size = variable_count(problem, run.int_cost, limit)
     if size > MAX_MODEL_VARIABLES:
