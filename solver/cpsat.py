@@ -87,7 +87,9 @@ def solve_cp_sat(
         known = sum(c * constant[v] for v, c in zip(variables, coefs, strict=True) if v in constant)
         return cp_model.LinearExpr.weighted_sum([x for x, _ in free], [c for _, c in free]), known
 
-    for variables, coefs, lo, hi in lm.rows:
+    for count, (variables, coefs, lo, hi) in enumerate(lm.rows):
+        if count % 8192 == 0 and time.perf_counter() - started > time_limit:
+            return CpResult("UNKNOWN", None, None, 0.0)  # out of time while building
         expr, known = linear(variables, coefs)
         lo = -_OPEN if lo is None else lo - known
         hi = _OPEN if hi is None else hi - known

@@ -7,7 +7,7 @@ For objective "cost":
    every node once). Budget below the one-line bound (a node plus its inputs): infeasible.
 2. Warm start: the cheapest schedule of `solver.families` within the budget, cost z.
 3. The model is built for recompute cost <= z - 1 only (`formulation.build`'s recompute_limit:
-   nodes costing more are never recomputed, which shrinks it). Its LP relaxation (CLP,
+   nodes costing more are never recomputed, which shrinks it). Its LP relaxation (HiGHS,
    `solver.lp_fixing`) gives a lower bound and reduced costs: when the bound exceeds z - 1, z is
    optimal; otherwise every 0/1 variable whose reduced cost shows it cannot differ in a schedule
    of cost <= z - 1 is fixed. The LP's keep fractions are rounded into schedules

@@ -59,7 +59,6 @@ class LinearModel:
     free: list[dict[tuple[int, int], int]] = field(default_factory=list)
     recompute_cost: dict[int, int] = field(default_factory=dict)
     peak: int | None = None
-    recompute_limit: int | None = None
 
     def var(self, name: str, lower: int, upper: int, integral: bool = True) -> int:
         """Add a variable and return its index."""
@@ -235,7 +234,6 @@ def build(
         for i, var in lm.compute[t].items()
         if i < t and int_cost[i]
     }
-    lm.recompute_limit = recompute_limit
     if recompute_limit is not None:
         terms = [(c, v) for v, c in lm.recompute_cost.items()]
         lm.row(terms, None, recompute_limit)

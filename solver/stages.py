@@ -142,7 +142,7 @@ def _complete(problem: Problem, wanted: Sequence[frozenset[int]]) -> StagePlan:
         live = kept[t]
         targets = [t, *(i for i in wanted[t + 1] if i not in live and i <= t)]
         stage: set[int] = set()
-        stack = [v for v in targets if v not in stage]
+        stack = list(targets)
         while stack:
             v = stack.pop()
             if v in stage:
