@@ -267,9 +267,9 @@ def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget
     incumbent optimal at once. When that runs out of time, caps climb from the lower bound a
     quarter of the gap at a time: low caps fix most variables, so they are refuted or solved
     fast (ResNet50 at 90%: cap z - 1 found nothing in 60 s, a cap a quarter of the way up
-    solved it to optimality in 15 s). When a climbing probe runs out of its share of the time
-    too, the final cap gets all the time left. `lm` holds every schedule cheaper than the first
-    incumbent, so all of this is exact.
+    solved it to optimality in 15 s). When a climbing probe finds a schedule or runs out of its
+    share of the time, the final cap gets all the time left. `lm` holds every schedule cheaper
+    than the first incumbent, so all of this is exact.
     """
     problem = run.problem
     schedule = plan_to_ops(problem, plan)
@@ -302,6 +302,8 @@ def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget
             incumbent = _recompute_cost(run, schedule)
             proven = incumbent if result.status == "OPTIMAL" else math.ceil(result.bound - 1e-6)
             lower = max(lower, proven)
+            if phase == "climb":  # a low cap found a schedule: likely near optimal, prove it
+                phase = "last"
         else:  # out of time under this cap: what it proved holds for schedules within the cap
             lower = max(lower, min(math.ceil(result.bound - 1e-6), cap + 1))
             if share == 1.0:
