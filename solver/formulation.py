@@ -28,7 +28,11 @@ Objective "memory": min peak subject to sum_{t,i<t} cost_i R[t,i] <= recompute l
 the optimum is unchanged. (8) holds for every 0/1 solution of (2) and (4) (a free after computing
 k needs i live there, and a second free would precede a user computed later), so it only cuts
 fractional points: it raised the LP bound on FCN8 at 80% from 41% to 48% of the optimum, and
-CP-SAT's proof there went from 5.6 s to 3.1 s. The model is plain data (`LinearModel`): the
+CP-SAT's proof there went from 5.6 s to 3.1 s.
+
+With a recompute limit L (`build`), sum cost_i R[t,i] <= L is a row and every node with
+cost_i > L has no R variables at all; the positions k of (4) and (5) are then only the nodes
+stage t may compute. The model is plain data (`LinearModel`): the
 CP-SAT backend solves it, and its LP relaxation gives bounds and reduced costs for variable
 fixing.
 """
