@@ -115,6 +115,14 @@ class _Run:
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
+    def solver_progress(self) -> ProgressFn | None:
+        """`report` for CP-SAT, with seconds counted from the start of `solve` (CP-SAT's own
+        clock restarts with every probe)."""
+        report = self.report
+        if report is None:
+            return None
+        return lambda _, objective, bound: report(self.elapsed(), objective, bound)
+
     def remaining(self) -> float:
         return self.time_limit - self.elapsed()
 
@@ -233,7 +241,7 @@ def _search(run: _Run, lm: LinearModel, best: Member | None, budget: int) -> Sch
         time_limit=run.remaining(),
         workers=run.workers,
         hint=None if best is None else hint_values(lm, problem, best.plan),
-        progress=run.report,
+        progress=run.solver_progress(),
         scale=run.unit,
         offset=run.offset,
     )
@@ -290,7 +298,7 @@ def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget
             hint=hint_values(lm, problem, plan),
             fixed=reduced_cost_fixings(lm, lp, cap),
             objective_cap=cap,
-            progress=run.report,
+            progress=run.solver_progress(),
             scale=run.unit,
             offset=run.offset,
         )
@@ -346,7 +354,7 @@ def _solve_memory(run: _Run, compute_budget: float | None) -> Schedule:
         time_limit=run.remaining(),
         workers=run.workers,
         hint=hint_values(lm, problem, warm.plan),
-        progress=run.report,
+        progress=run.solver_progress(),
     )
     bound = max(result.bound, lower)
     if result.values is not None:
