@@ -35,7 +35,7 @@ import networkx as nx
 
 from solver.baselines import Member, cheapest_within, smallest_within
 from solver.budget import human_bytes, parse_budget, parse_compute_budget
-from solver.cpsat import ProgressFn, print_progress, solve_cp_sat
+from solver.cpsat import CpSatModel, ProgressFn, print_progress
 from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeoutError
 from solver.families import all_members, cheapest_member
 from solver.formulation import LinearModel, build, hint_values, plan_from_values, variable_count
@@ -236,8 +236,7 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
 def _search(run: _Run, lm: LinearModel, best: Member | None, budget: int) -> Schedule:
     """One CP-SAT run over the whole model (no LP to fix variables with)."""
     problem = run.problem
-    result = solve_cp_sat(
-        lm,
+    result = CpSatModel(lm).solve(
         time_limit=run.remaining(),
         workers=run.workers,
         hint=None if best is None else hint_values(lm, problem, best.plan),
@@ -284,6 +283,7 @@ def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget
     incumbent = _recompute_cost(run, schedule)
     lower = min(incumbent, math.ceil(lp.objective - 1e-6 * max(1.0, abs(lp.objective))))
     phase = "improve"  # -> "climb" -> "last"
+    model = CpSatModel(lm)
     while lower < incumbent and run.remaining() > 0.01:
         cap = incumbent - 1
         if phase == "climb":
@@ -291,8 +291,7 @@ def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget
         share = {"improve": IMPROVE_SHARE, "climb": PROBE_SHARE, "last": 1.0}[phase]
         if phase == "climb" and cap == incumbent - 1:
             share = 1.0
-        result = solve_cp_sat(
-            lm,
+        result = model.solve(
             time_limit=run.remaining() * share,
             workers=run.workers,
             hint=hint_values(lm, problem, plan),
@@ -349,8 +348,7 @@ def _solve_memory(run: _Run, compute_budget: float | None) -> Schedule:
     if variable_count(problem, run.int_cost, recompute_limit) > MAX_MODEL_VARIABLES:
         return run.finish(warm.schedule, "FEASIBLE", lower, compute_budget=compute_budget)
     lm = build(problem, None, run.int_cost, recompute_limit)
-    result = solve_cp_sat(
-        lm,
+    result = CpSatModel(lm).solve(
         time_limit=run.remaining(),
         workers=run.workers,
         hint=hint_values(lm, problem, warm.plan),

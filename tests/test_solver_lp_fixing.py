@@ -7,7 +7,7 @@ from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs
 
 import solver
-from solver.cpsat import solve_cp_sat
+from solver.cpsat import CpSatModel
 from solver.exact import integer_costs
 from solver.formulation import build
 from solver.lp_fixing import reduced_cost_fixings, solve_relaxation
@@ -28,11 +28,11 @@ def test_fixing_at_the_optimum_keeps_the_optimum(graph):
         lp = solve_relaxation(lm, time_limit=30)
         assert lp is not None and lp.objective <= optimum + 1e-6
         fixed = reduced_cost_fixings(lm, lp, optimum)
-        result = solve_cp_sat(lm, time_limit=30, workers=8, fixed=fixed)
+        result = CpSatModel(lm).solve(time_limit=30, workers=8, fixed=fixed)
         assert result.status == "OPTIMAL" and result.objective == optimum
         # One below the optimum nothing may remain.
         lm = build(problem, budget, int_cost, recompute_limit=optimum - 1)
         lp = solve_relaxation(lm, time_limit=30)
         fixed = {} if lp is None else reduced_cost_fixings(lm, lp, optimum - 1)
-        below = solve_cp_sat(lm, time_limit=30, workers=8, fixed=fixed)
+        below = CpSatModel(lm).solve(time_limit=30, workers=8, fixed=fixed)
         assert below.status == "INFEASIBLE"
