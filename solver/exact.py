@@ -115,13 +115,14 @@ class _Run:
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
-    def solver_progress(self) -> ProgressFn | None:
+    def solver_progress(self, floor: float = -math.inf) -> ProgressFn | None:
         """`report` for CP-SAT, with seconds counted from the start of `solve` (CP-SAT's own
-        clock restarts with every probe)."""
+        clock restarts with every probe) and bounds no lower than `floor` (graph units: what
+        is already proven, which a probe's own bound may not know)."""
         report = self.report
         if report is None:
             return None
-        return lambda _, objective, bound: report(self.elapsed(), objective, bound)
+        return lambda _, objective, bound: report(self.elapsed(), objective, max(bound, floor))
 
     def remaining(self) -> float:
         return self.time_limit - self.elapsed()
@@ -297,7 +298,7 @@ def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget
             hint=hint_values(lm, problem, plan),
             fixed=reduced_cost_fixings(lm, lp, cap),
             objective_cap=cap,
-            progress=run.solver_progress(),
+            progress=run.solver_progress(lower * run.unit + run.offset),
             scale=run.unit,
             offset=run.offset,
         )
