@@ -285,6 +285,7 @@ def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget
     lower = min(incumbent, math.ceil(lp.objective - 1e-6 * max(1.0, abs(lp.objective))))
     phase = "improve"  # -> "climb" -> "last"
     model = CpSatModel(lm)
+    hint = hint_values(lm, problem, plan)
     while lower < incumbent and run.remaining() > 0.01:
         cap = incumbent - 1
         if phase == "climb":
@@ -295,7 +296,7 @@ def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget
         result = model.solve(
             time_limit=run.remaining() * share,
             workers=run.workers,
-            hint=hint_values(lm, problem, plan),
+            hint=hint,
             fixed=reduced_cost_fixings(lm, lp, cap),
             objective_cap=cap,
             progress=run.solver_progress(lower * run.unit + run.offset),
@@ -306,7 +307,7 @@ def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget
             lower = cap + 1
         elif result.values is not None:
             plan = plan_from_values(lm, problem.n, result.values.__getitem__)
-            schedule = plan_to_ops(problem, plan)
+            schedule, hint = plan_to_ops(problem, plan), hint_values(lm, problem, plan)
             incumbent = _recompute_cost(run, schedule)
             proven = incumbent if result.status == "OPTIMAL" else math.ceil(result.bound - 1e-6)
             lower = max(lower, proven)
