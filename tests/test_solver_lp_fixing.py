@@ -1,15 +1,17 @@
-"""The LP proof phase never cuts off an optimal schedule."""
+"""The LP proof phase never cuts off an optimal schedule; the model-size guard counts the model
+that is built."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs
 
 import solver
 from solver.cpsat import CpSatModel
 from solver.exact import integer_costs
-from solver.formulation import build
+from solver.formulation import build, variable_count
 from solver.lp_fixing import reduced_cost_fixings, solve_relaxation
 
 
@@ -36,3 +38,12 @@ def test_fixing_at_the_optimum_keeps_the_optimum(graph):
         fixed = {} if lp is None else reduced_cost_fixings(lm, lp, optimum - 1)
         below = CpSatModel(lm).solve(time_limit=30, workers=8, fixed=fixed)
         assert below.status == "INFEASIBLE"
+
+
+@settings(max_examples=30)
+@given(small_graphs(max_nodes=8), st.one_of(st.none(), st.integers(min_value=0, max_value=6)))
+def test_variable_count_is_the_size_of_the_built_model(graph, limit):
+    problem = solver.prepare(graph)
+    int_cost, _ = integer_costs(problem)
+    built = build(problem, solver.checkpoint_all_peak(problem), int_cost, limit)
+    assert variable_count(problem, int_cost, limit) == len(built.names)
