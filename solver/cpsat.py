@@ -5,27 +5,15 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from solver.formulation import LinearModel
+from solver.formulation import LinearModel, ModelResult
 
 ProgressFn = Callable[[float, float, float], None]
 """Called on each improving solution with (seconds, objective, bound) in graph units."""
 
 _OPEN = 2**62
-
-
-@dataclass(frozen=True)
-class CpResult:
-    """status: "OPTIMAL", "FEASIBLE", "INFEASIBLE" or "UNKNOWN"; objective and bound are in the
-    model's integer units (bound valid whenever status is not "INFEASIBLE")."""
-
-    status: str
-    values: list[int] | None
-    objective: int | None
-    bound: float
 
 
 def print_progress(seconds: float, objective: float, bound: float) -> None:
@@ -93,18 +81,18 @@ class CpSatModel:
         progress: ProgressFn | None = None,
         scale: float = 1.0,
         offset: float = 0.0,
-    ) -> CpResult:
+    ) -> ModelResult:
         """Minimise the objective within `time_limit` seconds (translation included); `fixed`
         pins variables, `objective_cap` adds objective <= cap. `scale` and `offset` turn the
         integer objective into graph units for `progress` only."""
         started = time.perf_counter()
         if self._model is None and not self._translate(started + time_limit):
-            return CpResult("UNKNOWN", None, None, 0.0)  # out of time while translating
+            return ModelResult("UNKNOWN", None, None, 0.0)  # out of time while translating
         assert self._model is not None
         m = self._model.clone()
         for idx, value in (fixed or {}).items():
             if not self.lm.lower[idx] <= value <= self.lm.upper[idx]:
-                return CpResult("INFEASIBLE", None, None, 0.0)
+                return ModelResult("INFEASIBLE", None, None, 0.0)
             domain = m.proto.variables[idx].domain
             domain[0], domain[1] = value, value
         if objective_cap is not None:
@@ -125,7 +113,8 @@ class CpSatModel:
         name = solver.status_name(status)
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             values = list(solver.response_proto.solution)
-            return CpResult(
+            return ModelResult(
                 name, values, round(solver.objective_value), solver.best_objective_bound
             )
-        return CpResult(name, None, None, solver.best_objective_bound if name == "UNKNOWN" else 0.0)
+        bound = solver.best_objective_bound if name == "UNKNOWN" else 0.0
+        return ModelResult(name, None, None, bound)

@@ -85,6 +85,18 @@ class LinearModel:
         return out
 
 
+@dataclass(frozen=True)
+class ModelResult:
+    """A `LinearModel` solved (CP-SAT or HiGHS). status: "OPTIMAL", "FEASIBLE", "INFEASIBLE" or
+    "UNKNOWN"; values per variable when a solution was found; objective and bound in the model's
+    integer units (bound valid whenever status is not "INFEASIBLE")."""
+
+    status: str
+    values: list[int] | None
+    objective: int | None
+    bound: float
+
+
 def _recomputable(int_cost: list[int], limit: int | None) -> list[bool]:
     """Nodes that may be recomputed at all: with a recompute limit, those costing at most it."""
     return [limit is None or c <= limit for c in int_cost]

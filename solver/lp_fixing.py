@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import highspy
 import numpy as np
 
-from solver.formulation import LinearModel
+from solver.formulation import LinearModel, Row
 
 _TOLERANCE = 1e-6
 
@@ -31,34 +32,65 @@ class LpRelaxation:
     reduced_costs: list[float]
 
 
-def _scaled_columns(lm: LinearModel, col: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The constraint matrix column by column (starts, row indices, values) with column j scaled
-    by col[j] and each row by its largest coefficient, plus the scaled row bounds."""
-    rows = len(lm.rows)
-    lengths = np.fromiter((len(r[0]) for r in lm.rows), np.int64, rows)
+def _scaled_columns(rows: list[Row], n: int, col: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The matrix of `rows` over n variables column by column (starts, row indices, values) with
+    column j scaled by col[j] and each row by its largest coefficient, plus the scaled row bounds
+    and the row scales."""
+    count = len(rows)
+    lengths = np.fromiter((len(r[0]) for r in rows), np.int64, count)
     nnz = int(lengths.sum())
-    row_of = np.repeat(np.arange(rows, dtype=np.int64), lengths)
-    var_of = np.fromiter((v for r in lm.rows for v in r[0]), np.int64, nnz)
-    coef = np.fromiter((c for r in lm.rows for c in r[1]), float, nnz) * col[var_of]
-    key = var_of * rows + row_of  # column-major; a variable twice in a row is summed
+    row_of = np.repeat(np.arange(count, dtype=np.int64), lengths)
+    var_of = np.fromiter((v for r in rows for v in r[0]), np.int64, nnz)
+    coef = np.fromiter((c for r in rows for c in r[1]), float, nnz) * col[var_of]
+    key = var_of * count + row_of  # column-major; a variable twice in a row is summed
     order = np.argsort(key, kind="stable")
     key, coef = key[order], coef[order]
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     coef, key = np.add.reduceat(coef, starts), key[starts]
     nonzero = coef != 0
     coef, key = coef[nonzero], key[nonzero]
-    row_of, var_of = key % rows, key // rows
-    row_scale = np.zeros(rows)
+    row_of, var_of = key % count, key // count
+    row_scale = np.zeros(count)
     np.maximum.at(row_scale, row_of, np.abs(coef))
     row_scale[row_scale == 0] = 1.0
     inf = highspy.kHighsInf
-    lo = np.fromiter((-inf if r[2] is None else r[2] for r in lm.rows), float, rows) / row_scale
-    hi = np.fromiter((inf if r[3] is None else r[3] for r in lm.rows), float, rows) / row_scale
-    column_starts = np.r_[0, np.cumsum(np.bincount(var_of, minlength=len(lm.names)))]
-    return column_starts, row_of, coef / row_scale[row_of], lo, hi
+    lo = np.fromiter((-inf if r[2] is None else r[2] for r in rows), float, count) / row_scale
+    hi = np.fromiter((inf if r[3] is None else r[3] for r in rows), float, count) / row_scale
+    column_starts = np.r_[0, np.cumsum(np.bincount(var_of, minlength=n))]
+    return column_starts, row_of, coef / row_scale[row_of], lo, hi, row_scale
 
 
-def _quiet_highs() -> highspy.Highs:
+def scaled_lp(
+    lm: LinearModel, extra_rows: Sequence[Row] = ()
+) -> tuple[highspy.HighsLp, np.ndarray, np.ndarray]:
+    """The model (plus `extra_rows`) as a HiGHS LP on an equivalent scaling, with the column and
+    row scales.
+
+    Byte counts (up to 1e10) beside 0/1 coefficients make the model badly scaled, so each
+    non-binary variable is divided by its upper bound (column j of the HiGHS model is variable j
+    divided by col[j]), then each row by its largest coefficient (row r divided by row[r]). The
+    0/1 variables, and with them the objective (recompute costs of R variables), keep their
+    units.
+    """
+    upper = np.asarray(lm.upper, float)
+    col = np.where(upper > 1, upper, 1.0)
+    rows = [*lm.rows, *extra_rows]
+    starts, row_of, coef, row_lo, row_hi, row_scale = _scaled_columns(rows, len(lm.names), col)
+    cost = np.zeros(len(lm.names))
+    for v, c in lm.objective.items():
+        cost[v] += c
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = len(lm.names), len(rows)
+    lp.col_cost_ = cost * col
+    lp.col_lower_ = np.asarray(lm.lower, float) / col
+    lp.col_upper_ = upper / col
+    lp.row_lower_, lp.row_upper_ = row_lo, row_hi
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = starts, row_of, coef
+    return lp, col, row_scale
+
+
+def quiet_highs() -> highspy.Highs:
     """A Highs instance. The first one in a process writes a banner to the C-level stdout, which
     would end up in the middle of our own output (`remat solve` tables and JSON): it goes to
     /dev/null."""
@@ -75,30 +107,15 @@ def _quiet_highs() -> highspy.Highs:
 
 def solve_relaxation(lm: LinearModel, time_limit: float) -> LpRelaxation | None:
     """Solve the LP relaxation with HiGHS's dual simplex; None when it does not reach optimality
-    in time or is infeasible (floating-point infeasibility proves nothing here: CP-SAT decides).
+    in time or is infeasible (floating-point infeasibility proves nothing here: the MIP decides).
 
-    Byte counts (up to 1e10) beside 0/1 coefficients make the LP badly scaled, so it is solved on
-    an equivalent scaling: each non-binary variable divided by its upper bound, then each row by
-    its largest coefficient. Reduced costs of the 0/1 variables are unchanged by this; values are
-    mapped back. Devex pricing without presolve was the fastest setting measured (ResNet50 at
-    90%, 217k variables: 11 s; OR-Tools' CLP 27 s, GLOP 47 s; OR-Tools' own HiGHS interface
-    returns zero reduced costs, so HiGHS is called through highspy).
+    It is solved on `scaled_lp`'s scaling: reduced costs of the 0/1 variables are unchanged by
+    it; values are mapped back. Devex pricing without presolve was the fastest setting measured
+    (ResNet50 at 90%, 217k variables: 11 s; OR-Tools' CLP 27 s, GLOP 47 s; OR-Tools' own HiGHS
+    interface returns zero reduced costs, so HiGHS is called through highspy).
     """
-    upper = np.asarray(lm.upper, float)
-    col = np.where(upper > 1, upper, 1.0)
-    starts, row_of, coef, row_lo, row_hi = _scaled_columns(lm, col)
-    cost = np.zeros(len(lm.names))
-    for v, c in lm.objective.items():
-        cost[v] += c
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = len(lm.names), len(lm.rows)
-    lp.col_cost_ = cost * col
-    lp.col_lower_ = np.asarray(lm.lower, float) / col
-    lp.col_upper_ = upper / col
-    lp.row_lower_, lp.row_upper_ = row_lo, row_hi
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = starts, row_of, coef
-    highs = _quiet_highs()
+    lp, col, _ = scaled_lp(lm)
+    highs = quiet_highs()
     for option, value in (
         ("output_flag", False),
         ("time_limit", max(0.01, float(time_limit))),

@@ -19,9 +19,9 @@ def _attach(graph: nx.DiGraph, draw) -> nx.DiGraph:
 
 
 @st.composite
-def forward_dags(draw, max_nodes: int = 5) -> nx.DiGraph:
+def forward_dags(draw, max_nodes: int = 5, min_nodes: int = 2) -> nx.DiGraph:
     """Chains, diamonds, skip connections and random DAGs (edges only go forward)."""
-    n = draw(st.integers(min_value=2, max_value=max_nodes))
+    n = draw(st.integers(min_value=min_nodes, max_value=max_nodes))
     shape = draw(st.sampled_from(["chain", "diamond", "skip", "random"]))
     graph = nx.DiGraph()
     graph.add_nodes_from(range(n))
@@ -48,6 +48,13 @@ def small_graphs(draw, max_nodes: int = 6) -> nx.DiGraph:
     if draw(st.booleans()):
         return draw(forward_dags(max_nodes))
     forward = draw(forward_dags(max_nodes // 2))
+    return _attach(training_graph(forward), draw)
+
+
+@st.composite
+def training_graphs(draw, forward_nodes: int) -> nx.DiGraph:
+    """Training graphs (forward + backward) of exactly forward_nodes forward nodes."""
+    forward = draw(forward_dags(forward_nodes, min_nodes=forward_nodes))
     return _attach(training_graph(forward), draw)
 
 

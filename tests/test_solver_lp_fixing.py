@@ -1,8 +1,9 @@
-"""The LP proof phase never cuts off an optimal schedule; the model-size guard counts the model
-that is built."""
+"""The LP proof phase never cuts off an optimal schedule, with either probe engine (CP-SAT or
+HiGHS's branch and cut); the model-size guard counts the model that is built."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from solver_reference import min_cost_within, stage_space_frontier
@@ -11,13 +12,23 @@ from solver_strategies import small_graphs
 import solver
 from solver.cpsat import CpSatModel
 from solver.exact import integer_costs
-from solver.formulation import build, variable_count
+from solver.formulation import LinearModel, ModelResult, build, variable_count
 from solver.lp_fixing import reduced_cost_fixings, solve_relaxation
+from solver.mip import HighsMip
 
 
+def _cpsat(lm: LinearModel, fixed: dict[int, int], cap: int) -> ModelResult:
+    return CpSatModel(lm).solve(time_limit=30, workers=8, fixed=fixed, objective_cap=cap)
+
+
+def _highs(lm: LinearModel, fixed: dict[int, int], cap: int) -> ModelResult:
+    return HighsMip(lm).solve(time_limit=30, fixed=fixed, objective_cap=cap)
+
+
+@pytest.mark.parametrize("engine", [_cpsat, _highs], ids=["cpsat", "highs"])
 @settings(max_examples=30)
-@given(small_graphs(max_nodes=6))
-def test_fixing_at_the_optimum_keeps_the_optimum(graph):
+@given(graph=small_graphs(max_nodes=6))
+def test_fixing_at_the_optimum_keeps_the_optimum(engine, graph):
     problem = solver.prepare(graph)
     frontier = stage_space_frontier(graph)
     int_cost, unit = integer_costs(problem)
@@ -30,14 +41,13 @@ def test_fixing_at_the_optimum_keeps_the_optimum(graph):
         lp = solve_relaxation(lm, time_limit=30)
         assert lp is not None and lp.objective <= optimum + 1e-6
         fixed = reduced_cost_fixings(lm, lp, optimum)
-        result = CpSatModel(lm).solve(time_limit=30, workers=8, fixed=fixed)
+        result = engine(lm, fixed, optimum)
         assert result.status == "OPTIMAL" and result.objective == optimum
         # One below the optimum nothing may remain.
         lm = build(problem, budget, int_cost, recompute_limit=optimum - 1)
         lp = solve_relaxation(lm, time_limit=30)
         fixed = {} if lp is None else reduced_cost_fixings(lm, lp, optimum - 1)
-        below = CpSatModel(lm).solve(time_limit=30, workers=8, fixed=fixed)
-        assert below.status == "INFEASIBLE"
+        assert engine(lm, fixed, optimum - 1).status == "INFEASIBLE"
 
 
 @settings(max_examples=30)

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import math
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from solver_reference import general_space_min_cost, min_cost_within, stage_space_frontier
-from solver_strategies import small_graphs
+from solver_strategies import small_graphs, training_graphs
 
 import solver
+from solver import exact
 from solver.baselines import BASELINES, cheapest_within
 from solver.examples import uniform_training_chain
+from solver.families import all_members
 
 TIME_LIMIT = 30.0
 
@@ -50,6 +53,66 @@ def test_exact_cost_equals_exhaustive_stage_search(graph):
         assert check.cost == pytest.approx(schedule.cost)
         general = general_space_min_cost(graph, budget)
         assert general is not None and general <= schedule.cost + 1e-9
+
+
+def _worst_member(problem, budget):
+    """The most expensive heuristic schedule within the budget: a poor incumbent, so that the
+    probes (not the warm start) have to find the optimum."""
+    fitting = [m for m in all_members(problem) if m.schedule.peak <= budget]
+    return max(fitting, key=lambda m: m.schedule.cost, default=None)
+
+
+def _no_lp(lm, time_limit):
+    """A valid but useless relaxation: bound 0 (costs are never negative), nothing fixed."""
+    return exact.LpRelaxation(0.0, [0.0] * len(lm.names), [0.0] * len(lm.names))
+
+
+def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
+    """Both probe engines (HiGHS's branch and cut, CP-SAT), each forced onto every probe, climb
+    from a bound of 0 and the worst heuristic incumbent to the exhaustive optimum."""
+    engines = {"highs": exact.HighsMip, "cpsat": exact.CpSatModel}
+    statuses: dict[str, list[str]] = {name: [] for name in engines}
+
+    def spy(name):
+        original = engines[name].solve
+
+        def solve(self, **kwargs):
+            result = original(self, **kwargs)
+            statuses[name].append(result.status)
+            return result
+
+        return patch.object(engines[name], "solve", solve)
+
+    @settings(max_examples=10)
+    @given(training_graphs(forward_nodes=4))
+    def check(graph):
+        for v in graph.nodes:  # free recomputes would make the worst incumbent optimal
+            graph.nodes[v]["cost"] += 1
+        frontier = stage_space_frontier(graph)
+        for budget in _budgets(graph):
+            expected = min_cost_within(frontier, budget)
+            if expected is None:
+                continue
+            for gap in (1.0, -1.0):  # every probe on HiGHS, then every probe on CP-SAT
+                with patch.object(exact, "MIP_GAP", gap):
+                    schedule = solver.solve(graph, budget, time_limit=TIME_LIMIT)
+                assert schedule.status == "OPTIMAL"
+                assert schedule.cost == pytest.approx(expected)
+                assert solver.simulate(graph, schedule.ops).peak <= budget
+
+    with (
+        patch.object(exact, "MIP_MIN_VARIABLES", 0),
+        patch.object(exact, "cheapest_member", _worst_member),
+        patch.object(exact, "rounded_members", lambda *_: []),
+        patch.object(exact, "solve_relaxation", _no_lp),
+        spy("highs"),
+        spy("cpsat"),
+    ):
+        check()
+    # HiGHS climbs (refuted caps, then the optimum found under a cap); CP-SAT's first probe
+    # (anything better than the incumbent) finds and proves the optimum on graphs this small.
+    assert "INFEASIBLE" in statuses["highs"] and "OPTIMAL" in statuses["highs"]
+    assert "OPTIMAL" in statuses["cpsat"]
 
 
 @settings(max_examples=25)

@@ -1,0 +1,81 @@
+"""Solving a `LinearModel` as a MIP with HiGHS's branch and cut: fixed variables, objective cap.
+
+Where the LP relaxation is close to the incumbent (the published graphs), LP-based branch and
+cut refutes an objective cap much faster than CP-SAT: MobileNet at 80% 1.7 s instead of ~9 s,
+ResNet50 at 80% found and proved the optimum in 21 s where CP-SAT needed 110 s. Where the LP is
+weak (the op-level demo graphs: LP bound 1-10% of the incumbent) it finds nothing in a minute and
+CP-SAT's search is the better engine; `solver.exact` picks by the LP gap.
+
+HiGHS works in floating point: a solution it returns is checked exactly by the caller before it
+is believed (`solver.exact` replays it in the simulator).
+"""
+
+from __future__ import annotations
+
+import math
+
+import highspy
+import numpy as np
+
+from solver.formulation import LinearModel, ModelResult
+from solver.lp_fixing import quiet_highs, scaled_lp
+
+
+class HighsMip:
+    """A `LinearModel` (objective: recompute cost) as a HiGHS MIP, solved any number of times,
+    each time with its own fixed 0/1 variables and objective cap.
+
+    The 0/1 variables are integral; the memory levels U are continuous, which is exact: each is a
+    sum of whole byte counts times 0/1 variables.
+    """
+
+    def __init__(self, lm: LinearModel) -> None:
+        self.lm = lm
+        objective = list(lm.objective)
+        cap_row = (objective, [lm.objective[v] for v in objective], None, None)
+        self._lp, self._col, rows = scaled_lp(lm, [cap_row])
+        self._cap_scale = float(rows[-1])
+        self._lower = np.asarray(self._lp.col_lower_, float)
+        self._upper = np.asarray(self._lp.col_upper_, float)
+        self._row_upper = np.asarray(self._lp.row_upper_, float)
+        integral = np.zeros(len(lm.names), bool)
+        integral[lm.binaries] = True
+        self._lp.integrality_ = [
+            highspy.HighsVarType.kInteger if flag else highspy.HighsVarType.kContinuous
+            for flag in integral
+        ]
+
+    def solve(self, *, time_limit: float, fixed: dict[int, int], objective_cap: int) -> ModelResult:
+        """Minimise the objective subject to objective <= objective_cap with `fixed` pinned (0/1
+        variables, whose scale is 1), within `time_limit` seconds."""
+        lower, upper = self._lower.copy(), self._upper.copy()
+        if fixed:
+            index = np.fromiter(fixed, np.int64, len(fixed))
+            value = np.fromiter(fixed.values(), float, len(fixed))
+            lower[index] = upper[index] = value
+        row_upper = self._row_upper.copy()
+        row_upper[-1] = objective_cap / self._cap_scale
+        self._lp.col_lower_, self._lp.col_upper_, self._lp.row_upper_ = lower, upper, row_upper
+        highs = quiet_highs()
+        for option, setting in (
+            ("output_flag", False),
+            ("time_limit", max(0.01, float(time_limit))),
+            ("mip_rel_gap", 0.0),  # the default 1e-4 would stop short of the optimum
+            ("mip_abs_gap", 0.5),  # the objective is whole: a gap below 1 closes it
+            ("objective_bound", objective_cap + 0.5),  # prune nodes above the cap from the start
+        ):
+            highs.setOptionValue(option, setting)
+        highs.passModel(self._lp)
+        highs.run()
+        status, info = highs.getModelStatus(), highs.getInfo()
+        if status == highspy.HighsModelStatus.kInfeasible:
+            return ModelResult("INFEASIBLE", None, None, 0.0)
+        bound = info.mip_dual_bound
+        bound = max(0.0, bound) if math.isfinite(bound) else 0.0  # costs are never negative
+        if info.primal_solution_status != 2:  # no feasible solution
+            return ModelResult("UNKNOWN", None, None, bound)
+        values = np.rint(np.asarray(highs.getSolution().col_value) * self._col).astype(np.int64)
+        objective = round(info.objective_function_value)
+        if status == highspy.HighsModelStatus.kOptimal:
+            return ModelResult("OPTIMAL", values.tolist(), objective, objective)
+        return ModelResult("FEASIBLE", values.tolist(), objective, bound)
