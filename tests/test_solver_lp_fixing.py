@@ -12,7 +12,8 @@ from solver_strategies import small_graphs
 import solver
 from solver.cpsat import CpSatModel
 from solver.exact import integer_costs
-from solver.formulation import LinearModel, ModelResult, build, variable_count
+from solver.families import all_members
+from solver.formulation import LinearModel, ModelResult, build, hint_values, variable_count
 from solver.lp_fixing import reduced_cost_fixings, solve_relaxation
 from solver.mip import HighsMip
 
@@ -57,3 +58,24 @@ def test_variable_count_is_the_size_of_the_built_model(graph, limit):
     int_cost, _ = integer_costs(problem)
     built = build(problem, solver.checkpoint_all_peak(problem), int_cost, limit)
     assert variable_count(problem, int_cost, limit) == len(built.names)
+
+
+@settings(max_examples=30)
+@given(small_graphs(max_nodes=8))
+def test_hint_of_a_heuristic_schedule_is_a_complete_solution(graph):
+    """hint_values gives every variable (levels and peak included) a value that satisfies the
+    model: CP-SAT then starts from the incumbent instead of searching for a first solution."""
+    problem = solver.prepare(graph)
+    int_cost, _ = integer_costs(problem)
+    budget = (problem.memory_lower_bound + solver.checkpoint_all_peak(problem)) // 2
+    for member in all_members(problem)[:3]:
+        recompute = sum(int_cost[i] for k, i in member.schedule.ops if k == "compute")
+        recompute -= sum(int_cost)
+        for lm in (build(problem, None, int_cost), build(problem, budget, int_cost, recompute)):
+            if lm.peak is None and member.schedule.peak > budget:
+                continue
+            hint = hint_values(lm, problem, member.plan)
+            assert set(hint) | {0, 1} == set(range(len(lm.names)))  # all but "one" and "zero"
+            result = CpSatModel(lm).solve(time_limit=30, workers=1, fixed=hint)
+            assert result.status == "OPTIMAL"
+            assert result.objective == (member.schedule.peak if lm.peak is not None else recompute)
