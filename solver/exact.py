@@ -15,13 +15,14 @@ For objective "cost":
    The LP's keep fractions are rounded into schedules (`solver.rounding`); one cheaper than z
    becomes the incumbent. Without a warm start the model has no limit and rounding may find the
    first schedule.
-4. Probes of objective caps between the LP bound and the incumbent (`_probe`): a schedule of
-   recompute cost <= cap is sought with the variables the LP fixes at that cap fixed.
-   Infeasible raises the proven lower bound to cap + 1; a schedule becomes the incumbent, and
-   is optimal when the probe proves it optimal under its cap. Infeasible at cap z - 1 proves z
-   optimal. Steps 3 and 4 keep every schedule at least as good as the incumbent, so the optimum
-   is unchanged. Without an LP (it ran out of time) or an incumbent, CP-SAT solves the model in
-   one run.
+4. Probes (`_probe`). On large models whose LP bound is within MIP_GAP of z, HiGHS's branch and
+   cut is asked for schedules of recompute cost <= cap, caps climbing from the LP bound, with
+   the variables the LP fixes at that cap fixed: infeasible raises the proven lower bound to
+   cap + 1, a schedule becomes the incumbent (optimal when proven optimal under its cap).
+   Whatever remains open goes to one CP-SAT run that minimises under cap z from the incumbent.
+   Steps 3 and 4 keep every schedule at least as good as the incumbent, so the optimum is
+   unchanged. Without an LP (it ran out of time) or an incumbent, CP-SAT solves the model in one
+   run.
 
 Costs must be integers for CP-SAT: non-integer costs are scaled by a power of ten (at most 1e6)
 or rounded at a resolution of max(cost)/1e6, recorded as `extra["cost_unit"]`.
@@ -52,11 +53,8 @@ from solver.stages import IndexedSchedule, StagePlan, checkpoint_all, plan_to_op
 LP_SHARE = 0.5
 """Most of the remaining time limit one LP relaxation may take before CP-SAT starts."""
 
-IMPROVE_SHARE = 0.25
-"""Share of the remaining time the first probe (anything better than the incumbent) may take."""
-
 PROBE_SHARE = 0.5
-"""Share of the remaining time a climbing probe may take (see `_probe`)."""
+"""Share of the remaining time a climbing HiGHS probe may take (see `_climb`)."""
 
 LP_REPEAT_SHARE = 0.1
 """After a rounding beats the incumbent, the model is rebuilt below it and its LP solved again
@@ -283,98 +281,98 @@ def _search(run: _Run, lm: LinearModel, best: Member | None, budget: int) -> Sch
 
 
 def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget: int) -> Schedule:
-    """Close the gap between the LP bound and the incumbent by probing objective caps.
-
-    Each probe asks for a schedule of recompute cost <= cap on the model with every variable
-    fixed that the LP's reduced costs fix at that cap (the lower the cap, the more are fixed and
-    the smaller the search). Infeasible raises the lower bound to cap + 1; a schedule is a new
-    incumbent (optimal when the probe proves it optimal under the cap).
+    """Close the gap between the LP bound and the incumbent.
 
     Where the LP bound is within MIP_GAP of the incumbent on a large model, HiGHS's branch and
-    cut probes caps climbing from the lower bound, the step doubling after each refutation (an
-    eighth of the gap first): a low cap is refuted in seconds, and the first cap at or above the
-    optimum finds it with its proof (ResNet50 at 80%: cap 1149 of gap 1097..1450 solved to the
-    optimum 1130 in 14 s; cap 1449 found nothing in 24 s). A climbing probe that runs out of its
-    share of time hands the rest to CP-SAT at the final cap z - 1.
-
-    Otherwise (the LP is weak, as on the op-level demo graphs) CP-SAT first minimises under cap z
-    for a short while, starting from the incumbent (a complete hint, which its local search
-    improves: demo resnet at 50% went from 2.6e9 to 5.4e8 FLOPs of recompute in 50 s, where without
-    a first solution it found none), which also proves a good incumbent optimal at once; when that
-    runs out of time, caps climb from the lower bound a quarter of the gap at a time; when a
-    climbing probe finds a schedule or runs out of its share, the final cap gets all the time left.
-    HiGHS's schedules are replayed in the simulator before they are believed (it works in floating
-    point); one that does not fit hands the rest of the search to CP-SAT. `lm` holds the first
-    incumbent and every better schedule, so all of this is exact.
+    cut probes climbing caps first (`_climb`); CP-SAT, started from the incumbent, gets whatever
+    remains open (`_minimise`). `lm` holds the first incumbent and every better schedule, and
+    each probe keeps every schedule within its cap, so all of this is exact.
     """
     problem = run.problem
-    schedule = plan_to_ops(problem, plan)
-    incumbent = _recompute_cost(run, schedule)
+    incumbent = _recompute_cost(run, plan_to_ops(problem, plan))
     lower = min(incumbent, math.ceil(lp.objective - 1e-6 * max(1.0, abs(lp.objective))))
-    engine: HighsMip | CpSatModel = CpSatModel(lm)
-    if incumbent - lower <= MIP_GAP * incumbent and len(lm.names) >= MIP_MIN_VARIABLES:
-        engine = HighsMip(lm)
-    phase = "climb" if isinstance(engine, HighsMip) else "improve"  # -> "climb" -> "last"
-    step = max(1, (incumbent - 1 - lower) // 8)  # HiGHS's climb: doubled after each refutation
-    hint = hint_values(lm, problem, plan)
-    while lower < incumbent and run.remaining() > 0.01:
-        # CP-SAT's first probe keeps the incumbent (its complete hint is a first solution that
-        # its local search improves on); every other cap asks for a better schedule.
-        cap = incumbent if phase == "improve" else incumbent - 1
-        if phase == "climb":
-            quarter = (incumbent - 1 - lower) // 4
-            cap = min(cap, lower + (step if isinstance(engine, HighsMip) else quarter))
-        share = {"improve": IMPROVE_SHARE, "climb": PROBE_SHARE, "last": 1.0}[phase]
-        if phase == "climb" and cap == incumbent - 1:
-            share = 1.0
-        fixed = reduced_cost_fixings(lm, lp, cap)
-        if isinstance(engine, HighsMip):
-            result = engine.solve(
-                time_limit=run.remaining() * share, fixed=fixed, objective_cap=cap
-            )
-        else:
-            result = engine.solve(
-                time_limit=run.remaining() * share,
-                workers=run.workers,
-                hint=hint,
-                fixed=fixed,
-                objective_cap=cap,
-                progress=run.solver_progress(lower * run.unit + run.offset),
-                scale=run.unit,
-                offset=run.offset,
-            )
-        found = None
-        if result.values is not None:
-            found = plan_from_values(lm, problem.n, result.values.__getitem__)
-            if isinstance(engine, HighsMip) and not _fits(
-                run, plan_to_ops(problem, found), budget, cap
-            ):
-                # HiGHS works in floating point; CP-SAT is exact and decides from here on.
-                engine = CpSatModel(lm)
-                continue
-        better = found is not None and _recompute_cost(run, plan_to_ops(problem, found)) < incumbent
-        if result.status == "INFEASIBLE":
-            lower, step = cap + 1, 2 * step
-        elif found is not None and (better or result.status == "OPTIMAL"):
-            plan = found
-            schedule, hint = plan_to_ops(problem, plan), hint_values(lm, problem, plan)
-            incumbent = _recompute_cost(run, schedule)
-            proven = incumbent if result.status == "OPTIMAL" else math.ceil(result.bound - 1e-6)
-            lower = max(lower, proven)
-            if phase == "climb":  # a low cap found a schedule: likely near optimal, prove it
-                phase = "last"
-        else:  # out of time under this cap: what it proved holds for schedules within the cap
-            lower = max(lower, min(math.ceil(result.bound - 1e-6), cap + 1))
-            if share == 1.0:
-                break
-            phase = "climb" if phase == "improve" else "last"
-            if isinstance(engine, HighsMip):  # the engines fail on different models
-                engine = CpSatModel(lm)
-        if run.report:
-            run.report(run.elapsed(), schedule.cost, lower * run.unit + run.offset)
-    if lower >= incumbent:
+    close = incumbent - lower <= MIP_GAP * incumbent
+    if lower < incumbent and close and len(lm.names) >= MIP_MIN_VARIABLES:
+        plan, lower = _climb(run, lm, lp, plan, budget, lower)
+    if lower < _recompute_cost(run, plan_to_ops(problem, plan)) and run.remaining() > 0.01:
+        plan, lower = _minimise(run, lm, lp, plan, lower)
+    schedule = plan_to_ops(problem, plan)
+    if lower >= _recompute_cost(run, schedule):
         return run.finish(schedule, "OPTIMAL", schedule.cost, budget=budget)
     return run.finish(schedule, "FEASIBLE", lower * run.unit + run.offset, budget=budget)
+
+
+def _climb(
+    run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget: int, lower: int
+) -> tuple[StagePlan, int]:
+    """HiGHS probes of objective caps climbing from the lower bound; the best plan and the proven
+    lower bound (recompute cost, model units) come back.
+
+    Each probe asks for a schedule of recompute cost <= cap with every variable fixed that the
+    LP's reduced costs fix at that cap (the lower the cap, the more are fixed). Infeasible
+    raises the lower bound to cap + 1 and doubles the step (an eighth of the gap first); a
+    schedule becomes the incumbent, optimal when HiGHS proves it optimal under the cap. A low
+    cap is refuted in seconds and the first cap at or above the optimum finds it with its proof
+    (ResNet50 at 80%: cap 1149 of gap 1097..1450 solved to the optimum 1130 in 14 s; cap 1449
+    found nothing in 24 s). Stops when a probe runs out of its share of the time or a schedule
+    fails the exact check (HiGHS works in floating point): CP-SAT takes over from there.
+    """
+    problem = run.problem
+    mip = HighsMip(lm)
+    incumbent = _recompute_cost(run, plan_to_ops(problem, plan))
+    step = max(1, (incumbent - 1 - lower) // 8)
+    while lower < incumbent and run.remaining() > 0.01:
+        cap = min(incumbent - 1, lower + step)
+        share = 1.0 if cap == incumbent - 1 else PROBE_SHARE
+        fixed = reduced_cost_fixings(lm, lp, cap)
+        result = mip.solve(time_limit=run.remaining() * share, fixed=fixed, objective_cap=cap)
+        if result.status == "INFEASIBLE":
+            lower, step = cap + 1, 2 * step
+        elif result.values is not None:
+            found = plan_from_values(lm, problem.n, result.values.__getitem__)
+            if not _fits(run, plan_to_ops(problem, found), budget, cap):
+                break
+            plan, incumbent = found, _recompute_cost(run, plan_to_ops(problem, found))
+            proven = incumbent if result.status == "OPTIMAL" else math.ceil(result.bound - 1e-6)
+            lower = max(lower, proven)
+        else:  # out of time under this cap: what it proved holds for schedules within the cap
+            lower = max(lower, min(math.ceil(result.bound - 1e-6), cap + 1))
+            break
+        if run.report:
+            cost = plan_to_ops(problem, plan).cost
+            run.report(run.elapsed(), cost, lower * run.unit + run.offset)
+    return plan, lower
+
+
+def _minimise(
+    run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, lower: int
+) -> tuple[StagePlan, int]:
+    """One CP-SAT run for the rest of the time: minimise under cap z (the incumbent's recompute
+    cost) with the LP's fixings at z, starting from the incumbent as a complete hint, which its
+    local search improves (demo resnet at 50%: 2.6e9 -> 5.4e8 FLOPs of recompute; without a
+    first solution it found none in 40 s). On small or weak-LP models (FCN8, VGG, the demo
+    graphs) this one run was as fast as capped probes and went further: demo unet at 50% was
+    proven in 49 s, where probes of shares of the time ended at a 5.8% gap."""
+    problem = run.problem
+    incumbent = _recompute_cost(run, plan_to_ops(problem, plan))
+    result = CpSatModel(lm).solve(
+        time_limit=run.remaining(),
+        workers=run.workers,
+        hint=hint_values(lm, problem, plan),
+        fixed=reduced_cost_fixings(lm, lp, incumbent),
+        objective_cap=incumbent,
+        progress=run.solver_progress(lower * run.unit + run.offset),
+        scale=run.unit,
+        offset=run.offset,
+    )
+    if result.values is not None:
+        plan = plan_from_values(lm, problem.n, result.values.__getitem__)
+        incumbent = _recompute_cost(run, plan_to_ops(problem, plan))
+    if result.status == "OPTIMAL":
+        return plan, incumbent
+    if result.status == "UNKNOWN" or result.values is not None:
+        lower = max(lower, min(math.ceil(result.bound - 1e-6), incumbent))
+    return plan, lower
 
 
 def _fits(run: _Run, schedule: IndexedSchedule, budget: int, cap: int) -> bool:

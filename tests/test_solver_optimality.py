@@ -68,8 +68,9 @@ def _no_lp(lm, time_limit):
 
 
 def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
-    """Both probe engines (HiGHS's branch and cut, CP-SAT), each forced onto every probe, climb
-    from a bound of 0 and the worst heuristic incumbent to the exhaustive optimum."""
+    """Both probe engines (HiGHS's climbing caps, CP-SAT's run from the incumbent), each forced
+    to close the whole gap from a bound of 0 and the worst heuristic incumbent, reach the
+    exhaustive optimum."""
     engines = {"highs": exact.HighsMip, "cpsat": exact.CpSatModel}
     statuses: dict[str, list[str]] = {name: [] for name in engines}
 
@@ -109,8 +110,8 @@ def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
         spy("cpsat"),
     ):
         check()
-    # HiGHS climbs (refuted caps, then the optimum found under a cap); CP-SAT's first probe
-    # (anything better than the incumbent) finds and proves the optimum on graphs this small.
+    # HiGHS climbs (refuted caps, then the optimum found under a cap); CP-SAT's one run from the
+    # incumbent finds and proves the optimum.
     assert "INFEASIBLE" in statuses["highs"] and "OPTIMAL" in statuses["highs"]
     assert "OPTIMAL" in statuses["cpsat"]
 
