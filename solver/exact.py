@@ -57,7 +57,7 @@ PROBE_SHARE = 0.5
 """Share of the remaining time a climbing HiGHS probe may take (see `_climb`)."""
 
 LP_REPEAT_SHARE = 0.1
-"""After a rounding beats the incumbent, the model is rebuilt below it and its LP solved again
+"""After a rounding beats the incumbent, the model is rebuilt at its cost and its LP solved again
 (another LP optimum, another rounding) while an LP takes less than this share of the remaining
 time: MobileNet at 90% (2 s LPs) reached the optimum 265 from 340 in three rounds in one
 measurement and stopped at 325 in another (each LP optimum is one of several); ResNet50's 12-15 s
@@ -75,7 +75,7 @@ incumbent's recompute cost and the model has at least MIP_MIN_VARIABLES variable
 searched better by CP-SAT."""
 
 MIP_MIN_VARIABLES = 20_000
-"""Below this, CP-SAT's probes are as fast or faster: VGG19 at 80% (4.7k variables) proved in
+"""Below this, CP-SAT alone is as fast or faster: VGG19 at 80% (4.7k variables) proved in
 1.3 s with CP-SAT, 2-3.7 s with HiGHS's presolve and cuts."""
 
 
@@ -289,25 +289,31 @@ def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget
     remains open (`_minimise`). `lm` holds the first incumbent and every better schedule, and
     each probe keeps every schedule within its cap, so all of this is exact.
     """
-    problem = run.problem
-    incumbent = _recompute_cost(run, plan_to_ops(problem, plan))
+    schedule = plan_to_ops(run.problem, plan)
+    incumbent = _recompute_cost(run, schedule)
     lower = min(incumbent, math.ceil(lp.objective - 1e-6 * max(1.0, abs(lp.objective))))
     close = incumbent - lower <= MIP_GAP * incumbent
     if lower < incumbent and close and len(lm.names) >= MIP_MIN_VARIABLES:
-        plan, lower = _climb(run, lm, lp, plan, budget, lower)
-    if lower < _recompute_cost(run, plan_to_ops(problem, plan)) and run.remaining() > 0.01:
-        plan, lower = _minimise(run, lm, lp, plan, lower)
-    schedule = plan_to_ops(problem, plan)
+        plan, schedule, lower = _climb(run, lm, lp, plan, schedule, budget, lower)
+    if lower < _recompute_cost(run, schedule) and run.remaining() > 0.01:
+        plan, schedule, lower = _minimise(run, lm, lp, plan, schedule, lower)
     if lower >= _recompute_cost(run, schedule):
         return run.finish(schedule, "OPTIMAL", schedule.cost, budget=budget)
     return run.finish(schedule, "FEASIBLE", lower * run.unit + run.offset, budget=budget)
 
 
 def _climb(
-    run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget: int, lower: int
-) -> tuple[StagePlan, int]:
-    """HiGHS probes of objective caps climbing from the lower bound; the best plan and the proven
-    lower bound (recompute cost, model units) come back.
+    run: _Run,
+    lm: LinearModel,
+    lp: LpRelaxation,
+    plan: StagePlan,
+    schedule: IndexedSchedule,
+    budget: int,
+    lower: int,
+) -> tuple[StagePlan, IndexedSchedule, int]:
+    """HiGHS probes of objective caps climbing from the lower bound, starting from the incumbent
+    `plan` (expanded into `schedule`); the best plan, its schedule and the proven lower bound
+    (recompute cost, model units) come back.
 
     Each probe asks for a schedule of recompute cost <= cap with every variable fixed that the
     LP's reduced costs fix at that cap (the lower the cap, the more are fixed). Infeasible
@@ -320,7 +326,7 @@ def _climb(
     """
     problem = run.problem
     mip = HighsMip(lm)
-    incumbent = _recompute_cost(run, plan_to_ops(problem, plan))
+    incumbent = _recompute_cost(run, schedule)
     step = max(1, (incumbent - 1 - lower) // 8)
     while lower < incumbent and run.remaining() > 0.01:
         cap = min(incumbent - 1, lower + step)
@@ -331,23 +337,28 @@ def _climb(
             lower, step = cap + 1, 2 * step
         elif result.values is not None:
             found = plan_from_values(lm, problem.n, result.values.__getitem__)
-            if not _fits(run, plan_to_ops(problem, found), budget, cap):
+            expanded = plan_to_ops(problem, found)
+            if not _fits(run, expanded, budget, cap):
                 break
-            plan, incumbent = found, _recompute_cost(run, plan_to_ops(problem, found))
+            plan, schedule, incumbent = found, expanded, _recompute_cost(run, expanded)
             proven = incumbent if result.status == "OPTIMAL" else math.ceil(result.bound - 1e-6)
             lower = max(lower, proven)
         else:  # out of time under this cap: what it proved holds for schedules within the cap
             lower = max(lower, min(math.ceil(result.bound - 1e-6), cap + 1))
             break
         if run.report:
-            cost = plan_to_ops(problem, plan).cost
-            run.report(run.elapsed(), cost, lower * run.unit + run.offset)
-    return plan, lower
+            run.report(run.elapsed(), schedule.cost, lower * run.unit + run.offset)
+    return plan, schedule, lower
 
 
 def _minimise(
-    run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, lower: int
-) -> tuple[StagePlan, int]:
+    run: _Run,
+    lm: LinearModel,
+    lp: LpRelaxation,
+    plan: StagePlan,
+    schedule: IndexedSchedule,
+    lower: int,
+) -> tuple[StagePlan, IndexedSchedule, int]:
     """One CP-SAT run for the rest of the time: minimise under cap z (the incumbent's recompute
     cost) with the LP's fixings at z, starting from the incumbent as a complete hint, which its
     local search improves (demo resnet at 50%: 2.6e9 -> 5.4e8 FLOPs of recompute; without a
@@ -355,7 +366,7 @@ def _minimise(
     graphs) this one run was as fast as capped probes and went further: demo unet at 50% was
     proven in 49 s, where probes of shares of the time ended at a 5.8% gap."""
     problem = run.problem
-    incumbent = _recompute_cost(run, plan_to_ops(problem, plan))
+    incumbent = _recompute_cost(run, schedule)
     result = CpSatModel(lm).solve(
         time_limit=run.remaining(),
         workers=run.workers,
@@ -368,12 +379,13 @@ def _minimise(
     )
     if result.values is not None:
         plan = plan_from_values(lm, problem.n, result.values.__getitem__)
-        incumbent = _recompute_cost(run, plan_to_ops(problem, plan))
+        schedule = plan_to_ops(problem, plan)
+        incumbent = _recompute_cost(run, schedule)
     if result.status == "OPTIMAL":
-        return plan, incumbent
+        return plan, schedule, incumbent
     if result.status == "UNKNOWN" or result.values is not None:
         lower = max(lower, min(math.ceil(result.bound - 1e-6), incumbent))
-    return plan, lower
+    return plan, schedule, lower
 
 
 def _fits(run: _Run, schedule: IndexedSchedule, budget: int, cap: int) -> bool:

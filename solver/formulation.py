@@ -32,9 +32,9 @@ CP-SAT's proof there went from 5.6 s to 3.1 s.
 
 With a recompute limit L (`build`), sum cost_i R[t,i] <= L is a row and every node with
 cost_i > L has no R variables at all; the positions k of (4) and (5) are then only the nodes
-stage t may compute. The model is plain data (`LinearModel`): the
-CP-SAT backend solves it, and its LP relaxation gives bounds and reduced costs for variable
-fixing.
+stage t may compute. The model is plain data (`LinearModel`): CP-SAT
+(`solver.cpsat`) and HiGHS's branch and cut (`solver.mip`) solve it, and its LP relaxation gives
+bounds and reduced costs for variable fixing.
 """
 
 from __future__ import annotations
