@@ -1,7 +1,8 @@
 """Every heuristic family the solver knows for a graph: the baselines, plus rotor on chains.
 
-The exact solver warm-starts from their best member, and the frontier and benchmarks compare
-against them, so all three read the same list.
+The exact solver warm-starts from their best member (and from an eviction run at its budget,
+`solver.eviction`), and the frontier and benchmarks compare against them, so all three read the
+same list.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import contextlib
 from collections.abc import Collection
 
 from solver.baselines import BASELINES, Member, cheapest_within, every_k_recompute_each_use
+from solver.eviction import evict_within
 from solver.graph import Problem
 from solver.rotor import NotAChainError, rotor
 
@@ -36,9 +38,12 @@ def all_members(problem: Problem, skip: Collection[str] = ()) -> list[Member]:
 
 
 def cheapest_member(problem: Problem, budget: int) -> Member | None:
-    """The exact solver's warm start for a budget: the cheapest member within it. The
-    recompute-at-each-use family costs most to evaluate (O(n^2) ops per member, 0.7 s on
-    ResNet50) and its members cost several times any other fitting schedule (4.7x on ResNet50 at
-    90%), so it is evaluated only when no other member fits."""
-    best = cheapest_within(all_members(problem, skip=(_EACH_USE,)), budget)
+    """The exact solver's warm start for a budget: the cheapest of every family's members within
+    it and the eviction run at it. The recompute-at-each-use family costs most to evaluate
+    (O(n^2) ops per member, 0.7 s on ResNet50) and its members cost several times any other
+    fitting schedule (4.7x on ResNet50 at 90%), so it is evaluated only when nothing else fits."""
+    evicted = evict_within(problem, budget)
+    best = cheapest_within(
+        [*all_members(problem, skip=(_EACH_USE,)), *filter(None, [evicted])], budget
+    )
     return best or cheapest_within(every_k_recompute_each_use(problem), budget)

@@ -11,6 +11,7 @@ from solver_strategies import small_graphs
 
 import solver
 from solver.cpsat import CpSatModel
+from solver.eviction import evict_within
 from solver.exact import integer_costs
 from solver.families import all_members
 from solver.formulation import LinearModel, ModelResult, build, hint_values, variable_count
@@ -64,11 +65,13 @@ def test_variable_count_is_the_size_of_the_built_model(graph, limit):
 @given(small_graphs(max_nodes=8))
 def test_hint_of_a_heuristic_schedule_is_a_complete_solution(graph):
     """hint_values gives every variable (levels and peak included) a value that satisfies the
-    model: CP-SAT then starts from the incumbent instead of searching for a first solution."""
+    model, for policies and eviction runs alike: CP-SAT then starts from the incumbent instead of
+    searching for a first solution."""
     problem = solver.prepare(graph)
     int_cost, _ = integer_costs(problem)
     budget = (problem.memory_lower_bound + solver.checkpoint_all_peak(problem)) // 2
-    for member in all_members(problem)[:3]:
+    evicted = evict_within(problem, budget)
+    for member in [*all_members(problem)[:3], *filter(None, [evicted])]:
         recompute = sum(int_cost[i] for k, i in member.schedule.ops if k == "compute")
         recompute -= sum(int_cost)
         for lm in (build(problem, None, int_cost), build(problem, budget, int_cost, recompute)):
