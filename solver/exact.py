@@ -142,6 +142,11 @@ class _Run:
     def remaining(self) -> float:
         return self.time_limit - self.elapsed()
 
+    @property
+    def deadline(self) -> float:
+        """The time limit as a `time.perf_counter()` instant."""
+        return self.started + self.time_limit
+
     def finish(
         self,
         ops,
@@ -230,7 +235,16 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
         # Without the model the only proven bound is that of computing every node once.
         return run.finish(best.schedule, "FEASIBLE", problem.total_cost, budget=budget)
     while True:
-        lm = build(problem, budget, run.int_cost, limit)
+        try:
+            lm = build(problem, budget, run.int_cost, limit, deadline=run.deadline)
+        except TimeoutError:
+            if best is None:
+                raise SolverTimeoutError(
+                    f"no heuristic fits {human_bytes(budget)} and the exact model was not built "
+                    f"within {run.time_limit:g} s; raise the time limit (--time-limit) or the "
+                    "budget"
+                ) from None
+            return run.finish(best.schedule, "FEASIBLE", problem.total_cost, budget=budget)
         started = run.elapsed()
         lp = solve_relaxation(lm, LP_SHARE * run.remaining())
         if lp is None:
@@ -254,10 +268,11 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
 def _search(run: _Run, lm: LinearModel, best: Member | None, budget: int) -> Schedule:
     """One CP-SAT run over the whole model (no LP to fix variables with)."""
     problem = run.problem
+    hint = None if best is None else hint_values(lm, problem, best.plan)
     result = CpSatModel(lm).solve(
         time_limit=run.remaining(),
         workers=run.workers,
-        hint=None if best is None else hint_values(lm, problem, best.plan),
+        hint=hint,
         progress=run.solver_progress(),
         scale=run.unit,
         offset=run.offset,
@@ -367,11 +382,12 @@ def _minimise(
     proven in 49 s, where probes of shares of the time ended at a 5.8% gap."""
     problem = run.problem
     incumbent = _recompute_cost(run, schedule)
+    hint, fixed = hint_values(lm, problem, plan), reduced_cost_fixings(lm, lp, incumbent)
     result = CpSatModel(lm).solve(
         time_limit=run.remaining(),
         workers=run.workers,
-        hint=hint_values(lm, problem, plan),
-        fixed=reduced_cost_fixings(lm, lp, incumbent),
+        hint=hint,
+        fixed=fixed,
         objective_cap=incumbent,
         progress=run.solver_progress(lower * run.unit + run.offset),
         scale=run.unit,
@@ -420,11 +436,15 @@ def _solve_memory(run: _Run, compute_budget: float | None) -> Schedule:
         recompute_limit = int(compute_budget / run.unit + 1e-9) - sum(run.int_cost)
     if variable_count(problem, run.int_cost, recompute_limit) > MAX_MODEL_VARIABLES:
         return run.finish(warm.schedule, "FEASIBLE", lower, compute_budget=compute_budget)
-    lm = build(problem, None, run.int_cost, recompute_limit)
+    try:
+        lm = build(problem, None, run.int_cost, recompute_limit, deadline=run.deadline)
+    except TimeoutError:
+        return run.finish(warm.schedule, "FEASIBLE", lower, compute_budget=compute_budget)
+    hint = hint_values(lm, problem, warm.plan)
     result = CpSatModel(lm).solve(
         time_limit=run.remaining(),
         workers=run.workers,
-        hint=hint_values(lm, problem, warm.plan),
+        hint=hint,
         progress=run.solver_progress(),
     )
     bound = max(result.bound, lower)

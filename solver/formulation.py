@@ -39,6 +39,7 @@ bounds and reduced costs for variable fixing.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from solver.graph import Problem
@@ -220,7 +221,11 @@ def variable_count(problem: Problem, int_cost: list[int], recompute_limit: int |
 
 
 def build(
-    problem: Problem, budget: int | None, int_cost: list[int], recompute_limit: int | None = None
+    problem: Problem,
+    budget: int | None,
+    int_cost: list[int],
+    recompute_limit: int | None = None,
+    deadline: float | None = None,
 ) -> LinearModel:
     """The model for a memory budget in bytes (objective cost) or, with budget None, for the least
     peak (objective memory).
@@ -229,12 +234,19 @@ def build(
     a node costing more is never recomputed, so its R variables, the frees and memory levels
     after it and the freedom of its S variables are left out. The exact solver passes its
     incumbent's cost, which keeps the incumbent and every better schedule.
+
+    Raises TimeoutError when `time.perf_counter()` passes `deadline` (seconds) before the model
+    is complete (random_layered n=500, 0.93M variables, takes 10-15 s).
     """
     lm = LinearModel()
     mem_cap = sum(problem.mem)
     recomputable = _recomputable(int_cost, recompute_limit)
     _variables(lm, problem, budget, mem_cap, recomputable)
     for t in range(problem.n):
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TimeoutError(
+                f"the model was not built by the deadline (stage {t} of {problem.n})"
+            )
         for i in range(t):
             _keep_needs_live(lm, t, i)
             _carried_values_are_used(lm, problem, t, i)
