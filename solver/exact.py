@@ -68,6 +68,12 @@ MAX_MODEL_VARIABLES = 1_500_000
 n=1000 (4.1M) building alone would take minutes and several GiB, so the best heuristic comes
 back with the trivial bound instead."""
 
+CLIMB_FIRST_STEP = 1 / 8
+"""`_climb`'s first cap is this share of the gap above the lower bound."""
+
+CLIMB_GROWTH = 1.5
+"""`_climb`'s step grows by this factor after each refuted cap."""
+
 MIP_GAP = 0.5
 """Probes use HiGHS's branch and cut (`solver.mip`) when the LP bound is within this share of the
 incumbent's recompute cost and the model has at least MIP_MIN_VARIABLES variables, else CP-SAT
@@ -342,14 +348,14 @@ def _climb(
     problem = run.problem
     mip = HighsMip(lm)
     incumbent = _recompute_cost(run, schedule)
-    step = max(1, (incumbent - 1 - lower) // 8)
+    step = max(1, round((incumbent - 1 - lower) * CLIMB_FIRST_STEP))
     while lower < incumbent and run.remaining() > 0.01:
         cap = min(incumbent - 1, lower + step)
         share = 1.0 if cap == incumbent - 1 else PROBE_SHARE
         fixed = reduced_cost_fixings(lm, lp, cap)
         result = mip.solve(time_limit=run.remaining() * share, fixed=fixed, objective_cap=cap)
         if result.status == "INFEASIBLE":
-            lower, step = cap + 1, 2 * step
+            lower, step = cap + 1, max(step + 1, round(CLIMB_GROWTH * step))
         elif result.values is not None:
             found = plan_from_values(lm, problem.n, result.values.__getitem__)
             expanded = plan_to_ops(problem, found)
