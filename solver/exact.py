@@ -12,7 +12,8 @@ For objective "cost":
    complete hint for CP-SAT). Its LP relaxation (HiGHS, `solver.lp_fixing`) gives a lower bound
    and reduced costs: when the bound exceeds z - 1, z is optimal; otherwise every 0/1 variable whose
    reduced cost shows it cannot differ in a schedule of cost <= a cap is fixed for the probes below.
-   The LP's keep fractions are rounded into schedules (`solver.rounding`); one cheaper than z
+   The LP's keep fractions are rounded into schedules (`solver.rounding`, and an eviction run
+   that evicts what the LP keeps least, `solver.eviction.evict_by_keep`); one cheaper than z
    becomes the incumbent. Without a warm start the model has no limit and rounding may find the
    first schedule.
 4. Probes (`_probe`). On large models whose LP bound is within MIP_GAP of z, HiGHS's branch and
@@ -40,6 +41,7 @@ from solver.baselines import Member, cheapest_within, smallest_within
 from solver.budget import human_bytes, parse_budget, parse_compute_budget
 from solver.cpsat import CpSatModel, ProgressFn, print_progress
 from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeoutError
+from solver.eviction import evict_by_keep
 from solver.families import all_members, cheapest_member
 from solver.formulation import LinearModel, build, hint_values, plan_from_values, variable_count
 from solver.graph import Problem, prepare
@@ -259,13 +261,18 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
             shown = math.inf if best is None else best.schedule.cost
             run.report(run.elapsed(), shown, lp.objective * run.unit + run.offset)
         fractions = [{i: lp.values[v] for i, v in stage.items()} for stage in lm.keep]
-        rounded = cheapest_within(rounded_members(problem, fractions), budget)
+        guided = evict_by_keep(problem, budget, fractions)
+        rounded = cheapest_within(
+            [*rounded_members(problem, fractions), *filter(None, [guided])], budget
+        )
         if rounded is None or (best is not None and rounded.schedule.cost >= best.schedule.cost):
             break
         best = rounded
         limit = _recompute_cost(run, best.schedule)
         if run.elapsed() - started > LP_REPEAT_SHARE * run.remaining():
             break
+        if variable_count(problem, run.int_cost, limit) == len(lm.names):
+            break  # the same model less a slack limit row: the same LP optimum and rounding
     if best is None or lp is None:
         return _search(run, lm, best, budget)
     return _probe(run, lm, lp, best.plan, budget)

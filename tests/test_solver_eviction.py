@@ -1,5 +1,5 @@
-"""The eviction heuristic (solver.eviction): its schedules are valid and within their budget, and
-it fits where the checkpoint policies cannot."""
+"""The eviction heuristic (solver.eviction), by distance or guided by an LP's keep fractions: its
+schedules are valid and within their budget, and it fits where the checkpoint policies cannot."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from solver_strategies import small_graphs
 
 import solver
 from solver.baselines import BASELINES, cheapest_within
-from solver.eviction import evict_within
+from solver.eviction import evict_by_keep, evict_within
 from solver.io import load_graph
 from solver.simulate import simulate
 from solver.stages import checkpoint_all
@@ -25,22 +25,39 @@ RANDOM_250 = (
 )
 
 
-@settings(max_examples=60)
-@given(small_graphs(max_nodes=8), st.floats(min_value=0.0, max_value=1.0))
-def test_an_eviction_run_fits_its_budget(graph, where):
-    """Anywhere between the one-line bound and the checkpoint-all peak, a run either fails or
-    gives a schedule the independent simulator accepts within the budget, at the peak and cost
-    the plan reports."""
-    problem = solver.prepare(graph)
-    low, high = problem.memory_lower_bound, checkpoint_all(problem).peak
-    budget = round(low + where * (high - low))
-    member = evict_within(problem, budget)
+def _check_within(graph, problem, budget: int, member) -> None:
+    """None (the run got stuck), or a schedule the independent simulator accepts within the
+    budget, at the peak and cost the plan reports."""
     if member is None:
         return
     replay = simulate(graph, [(kind, problem.ids[i]) for kind, i in member.schedule.ops])
     replay.raise_if_invalid()
     assert replay.peak == member.schedule.peak <= budget
     assert abs(replay.cost - member.schedule.cost) < 1e-9
+
+
+def _budget(problem, where: float) -> int:
+    """A budget `where` of the way from the one-line bound to the checkpoint-all peak."""
+    low, high = problem.memory_lower_bound, checkpoint_all(problem).peak
+    return round(low + where * (high - low))
+
+
+@settings(max_examples=60)
+@given(small_graphs(max_nodes=8), st.floats(min_value=0.0, max_value=1.0))
+def test_an_eviction_run_fits_its_budget(graph, where):
+    problem = solver.prepare(graph)
+    budget = _budget(problem, where)
+    _check_within(graph, problem, budget, evict_within(problem, budget))
+
+
+@settings(max_examples=60)
+@given(small_graphs(max_nodes=8), st.floats(min_value=0.0, max_value=1.0), st.randoms())
+def test_an_lp_guided_eviction_run_fits_its_budget(graph, where, rng):
+    """Whatever the keep fractions (an LP's or not), the run fits or fails."""
+    problem = solver.prepare(graph)
+    budget = _budget(problem, where)
+    fractions = [{i: rng.random() for i in range(t)} for t in range(problem.n + 1)]
+    _check_within(graph, problem, budget, evict_by_keep(problem, budget, fractions))
 
 
 @settings(max_examples=30)
