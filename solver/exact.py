@@ -76,6 +76,10 @@ CLIMB_FIRST_STEP = 1 / 8
 CLIMB_GROWTH = 1.5
 """`_climb`'s step grows by this factor after each refuted cap."""
 
+CLIMB_PAIRS = True
+"""`_climb` probes two caps at once, on two threads: the next cap and the one that would follow
+its refutation."""
+
 MIP_GAP = 0.5
 """Probes use HiGHS's branch and cut (`solver.mip`) when the LP bound is within this share of the
 incumbent's recompute cost and the model has at least MIP_MIN_VARIABLES variables, else CP-SAT
@@ -357,26 +361,44 @@ def _climb(
     incumbent = _recompute_cost(run, schedule)
     step = max(1, round((incumbent - 1 - lower) * CLIMB_FIRST_STEP))
     while lower < incumbent and run.remaining() > 0.01:
-        cap = min(incumbent - 1, lower + step)
-        share = 1.0 if cap == incumbent - 1 else PROBE_SHARE
-        fixed = reduced_cost_fixings(lm, lp, cap)
-        result = mip.solve(time_limit=run.remaining() * share, fixed=fixed, objective_cap=cap)
-        if result.status == "INFEASIBLE":
-            lower, step = cap + 1, max(step + 1, round(CLIMB_GROWTH * step))
-        elif result.values is not None:
-            found = plan_from_values(lm, problem.n, result.values.__getitem__)
-            expanded = plan_to_ops(problem, found)
-            if not _fits(run, expanded, budget, cap):
-                break
-            plan, schedule, incumbent = found, expanded, _recompute_cost(run, expanded)
-            proven = incumbent if result.status == "OPTIMAL" else math.ceil(result.bound - 1e-6)
-            lower = max(lower, proven)
-        else:  # out of time under this cap: what it proved holds for schedules within the cap
+        caps = [min(incumbent - 1, lower + step)]
+        step = _grown(step)
+        if CLIMB_PAIRS and caps[0] < incumbent - 1:  # the cap that follows when caps[0] fails
+            caps.append(min(incumbent - 1, caps[0] + 1 + step))
+            step = _grown(step)
+        share = 1.0 if caps[-1] == incumbent - 1 else PROBE_SHARE
+        probes = [(reduced_cost_fixings(lm, lp, cap), cap) for cap in caps]
+        results = mip.solve_all(probes, time_limit=run.remaining() * share)
+        go_on = True
+        for cap, result in zip(caps, results, strict=True):
+            if result.status == "INFEASIBLE":
+                lower = max(lower, cap + 1)
+                continue
+            if result.values is not None:
+                found = plan_from_values(lm, problem.n, result.values.__getitem__)
+                expanded = plan_to_ops(problem, found)
+                if not _fits(run, expanded, budget, cap):
+                    go_on = False
+                    continue
+                if _recompute_cost(run, expanded) < incumbent:
+                    plan, schedule, incumbent = found, expanded, _recompute_cost(run, expanded)
+                if result.status == "OPTIMAL":  # nothing cheaper within the cap, so nowhere
+                    lower = max(lower, result.objective)
+                    continue
+            else:
+                go_on = False  # out of time under this cap
+            # What the probe proved holds for schedules within its cap; the rest cost more.
             lower = max(lower, min(math.ceil(result.bound - 1e-6), cap + 1))
-            break
         if run.report:
             run.report(run.elapsed(), schedule.cost, lower * run.unit + run.offset)
-    return plan, schedule, lower
+        if not go_on:
+            break
+    return plan, schedule, min(lower, incumbent)
+
+
+def _grown(step: int) -> int:
+    """The climb's next step after a refuted cap."""
+    return max(step + 1, round(CLIMB_GROWTH * step))
 
 
 def _minimise(

@@ -13,12 +13,16 @@ is believed (`solver.exact` replays it in the simulator).
 from __future__ import annotations
 
 import math
+import threading
 
 import highspy
 import numpy as np
 
 from solver.formulation import LinearModel, ModelResult
 from solver.lp_fixing import quiet_highs, scaled_lp
+
+Probe = tuple[dict[int, int], int]
+"""One question for `HighsMip.solve_all`: the fixed 0/1 variables and the objective cap."""
 
 
 class HighsMip:
@@ -48,6 +52,28 @@ class HighsMip:
     def solve(self, *, time_limit: float, fixed: dict[int, int], objective_cap: int) -> ModelResult:
         """Minimise the objective subject to objective <= objective_cap with `fixed` pinned (0/1
         variables, whose scale is 1), within `time_limit` seconds."""
+        return self.solve_all([(fixed, objective_cap)], time_limit=time_limit)[0]
+
+    def solve_all(self, probes: list[Probe], *, time_limit: float) -> list[ModelResult]:
+        """`solve` for each probe, all at once, one thread each (HiGHS runs outside Python's
+        lock): on 2 cores two probes of MobileNet at 90% took 2.5-3.7 s together against
+        3.3-4.7 s one after the other."""
+        solvers = [self._prepare(fixed, cap, time_limit) for fixed, cap in probes]
+        if len(solvers) == 1:
+            solvers[0].run()
+        else:
+            threads = [threading.Thread(target=highs.run) for highs in solvers]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        return [self._result(highs) for highs in solvers]
+
+    def _prepare(
+        self, fixed: dict[int, int], objective_cap: int, time_limit: float
+    ) -> highspy.Highs:
+        """A Highs instance holding the model with `fixed` pinned and the cap set, ready to run
+        (made here, in the calling thread: `quiet_highs` redirects the process's stdout)."""
         lower, upper = self._lower.copy(), self._upper.copy()
         if fixed:
             index = np.fromiter(fixed, np.int64, len(fixed))
@@ -65,8 +91,10 @@ class HighsMip:
             ("objective_bound", objective_cap + 0.5),  # prune nodes above the cap from the start
         ):
             highs.setOptionValue(option, setting)
-        highs.passModel(self._lp)
-        highs.run()
+        highs.passModel(self._lp)  # HiGHS copies the model: the next probe may change it
+        return highs
+
+    def _result(self, highs: highspy.Highs) -> ModelResult:
         status, info = highs.getModelStatus(), highs.getInfo()
         if status == highspy.HighsModelStatus.kInfeasible:
             return ModelResult("INFEASIBLE", None, None, 0.0)

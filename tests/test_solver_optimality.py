@@ -71,18 +71,20 @@ def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
     """Both probe engines (HiGHS's climbing caps, CP-SAT's run from the incumbent), each forced
     to close the whole gap from a bound of 0 and the worst heuristic incumbent, reach the
     exhaustive optimum."""
-    engines = {"highs": exact.HighsMip, "cpsat": exact.CpSatModel}
+    engines = {"highs": (exact.HighsMip, "solve_all"), "cpsat": (exact.CpSatModel, "solve")}
     statuses: dict[str, list[str]] = {name: [] for name in engines}
 
     def spy(name):
-        original = engines[name].solve
+        engine, method = engines[name]
+        original = getattr(engine, method)
 
-        def solve(self, **kwargs):
-            result = original(self, **kwargs)
-            statuses[name].append(result.status)
-            return result
+        def solve(self, *args, **kwargs):
+            results = original(self, *args, **kwargs)
+            many = results if isinstance(results, list) else [results]
+            statuses[name].extend(result.status for result in many)
+            return results
 
-        return patch.object(engines[name], "solve", solve)
+        return patch.object(engine, method, solve)
 
     @settings(max_examples=10)
     @given(training_graphs(forward_nodes=4))
@@ -105,6 +107,7 @@ def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
         patch.object(exact, "MIP_MIN_VARIABLES", 0),
         patch.object(exact, "cheapest_member", _worst_member),
         patch.object(exact, "rounded_members", lambda *_: []),
+        patch.object(exact, "evict_by_keep", lambda *_: None),
         patch.object(exact, "solve_relaxation", _no_lp),
         spy("highs"),
         spy("cpsat"),
