@@ -17,9 +17,10 @@ For objective "cost":
    becomes the incumbent. Without a warm start the model has no limit and rounding may find the
    first schedule.
 4. Probes (`_probe`). On large models whose LP bound is within MIP_GAP of z, HiGHS's branch and
-   cut is asked for schedules of recompute cost <= cap, caps climbing from the LP bound, with
-   the variables the LP fixes at that cap fixed: infeasible raises the proven lower bound to
-   cap + 1, a schedule becomes the incumbent (optimal when proven optimal under its cap).
+   cut is asked for schedules of recompute cost <= cap, caps climbing from the LP bound (two
+   at once, on two threads), with the variables the LP fixes at that cap fixed: infeasible
+   raises the proven lower bound to cap + 1, a schedule becomes the incumbent (optimal when
+   proven optimal under its cap).
    Whatever remains open goes to one CP-SAT run that minimises under cap z from the incumbent.
    Steps 3 and 4 keep every schedule at least as good as the incumbent, so the optimum is
    unchanged. Without an LP (it ran out of time) or an incumbent, CP-SAT solves the model in one
@@ -349,12 +350,15 @@ def _climb(
 
     Each probe asks for a schedule of recompute cost <= cap with every variable fixed that the
     LP's reduced costs fix at that cap (the lower the cap, the more are fixed). Infeasible
-    raises the lower bound to cap + 1 and doubles the step (an eighth of the gap first); a
-    schedule becomes the incumbent, optimal when HiGHS proves it optimal under the cap. A low
-    cap is refuted in seconds and the first cap at or above the optimum finds it with its proof
-    (ResNet50 at 80%: cap 1149 of gap 1097..1450 solved to the optimum 1130 in 14 s; cap 1449
-    found nothing in 24 s). Stops when a probe runs out of its share of the time or a schedule
-    fails the exact check (HiGHS works in floating point): CP-SAT takes over from there.
+    raises the lower bound to cap + 1 and grows the step by CLIMB_GROWTH (CLIMB_FIRST_STEP of
+    the gap first); a schedule becomes the incumbent, optimal when HiGHS proves it optimal under
+    the cap. A low cap is refuted in seconds and the first cap at or above the optimum finds it
+    with its proof (ResNet50 at 80%: cap 1149 of gap 1097..1450 solved to the optimum 1130 in
+    14 s; cap 1449 found nothing in 24 s). With CLIMB_PAIRS two caps are probed at once, the
+    next one and the one its refutation would lead to; every outcome is a statement about the
+    schedules within its cap, so both are applied. Stops when a probe runs out of its share of
+    the time or a schedule fails the exact check (HiGHS works in floating point): CP-SAT takes
+    over from there.
     """
     problem = run.problem
     mip = HighsMip(lm)
