@@ -361,7 +361,7 @@ def _climb(
     over from there.
     """
     problem = run.problem
-    mip = HighsMip(lm)
+    mip = HighsMip(lm, lp.scaled)
     incumbent = _recompute_cost(run, schedule)
     step = max(1, round((incumbent - 1 - lower) * CLIMB_FIRST_STEP))
     while lower < incumbent and run.remaining() > 0.01:

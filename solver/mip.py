@@ -19,7 +19,7 @@ import highspy
 import numpy as np
 
 from solver.formulation import LinearModel, ModelResult
-from solver.lp_fixing import quiet_highs, scaled_lp
+from solver.lp_fixing import ScaledLp, quiet_highs, scaled_lp
 
 Probe = tuple[dict[int, int], int]
 """One question for `HighsMip.solve_all`: the fixed 0/1 variables and the objective cap."""
@@ -33,12 +33,13 @@ class HighsMip:
     sum of whole byte counts times 0/1 variables.
     """
 
-    def __init__(self, lm: LinearModel) -> None:
+    def __init__(self, lm: LinearModel, scaled: ScaledLp | None = None) -> None:
+        """`scaled`: `lm` as `lp_fixing.scaled_lp` built it (the LP relaxation's, reused to save
+        its build; this MIP changes it from now on), or None to build it here."""
         self.lm = lm
-        objective = list(lm.objective)
-        cap_row = (objective, [lm.objective[v] for v in objective], None, None)
-        self._lp, self._col, rows = scaled_lp(lm, [cap_row])
-        self._cap_scale = float(rows[-1])
+        scaled = scaled or scaled_lp(lm)
+        self._lp, self._col = scaled.lp, scaled.col
+        self._cap_scale = float(scaled.row_scale[-1])
         self._lower = np.asarray(self._lp.col_lower_, float)
         self._upper = np.asarray(self._lp.col_upper_, float)
         self._row_upper = np.asarray(self._lp.row_upper_, float)
