@@ -9,6 +9,7 @@ import networkx as nx
 from solver.baselines import cheapest_within
 from solver.budget import parse_budget
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
+from solver.eviction import evict_within
 from solver.exact import solve
 from solver.families import families
 from solver.graph import prepare
@@ -40,18 +41,19 @@ def frontier(
 ) -> list[FrontierPoint]:
     """Solve every budget with the exact solver and each baseline (all by default).
 
-    `methods` picks among "exact", the names in `solver.BASELINES` and "rotor" (training graphs
-    of chains; see `solver.families`). Families are evaluated once and filtered per budget. A
+    `methods` picks among "exact", the names in `solver.BASELINES`, "rotor" (training graphs
+    of chains; see `solver.families`) and "eviction" (`solver.eviction`, run at each budget).
+    Families are evaluated once and filtered per budget. A
     method that cannot fit a budget gives a point with status "INFEASIBLE" (exact: proven),
     "TIMEOUT" (exact: nothing found in time) or "NO FIT" (heuristic) and cost None.
     """
     problem = prepare(graph)
     available = families(problem)
-    names = methods or ["exact", *available]
-    unknown = set(names) - {"exact", *available}
+    names = methods or ["exact", *available, "eviction"]
+    unknown = set(names) - {"exact", *available, "eviction"}
     if unknown:
         raise ValueError(f"unknown or inapplicable methods {sorted(unknown)}")
-    chosen = {name: available[name] for name in names if name != "exact"}
+    chosen = {name: available[name] for name in names if name in available}
     points = []
     for raw in budgets:
         budget = parse_budget(raw, problem)
@@ -65,7 +67,10 @@ def frontier(
                 points.append(FrontierPoint("exact", budget, None, None, "INFEASIBLE", None, 0.0))
             except SolverTimeoutError:
                 points.append(FrontierPoint("exact", budget, None, None, "TIMEOUT", None, 0.0))
-        for name, members in chosen.items():
+        per_budget = {"eviction": list(filter(None, [evict_within(problem, budget)]))}
+        for name, members in {**chosen, **per_budget}.items():
+            if name not in names:
+                continue
             best = cheapest_within(members, budget)
             if best is None:
                 points.append(FrontierPoint(name, budget, None, None, "NO FIT", None, 0.0))
