@@ -11,7 +11,6 @@ import contextlib
 from collections.abc import Collection
 
 from solver.baselines import BASELINES, Member, cheapest_within, every_k_recompute_each_use
-from solver.eviction import evict_within
 from solver.graph import Problem
 from solver.rotor import NotAChainError, rotor
 
@@ -37,13 +36,10 @@ def all_members(problem: Problem, skip: Collection[str] = ()) -> list[Member]:
     return [member for members in families(problem, skip).values() for member in members]
 
 
-def cheapest_member(problem: Problem, budget: int) -> Member | None:
-    """The exact solver's warm start for a budget: the cheapest of every family's members within
-    it and the eviction run at it. The recompute-at-each-use family costs most to evaluate
-    (O(n^2) ops per member, 0.7 s on ResNet50) and its members cost several times any other
-    fitting schedule (4.7x on ResNet50 at 90%), so it is evaluated only when nothing else fits."""
-    evicted = evict_within(problem, budget)
-    best = cheapest_within(
-        [*all_members(problem, skip=(_EACH_USE,)), *filter(None, [evicted])], budget
-    )
+def cheapest_policy(problem: Problem, budget: int) -> Member | None:
+    """The cheapest member of every family within `budget` bytes (the exact solver's warm start
+    beside `solver.eviction`). The recompute-at-each-use family costs most to evaluate (O(n^2)
+    ops per member, 0.7 s on ResNet50) and its members cost several times any other fitting
+    schedule (4.7x on ResNet50 at 90%), so it is evaluated only when nothing else fits."""
+    best = cheapest_within(all_members(problem, skip=(_EACH_USE,)), budget)
     return best or cheapest_within(every_k_recompute_each_use(problem), budget)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -101,19 +102,30 @@ def scaled_lp(lm: LinearModel) -> ScaledLp:
     return ScaledLp(lp, col, row_scale)
 
 
+_FIRST_HIGHS = threading.Lock()
+_banner_written = False
+
+
 def quiet_highs() -> highspy.Highs:
     """A Highs instance. The first one in a process writes a banner to the C-level stdout, which
     would end up in the middle of our own output (`remat solve` tables and JSON): it goes to
-    /dev/null."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
+    /dev/null. Only that first one touches stdout (under a lock: the exact solver makes Highs
+    instances on two threads)."""
+    global _banner_written
+    with _FIRST_HIGHS:
+        if _banner_written:
             return highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            with open(os.devnull, "w") as null:
+                os.dup2(null.fileno(), 1)
+                highs = highspy.Highs()
+                _banner_written = True
+                return highs
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def solve_relaxation(lm: LinearModel, time_limit: float) -> LpRelaxation | None:
