@@ -248,27 +248,25 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
     limit = None if best is None else _recompute_cost(run, best.schedule)
     size = variable_count(problem, run.int_cost, limit)
     if size > MAX_MODEL_VARIABLES:
-        best = _cheaper(best, policies(), budget)
-        if best is None:
-            raise SolverTimeoutError(
-                f"no heuristic fits {human_bytes(budget)} and the exact model of this graph "
-                f"would have {size} variables (the limit is {MAX_MODEL_VARIABLES}); raise the "
-                "budget, or capture the model coarser (graph_capture granularity='module')"
-            )
-        # Without the model the only proven bound is that of computing every node once.
-        return run.finish(best.schedule, "FEASIBLE", problem.total_cost, budget=budget)
+        return _without_model(
+            run,
+            _cheaper(best, policies(), budget),
+            budget,
+            f"the exact model of this graph would have {size} variables (the limit is "
+            f"{MAX_MODEL_VARIABLES}); raise the budget, or capture the model coarser "
+            "(graph_capture granularity='module')",
+        )
     while True:
         try:
             lm = build(problem, budget, run.int_cost, limit, deadline=run.deadline)
         except TimeoutError:
-            best = _cheaper(best, policies(), budget)
-            if best is None:
-                raise SolverTimeoutError(
-                    f"no heuristic fits {human_bytes(budget)} and the exact model was not built "
-                    f"within {run.time_limit:g} s; raise the time limit (--time-limit) or the "
-                    "budget"
-                ) from None
-            return run.finish(best.schedule, "FEASIBLE", problem.total_cost, budget=budget)
+            return _without_model(
+                run,
+                _cheaper(best, policies(), budget),
+                budget,
+                f"the exact model was not built within {run.time_limit:g} s; raise the time "
+                "limit (--time-limit) or the budget",
+            )
         started = run.elapsed()
         # The policies (Python) are evaluated while HiGHS solves the LP on another core.
         lp, policy = _beside(partial(solve_relaxation, lm, LP_SHARE * run.remaining()), policies)
@@ -332,6 +330,14 @@ def _beside(
     if failure:
         raise failure[0]
     return result[0], value
+
+
+def _without_model(run: _Run, best: Member | None, budget: int, why: str) -> Schedule:
+    """The best heuristic, as "FEASIBLE" with the only bound known without the model (every node
+    computed once); SolverTimeoutError saying `why` when no heuristic fits."""
+    if best is None:
+        raise SolverTimeoutError(f"no heuristic fits {human_bytes(budget)} and {why}")
+    return run.finish(best.schedule, "FEASIBLE", run.problem.total_cost, budget=budget)
 
 
 def _search(run: _Run, lm: LinearModel, best: Member | None, budget: int) -> Schedule:
