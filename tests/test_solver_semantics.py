@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import random
 import time
+from unittest.mock import patch
 
 import networkx as nx
 import pytest
 from solver_strategies import uniform_chain
 
 import solver
+from solver import exact
 from solver.examples import chain, residual_demo, training_graph, uniform_training_chain
 from solver.io import graph_from_node_link, load_graph, save_graph
 
@@ -188,3 +190,20 @@ def test_the_time_limit_holds_while_the_model_is_built():
     assert time.perf_counter() - started < 3.0
     assert schedule.status == "FEASIBLE" and schedule.peak <= schedule.budget
     assert schedule.bound == solver.prepare(graph).total_cost
+
+
+def test_a_model_over_the_size_limit_returns_the_best_heuristic_or_says_why():
+    """Over exact.MAX_MODEL_VARIABLES the model is not built: the cheapest heuristic comes back
+    with the trivial bound, and without any heuristic the error names the model's size."""
+    graph = residual_demo(blocks=2)
+    problem = solver.prepare(graph)
+    with patch.object(exact, "MAX_MODEL_VARIABLES", 10):
+        schedule = solver.solve(graph, "80%", time_limit=10)
+        assert schedule.status == "FEASIBLE" and schedule.bound == problem.total_cost
+        assert schedule.peak <= schedule.budget
+        with (
+            patch.object(exact, "evict_within", lambda *_: None),
+            patch.object(exact, "cheapest_policy", lambda *_: None),
+            pytest.raises(solver.SolverTimeoutError, match=r"would have \d+ variables"),
+        ):
+            solver.solve(graph, "80%", time_limit=10)
