@@ -15,6 +15,10 @@ ProgressFn = Callable[[float, float, float], None]
 
 _OPEN = 2**62
 
+OVERRUN_PER_VARIABLE = 8e-6
+"""Seconds CP-SAT runs past its max_time_in_seconds per model variable, kept in hand so that the
+caller's time limit holds: random_layered n=250 (192k variables) stopped 1.6 s late."""
+
 
 def print_progress(seconds: float, objective: float, bound: float) -> None:
     """A ProgressFn that writes one line per improving solution to stderr."""
@@ -101,9 +105,9 @@ class CpSatModel:
             m.proto.solution_hint.vars.append(var)
             m.proto.solution_hint.values.append(value)
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(
-            0.01, time_limit - (time.perf_counter() - started)
-        )
+        left = time_limit - (time.perf_counter() - started)
+        overrun = min(OVERRUN_PER_VARIABLE * len(self.lm.names), 0.25 * left)
+        solver.parameters.max_time_in_seconds = max(0.01, left - overrun)
         solver.parameters.num_workers = workers
         # Linearising the memory constraints for the LP workers tightened the bound: VGG19 80%
         # proved in 16 s instead of 28 s, FCN8 80% in 17 s instead of 21 s (loaded machine).
