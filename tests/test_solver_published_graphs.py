@@ -45,10 +45,9 @@ def test_published_optimum_is_reproduced_and_proven(name, budget, optimum):
     assert solver.simulate(graph, schedule.ops).peak <= schedule.budget
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("budget", "optimum"), [("90%", 406110), ("80%", 406800)])
 def test_resnet50_optimum_is_reproduced_and_proven(budget, optimum):
-    """About 30 s (90%) and 40 s (80%) on 2 cores (see README); marked slow for the CI budget."""
+    """16-19 s (90%) and 29-36 s (80%) on 2 cores (see README)."""
     graph = _graph("ResNet50_256_224x224x3")
     schedule = solver.solve(graph, budget, time_limit=180)
     assert schedule.status == "OPTIMAL"
