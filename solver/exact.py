@@ -48,7 +48,7 @@ from solver.baselines import Member, cheapest_within, smallest_within
 from solver.budget import human_bytes, parse_budget, parse_compute_budget
 from solver.cpsat import CpSatModel, ProgressFn, print_progress
 from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeoutError
-from solver.eviction import evict_by_keep, evict_within
+from solver.eviction import evict_by_keep, evict_within, least_peak
 from solver.families import all_members, cheapest_policy
 from solver.formulation import LinearModel, build, hint_values, plan_from_values, variable_count
 from solver.graph import Problem, prepare
@@ -71,6 +71,10 @@ LP_REPEAT_SHARE = 0.1
 time: MobileNet at 90% (2 s LPs) reached the optimum 265 from 340 in three rounds in one
 measurement and stopped at 325 in another (each LP optimum is one of several); ResNet50's 12-15 s
 LPs are not repeated, its HiGHS probes find the optimum faster."""
+
+HEURISTIC_SHARE = 0.1
+"""Share of the time limit the least-peak eviction search (objective "memory") may take: each of
+its runs costs up to 1-8 s on random_layered n=1000."""
 
 MAX_MODEL_VARIABLES = 1_500_000
 """Largest stage model built. random_layered n=500 (0.93M variables) builds in about 10 s; at
@@ -521,7 +525,9 @@ def _solve_memory(run: _Run, compute_budget: float | None) -> Schedule:
             f"compute budget {compute_budget:g} is below {problem.total_cost:g}, the cost of "
             "computing every node once; no schedule can fit (use a budget >= 1.0x)"
         )
-    warm = smallest_within(all_members(problem), compute_budget)
+    heuristic_deadline = run.started + HEURISTIC_SHARE * run.time_limit
+    evicted = least_peak(problem, compute_budget, deadline=heuristic_deadline)
+    warm = smallest_within([*all_members(problem), *filter(None, [evicted])], compute_budget)
     # checkpoint-all always fits a compute budget >= the total cost
     assert warm is not None, "no baseline fits a compute budget above the total cost"
     lower = float(problem.memory_lower_bound)

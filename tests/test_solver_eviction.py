@@ -12,7 +12,7 @@ from solver_strategies import small_graphs
 
 import solver
 from solver.baselines import BASELINES, cheapest_within
-from solver.eviction import evict_by_keep, evict_within
+from solver.eviction import evict_by_keep, evict_within, least_peak
 from solver.io import load_graph
 from solver.simulate import simulate
 from solver.stages import checkpoint_all
@@ -82,3 +82,16 @@ def test_eviction_fits_random_layered_where_no_policy_does():
     policies = [m for family in BASELINES.values() for m in family(problem)]
     best_policy = cheapest_within(policies, budget)
     assert best_policy is None or best_policy.schedule.cost > 10 * member.schedule.cost
+
+
+@settings(max_examples=30)
+@given(small_graphs(max_nodes=8), st.one_of(st.none(), st.floats(min_value=1.0, max_value=3.0)))
+def test_the_least_peak_search_keeps_within_the_compute_budget(graph, factor):
+    """What the bisection returns fits the compute budget, and its peak is no higher than the
+    checkpoint-all peak (which every graph's eviction run reaches with no recomputation)."""
+    problem = solver.prepare(graph)
+    compute_budget = None if factor is None else factor * problem.total_cost
+    member = least_peak(problem, compute_budget)
+    _check_within(graph, problem, checkpoint_all(problem).peak, member)
+    if member is not None and compute_budget is not None:
+        assert member.schedule.cost <= compute_budget * (1 + 1e-12)
