@@ -12,6 +12,7 @@ from solver.errors import (
     ScheduleMismatchError,
     SolverTimeoutError,
 )
+from solver.eviction import evict
 from solver.exact import minimum_peak, solve
 from solver.graph import Problem, prepare
 from solver.schedule import Schedule
@@ -31,6 +32,7 @@ __all__ = [
     "SolverTimeoutError",
     "baseline",
     "checkpoint_all_peak",
+    "evict",
     "minimum_peak",
     "parse_budget",
     "parse_compute_budget",

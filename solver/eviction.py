@@ -22,8 +22,12 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+import networkx as nx
+
 from solver.baselines import Member, cheapest_within
-from solver.graph import Problem
+from solver.budget import parse_budget
+from solver.graph import Problem, prepare
+from solver.schedule import Schedule, make_schedule
 from solver.stages import checkpoint_all, plan_from_kept_sets, plan_to_ops
 
 
@@ -162,3 +166,21 @@ def least_peak(
         else:
             low = middle
     return best
+
+
+def evict(graph: nx.DiGraph, budget: int | str) -> Schedule | None:
+    """The eviction heuristic on `graph` within `budget` (bytes, or text like "80%" of the
+    checkpoint-all peak): its schedule, or None where every run gets stuck."""
+    problem = prepare(graph)
+    limit = parse_budget(budget, problem)
+    member = evict_within(problem, limit)
+    if member is None:
+        return None
+    return make_schedule(
+        graph,
+        problem,
+        member.schedule,
+        method="eviction",
+        budget=limit,
+        extra={"param": member.param},
+    )

@@ -13,6 +13,7 @@ from solver_strategies import small_graphs
 import solver
 from solver.baselines import BASELINES, cheapest_within
 from solver.eviction import evict_by_keep, evict_within, least_peak
+from solver.examples import residual_demo
 from solver.io import load_graph
 from solver.simulate import simulate
 from solver.stages import checkpoint_all
@@ -95,3 +96,11 @@ def test_the_least_peak_search_keeps_within_the_compute_budget(graph, factor):
     _check_within(graph, problem, checkpoint_all(problem).peak, member)
     if member is not None and compute_budget is not None:
         assert member.schedule.cost <= compute_budget * (1 + 1e-12)
+
+
+def test_evict_is_a_schedule_like_the_baselines():
+    graph = residual_demo(blocks=2)
+    schedule = solver.evict(graph, "80%")
+    assert schedule is not None and schedule.method == "eviction"
+    assert schedule.peak <= schedule.budget == solver.parse_budget("80%", solver.prepare(graph))
+    assert solver.simulate(graph, schedule.ops).valid
