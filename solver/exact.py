@@ -295,7 +295,7 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
             break  # the same model less a slack limit row: the same LP optimum and rounding
     if best is None or lp is None:
         return _search(run, lm, best, budget)
-    return _probe(run, lm, lp, best.plan, budget)
+    return _probe(run, lm, lp, best, budget)
 
 
 T = TypeVar("T")
@@ -375,7 +375,7 @@ def _search(run: _Run, lm: LinearModel, best: Member | None, budget: int) -> Sch
     return run.finish(best.schedule, "FEASIBLE", bound * run.unit + run.offset, budget=budget)
 
 
-def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget: int) -> Schedule:
+def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, best: Member, budget: int) -> Schedule:
     """Close the gap between the LP bound and the incumbent.
 
     Where the LP bound is within MIP_GAP of the incumbent on a large model, HiGHS's branch and
@@ -383,7 +383,7 @@ def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, plan: StagePlan, budget
     remains open (`_minimise`). `lm` holds the first incumbent and every better schedule, and
     each probe keeps every schedule within its cap, so all of this is exact.
     """
-    schedule = plan_to_ops(run.problem, plan)
+    plan, schedule = best.plan, best.schedule
     incumbent = _recompute_cost(run, schedule)
     lower = min(incumbent, math.ceil(lp.objective - 1e-6 * max(1.0, abs(lp.objective))))
     close = incumbent - lower <= MIP_GAP * incumbent
@@ -445,8 +445,9 @@ def _climb(
                 if not _fits(run, expanded, budget, cap):
                     go_on = False
                     continue
-                if _recompute_cost(run, expanded) < incumbent:
-                    plan, schedule, incumbent = found, expanded, _recompute_cost(run, expanded)
+                cost = _recompute_cost(run, expanded)
+                if cost < incumbent:
+                    plan, schedule, incumbent = found, expanded, cost
                 if result.status == "OPTIMAL":  # nothing cheaper within the cap, so nowhere
                     lower = max(lower, result.objective)
                     continue

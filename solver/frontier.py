@@ -67,10 +67,10 @@ def frontier(
                 points.append(FrontierPoint("exact", budget, None, None, "INFEASIBLE", None, 0.0))
             except SolverTimeoutError:
                 points.append(FrontierPoint("exact", budget, None, None, "TIMEOUT", None, 0.0))
-        per_budget = {"eviction": list(filter(None, [evict_within(problem, budget)]))}
-        for name, members in {**chosen, **per_budget}.items():
-            if name not in names:
-                continue
+        heuristics = dict(chosen)
+        if "eviction" in names:
+            heuristics["eviction"] = list(filter(None, [evict_within(problem, budget)]))
+        for name, members in heuristics.items():
             best = cheapest_within(members, budget)
             if best is None:
                 points.append(FrontierPoint(name, budget, None, None, "NO FIT", None, 0.0))
