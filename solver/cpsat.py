@@ -53,7 +53,9 @@ class CpSatModel:
         self._cap = -1  # index of the constraint objective <= cap
 
     def _translate(self, deadline: float) -> bool:
-        """Build the CP-SAT model; False when the deadline passes first.
+        """Build the CP-SAT model; False when the deadline passes first, or as soon as the rate
+        so far says it would (random_layered n=500, 3.8M rows, gave up after 19.6 s at the
+        deadline before; now as soon as that is clear).
 
         Rows go into the model's proto directly: through `add_linear_constraint` and linear
         expressions ResNet50's model took 5-9 s, this way 2.7 s (FCN8: 0.14 -> 0.10 s)."""
@@ -65,9 +67,12 @@ class CpSatModel:
             variable.domain.extend((lo, hi))
             variable.name = name
         constraints = proto.constraints
+        rows_started, total = time.perf_counter(), len(lm.rows)
         for count, (variables, coefs, lo, hi) in enumerate(lm.rows):
-            if count % 8192 == 0 and time.perf_counter() > deadline:
-                return False
+            if count % 8192 == 0:
+                now = time.perf_counter()
+                if now + (now - rows_started) * (total - count) / max(count, 1) > deadline:
+                    return False
             row = constraints.add().linear
             row.vars.extend(variables)
             row.coeffs.extend(coefs)

@@ -160,22 +160,22 @@ def _freeable(problem: Problem, t: int, k: int) -> tuple[int, ...]:
     return (*problem.preds[k], k) if k == t else problem.preds[k]
 
 
-def _computes(lm: LinearModel, t: int, nodes, sign: int = -1) -> list[tuple[int, int]]:
-    """(sign, R[t,j]) for each j of `nodes` that stage t may compute."""
-    return [(sign, lm.compute[t][j]) for j in nodes if j in lm.compute[t]]
+def _computes(lm: LinearModel, t: int, nodes) -> list[tuple[int, int]]:
+    """(-1, R[t,j]) for each j of `nodes` that stage t may compute."""
+    return [(-1, lm.compute[t][j]) for j in nodes if j in lm.compute[t]]
 
 
-def _kept(lm: LinearModel, t: int, i: int, sign: int) -> list[tuple[int, int]]:
-    """[(sign, S[t,i])], or [] where S[t,i] is absent (0)."""
-    return [(sign, lm.keep[t][i])] if i in lm.keep[t] else []
+def _kept(lm: LinearModel, t: int, i: int) -> list[tuple[int, int]]:
+    """[(-1, S[t,i])], or [] where S[t,i] is absent (0)."""
+    return [(-1, lm.keep[t][i])] if i in lm.keep[t] else []
 
 
 def _keep_needs_live(lm: LinearModel, t: int, i: int) -> None:  # (1)
-    lm.row([(1, lm.keep[t + 1][i]), *_kept(lm, t, i, -1), *_computes(lm, t, [i])], None, 0)
+    lm.row([(1, lm.keep[t + 1][i]), *_kept(lm, t, i), *_computes(lm, t, [i])], None, 0)
 
 
 def _inputs_live(lm: LinearModel, t: int, i: int, j: int) -> None:  # (2)
-    lm.row([(1, lm.compute[t][j]), *_kept(lm, t, i, -1), *_computes(lm, t, [i])], None, 0)
+    lm.row([(1, lm.compute[t][j]), *_kept(lm, t, i), *_computes(lm, t, [i])], None, 0)
 
 
 def _no_compute_of_live(lm: LinearModel, t: int, i: int) -> None:  # (3)
@@ -211,12 +211,12 @@ def _memory(lm: LinearModel, problem: Problem, t: int, budget: int | None, mem_c
 
 def _carried_values_are_used(lm: LinearModel, problem: Problem, t: int, i: int) -> None:  # (6)
     users = _computes(lm, t, [j for j in problem.succs[i] if j <= t])
-    lm.row([(1, lm.keep[t][i]), *_kept(lm, t + 1, i, -1), *users], None, 0)
+    lm.row([(1, lm.keep[t][i]), *_kept(lm, t + 1, i), *users], None, 0)
 
 
 def _recomputed_values_are_used(lm: LinearModel, problem: Problem, t: int, i: int) -> None:  # (7)
     users = _computes(lm, t, [j for j in problem.succs[i] if i < j <= t])
-    lm.row([(1, lm.compute[t][i]), *_kept(lm, t + 1, i, -1), *users], None, 0)
+    lm.row([(1, lm.compute[t][i]), *_kept(lm, t + 1, i), *users], None, 0)
 
 
 def _freed_at_most_once(lm: LinearModel, t: int) -> None:  # (8)
@@ -224,7 +224,7 @@ def _freed_at_most_once(lm: LinearModel, t: int) -> None:  # (8)
     for (i, _), f in lm.free[t].items():
         frees.setdefault(i, []).append((1, f))
     for i, terms in frees.items():
-        lm.row([*terms, *_kept(lm, t, i, -1), *_computes(lm, t, [i])], None, 0)
+        lm.row([*terms, *_kept(lm, t, i), *_computes(lm, t, [i])], None, 0)
 
 
 def variable_count(problem: Problem, int_cost: list[int], recompute_limit: int | None) -> int:
