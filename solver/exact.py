@@ -528,11 +528,15 @@ def _solve_memory(run: _Run, compute_budget: float | None) -> Schedule:
         )
     heuristic_deadline = run.started + HEURISTIC_SHARE * run.time_limit
     evicted = least_peak(problem, compute_budget, deadline=heuristic_deadline)
+    lower = float(problem.memory_lower_bound)
+    # A node with its inputs needs `lower` bytes in any schedule: an eviction run that peaks
+    # there is optimal, and the policies need not be evaluated (VGG19: 0.17 s).
+    if evicted is not None and evicted.schedule.peak <= lower:
+        return run.finish(evicted.schedule, "OPTIMAL", lower, compute_budget=compute_budget)
     warm = smallest_within([*all_members(problem), *filter(None, [evicted])], compute_budget)
     # checkpoint-all always fits a compute budget >= the total cost
     assert warm is not None, "no baseline fits a compute budget above the total cost"
-    lower = float(problem.memory_lower_bound)
-    if warm.schedule.peak <= lower:  # a node with its inputs needs this much in any schedule
+    if warm.schedule.peak <= lower:
         return run.finish(warm.schedule, "OPTIMAL", lower, compute_budget=compute_budget)
     recompute_limit = None
     if compute_budget is not None:
