@@ -68,6 +68,11 @@ class Problem:
         return math.fsum(self.cost)
 
     @cached_property
+    def last_user(self) -> tuple[int, ...]:
+        """Per node, its last user in solver order (the node itself when it has none)."""
+        return tuple(max(users, default=v) for v, users in enumerate(self.succs))
+
+    @cached_property
     def memory_lower_bound(self) -> int:
         """Bytes no schedule can go below: some node plus all of its inputs must be live at once."""
         return max(
