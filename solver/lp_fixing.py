@@ -136,8 +136,8 @@ def solve_relaxation(lm: LinearModel, time_limit: float) -> LpRelaxation | None:
     It is solved on `scaled_lp`'s scaling: reduced costs of the 0/1 variables are unchanged by
     it; values are mapped back. Devex pricing without presolve was the fastest setting measured
     (ResNet50 at 90% as the model was then, 217k variables: 11 s; OR-Tools' CLP 27 s, GLOP 47 s;
-    on ResNet50 at 80% the interior point method did 10 iterations in 120 s and PDLP ended 40 s
-    at a tenth of the optimum; OR-Tools' own HiGHS interface returns zero reduced costs, so
+    on ResNet50 at 80% the interior point method did 10 iterations in 120 s and PDLP was at 5-7%
+    of the optimum after 40 s; OR-Tools' own HiGHS interface returns zero reduced costs, so
     HiGHS is called through highspy).
     """
     started = time.perf_counter()
