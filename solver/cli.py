@@ -14,7 +14,7 @@ import networkx as nx
 
 from solver.baselines import BASELINES, Member, cheapest_within, smallest_within
 from solver.budget import checkpoint_all_peak, human_bytes, parse_budget, parse_compute_budget
-from solver.eviction import evict_within
+from solver.eviction import eviction_runs
 from solver.exact import solve
 from solver.graph import Problem, prepare
 
@@ -144,5 +144,5 @@ def _heuristics(objective: str, budget: int | None) -> dict[str, Callable[[Probl
         return dict(BASELINES)
     return {
         **BASELINES,
-        "eviction": lambda problem: list(filter(None, [evict_within(problem, budget)])),
+        "eviction": lambda problem: eviction_runs(problem, budget),
     }

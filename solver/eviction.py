@@ -98,7 +98,7 @@ def _run(problem: Problem, budget: int, choose: Chooser, param: str) -> Member |
                 candidates = [v for v in live if not reads.get(v)]
                 if not candidates:
                     return None
-                unread = [v for v in candidates if max(problem.succs[v], default=t) <= t]
+                unread = [v for v in candidates if problem.last_user[v] <= t]
                 if unread:
                     victim = max(unread, key=lambda v: (mem[v], -v))
                 else:
@@ -115,15 +115,20 @@ def _run(problem: Problem, budget: int, choose: Chooser, param: str) -> Member |
     return Member(param, plan, plan_to_ops(problem, plan))
 
 
-def evict_within(problem: Problem, budget: int) -> Member | None:
-    """The cheapest of the eviction runs at `budget` bytes (one per DISTANCE_EXPONENTS; each peak
-    is at most the budget), or None when all get stuck. O(n * (V + E) * evictions per stage)
-    per run."""
+def eviction_runs(problem: Problem, budget: int) -> list[Member]:
+    """The eviction runs at `budget` bytes that do not get stuck, one per DISTANCE_EXPONENTS
+    (each peak is at most the budget): the heuristic as a family, for the tables that list it
+    beside the baselines. O(n * (V + E) * evictions per stage) per run."""
     runs = [
         _run(problem, budget, _by_distance(problem, e), f"budget={budget},e={e:g}")
         for e in DISTANCE_EXPONENTS
     ]
-    return cheapest_within(filter(None, runs), budget)
+    return [run for run in runs if run is not None]
+
+
+def evict_within(problem: Problem, budget: int) -> Member | None:
+    """The cheapest of `eviction_runs` at `budget` bytes, or None when all get stuck."""
+    return cheapest_within(eviction_runs(problem, budget), budget)
 
 
 def evict_by_keep(

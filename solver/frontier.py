@@ -9,7 +9,7 @@ import networkx as nx
 from solver.baselines import cheapest_within
 from solver.budget import parse_budget
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
-from solver.eviction import evict_within
+from solver.eviction import eviction_runs
 from solver.exact import solve
 from solver.families import families
 from solver.graph import prepare
@@ -69,7 +69,7 @@ def frontier(
                 points.append(FrontierPoint("exact", budget, None, None, "TIMEOUT", None, 0.0))
         heuristics = dict(chosen)
         if "eviction" in names:
-            heuristics["eviction"] = list(filter(None, [evict_within(problem, budget)]))
+            heuristics["eviction"] = eviction_runs(problem, budget)
         for name, members in heuristics.items():
             best = cheapest_within(members, budget)
             if best is None:
