@@ -47,7 +47,7 @@ def test_published_optimum_is_reproduced_and_proven(name, budget, optimum):
 
 @pytest.mark.parametrize(("budget", "optimum"), [("90%", 406110), ("80%", 406800)])
 def test_resnet50_optimum_is_reproduced_and_proven(budget, optimum):
-    """16-19 s (90%) and 29-36 s (80%) on 2 cores (see README)."""
+    """13-17 s (90%) and 14-27 s (80%) on 2 cores (see README)."""
     graph = _graph("ResNet50_256_224x224x3")
     schedule = solver.solve(graph, budget, time_limit=180)
     assert schedule.status == "OPTIMAL"
