@@ -37,7 +37,19 @@ where that user can be read, recursively (`_last_reads`); later S and R are left
 ResNet50 at 80% this removes 27k of 62k S and 17k of 51k R variables. F[t,i,k] is left out
 where (4) makes it 0: i is an input of node t and k < t, or i is never recomputed and a later
 stage reads it (FCN8 at 80%: 6205 -> 5745 variables). The positions k of (4) and (5) are only
-the nodes stage t may compute. The model is plain data (`LinearModel`): CP-SAT
+the nodes stage t may compute.
+
+The moment relaxation (`build(..., first_stage=f, moment_stages=range(f, n))`) keeps (1)-(3),
+(6) and (7) for the stages from f on only, leaves the live set when stage f begins free, and
+replaces (4), (5) and (8) (no F, no U) by the memory at each stage's own node, which eager frees
+make linear:
+
+    (5') mem_t + sum_{p in preds(t)} mem_p + sum_{i < t, i not in preds(t)} mem_i S[t+1,i] <= budget
+
+(a value kept into stage t + 1 is live when node t is computed, and so are t's inputs). Every
+plan of the model above satisfies it, so its optimum is a lower bound on the schedules' cost;
+`solver.stages.complete_prefix` turns its solution into a plan, optimal when that plan fits
+the budget (`solver.exact` checks it). The model is plain data (`LinearModel`): CP-SAT
 (`solver.cpsat`) and HiGHS's branch and cut (`solver.mip`) solve it, and its LP relaxation gives
 bounds and reduced costs for variable fixing.
 """
@@ -45,6 +57,7 @@ bounds and reduced costs for variable fixing.
 from __future__ import annotations
 
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from solver.graph import Problem
@@ -70,6 +83,7 @@ class LinearModel:
     levels: list[dict[int, int]] = field(default_factory=list)
     recompute_cost: dict[int, int] = field(default_factory=dict)
     peak: int | None = None
+    first_stage: int = 0
 
     def var(self, name: str, lower: int, upper: int, integral: bool = True) -> int:
         """Add a variable and return its index."""
@@ -122,21 +136,27 @@ def _last_reads(problem: Problem, recomputable: list[bool]) -> list[int]:
 
 
 def _variables(
-    lm: LinearModel, problem: Problem, budget: int | None, mem_cap: int, recomputable: list[bool]
+    lm: LinearModel,
+    problem: Problem,
+    budget: int | None,
+    mem_cap: int,
+    recomputable: list[bool],
+    moment_stages: Container[int],
 ) -> None:
     """R[t,i] only for recomputable nodes and S[t,i] only for values, both only while the value
-    can still be read (`_last_reads`); an absent R or S is 0. A value that is never recomputed
-    is live from its computation to its last user ((1), (2) and (6) force it)."""
-    n = problem.n
+    can still be read (`_last_reads`) and only from `lm.first_stage` on; an absent R or S is 0.
+    A value that is never recomputed is live from its computation to its last user ((1), (2)
+    and (6) force it). F only where (4) needs it, and not in moment_stages."""
+    n, first = problem.n, lm.first_stage
     one = lm.var("one", 1, 1)
     last_read = _last_reads(problem, recomputable)
-    lm.compute = [
+    lm.compute = [{} for _ in range(first)] + [
         {i: lm.var(f"R[{t},{i}]", 0, 1) for i in range(t) if recomputable[i] and t <= last_read[i]}
         | {t: one}
-        for t in range(n)
+        for t in range(first, n)
     ]
-    lm.keep = []
-    for t in range(n):
+    lm.keep = [{} for _ in range(first)]
+    for t in range(first, n):
         stage = {}
         for i in range(t):
             if t <= last_read[i]:
@@ -150,8 +170,11 @@ def _variables(
             for k in lm.compute[t]
             for i in _freeable(problem, recomputable, t, k)
         }
+        if t not in moment_stages
+        else {}
         for t in range(n)
     ]
+    lm.levels = [{} for _ in range(first)]
     if budget is None:
         lm.peak = lm.var("peak", problem.memory_lower_bound, mem_cap)
 
@@ -224,6 +247,19 @@ def _memory(lm: LinearModel, problem: Problem, t: int, budget: int | None, mem_c
         previous = [(1, level)] + [(-problem.mem[i], f) for i, f in frees.get(k, [])]
 
 
+def _moment_memory(lm: LinearModel, problem: Problem, t: int, budget: int) -> None:  # (5')
+    inputs = set(problem.preds[t])
+    fixed = problem.mem[t] + sum(problem.mem[p] for p in inputs)
+    terms = []
+    for i, var in lm.keep[t + 1].items():
+        if i < t and i not in inputs:
+            if lm.lower[var] == 1:
+                fixed += problem.mem[i]
+            else:
+                terms.append((problem.mem[i], var))
+    lm.row(terms, None, budget - fixed)
+
+
 def _frees_after(lm: LinearModel, t: int) -> dict[int, list[tuple[int, int]]]:
     """Stage t's F variables by the node k they follow: k -> [(i, F[t,i,k])]."""
     out: dict[int, list[tuple[int, int]]] = {}
@@ -281,9 +317,17 @@ def build(
     int_cost: list[int],
     recompute_limit: int | None = None,
     deadline: float | None = None,
+    *,
+    first_stage: int = 0,
+    moment_stages: Container[int] = (),
 ) -> LinearModel:
     """The model for a memory budget in bytes (objective cost) or, with budget None, for the least
     peak (objective memory).
+
+    first_stage > 0 leaves out the stages before it (the live set when it begins is free), and
+    the stages in moment_stages have their memory bounded at their own node only ((5'), objective
+    cost only): a relaxation (module docstring), whose solutions complete into plans
+    (`solver.stages.complete_prefix`) that must still be checked against the budget.
 
     recompute_limit (model units) restricts it to schedules whose recompute cost is at most that:
     a node costing more is never recomputed, so its R variables, the frees and memory levels
@@ -293,11 +337,13 @@ def build(
     Raises TimeoutError when `time.perf_counter()` passes `deadline` (seconds) before the model
     is complete (random_layered n=500, 0.93M variables, takes 10-15 s).
     """
-    lm = LinearModel()
+    if moment_stages and budget is None:
+        raise ValueError("the moment relaxation bounds memory by a budget: pass one")
+    lm = LinearModel(first_stage=first_stage)
     mem_cap = sum(problem.mem)
     recomputable = _recomputable(int_cost, recompute_limit)
-    _variables(lm, problem, budget, mem_cap, recomputable)
-    for t in range(problem.n):
+    _variables(lm, problem, budget, mem_cap, recomputable, moment_stages)
+    for t in range(first_stage, problem.n):
         if deadline is not None and time.perf_counter() > deadline:
             raise TimeoutError(
                 f"the model was not built by the deadline (stage {t} of {problem.n})"
@@ -315,6 +361,11 @@ def build(
         for j in lm.compute[t]:
             for i in problem.preds[j]:
                 _inputs_live(lm, t, i, j)
+        if t in moment_stages:
+            assert budget is not None
+            _moment_memory(lm, problem, t, budget)
+            lm.levels.append({})
+            continue
         _free_after_last_use(lm, problem, t)
         _freed_at_most_once(lm, t)
         _memory(lm, problem, t, budget, mem_cap)

@@ -34,18 +34,20 @@ class StagePlan:
 
 @dataclass(frozen=True)
 class IndexedSchedule:
-    """Ops over node indices with the peak (bytes) and cost they give, computed on the fly."""
+    """Ops over node indices with the peak (bytes) and cost they give, computed on the fly;
+    stage_peaks: the peak of each stage of the plan they came from (bytes)."""
 
     ops: tuple[tuple[str, int], ...]
     peak: int
     cost: float
+    stage_peaks: tuple[int, ...] = ()
 
 
 def plan_to_ops(problem: Problem, plan: StagePlan) -> IndexedSchedule:
     """Expand a plan into compute/free ops with eager frees; O(total ops * in-degree)."""
     ops: list[tuple[str, int]] = []
     live_bytes = 0
-    peak = 0
+    stage_peaks: list[int] = []
     cost = 0.0
     for t, stage in enumerate(plan.computed):
         carried = plan.kept[t]
@@ -59,17 +61,18 @@ def plan_to_ops(problem: Problem, plan: StagePlan) -> IndexedSchedule:
             if i not in last_use and i not in keep_next:
                 ops.append(("free", i))
                 live_bytes -= problem.mem[i]
+        stage_peaks.append(0)
         for k in stage:
             ops.append(("compute", k))
             live_bytes += problem.mem[k]
-            peak = max(peak, live_bytes)
+            stage_peaks[t] = max(stage_peaks[t], live_bytes)
             cost += problem.cost[k]
             for i in (*problem.preds[k], k):
                 if last_use.get(i) == k and i not in keep_next:
                     ops.append(("free", i))
                     live_bytes -= problem.mem[i]
                     last_use[i] = -1  # freed once even if i appears twice in the list
-    return IndexedSchedule(tuple(ops), peak, cost)
+    return IndexedSchedule(tuple(ops), max(stage_peaks, default=0), cost, tuple(stage_peaks))
 
 
 def plan_from_keep(
@@ -168,6 +171,42 @@ def plan_from_kept_sets(problem: Problem, wanted: Sequence[Iterable[int]]) -> St
     stage needs that is not kept is recomputed in it."""
     first = _complete(problem, [frozenset(w) for w in wanted])
     return _complete(problem, _drop_unread(problem, first))
+
+
+def complete_prefix(problem: Problem, plan: StagePlan, first_stage: int) -> StagePlan:
+    """`plan` with its stages before `first_stage` replaced by a pass without recomputation:
+    stage t < first_stage computes t alone and keeps each earlier value that a stage before
+    first_stage reads or that plan.kept[first_stage] holds (the moment relaxation's solutions
+    leave those stages empty, `solver.formulation`)."""
+    carried = plan.kept[first_stage]
+    computed = [(t,) for t in range(first_stage)]
+    kept = [
+        frozenset(
+            i
+            for i in range(t)
+            if i in carried or any(t <= j < first_stage for j in problem.succs[i])
+        )
+        for t in range(first_stage)
+    ]
+    return StagePlan((*computed, *plan.computed[first_stage:]), (*kept, *plan.kept[first_stage:]))
+
+
+def first_tight_stage(problem: Problem, budget: int) -> int | None:
+    """The first stage whose own node does not fit the budget in `checkpoint_all` (each value
+    live from its computation to its last user), None when every stage fits. O(n + edges)."""
+    crossing = [0] * (problem.n + 1)  # bytes of values i with i < t < last_user[i], by t
+    for i, last in enumerate(problem.last_user):
+        if last > i + 1:
+            crossing[i + 1] += problem.mem[i]
+            crossing[last] -= problem.mem[i]
+    live = 0
+    for t in range(problem.n):
+        live += crossing[t]
+        inputs = set(problem.preds[t])
+        through = sum(problem.mem[p] for p in inputs if problem.last_user[p] > t)
+        if problem.mem[t] + sum(problem.mem[p] for p in inputs) + live - through > budget:
+            return t
+    return None
 
 
 def checkpoint_all(problem: Problem) -> IndexedSchedule:
