@@ -343,10 +343,11 @@ def _relax(
     problem = run.problem
     exact_stages: set[int] = set()
     while run.remaining() > 0.01:
-        moments = [t for t in range(first, problem.n) if t not in exact_stages]
-        lm = build(problem, budget, run.int_cost, limit, first_stage=first, moment_stages=moments)
-        if len(lm.names) > MOMENT_MAX_VARIABLES:
+        moments = frozenset(range(first, problem.n)) - exact_stages
+        shape = {"first_stage": first, "moment_stages": moments}
+        if variable_count(problem, run.int_cost, limit, **shape) > MOMENT_MAX_VARIABLES:
             break
+        lm = build(problem, budget, run.int_cost, limit, **shape)
         result = CpSatModel(lm).solve(
             time_limit=run.remaining(),
             workers=run.workers,

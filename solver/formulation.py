@@ -298,16 +298,25 @@ def _free_count(problem: Problem, recomputable: list[bool], t: int, positions: l
     return sum(len(problem.preds[k]) for k in positions) + 1 - len(left_out)
 
 
-def variable_count(problem: Problem, int_cost: list[int], recompute_limit: int | None) -> int:
-    """How many variables `build` creates, counted without building (O(n^2))."""
+def variable_count(
+    problem: Problem,
+    int_cost: list[int],
+    recompute_limit: int | None,
+    *,
+    first_stage: int = 0,
+    moment_stages: Container[int] = (),
+) -> int:
+    """How many variables `build` creates with the same arguments, counted without building
+    (O(n^2))."""
     recomputable = _recomputable(int_cost, recompute_limit)
     last_read = _last_reads(problem, recomputable)
     total = 1
-    for t in range(problem.n):
+    for t in range(first_stage, problem.n):
         readable = [i for i in range(t) if t <= last_read[i]]
         positions = [k for k in readable if recomputable[k]] + [t]
-        frees = _free_count(problem, recomputable, t, positions)
-        total += (len(positions) - 1) + len(readable) + frees + len(positions)
+        total += (len(positions) - 1) + len(readable)
+        if t not in moment_stages:
+            total += _free_count(problem, recomputable, t, positions) + len(positions)
     return total
 
 

@@ -53,12 +53,24 @@ def test_fixing_at_the_optimum_keeps_the_optimum(engine, graph):
 
 
 @settings(max_examples=30)
-@given(small_graphs(max_nodes=8), st.one_of(st.none(), st.integers(min_value=0, max_value=6)))
-def test_variable_count_is_the_size_of_the_built_model(graph, limit):
+@given(
+    small_graphs(max_nodes=8),
+    st.one_of(st.none(), st.integers(min_value=0, max_value=6)),
+    st.integers(min_value=0, max_value=8),
+    st.sets(st.integers(min_value=0, max_value=8)),
+)
+def test_variable_count_is_the_size_of_the_built_model(graph, limit, first, moments):
+    """The stage model, and relaxations from a first stage with some stages bounded at their
+    own node only."""
     problem = solver.prepare(graph)
     int_cost, _ = integer_costs(problem)
-    built = build(problem, solver.checkpoint_all_peak(problem), int_cost, limit)
-    assert variable_count(problem, int_cost, limit) == len(built.names)
+    budget = solver.checkpoint_all_peak(problem)
+    stage_model = build(problem, budget, int_cost, limit)
+    assert variable_count(problem, int_cost, limit) == len(stage_model.names)
+    first = min(first, problem.n)
+    shape = {"first_stage": first, "moment_stages": moments}
+    built = build(problem, budget, int_cost, limit, **shape)
+    assert variable_count(problem, int_cost, limit, **shape) == len(built.names)
 
 
 @settings(max_examples=30)
