@@ -53,7 +53,7 @@ def test_first_tight_stage_is_where_checkpoint_all_first_exceeds_the_budget(grap
         assert first_tight_stage(problem, budget) == (over[0] if over else None)
 
 
-@settings(max_examples=20)
+@settings(max_examples=12)
 @given(st.one_of(small_graphs(max_nodes=6), training_graphs(forward_nodes=4)))
 def test_moment_relaxation_bounds_the_optimum_and_its_fitting_plans_are_optimal(graph):
     """From stage 0 and from the first tight stage: the relaxation's optimum is at most the
@@ -83,7 +83,7 @@ def test_moment_relaxation_bounds_the_optimum_and_its_fitting_plans_are_optimal(
                 assert schedule.cost == expected
 
 
-@settings(max_examples=20)
+@settings(max_examples=12)
 @given(st.one_of(small_graphs(max_nodes=6), training_graphs(forward_nodes=4)))
 def test_solving_through_the_moment_phase_reaches_the_exhaustive_optimum(graph):
     """With the phase forced on every graph, the solver's answer is the exhaustive optimum: a
