@@ -62,7 +62,6 @@ from solver.stages import (
     StagePlan,
     checkpoint_all,
     complete_prefix,
-    first_tight_stage,
     plan_to_ops,
 )
 
@@ -271,8 +270,8 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
     if best is None:
         best, policies = policies(), _no_member
     limit = None if best is None else _recompute_cost(run, best.schedule)
-    first = first_tight_stage(problem, budget)
-    assert first is not None, "checkpoint-all exceeds the budget at some stage's own node"
+    # Each stage of checkpoint-all computes only its own node: the first stage over the budget.
+    first = min(t for t, peak in enumerate(everything.stage_peaks) if peak > budget)
     if first >= MOMENT_LATE_SHARE * problem.n:
         best = _relax(run, first, limit, best, budget)
         if best is not None and run.floor >= _recompute_cost(run, best.schedule):

@@ -191,24 +191,6 @@ def complete_prefix(problem: Problem, plan: StagePlan, first_stage: int) -> Stag
     return StagePlan((*computed, *plan.computed[first_stage:]), (*kept, *plan.kept[first_stage:]))
 
 
-def first_tight_stage(problem: Problem, budget: int) -> int | None:
-    """The first stage whose own node does not fit the budget in `checkpoint_all` (each value
-    live from its computation to its last user), None when every stage fits. O(n + edges)."""
-    crossing = [0] * (problem.n + 1)  # bytes of values i with i < t < last_user[i], by t
-    for i, last in enumerate(problem.last_user):
-        if last > i + 1:
-            crossing[i + 1] += problem.mem[i]
-            crossing[last] -= problem.mem[i]
-    live = 0
-    for t in range(problem.n):
-        live += crossing[t]
-        inputs = set(problem.preds[t])
-        through = sum(problem.mem[p] for p in inputs if problem.last_user[p] > t)
-        if problem.mem[t] + sum(problem.mem[p] for p in inputs) + live - through > budget:
-            return t
-    return None
-
-
 def checkpoint_all(problem: Problem) -> IndexedSchedule:
     """Every node once, in order, each freed after its last user: no recomputation."""
     return plan_to_ops(problem, plan_from_keep(problem, range(problem.n)))

@@ -20,7 +20,7 @@ from solver.exact import integer_costs
 from solver.examples import training_graph
 from solver.formulation import build, plan_from_values
 from solver.io import load_graph
-from solver.stages import checkpoint_all, complete_prefix, first_tight_stage, plan_to_ops
+from solver.stages import checkpoint_all, complete_prefix, plan_to_ops
 
 GRAPHS = Path(__file__).resolve().parents[2] / "shared" / "graphs"
 
@@ -43,14 +43,18 @@ def _moment_memories(problem) -> list[int]:
     return at
 
 
+def _first_tight_stage(problem, budget: int) -> int:
+    """The first stage over the budget in checkpoint-all, as `solver.exact` finds it."""
+    return min(t for t, peak in enumerate(checkpoint_all(problem).stage_peaks) if peak > budget)
+
+
 @settings(max_examples=40)
 @given(small_graphs(max_nodes=6))
-def test_first_tight_stage_is_where_checkpoint_all_first_exceeds_the_budget(graph):
+def test_checkpoint_all_stage_peaks_are_the_bytes_live_at_each_node(graph):
+    """Its stage peaks, which `solver.exact` reads the first stage over a budget from, are the
+    bytes live when each node is computed, read off its ops."""
     problem = solver.prepare(graph)
-    memories = _moment_memories(problem)
-    for budget in {*memories, *(m - 1 for m in memories)}:
-        over = [t for t, m in enumerate(memories) if m > budget]
-        assert first_tight_stage(problem, budget) == (over[0] if over else None)
+    assert list(checkpoint_all(problem).stage_peaks) == _moment_memories(problem)
 
 
 @settings(max_examples=12)
@@ -64,7 +68,7 @@ def test_moment_relaxation_bounds_the_optimum_and_its_fitting_plans_are_optimal(
     frontier = stage_space_frontier(graph)
     for budget in _tight_budgets(problem):
         expected = min_cost_within(frontier, budget)
-        for first in {0, first_tight_stage(problem, budget)}:
+        for first in {0, _first_tight_stage(problem, budget)}:
             stages = range(first, problem.n)
             lm = build(problem, budget, int_cost, first_stage=first, moment_stages=stages)
             result = CpSatModel(lm).solve(time_limit=30, workers=8)
