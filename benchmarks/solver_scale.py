@@ -6,8 +6,8 @@ with baseline ratios.
 For every row: the budget in bytes, status (OPTIMAL = proven), the optimal (or best) cost, the
 certified gap, the wall time of `solver.solve` (seconds, one run: these are proofs, not
 micro-benchmarks) and each baseline's cost relative to that cost ("NO FIT" where it cannot
-meet the budget), the eviction heuristic's (`solver.eviction`, the solver's usual warm start)
-included. Checkmate's Table 2 reports AP sqrt(n) at 1.14-1.54x and greedy at 1.06-1.39x
+meet the budget), the heuristics run at the budget (`solver.warm_start.BUDGETED`: eviction and
+the backward search, the solver's warm starts) included. Checkmate's Table 2 reports AP sqrt(n) at 1.14-1.54x and greedy at 1.06-1.39x
 of optimal on these graphs. The demo rows capture the op-level graphs of graph_capture's demo
 models (FLOP costs, one thread, so the costs are the same on every run).
 """
@@ -23,8 +23,8 @@ import networkx as nx
 import solver
 from benchmarks.common import GRAPHS_DIR, Row, write_table
 from solver.baselines import BASELINES, cheapest_within
-from solver.eviction import eviction_runs
 from solver.io import load_graph
+from solver.warm_start import BUDGETED
 
 PUBLISHED: dict[str, tuple[str, tuple[str, ...]]] = {
     "vgg16": ("VGG16_256_224x224x3_train_nx", ("90%", "80%", "70%", "min")),
@@ -98,7 +98,7 @@ def solve_row(label: str, graph: nx.DiGraph, budget_text: str, time_limit: float
         seconds=round(time.perf_counter() - start, 2),
     )
     heuristics = {name: family(problem) for name, family in BASELINES.items()}
-    heuristics["eviction"] = eviction_runs(problem, budget)
+    heuristics.update({name: runs(problem, budget) for name, runs in BUDGETED.items()})
     for name, members in heuristics.items():
         best = cheapest_within(members, budget)
         row[name] = "NO FIT" if best is None else round(best.schedule.cost / schedule.cost, 4)

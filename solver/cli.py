@@ -9,14 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from functools import partial
 
 import networkx as nx
 
 from solver.baselines import BASELINES, Member, cheapest_within, smallest_within
 from solver.budget import checkpoint_all_peak, human_bytes, parse_budget, parse_compute_budget
-from solver.eviction import eviction_runs
 from solver.exact import solve
 from solver.graph import Problem, prepare
+from solver.warm_start import BUDGETED
 
 
 def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,10 +140,11 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph) -> int:
 
 def _heuristics(objective: str, budget: int | None) -> dict[str, Callable[[Problem], list[Member]]]:
     """The table's heuristic rows: every baseline family, and for objective "cost" under a
-    budget the eviction heuristic run at that budget (it has no meaning without one)."""
+    budget the heuristics run at that budget (eviction, backward search; they have no meaning
+    without one)."""
     if objective != "cost" or budget is None:
         return dict(BASELINES)
     return {
         **BASELINES,
-        "eviction": lambda problem: eviction_runs(problem, budget),
+        **{name: partial(runs, budget=budget) for name, runs in BUDGETED.items()},
     }

@@ -19,7 +19,6 @@ this one 1.01x.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 
 import networkx as nx
@@ -28,7 +27,7 @@ from solver.baselines import Member, cheapest_within
 from solver.budget import parse_budget
 from solver.graph import Problem, prepare
 from solver.schedule import Schedule, make_schedule
-from solver.stages import checkpoint_all, plan_from_kept_sets, plan_to_ops
+from solver.stages import plan_from_kept_sets, plan_to_ops
 
 
 def _stage(problem: Problem, t: int, live: set[int]) -> list[int]:
@@ -145,42 +144,6 @@ def evict_by_keep(
         return min(candidates, key=lambda v: (following.get(v, 0.0), -problem.mem[v], v))
 
     return _run(problem, budget, choose, f"budget={budget},lp")
-
-
-def least_peak(
-    problem: Problem, compute_budget: float | None = None, deadline: float | None = None
-) -> Member | None:
-    """The eviction run of least peak: one at the one-line bound when it fits (VGG), else found
-    by bisecting the byte budget between that bound and the checkpoint-all peak (to a
-    thousandth of that peak), among runs whose cost is
-    within `compute_budget` (None: any); None when no run qualifies. Stops early when
-    `time.perf_counter()` passes `deadline`. A run that fits a budget need not fit every larger
-    one, so this is a heuristic search: it keeps the best run it saw. On the op-level demo graphs
-    it reached 18.5% / 32.7% of the checkpoint-all peak (gpt / resnet) where the best policy
-    reaches 22.3% / 37.2%, in 0.8 s / 0.3 s."""
-    low, high = problem.memory_lower_bound, checkpoint_all(problem).peak
-
-    def fitting(budget: int) -> Member | None:
-        member = evict_within(problem, budget)
-        if member is None or (
-            compute_budget is not None and member.schedule.cost > compute_budget * (1 + 1e-12)
-        ):
-            return None
-        return member
-
-    best = fitting(low)
-    if best is not None:  # nothing peaks lower than the one-line bound
-        return best
-    while high - low > max(1, high // 1000):
-        if deadline is not None and time.perf_counter() > deadline:
-            break
-        middle = (low + high) // 2
-        member = fitting(middle)
-        if member is not None:
-            best, high = member, middle
-        else:
-            low = middle
-    return best
 
 
 def evict(graph: nx.DiGraph, budget: int | str) -> Schedule | None:

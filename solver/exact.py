@@ -48,7 +48,7 @@ from solver.baselines import Member, cheapest_within, smallest_within
 from solver.budget import human_bytes, parse_budget, parse_compute_budget
 from solver.cpsat import CpSatModel, ProgressFn, print_progress
 from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeoutError
-from solver.eviction import evict_by_keep, evict_within, least_peak
+from solver.eviction import evict_by_keep
 from solver.families import all_members, cheapest_policy
 from solver.formulation import LinearModel, build, hint_values, plan_from_values, variable_count
 from solver.graph import Problem, prepare
@@ -64,6 +64,7 @@ from solver.stages import (
     complete_prefix,
     plan_to_ops,
 )
+from solver.warm_start import best_heuristic, least_peak
 
 LP_SHARE = 0.5
 """Most of the remaining time limit one LP relaxation may take before CP-SAT starts."""
@@ -79,8 +80,9 @@ measurement and stopped at 325 in another (each LP optimum is one of several); R
 LPs are not repeated, its HiGHS probes find the optimum faster."""
 
 HEURISTIC_SHARE = 0.1
-"""Share of the time limit the least-peak eviction search (objective "memory") may take: each of
-its runs costs up to 1-8 s on random_layered n=1000."""
+"""Share of the time limit the warm-start heuristics may take: the backward searches at a budget
+(objective "cost"; up to 1-4 s each where they find nothing) and the least-peak search
+(objective "memory"; each of its eviction runs costs up to 1-8 s on random_layered n=1000)."""
 
 MAX_MODEL_VARIABLES = 1_500_000
 """Largest stage model built. random_layered n=500 (0.93M variables) builds in about 10 s; at
@@ -265,7 +267,7 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
         return run.finish(everything, "OPTIMAL", problem.total_cost, budget=budget)
     if budget < problem.memory_lower_bound:
         _raise_infeasible(run, budget)
-    best = evict_within(problem, budget)
+    best = best_heuristic(problem, budget, run.started + HEURISTIC_SHARE * run.time_limit)
     policies: Callable[[], Member | None] = partial(cheapest_policy, problem, budget)
     if best is None:
         best, policies = policies(), _no_member
@@ -273,7 +275,9 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
     # Each stage of checkpoint-all computes only its own node: the first stage over the budget.
     first = min(t for t, peak in enumerate(everything.stage_peaks) if peak > budget)
     if first >= MOMENT_LATE_SHARE * problem.n:
-        best = _relax(run, first, limit, best, budget)
+        # The policies (Python) are evaluated while CP-SAT solves the relaxation.
+        best, policy = _beside(partial(_relax, run, first, limit, best, budget), policies)
+        best, policies = _cheaper(best, policy, budget), _no_member
         if best is not None and run.floor >= _recompute_cost(run, best.schedule):
             return run.finish(best.schedule, "OPTIMAL", best.schedule.cost, budget=budget)
         limit = None if best is None else _recompute_cost(run, best.schedule)
@@ -378,6 +382,7 @@ def _relax(
 
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 def _no_member() -> Member | None:
@@ -389,13 +394,11 @@ def _cheaper(a: Member | None, b: Member | None, budget: int) -> Member | None:
     return cheapest_within(filter(None, [a, b]), budget)
 
 
-def _beside(
-    task: Callable[[], LpRelaxation | None], work: Callable[[], T]
-) -> tuple[LpRelaxation | None, T]:
-    """`task` (an LP solve, which spends its time in HiGHS outside Python's lock) on a second
-    thread while `work` runs on this one; both results. ResNet50's policies take 1-1.6 s, its LP
-    12-20 s."""
-    result: list[LpRelaxation | None] = []
+def _beside(task: Callable[[], R], work: Callable[[], T]) -> tuple[R, T]:
+    """`task` (a solve that spends its time in HiGHS or CP-SAT, outside Python's lock) on a
+    second thread while `work` runs on this one; both results. ResNet50's policies take 1-1.6 s,
+    its LP 12-20 s; random_layered n=250's policies 6 s."""
+    result: list[R] = []
     failure: list[BaseException] = []
 
     def run_task() -> None:

@@ -348,6 +348,8 @@ def build(
     """
     if moment_stages and budget is None:
         raise ValueError("the moment relaxation bounds memory by a budget: pass one")
+    if deadline is not None and time.perf_counter() > deadline:
+        raise TimeoutError("the deadline passed before the model was begun")
     lm = LinearModel(first_stage=first_stage)
     mem_cap = sum(problem.mem)
     recomputable = _recomputable(int_cost, recompute_limit)

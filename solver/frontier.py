@@ -9,10 +9,10 @@ import networkx as nx
 from solver.baselines import cheapest_within
 from solver.budget import parse_budget
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
-from solver.eviction import eviction_runs
 from solver.exact import solve
 from solver.families import families
 from solver.graph import prepare
+from solver.warm_start import BUDGETED
 
 
 @dataclass(frozen=True)
@@ -42,15 +42,16 @@ def frontier(
     """Solve every budget with the exact solver and each baseline (all by default).
 
     `methods` picks among "exact", the names in `solver.BASELINES`, "rotor" (training graphs
-    of chains; see `solver.families`) and "eviction" (`solver.eviction`, run at each budget).
+    of chains; see `solver.families`), "eviction" and "backward" (`solver.warm_start.BUDGETED`,
+    run at each budget).
     Families are evaluated once and filtered per budget. A
     method that cannot fit a budget gives a point with status "INFEASIBLE" (exact: proven),
     "TIMEOUT" (exact: nothing found in time) or "NO FIT" (heuristic) and cost None.
     """
     problem = prepare(graph)
     available = families(problem)
-    names = methods or ["exact", *available, "eviction"]
-    unknown = set(names) - {"exact", *available, "eviction"}
+    names = methods or ["exact", *available, *BUDGETED]
+    unknown = set(names) - {"exact", *available, *BUDGETED}
     if unknown:
         raise ValueError(f"unknown or inapplicable methods {sorted(unknown)}")
     chosen = {name: available[name] for name in names if name in available}
@@ -68,8 +69,9 @@ def frontier(
             except SolverTimeoutError:
                 points.append(FrontierPoint("exact", budget, None, None, "TIMEOUT", None, 0.0))
         heuristics = dict(chosen)
-        if "eviction" in names:
-            heuristics["eviction"] = eviction_runs(problem, budget)
+        for name, runs in BUDGETED.items():
+            if name in names:
+                heuristics[name] = runs(problem, budget)
         for name, members in heuristics.items():
             best = cheapest_within(members, budget)
             if best is None:

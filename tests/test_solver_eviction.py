@@ -1,10 +1,10 @@
 """The eviction heuristic (solver.eviction), by distance or guided by an LP's keep fractions: its
-schedules are valid and within their budget, and it fits where the checkpoint policies cannot."""
+schedules are valid and within their budget, and it fits where the checkpoint policies cannot.
+The least-peak search over it and the backward search: tests/test_solver_warm_start.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 from solver_strategies import small_graphs
 
 import solver
-from solver import exact
 from solver.baselines import BASELINES, cheapest_within
-from solver.eviction import evict_by_keep, evict_within, least_peak
-from solver.examples import chain, residual_demo
+from solver.eviction import evict_by_keep, evict_within
+from solver.examples import residual_demo
 from solver.io import load_graph
 from solver.simulate import simulate
 from solver.stages import checkpoint_all
@@ -85,31 +84,6 @@ def test_eviction_fits_random_layered_where_no_policy_does():
     policies = [m for family in BASELINES.values() for m in family(problem)]
     best_policy = cheapest_within(policies, budget)
     assert best_policy is None or best_policy.schedule.cost > 10 * member.schedule.cost
-
-
-@settings(max_examples=30)
-@given(small_graphs(max_nodes=8), st.one_of(st.none(), st.floats(min_value=1.0, max_value=3.0)))
-def test_the_least_peak_search_keeps_within_the_compute_budget(graph, factor):
-    """What the bisection returns fits the compute budget, and its peak is no higher than the
-    checkpoint-all peak (which every graph's eviction run reaches with no recomputation)."""
-    problem = solver.prepare(graph)
-    compute_budget = None if factor is None else factor * problem.total_cost
-    member = least_peak(problem, compute_budget)
-    _check_within(graph, problem, checkpoint_all(problem).peak, member)
-    if member is not None and compute_budget is not None:
-        assert member.schedule.cost <= compute_budget * (1 + 1e-12)
-
-
-def test_the_least_peak_search_ends_at_the_one_line_bound_when_a_run_fits_it():
-    """On a chain a run at the one-line bound fits: that run comes back, and minimum_peak
-    returns it as optimal without evaluating the policy families."""
-    graph = chain([3, 9, 2, 7, 4, 8, 1], [1] * 7)
-    problem = solver.prepare(graph)
-    member = least_peak(problem)
-    assert member is not None and member.schedule.peak == problem.memory_lower_bound
-    with patch.object(exact, "all_members", side_effect=AssertionError("families evaluated")):
-        least = solver.minimum_peak(graph, time_limit=10)
-    assert least.status == "OPTIMAL" and least.peak == problem.memory_lower_bound
 
 
 def test_evict_is_a_schedule_like_the_baselines():

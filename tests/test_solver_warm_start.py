@@ -1,0 +1,129 @@
+"""The warm starts (solver.warm_start): the backward search is exhaustive over the stage space
+when it has no state limit (it finds a plan exactly where the reference's dynamic program finds
+one), its plans fit their budget, it fits random_layered n=250 at 80% where eviction gets stuck;
+the least-peak search over both heuristics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from unittest.mock import patch
+
+import networkx as nx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from solver_reference import min_cost_within, stage_space_frontier
+from solver_strategies import small_graphs
+
+import solver
+from solver import exact
+from solver.backward import backward_runs, search
+from solver.eviction import evict_within
+from solver.examples import chain
+from solver.io import load_graph
+from solver.simulate import simulate
+from solver.stages import checkpoint_all
+from solver.warm_start import least_peak
+
+RANDOM_250 = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "graphs"
+    / "random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json"
+)
+
+
+def _check_within(graph, problem, budget: int, member) -> None:
+    """None, or a schedule the independent simulator accepts within the budget, at the peak and
+    cost the plan reports."""
+    if member is None:
+        return
+    replay = simulate(graph, [(kind, problem.ids[i]) for kind, i in member.schedule.ops])
+    replay.raise_if_invalid()
+    assert replay.peak == member.schedule.peak <= budget
+    assert abs(replay.cost - member.schedule.cost) < 1e-9
+
+
+def _two_sinks() -> nx.DiGraph:
+    """A DAG with a side output (node 2 is read by nobody) besides the last node."""
+    graph = nx.DiGraph([(0, 1), (1, 2), (1, 3), (0, 3), (3, 4)])
+    for v, (mem, cost) in enumerate([(3, 1), (4, 2), (5, 1), (2, 3), (1, 1)]):
+        graph.nodes[v].update(mem=mem, cost=cost)
+    return graph
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.one_of(small_graphs(max_nodes=6), st.just(_two_sinks())),
+    st.integers(min_value=0, max_value=40),
+    st.booleans(),
+)
+def test_the_unlimited_backward_search_fits_exactly_where_a_stage_plan_fits(graph, budget, by_cost):
+    """Without a state limit the search is exhaustive (it only leaves out values no later compute
+    reads, which never lowers a peak): it reaches a plan iff the exhaustive stage-space dynamic
+    program has one within the budget, and that plan fits and costs no less than the optimum."""
+    problem = solver.prepare(graph)
+    optimum = min_cost_within(stage_space_frontier(graph), budget)
+    member, _ = search(problem, budget, by_cost, max_states=10**7)
+    assert (member is None) == (optimum is None)
+    _check_within(graph, problem, budget, member)
+    if member is not None:
+        assert member.schedule.cost >= optimum - 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_graphs(max_nodes=10), st.floats(min_value=0.0, max_value=1.0))
+def test_backward_plans_fit_their_budget(graph, where):
+    problem = solver.prepare(graph)
+    low, high = problem.memory_lower_bound, checkpoint_all(problem).peak
+    budget = round(low + where * (high - low))
+    for member in backward_runs(problem, budget):
+        _check_within(graph, problem, budget, member)
+
+
+def test_the_backward_search_fits_random_layered_at_80_percent():
+    """random_layered n=250 at 80% of the checkpoint-all peak: every eviction run gets stuck; the
+    backward searches fit (measured: 1.113x and 1.057x the cost of computing every node once),
+    and the exact solver returns one of them or better, with a bound above the trivial one (the
+    moment relaxation's), at a short time limit (which may cut the search by cost short)."""
+    if not RANDOM_250.exists():
+        pytest.skip(f"{RANDOM_250} not present")
+    graph = load_graph(RANDOM_250)
+    problem = solver.prepare(graph)
+    budget = solver.parse_budget("80%", problem)
+    assert evict_within(problem, budget) is None
+    runs = backward_runs(problem, budget)
+    assert len(runs) == 2
+    for member in runs:
+        _check_within(graph, problem, budget, member)
+    cheapest = min(member.schedule.cost for member in runs)
+    assert cheapest <= 1.06 * problem.total_cost
+    schedule = solver.solve(graph, "80%", time_limit=15)
+    assert schedule.status == "FEASIBLE" and schedule.peak <= budget
+    assert schedule.cost <= max(member.schedule.cost for member in runs)
+    assert problem.total_cost < schedule.bound < schedule.cost
+
+
+@settings(max_examples=30)
+@given(small_graphs(max_nodes=8), st.one_of(st.none(), st.floats(min_value=1.0, max_value=3.0)))
+def test_the_least_peak_search_keeps_within_the_compute_budget(graph, factor):
+    """What the bisection returns fits the compute budget, and its peak is no higher than the
+    checkpoint-all peak (which every graph's eviction run reaches with no recomputation)."""
+    problem = solver.prepare(graph)
+    compute_budget = None if factor is None else factor * problem.total_cost
+    member = least_peak(problem, compute_budget)
+    _check_within(graph, problem, checkpoint_all(problem).peak, member)
+    if member is not None and compute_budget is not None:
+        assert member.schedule.cost <= compute_budget * (1 + 1e-12)
+
+
+def test_the_least_peak_search_ends_at_the_one_line_bound_when_a_run_fits_it():
+    """On a chain a run at the one-line bound fits: that run comes back, and minimum_peak
+    returns it as optimal without evaluating the policy families."""
+    graph = chain([3, 9, 2, 7, 4, 8, 1], [1] * 7)
+    problem = solver.prepare(graph)
+    member = least_peak(problem)
+    assert member is not None and member.schedule.peak == problem.memory_lower_bound
+    with patch.object(exact, "all_members", side_effect=AssertionError("families evaluated")):
+        least = solver.minimum_peak(graph, time_limit=10)
+    assert least.status == "OPTIMAL" and least.peak == problem.memory_lower_bound
