@@ -4,7 +4,7 @@ one family, and the least-peak search over them.
 Neither heuristic is best everywhere (cost over computing every node once, eviction / backward
 search, measured: random_layered n=500 at 90% of the checkpoint-all peak 1.069 / 1.008, n=1000
 1.467 / 1.018, n=250 at 80% none / 1.057; FCN8 at 80% 1.0014 / 1.016; demo resnet at 50% 1.066
-/ 1.300), so the exact solver starts from the cheapest of both.
+/ 1.300): the exact solver evaluates both (`solver.exact`), the least-peak search bisects over both.
 """
 
 from __future__ import annotations
@@ -30,11 +30,6 @@ def heuristic_runs(problem: Problem, budget: int, deadline: float | None = None)
     """Every eviction run and backward search that fits `budget` bytes (the backward searches
     stop at `deadline`, a time.perf_counter() value)."""
     return [*eviction_runs(problem, budget), *backward_runs(problem, budget, deadline)]
-
-
-def best_heuristic(problem: Problem, budget: int, deadline: float | None = None) -> Member | None:
-    """The cheapest of `heuristic_runs` at `budget` bytes, or None when none fits."""
-    return cheapest_within(heuristic_runs(problem, budget, deadline), budget)
 
 
 def least_peak(

@@ -226,7 +226,8 @@ def test_a_model_over_the_size_limit_returns_the_best_heuristic_or_says_why():
         assert schedule.status == "FEASIBLE" and schedule.bound == problem.total_cost
         assert schedule.peak <= schedule.budget
         with (
-            patch.object(exact, "best_heuristic", lambda *_: None),
+            patch.object(exact, "evict_within", lambda *_: None),
+            patch.object(exact, "_cheapest_backward", lambda *_: None),
             patch.object(exact, "cheapest_policy", lambda *_: None),
             pytest.raises(solver.SolverTimeoutError, match=r"would have \d+ variables"),
         ):
