@@ -7,9 +7,10 @@ For every row: the budget in bytes, status (OPTIMAL = proven), the optimal (or b
 certified gap, the wall time of `solver.solve` (seconds, one run: these are proofs, not
 micro-benchmarks) and each baseline's cost relative to that cost ("NO FIT" where it cannot
 meet the budget), the heuristics run at the budget (`solver.warm_start.BUDGETED`: eviction and
-the backward search, the solver's warm starts) included. Checkmate's Table 2 reports AP sqrt(n) at 1.14-1.54x and greedy at 1.06-1.39x
-of optimal on these graphs. The demo rows capture the op-level graphs of graph_capture's demo
-models (FLOP costs, one thread, so the costs are the same on every run).
+the backward search, the solver's warm starts) included. Checkmate's Table 2 reports AP sqrt(n)
+at 1.14-1.54x and greedy at 1.06-1.39x of optimal on these graphs. The demo rows capture the
+op-level graphs of graph_capture's demo models (FLOP costs, one thread, so the costs are the
+same on every run).
 """
 
 from __future__ import annotations
