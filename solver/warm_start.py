@@ -1,5 +1,5 @@
-"""Warm starts: the heuristics that run at a byte budget (eviction forward, backward search) as
-one family, and the least-peak search over them.
+"""Warm starts: the heuristics that run at a byte budget (eviction forward, backward search), by
+name, and the least-peak search over them.
 
 Neither heuristic is best everywhere (cost over computing every node once, eviction / backward
 search, measured: random_layered n=500 at 90% of the checkpoint-all peak 1.069 / 1.008, n=1000
@@ -24,12 +24,6 @@ BUDGETED: dict[str, Callable[[Problem, int], list[Member]]] = {
 }
 """The heuristics that run at a byte budget (unlike the checkpoint policies of
 `solver.BASELINES`, which ignore it), by the name the tables and the CLI give them."""
-
-
-def heuristic_runs(problem: Problem, budget: int, deadline: float | None = None) -> list[Member]:
-    """Every eviction run and backward search that fits `budget` bytes (the backward searches
-    stop at `deadline`, a time.perf_counter() value)."""
-    return [*eviction_runs(problem, budget), *backward_runs(problem, budget, deadline)]
 
 
 def least_peak(
