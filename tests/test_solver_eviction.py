@@ -4,11 +4,10 @@ The least-peak search over it and the backward search: tests/test_solver_warm_st
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from solver_checks import RANDOM_250, check_within
 from solver_strategies import small_graphs
 
 import solver
@@ -16,26 +15,7 @@ from solver.baselines import BASELINES, cheapest_within
 from solver.eviction import evict_by_keep, evict_within
 from solver.examples import residual_demo
 from solver.io import load_graph
-from solver.simulate import simulate
 from solver.stages import checkpoint_all
-
-RANDOM_250 = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "graphs"
-    / "random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json"
-)
-
-
-def _check_within(graph, problem, budget: int, member) -> None:
-    """None (the run got stuck), or a schedule the independent simulator accepts within the
-    budget, at the peak and cost the plan reports."""
-    if member is None:
-        return
-    replay = simulate(graph, [(kind, problem.ids[i]) for kind, i in member.schedule.ops])
-    replay.raise_if_invalid()
-    assert replay.peak == member.schedule.peak <= budget
-    assert abs(replay.cost - member.schedule.cost) < 1e-9
 
 
 def _budget(problem, where: float) -> int:
@@ -49,7 +29,7 @@ def _budget(problem, where: float) -> int:
 def test_an_eviction_run_fits_its_budget(graph, where):
     problem = solver.prepare(graph)
     budget = _budget(problem, where)
-    _check_within(graph, problem, budget, evict_within(problem, budget))
+    check_within(graph, problem, budget, evict_within(problem, budget))
 
 
 @settings(max_examples=60)
@@ -59,7 +39,7 @@ def test_an_lp_guided_eviction_run_fits_its_budget(graph, where, rng):
     problem = solver.prepare(graph)
     budget = _budget(problem, where)
     fractions = [{i: rng.random() for i in range(t)} for t in range(problem.n + 1)]
-    _check_within(graph, problem, budget, evict_by_keep(problem, budget, fractions))
+    check_within(graph, problem, budget, evict_by_keep(problem, budget, fractions))
 
 
 @settings(max_examples=30)

@@ -3,13 +3,13 @@ uses it, checked against the exhaustive stage-space search of `solver_reference`
 
 from __future__ import annotations
 
-from pathlib import Path
 from unittest.mock import patch
 
 import networkx as nx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from solver_checks import GRAPHS
 from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs, training_graphs
 
@@ -21,8 +21,6 @@ from solver.examples import training_graph
 from solver.formulation import build, plan_from_values
 from solver.io import load_graph
 from solver.stages import checkpoint_all, complete_prefix, plan_to_ops
-
-GRAPHS = Path(__file__).resolve().parents[2] / "shared" / "graphs"
 
 
 def _tight_budgets(problem) -> list[int]:

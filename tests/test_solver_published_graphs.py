@@ -7,14 +7,11 @@ MobileNet: 162345 / 162680; ResNet50: 406110 / 406800).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from solver_checks import GRAPHS
 
 import solver
 from solver.io import load_graph
-
-GRAPHS = Path(__file__).resolve().parents[2] / "shared" / "graphs"
 
 
 def _graph(name: str):

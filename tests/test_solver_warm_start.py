@@ -5,13 +5,13 @@ the least-peak search over both heuristics."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from unittest.mock import patch
 
 import networkx as nx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from solver_checks import RANDOM_250, check_within
 from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs
 
@@ -21,27 +21,8 @@ from solver.backward import backward_runs, search
 from solver.eviction import evict_within
 from solver.examples import chain
 from solver.io import load_graph
-from solver.simulate import simulate
 from solver.stages import checkpoint_all
 from solver.warm_start import least_peak
-
-RANDOM_250 = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "graphs"
-    / "random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json"
-)
-
-
-def _check_within(graph, problem, budget: int, member) -> None:
-    """None, or a schedule the independent simulator accepts within the budget, at the peak and
-    cost the plan reports."""
-    if member is None:
-        return
-    replay = simulate(graph, [(kind, problem.ids[i]) for kind, i in member.schedule.ops])
-    replay.raise_if_invalid()
-    assert replay.peak == member.schedule.peak <= budget
-    assert abs(replay.cost - member.schedule.cost) < 1e-9
 
 
 def _two_sinks() -> nx.DiGraph:
@@ -66,7 +47,7 @@ def test_the_unlimited_backward_search_fits_exactly_where_a_stage_plan_fits(grap
     optimum = min_cost_within(stage_space_frontier(graph), budget)
     member, _ = search(problem, budget, by_cost, max_states=10**7)
     assert (member is None) == (optimum is None)
-    _check_within(graph, problem, budget, member)
+    check_within(graph, problem, budget, member)
     if member is not None:
         assert member.schedule.cost >= optimum - 1e-9
 
@@ -78,7 +59,7 @@ def test_backward_plans_fit_their_budget(graph, where):
     low, high = problem.memory_lower_bound, checkpoint_all(problem).peak
     budget = round(low + where * (high - low))
     for member in backward_runs(problem, budget):
-        _check_within(graph, problem, budget, member)
+        check_within(graph, problem, budget, member)
 
 
 def test_the_backward_search_fits_random_layered_at_80_percent():
@@ -95,7 +76,7 @@ def test_the_backward_search_fits_random_layered_at_80_percent():
     runs = backward_runs(problem, budget)
     assert len(runs) == 2
     for member in runs:
-        _check_within(graph, problem, budget, member)
+        check_within(graph, problem, budget, member)
     cheapest = min(member.schedule.cost for member in runs)
     assert cheapest <= 1.06 * problem.total_cost
     schedule = solver.solve(graph, "80%", time_limit=15)
@@ -112,7 +93,7 @@ def test_the_least_peak_search_keeps_within_the_compute_budget(graph, factor):
     problem = solver.prepare(graph)
     compute_budget = None if factor is None else factor * problem.total_cost
     member = least_peak(problem, compute_budget)
-    _check_within(graph, problem, checkpoint_all(problem).peak, member)
+    check_within(graph, problem, checkpoint_all(problem).peak, member)
     if member is not None and compute_budget is not None:
         assert member.schedule.cost <= compute_budget * (1 + 1e-12)
 
