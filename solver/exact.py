@@ -81,9 +81,15 @@ measurement and stopped at 325 in another (each LP optimum is one of several); R
 LPs are not repeated, its HiGHS probes find the optimum faster."""
 
 HEURISTIC_SHARE = 0.1
-"""Share of the time limit the warm-start heuristics may take: the backward searches at a budget
-(objective "cost"; up to 1-4 s each where they find nothing) and the least-peak search
-(objective "memory"; each of its eviction runs costs up to 1-8 s on random_layered n=1000)."""
+"""Share of the time limit the least-peak search (objective "memory") may take: each of its
+eviction runs costs up to 1-8 s on random_layered n=1000, each backward search that finds
+nothing 1-4 s."""
+
+WARM_START_SHARE = 0.5
+"""Share of the time limit the backward searches at the budget (objective "cost") may take:
+they stop at their state limits first (1-4 s where they find nothing; random_layered n=250 at
+80%, where eviction gets stuck and they are the only warm start, 1.5 s for both), so this binds
+only at short limits (at 10 s a tenth had cut the cheaper search off)."""
 
 MAX_MODEL_VARIABLES = 1_500_000
 """Largest stage model built. random_layered n=500 (0.93M variables) builds in about 10 s; at
@@ -344,16 +350,16 @@ def _warm_starts(run: _Run, budget: int) -> tuple[Member | None, Callable[[], Me
     policies (1-6 s) wait, unless nothing before them fits (random_layered n=250 at 80%:
     eviction gets stuck, the backward searches fit)."""
     problem = run.problem
-    deadline = run.started + HEURISTIC_SHARE * run.time_limit
+    deadline = run.started + WARM_START_SHARE * run.time_limit
     backward = partial(_cheapest_backward, problem, budget, deadline)
-    policies = partial(cheapest_policy, problem, budget)
+    policies = partial(cheapest_policy, problem, budget, fallback=False)
     evicted = evict_within(problem, budget)
     if evicted is not None:
         return evicted, lambda: _cheaper(backward(), policies(), budget)
     found = backward()
     if found is not None:
         return found, policies
-    return policies(), _no_member
+    return cheapest_policy(problem, budget), _no_member
 
 
 def _cheapest_backward(problem: Problem, budget: int, deadline: float) -> Member | None:

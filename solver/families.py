@@ -1,7 +1,7 @@
 """Every heuristic family the solver knows for a graph: the baselines, plus rotor on chains.
 
-The exact solver warm-starts from their best member (and from an eviction run at its budget,
-`solver.eviction`), and the frontier and benchmarks compare against them, so all three read the
+The exact solver warm-starts from their best member (and from the heuristics run at its budget,
+`solver.warm_start`), and the frontier and benchmarks compare against them, so all three read the
 same list.
 """
 
@@ -36,10 +36,14 @@ def all_members(problem: Problem, skip: Collection[str] = ()) -> list[Member]:
     return [member for members in families(problem, skip).values() for member in members]
 
 
-def cheapest_policy(problem: Problem, budget: int) -> Member | None:
+def cheapest_policy(problem: Problem, budget: int, fallback: bool = True) -> Member | None:
     """The cheapest member of every family within `budget` bytes (the exact solver's warm start
-    beside `solver.eviction`). The recompute-at-each-use family costs most to evaluate (O(n^2)
-    ops per member, 0.7 s on ResNet50) and its members cost several times any other fitting
-    schedule (4.7x on ResNet50 at 90%), so it is evaluated only when nothing else fits."""
+    beside `solver.warm_start`'s heuristics). The recompute-at-each-use family costs most to
+    evaluate (O(n^2) ops per member: 0.7 s on ResNet50, 6 s on random_layered n=250) and its
+    members cost several times any other fitting schedule (4.7x on ResNet50 at 90%, 84x on
+    random_layered n=250 at 90%), so it is evaluated only when nothing else fits: no other
+    family, and with fallback=False a schedule the caller already has."""
     best = cheapest_within(all_members(problem, skip=(_EACH_USE,)), budget)
-    return best or cheapest_within(every_k_recompute_each_use(problem), budget)
+    if best is not None or not fallback:
+        return best
+    return cheapest_within(every_k_recompute_each_use(problem), budget)

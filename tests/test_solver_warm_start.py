@@ -65,8 +65,9 @@ def test_backward_plans_fit_their_budget(graph, where):
 def test_the_backward_search_fits_random_layered_at_80_percent():
     """random_layered n=250 at 80% of the checkpoint-all peak: every eviction run gets stuck; the
     backward searches fit (measured: 1.113x and 1.057x the cost of computing every node once),
-    and the exact solver returns one of them or better, with a bound above the trivial one (the
-    moment relaxation's), at a short time limit (which may cut the search by cost short)."""
+    and the exact solver returns the cheaper or better within a short time limit (the policies it
+    evaluates beside the relaxation skip the recompute-at-each-use family, 6 s here, once a
+    schedule fits: they had pushed a 10 s solve to 11.3 s)."""
     if not RANDOM_250.exists():
         pytest.skip(f"{RANDOM_250} not present")
     graph = load_graph(RANDOM_250)
@@ -81,8 +82,9 @@ def test_the_backward_search_fits_random_layered_at_80_percent():
     assert cheapest <= 1.06 * problem.total_cost
     schedule = solver.solve(graph, "80%", time_limit=15)
     assert schedule.status == "FEASIBLE" and schedule.peak <= budget
-    assert schedule.cost <= max(member.schedule.cost for member in runs)
-    assert problem.total_cost < schedule.bound < schedule.cost
+    assert schedule.cost <= cheapest
+    assert problem.total_cost <= schedule.bound < schedule.cost
+    assert schedule.solve_seconds <= 15 * 1.1
 
 
 @settings(max_examples=30)
