@@ -118,7 +118,8 @@ checkpoint-all comes after this share of the stages and the relaxation has at mo
 MOMENT_MAX_VARIABLES variables. random_layered n=250 at 90% (first tight stage 213 of 250, 17k
 variables against 190k in the stage model) is proven in it in 20-40 s, where the stage model ends
 at the 60 s limit with a 0.5% gap; ResNet50 (stage 94 of 353) took 58 s in it against 14-27 s
-through the stage model's LP and probes, MobileNet (46 of 185) 24 s against 4-7 s."""
+through the stage model's LP and probes, MobileNet (46 of 185) 24 s against 4-7 s. Where the
+first overflow is earlier it runs after the LP, when the LP is weak (`_probe`)."""
 
 MOMENT_MAX_VARIABLES = 60_000
 """See MOMENT_LATE_SHARE: random_layered n=500 at 90% (first tight stage 307 of 500, 156k
@@ -287,7 +288,8 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
     limit = None if best is None else _recompute_cost(run, best.schedule)
     # Each stage of checkpoint-all computes only its own node: the first stage over the budget.
     first = min(t for t, peak in enumerate(everything.stage_peaks) if peak > budget)
-    if first >= MOMENT_LATE_SHARE * problem.n:
+    relaxed = first >= MOMENT_LATE_SHARE * problem.n
+    if relaxed:
         # The later warm starts (Python) are evaluated while CP-SAT solves the relaxation.
         best, other = _beside(partial(_relax, run, first, limit, best, budget), later)
         best, later = _cheaper(best, other, budget), _no_member
@@ -339,7 +341,7 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
             break  # the same model less a slack limit row: the same LP optimum and rounding
     if best is None or lp is None:
         return _search(run, lm, best, budget)
-    return _probe(run, lm, lp, best, budget)
+    return _probe(run, lm, lp, best, budget, None if relaxed else first)
 
 
 def _warm_starts(run: _Run, budget: int) -> tuple[Member | None, Callable[[], Member | None]]:
@@ -504,13 +506,23 @@ def _search(run: _Run, lm: LinearModel, best: Member | None, budget: int) -> Sch
     return run.finish(best.schedule, "FEASIBLE", bound * run.unit + run.offset, budget=budget)
 
 
-def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, best: Member, budget: int) -> Schedule:
+def _probe(
+    run: _Run,
+    lm: LinearModel,
+    lp: LpRelaxation,
+    best: Member,
+    budget: int,
+    first: int | None,
+) -> Schedule:
     """Close the gap between the LP bound and the incumbent.
 
     Where the LP bound is within MIP_GAP of the incumbent on a large model, HiGHS's branch and
-    cut probes climbing caps first (`_climb`); CP-SAT, started from the incumbent, gets whatever
-    remains open (`_minimise`). `lm` holds the first incumbent and every better schedule, and
-    each probe keeps every schedule within its cap, so all of this is exact.
+    cut probes climbing caps first (`_climb`). Elsewhere the LP is weak and the moment relaxation
+    from stage `first` (None: it has run already) goes first (`_relax`, under the incumbent's cost
+    as a cap): its bound is what CP-SAT can prove there, and where its plan fits that is the
+    optimum. CP-SAT on the stage model, started from the incumbent, gets whatever remains open
+    (`_minimise`). `lm` holds the first incumbent and every better schedule, and each probe
+    keeps every schedule within its cap, so all of this is exact.
     """
     plan, schedule = best.plan, best.schedule
     incumbent = _recompute_cost(run, schedule)
@@ -519,6 +531,11 @@ def _probe(run: _Run, lm: LinearModel, lp: LpRelaxation, best: Member, budget: i
     close = incumbent - lower <= MIP_GAP * incumbent
     if lower < incumbent and close and len(lm.names) >= MIP_MIN_VARIABLES:
         plan, schedule, lower = _climb(run, lm, lp, plan, schedule, budget, lower)
+    elif lower < incumbent and first is not None:
+        relaxed = _relax(run, first, incumbent, best, budget)
+        assert relaxed is not None  # best fits, so the cheaper of it and the relaxation's does
+        plan, schedule = relaxed.plan, relaxed.schedule
+        lower = max(lower, min(run.floor, _recompute_cost(run, schedule)))
     if lower < _recompute_cost(run, schedule) and run.remaining() > 0.01:
         plan, schedule, lower = _minimise(run, lm, lp, plan, schedule, lower)
     if lower >= _recompute_cost(run, schedule):

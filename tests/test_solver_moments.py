@@ -17,7 +17,7 @@ import solver
 from solver import exact
 from solver.cpsat import CpSatModel
 from solver.exact import integer_costs
-from solver.examples import training_graph
+from solver.examples import chain, training_graph
 from solver.formulation import build, plan_from_values
 from solver.io import load_graph
 from solver.stages import checkpoint_all, complete_prefix, plan_to_ops
@@ -106,6 +106,27 @@ def test_solving_through_the_moment_phase_reaches_the_exhaustive_optimum(graph):
             assert schedule.status == "OPTIMAL"
             assert schedule.cost == pytest.approx(expected)
             assert solver.simulate(graph, schedule.ops).peak <= budget
+
+
+def test_after_a_weak_lp_the_moment_phase_runs_and_the_answer_is_the_exhaustive_optimum():
+    """A training graph whose first overflow is early (stage 4 of 8): the relaxation does not
+    run before the stage model, but after its LP, which is weak there (the CP-SAT path,
+    `exact._probe`), and the answer is still the exhaustive optimum."""
+    graph = training_graph(chain([3, 9, 2, 7], [1, 2, 3, 1]))
+    budget = 24
+    expected = min_cost_within(stage_space_frontier(graph), budget)
+    firsts = []
+    relax = exact._relax
+
+    def spy(run, first, *args):
+        firsts.append(first)
+        return relax(run, first, *args)
+
+    with patch.object(exact, "_relax", spy):
+        schedule = solver.solve(graph, budget, time_limit=30)
+    assert firsts == [4]
+    assert schedule.status == "OPTIMAL" and schedule.cost == pytest.approx(expected)
+    assert solver.simulate(graph, schedule.ops).peak <= budget
 
 
 def test_random_layered_250_at_90_percent_is_proven_through_the_moment_phase():
