@@ -149,17 +149,16 @@ def _member(
     kept: list[frozenset[int] | None] = [None] * (n + 1)
     kept[n] = frozenset()
     state = goal
-    link = parent[state]
-    while link is not None:
+    while True:
         t = state[0]
         if kept[t] is None:
             kept[t] = frozenset(_bits(state[2]))
-        before, node = link
+        link = parent[state]
+        if link is None:  # the start: the last stage's own compute
+            computed[t].append(t)
+            break
+        state, node = link
         computed[t].append(node)
-        state, link = before, parent[before]
-    computed[state[0]].append(state[0])  # the start: the last stage's own compute
-    if kept[state[0]] is None:
-        kept[state[0]] = frozenset(_bits(state[2]))
     plan = StagePlan(
         tuple(tuple(sorted(stage)) for stage in computed),
         tuple(k if k is not None else frozenset() for k in kept),

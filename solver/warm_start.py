@@ -47,13 +47,18 @@ def least_peak(
             runs = [run for run in runs if run.schedule.cost <= compute_budget * (1 + 1e-12)]
         return cheapest_within(runs, budget)
 
-    best = within(eviction_runs(problem, low), low)
+    def evicted(budget: int) -> Member | None:
+        return within(eviction_runs(problem, budget), budget)
+
+    def backward(budget: int) -> Member | None:
+        return within(backward_runs(problem, budget, deadline), budget)
+
+    best = evicted(low)
     if best is not None:  # nothing peaks lower than the one-line bound
         return best
-    best = _bisect(lambda b: within(eviction_runs(problem, b), b), low, high, deadline)
+    best = _bisect(evicted, low, high, deadline)
     top = high if best is None else best.schedule.peak
-    lower = _bisect(lambda b: within(backward_runs(problem, b, deadline), b), low, top, deadline)
-    return lower or best
+    return _bisect(backward, low, top, deadline) or best
 
 
 def _bisect(
