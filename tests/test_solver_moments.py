@@ -9,7 +9,7 @@ import networkx as nx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from solver_checks import GRAPHS
+from solver_checks import RANDOM_250
 from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs, training_graphs
 
@@ -132,10 +132,9 @@ def test_after_a_weak_lp_the_moment_phase_runs_and_the_answer_is_the_exhaustive_
 def test_random_layered_250_at_90_percent_is_proven_through_the_moment_phase():
     """Issue 6's random_layered n=250 row: first tight stage 213 of 250; proven in 40-60 s on 2
     cores (see README), where the stage model alone ends at 60 s with a 0.5% gap."""
-    path = GRAPHS / "random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json"
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    graph = load_graph(path)
+    if not RANDOM_250.exists():
+        pytest.skip(f"{RANDOM_250} not present")
+    graph = load_graph(RANDOM_250)
     schedule = solver.solve(graph, "90%", time_limit=240)
     assert schedule.status == "OPTIMAL"
     assert schedule.cost == 126704  # 1135 above computing every node once
