@@ -1,10 +1,15 @@
 """Shared helpers for the solver tests: where the published graphs are (../shared/graphs, used by
-path and skipped when absent), and the check that a heuristic's plan is what it claims."""
+path and skipped when absent), the check that a heuristic's plan is what it claims, and a patch
+that takes the read-gap cover out of the exact solver (tests of the stage-model paths, which the
+cover would otherwise short-cut where it is tight)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from unittest.mock import patch
 
+from solver import exact
+from solver.cover_bound import ReadGapCover
 from solver.simulate import simulate
 
 GRAPHS = Path(__file__).resolve().parents[2] / "shared" / "graphs"
@@ -20,3 +25,8 @@ def check_within(graph, problem, budget: int, member) -> None:
     replay.raise_if_invalid()
     assert replay.peak == member.schedule.peak <= budget
     assert abs(replay.cost - member.schedule.cost) < 1e-9
+
+
+def without_cover():
+    """Patch `solver.exact` to run without the read-gap cover (bound 0, no plan)."""
+    return patch.object(exact, "read_gap_cover", lambda *_, **__: ReadGapCover(0, None))

@@ -9,7 +9,7 @@ import networkx as nx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from solver_checks import RANDOM_250
+from solver_checks import RANDOM_250, without_cover
 from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs, training_graphs
 
@@ -122,7 +122,7 @@ def test_after_a_weak_lp_the_moment_phase_runs_and_the_answer_is_the_exhaustive_
         firsts.append(first)
         return relax(run, first, *args)
 
-    with patch.object(exact, "_relax", spy):
+    with patch.object(exact, "_relax", spy), without_cover():
         schedule = solver.solve(graph, budget, time_limit=30)
     assert firsts == [4]
     assert schedule.status == "OPTIMAL" and schedule.cost == pytest.approx(expected)
@@ -198,6 +198,7 @@ def test_a_relaxation_plan_over_the_budget_makes_its_stages_exact_and_is_solved_
         patch.object(exact, "evict_within", lambda *_: None),
         patch.object(exact, "_cheapest_backward", lambda *_: None),
         patch.object(exact, "build", spy),
+        without_cover(),
     ):
         schedule = solver.solve(graph, budget, time_limit=30)
     assert schedule.status == "OPTIMAL" and schedule.cost == expected

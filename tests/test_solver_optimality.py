@@ -8,6 +8,7 @@ from unittest.mock import patch
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from solver_checks import without_cover
 from solver_reference import general_space_min_cost, min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs, training_graphs
 
@@ -111,6 +112,7 @@ def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
         patch.object(exact, "rounded_members", lambda *_: []),
         patch.object(exact, "evict_by_keep", lambda *_: None),
         patch.object(exact, "solve_relaxation", _no_lp),
+        without_cover(),
         spy("highs"),
         spy("cpsat"),
     ):

@@ -9,10 +9,12 @@ from unittest.mock import patch
 
 import networkx as nx
 import pytest
+from solver_checks import without_cover
 from solver_strategies import uniform_chain
 
 import solver
 from solver import exact
+from solver.cover_bound import ReadGapCover, read_gap_cover
 from solver.cpsat import CpSatModel
 from solver.examples import chain, residual_demo, training_graph, uniform_training_chain
 from solver.formulation import build
@@ -194,7 +196,8 @@ def test_the_time_limit_holds_while_the_model_is_built():
     (measured 1.35 s; 6.9 s before building, the LP's setup and the hint counted against it)."""
     graph = _three_hundred_nodes()
     started = time.perf_counter()
-    schedule = solver.solve(graph, "60%", time_limit=1.0)
+    with without_cover():  # it proves the best heuristic optimal here before any model
+        schedule = solver.solve(graph, "60%", time_limit=1.0)
     assert time.perf_counter() - started < 3.0
     assert schedule.status == "FEASIBLE" and schedule.peak <= schedule.budget
     assert schedule.bound == solver.prepare(graph).total_cost
@@ -214,21 +217,37 @@ def test_cpsat_gives_up_translating_as_soon_as_the_limit_is_out_of_reach():
 
 def test_a_model_over_the_size_limit_returns_the_best_heuristic_or_says_why():
     """Over exact.MAX_MODEL_VARIABLES the model is not built: the cheapest heuristic comes back
-    with the trivial bound, and without any heuristic the error names the model's size. (The
-    moment phase, which would run first on this graph and raise the bound, is left out.)"""
+    with the read-gap cover's bound (the trivial bound, every node once, without it), and
+    without any heuristic the error names the model's size. (The moment phase, which would run
+    first on this graph and raise the bound, is left out.)"""
     graph = residual_demo(blocks=2)
     problem = solver.prepare(graph)
+    budget = solver.parse_budget("80%", problem)
+    _, unit = exact.integer_costs(problem)
+    bounds = []
+
+    def halved(*args, **kwargs):
+        """Half the cover's bound, no plan: here its plan and its bound are the optimum, which
+        would end the solve before the size check."""
+        bounds.append(read_gap_cover(*args, **kwargs).bound // 2)
+        return ReadGapCover(bounds[-1], None)
+
     with (
         patch.object(exact, "MAX_MODEL_VARIABLES", 10),
         patch.object(exact, "MOMENT_LATE_SHARE", 2.0),
     ):
-        schedule = solver.solve(graph, "80%", time_limit=10)
+        with patch.object(exact, "read_gap_cover", halved):
+            schedule = solver.solve(graph, budget, time_limit=10)
+        assert bounds[0] > 0 and schedule.status == "FEASIBLE" and schedule.peak <= budget
+        assert schedule.bound == pytest.approx(problem.total_cost + bounds[0] * unit)
+        with without_cover():
+            schedule = solver.solve(graph, budget, time_limit=10)
         assert schedule.status == "FEASIBLE" and schedule.bound == problem.total_cost
-        assert schedule.peak <= schedule.budget
         with (
             patch.object(exact, "evict_within", lambda *_: None),
             patch.object(exact, "_cheapest_backward", lambda *_: None),
             patch.object(exact, "cheapest_policy", lambda *_: None),
+            without_cover(),
             pytest.raises(solver.SolverTimeoutError, match=r"would have \d+ variables"),
         ):
             solver.solve(graph, "80%", time_limit=10)
