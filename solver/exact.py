@@ -129,9 +129,11 @@ at the 60 s limit with a 0.5% gap; ResNet50 (stage 94 of 353) took 58 s in it ag
 through the stage model's LP and probes, MobileNet (46 of 185) 24 s against 4-7 s. Where the
 first overflow is earlier it runs after the LP, when the LP is weak (`_probe`)."""
 
-MOMENT_MAX_VARIABLES = 60_000
-"""See MOMENT_LATE_SHARE: random_layered n=500 at 90% (first tight stage 307 of 500, 156k
-variables) found nothing in the relaxation in 60 s."""
+MOMENT_MAX_VARIABLES = 160_000
+"""See MOMENT_LATE_SHARE. random_layered n=500 at 90% (first tight stage 307 of 500, 156k
+variables) finds nothing better than its warm start in the relaxation in 60 s, but 1881 against
+2045 in 300 s (bound 644, above the read-gap cover's 514), where its stage model (0.93M
+variables) gives nothing in 600 s: its LP does not finish."""
 
 MIP_MIN_VARIABLES = 20_000
 """Below this, CP-SAT alone is as fast or faster: VGG19 at 80% (4.7k variables) proved in
@@ -292,7 +294,10 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
         return run.finish(everything, "OPTIMAL", problem.total_cost, budget=budget)
     if budget < problem.memory_lower_bound:
         _raise_infeasible(run, budget)
-    best, later = _warm_starts(run, budget)
+    # Each stage of checkpoint-all computes only its own node: the first stage over the budget.
+    first = min(t for t, peak in enumerate(everything.stage_peaks) if peak > budget)
+    relaxed = first >= MOMENT_LATE_SHARE * problem.n
+    best, later = _warm_starts(run, budget, backward_first=relaxed)
     cover = read_gap_cover(
         problem, budget, run.int_cost, time_limit=COVER_SHARE * run.time_limit, workers=run.workers
     )
@@ -301,9 +306,6 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
     if best is not None and run.floor >= _recompute_cost(run, best.schedule):
         return run.finish(best.schedule, "OPTIMAL", best.schedule.cost, budget=budget)
     limit = None if best is None else _recompute_cost(run, best.schedule)
-    # Each stage of checkpoint-all computes only its own node: the first stage over the budget.
-    first = min(t for t, peak in enumerate(everything.stage_peaks) if peak > budget)
-    relaxed = first >= MOMENT_LATE_SHARE * problem.n
     if relaxed:
         # The later warm starts (Python) are evaluated while CP-SAT solves the relaxation.
         best, other = _beside(partial(_relax, run, first, limit, best, budget), later)
@@ -359,21 +361,25 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
     return _probe(run, lm, lp, best, budget, None if relaxed else first)
 
 
-def _warm_starts(run: _Run, budget: int) -> tuple[Member | None, Callable[[], Member | None]]:
+def _warm_starts(
+    run: _Run, budget: int, backward_first: bool
+) -> tuple[Member | None, Callable[[], Member | None]]:
     """The incumbent to build the first model at, and the warm starts still to evaluate (beside
     the first LP or the relaxation, on the other core). Eviction runs first (milliseconds; on
     the published graphs within 0.1% of the optimum); the backward searches (0.07 s on FCN8,
     where the one by cost finds nothing, 1-3 s on the op-level demo graphs) and the checkpoint
     policies (1-6 s) wait, unless nothing before them fits (random_layered n=250 at 80%:
-    eviction gets stuck, the backward searches fit)."""
+    eviction gets stuck, the backward searches fit) or `backward_first` (the relaxation runs
+    first and takes the incumbent's cost as its cap: random_layered n=500 at 90%, eviction
+    17553, backward search 2045)."""
     problem = run.problem
     deadline = run.started + WARM_START_SHARE * run.time_limit
     backward = partial(_cheapest_backward, problem, budget, deadline)
     policies = partial(cheapest_policy, problem, budget, fallback=False)
     evicted = evict_within(problem, budget)
-    if evicted is not None:
+    if evicted is not None and not backward_first:
         return evicted, lambda: _cheaper(backward(), policies(), budget)
-    found = backward()
+    found = _cheaper(evicted, backward(), budget)
     if found is not None:
         return found, policies
     return cheapest_policy(problem, budget), _no_member
