@@ -86,7 +86,13 @@ LPs are not repeated, its HiGHS probes find the optimum faster."""
 
 COVER_SHARE = 0.1
 """Share of the time limit the read-gap cover (`solver.cover_bound`) may take: it is solved in
-0.02-0.3 s on the published graphs and 2-5 s on random_layered n=1000."""
+0.02-0.5 s on the published graphs and 3-4 s on random_layered n=1000."""
+
+COVER_WORKERS = 1
+"""CP-SAT workers for the read-gap cover: one is deterministic (the same solution, so the same
+plan, on every run) and as fast or faster than 8 (three runs each: ResNet50 at 90% 0.08 s
+against 0.23-0.42 s, at 80% 0.44-0.49 s against 0.50-0.54 s; random_layered n=1000 3.3-4.0 s
+against 3.4-3.6 s)."""
 
 HEURISTIC_SHARE = 0.1
 """Share of the time limit the least-peak search (objective "memory") may take: each of its
@@ -299,7 +305,11 @@ def _solve_cost(run: _Run, budget: int | None) -> Schedule:
     relaxed = first >= MOMENT_LATE_SHARE * problem.n
     best, later = _warm_starts(run, budget, backward_first=relaxed)
     cover = read_gap_cover(
-        problem, budget, run.int_cost, time_limit=COVER_SHARE * run.time_limit, workers=run.workers
+        problem,
+        budget,
+        run.int_cost,
+        time_limit=COVER_SHARE * run.time_limit,
+        workers=COVER_WORKERS,
     )
     run.floor = cover.bound
     best = _cheaper(best, cover.member, budget)
