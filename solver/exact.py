@@ -137,9 +137,10 @@ first overflow is earlier it runs after the LP, when the LP is weak (`_probe`)."
 
 MOMENT_MAX_VARIABLES = 160_000
 """See MOMENT_LATE_SHARE. random_layered n=500 at 90% (first tight stage 307 of 500, 156k
-variables) finds nothing better than its warm start in the relaxation in 60 s, but 1881 against
-2045 in 300 s (bound 644, above the read-gap cover's 514), where its stage model (0.93M
-variables) gives nothing in 600 s: its LP does not finish."""
+variables): in the relaxation its bound rises with time (600 s, two solves: 642 and 684 cost
+units of recompute, above the read-gap cover's 514; one standalone 300 s run also found a fitting
+plan of 1881 against the warm start's 2045, the solves' plans overflowed or cost more), where
+its stage model (0.93M variables) gave nothing in 600 s: its LP does not finish."""
 
 MIP_MIN_VARIABLES = 20_000
 """Below this, CP-SAT alone is as fast or faster: VGG19 at 80% (4.7k variables) proved in
