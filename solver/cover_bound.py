@@ -38,7 +38,7 @@ from solver.baselines import Member
 from solver.cpsat import CpSatModel
 from solver.formulation import LinearModel
 from solver.graph import Problem
-from solver.stages import StagePlan, plan_to_ops
+from solver.stages import StagePlan, plan_to_ops, stage_computes
 
 
 @dataclass(frozen=True)
@@ -127,18 +127,14 @@ def _plan_away(problem: Problem, away: set[tuple[int, int]]) -> StagePlan:
     retained: set[int] = set()  # recomputed in the middle of their current gap
     for t in range(n):
         live = kept[t]
-        stage: set[int] = set()
-        stack = [t]
-        while stack:
-            v = stack.pop()
-            if v not in stage:
-                stage.add(v)
-                stack.extend(p for p in problem.preds[v] if p not in live and p not in stage)
-        computed.append(tuple(sorted(stage)))
+        stage = stage_computes(problem, [t], live)
+        computed.append(stage)
         retained.difference_update(problem.preds[t])  # their gap ends with this read
         retained.update(i for i in stage if i < t and t not in problem.succs[i])
         following = (
-            i for i in live | stage if last_read[i] > t and ((i, t) not in away or i in retained)
+            i
+            for i in live.union(stage)
+            if last_read[i] > t and ((i, t) not in away or i in retained)
         )
         kept.append(frozenset(following) if t + 1 < n else frozenset())
     return StagePlan(tuple(computed), tuple(kept))

@@ -27,18 +27,7 @@ from solver.baselines import Member, cheapest_within
 from solver.budget import parse_budget
 from solver.graph import Problem, prepare
 from solver.schedule import Schedule, make_schedule
-from solver.stages import plan_from_kept_sets, plan_to_ops
-
-
-def _stage(problem: Problem, t: int, live: set[int]) -> list[int]:
-    """Node t and, recursively, its inputs that are not live, ascending."""
-    needed, stack = {t}, [t]
-    while stack:
-        for p in problem.preds[stack.pop()]:
-            if p not in live and p not in needed:
-                needed.add(p)
-                stack.append(p)
-    return sorted(needed)
+from solver.stages import plan_from_kept_sets, plan_to_ops, stage_computes
 
 
 def _rebuild_costs(problem: Problem, live: set[int]) -> list[float]:
@@ -87,7 +76,7 @@ def _run(problem: Problem, budget: int, choose: Chooser, param: str) -> Member |
     live_bytes = 0
     kept: list[frozenset[int]] = [frozenset()]
     for t in range(problem.n):
-        stage = _stage(problem, t, live)
+        stage = stage_computes(problem, [t], live)
         reads: dict[int, int] = {}
         for k in stage:
             for p in problem.preds[k]:

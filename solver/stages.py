@@ -11,7 +11,7 @@ lowest peak, so a plan determines its schedule.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from solver.graph import Problem
@@ -136,6 +136,21 @@ def plan_from_keep(
     return StagePlan(tuple(computed), tuple(frozenset(s) for s in live_at))
 
 
+def stage_computes(
+    problem: Problem, targets: Iterable[int], live: Collection[int]
+) -> tuple[int, ...]:
+    """What a stage computes to have `targets` (none of them live): the targets and,
+    recursively, every input that is not in `live`, ascending."""
+    needed = set(targets)
+    stack = list(needed)
+    while stack:
+        for p in problem.preds[stack.pop()]:
+            if p not in live and p not in needed:
+                needed.add(p)
+                stack.append(p)
+    return tuple(sorted(needed))
+
+
 def _complete(problem: Problem, wanted: Sequence[frozenset[int]]) -> StagePlan:
     """Stage t computes t and whatever (recursively) is missing for t and for wanted[t + 1]."""
     n = problem.n
@@ -144,15 +159,7 @@ def _complete(problem: Problem, wanted: Sequence[frozenset[int]]) -> StagePlan:
     for t in range(n):
         live = kept[t]
         targets = [t, *(i for i in wanted[t + 1] if i not in live and i <= t)]
-        stage: set[int] = set()
-        stack = list(targets)
-        while stack:
-            v = stack.pop()
-            if v in stage:
-                continue
-            stage.add(v)
-            stack.extend(p for p in problem.preds[v] if p not in live and p not in stage)
-        computed.append(tuple(sorted(stage)))
+        computed.append(stage_computes(problem, targets, live))
         kept.append(frozenset(i for i in wanted[t + 1] if i <= t) if t + 1 < n else frozenset())
     return StagePlan(tuple(computed), tuple(kept))
 
