@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import time
 
-from solver.baselines import Member
+from solver.baselines import Member, cheapest_within
 from solver.graph import Problem
 from solver.stages import StagePlan, plan_to_ops
 
@@ -69,6 +69,11 @@ def backward_runs(problem: Problem, budget: int, deadline: float | None = None) 
     cap = min(MAX_STATES, COST_STATES_FACTOR * states + COST_STATES_EXTRA)
     by_cost, _ = search(problem, budget, True, deadline, cap)
     return [by_bytes, *filter(None, [by_cost])]
+
+
+def backward_within(problem: Problem, budget: int, deadline: float | None = None) -> Member | None:
+    """The cheaper of `backward_runs` at `budget` bytes, or None when neither reaches a plan."""
+    return cheapest_within(backward_runs(problem, budget, deadline), budget)
 
 
 def search(

@@ -47,7 +47,7 @@ from typing import TypeVar
 
 import networkx as nx
 
-from solver.backward import backward_runs
+from solver.backward import backward_within
 from solver.baselines import Member, cheapest_within, smallest_within
 from solver.budget import human_bytes, parse_budget, parse_compute_budget
 from solver.cover_bound import read_gap_cover
@@ -385,7 +385,7 @@ def _warm_starts(
     17553, backward search 2045)."""
     problem = run.problem
     deadline = run.started + WARM_START_SHARE * run.time_limit
-    backward = partial(_cheapest_backward, problem, budget, deadline)
+    backward = partial(backward_within, problem, budget, deadline)
     policies = partial(cheapest_policy, problem, budget, fallback=False)
     evicted = evict_within(problem, budget)
     if evicted is not None and not backward_first:
@@ -394,11 +394,6 @@ def _warm_starts(
     if found is not None:
         return found, policies
     return cheapest_policy(problem, budget), _no_member
-
-
-def _cheapest_backward(problem: Problem, budget: int, deadline: float) -> Member | None:
-    """The cheaper backward search within the budget, or None."""
-    return cheapest_within(backward_runs(problem, budget, deadline), budget)
 
 
 def _relax(

@@ -196,7 +196,7 @@ def test_a_relaxation_plan_over_the_budget_makes_its_stages_exact_and_is_solved_
     with (
         patch.object(exact, "MOMENT_LATE_SHARE", 0.0),
         patch.object(exact, "evict_within", lambda *_: None),
-        patch.object(exact, "_cheapest_backward", lambda *_: None),
+        patch.object(exact, "backward_within", lambda *_: None),
         patch.object(exact, "build", spy),
         without_cover(),
     ):

@@ -107,7 +107,7 @@ def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
     with (
         patch.object(exact, "MIP_MIN_VARIABLES", 0),
         patch.object(exact, "evict_within", lambda *_: None),
-        patch.object(exact, "_cheapest_backward", lambda *_: None),
+        patch.object(exact, "backward_within", lambda *_: None),
         patch.object(exact, "cheapest_policy", _worst_member),
         patch.object(exact, "rounded_members", lambda *_: []),
         patch.object(exact, "evict_by_keep", lambda *_: None),

@@ -245,7 +245,7 @@ def test_a_model_over_the_size_limit_returns_the_best_heuristic_or_says_why():
         assert schedule.status == "FEASIBLE" and schedule.bound == problem.total_cost
         with (
             patch.object(exact, "evict_within", lambda *_: None),
-            patch.object(exact, "_cheapest_backward", lambda *_: None),
+            patch.object(exact, "backward_within", lambda *_: None),
             patch.object(exact, "cheapest_policy", lambda *_: None),
             without_cover(),
             pytest.raises(solver.SolverTimeoutError, match=r"would have \d+ variables"),
