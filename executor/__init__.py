@@ -9,7 +9,7 @@ peak memory is measured.
 """
 
 from executor.errors import ExecutorError, InputMismatchError, UnsupportedScheduleError
-from executor.memory import PeakMemory, measure_peak, median_seconds, op_scratch_bytes
+from executor.memory import PeakMemory, measure_peak, median_seconds
 from executor.module import Rematerialized, rematerialize
 
 __all__ = [
@@ -20,6 +20,5 @@ __all__ = [
     "UnsupportedScheduleError",
     "measure_peak",
     "median_seconds",
-    "op_scratch_bytes",
     "rematerialize",
 ]

@@ -28,7 +28,7 @@ from torch import nn
 from executor.codegen import compile_ops
 from executor.errors import InputMismatchError, UnsupportedScheduleError
 from executor.interpreter import ScheduleInterpreter, Step
-from executor.memory import op_scratch_bytes
+
 from graph_capture.captured import CapturedGraph
 from solver.schedule import Schedule
 from solver.simulate import simulate

@@ -59,8 +59,10 @@ def capture(
     modules = None
     if granularity == "module":
         group, order, modules = group_modules(gm, group, order, module_depth)
-    dag, members = build_dag(gm, measures, group, order, cost_model, modules)
     static = _static_bytes(args, layout, flat_outputs)
+    held = _held_bytes(gm, layout, args, flat_outputs, static)
+    dag, members = build_dag(gm, measures, group, order, cost_model, modules, sum(held.values()))
+    dag.graph["held_bytes"] = held
     dag.graph["static_bytes"] = static
     dag.graph["granularity"] = granularity
     dag.graph["name"] = f"{type(model).__name__} ({granularity})"
@@ -159,6 +161,48 @@ def _output_specs(gm: torch.fx.GraphModule, forward_positions: list[int]) -> lis
         val = node.meta["val"]
         specs.append(TensorSpec(tuple(val.shape), val.dtype, val.requires_grad))
     return specs
+
+
+def _held_bytes(
+    gm: torch.fx.GraphModule,
+    layout: dict,
+    args: list[torch.Tensor],
+    outputs: list[object],
+    static: dict[str, int],
+) -> dict[str, int]:
+    """Bytes a training step under `executor.Rematerialized` holds besides the DAG's values,
+    by part (each at most this much, at any moment of the step):
+
+    - ``rng_states``: one saved generator state per random node (to replay its draw);
+    - ``buffer_snapshots``: a copy of each buffer the step mutates (what recomputes read);
+    - ``outputs``: the forward outputs, which the caller holds until the step ends;
+    - ``tangents``: the incoming output gradients (autograd creates them for the backward);
+    - ``input_grads``: gradients of inputs, held until they are handed back to autograd.
+
+    Capture adds their sum to every node's ``transient``, so a schedule's peak counts them.
+    """
+    random = [n for n in gm.graph.nodes if n.op == "call_function" and is_random(n)]
+    buffers = dict(zip(layout["buffer_names"], args[len(layout["param_names"]) :], strict=False))
+    mutated = storages_of([buffers[name] for name in layout["buffer_update_indices"]])
+    forward = storages_of([outputs[i] for i in layout["forward_output_indices"]])
+    input_grads = storages_of([outputs[i] for i in layout["input_grad_indices"].values()])
+    return {
+        "rng_states": sum(_generator_state_bytes(n) for n in random),
+        "buffer_snapshots": sum(mutated.values()),
+        "outputs": sum(forward.values()),
+        "tangents": static["tangents"],
+        "input_grads": sum(input_grads.values()),
+    }
+
+
+def _generator_state_bytes(node: torch.fx.Node) -> int:
+    """Bytes of the saved state of the generator a random node draws from (its device's)."""
+    val = node.meta.get("val")
+    val = val[0] if isinstance(val, tuple | list) else val
+    device = val.device if isinstance(val, torch.Tensor) else torch.device("cpu")
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index or 0].get_state().nbytes
+    return torch.default_generator.get_state().nbytes
 
 
 def _static_bytes(args: list[torch.Tensor], layout: dict, outputs: list[object]) -> dict[str, int]:

@@ -1,4 +1,5 @@
-"""Run the joint graph node by node on real tensors: storages, seconds and FLOPs per fx node.
+"""Run the joint graph node by node on real tensors: storages, seconds, FLOPs and scratch bytes
+per fx node.
 
 Every value stays alive until the end of the run, so storage data pointers are unique and a
 storage is identified by its pointer (zero-byte storages get a private key).
@@ -16,6 +17,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
+from graph_capture.peak import measure_each
+
 StorageKey = tuple[int, int]
 
 
@@ -28,7 +31,9 @@ class NodeMeasure:
     ``seconds``: median wall time of ``repeats`` runs; ``flops_counted``: what
     ``FlopCounterMode`` counts (matmul, conv, attention); ``flops``: that, or a numel-based
     estimate (one FLOP per element of the largest input or of all outputs, whichever is
-    larger) for ops it counts as 0 that allocate memory.
+    larger) for ops it counts as 0 that allocate memory. ``scratch_bytes``: measured on the
+    device from real allocations, the most bytes the op held at any moment while it ran beyond
+    what it left allocated when it returned (its output): workspaces and temporaries.
     """
 
     storages: dict[StorageKey, int]
@@ -38,6 +43,7 @@ class NodeMeasure:
     flops: int
     shapes: list[tuple[int, ...]] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
+    scratch_bytes: int = 0
 
 
 def _tensors(value: object) -> list[torch.Tensor]:
@@ -71,7 +77,8 @@ def _estimate_flops(args: Sequence[object], out: object) -> int:
 def measure_joint(
     gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], *, repeats: int = 3
 ) -> tuple[dict[str, NodeMeasure], list[object]]:
-    """Run ``gm`` once node by node (plus ``repeats`` timed re-runs per node, RNG restored).
+    """Run ``gm`` once node by node (plus ``repeats`` timed re-runs per node, RNG restored),
+    then once more under the allocation profiler for each node's scratch bytes.
 
     Returns (fx node name -> `NodeMeasure`, the flat outputs).
     The outputs are those of a plain run: each node's value is from a run that started from
@@ -102,7 +109,35 @@ def measure_joint(
             seen.update(measure.storages)
             env[node.name] = value
             measures[node.name] = measure
+        _measure_scratch(gm, env, measures, _device_of(args))
     return measures, outputs
+
+
+def _device_of(args: Sequence[object]) -> torch.device:
+    tensors = _tensors(list(args))
+    return tensors[0].device if tensors else torch.device("cpu")
+
+
+def _measure_scratch(
+    gm: torch.fx.GraphModule,
+    env: dict[str, object],
+    measures: dict[str, NodeMeasure],
+    device: torch.device,
+) -> None:
+    """Set every node's ``scratch_bytes``: one more run of each op on the live values (the RNG
+    state restored afterwards), measured by `measure_each` (peak above the op's start minus
+    what it left allocated)."""
+    nodes = [
+        n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem
+    ]
+    calls = []
+    for node in nodes:
+        fn_args, fn_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
+        calls.append(lambda f=node.target, a=fn_args, k=fn_kwargs: f(*a, **k))
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        peaks = measure_each(calls, device)
+    for node, peak in zip(nodes, peaks, strict=True):
+        measures[node.name].scratch_bytes = max(0, peak.peak_bytes - peak.end_bytes)
 
 
 def _run_node(
