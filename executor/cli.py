@@ -1,7 +1,8 @@
 """The `remat` command: assembles the subcommands of the three packages.
 
 remat solve GRAPH.json | --demo [NAME]   exact schedule vs baselines (solver.cli)
-remat run --demo gpt --budget 50%        train under the schedule, measured (executor.run_command)
+remat run --demo gpt | --model M:F --budget 50%   train under the schedule, measured
+                                                  (executor.run_command)
 """
 
 from __future__ import annotations
@@ -77,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     profile = sub.add_parser("profile", help="per-module activation bytes and FLOPs of a model")
     add_profile_arguments(profile)
     profile.set_defaults(handler=run_profile)
-    run = sub.add_parser("run", help="train a demo model under a schedule; measured vs eager")
+    run = sub.add_parser(
+        "run", help="train a demo or your model under a schedule; measured vs eager"
+    )
     add_run_arguments(run)
     run.set_defaults(handler=run_run)
     return parser

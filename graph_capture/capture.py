@@ -173,7 +173,8 @@ def _held_bytes(
     """Bytes a training step under `executor.Rematerialized` holds besides the DAG's values,
     by part (each at most this much, at any moment of the step):
 
-    - ``rng_states``: one saved generator state per random node (to replay its draw);
+    - ``rng_states``: one saved generator state per random node (to replay its draw), and one
+      more: the live state, put aside while a recompute replays a draw;
     - ``buffer_snapshots``: a copy of each buffer the step mutates (what recomputes read);
     - ``outputs``: the forward outputs, which the caller holds until the step ends;
     - ``tangents``: the incoming output gradients (autograd creates them for the backward);
@@ -187,7 +188,7 @@ def _held_bytes(
     forward = storages_of([outputs[i] for i in layout["forward_output_indices"]])
     input_grads = storages_of([outputs[i] for i in layout["input_grad_indices"].values()])
     return {
-        "rng_states": sum(_generator_state_bytes(n) for n in random),
+        "rng_states": sum(_generator_state_bytes(n) for n in random[:1] + random),
         "buffer_snapshots": sum(mutated.values()),
         "outputs": sum(forward.values()),
         "tangents": static["tangents"],
