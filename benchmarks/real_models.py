@@ -103,7 +103,8 @@ def run_model(name: str, args: argparse.Namespace) -> list[Row]:
     problem = solver.prepare(graph)
     peers, failed = _peers(bench, tuple(args.knapsack))
     peaks = measure_peaks(peers)
-    schedules: dict[str, solver.Schedule] = {REMAT_FULL: solver.baseline(graph, "checkpoint_all")}
+    full = solver.baseline(graph, "checkpoint_all")
+    schedules: dict[str, solver.Schedule] = {REMAT_FULL: full, CONTROL: full}
     budgets: dict[str, int] = {}
     for peer in peers:
         if peer == "eager":
