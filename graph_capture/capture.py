@@ -24,13 +24,13 @@ def capture(
     granularity: str = "op",
     cost_model: str = "time",
     module_depth: int | None = None,
-    repeats: int = 3,
+    repeats: int = 5,
 ) -> CapturedGraph:
     """Capture ``model(*example_inputs)`` forward + backward as a `CapturedGraph`.
 
     ``granularity``: "op" (one DAG node per allocating aten op, views folded in) or "module"
     (consecutive ops of one module and phase merged; ``module_depth`` truncates module paths).
-    ``cost_model``: "time" (DAG ``cost`` in seconds, median of ``repeats`` runs per op) or
+    ``cost_model``: "time" (DAG ``cost`` in seconds, least of ``repeats`` runs per op) or
     "flops". Measurement runs the graph once on the example inputs with tangents of ones; the
     global RNG state and the model are left as they were. Raises `CaptureError`.
     """

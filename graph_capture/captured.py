@@ -32,7 +32,7 @@ The DAG (``networkx.DiGraph``; solver contract):
 - ``mem`` (int, bytes): bytes of the storages this group creates that something outside the
   group reads (another group or the graph output), deduplicated by storage. Views and aliases
   add nothing. ``temp_mem`` (bytes): storages created and consumed inside the group.
-- ``cost``: seconds (median of repeated runs, ``cost_model="time"``) or FLOPs
+- ``cost``: seconds (least of repeated runs, ``cost_model="time"``) or FLOPs
   (``cost_model="flops"``) to compute the whole group once. ``time`` (s) and ``flops`` are
   always both present.
 - ``phase`` in {"forward", "backward"}, ``backward`` (bool), ``name``, ``op`` (aten op of the

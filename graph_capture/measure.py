@@ -8,7 +8,6 @@ storage is identified by its pointer (zero-byte storages get a private key).
 from __future__ import annotations
 
 import operator
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,12 +27,13 @@ class NodeMeasure:
 
     ``storages``: storage key -> bytes of every storage its tensor outputs reference;
     ``new_storages``: the subset this node allocated (not seen on any earlier value);
-    ``seconds``: median wall time of ``repeats`` runs; ``flops_counted``: what
-    ``FlopCounterMode`` counts (matmul, conv, attention); ``flops``: that, or a numel-based
-    estimate (one FLOP per element of the largest input or of all outputs, whichever is
-    larger) for ops it counts as 0 that allocate memory. ``scratch_bytes``: measured on the
-    device from real allocations, the most bytes the op held at any moment while it ran beyond
-    what it left allocated when it returned (its output): workspaces and temporaries.
+    ``seconds``: least wall time of ``repeats`` runs (other processes only ever add time);
+    ``flops_counted``: what ``FlopCounterMode`` counts (matmul, conv, attention); ``flops``:
+    that, or a numel-based estimate (one FLOP per element of the largest input or of all
+    outputs, whichever is larger) for ops it counts as 0 that allocate memory;
+    ``scratch_bytes``: measured on the device from real allocations, the most bytes the op
+    held at any moment while it ran beyond what it left allocated when it returned (its
+    output): workspaces and temporaries.
     """
 
     storages: dict[StorageKey, int]
@@ -75,7 +75,7 @@ def _estimate_flops(args: Sequence[object], out: object) -> int:
 
 
 def measure_joint(
-    gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], *, repeats: int = 3
+    gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], *, repeats: int = 5
 ) -> tuple[dict[str, NodeMeasure], list[object]]:
     """Run ``gm`` once node by node (plus ``repeats`` timed re-runs per node, RNG restored),
     then once more under the allocation profiler for each node's scratch bytes.
@@ -162,9 +162,7 @@ def _run_node(
     storages = storages_of(value)
     allocates = any(k not in storages_of((args, kwargs)) for k in storages)
     flops = counted or (_estimate_flops((args, kwargs), value) if allocates else 0)
-    return value, NodeMeasure(
-        storages, set(), statistics.median(seconds), counted, flops, *_shapes(value)
-    )
+    return value, NodeMeasure(storages, set(), min(seconds), counted, flops, *_shapes(value))
 
 
 def _shapes(value: object) -> tuple[list[tuple[int, ...]], list[str]]:
