@@ -45,7 +45,6 @@ from benchmarks.measure import (
 from benchmarks.zoo import ZOO, Bench
 from executor.module import Rematerialized
 from graph_capture import capture
-from solver.errors import RematError
 
 MODELS = (
     "gpt2_4",
@@ -111,7 +110,7 @@ def run_model(name: str, args: argparse.Namespace) -> list[Row]:
             continue
         try:
             schedule = solver.solve(graph, budget=peaks[peer], time_limit=args.time_limit)
-        except RematError as error:
+        except solver.RematError as error:
             failed[f"remat @ {peer}"] = str(error)[:120]
             continue
         schedules[f"remat @ {peer}"] = schedule
