@@ -37,7 +37,7 @@ from torch.utils.checkpoint import checkpoint_sequential
 
 from executor.memory import measure_peak
 from executor.module import Rematerialized
-from graph_capture.cli import add_model_arguments, load_model_from_args
+from graph_capture.cli import add_model_arguments, capture_with_args, load_model_from_args
 
 __all__ = ["BUDGET_HELP", "add_run_arguments", "run_run", "sqrt_checkpointed"]
 
@@ -199,16 +199,9 @@ def _train_and_report(
     args: argparse.Namespace, model: nn.Module, inputs: tuple[torch.Tensor, ...]
 ) -> int:
     """Capture, solve, train the copies side by side and print the report."""
-    from graph_capture import capture
     from solver import prepare
 
-    captured = capture(
-        model,
-        inputs,
-        granularity=args.granularity,
-        cost_model=args.cost_model,
-        module_depth=args.module_depth,
-    )
+    captured = capture_with_args(args, model, inputs)
     schedule = _schedule(args, captured)
     runners = _runners(model, captured, schedule, args.lr)
     eager, remat = runners[0], runners[1]

@@ -90,7 +90,14 @@ def capture_from_args(args: argparse.Namespace) -> CapturedGraph:
     """Load the model named by the arguments and capture it; prints a one-line summary."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, inputs = load_model_from_args(args)
+    return capture_with_args(args, *load_model_from_args(args))
+
+
+def capture_with_args(
+    args: argparse.Namespace, model: nn.Module, inputs: tuple[torch.Tensor, ...]
+) -> CapturedGraph:
+    """Capture `model` with the capture options of the arguments (granularity, cost model,
+    module depth); prints a one-line summary on stderr."""
     started = time.perf_counter()
     graph = capture(
         model,
