@@ -93,6 +93,7 @@ def _remat_step(bench: Bench, captured, schedule: solver.Schedule) -> Step:
 def run_model(name: str, args: argparse.Namespace) -> list[Row]:
     """Every method's row on model `name` (see the module docstring)."""
     torch.set_num_threads(1)
+    torch._dynamo.reset()  # the knapsack compiles HFLoss.forward anew per model (recompile limit)
     started = time.perf_counter()
     bench = ZOO[name]()
     for p in bench.model.parameters():
