@@ -47,7 +47,8 @@ The DAG (``networkx.DiGraph``; solver contract):
   (of the anchor's tensor outputs), ``is_output`` (bool: a group member is a graph output).
 - an edge u -> v for every data dependency of a member of v on a member of u.
 - graph attr ``order``: all node ids, topological, every forward node before every backward
-  node. Graph attrs ``static_bytes`` and ``granularity`` repeat the fields below; ``held_bytes`` as above.
+  node. Graph attrs ``static_bytes`` and ``granularity`` repeat the fields below;
+  ``held_bytes`` as above.
 
 Parameters, buffers, inputs and tangents are not DAG nodes: their bytes are in
 ``static_bytes``. Gradient outputs *are* produced by DAG nodes (their bytes are in those
