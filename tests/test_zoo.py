@@ -1,11 +1,12 @@
 """The model zoo at tiny sizes: each factory builds a train-mode model whose forward returns a
-scalar loss, forward+backward runs, `blocks` are the model's repeated blocks in execution order,
-CNNs capture at op level and replay bit-identically, and `capture_graphs` writes loadable
-graph files and a manifest."""
+scalar loss, forward+backward runs, `blocks` are the model's repeated blocks in execution order
+and checkpointing each of them leaves the gradients bit-identical, CNNs capture at op level and
+replay bit-identically, and `capture_graphs` writes loadable graph files and a manifest."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from collections.abc import Callable
 from functools import partial
@@ -16,6 +17,7 @@ from capture_checks import assert_exact_replay
 from torch import nn
 
 from benchmarks import capture_graphs
+from benchmarks.measure import checkpointed_blocks
 from benchmarks.zoo import ZOO, Bench, mobilenet_v3_small, resnet18, resnet50
 from benchmarks.zoo.mobilenet import InvertedResidual
 from benchmarks.zoo.resnet import BasicBlock, Bottleneck
@@ -62,6 +64,27 @@ def _assert_runs_with_blocks(bench: Bench, block_type: type[nn.Module]) -> None:
 def test_cnn_runs_and_blocks_are_its_repeated_blocks(name: str) -> None:
     factory, block_type = TINY_CNNS[name]
     _assert_runs_with_blocks(factory(), block_type)
+
+
+def _gradients(bench: Bench, checkpointed: bool) -> list[torch.Tensor]:
+    """Parameter gradients of one step from a fixed RNG seed, model state restored after."""
+    state = {k: v.clone() for k, v in bench.model.state_dict().items()}
+    bench.model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    with checkpointed_blocks(bench.blocks) if checkpointed else contextlib.nullcontext():
+        bench.model(*bench.inputs).backward()
+    bench.model.load_state_dict(state)
+    return [p.grad for p in bench.model.parameters()]
+
+
+def _assert_blocks_checkpoint_exactly(bench: Bench) -> None:
+    plain, checkpointed = _gradients(bench, False), _gradients(bench, True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, checkpointed, strict=True))
+
+
+@pytest.mark.parametrize("name", sorted(TINY_CNNS))
+def test_cnn_per_block_checkpoint_gives_bit_identical_gradients(name: str) -> None:
+    _assert_blocks_checkpoint_exactly(TINY_CNNS[name][0]())
 
 
 def test_cnn_block_counts_follow_torchvision() -> None:
@@ -138,3 +161,4 @@ def test_transformer_runs_with_dropout_and_blocks(name: str) -> None:
         torch.manual_seed(seed)
         losses.append(bench.model(*bench.inputs))
     assert not torch.equal(*losses), "dropout runs: the loss depends on the RNG"
+    _assert_blocks_checkpoint_exactly(bench)
