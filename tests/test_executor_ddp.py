@@ -11,6 +11,7 @@ still runs each parameter's AccumulateGrad node, whose hooks (DDP's included) th
 from __future__ import annotations
 
 import copy
+import datetime
 import os
 
 import torch
@@ -42,7 +43,13 @@ def train_rank(rank: int, init_file: str, results: str) -> None:
     import executor
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    dist.init_process_group(  # a rank that fails makes the other time out, not hang
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=60),
+    )
     try:
         data = torch.Generator().manual_seed(100 + rank)  # different data per rank
         example = torch.randn(128, 32, generator=data)
