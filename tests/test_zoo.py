@@ -102,8 +102,8 @@ def test_cnn_captures_at_op_level_and_replays_bit_identical(name: str) -> None:
 
 def test_zoo_names_are_cli_factories() -> None:
     args = argparse.Namespace(model="benchmarks.zoo:mobilenet_v3_small")
-    model, inputs = load_model_from_args(args)
-    assert model.training and isinstance(inputs, tuple)
+    model, inputs, kwargs = load_model_from_args(args)
+    assert model.training and isinstance(inputs, tuple) and kwargs == {}
     assert model(*inputs).dim() == 0
 
 
