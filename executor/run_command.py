@@ -1,10 +1,10 @@
 """`remat run`: train a model under a solved schedule and report what was measured.
 
 The model is a demo (``--demo gpt``) or the user's own (``--model pkg.module:factory``, the
-factory returning ``(model, example_inputs)`` as for `remat profile` and `remat solve`). For N
-steps, copies of the model train side by side from the same initial weights, each with its own
-optimizer and its own copy of the global RNG stream (swapped in and out, so each sees exactly
-the stream eager would):
+factory returning ``(model, example_inputs[, example_kwargs])`` as for `remat profile` and
+`remat solve`). For N steps, copies of the model train side by side from the same initial
+weights, each with its own optimizer and its own copy of the global RNG stream (swapped in and
+out, so each sees exactly the stream eager would):
 
 - eager: plain autograd;
 - remat: `Rematerialized` under the exact schedule for ``--budget``;
@@ -12,12 +12,13 @@ the stream eager would):
   the model's longest ``nn.Sequential`` (its blocks), the usual hand-placed baseline (skipped
   when the model has none).
 
-The step is ``model(*inputs)`` and a backward from every differentiable output with gradients
-of ones (``sum()`` of each output as the loss; a scalar loss gets 1). Printed: the budget, the
-solver's predicted peak and the measured peak (profiler allocation events, bytes above the start
-of the step, ``.grad`` allocated before it), measured / predicted; the median step time of
-each; and whether remat's outputs, gradients and parameters were bit-identical to eager's on
-every step. Exit status 0 only when they were and the measured peak is within the budget.
+The step is ``model(*inputs, **kwargs)`` and a backward from every differentiable output with
+gradients of ones (``sum()`` of each output as the loss; a scalar loss gets 1). Printed: the
+budget, the solver's predicted peak and the measured peak (profiler allocation events, bytes
+above the start of the step, ``.grad`` allocated before it), measured / predicted; the median
+step time of each; and whether remat's outputs, gradients and parameters were bit-identical to
+eager's on every step. Exit status 0 only when they were and the measured peak is within the
+budget.
 """
 
 from __future__ import annotations
@@ -99,6 +100,10 @@ def _backward_from(out: object) -> list[torch.Tensor]:
     return [x.detach() for x in flat]
 
 
+_Call = tuple[Sequence[torch.Tensor], dict[str, torch.Tensor]]
+"""A step's arguments: positional inputs and keyword inputs."""
+
+
 @dataclass
 class _Runner:
     """One training copy: its model, optimizer, its own RNG stream and its step times."""
@@ -110,25 +115,26 @@ class _Runner:
     rng: torch.Tensor
     seconds: list[float]
 
-    def step(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def step(self, inputs: _Call) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """One training step on this copy's RNG stream; returns (outputs, grads before update)."""
         torch.set_rng_state(self.rng)
         self.optimizer.zero_grad(set_to_none=False)
         t0 = time.perf_counter()
-        outputs = _backward_from(self.call(*inputs))
+        outputs = _backward_from(self.call(*inputs[0], **inputs[1]))
         self.seconds.append(time.perf_counter() - t0)
         grads = [p.grad.clone() for p in self.model.parameters()]
         self.optimizer.step()
         self.rng = torch.get_rng_state()
         return outputs, grads
 
-    def peak_bytes(self, inputs: Sequence[torch.Tensor]) -> int:
+    def peak_bytes(self, inputs: _Call) -> int:
         """Measured peak of one forward+backward, RNG state and weights left unchanged."""
         saved = [p.detach().clone() for p in self.model.parameters()]
         grads = [p.grad.clone() for p in self.model.parameters()]
         state = {k: v.clone() for k, v in self.model.state_dict().items()}
         with torch.random.fork_rng(devices=[]):
-            peak = measure_peak(lambda: _backward_from(self.call(*inputs))).peak_bytes
+            step = lambda: _backward_from(self.call(*inputs[0], **inputs[1]))  # noqa: E731
+            peak = measure_peak(step).peak_bytes
         with torch.no_grad():
             for p, w, g in zip(self.model.parameters(), saved, grads, strict=True):
                 p.copy_(w)
@@ -196,12 +202,16 @@ def _runners(
 
 
 def _train_and_report(
-    args: argparse.Namespace, model: nn.Module, inputs: tuple[torch.Tensor, ...]
+    args: argparse.Namespace,
+    model: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    kwargs: dict[str, torch.Tensor],
 ) -> int:
     """Capture, solve, train the copies side by side and print the report."""
     from solver import prepare
 
-    captured = capture_with_args(args, model, inputs)
+    captured = capture_with_args(args, model, inputs, kwargs)
+    call = (inputs, kwargs)
     schedule = _schedule(args, captured)
     runners = _runners(model, captured, schedule, args.lr)
     eager, remat = runners[0], runners[1]
@@ -209,7 +219,7 @@ def _train_and_report(
     mismatches: list[str] = []
     names = [n for n, _ in eager.model.named_parameters()]
     for k in range(args.steps):
-        (out_e, grads_e), (out_r, grads_r), *_ = (r.step(inputs) for r in runners)
+        (out_e, grads_e), (out_r, grads_r), *_ = (r.step(call) for r in runners)
         if not all(torch.equal(a, b) for a, b in zip(out_e, out_r, strict=True)):
             mismatches.append(f"step {k}: outputs")
         mismatches += [
@@ -223,7 +233,7 @@ def _train_and_report(
             eager.model.state_dict().values(), remat.model.state_dict().values(), strict=True
         )
     )
-    peaks = {r.name: r.peak_bytes(inputs) for r in runners}
+    peaks = {r.name: r.peak_bytes(call) for r in runners}
     times = {r.name: statistics.median(r.seconds[1:]) for r in runners}
 
     what = args.model or args.demo

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
 from graph_capture.captured import CapturedGraph, TensorSpec
 from graph_capture.dag import build_dag
+from graph_capture.device import (
+    AutocastState,
+    fork_rng,
+    generator,
+    model_device,
+    no_autocast,
+    synchronize,
+)
 from graph_capture.errors import CaptureError
+from graph_capture.fx_nodes import device_of
 from graph_capture.grouping import group_modules, group_ops, op_group_order
+from graph_capture.lifted import lifted_constants
 from graph_capture.measure import NodeMeasure, StorageKey, is_random, measure_joint, storages_of
 from graph_capture.trace import TracedJoint, trace_joint
 
@@ -21,13 +31,22 @@ GRANULARITIES = ("op", "module")
 def capture(
     model: nn.Module,
     example_inputs: Sequence[torch.Tensor],
+    example_kwargs: Mapping[str, torch.Tensor] | None = None,
     *,
     granularity: str = "op",
     cost_model: str = "time",
     module_depth: int | None = None,
     repeats: int = 5,
 ) -> CapturedGraph:
-    """Capture ``model(*example_inputs)`` forward + backward as a `CapturedGraph`.
+    """Capture ``model(*example_inputs, **example_kwargs)`` forward + backward as a
+    `CapturedGraph`.
+
+    ``example_kwargs``: keyword tensor arguments, as models are often called
+    (``labels=``, ``attention_mask=``); the graph's user inputs are the positional ones, then
+    these in the given order (``kwarg_names``). Capture runs under the autocast state in force
+    for the model's device and records it (``autocast``): the graph holds autocast's casts, so
+    it replays eager only under that same state. Tangents and measurements are made on the
+    model's device.
 
     ``granularity``: "op" (one DAG node per allocating aten op, views folded in) or "module"
     (consecutive ops of one module and phase merged; ``module_depth`` truncates module paths).
@@ -37,31 +56,36 @@ def capture(
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")
-    with torch.random.fork_rng(devices=[]):
-        traced = trace_joint(model, example_inputs)
+    kwargs = dict(example_kwargs or {})
+    device = model_device(model)
+    autocast = AutocastState.current(device)
+    with fork_rng(device):
+        traced = trace_joint(model, example_inputs, kwargs)
         layout = _layout(traced, model)
         gm = traced.graph_module
         output_specs = _output_specs(gm, layout["forward_output_indices"])
         tangents = [
-            torch.ones(output_specs[i].shape, dtype=output_specs[i].dtype)
+            torch.ones(output_specs[i].shape, dtype=output_specs[i].dtype, device=device)
             for i in layout["tangent_output_indices"]
         ]
         params = dict(model.named_parameters())
         buffers = dict(model.named_buffers())
+        flat_inputs = [*example_inputs, *kwargs.values()]
         args = (
             [params[n] for n in layout["param_names"]]
             + [buffers[n] for n in layout["buffer_names"]]
-            + [x.detach() for x in example_inputs]
+            + [x.detach() for x in flat_inputs]
             + tangents
         )
-        measures, flat_outputs = measure_joint(gm, args, repeats=repeats)
+        with no_autocast(device.type):
+            measures, flat_outputs = measure_joint(gm, args, repeats=repeats)
         _add_accumulation_seconds(gm, layout, flat_outputs, measures, repeats)
     group = group_ops(gm, measures)
     order = op_group_order(gm, group)
     modules = None
     if granularity == "module":
         group, order, modules = group_modules(gm, group, order, module_depth)
-    static = _static_bytes(args, layout, flat_outputs)
+    static = _static_bytes(args, layout, flat_outputs, lifted_constants(gm))
     held = _held_bytes(gm, layout, args, flat_outputs, static)
     dag, members = build_dag(gm, measures, group, order, cost_model, modules, sum(held.values()))
     dag.graph["held_bytes"] = held
@@ -76,7 +100,9 @@ def capture(
         cost_model=cost_model,
         random_nodes=[n.name for n in gm.graph.nodes if n.op == "call_function" and is_random(n)],
         static_bytes=static,
-        input_specs=[TensorSpec.of(x) for x in example_inputs],
+        input_specs=[TensorSpec.of(x) for x in flat_inputs],
+        kwarg_names=tuple(kwargs),
+        autocast=autocast,
         output_specs=output_specs,
         output_treespec=traced.output_treespec,
         node_group=group,
@@ -161,7 +187,7 @@ def _output_specs(gm: torch.fx.GraphModule, forward_positions: list[int]) -> lis
                 f"forward output {index} is not a tensor ({node!r}); return tensors only"
             )
         val = node.meta["val"]
-        specs.append(TensorSpec(tuple(val.shape), val.dtype, val.requires_grad))
+        specs.append(TensorSpec.of(val))
     return specs
 
 
@@ -185,8 +211,10 @@ def _add_accumulation_seconds(
         buffer = torch.zeros_like(grad)
         seconds = []
         for _ in range(max(1, repeats)):
+            synchronize(grad.device)
             start = time.perf_counter()
             buffer.add_(grad)
+            synchronize(grad.device)
             seconds.append(time.perf_counter() - start)
         measures[node.name].seconds += min(seconds)
 
@@ -226,21 +254,21 @@ def _held_bytes(
 
 def _generator_state_bytes(node: torch.fx.Node) -> int:
     """Bytes of the saved state of the generator a random node draws from (its device's)."""
-    val = node.meta.get("val")
-    val = val[0] if isinstance(val, tuple | list) else val
-    device = val.device if isinstance(val, torch.Tensor) else torch.device("cpu")
-    if device.type == "cuda":
-        return torch.cuda.default_generators[device.index or 0].get_state().nbytes
-    return torch.default_generator.get_state().nbytes
+    return generator(device_of(node)).get_state().nbytes
 
 
-def _static_bytes(args: list[torch.Tensor], layout: dict, outputs: list[object]) -> dict[str, int]:
-    """Bytes of params, buffers, inputs, tangents (storage-deduplicated) and of the grads."""
+def _static_bytes(
+    args: list[torch.Tensor], layout: dict, outputs: list[object], constants: list[torch.Tensor]
+) -> dict[str, int]:
+    """Bytes of params, buffers, inputs, tangents, lifted constants (storage-deduplicated) and
+    of the grads."""
+    args = [*args, *constants]
     counts = [
         ("params", len(layout["param_names"])),
         ("buffers", len(layout["buffer_names"])),
         ("inputs", len(layout["input_placeholders"])),
         ("tangents", len(layout["tangent_placeholders"])),
+        ("constants", len(constants)),
     ]
     seen: set[StorageKey] = set()
     static: dict[str, int] = {}

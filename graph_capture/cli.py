@@ -2,7 +2,8 @@
 
 ``--demo gpt|resnet|unet`` builds a demo model (`graph_capture.demo_models`); ``--model
 pkg.module:factory`` imports ``factory`` and calls it with no arguments: it must return
-``(model, example_inputs)``. Either is traced with `graph_capture.capture`.
+``(model, example_inputs)`` or ``(model, example_inputs, example_kwargs)`` (keyword tensor
+arguments, e.g. ``labels=``). Either is traced with `graph_capture.capture`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, demo: bool = True) -
     parser.add_argument(
         "--model",
         metavar="MODULE:FACTORY",
-        help="a callable returning (model, example_inputs), e.g. mypkg.models:make",
+        help="a callable returning (model, example_inputs[, example_kwargs]), e.g. "
+        "mypkg.models:make",
     )
     parser.add_argument(
         "--granularity",
@@ -65,8 +67,10 @@ def wants_model(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "model", None)) or getattr(args, "demo", None) in DEMOS
 
 
-def load_model_from_args(args: argparse.Namespace) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """Build ``(model, example_inputs)`` from ``--model`` or ``--demo``."""
+def load_model_from_args(
+    args: argparse.Namespace,
+) -> tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """Build ``(model, example_inputs, example_kwargs)`` from ``--model`` or ``--demo``."""
     if getattr(args, "model", None):
         module_name, _, attr = args.model.partition(":")
         if not attr:
@@ -80,10 +84,11 @@ def load_model_from_args(args: argparse.Namespace) -> tuple[nn.Module, tuple[tor
         made = DEMOS[args.demo]()
     else:
         raise CaptureError(f"give --model MODULE:FACTORY or --demo {{{', '.join(DEMOS)}}}")
-    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
-        raise CaptureError("the factory must return (model, example_inputs)")
-    model, inputs = made
-    return model.train(), tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
+    if not (isinstance(made, tuple) and len(made) in (2, 3) and isinstance(made[0], nn.Module)):
+        raise CaptureError("the factory must return (model, example_inputs[, example_kwargs])")
+    model, inputs, kwargs = made if len(made) == 3 else (*made, {})
+    inputs = tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
+    return model.train(), inputs, dict(kwargs)
 
 
 def capture_from_args(args: argparse.Namespace) -> CapturedGraph:
@@ -94,14 +99,18 @@ def capture_from_args(args: argparse.Namespace) -> CapturedGraph:
 
 
 def capture_with_args(
-    args: argparse.Namespace, model: nn.Module, inputs: tuple[torch.Tensor, ...]
+    args: argparse.Namespace,
+    model: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    kwargs: dict[str, torch.Tensor],
 ) -> CapturedGraph:
-    """Capture `model` with the capture options of the arguments (granularity, cost model,
-    module depth); prints a one-line summary on stderr."""
+    """Capture `model` called with `inputs` and `kwargs`, with the capture options of the
+    arguments (granularity, cost model, module depth); prints a one-line summary on stderr."""
     started = time.perf_counter()
     graph = capture(
         model,
         inputs,
+        kwargs,
         granularity=args.granularity,
         cost_model=args.cost_model,
         module_depth=args.module_depth,

@@ -16,6 +16,10 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
+from graph_capture.device import fork_rng, generator, synchronize
+from graph_capture.errors import CaptureError
+from graph_capture.fx_nodes import describe_op, device_of
+from graph_capture.lifted import LiftedConstant, lifted_constants
 from graph_capture.peak import measure_each
 
 StorageKey = tuple[int, int]
@@ -78,11 +82,13 @@ def measure_joint(
     gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], *, repeats: int = 5
 ) -> tuple[dict[str, NodeMeasure], list[object]]:
     """Run ``gm`` once node by node (plus ``repeats`` timed re-runs per node, RNG restored),
-    then once more under the allocation profiler for each node's scratch bytes.
+    then each op once more under the allocation profiler for its scratch bytes.
 
     Returns (fx node name -> `NodeMeasure`, the flat outputs).
     The outputs are those of a plain run: each node's value is from a run that started from
-    the RNG state the plain run would have had.
+    the RNG state the plain run would have had. Ops run where their inputs are (the model's
+    device); a lifted constant is static memory, like a placeholder. Raises `CaptureError`
+    naming the op and its module when an op fails on the real tensors.
     """
     env: dict[str, object] = {}
     measures: dict[str, NodeMeasure] = {}
@@ -91,6 +97,7 @@ def measure_joint(
     for node, value in zip(placeholders, args, strict=True):
         env[node.name] = value
         seen.update(storages_of(value))
+    seen.update(storages_of(lifted_constants(gm)))  # static memory, like the placeholders
     outputs: list[object] = []
     with torch.no_grad():
         for node in gm.graph.nodes:
@@ -100,41 +107,49 @@ def measure_joint(
                 outputs = list(torch.fx.node.map_arg(node.args[0], lambda n: env[n.name]))
                 break
             if node.op != "call_function":
-                raise RuntimeError(f"unexpected fx node {node.op} {node.name} in joint graph")
+                raise CaptureError(
+                    f"unexpected fx node {node.op} '{node.name}' ({node.target}) in the joint "
+                    "graph; only calls can be measured and replayed"
+                )
             fn_args, fn_kwargs = torch.fx.node.map_arg(
                 (node.args, node.kwargs), lambda n: env[n.name]
             )
-            value, measure = _run_node(node, fn_args, fn_kwargs, repeats)
+            try:
+                value, measure = _run_node(node, fn_args, fn_kwargs, repeats)
+            except Exception as error:
+                raise CaptureError(
+                    f"{describe_op(node)} failed on the example tensors: "
+                    f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                ) from error
             measure.new_storages = {k for k in measure.storages if k not in seen}
             seen.update(measure.storages)
             env[node.name] = value
             measures[node.name] = measure
-        _measure_scratch(gm, env, measures, _device_of(args))
+        _measure_scratch(gm, env, measures)
     return measures, outputs
 
 
-def _device_of(args: Sequence[object]) -> torch.device:
-    tensors = _tensors(list(args))
-    return tensors[0].device if tensors else torch.device("cpu")
-
-
 def _measure_scratch(
-    gm: torch.fx.GraphModule,
-    env: dict[str, object],
-    measures: dict[str, NodeMeasure],
-    device: torch.device,
+    gm: torch.fx.GraphModule, env: dict[str, object], measures: dict[str, NodeMeasure]
 ) -> None:
-    """Set every node's ``scratch_bytes``: one more run of each op on the live values (the RNG
-    state restored afterwards), measured by `measure_each` (peak above the op's start minus
-    what it left allocated)."""
+    """Set every op's ``scratch_bytes``: one more run of each on the live values (the RNG state
+    restored afterwards), measured by `measure_each` on the device of the ops (the model's):
+    the peak above the op's start less what it left allocated."""
     nodes = [
-        n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and n.target is not operator.getitem
+        and not isinstance(n.target, LiftedConstant)
     ]
+    if not nodes:
+        return
     calls = []
     for node in nodes:
         fn_args, fn_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
         calls.append(lambda f=node.target, a=fn_args, k=fn_kwargs: f(*a, **k))
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    device = device_of(nodes[0])
+    with fork_rng(device):
         peaks = measure_each(calls, device)
     for node, peak in zip(nodes, peaks, strict=True):
         measures[node.name].scratch_bytes = max(0, peak.peak_bytes - peak.end_bytes)
@@ -144,19 +159,23 @@ def _run_node(
     node: torch.fx.Node, args: tuple, kwargs: dict, repeats: int
 ) -> tuple[object, NodeMeasure]:
     target = node.target
-    if target is operator.getitem:
+    if target is operator.getitem or isinstance(target, LiftedConstant):
         value = target(*args, **kwargs)
         return value, NodeMeasure(storages_of(value), set(), 0.0, 0, 0, *_shapes(value))
-    state = torch.get_rng_state() if is_random(node) else None
+    device = device_of(node)
+    rng = generator(device) if is_random(node) else None
+    state = rng.get_state() if rng is not None else None
     with FlopCounterMode(display=False) as counter:
         target(*args, **kwargs)
     seconds = []
     value = None
     for _ in range(max(1, repeats)):
-        if state is not None:
-            torch.set_rng_state(state)
+        if rng is not None:
+            rng.set_state(state)
+        synchronize(device)
         start = time.perf_counter()
         value = target(*args, **kwargs)
+        synchronize(device)
         seconds.append(time.perf_counter() - start)
     counted = int(counter.get_total_flops())
     storages = storages_of(value)

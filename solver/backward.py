@@ -10,9 +10,11 @@ backward) of stage t; j bounds that compute's node (stages recompute in ascendin
 going backward each recompute has a smaller index than the one undone before it). Moves:
 
 - recompute i in stage t (i in X, i < j): the compute of i needs X | preds(i) live (i itself
-  counted), which must fit the budget; before it, X - {i} | preds(i) must be live.
+  counted), which with i's transient bytes must fit the budget; before it, X - {i} | preds(i)
+  must be live.
 - close stage t: X is what stage t keeps from earlier stages (every member is < t); undo stage
-  t - 1's own compute: X | {t-1} | preds(t-1) must fit; before it X - {t-1} | preds(t-1).
+  t - 1's own compute: X | {t-1} | preds(t-1) and t - 1's transient bytes must fit; before it
+  X - {t-1} | preds(t-1).
 
 Start: the last stage's compute (nothing is kept after it); goal: stage 0 closed with nothing
 live. The peak of a compute is exactly what the move checks (eager frees: `solver.stages`), so
@@ -86,7 +88,7 @@ def search(
     """One backward search at `budget` bytes; ties between states of the same stage go to the
     least bytes live (by_cost=False) or the least recompute cost so far (by_cost=True). Returns
     the plan (None where none was reached) and the number of states created."""
-    n, mem, cost = problem.n, problem.mem, problem.cost
+    n, mem, cost, transient = problem.n, problem.mem, problem.cost, problem.transient
     if n == 0:
         return None, 0
     reads = [sum(1 << p for p in problem.preds[v]) for v in range(n)]
@@ -96,7 +98,7 @@ def search(
         return sum(mem[i] for i in _bits(x & ~live))
 
     last = n - 1
-    if mem[last] + added(1 << last, reads[last]) > budget:
+    if mem[last] + added(1 << last, reads[last]) + transient[last] > budget:
         return None, 0
     start = (last, last, reads[last])
     start_bytes = added(0, reads[last])
@@ -117,14 +119,14 @@ def search(
         moves: list[tuple[tuple[int, int, int], int, int, float]] = []
         own = t - 1
         bit = 1 << own
-        if live_bytes + added(x, bit | reads[own]) <= budget:
+        if live_bytes + added(x, bit | reads[own]) + transient[own] <= budget:
             after = (x & ~bit) | reads[own]
             moves.append(((own, own, after), own, added(0, after), spent))
         for i in _bits(x):
             if i >= j:
                 break
             grown = added(x, reads[i])
-            if live_bytes + grown <= budget:
+            if live_bytes + grown + transient[i] <= budget:
                 after = (x & ~(1 << i)) | reads[i]
                 moves.append(((t, i, after), i, live_bytes - mem[i] + grown, spent + cost[i]))
         for child, node, child_bytes, child_spent in moves:

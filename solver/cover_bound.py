@@ -2,16 +2,18 @@ r"""The read-gap cover: a lower bound on the recompute cost that needs no stage 
 plan its solution suggests.
 
 Stage t computes node t (`solver.formulation`). When it does, node t, its inputs and every value
-kept into stage t + 1 are live. Take a value i < t that a later node reads and that is not an
-input of t: r_{k-1} < t < r_k, where r_0 = i < r_1 < r_2 < ... are the stages that compute i and
-its users for the first time (stage j computes node j). If i is not kept into stage t + 1, it
-must be live again in stage r_k, so some stage in (r_{k-1}, r_k] recomputes it. Let x[i,k] = 1
-say that i is away somewhere in its read gap (r_{k-1}, r_k). The stage ranges of different gaps
-are disjoint, so every schedule recomputes i at least sum_k x[i,k] times, and
+kept into stage t + 1 are live, and the op holds its transient bytes. Take a value i < t that a
+later node reads and that is not an input of t: r_{k-1} < t < r_k, where r_0 = i < r_1 < r_2 < ...
+are the stages that compute i and its users for the first time (stage j computes node j). If i is
+not kept into stage t + 1, it must be live again in stage r_k, so some stage in (r_{k-1}, r_k]
+recomputes it. Let x[i,k] = 1 say that i is away somewhere in its read gap (r_{k-1}, r_k). The stage
+ranges of different gaps are disjoint, so every schedule recomputes i at least sum_k x[i,k] times,
+and
 
     minimise  sum_{i,k} cost_i x[i,k]
     s.t.      sum_{i crossing t} mem_i x[i,k(i,t)]                              (each stage t)
-                  >= mem_t + sum_{p in preds(t)} mem_p + sum_{i crossing t} mem_i - budget
+                  >= mem_t + transient_t + sum_{p in preds(t)} mem_p + sum_{i crossing t} mem_i
+                     - budget
 
 is a relaxation of the stage model (a schedule gives a solution of no higher cost): its optimum,
 and every bound CP-SAT proves on it, bounds the recompute cost of every schedule within the
@@ -75,7 +77,7 @@ def _build(problem: Problem, budget: int, int_cost: list[int]) -> _Model:
             previous = read
     for t in range(problem.n):
         # A value crossing t is not an input of t: t would be one of its reads.
-        live = problem.mem[t] + sum(problem.mem[p] for p in problem.preds[t])
+        live = problem.compute_floor(t)
         excess = live + sum(problem.mem[i] for i, _ in crossing[t]) - budget
         if excess > 0:
             lm.row([(problem.mem[i], x) for i, x in crossing[t]], excess, None)

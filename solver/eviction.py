@@ -1,12 +1,12 @@
 """Eviction under a budget: a memory-aware heuristic for any DAG (DTR-like, with the future known).
 
-The graph runs stage by stage in solver order: stage t computes node t and, first, whatever of
-its inputs is not live, recursively. Every value stays live (as a cache that cuts later
-recomputations short) until computing a node would exceed the budget; then live values are
-evicted until it fits: values no later stage reads first (largest first), then the one with the
-most bytes times (a power of) the distance to its next read per unit of rebuild cost (its own
-cost plus that of its evicted ancestors it would need, counted along every path). A value read
-later in the current stage is never evicted, so the run is a `StagePlan`;
+The graph runs stage by stage in solver order: stage t computes node t and, first, whatever of its
+inputs is not live, recursively. Every value stays live (as a cache that cuts later recomputations
+short) until computing a node would exceed the budget; then live values are evicted until it fits
+(its output and transient bytes included): values no later stage reads first (largest first), then
+the one with the most bytes times (a power of) the distance to its next read per unit of rebuild
+cost (its own cost plus that of its evicted ancestors it would need, counted along every path). A
+value read later in the current stage is never evicted, so the run is a `StagePlan`;
 `stages.plan_from_kept_sets` then drops kept values no stage reads, which only lowers the peak.
 When everything live is needed for the next compute, that run fails.
 
@@ -82,7 +82,7 @@ def _run(problem: Problem, budget: int, choose: Chooser, param: str) -> Member |
             for p in problem.preds[k]:
                 reads[p] = reads.get(p, 0) + 1
         for k in stage:
-            while live_bytes + mem[k] > budget:
+            while live_bytes + mem[k] + problem.transient[k] > budget:
                 candidates = [v for v in live if not reads.get(v)]
                 if not candidates:
                     return None

@@ -16,7 +16,8 @@ Constraints:
     (4) F[t,i,k] <= R[t,k];  F[t,i,k] + S[t+1,i] <= 1;  F[t,i,k] + R[t,j] <= 1 for users j of i,
         k < j <= t                                   free only after the last use in the stage
     (5) U[t,k] = sum_i mem_i S[t,i] + sum_{j<=k} mem_j R[t,j]
-                 - sum_{j<k} sum_{i in preds(j)+{j}} mem_i F[t,i,j]    <= budget (or <= peak)
+                 - sum_{j<k} sum_{i in preds(j)+{j}} mem_i F[t,i,j];
+        U[t,k] + transient_k R[t,k] <= budget (or <= peak)
     (6) S[t,i] <= S[t+1,i] + sum_{users j <= t} R[t,j]   carried values are used (dominance)
     (7) R[t,i] <= S[t+1,i] + sum_{users i < j <= t} R[t,j]  recomputed values are used (dominance)
     (8) sum_k F[t,i,k] <= R[t,i] + S[t,i]            freed at most once, and only if present
@@ -44,7 +45,8 @@ The moment relaxation (`build(..., first_stage=f, moment_stages=range(f, n))`) k
 replaces (4), (5) and (8) (no F, no U) by the memory at each stage's own node, which eager frees
 make linear:
 
-    (5') mem_t + sum_{p in preds(t)} mem_p + sum_{i < t, i not in preds(t)} mem_i S[t+1,i] <= budget
+    (5') mem_t + transient_t + sum_{p in preds(t)} mem_p
+             + sum_{i < t, i not in preds(t)} mem_i S[t+1,i] <= budget
 
 (a value kept into stage t + 1 is live when node t is computed, and so are t's inputs). Every
 plan of the model above satisfies it, so its optimum is a lower bound on the schedules' cost;
@@ -233,23 +235,27 @@ def _free_after_last_use(lm: LinearModel, problem: Problem, t: int) -> None:  # 
 
 def _memory(lm: LinearModel, problem: Problem, t: int, budget: int | None, mem_cap: int) -> None:
     """(5): U[t,k] as a chain of variables over the nodes stage t may compute, each bounded by
-    the budget (or the peak); between two of them nothing is computed or freed."""
+    the budget (or the peak) less k's transient bytes where k is computed; between two of them
+    nothing is computed or freed."""
     previous: list[tuple[int, int]] = [(problem.mem[i], v) for i, v in lm.keep[t].items()]
     frees = _frees_after(lm, t)
     lm.levels.append({})
-    for k in lm.compute[t]:
+    for k, computes in lm.compute[t].items():
         level = lm.var(f"U[{t},{k}]", 0, mem_cap if budget is None else budget, integral=True)
         lm.levels[t][k] = level
-        terms = [*previous, (problem.mem[k], lm.compute[t][k]), (-1, level)]
+        terms = [*previous, (problem.mem[k], computes), (-1, level)]
         lm.row(terms, 0, 0)
+        transient = [(problem.transient[k], computes)] if problem.transient[k] else []
         if lm.peak is not None:
-            lm.row([(1, level), (-1, lm.peak)], None, 0)
+            lm.row([(1, level), *transient, (-1, lm.peak)], None, 0)
+        elif transient:
+            lm.row([(1, level), *transient], None, budget)
         previous = [(1, level)] + [(-problem.mem[i], f) for i, f in frees.get(k, [])]
 
 
 def _moment_memory(lm: LinearModel, problem: Problem, t: int, budget: int) -> None:  # (5')
     inputs = set(problem.preds[t])
-    fixed = problem.mem[t] + sum(problem.mem[p] for p in inputs)
+    fixed = problem.compute_floor(t)
     terms = []
     for i, var in lm.keep[t + 1].items():
         if i < t and i not in inputs:
@@ -351,7 +357,7 @@ def build(
     if deadline is not None and time.perf_counter() > deadline:
         raise TimeoutError("the deadline passed before the model was begun")
     lm = LinearModel(first_stage=first_stage)
-    mem_cap = sum(problem.mem)
+    mem_cap = sum(problem.mem) + max(problem.transient)
     recomputable = _recomputable(int_cost, recompute_limit)
     _variables(lm, problem, budget, mem_cap, recomputable, moment_stages)
     for t in range(first_stage, problem.n):
@@ -421,7 +427,11 @@ def hint_values(lm: LinearModel, problem: Problem, plan: StagePlan) -> dict[int,
             values[var] = live
             live -= sum(problem.mem[i] * values[f] for i, f in frees.get(k, []))
     if lm.peak is not None:
-        values[lm.peak] = max(values[v] for stage in lm.levels for v in stage.values())
+        values[lm.peak] = max(
+            values[level] + problem.transient[k] * values[lm.compute[t][k]]
+            for t, stage in enumerate(lm.levels)
+            for k, level in stage.items()
+        )
     return values
 
 

@@ -5,6 +5,8 @@ Contract (what every graph handed to the solver must satisfy):
 - a `networkx.DiGraph`, acyclic; an edge u -> v means v reads u's output;
 - every node has `mem` (int >= 0: bytes of its output while it is alive) and `cost`
   (number >= 0: cost to compute it once, in whatever unit the graph uses: seconds, FLOPs, ...);
+- a node may have `transient` (int >= 0, default 0): bytes the op holds while it runs beyond its
+  inputs and its output (workspaces, temporaries), counted at its compute only;
 - graph inputs and parameters are not nodes: they are static memory outside the budget;
 - the graph attribute `order` (a list of all nodes, topological) fixes the node order; without it
   the order is networkx's lexicographical topological sort keyed by insertion position, which is
@@ -35,6 +37,7 @@ class Problem:
         ids: node ids of the original graph, in solver order.
         mem: bytes of each node's output.
         cost: cost of computing each node once (graph units).
+        transient: bytes each node's op holds while it runs beyond its inputs and output.
         preds: for each node, the indices of the nodes it reads, ascending.
         succs: for each node, the indices of the nodes that read it, ascending.
         backward: for each node, whether it belongs to the backward pass (False where unknown).
@@ -46,6 +49,11 @@ class Problem:
     preds: tuple[tuple[int, ...], ...]
     succs: tuple[tuple[int, ...], ...]
     backward: tuple[bool, ...]
+    transient: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.transient:  # no transient bytes given: 0 for every node
+            object.__setattr__(self, "transient", (0,) * len(self.ids))
 
     @property
     def n(self) -> int:
@@ -74,15 +82,20 @@ class Problem:
 
     @cached_property
     def memory_lower_bound(self) -> int:
-        """Bytes no schedule can go below: some node plus all of its inputs must be live at once."""
-        return max(
-            (self.mem[v] + sum(self.mem[p] for p in self.preds[v]) for v in range(self.n)),
-            default=0,
-        )
+        """Bytes no schedule can go below: computing a node needs its output, all of its inputs
+        and its transient bytes at once."""
+        return max((self.compute_floor(v) for v in range(self.n)), default=0)
+
+    def compute_floor(self, v: int) -> int:
+        """Bytes computing node v needs whatever else is live: its output, its inputs and its
+        transient bytes."""
+        return self.mem[v] + sum(self.mem[p] for p in self.preds[v]) + self.transient[v]
 
     @cached_property
     def fingerprint(self) -> str:
-        """SHA-256 of the node ids, order, edges and `mem`: what a schedule's validity depends on.
+        """SHA-256 of the node ids, order, edges, `mem` and `transient`: what a schedule's
+        validity and peak depend on (`transient` only where some node has it, so graphs without
+        transient bytes keep their fingerprints).
 
         `cost` is left out on purpose: measured times change between captures of the same model,
         but a schedule stays valid (and its peak unchanged) for any costs.
@@ -92,6 +105,8 @@ class Problem:
             "mem": list(self.mem),
             "preds": [list(p) for p in self.preds],
         }
+        if any(self.transient):
+            payload["transient"] = list(self.transient)
         blob = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:32]
 
@@ -100,8 +115,10 @@ def _id_key(v: Hashable) -> str:
     return f"{type(v).__name__}:{v}"
 
 
-def _number(graph: nx.DiGraph, v: Hashable, key: str) -> float:
+def _number(graph: nx.DiGraph, v: Hashable, key: str, default: float | None = None) -> float:
     attrs = graph.nodes[v]
+    if key not in attrs and default is not None:
+        return default
     if key not in attrs:
         raise GraphError(
             f"node {v!r} has no {key!r} attribute; every node needs `mem` (bytes of its output) "
@@ -138,8 +155,8 @@ def prepare(graph: nx.DiGraph) -> Problem:
     """Validate `graph` against the solver contract and return its index form.
 
     Raises GraphError (with the offending node or cycle) when the graph is not a DAG, a node lacks
-    `mem`/`cost`, a value is negative or not finite, `mem` is not an integer, or `order` is not a
-    topological order of all nodes. O(V + E).
+    `mem`/`cost`, a value is negative or not finite, `mem` or `transient` is not an integer, or
+    `order` is not a topological order of all nodes. O(V + E).
     """
     if not isinstance(graph, nx.DiGraph) or graph.is_multigraph():
         raise GraphError(f"expected a networkx.DiGraph, got {type(graph).__name__}")
@@ -150,17 +167,20 @@ def prepare(graph: nx.DiGraph) -> Problem:
         raise GraphError(f"the graph has a cycle: {' -> '.join(repr(u) for u, _ in cycle)}")
     order = _order(graph)
     index = {v: i for i, v in enumerate(order)}
-    mem: list[int] = []
-    for v in order:
-        m = _number(graph, v, "mem")
-        if m != int(m):
-            raise GraphError(f"node {v!r}: mem={m!r} must be a whole number of bytes")
-        mem.append(int(m))
+    mem = [_bytes(graph, v, "mem") for v in order]
+    transient = [_bytes(graph, v, "transient", 0) for v in order]
     cost = [float(_number(graph, v, "cost")) for v in order]
     preds = tuple(tuple(sorted(index[u] for u in graph.predecessors(v))) for v in order)
     succs = tuple(tuple(sorted(index[w] for w in graph.successors(v))) for v in order)
     backward = tuple(_is_backward(graph.nodes[v]) for v in order)
-    return Problem(tuple(order), tuple(mem), tuple(cost), preds, succs, backward)
+    return Problem(tuple(order), tuple(mem), tuple(cost), preds, succs, backward, tuple(transient))
+
+
+def _bytes(graph: nx.DiGraph, v: Hashable, key: str, default: int | None = None) -> int:
+    value = _number(graph, v, key, default)
+    if value != int(value):
+        raise GraphError(f"node {v!r}: {key}={value!r} must be a whole number of bytes")
+    return int(value)
 
 
 def _is_backward(attrs: dict) -> bool:

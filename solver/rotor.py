@@ -8,10 +8,11 @@ nodes {f_{i-1}, f_i} of one step i, with i non-increasing along the backward ord
 Anything else raises `NotAChainError`.
 
 The program, written from the paper's idea in this solver's semantics (bytes live after each
-compute, frees never set the peak). Opt(s, t, L, m) is the least cost to produce the backward of
-steps t..s (down to the last backward node of step s) starting with f_{s-1} live (a checkpoint
-owned by the caller, outside m), the incoming backward value g_in(t) live and, if L, f_t live,
-such that the live bytes other than f_{s-1} never exceed m. Moves:
+compute plus the computed op's transient bytes; frees never set the peak). Opt(s, t, L, m) is the
+least cost to produce the backward of steps t..s (down to the last backward node of step s)
+starting with f_{s-1} live (a checkpoint owned by the caller, outside m), the incoming backward
+value g_in(t) live and, if L, f_t live, such that the live bytes other than f_{s-1} (and each
+op's transient bytes while it runs) never exceed m. Moves:
 
 - leaf (s == t): compute f_t unless L, run the step's backward nodes, free f_t;
 - checkpoint at k (s < k <= t): run forward f_s..f_{k-1} dropping each value once the next one
@@ -99,7 +100,7 @@ def chain_shape(problem: Problem) -> ChainShape:
 def _unit(problem: Problem) -> int:
     """Bytes per memory unit of the program's grid."""
     peak = checkpoint_all_peak(problem)
-    exact = reduce(math.gcd, (m for m in problem.mem if m), 0) or 1
+    exact = reduce(math.gcd, (m for m in (*problem.mem, *problem.transient) if m), 0) or 1
     return exact if peak // exact <= MAX_UNITS else math.ceil(peak / (MAX_UNITS // 2))
 
 
@@ -109,9 +110,11 @@ class _Program:
     def __init__(self, problem: Problem, shape: ChainShape, unit: int) -> None:
         self.problem, self.shape = problem, shape
         n = len(shape.forward)
-        self.size = -(-checkpoint_all_peak(problem) // unit) + 2 * n + 1
+        self.size = -(-checkpoint_all_peak(problem) // unit) + 3 * n + 1
         units = [-(-m // unit) for m in problem.mem]
+        held = [-(-m // unit) for m in problem.transient]  # while the op runs
         self.f = [units[v] for v in shape.forward]
+        self.f_held = [held[v] for v in shape.forward]
         self.cf = [problem.cost[v] for v in shape.forward]
         g_in, last = [0] * n, 0
         for i in reversed(range(n)):
@@ -123,7 +126,7 @@ class _Program:
         for i in range(n):
             previous, peak = g_in[i], 0
             for b in shape.steps[i]:
-                peak = max(peak, previous + units[b])
+                peak = max(peak, previous + units[b] + held[b])
                 previous = units[b]
             self.leaf_peak.append(self.f[i] + peak if shape.steps[i] else 0)
             self.leaf_cost.append(sum(problem.cost[b] for b in shape.steps[i]))
@@ -143,7 +146,10 @@ class _Program:
     def _cell(self, s: int, t: int, top_live: bool, grid: np.ndarray, prefix: np.ndarray) -> None:
         if s == t:
             cost = self.leaf_cost[t] + (0.0 if top_live or not self.shape.steps[t] else self.cf[t])
-            best = np.where(grid >= self.leaf_peak[t], cost, _INF)
+            peak = self.leaf_peak[t]
+            if not top_live and self.shape.steps[t]:  # the leaf computes f_t first
+                peak = max(peak, self.g_in[t] + self.f[t] + self.f_held[t])
+            best = np.where(grid >= peak, cost, _INF)
             self.table[s, t, top_live] = best
             self.choice[s, t, top_live] = np.zeros(self.size, dtype=np.int32)
             return
@@ -153,7 +159,7 @@ class _Program:
         run_peak = 0
         for k in range(s + 1, t + 1):
             j = k - 1
-            run_peak = max(run_peak, (self.f[j - 1] if j > s else 0) + self.f[j])
+            run_peak = max(run_peak, (self.f[j - 1] if j > s else 0) + self.f[j] + self.f_held[j])
             shift = self.f[k - 1]
             after = np.full(self.size, _INF)
             after[shift:] = self.table[k, t, top_live][: self.size - shift]

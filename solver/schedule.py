@@ -28,7 +28,8 @@ class Schedule:
     Attributes:
         ops: ("compute", node) / ("free", node) in execution order; nodes are graph node ids.
         cost: total cost of the computes, in the graph's cost unit (checked by `simulate`).
-        peak: peak live bytes under the README's semantics (checked by `simulate`).
+        peak: peak bytes under the README's semantics, transient bytes included (checked by
+            `simulate`).
         method: who made it ("exact", "checkpoint_all", "sqrt_segments", ...).
         objective: "cost" (minimise cost under `budget`) or "memory" (minimise peak under
             `compute_budget`).

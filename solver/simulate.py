@@ -7,7 +7,8 @@ Semantics (the README states the same):
 - `("free", v)` is valid only if v is live; v stops being live.
 - every node is computed at least once.
 - peak = the maximum, over compute ops, of the sum of `mem` over live values just after that
-  compute (the new value and its still-live inputs included). Frees never raise the peak.
+  compute (the new value and its still-live inputs included) plus the computed node's
+  `transient` bytes (0 when absent). Frees never raise the peak.
 - cost = the sum of `cost` over compute ops.
 
 This module reads the graph's attributes directly and shares no code with the solvers, so that
@@ -79,7 +80,7 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op]) -> Simulation:
                 return result(f"op {step}: compute {v!r} needs {missing[0]!r}, which is not live")
             live.add(v)
             live_bytes += graph.nodes[v]["mem"]
-            peak = max(peak, live_bytes)
+            peak = max(peak, live_bytes + graph.nodes[v].get("transient", 0))
             costs.append(graph.nodes[v]["cost"])
             computes += 1
             if v in computed:

@@ -34,8 +34,9 @@ class StagePlan:
 
 @dataclass(frozen=True)
 class IndexedSchedule:
-    """Ops over node indices with the peak (bytes) and cost they give, computed on the fly;
-    stage_peaks: the peak of each stage of the plan they came from (bytes)."""
+    """Ops over node indices with the peak (bytes, transients included) and cost they give,
+    computed on the fly; stage_peaks: the peak of each stage of the plan they came from (bytes:
+    the most, over the stage's computes, of the bytes live just after it plus its transient)."""
 
     ops: tuple[tuple[str, int], ...]
     peak: int
@@ -65,7 +66,7 @@ def plan_to_ops(problem: Problem, plan: StagePlan) -> IndexedSchedule:
         for k in stage:
             ops.append(("compute", k))
             live_bytes += problem.mem[k]
-            stage_peaks[t] = max(stage_peaks[t], live_bytes)
+            stage_peaks[t] = max(stage_peaks[t], live_bytes + problem.transient[k])
             cost += problem.cost[k]
             for i in (*problem.preds[k], k):
                 if last_use.get(i) == k and i not in keep_next:

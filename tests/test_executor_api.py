@@ -14,6 +14,7 @@ from executor.errors import InputMismatchError, UnsupportedScheduleError
 from executor.memory import measure_peak
 from executor.module import Rematerialized, rematerialize
 from graph_capture import capture
+from graph_capture.device import fork_rng, generator
 from solver import prepare
 from solver.errors import InvalidScheduleError, ScheduleMismatchError
 from solver.schedule import Schedule, make_schedule
@@ -152,26 +153,27 @@ def test_eval_mode_runs_the_model_itself(captured_small):
     model.train()
 
 
-def measured_step_peak(rm: Rematerialized, inputs, backward) -> int:
+def measured_step_peak(rm: Rematerialized, inputs, backward, device: str = "cpu") -> int:
     """Measured peak of one step (after a warm-up step), `.grad` allocated before it, the RNG
-    state and parameters' values left as they were (measure only)."""
+    state left as it was (measure only)."""
     for p in rm.parameters():
         p.grad = torch.zeros_like(p)  # gradient buffers exist before the step, like params
-    with torch.random.fork_rng(devices=[]):
+    with fork_rng(torch.device(device)):
         backward(rm(*inputs))
-        return measure_peak(lambda: backward(rm(*inputs))).peak_bytes
+        return measure_peak(lambda: backward(rm(*inputs)), device).peak_bytes
 
 
 @pytest.mark.parametrize("keep_every", [1, 3, 0])
-def test_measured_peak_is_the_predicted_peak(keep_every):
+def test_measured_peak_is_the_predicted_peak(keep_every, device):
     """Capture's transients (op workspaces, RNG states, held outputs) make the schedule's peak
     the step's measured peak, to the byte but for the live generator state a recompute of a
     random node puts aside (charged in every node's transient, allocated only while one runs)."""
     model, x = small_model(width=64)
+    model, x = model.to(device), x.to(device)
     captured = capture(model, [x])
     rm = Rematerialized(model, captured, keep_schedule(captured, keep_every))
-    measured = measured_step_peak(rm, [x], lambda out: out.backward(torch.ones_like(out)))
-    state = torch.get_rng_state().nbytes
+    measured = measured_step_peak(rm, [x], lambda out: out.backward(torch.ones_like(out)), device)
+    state = generator(torch.device(device)).get_state().nbytes
     assert rm.predicted_peak_bytes - state <= measured <= rm.predicted_peak_bytes
 
 
@@ -184,13 +186,17 @@ def gpt_captured():
 
 
 @pytest.mark.parametrize(("keep_every", "compiled"), [(3, True), (3, False), (0, True)])
-def test_demo_gpt_measured_peak_is_the_predicted_peak(gpt_captured, keep_every, compiled):
+def test_demo_gpt_measured_peak_is_the_predicted_peak(gpt_captured, keep_every, compiled, device):
     """Peaks in the backward slice too: a value the schedule frees there must be released."""
     model, inputs, captured = gpt_captured
+    if device != "cpu":  # the fixture's capture is on the CPU
+        model, inputs = copy.deepcopy(model).to(device), tuple(x.to(device) for x in inputs)
+        captured = capture(model, inputs)
     schedule = keep_schedule(captured, keep_every)
     rm = Rematerialized(copy.deepcopy(model), captured, schedule, compiled=compiled)
-    measured = measured_step_peak(rm, inputs, lambda loss: loss.backward())
-    assert schedule.peak - torch.get_rng_state().nbytes <= measured <= schedule.peak
+    measured = measured_step_peak(rm, inputs, lambda loss: loss.backward(), device)
+    state = generator(torch.device(device)).get_state().nbytes
+    assert schedule.peak - state <= measured <= schedule.peak
 
 
 def test_demo_gpt_measured_peak_within_a_solved_byte_budget(gpt_captured):

@@ -32,12 +32,13 @@ def _tight_budgets(problem) -> list[int]:
 
 
 def _moment_memories(problem) -> list[int]:
-    """Bytes live while checkpoint-all computes each node, read off its ops."""
+    """Bytes live while checkpoint-all computes each node (its transient bytes included), read
+    off its ops."""
     live, at = 0, []
     for kind, v in checkpoint_all(problem).ops:
         live += problem.mem[v] if kind == "compute" else -problem.mem[v]
         if kind == "compute":
-            at.append(live)
+            at.append(live + problem.transient[v])
     return at
 
 

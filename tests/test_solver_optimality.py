@@ -106,6 +106,7 @@ def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
 
     with (
         patch.object(exact, "MIP_MIN_VARIABLES", 0),
+        patch.object(exact, "MOMENT_LATE_SHARE", 2.0),  # no relaxation before the probes
         patch.object(exact, "evict_within", lambda *_: None),
         patch.object(exact, "backward_within", lambda *_: None),
         patch.object(exact, "cheapest_policy", _worst_member),

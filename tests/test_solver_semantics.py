@@ -43,6 +43,40 @@ def test_peak_counts_the_new_value_and_its_live_inputs():
     assert result.valid and result.peak == 2 + 4 + 8 and result.cost == 4
 
 
+def test_peak_adds_the_computed_ops_transient_bytes():
+    """c holds 16 transient bytes while it runs (a workspace): the peak at its compute is a, b,
+    c and those 16; d's 3 transient bytes add to 14 at its compute; a missing `transient` is 0."""
+    graph = _diamond()
+    graph.nodes["c"]["transient"] = 16
+    graph.nodes["d"]["transient"] = 3
+    ops = [
+        ("compute", "a"),
+        ("compute", "b"),
+        ("compute", "c"),
+        ("free", "a"),
+        ("compute", "d"),
+        ("free", "b"),
+        ("free", "c"),
+    ]
+    result = solver.simulate(graph, ops)
+    assert result.valid and result.peak == 1 + 2 + 4 + 16
+    problem = solver.prepare(graph)
+    assert problem.transient == (0, 0, 16, 3)
+    assert problem.memory_lower_bound == 4 + 1 + 16  # c, its input a and its workspace
+    assert solver.checkpoint_all_peak(problem) == result.peak
+    schedule = solver.solve(graph, result.peak, time_limit=10)
+    assert schedule.status == "OPTIMAL" and schedule.peak == result.peak
+
+
+def test_transient_bytes_are_part_of_the_fingerprint_only_when_given():
+    graph = _diamond()
+    base = solver.prepare(graph).fingerprint
+    graph.nodes["a"]["transient"] = 0
+    assert solver.prepare(graph).fingerprint == base
+    graph.nodes["a"]["transient"] = 5
+    assert solver.prepare(graph).fingerprint != base
+
+
 def test_recomputation_counts_cost_and_recomputes():
     ops = [
         ("compute", "a"),
@@ -112,6 +146,9 @@ def test_cyclic_graph_is_refused():
         ("cost", -1, "negative"),
         ("mem", 1.5, "whole number"),
         ("cost", float("nan"), "finite"),
+        ("transient", -2, "negative"),
+        ("transient", 0.5, "whole number"),
+        ("transient", "big", "not a finite number"),
     ],
 )
 def test_bad_attributes_are_refused(key, value, message):
