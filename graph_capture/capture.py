@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
+from graph_capture.calibrate import add_accumulation_seconds, calibrate_to_plain_run
 from graph_capture.captured import CapturedGraph, TensorSpec
 from graph_capture.dag import build_dag
 from graph_capture.device import (
@@ -16,13 +16,12 @@ from graph_capture.device import (
     generator,
     model_device,
     no_autocast,
-    synchronize,
 )
 from graph_capture.errors import CaptureError
 from graph_capture.fx_nodes import device_of
 from graph_capture.grouping import group_modules, group_ops, op_group_order
 from graph_capture.lifted import lifted_constants
-from graph_capture.measure import NodeMeasure, StorageKey, is_random, measure_joint, storages_of
+from graph_capture.measure import StorageKey, is_random, measure_joint, storages_of
 from graph_capture.trace import TracedJoint, trace_joint
 
 GRANULARITIES = ("op", "module")
@@ -79,7 +78,9 @@ def capture(
         )
         with no_autocast(device.type):
             measures, flat_outputs = measure_joint(gm, args, repeats=repeats)
-        _add_accumulation_seconds(gm, layout, flat_outputs, measures, repeats)
+            calibrate_to_plain_run(gm, args, measures, device, repeats)
+        grad_positions = list(layout["param_grad_indices"].values())
+        add_accumulation_seconds(gm, grad_positions, flat_outputs, measures, repeats)
     group = group_ops(gm, measures)
     order = op_group_order(gm, group)
     modules = None
@@ -189,34 +190,6 @@ def _output_specs(gm: torch.fx.GraphModule, forward_positions: list[int]) -> lis
         val = node.meta["val"]
         specs.append(TensorSpec.of(val))
     return specs
-
-
-def _add_accumulation_seconds(
-    gm: torch.fx.GraphModule,
-    layout: dict,
-    outputs: list[object],
-    measures: dict[str, NodeMeasure],
-    repeats: int,
-) -> None:
-    """Add to the op computing each parameter gradient the seconds of adding it into an
-    existing ``.grad`` (what autograd's AccumulateGrad and the executor do once per step, with
-    ``.grad`` allocated before the step): part of the step, so part of the cost of the node
-    (least of `repeats` timed adds)."""
-    (output,) = gm.graph.find_nodes(op="output")
-    for position in layout["param_grad_indices"].values():
-        node = output.args[0][position]
-        grad = outputs[position]
-        if not isinstance(node, torch.fx.Node) or node.name not in measures:
-            continue
-        buffer = torch.zeros_like(grad)
-        seconds = []
-        for _ in range(max(1, repeats)):
-            synchronize(grad.device)
-            start = time.perf_counter()
-            buffer.add_(grad)
-            synchronize(grad.device)
-            seconds.append(time.perf_counter() - start)
-        measures[node.name].seconds += min(seconds)
 
 
 def _held_bytes(
