@@ -22,8 +22,8 @@ from benchmarks.common import (
     predicted_frontier,
     write_table,
 )
-from solver.baselines import cheapest_within
-from solver.families import families
+from solver.heuristics.baselines import cheapest_within
+from solver.heuristics.registry import families
 from solver.io import load_graph
 
 LABELS = {

@@ -24,9 +24,9 @@ import networkx as nx
 
 import solver
 from benchmarks.common import GRAPHS_DIR, Row, write_table
-from solver.baselines import BASELINES, cheapest_within
+from solver.heuristics.baselines import BASELINES, cheapest_within
+from solver.heuristics.least_peak import BUDGETED
 from solver.io import load_graph
-from solver.warm_start import BUDGETED
 
 PUBLISHED: dict[str, tuple[str, tuple[str, ...]]] = {
     "vgg16": ("VGG16_256_224x224x3_train_nx", ("90%", "80%", "70%", "min")),

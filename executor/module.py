@@ -30,8 +30,8 @@ from executor.errors import InputMismatchError, UnsupportedScheduleError
 from executor.interpreter import ScheduleInterpreter, Step
 from executor.memory import op_scratch_bytes
 from graph_capture.captured import CapturedGraph
-from solver.schedule import Schedule
-from solver.simulate import simulate
+from solver.core.schedule import Schedule
+from solver.core.simulate import simulate
 
 __all__ = ["Rematerialized", "rematerialize", "split_ops"]
 

@@ -21,7 +21,7 @@ from graph_capture.captured import CapturedGraph
 from graph_capture.demo_models import DEMOS
 from graph_capture.errors import CaptureError
 from graph_capture.profile import format_table, module_profile, plot_saved_bytes
-from solver.budget import human_bytes
+from solver.core.budget import human_bytes
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, demo: bool = True) -> None:

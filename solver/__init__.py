@@ -1,8 +1,10 @@
 """remat's solver: exact optimal rematerialization schedules on a DAG, baselines, the schedule
 format and an independent simulator. Never imports torch."""
 
-from solver.baselines import BASELINES, baseline
-from solver.budget import checkpoint_all_peak, parse_budget, parse_compute_budget
+from solver.core.budget import checkpoint_all_peak, parse_budget, parse_compute_budget
+from solver.core.graph import Problem, prepare
+from solver.core.schedule import Schedule
+from solver.core.simulate import Simulation, simulate
 from solver.errors import (
     ComputeBudgetError,
     GraphError,
@@ -12,11 +14,9 @@ from solver.errors import (
     ScheduleMismatchError,
     SolverTimeoutError,
 )
-from solver.eviction import evict
-from solver.exact import minimum_peak, solve
-from solver.graph import Problem, prepare
-from solver.schedule import Schedule
-from solver.simulate import Simulation, simulate
+from solver.exact.pipeline import minimum_peak, solve
+from solver.heuristics.baselines import BASELINES, baseline
+from solver.heuristics.eviction import evict
 
 __all__ = [
     "BASELINES",

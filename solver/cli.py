@@ -13,11 +13,11 @@ from functools import partial
 
 import networkx as nx
 
-from solver.baselines import BASELINES, Member, cheapest_within, smallest_within
-from solver.budget import checkpoint_all_peak, human_bytes, parse_budget, parse_compute_budget
-from solver.exact import solve
-from solver.graph import Problem, prepare
-from solver.warm_start import BUDGETED
+from solver.core.budget import checkpoint_all_peak, human_bytes, parse_budget, parse_compute_budget
+from solver.core.graph import Problem, prepare
+from solver.exact.pipeline import solve
+from solver.heuristics.baselines import BASELINES, Member, cheapest_within, smallest_within
+from solver.heuristics.least_peak import BUDGETED
 
 
 def add_solve_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from solver.baselines import cheapest_within
-from solver.budget import parse_budget
+from solver.core.budget import parse_budget
+from solver.core.graph import prepare
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
-from solver.exact import solve
-from solver.families import families
-from solver.graph import prepare
-from solver.warm_start import BUDGETED
+from solver.exact.pipeline import solve
+from solver.heuristics.baselines import cheapest_within
+from solver.heuristics.least_peak import BUDGETED
+from solver.heuristics.registry import families
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from unittest.mock import patch
 
-from solver import exact
-from solver.cover_bound import ReadGapCover
-from solver.simulate import simulate
+from solver.core.simulate import simulate
+from solver.exact import pipeline as exact
+from solver.milp.cover import ReadGapCover
 
 GRAPHS = Path(__file__).resolve().parents[2] / "shared" / "graphs"
 RANDOM_250 = GRAPHS / "random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json"

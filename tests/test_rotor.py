@@ -7,9 +7,9 @@ import networkx as nx
 import pytest
 
 import solver
-from solver.baselines import BASELINES, cheapest_within
 from solver.examples import chain, residual_demo, training_graph, uniform_training_chain
-from solver.rotor import NotAChainError, rotor, rotor_schedule
+from solver.heuristics.baselines import BASELINES, cheapest_within
+from solver.heuristics.rotor import NotAChainError, rotor, rotor_schedule
 
 HETEROGENEOUS = [
     ([3, 1, 4, 1, 5], [2, 7, 1, 8, 2]),

@@ -13,10 +13,10 @@ from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs, training_graphs
 
 import solver
-from solver.cover_bound import read_gap_cover, read_gap_model
-from solver.exact import integer_costs
+from solver.core.stages import checkpoint_all
+from solver.exact.pipeline import integer_costs
 from solver.io import load_graph
-from solver.stages import checkpoint_all
+from solver.milp.cover import read_gap_cover, read_gap_model
 
 
 def _two_sinks() -> nx.DiGraph:

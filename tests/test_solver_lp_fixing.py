@@ -10,13 +10,13 @@ from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs
 
 import solver
-from solver.cpsat import CpSatModel
-from solver.eviction import evict_within
-from solver.exact import integer_costs
-from solver.families import all_members
-from solver.formulation import LinearModel, ModelResult, build, hint_values, variable_count
-from solver.lp_fixing import reduced_cost_fixings, solve_relaxation
-from solver.mip import HighsMip
+from solver.exact.pipeline import integer_costs
+from solver.heuristics.eviction import evict_within
+from solver.heuristics.registry import all_members
+from solver.milp.cpsat import CpSatModel
+from solver.milp.formulation import LinearModel, ModelResult, build, hint_values, variable_count
+from solver.milp.highs_mip import HighsMip
+from solver.milp.lp import reduced_cost_fixings, solve_relaxation
 
 
 def _cpsat(lm: LinearModel, fixed: dict[int, int], cap: int) -> ModelResult:

@@ -14,13 +14,13 @@ from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs, training_graphs
 
 import solver
-from solver import exact
-from solver.cpsat import CpSatModel
-from solver.exact import integer_costs
+from solver.core.stages import checkpoint_all, complete_prefix, plan_to_ops
+from solver.exact import pipeline as exact
+from solver.exact.pipeline import integer_costs
 from solver.examples import chain, training_graph
-from solver.formulation import build, plan_from_values
 from solver.io import load_graph
-from solver.stages import checkpoint_all, complete_prefix, plan_to_ops
+from solver.milp.cpsat import CpSatModel
+from solver.milp.formulation import build, plan_from_values
 
 
 def _tight_budgets(problem) -> list[int]:

@@ -13,10 +13,10 @@ from solver_reference import general_space_min_cost, min_cost_within, stage_spac
 from solver_strategies import small_graphs, training_graphs
 
 import solver
-from solver import exact
-from solver.baselines import BASELINES, cheapest_within
+from solver.exact import pipeline as exact
 from solver.examples import uniform_training_chain
-from solver.families import all_members
+from solver.heuristics.baselines import BASELINES, cheapest_within
+from solver.heuristics.registry import all_members
 
 TIME_LIMIT = 30.0
 
@@ -176,7 +176,7 @@ def test_sqrt_segments_peak_follows_k_plus_n_over_k_and_exact_is_cheaper(n):
 def test_every_k_on_48_blocks_reproduces_the_seed_numbers():
     graph = uniform_training_chain(48)
     problem = solver.prepare(graph)
-    from solver.baselines import _keep_every, candidates
+    from solver.heuristics.baselines import _keep_every, candidates
 
     peaks = {k: _keep_every(problem, candidates(problem), k).schedule.peak for k in (4, 7)}
     assert peaks == {4: 16, 7: 14}  # k + n/k units: 4 + 12, 7 + 48/7 ~ 13.9

@@ -13,7 +13,7 @@ import pytest
 from solver_checks import GRAPHS, without_cover
 
 import solver
-from solver import exact
+from solver.exact import pipeline as exact
 from solver.io import load_graph
 
 

@@ -13,12 +13,12 @@ from solver_checks import without_cover
 from solver_strategies import uniform_chain
 
 import solver
-from solver import exact
-from solver.cover_bound import ReadGapCover, read_gap_cover
-from solver.cpsat import CpSatModel
+from solver.exact import pipeline as exact
 from solver.examples import chain, residual_demo, training_graph, uniform_training_chain
-from solver.formulation import build
 from solver.io import graph_from_node_link, load_graph, save_graph
+from solver.milp.cover import ReadGapCover, read_gap_cover
+from solver.milp.cpsat import CpSatModel
+from solver.milp.formulation import build
 
 
 def _diamond() -> nx.DiGraph:

@@ -16,13 +16,13 @@ from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs
 
 import solver
-from solver import exact
-from solver.backward import backward_runs, search
-from solver.eviction import evict_within
+from solver.core.stages import checkpoint_all
+from solver.exact import pipeline as exact
 from solver.examples import chain
+from solver.heuristics.backward import backward_runs, search
+from solver.heuristics.eviction import evict_within
+from solver.heuristics.least_peak import least_peak
 from solver.io import load_graph
-from solver.stages import checkpoint_all
-from solver.warm_start import least_peak
 
 
 def _two_sinks() -> nx.DiGraph:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import networkx as nx
 
+from solver.core.graph import Problem, prepare
+from solver.core.simulate import simulate
+from solver.core.stages import IndexedSchedule
 from solver.errors import InvalidScheduleError, ScheduleMismatchError
-from solver.graph import Problem, prepare
-from solver.simulate import simulate
-from solver.stages import IndexedSchedule
 
 FORMAT = "remat.schedule"
 FORMAT_VERSION = 1

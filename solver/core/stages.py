@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from solver.graph import Problem
+from solver.core.graph import Problem
 
 
 @dataclass(frozen=True)

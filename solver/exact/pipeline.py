@@ -47,29 +47,35 @@ from typing import TypeVar
 
 import networkx as nx
 
-from solver.backward import backward_within
-from solver.baselines import Member, cheapest_within, smallest_within
-from solver.budget import human_bytes, parse_budget, parse_compute_budget
-from solver.cover_bound import read_gap_cover
-from solver.cpsat import CpSatModel, ProgressFn, print_progress
-from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeoutError
-from solver.eviction import evict_by_keep, evict_within
-from solver.families import all_members, cheapest_policy
-from solver.formulation import LinearModel, build, hint_values, plan_from_values, variable_count
-from solver.graph import Problem, prepare
-from solver.lp_fixing import LpRelaxation, reduced_cost_fixings, solve_relaxation
-from solver.mip import HighsMip
-from solver.rounding import rounded_members
-from solver.schedule import Schedule, make_schedule
-from solver.simulate import simulate
-from solver.stages import (
+from solver.core.budget import human_bytes, parse_budget, parse_compute_budget
+from solver.core.graph import Problem, prepare
+from solver.core.schedule import Schedule, make_schedule
+from solver.core.simulate import simulate
+from solver.core.stages import (
     IndexedSchedule,
     StagePlan,
     checkpoint_all,
     complete_prefix,
     plan_to_ops,
 )
-from solver.warm_start import least_peak
+from solver.errors import ComputeBudgetError, InfeasibleBudgetError, SolverTimeoutError
+from solver.heuristics.backward import backward_within
+from solver.heuristics.baselines import Member, cheapest_within, smallest_within
+from solver.heuristics.eviction import evict_by_keep, evict_within
+from solver.heuristics.least_peak import least_peak
+from solver.heuristics.registry import all_members, cheapest_policy
+from solver.heuristics.rounding import rounded_members
+from solver.milp.cover import read_gap_cover
+from solver.milp.cpsat import CpSatModel, ProgressFn, print_progress
+from solver.milp.formulation import (
+    LinearModel,
+    build,
+    hint_values,
+    plan_from_values,
+    variable_count,
+)
+from solver.milp.highs_mip import HighsMip
+from solver.milp.lp import LpRelaxation, reduced_cost_fixings, solve_relaxation
 
 LP_SHARE = 0.5
 """Most of the remaining time limit one LP relaxation may take before CP-SAT starts."""

@@ -33,9 +33,9 @@ from __future__ import annotations
 import heapq
 import time
 
-from solver.baselines import Member, cheapest_within
-from solver.graph import Problem
-from solver.stages import StagePlan, plan_to_ops
+from solver.core.graph import Problem
+from solver.core.stages import StagePlan, plan_to_ops
+from solver.heuristics.baselines import Member, cheapest_within
 
 MAX_STATES = 200_000
 """States one search may create (each holds a set of up to n bits; 200k take 1-4 s): measured,

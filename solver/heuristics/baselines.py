@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from solver.graph import Problem, prepare
-from solver.schedule import Schedule, make_schedule
-from solver.stages import IndexedSchedule, StagePlan, plan_from_keep, plan_to_ops
+from solver.core.graph import Problem, prepare
+from solver.core.schedule import Schedule, make_schedule
+from solver.core.stages import IndexedSchedule, StagePlan, plan_from_keep, plan_to_ops
 
 SWEEP_POINTS = 48
 """How many members a swept family (every_k, greedy budgets, ranking prefixes) evaluates at most."""

@@ -23,11 +23,11 @@ from collections.abc import Callable, Sequence
 
 import networkx as nx
 
-from solver.baselines import Member, cheapest_within
-from solver.budget import parse_budget
-from solver.graph import Problem, prepare
-from solver.schedule import Schedule, make_schedule
-from solver.stages import plan_from_kept_sets, plan_to_ops, stage_computes
+from solver.core.budget import parse_budget
+from solver.core.graph import Problem, prepare
+from solver.core.schedule import Schedule, make_schedule
+from solver.core.stages import plan_from_kept_sets, plan_to_ops, stage_computes
+from solver.heuristics.baselines import Member, cheapest_within
 
 
 def _rebuild_costs(problem: Problem, live: set[int]) -> list[float]:

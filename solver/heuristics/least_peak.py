@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from solver.backward import backward_runs
-from solver.baselines import Member, cheapest_within
-from solver.eviction import eviction_runs
-from solver.graph import Problem
-from solver.stages import checkpoint_all
+from solver.core.graph import Problem
+from solver.core.stages import checkpoint_all
+from solver.heuristics.backward import backward_runs
+from solver.heuristics.baselines import Member, cheapest_within
+from solver.heuristics.eviction import eviction_runs
 
 BUDGETED: dict[str, Callable[[Problem, int], list[Member]]] = {
     "eviction": eviction_runs,

@@ -10,9 +10,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Collection
 
-from solver.baselines import BASELINES, Member, cheapest_within, every_k_recompute_each_use
-from solver.graph import Problem
-from solver.rotor import NotAChainError, rotor
+from solver.core.graph import Problem
+from solver.heuristics.baselines import (
+    BASELINES,
+    Member,
+    cheapest_within,
+    every_k_recompute_each_use,
+)
+from solver.heuristics.rotor import NotAChainError, rotor
 
 ROTOR_MAX_FORWARD = 80
 """Longest chain (forward nodes) rotor runs on: its program is O(n^3) array operations over the

@@ -39,12 +39,12 @@ from functools import reduce
 import networkx as nx
 import numpy as np
 
-from solver.baselines import SWEEP_POINTS, Member
-from solver.budget import checkpoint_all_peak
+from solver.core.budget import checkpoint_all_peak
+from solver.core.graph import Problem, prepare
+from solver.core.schedule import Schedule, make_schedule
+from solver.core.stages import StagePlan, plan_to_ops
 from solver.errors import GraphError
-from solver.graph import Problem, prepare
-from solver.schedule import Schedule, make_schedule
-from solver.stages import StagePlan, plan_to_ops
+from solver.heuristics.baselines import SWEEP_POINTS, Member
 
 MAX_UNITS = 4096
 """Largest memory grid (units) the program runs on; coarser grids round sizes up."""
@@ -267,7 +267,7 @@ def rotor(problem: Problem) -> list[Member]:
 
 def rotor_schedule(graph: nx.DiGraph, budget: int) -> Schedule | None:
     """Rotor's cheapest schedule within `budget` bytes on a chain's training graph, or None."""
-    from solver.baselines import cheapest_within
+    from solver.heuristics.baselines import cheapest_within
 
     problem = prepare(graph)
     best = cheapest_within(rotor(problem), budget)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from solver.baselines import Member
-from solver.graph import Problem
-from solver.stages import plan_from_kept_sets, plan_to_ops
+from solver.core.graph import Problem
+from solver.core.stages import plan_from_kept_sets, plan_to_ops
+from solver.heuristics.baselines import Member
 
 THRESHOLDS = tuple(j / 20 for j in range(1, 20))
 """Rounding thresholds theta tried, 0.05 .. 0.95."""

@@ -36,11 +36,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from solver.baselines import Member
-from solver.cpsat import CpSatModel
-from solver.formulation import LinearModel
-from solver.graph import Problem
-from solver.stages import StagePlan, plan_to_ops, stage_computes
+from solver.core.graph import Problem
+from solver.core.stages import StagePlan, plan_to_ops, stage_computes
+from solver.heuristics.baselines import Member
+from solver.milp.cpsat import CpSatModel
+from solver.milp.formulation import LinearModel
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from ortools.sat.python import cp_model
 
-from solver.formulation import LinearModel, ModelResult
+from solver.milp.formulation import LinearModel, ModelResult
 
 ProgressFn = Callable[[float, float, float], None]
 """Called on each improving solution with (seconds, objective, bound) in graph units."""

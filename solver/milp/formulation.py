@@ -62,8 +62,8 @@ import time
 from collections.abc import Container
 from dataclasses import dataclass, field
 
-from solver.graph import Problem
-from solver.stages import StagePlan
+from solver.core.graph import Problem
+from solver.core.stages import StagePlan
 
 Row = tuple[list[int], list[int], int | None, int | None]
 """A linear row: variable indices, integer coefficients, lower and upper bound (None: open)."""

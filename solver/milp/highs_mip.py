@@ -18,8 +18,8 @@ import threading
 import highspy
 import numpy as np
 
-from solver.formulation import LinearModel, ModelResult
-from solver.lp_fixing import ScaledLp, quiet_highs, scaled_lp
+from solver.milp.formulation import LinearModel, ModelResult
+from solver.milp.lp import ScaledLp, quiet_highs, scaled_lp
 
 Probe = tuple[dict[int, int], int]
 """One question for `HighsMip.solve_all`: the fixed 0/1 variables and the objective cap."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
-from solver.formulation import LinearModel, Row
+from solver.milp.formulation import LinearModel, Row
 
 _TOLERANCE = 1e-6
 
