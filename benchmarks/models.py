@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from graph_capture import demo_models
+from graph_capture.demos import demo_model
 
 
 @dataclass
@@ -27,7 +27,7 @@ class Bench:
 
 def _demo(name: str, blocks: Callable[[nn.Module], list[nn.Module]]) -> Callable[[], Bench]:
     def make() -> Bench:
-        model, inputs = demo_models.DEMOS[name]()
+        model, inputs = demo_model(name)()
         return Bench(model, inputs, blocks(model))
 
     return make

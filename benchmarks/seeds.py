@@ -16,8 +16,9 @@ import math
 import solver
 from benchmarks.common import Row, Settings, command_line, exact_row, plot_frontier, write_table
 from benchmarks.measure import Step, measure
+from solver.core.stages import cheapest_within
 from solver.examples import uniform_training_chain
-from solver.heuristics.baselines import BASELINES, cheapest_within
+from solver.heuristics.baselines import BASELINES
 from solver.heuristics.rotor import rotor
 
 

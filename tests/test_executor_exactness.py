@@ -174,6 +174,7 @@ def test_parameters_bit_identical_after_steps_with_optimizer_and_dropout(keep, c
         lambda c: keep_schedule(c, keep),
         steps=4,
         optimizer_cls=lambda ps: torch.optim.Adam(ps, lr=1e-2),
+        compiled=compiled,
     )
 
 
@@ -204,7 +205,12 @@ def test_schedule_recomputing_nodes_several_times_is_exact(compiled):
         return schedule
 
     assert_same_training(
-        model, x, repeated, steps=3, optimizer_cls=lambda ps: torch.optim.SGD(ps, lr=0.1)
+        model,
+        x,
+        repeated,
+        steps=3,
+        optimizer_cls=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        compiled=compiled,
     )
 
 
@@ -250,6 +256,7 @@ def test_random_nodes_drawn_out_of_eager_order_replay_eager_masks(compiled):
         reversed_order_schedule,
         steps=3,
         optimizer_cls=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        compiled=compiled,
     )
 
 

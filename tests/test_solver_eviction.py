@@ -11,9 +11,9 @@ from solver_checks import RANDOM_250, check_within
 from solver_strategies import small_graphs
 
 import solver
-from solver.core.stages import checkpoint_all
+from solver.core.stages import cheapest_within, checkpoint_all
 from solver.examples import residual_demo
-from solver.heuristics.baselines import BASELINES, cheapest_within
+from solver.heuristics.baselines import BASELINES
 from solver.heuristics.eviction import evict_by_keep, evict_within
 from solver.io import load_graph
 

@@ -44,6 +44,32 @@ class IndexedSchedule:
     stage_peaks: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class Member:
+    """A candidate schedule: what produced it (`param`, e.g. a heuristic's parameter), its plan
+    and the plan's ops."""
+
+    param: str
+    plan: StagePlan
+    schedule: IndexedSchedule
+
+
+def cheapest_within(members: Iterable[Member], budget: int | None) -> Member | None:
+    """The lowest-cost member whose peak fits `budget` bytes (ties: lower peak), or None."""
+    fitting = [m for m in members if budget is None or m.schedule.peak <= budget]
+    return min(fitting, key=lambda m: (m.schedule.cost, m.schedule.peak), default=None)
+
+
+def smallest_within(members: Iterable[Member], compute_budget: float | None) -> Member | None:
+    """The lowest-peak member whose cost fits `compute_budget` (ties: lower cost), or None."""
+    fitting = [
+        m
+        for m in members
+        if compute_budget is None or m.schedule.cost <= compute_budget * (1 + 1e-12)
+    ]
+    return min(fitting, key=lambda m: (m.schedule.peak, m.schedule.cost), default=None)
+
+
 def plan_to_ops(problem: Problem, plan: StagePlan) -> IndexedSchedule:
     """Expand a plan into compute/free ops with eager frees; O(total ops * in-degree)."""
     ops: list[tuple[str, int]] = []
