@@ -30,17 +30,20 @@ def _diamond() -> nx.DiGraph:
     return g
 
 
+DIAMOND_OPS = [
+    ("compute", "a"),
+    ("compute", "b"),
+    ("compute", "c"),
+    ("free", "a"),
+    ("compute", "d"),
+    ("free", "b"),
+    ("free", "c"),
+]
+"""Every node of `_diamond` once, each freed after its last user."""
+
+
 def test_peak_counts_the_new_value_and_its_live_inputs():
-    ops = [
-        ("compute", "a"),
-        ("compute", "b"),
-        ("compute", "c"),
-        ("free", "a"),
-        ("compute", "d"),
-        ("free", "b"),
-        ("free", "c"),
-    ]
-    result = solver.simulate(_diamond(), ops)
+    result = solver.simulate(_diamond(), DIAMOND_OPS)
     assert result.valid and result.peak == 2 + 4 + 8 and result.cost == 4
 
 
@@ -50,16 +53,7 @@ def test_peak_adds_the_computed_ops_transient_bytes():
     graph = _diamond()
     graph.nodes["c"]["transient"] = 16
     graph.nodes["d"]["transient"] = 3
-    ops = [
-        ("compute", "a"),
-        ("compute", "b"),
-        ("compute", "c"),
-        ("free", "a"),
-        ("compute", "d"),
-        ("free", "b"),
-        ("free", "c"),
-    ]
-    result = solver.simulate(graph, ops)
+    result = solver.simulate(graph, DIAMOND_OPS)
     assert result.valid and result.peak == 1 + 2 + 4 + 16
     problem = solver.prepare(graph)
     assert problem.transient == (0, 0, 16, 3)
