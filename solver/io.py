@@ -11,7 +11,7 @@ Attribute mapping onto the solver contract (`mem` bytes, `cost`):
 
 Node ids are kept as they are in the file. The order is the nodes' order in the file when that
 is topological (Checkmate files list nodes in their topological order), else the deterministic
-lexicographic topological order of `solver.graph`.
+lexicographic topological order of `solver.core.graph`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The read-gap cover (solver.cover_bound) against the exhaustive stage-space optimum: its bound
+"""The read-gap cover (solver.milp.cover) against the exhaustive stage-space optimum: its bound
 never exceeds the optimum's recompute cost, at every budget where the optimum changes, and the
 plan it suggests is a valid schedule that costs no less than the optimum."""
 

@@ -51,7 +51,7 @@ def test_published_optimum_is_reproduced_and_proven(name, budget, optimum):
 )
 def test_the_read_gap_cover_proves_the_optimum_without_a_stage_model(name, budget, optimum):
     """The cover's bound is the optimum here and the plan it suggests reaches it: proven in
-    0.1-0.4 s, no stage model built (see solver.cover_bound)."""
+    no stage model built (see solver.milp.cover)."""
     graph = _graph(name)
     schedule = solver.solve(graph, budget, time_limit=60)
     assert steps_run(schedule) == ["warm_start", "read_gap_cover"]  # then closed
@@ -64,8 +64,8 @@ def test_the_read_gap_cover_proves_the_optimum_without_a_stage_model(name, budge
     [("MobileNet_512_224x224x3", "80%", 162680), ("ResNet50_256_224x224x3", "80%", 406800)],
 )
 def test_without_the_cover_the_stage_model_proves_the_same_optimum(name, budget, optimum):
-    """The stage model's LP, rounding and HiGHS probes alone (4-7 s and 14-27 s on 2 cores, see
-    README): a second, independent proof of the pinned optima."""
+    """The stage model's LP, rounding and HiGHS probes alone: a second, independent proof of the
+    pinned optima."""
     graph = _graph(name)
     schedule = solver.solve(graph, budget, time_limit=180, options=NO_COVER)
     assert schedule.status == "OPTIMAL" and schedule.cost == optimum

@@ -1,5 +1,5 @@
-"""LP rounding (solver.rounding) yields valid plans from any kept sets. (The exact solver runs it
-in its loop; tests/test_solver_optimality.py checks the optimum against the references.)"""
+"""LP rounding (solver.heuristics.rounding) yields valid plans from any kept sets. (The exact solver
+runs it in its loop; tests/test_solver_optimality.py checks the optimum against the references.)"""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -232,6 +233,20 @@ def test_the_time_limit_holds_while_the_model_is_built():
     assert time.perf_counter() - started < 1.0 * 1.05 + 0.5
     assert schedule.status == "FEASIBLE" and schedule.peak <= schedule.budget
     assert schedule.bound == solver.prepare(graph).total_cost
+
+
+@pytest.mark.parametrize(
+    ("budget", "objective"), [("2%", "cost"), ("45%", "cost"), (None, "memory")]
+)
+def test_every_solve_returns_within_its_time_limit(budget, objective):
+    """The promise of `solver.solve`: time_limit * 1.05 + 0.5 s, whatever the outcome (an
+    infeasible budget searches for the least feasible peak in the same time; objective "memory"
+    evaluates every policy family, which a 300-node graph does not finish in a second)."""
+    graph = _three_hundred_nodes()
+    started = time.perf_counter()
+    with contextlib.suppress(solver.InfeasibleBudgetError, solver.SolverTimeoutError):
+        solver.solve(graph, budget, objective=objective, time_limit=1.0)
+    assert time.perf_counter() - started < 1.0 * 1.05 + 0.5
 
 
 def test_cpsat_gives_up_translating_as_soon_as_the_limit_is_out_of_reach():

@@ -1,7 +1,7 @@
-"""The warm starts (solver.warm_start): the backward search is exhaustive over the stage space
-when it has no state limit (it finds a plan exactly where the reference's dynamic program finds
-one), its plans fit their budget, it fits random_layered n=250 at 80% where eviction gets stuck;
-the least-peak search over both heuristics."""
+"""The warm starts (solver.heuristics.backward, solver.heuristics.least_peak): the backward search
+is exhaustive over the stage space when it has no state limit (it finds a plan exactly where the
+reference's dynamic program finds one), its plans fit their budget, it fits random_layered n=250 at
+80% where eviction gets stuck; the least-peak search over both heuristics."""
 
 from __future__ import annotations
 
@@ -61,10 +61,8 @@ def test_backward_plans_fit_their_budget(graph, where):
 
 def test_the_backward_search_fits_random_layered_at_80_percent():
     """random_layered n=250 at 80% of the checkpoint-all peak: every eviction run gets stuck; the
-    backward searches fit (measured: 1.113x and 1.057x the cost of computing every node once),
-    and the exact solver returns the cheaper or better within a short time limit (the policies it
-    evaluates beside the relaxation skip the recompute-at-each-use family, 6 s here, once a
-    schedule fits: they had pushed a 10 s solve to 11.3 s)."""
+    backward searches fit (the cheaper within 6% of computing every node once), and the exact
+    solver returns that or better within its time limit."""
     if not RANDOM_250.exists():
         pytest.skip(f"{RANDOM_250} not present")
     graph = load_graph(RANDOM_250)
@@ -81,7 +79,7 @@ def test_the_backward_search_fits_random_layered_at_80_percent():
     assert schedule.status == "FEASIBLE" and schedule.peak <= budget
     assert schedule.cost <= cheapest
     assert problem.total_cost <= schedule.bound < schedule.cost
-    assert schedule.solve_seconds <= 15 * 1.1
+    assert schedule.solve_seconds <= 15 * 1.05 + 0.5
 
 
 @settings(max_examples=30)

@@ -144,9 +144,11 @@ def minimum_peak(
 def finish(search: Search) -> Schedule:
     """The incumbent as a `Schedule`: "OPTIMAL" when the search is closed, else "FEASIBLE" with
     the floor as its bound. The warm starts still pending are evaluated first (within their
-    deadlines). The schedule is replayed by the simulator and checked against the budgets
-    (NOTE [checked]); without an incumbent, SolverTimeoutError says what to change."""
-    search.run_pending()
+    deadlines) unless the search is closed. The schedule is replayed by the simulator and
+    checked against the budgets (NOTE [checked]); without an incumbent, SolverTimeoutError says
+    what to change."""
+    if not search.closed:
+        search.run_pending()
     goal, incumbent = search.goal, search.incumbent
     if incumbent is None:
         assert goal.budget is not None  # checkpoint-all fits every other goal

@@ -17,7 +17,7 @@ going backward each recompute has a smaller index than the one undone before it)
   X - {t-1} | preds(t-1).
 
 Start: the last stage's compute (nothing is kept after it); goal: stage 0 closed with nothing
-live. The peak of a compute is exactly what the move checks (eager frees: `solver.stages`), so
+live. The peak of a compute is exactly what the move checks (eager frees: `solver.core.stages`), so
 every plan found fits the budget. Search order: the state with the smallest stage first, ties
 broken by the least bytes live or (by_cost) the least recompute cost so far: a depth-first
 search over stages that tries "recompute nothing more" first and, where it gets stuck, backs

@@ -1,10 +1,10 @@
 """Heuristic schedules the exact solver must beat, all under the same semantics and checker.
 
 Each baseline is a family of checkpoint policies: a set of nodes kept between stages (see
-`stages.plan_from_keep`); everything else is dropped after use and recomputed when needed. On a
-forward+backward graph only forward nodes are candidates for dropping (backward nodes are kept
-until their last use, as Checkmate's baselines do); on a graph without phases every node is.
-For a budget, a baseline returns the cheapest member of its family that fits, or None. Each
+`solver.core.stages.plan_from_keep`); everything else is dropped after use and recomputed when
+needed. On a forward+backward graph only forward nodes are candidates for dropping (backward nodes
+are kept until their last use, as Checkmate's baselines do); on a graph without phases every node
+is. For a budget, a baseline returns the cheapest member of its family that fits, or None. Each
 family stops adding members when its `deadline` passes and returns those it has.
 
 - `checkpoint_all`: keep everything; no recomputation. Its peak defines "100%" of a budget.

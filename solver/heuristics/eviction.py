@@ -7,8 +7,8 @@ short) until computing a node would exceed the budget; then live values are evic
 the one with the most bytes times (a power of) the distance to its next read per unit of rebuild
 cost (its own cost plus that of its evicted ancestors it would need, counted along every path). A
 value read later in the current stage is never evicted, so the run is a `StagePlan`;
-`stages.plan_from_kept_sets` then drops kept values no stage reads, which only lowers the peak.
-When everything live is needed for the next compute, that run fails.
+`solver.core.stages.plan_from_kept_sets` then drops kept values no stage reads, which only lowers
+the peak. When everything live is needed for the next compute, that run fails.
 
 The checkpoint policies of `solver.heuristics.baselines` choose what to keep without looking at
 the budget; this heuristic spends the budget, so it fits where they cannot (random_layered n=250

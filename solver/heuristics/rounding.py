@@ -2,10 +2,10 @@
 
 The LP relaxation of `solver.milp.formulation` says, per stage boundary t, how much of each value
 S[t,i] in [0, 1] to keep. Rounding keeps the values with S[t,i] >= theta, and
-`stages.plan_from_kept_sets` completes the plan: each stage computes its node and, recursively,
-every input that is not live, and values no later stage reads are dropped. Every threshold gives
-a valid plan; the ones whose peak fits the budget are candidates for the exact solver's
-incumbent. Unlike the baselines this needs no forward/backward structure, so it also serves
+`solver.core.stages.plan_from_kept_sets` completes the plan: each stage computes its node and,
+recursively, every input that is not live, and values no later stage reads are dropped. Every
+threshold gives a valid plan; the ones whose peak fits the budget are candidates for the exact
+solver's incumbent. Unlike the baselines this needs no forward/backward structure, so it also serves
 graphs without phases.
 """
 

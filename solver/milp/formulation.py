@@ -313,7 +313,7 @@ def build(
     first_stage > 0 leaves out the stages before it (the live set when it begins is free), and
     the stages in moment_stages have their memory bounded at their own node only ((5'), objective
     cost only): a relaxation (module docstring), whose solutions complete into plans
-    (`solver.stages.complete_prefix`) that must still be checked against the budget.
+    (`solver.core.stages.complete_prefix`) that must still be checked against the budget.
 
     recompute_limit (model units) restricts it to schedules whose recompute cost is at most that:
     a node costing more is never recomputed, so its R variables, the frees and memory levels
