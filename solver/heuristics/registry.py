@@ -126,16 +126,19 @@ def cheapest_policy(
     return cheapest_within(every_k_recompute_each_use(problem, deadline), budget)
 
 
-def baseline(graph: nx.DiGraph, name: str, budget: int | str | None = None) -> Schedule | None:
-    """Run one heuristic of `HEURISTICS` on `graph`: its cheapest schedule within `budget` (bytes,
-    or text like "80%" of the checkpoint-all peak; None: any), or None when none fits."""
+def baseline(
+    graph: nx.DiGraph, name: str, budget: int | str | None = None, deadline: Deadline = NEVER
+) -> Schedule | None:
+    """Run one heuristic of `HEURISTICS` on `graph` until `deadline`: its cheapest schedule
+    within `budget` (bytes, or text like "80%" of the checkpoint-all peak; None: any), or None
+    when none fits."""
     if name not in HEURISTICS:
         raise ValueError(f"unknown heuristic {name!r}; choose from {', '.join(HEURISTICS)}")
     problem = prepare(graph)
     limit = None if budget is None else parse_budget(budget, problem)
     if HEURISTICS[name].at_budget and limit is None:
         raise ValueError(f"{name} runs at a memory budget: give one")
-    found = members(problem, limit, [name]).get(name, [])
+    found = members(problem, limit, [name], deadline).get(name, [])
     best = cheapest_within(found, limit)
     if best is None:
         return None
@@ -144,7 +147,7 @@ def baseline(graph: nx.DiGraph, name: str, budget: int | str | None = None) -> S
     )
 
 
-def evict(graph: nx.DiGraph, budget: int | str) -> Schedule | None:
+def evict(graph: nx.DiGraph, budget: int | str, deadline: Deadline = NEVER) -> Schedule | None:
     """The eviction heuristic on `graph` within `budget` (bytes, or text like "80%" of the
-    checkpoint-all peak): its schedule, or None where every run gets stuck."""
-    return baseline(graph, "eviction", budget)
+    checkpoint-all peak) until `deadline`: its schedule, or None where every run gets stuck."""
+    return baseline(graph, "eviction", budget, deadline)
