@@ -8,7 +8,8 @@ behind counts): its wall time, the time limit, whether it ended within the promi
 `solver.solve` (time_limit * 1.05 + 0.5 s), and its outcome: status, cost and gap,
 "INFEASIBLE" (with the least feasible peak found) or "NO SCHEDULE". By default the graphs are
 random_layered n=500 and n=1000 of ../shared/graphs; op-level graphs of real models can be
-saved with `remat profile --model ... --save-graph FILE.json` and passed with --graphs.
+saved with `python -m benchmarks.capture_graphs` (the zoo) or `remat profile --model ...
+--save-graph FILE.json` and passed with --graphs.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 A graph comes from a node-link JSON file, a built-in demo (`graph_capture.demos`: an example
 graph, or a demo model that is captured), or ``--model pkg.module:factory``: ``factory`` is
-imported and called with no arguments and must return ``(model, example_inputs)``. Models are
+imported and called with no arguments and must return ``(model, example_inputs)`` or ``(model,
+example_inputs, example_kwargs)`` (keyword tensor arguments, e.g. ``labels=``). Models are
 traced with `graph_capture.capture`.
 """
 
@@ -39,7 +40,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, demo: bool = True) -
     parser.add_argument(
         "--model",
         metavar="MODULE:FACTORY",
-        help="a callable returning (model, example_inputs), e.g. mypkg.models:make",
+        help="a callable returning (model, example_inputs[, example_kwargs]), e.g. "
+        "mypkg.models:make",
     )
     parser.add_argument(
         "--granularity",
@@ -99,8 +101,10 @@ def graph_from_args(args: argparse.Namespace) -> nx.DiGraph:
     return capture_from_args(args).dag
 
 
-def load_model_from_args(args: argparse.Namespace) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """Build ``(model, example_inputs)`` from ``--model`` or ``--demo``."""
+def load_model_from_args(
+    args: argparse.Namespace,
+) -> tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """Build ``(model, example_inputs, example_kwargs)`` from ``--model`` or ``--demo``."""
     if getattr(args, "model", None):
         module_name, _, attr = args.model.partition(":")
         if not attr:
@@ -114,21 +118,23 @@ def load_model_from_args(args: argparse.Namespace) -> tuple[nn.Module, tuple[tor
         made = demo_model(args.demo)()
     else:
         raise CaptureError(f"give --model MODULE:FACTORY or --demo {{{', '.join(MODELS)}}}")
-    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
-        raise CaptureError("the factory must return (model, example_inputs)")
-    model, inputs = made
-    return model.train(), tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
+    if not (isinstance(made, tuple) and len(made) in (2, 3) and isinstance(made[0], nn.Module)):
+        raise CaptureError("the factory must return (model, example_inputs[, example_kwargs])")
+    model, inputs, kwargs = made if len(made) == 3 else (*made, {})
+    inputs = tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
+    return model.train(), inputs, dict(kwargs)
 
 
 def capture_from_args(args: argparse.Namespace) -> CapturedGraph:
     """Load the model named by the arguments and capture it; prints a one-line summary."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, inputs = load_model_from_args(args)
+    model, inputs, kwargs = load_model_from_args(args)
     started = time.perf_counter()
     graph = capture(
         model,
         inputs,
+        kwargs,
         granularity=args.granularity,
         cost_model=args.cost_model,
         module_depth=args.module_depth,

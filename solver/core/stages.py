@@ -211,7 +211,7 @@ def complete_prefix(problem: Problem, plan: StagePlan, first_stage: int) -> Stag
     """`plan` with its stages before `first_stage` replaced by a pass without recomputation:
     stage t < first_stage computes t alone and keeps each earlier value that a stage before
     first_stage reads or that plan.kept[first_stage] holds (the moment relaxation's solutions
-    leave those stages empty, `solver.formulation`)."""
+    leave those stages empty, `solver.milp.formulation`)."""
     carried = plan.kept[first_stage]
     computed = [(t,) for t in range(first_stage)]
     kept = [

@@ -1,9 +1,9 @@
 """Backward search: stage plans built from the last stage to the first.
 
-The eviction heuristic (`solver.eviction`) runs forward and decides what to keep before it knows
-what later stages will need; on random_layered n=250 it gets stuck below 86% of the
-checkpoint-all peak. This search runs backward, from what must be live, so it never keeps a
-value no later compute reads.
+The eviction heuristic (`solver.heuristics.eviction`) runs forward and decides what to keep before
+it knows what later stages will need; on random_layered n=250 it gets stuck below 86% of the
+checkpoint-all peak. This search runs backward, from what must be live, so it never keeps a value no
+later compute reads.
 
 State: (t, j, X). X is the set of values that must be live before the next compute (going
 backward) of stage t; j bounds that compute's node (stages recompute in ascending order, so

@@ -80,13 +80,13 @@ def _sampled(values: Sequence[int], limit: int = SWEEP_POINTS) -> list[int]:
 
 
 def _until(deadline: Deadline, make: Callable[[T], Member], params: Iterable[T]) -> list[Member]:
-    """make(p) for each of `params` while the slowest member so far would still end before
-    `deadline`."""
+    """make(p) for each of `params` while twice the slowest member so far would still end before
+    `deadline` (members grow costlier along some sweeps)."""
     out: list[Member] = []
     slowest = 0.0
     for param in params:
         began = time.perf_counter()
-        if began + slowest > deadline.at:
+        if began + 2 * slowest > deadline.at:
             break
         out.append(make(param))
         slowest = max(slowest, time.perf_counter() - began)

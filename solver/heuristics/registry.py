@@ -14,6 +14,7 @@ frontier and the benchmarks all read `HEURISTICS`; adding a heuristic is one ent
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -95,12 +96,20 @@ def members(
     deadline: Deadline = NEVER,
 ) -> dict[str, list[Member]]:
     """The schedules of each heuristic in `names` (default: all) that applies to `problem` and,
-    for those run at a budget, has one; each stops at `deadline`, and none starts after it."""
+    for those run at a budget, has one; each stops at `deadline`, and none starts when twice the
+    slowest schedule made so far would not end before it."""
     chosen = HEURISTICS.values() if names is None else [HEURISTICS[name] for name in names]
     found: dict[str, list[Member]] = {}
+    slowest = 0.0  # seconds per schedule, the most any heuristic took so far
     for h in chosen:
         if h.applies(problem) and (budget is not None or not h.at_budget):
-            found[h.name] = [] if deadline.passed() else h.runs(problem, budget, deadline)
+            began = time.perf_counter()
+            if began + 2 * slowest > deadline.at:
+                found[h.name] = []
+                continue
+            found[h.name] = h.runs(problem, budget, deadline)
+            per_member = (time.perf_counter() - began) / max(1, len(found[h.name]))
+            slowest = max(slowest, per_member)
     return found
 
 

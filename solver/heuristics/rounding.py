@@ -25,14 +25,14 @@ THRESHOLDS = tuple(j / 20 for j in range(1, 20))
 def rounded_members(
     problem: Problem, keep_fraction: Sequence[dict[int, float]], deadline: Deadline = NEVER
 ) -> list[Member]:
-    """One schedule per threshold of `THRESHOLDS` (while the slowest so far would end before
-    `deadline`); keep_fraction[t][i] is S[t,i] in [0, 1]."""
+    """One schedule per threshold of `THRESHOLDS` (while twice the slowest so far would end
+    before `deadline`); keep_fraction[t][i] is S[t,i] in [0, 1]."""
     members = []
     seen: set[tuple[frozenset[int], ...]] = set()
     slowest = 0.0
     for theta in THRESHOLDS:
         began = time.perf_counter()
-        if began + slowest > deadline.at:
+        if began + 2 * slowest > deadline.at:
             break
         wanted = [frozenset(i for i, x in stage.items() if x >= theta) for stage in keep_fraction]
         plan = plan_from_kept_sets(problem, wanted)

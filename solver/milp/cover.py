@@ -1,9 +1,9 @@
 r"""The read-gap cover: a lower bound on the recompute cost that needs no stage model, and the
 plan its solution suggests.
 
-Stage t computes node t (`solver.formulation`). When it does, node t, its inputs and every value
-kept into stage t + 1 are live, and the op holds its transient bytes. Take a value i < t that a
-later node reads and that is not an input of t: r_{k-1} < t < r_k, where r_0 = i < r_1 < r_2 < ...
+Stage t computes node t (`solver.milp.formulation`). When it does, node t, its inputs and every
+value kept into stage t + 1 are live, and the op holds its transient bytes. Take a value i < t that
+a later node reads and that is not an input of t: r_{k-1} < t < r_k, where r_0 = i < r_1 < r_2 < ...
 are the stages that compute i and its users for the first time (stage j computes node j). If i is
 not kept into stage t + 1, it must be live again in stage r_k, so some stage in (r_{k-1}, r_k]
 recomputes it. Let x[i,k] = 1 say that i is away somewhere in its read gap (r_{k-1}, r_k). The stage

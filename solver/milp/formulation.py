@@ -91,21 +91,26 @@ def _variables(
     mem_cap: int,
     recomputable: list[bool],
     moment_stages: Container[int],
+    deadline: Deadline,
 ) -> None:
     """R[t,i] only for recomputable nodes and S[t,i] only for values, both only while the value
     can still be read (`_last_reads`) and only from `lm.first_stage` on; an absent R or S is 0.
     A value that is never recomputed is live from its computation to its last user ((1), (2)
-    and (6) force it). F only where (4) needs it, and not in moment_stages."""
+    and (6) force it). F only where (4) needs it, and not in moment_stages. All R first, then all
+    S, then all F; TimeoutError once `deadline` passes."""
     n, first = problem.n, lm.first_stage
     one = lm.var("one", 1, 1)
     last_read = _last_reads(problem, recomputable)
-    lm.compute = [{} for _ in range(first)] + [
-        {i: lm.var(f"R[{t},{i}]", 0, 1) for i in range(t) if recomputable[i] and t <= last_read[i]}
-        | {t: one}
-        for t in range(first, n)
-    ]
+
+    def stages(begin: int) -> range:
+        return _checked(range(begin, n), deadline)
+
+    lm.compute = [{} for _ in range(first)]
+    for t in stages(first):
+        readable = (i for i in range(t) if recomputable[i] and t <= last_read[i])
+        lm.compute.append({i: lm.var(f"R[{t},{i}]", 0, 1) for i in readable} | {t: one})
     lm.keep = [{} for _ in range(first)]
-    for t in range(first, n):
+    for t in stages(first):
         stage = {}
         for i in range(t):
             if t <= last_read[i]:
@@ -113,19 +118,26 @@ def _variables(
                 stage[i] = lm.var(f"S[{t},{i}]", lo, 1)
         lm.keep.append(stage)
     lm.keep.append({})
-    lm.free = [
-        {
-            (i, k): lm.var(f"F[{t},{i},{k}]", 0, 1)
-            for k in lm.compute[t]
-            for i in _freeable(problem, recomputable, t, k)
-        }
-        if t not in moment_stages
-        else {}
-        for t in range(n)
-    ]
+    lm.free = []
+    for t in stages(0):
+        pairs = [] if t in moment_stages else _free_pairs(problem, recomputable, lm.compute[t], t)
+        lm.free.append({(i, k): lm.var(f"F[{t},{i},{k}]", 0, 1) for i, k in pairs})
     lm.levels = [{} for _ in range(first)]
     if budget is None:
         lm.peak = lm.var("peak", problem.memory_lower_bound, mem_cap)
+
+
+def _checked(stages: range, deadline: Deadline):
+    """`stages`, raising TimeoutError before a stage once `deadline` has passed."""
+    for t in stages:
+        if deadline.passed():
+            raise TimeoutError(f"the model was not built by the deadline (stage {t})")
+        yield t
+
+
+def _free_pairs(problem: Problem, recomputable: list[bool], computes, t: int):
+    """(i, k) for each F[t,i,k] of stage t, in order of k."""
+    return [(i, k) for k in computes for i in _freeable(problem, recomputable, t, k)]
 
 
 def _stays_live(problem: Problem, recomputable: list[bool], t: int, i: int) -> bool:
@@ -329,7 +341,7 @@ def build(
     lm = LinearModel(first_stage=first_stage)
     mem_cap = sum(problem.mem) + max(problem.transient)
     recomputable = _recomputable(int_cost, recompute_limit)
-    _variables(lm, problem, budget, mem_cap, recomputable, moment_stages)
+    _variables(lm, problem, budget, mem_cap, recomputable, moment_stages, deadline)
     progress = _Progress(lm, deadline)
     for t in range(first_stage, problem.n):
         progress.check(t)
