@@ -16,12 +16,12 @@ from torch import nn
 
 from benchmarks import zoo
 from benchmarks.zoo import ZOO, Bench
-from graph_capture import demo_models
+from graph_capture.demos import demo_model
 
 
 def _demo(name: str, blocks: Callable[[nn.Module], list[nn.Module]]) -> Callable[[], Bench]:
     def make() -> Bench:
-        model, inputs = demo_models.DEMOS[name]()
+        model, inputs = demo_model(name)()
         return Bench(model, inputs, blocks(model))
 
     return make

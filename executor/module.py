@@ -35,8 +35,8 @@ from executor.errors import UnsupportedScheduleError
 from executor.interpreter import ScheduleInterpreter, Step
 from graph_capture.captured import CapturedGraph
 from graph_capture.device import no_autocast
-from solver.schedule import Schedule
-from solver.simulate import simulate
+from solver.core.schedule import Schedule
+from solver.core.simulate import simulate
 
 __all__ = ["Rematerialized", "rematerialize", "split_ops"]
 

@@ -27,6 +27,7 @@ import argparse
 import copy
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from torch.utils.checkpoint import checkpoint_sequential
 from executor.memory import measure_peak
 from executor.module import Rematerialized
 from graph_capture.cli import add_model_arguments, capture_with_args, load_model_from_args
+from graph_capture.demos import demo_model
 
 __all__ = ["BUDGET_HELP", "add_run_arguments", "run_run", "sqrt_checkpointed"]
 
@@ -160,14 +162,11 @@ def _mib(n: float) -> str:
 def run_run(args: argparse.Namespace) -> int:
     """Train ``--demo`` or ``--model`` for ``--steps`` steps under the schedule; print the
     comparison."""
-    from graph_capture.demo_models import DEMOS
-
     if args.demo and args.model:
         raise ValueError("give either --demo or --model, not both")
     if not args.model:
         args.demo = args.demo or "gpt"
-        if args.demo not in DEMOS:
-            raise ValueError(f"unknown demo model {args.demo!r}; choose from {', '.join(DEMOS)}")
+        demo_model(args.demo)  # a demo model, or CaptureError naming them
     if args.steps < 2:
         raise ValueError("--steps must be at least 2 (the first step is warm-up for timing)")
     threads = torch.get_num_threads()
@@ -210,7 +209,7 @@ def _train_and_report(
     """Capture, solve, train the copies side by side and print the report."""
     from solver import prepare
 
-    captured = capture_with_args(args, model, inputs, kwargs)
+    captured = capture_with_args(args, model, inputs, kwargs, summary=sys.stdout)
     call = (inputs, kwargs)
     schedule = _schedule(args, captured)
     runners = _runners(model, captured, schedule, args.lr)

@@ -16,9 +16,9 @@ from executor.module import Rematerialized, rematerialize
 from graph_capture import capture
 from graph_capture.device import fork_rng, generator
 from solver import prepare
+from solver.core.schedule import Schedule, make_schedule
+from solver.core.stages import plan_from_keep, plan_to_ops
 from solver.errors import InvalidScheduleError, ScheduleMismatchError
-from solver.schedule import Schedule, make_schedule
-from solver.stages import plan_from_keep, plan_to_ops
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -24,8 +24,8 @@ from executor.module import Rematerialized
 from graph_capture import capture
 from graph_capture.device import fork_rng
 from solver import prepare, simulate
-from solver.schedule import Schedule, make_schedule
-from solver.stages import plan_from_keep, plan_to_ops
+from solver.core.schedule import Schedule, make_schedule
+from solver.core.stages import plan_from_keep, plan_to_ops
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,9 +7,10 @@ import networkx as nx
 import pytest
 
 import solver
-from solver.baselines import BASELINES, cheapest_within
+from solver.core.stages import cheapest_within
 from solver.examples import chain, residual_demo, training_graph, uniform_training_chain
-from solver.rotor import NotAChainError, rotor, rotor_schedule
+from solver.heuristics.baselines import BASELINES
+from solver.heuristics.rotor import NotAChainError, rotor
 
 HETEROGENEOUS = [
     ([3, 1, 4, 1, 5], [2, 7, 1, 8, 2]),
@@ -92,7 +93,7 @@ def test_where_the_models_differ_exact_drops_a_checkpoint() -> None:
     a segment's input checkpoint until the segment's backward is done (62)."""
     graph = training_graph(chain([1, 1, 4, 2, 4], [1, 5, 2, 4, 4]))
     exact = solver.solve(graph, 12, time_limit=30)
-    ours = rotor_schedule(graph, 12)
+    ours = solver.baseline(graph, "rotor", 12)
     assert exact.cost == 56 and ours is not None and ours.cost == 62
 
 

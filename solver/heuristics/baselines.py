@@ -1,10 +1,11 @@
 """Heuristic schedules the exact solver must beat, all under the same semantics and checker.
 
 Each baseline is a family of checkpoint policies: a set of nodes kept between stages (see
-`stages.plan_from_keep`); everything else is dropped after use and recomputed when needed. On a
-forward+backward graph only forward nodes are candidates for dropping (backward nodes are kept
-until their last use, as Checkmate's baselines do); on a graph without phases every node is.
-For a budget, a baseline returns the cheapest member of its family that fits, or None.
+`solver.core.stages.plan_from_keep`); everything else is dropped after use and recomputed when
+needed. On a forward+backward graph only forward nodes are candidates for dropping (backward nodes
+are kept until their last use, as Checkmate's baselines do); on a graph without phases every node
+is. For a budget, a baseline returns the cheapest member of its family that fits, or None. Each
+family stops adding members when its `deadline` passes and returns those it has.
 
 - `checkpoint_all`: keep everything; no recomputation. Its peak defines "100%" of a budget.
 - `sqrt_segments`: Chen et al.'s sqrt(n): keep every round(sqrt(c))-th of the c candidates.
@@ -22,26 +23,23 @@ For a budget, a baseline returns the cheapest member of its family that fits, or
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from typing import TypeVar
 
 import networkx as nx
 
-from solver.graph import Problem, prepare
-from solver.schedule import Schedule, make_schedule
-from solver.stages import IndexedSchedule, StagePlan, plan_from_keep, plan_to_ops
+from solver.core.graph import Problem
+from solver.core.stages import Member, plan_from_keep, plan_to_ops
+from solver.deadline import NEVER, Deadline
 
 SWEEP_POINTS = 48
 """How many members a swept family (every_k, greedy budgets, ranking prefixes) evaluates at most."""
 
+T = TypeVar("T")
 
-@dataclass(frozen=True)
-class Member:
-    """One schedule of a baseline family: the parameter that produced it and its ops."""
-
-    param: str
-    plan: StagePlan
-    schedule: IndexedSchedule
+Family = Callable[[Problem, Deadline], list[Member]]
+"""A policy family: its members on a problem, as many as `deadline` allows."""
 
 
 def candidates(problem: Problem) -> list[int]:
@@ -81,7 +79,21 @@ def _sampled(values: Sequence[int], limit: int = SWEEP_POINTS) -> list[int]:
     return sorted({values[round(j * step)] for j in range(limit)})
 
 
-def checkpoint_all(problem: Problem) -> list[Member]:
+def _until(deadline: Deadline, make: Callable[[T], Member], params: Iterable[T]) -> list[Member]:
+    """make(p) for each of `params` while twice the slowest member so far would still end before
+    `deadline` (members grow costlier along some sweeps)."""
+    out: list[Member] = []
+    slowest = 0.0
+    for param in params:
+        began = time.perf_counter()
+        if began + 2 * slowest > deadline.at:
+            break
+        out.append(make(param))
+        slowest = max(slowest, time.perf_counter() - began)
+    return out
+
+
+def checkpoint_all(problem: Problem, deadline: Deadline = NEVER) -> list[Member]:
     """Keep every value until its last use."""
     return [_member(problem, "-", set())]
 
@@ -92,31 +104,32 @@ def _sqrt(problem: Problem, cands: Sequence[int]) -> list[Member]:
     return [_keep_every(problem, cands, max(1, round(math.sqrt(len(cands)))))]
 
 
-def sqrt_segments(problem: Problem) -> list[Member]:
+def sqrt_segments(problem: Problem, deadline: Deadline = NEVER) -> list[Member]:
     """Chen's sqrt(n): segments of about sqrt(c) candidates, keep each segment's last node."""
     return _sqrt(problem, candidates(problem))
 
 
-def ap_sqrt_segments(problem: Problem) -> list[Member]:
+def ap_sqrt_segments(problem: Problem, deadline: Deadline = NEVER) -> list[Member]:
     """sqrt(n) segments over articulation points only."""
     return _sqrt(problem, articulation_candidates(problem))
 
 
-def every_k(problem: Problem) -> list[Member]:
+def every_k(problem: Problem, deadline: Deadline = NEVER) -> list[Member]:
     """Keep every k-th candidate, for k over 1..c (sampled)."""
     cands = candidates(problem)
-    return [_keep_every(problem, cands, k) for k in _sampled(range(1, len(cands) + 1))]
+    ks = _sampled(range(1, len(cands) + 1))
+    return _until(deadline, lambda k: _keep_every(problem, cands, k), ks)
 
 
 RECOMPUTE_EACH_USE_POINTS = 12
 """Members of `every_k_recompute_each_use` (each costs a full recomputation sweep)."""
 
 RECOMPUTE_EACH_USE_MAX_NODES = 400
-"""Largest graph `every_k_recompute_each_use` runs on: its schedules have O(n^2) ops, and at 500
-nodes its 12 members took 32 s, longer than the exact solver's whole default time limit."""
+"""Largest graph `every_k_recompute_each_use` runs on: its schedules have O(n^2) ops (at 500
+nodes its members take longer than a default solve)."""
 
 
-def every_k_recompute_each_use(problem: Problem) -> list[Member]:
+def every_k_recompute_each_use(problem: Problem, deadline: Deadline = NEVER) -> list[Member]:
     """Keep every k-th candidate and recompute every other value at each use, never keeping a
     recomputed value: the least-memory end of the checkpoint policies (quadratic cost). Empty
     on graphs of more than RECOMPUTE_EACH_USE_MAX_NODES nodes."""
@@ -124,10 +137,10 @@ def every_k_recompute_each_use(problem: Problem) -> list[Member]:
         return []
     cands = candidates(problem)
     ks = _sampled(range(1, len(cands) + 1), RECOMPUTE_EACH_USE_POINTS)
-    return [_keep_every(problem, cands, k, retain_recomputed=False) for k in ks]
+    return _until(deadline, lambda k: _keep_every(problem, cands, k, False), ks)
 
 
-def _greedy(problem: Problem, cands: Sequence[int]) -> list[Member]:
+def _greedy(problem: Problem, cands: Sequence[int], deadline: Deadline) -> list[Member]:
     if not cands:
         return checkpoint_all(problem)
     sizes = [problem.mem[v] for v in cands]
@@ -135,8 +148,7 @@ def _greedy(problem: Problem, cands: Sequence[int]) -> list[Member]:
     budgets = sorted(
         {round(low * (high / low) ** (j / (SWEEP_POINTS - 1))) for j in range(SWEEP_POINTS)}
     )
-    members = []
-    seen: set[frozenset[int]] = set()
+    kept_sets: dict[frozenset[int], int] = {}  # each distinct kept set, with its first b
     for b in budgets:
         kept, dropped_bytes = set(), 0
         for v in cands:
@@ -144,36 +156,36 @@ def _greedy(problem: Problem, cands: Sequence[int]) -> list[Member]:
             if dropped_bytes > b:
                 kept.add(v)
                 dropped_bytes = 0
-        key = frozenset(kept)
-        if key not in seen:
-            seen.add(key)
-            members.append(_member(problem, f"b={b}", set(cands) - kept))
-    return members
+        kept_sets.setdefault(frozenset(kept), b)
+    return _until(
+        deadline,
+        lambda item: _member(problem, f"b={item[1]}", set(cands) - item[0]),
+        kept_sets.items(),
+    )
 
 
-def chen_greedy(problem: Problem) -> list[Member]:
+def chen_greedy(problem: Problem, deadline: Deadline = NEVER) -> list[Member]:
     """Chen's greedy over all candidates, sweeping the segment budget b (bytes)."""
-    return _greedy(problem, candidates(problem))
+    return _greedy(problem, candidates(problem), deadline)
 
 
-def ap_greedy(problem: Problem) -> list[Member]:
+def ap_greedy(problem: Problem, deadline: Deadline = NEVER) -> list[Member]:
     """Chen's greedy over articulation points only."""
-    return _greedy(problem, articulation_candidates(problem))
+    return _greedy(problem, articulation_candidates(problem), deadline)
 
 
-def bytes_per_cost(problem: Problem) -> list[Member]:
+def bytes_per_cost(problem: Problem, deadline: Deadline = NEVER) -> list[Member]:
     """Drop candidates with the most bytes per unit of recompute cost first; sweep the prefix."""
     cands = candidates(problem)
     ratio = {
         v: problem.mem[v] / problem.cost[v] if problem.cost[v] > 0 else math.inf for v in cands
     }
     ranked = sorted(cands, key=lambda v: (-ratio[v], v))
-    return [
-        _member(problem, f"drop={m}", set(ranked[:m])) for m in _sampled(range(len(ranked) + 1))
-    ]
+    prefixes = _sampled(range(len(ranked) + 1))
+    return _until(deadline, lambda m: _member(problem, f"drop={m}", set(ranked[:m])), prefixes)
 
 
-BASELINES: dict[str, Callable[[Problem], list[Member]]] = {
+BASELINES: dict[str, Family] = {
     "checkpoint_all": checkpoint_all,
     "sqrt_segments": sqrt_segments,
     "ap_sqrt_segments": ap_sqrt_segments,
@@ -183,33 +195,5 @@ BASELINES: dict[str, Callable[[Problem], list[Member]]] = {
     "bytes_per_cost": bytes_per_cost,
     "every_k_recompute_each_use": every_k_recompute_each_use,
 }
-"""Every baseline family by name, in the order tables list them."""
-
-
-def cheapest_within(members: Iterable[Member], budget: int | None) -> Member | None:
-    """The lowest-cost member whose peak fits `budget` bytes (ties: lower peak), or None."""
-    fitting = [m for m in members if budget is None or m.schedule.peak <= budget]
-    return min(fitting, key=lambda m: (m.schedule.cost, m.schedule.peak), default=None)
-
-
-def smallest_within(members: Iterable[Member], compute_budget: float | None) -> Member | None:
-    """The lowest-peak member whose cost fits `compute_budget` (ties: lower cost), or None."""
-    fitting = [
-        m
-        for m in members
-        if compute_budget is None or m.schedule.cost <= compute_budget * (1 + 1e-12)
-    ]
-    return min(fitting, key=lambda m: (m.schedule.peak, m.schedule.cost), default=None)
-
-
-def baseline(graph: nx.DiGraph, name: str, budget: int | None = None) -> Schedule | None:
-    """Run one baseline on `graph`: its cheapest schedule within `budget` bytes, or None."""
-    if name not in BASELINES:
-        raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
-    problem = prepare(graph)
-    best = cheapest_within(BASELINES[name](problem), budget)
-    if best is None:
-        return None
-    return make_schedule(
-        graph, problem, best.schedule, method=name, budget=budget, extra={"param": best.param}
-    )
+"""Every checkpoint-policy family by name, in the order tables list them (the policy part of
+`solver.heuristics.registry.HEURISTICS`)."""

@@ -107,8 +107,18 @@ class Problem:
         }
         if any(self.transient):
             payload["transient"] = list(self.transient)
-        blob = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:32]
+        return _digest(payload)
+
+    @cached_property
+    def cost_fingerprint(self) -> str:
+        """SHA-256 of the costs in node order: what a schedule's cost (and a claim that it is
+        optimal) depends on, beyond `fingerprint`."""
+        return _digest([repr(float(c)) for c in self.cost])
+
+
+def _digest(payload: object) -> str:
+    blob = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
 
 
 def _id_key(v: Hashable) -> str:
@@ -136,7 +146,9 @@ def _order(graph: nx.DiGraph) -> list[Hashable]:
     if "order" not in graph.graph:
         position = {v: i for i, v in enumerate(graph.nodes)}
         return list(nx.lexicographical_topological_sort(graph, key=position.__getitem__))
-    order = list(graph.graph["order"])
+    order = graph.graph["order"]
+    if not isinstance(order, list | tuple) or not all(_hashable(v) for v in order):
+        raise GraphError("graph attribute `order` must be a list of the graph's node ids")
     if len(order) != graph.number_of_nodes() or set(order) != set(graph.nodes):
         raise GraphError(
             "graph attribute `order` must list every node exactly once "
@@ -148,7 +160,15 @@ def _order(graph: nx.DiGraph) -> list[Hashable]:
             raise GraphError(
                 f"graph attribute `order` is not topological: edge {u!r} -> {v!r} goes backwards"
             )
-    return order
+    return list(order)
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def prepare(graph: nx.DiGraph) -> Problem:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from solver.graph import Problem
-from solver.stages import checkpoint_all
+from solver.core.graph import Problem
+from solver.core.stages import checkpoint_all
 
 _UNITS = {
     "": 1,

@@ -7,13 +7,14 @@ short) until computing a node would exceed the budget; then live values are evic
 the one with the most bytes times (a power of) the distance to its next read per unit of rebuild
 cost (its own cost plus that of its evicted ancestors it would need, counted along every path). A
 value read later in the current stage is never evicted, so the run is a `StagePlan`;
-`stages.plan_from_kept_sets` then drops kept values no stage reads, which only lowers the peak.
-When everything live is needed for the next compute, that run fails.
+`solver.core.stages.plan_from_kept_sets` then drops kept values no stage reads, which only lowers
+the peak. When everything live is needed for the next compute, that run fails.
 
-The checkpoint policies of `solver.baselines` choose what to keep without looking at the
-budget; this heuristic spends the budget, so it fits where they cannot: on random_layered
-n=250 at 90% of the checkpoint-all peak their best schedule costs 85x computing every node once,
-this one 1.01x.
+The checkpoint policies of `solver.heuristics.baselines` choose what to keep without looking at
+the budget; this heuristic spends the budget, so it fits where they cannot (random_layered n=250
+at 90% of the checkpoint-all peak: tests/test_solver_eviction.py).
+
+Every run stops at its `deadline` (`solver.deadline`) and then counts as stuck.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-import networkx as nx
-
-from solver.baselines import Member, cheapest_within
-from solver.budget import parse_budget
-from solver.graph import Problem, prepare
-from solver.schedule import Schedule, make_schedule
-from solver.stages import plan_from_kept_sets, plan_to_ops, stage_computes
+from solver.core.graph import Problem
+from solver.core.stages import (
+    Member,
+    cheapest_within,
+    plan_from_kept_sets,
+    plan_to_ops,
+    stage_computes,
+)
+from solver.deadline import NEVER, Deadline
 
 
 def _rebuild_costs(problem: Problem, live: set[int]) -> list[float]:
@@ -42,10 +45,9 @@ def _rebuild_costs(problem: Problem, live: set[int]) -> list[float]:
 
 DISTANCE_EXPONENTS = (2.0, 1.0, 0.5, 0.0)
 """The runs `evict_within` makes, one per weight of the distance to the next read: bytes times
-distance**e per unit of rebuild cost. No single exponent is best everywhere (measured, cost over
-computing every node once, e = 2 / 1 / 0.5 / 0: random_layered n=500 at 90% 1.580 / 1.070 /
-1.069 / 3.80; demo resnet at 50% 1.066 / 1.115 / 1.115 / 1.115; ResNet50 at 80% recompute cost
-1200 / 1270 / 1270 / 1270 of the optimum 1130; FCN8 at 80% the optimum only with e = 2)."""
+distance**e per unit of rebuild cost. No single exponent is best everywhere (FCN8 at 80% reaches
+its optimum only with e = 2, random_layered n=500 at 90% is 1.5x cheaper with e <= 1;
+`python -m benchmarks.solver_scale` lists eviction's cost beside the optimum)."""
 
 
 Chooser = Callable[[int, list[int], set[int]], int]
@@ -69,13 +71,17 @@ def _by_distance(problem: Problem, exponent: float) -> Chooser:
     return choose
 
 
-def _run(problem: Problem, budget: int, choose: Chooser, param: str) -> Member | None:
-    """One eviction run at `budget` bytes, or None where it gets stuck."""
+def _run(
+    problem: Problem, budget: int, choose: Chooser, param: str, deadline: Deadline
+) -> Member | None:
+    """One eviction run at `budget` bytes, or None where it gets stuck or `deadline` passes."""
     mem = problem.mem
     live: set[int] = set()
     live_bytes = 0
     kept: list[frozenset[int]] = [frozenset()]
     for t in range(problem.n):
+        if deadline.passed():
+            return None
         stage = stage_computes(problem, [t], live)
         reads: dict[int, int] = {}
         for k in stage:
@@ -103,51 +109,36 @@ def _run(problem: Problem, budget: int, choose: Chooser, param: str) -> Member |
     return Member(param, plan, plan_to_ops(problem, plan))
 
 
-def eviction_runs(problem: Problem, budget: int) -> list[Member]:
-    """The eviction runs at `budget` bytes that do not get stuck, one per DISTANCE_EXPONENTS
-    (each peak is at most the budget): the heuristic as a family, for the tables that list it
-    beside the baselines. O(n * (V + E) * evictions per stage) per run."""
+def eviction_runs(problem: Problem, budget: int, deadline: Deadline = NEVER) -> list[Member]:
+    """The eviction runs at `budget` bytes that do not get stuck (or cut off by `deadline`), one
+    per DISTANCE_EXPONENTS (each peak is at most the budget): the heuristic as a family, for the
+    tables that list it beside the baselines. O(n * (V + E) * evictions per stage) per run."""
     runs = [
-        _run(problem, budget, _by_distance(problem, e), f"budget={budget},e={e:g}")
+        _run(problem, budget, _by_distance(problem, e), f"budget={budget},e={e:g}", deadline)
         for e in DISTANCE_EXPONENTS
     ]
     return [run for run in runs if run is not None]
 
 
-def evict_within(problem: Problem, budget: int) -> Member | None:
+def evict_within(problem: Problem, budget: int, deadline: Deadline = NEVER) -> Member | None:
     """The cheapest of `eviction_runs` at `budget` bytes, or None when all get stuck."""
-    return cheapest_within(eviction_runs(problem, budget), budget)
+    return cheapest_within(eviction_runs(problem, budget, deadline), budget)
 
 
 def evict_by_keep(
-    problem: Problem, budget: int, keep_fraction: Sequence[dict[int, float]]
+    problem: Problem,
+    budget: int,
+    keep_fraction: Sequence[dict[int, float]],
+    deadline: Deadline = NEVER,
 ) -> Member | None:
     """An eviction run at `budget` bytes that evicts the value kept least into the next stage by
     a fractional keep (keep_fraction[t][i]: S[t,i] in [0, 1] of the LP relaxation, as for
-    `solver.rounding`), or None where it gets stuck. Where thresholds round the LP into plans
-    over or under the budget, this spends the budget in the LP's order: on MobileNet at 90% it
-    gives the optimum (1.00163x) from the first LP."""
+    `solver.heuristics.rounding`), or None where it gets stuck or `deadline` passes. Where
+    thresholds round the LP into plans over or under the budget, this spends the budget in the
+    LP's order (on MobileNet at 90% it gives the optimum from the first LP)."""
 
     def choose(t: int, candidates: list[int], live: set[int]) -> int:
         following = keep_fraction[t + 1]
         return min(candidates, key=lambda v: (following.get(v, 0.0), -problem.mem[v], v))
 
-    return _run(problem, budget, choose, f"budget={budget},lp")
-
-
-def evict(graph: nx.DiGraph, budget: int | str) -> Schedule | None:
-    """The eviction heuristic on `graph` within `budget` (bytes, or text like "80%" of the
-    checkpoint-all peak): its schedule, or None where every run gets stuck."""
-    problem = prepare(graph)
-    limit = parse_budget(budget, problem)
-    member = evict_within(problem, limit)
-    if member is None:
-        return None
-    return make_schedule(
-        graph,
-        problem,
-        member.schedule,
-        method="eviction",
-        budget=limit,
-        extra={"param": member.param},
-    )
+    return _run(problem, budget, choose, f"budget={budget},lp", deadline)

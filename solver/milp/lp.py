@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
 import highspy
 import numpy as np
 
-from solver.formulation import LinearModel, Row
+from solver.deadline import Deadline
+from solver.milp.model import LinearModel, Row
 
 _TOLERANCE = 1e-6
 
@@ -81,7 +81,7 @@ def scaled_lp(lm: LinearModel) -> ScaledLp:
     divided by col[j]), then each row by its largest coefficient (row r divided by row[r]). The
     0/1 variables, and with them the objective (recompute costs of R variables), keep their
     units. The free row changes nothing in the LP (its dual is 0); it is there so that the
-    branch and cut can take the same model (ResNet50: 1 s to build).
+    branch and cut can take the same model without building it again.
     """
     upper = np.asarray(lm.upper, float)
     col = np.where(upper > 1, upper, 1.0)
@@ -128,25 +128,23 @@ def quiet_highs() -> highspy.Highs:
             os.close(saved)
 
 
-def solve_relaxation(lm: LinearModel, time_limit: float) -> LpRelaxation | None:
+def solve_relaxation(lm: LinearModel, deadline: Deadline) -> LpRelaxation | None:
     """Solve the LP relaxation with HiGHS's dual simplex; None when it does not reach optimality
-    within `time_limit` seconds (building HiGHS's model included) or is infeasible
-    (floating-point infeasibility proves nothing here: the MIP decides).
+    by `deadline` (building HiGHS's model included) or is infeasible (floating-point
+    infeasibility proves nothing here: the MIP decides). Its objective is a floating-point
+    bound: read it through `solver.milp.units.safe_floor` (NOTE [safe bounds]).
 
     It is solved on `scaled_lp`'s scaling: reduced costs of the 0/1 variables are unchanged by
-    it; values are mapped back. Devex pricing without presolve was the fastest setting measured
-    (ResNet50 at 90% as the model was then, 217k variables: 11 s; OR-Tools' CLP 27 s, GLOP 47 s;
-    on ResNet50 at 80% the interior point method did 10 iterations in 120 s and PDLP was at 5-7%
-    of the optimum after 40 s; OR-Tools' own HiGHS interface returns zero reduced costs, so
-    HiGHS is called through highspy).
+    it; values are mapped back. Devex pricing without presolve was the fastest setting on the
+    published graphs (docs/solver.md, "LP relaxation", compares the others); OR-Tools' own HiGHS
+    interface returns zero reduced costs, so HiGHS is called through highspy.
     """
-    started = time.perf_counter()
     scaled = scaled_lp(lm)
     lp, col = scaled.lp, scaled.col
     highs = quiet_highs()
     for option, value in (
         ("output_flag", False),
-        ("time_limit", max(0.01, time_limit - (time.perf_counter() - started))),
+        ("time_limit", max(0.01, deadline.remaining())),
         ("solver", "simplex"),
         ("simplex_strategy", 1),  # dual simplex
         ("simplex_dual_edge_weight_strategy", 1),  # devex: steepest edge was 3x slower here

@@ -36,15 +36,14 @@ import math
 from dataclasses import dataclass
 from functools import reduce
 
-import networkx as nx
 import numpy as np
 
-from solver.baselines import SWEEP_POINTS, Member
-from solver.budget import checkpoint_all_peak
+from solver.core.budget import checkpoint_all_peak
+from solver.core.graph import Problem
+from solver.core.stages import Member, StagePlan, plan_to_ops
+from solver.deadline import NEVER, Deadline
 from solver.errors import GraphError
-from solver.graph import Problem, prepare
-from solver.schedule import Schedule, make_schedule
-from solver.stages import StagePlan, plan_to_ops
+from solver.heuristics.baselines import SWEEP_POINTS
 
 MAX_UNITS = 4096
 """Largest memory grid (units) the program runs on; coarser grids round sizes up."""
@@ -107,8 +106,9 @@ def _unit(problem: Problem) -> int:
 class _Program:
     """The table Opt(s, t, L, .) over the memory grid and the choices that reach it."""
 
-    def __init__(self, problem: Problem, shape: ChainShape, unit: int) -> None:
-        self.problem, self.shape = problem, shape
+    def __init__(self, problem: Problem, shape: ChainShape, unit: int, deadline: Deadline) -> None:
+        """Fills the table; raises TimeoutError when `deadline` passes first."""
+        self.problem, self.shape, self.deadline = problem, shape, deadline
         n = len(shape.forward)
         self.size = -(-checkpoint_all_peak(problem) // unit) + 3 * n + 1
         units = [-(-m // unit) for m in problem.mem]
@@ -138,6 +138,8 @@ class _Program:
         grid = np.arange(self.size)
         prefix = np.concatenate([[0.0], np.cumsum(self.cf)])
         for length in range(1, n + 1):
+            if self.deadline.passed():
+                raise TimeoutError("rotor's table was not filled by the deadline")
             for s in range(n - length + 1):
                 t = s + length - 1
                 for top_live in (False, True):
@@ -241,12 +243,16 @@ def _plan_from_ops(problem: Problem, ops: list[tuple[str, int]]) -> StagePlan:
     return StagePlan(tuple(computed), tuple(kept))
 
 
-def rotor(problem: Problem) -> list[Member]:
+def rotor(problem: Problem, deadline: Deadline = NEVER) -> list[Member]:
     """The rotor family: the program's schedule at every memory limit where its cost drops
-    (sampled to at most 4 * SWEEP_POINTS members). Raises `NotAChainError` off chains."""
+    (sampled to at most 4 * SWEEP_POINTS members); none when `deadline` passes before its table
+    is filled. Raises `NotAChainError` off chains."""
     shape = chain_shape(problem)
     unit = _unit(problem)
-    program = _Program(problem, shape, unit)
+    try:
+        program = _Program(problem, shape, unit, deadline)
+    except TimeoutError:
+        return []
     top = program.table[0, len(shape.forward) - 1, False]
     feasible = np.flatnonzero(np.isfinite(top))
     drops = [int(m) for m in feasible if m == feasible[0] or top[m] < top[m - 1]]
@@ -263,16 +269,3 @@ def rotor(problem: Problem) -> list[Member]:
             raise NotAChainError(f"rotor's schedules leave {missing} node(s) uncomputed")
         members.append(Member(f"m={m * unit}", plan, plan_to_ops(problem, plan)))
     return members
-
-
-def rotor_schedule(graph: nx.DiGraph, budget: int) -> Schedule | None:
-    """Rotor's cheapest schedule within `budget` bytes on a chain's training graph, or None."""
-    from solver.baselines import cheapest_within
-
-    problem = prepare(graph)
-    best = cheapest_within(rotor(problem), budget)
-    if best is None:
-        return None
-    return make_schedule(
-        graph, problem, best.schedule, method="rotor", budget=budget, extra={"param": best.param}
-    )

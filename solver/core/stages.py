@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from solver.graph import Problem
+from solver.core.graph import Problem
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,32 @@ class IndexedSchedule:
     peak: int
     cost: float
     stage_peaks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Member:
+    """A candidate schedule: what produced it (`param`, e.g. a heuristic's parameter), its plan
+    and the plan's ops."""
+
+    param: str
+    plan: StagePlan
+    schedule: IndexedSchedule
+
+
+def cheapest_within(members: Iterable[Member], budget: int | None) -> Member | None:
+    """The lowest-cost member whose peak fits `budget` bytes (ties: lower peak), or None."""
+    fitting = [m for m in members if budget is None or m.schedule.peak <= budget]
+    return min(fitting, key=lambda m: (m.schedule.cost, m.schedule.peak), default=None)
+
+
+def smallest_within(members: Iterable[Member], compute_budget: float | None) -> Member | None:
+    """The lowest-peak member whose cost fits `compute_budget` (ties: lower cost), or None."""
+    fitting = [
+        m
+        for m in members
+        if compute_budget is None or m.schedule.cost <= compute_budget * (1 + 1e-12)
+    ]
+    return min(fitting, key=lambda m: (m.schedule.peak, m.schedule.cost), default=None)
 
 
 def plan_to_ops(problem: Problem, plan: StagePlan) -> IndexedSchedule:
@@ -185,7 +211,7 @@ def complete_prefix(problem: Problem, plan: StagePlan, first_stage: int) -> Stag
     """`plan` with its stages before `first_stage` replaced by a pass without recomputation:
     stage t < first_stage computes t alone and keeps each earlier value that a stage before
     first_stage reads or that plan.kept[first_stage] holds (the moment relaxation's solutions
-    leave those stages empty, `solver.formulation`)."""
+    leave those stages empty, `solver.milp.formulation`)."""
     carried = plan.kept[first_stage]
     computed = [(t,) for t in range(first_stage)]
     kept = [

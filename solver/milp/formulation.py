@@ -28,8 +28,7 @@ Objective "memory": min peak subject to sum_{t,i<t} cost_i R[t,i] <= recompute l
 (6) and (7) only remove dominated solutions (dropping a useless value lowers cost and memory), so
 the optimum is unchanged. (8) holds for every 0/1 solution of (2) and (4) (a free after computing
 k needs i live there, and a second free would precede a user computed later), so it only cuts
-fractional points: it raised the LP bound on FCN8 at 80% from 41% to 48% of the optimum, and
-CP-SAT's proof there went from 5.6 s to 3.1 s.
+fractional points (it raises the LP bound on FCN8 at 80% from 41% to 48% of the optimum).
 
 With a recompute limit L (`build`), sum cost_i R[t,i] <= L is a row and every node with
 cost_i > L has no R variables at all. Under (6) and (7) a value is live or recomputed in stage t
@@ -50,77 +49,25 @@ make linear:
 
 (a value kept into stage t + 1 is live when node t is computed, and so are t's inputs). Every
 plan of the model above satisfies it, so its optimum is a lower bound on the schedules' cost;
-`solver.stages.complete_prefix` turns its solution into a plan, optimal when that plan fits
-the budget (`solver.exact` checks it). The model is plain data (`LinearModel`): CP-SAT
-(`solver.cpsat`) and HiGHS's branch and cut (`solver.mip`) solve it, and its LP relaxation gives
-bounds and reduced costs for variable fixing.
+`solver.core.stages.complete_prefix` turns its solution into a plan, optimal when that plan fits
+the budget (`solver.exact.moments` checks it). The model is plain data (`LinearModel`): CP-SAT
+(`solver.milp.cpsat`) and HiGHS's branch and cut (`solver.milp.highs_mip`) solve it, and its LP
+relaxation (`solver.milp.lp`) gives bounds and reduced costs for variable fixing.
+
+Costs are in the whole units of `solver.milp.units.CostUnits` (`int_cost`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Container
-from dataclasses import dataclass, field
+from collections.abc import Container, Sequence
 
-from solver.graph import Problem
-from solver.stages import StagePlan
-
-Row = tuple[list[int], list[int], int | None, int | None]
-"""A linear row: variable indices, integer coefficients, lower and upper bound (None: open)."""
+from solver.core.graph import Problem
+from solver.deadline import NEVER, Deadline
+from solver.milp.model import LinearModel
 
 
-@dataclass
-class LinearModel:
-    """A 0/1 linear model with integer coefficients; every variable's lower bound is `lower`."""
-
-    names: list[str] = field(default_factory=list)
-    lower: list[int] = field(default_factory=list)
-    upper: list[int] = field(default_factory=list)
-    integral: list[bool] = field(default_factory=list)
-    rows: list[Row] = field(default_factory=list)
-    objective: dict[int, int] = field(default_factory=dict)
-    compute: list[dict[int, int]] = field(default_factory=list)
-    keep: list[dict[int, int]] = field(default_factory=list)
-    free: list[dict[tuple[int, int], int]] = field(default_factory=list)
-    levels: list[dict[int, int]] = field(default_factory=list)
-    recompute_cost: dict[int, int] = field(default_factory=dict)
-    peak: int | None = None
-    first_stage: int = 0
-
-    def var(self, name: str, lower: int, upper: int, integral: bool = True) -> int:
-        """Add a variable and return its index."""
-        self.names.append(name)
-        self.lower.append(lower)
-        self.upper.append(upper)
-        self.integral.append(integral)
-        return len(self.names) - 1
-
-    def row(self, terms: list[tuple[int, int]], lo: int | None, hi: int | None) -> None:
-        """Add lo <= sum(coef * var) <= hi, terms as (coef, var) pairs."""
-        self.rows.append(([v for _, v in terms], [c for c, _ in terms], lo, hi))
-
-    @property
-    def binaries(self) -> list[int]:
-        """Indices of the 0/1 decision variables (R, S, F)."""
-        out = [v for stage in self.compute for v in stage.values()]
-        out += [v for stage in self.keep for v in stage.values()]
-        out += [v for stage in self.free for v in stage.values()]
-        return out
-
-
-@dataclass(frozen=True)
-class ModelResult:
-    """A `LinearModel` solved (CP-SAT or HiGHS). status: "OPTIMAL", "FEASIBLE", "INFEASIBLE" or
-    "UNKNOWN"; values per variable when a solution was found; objective and bound in the model's
-    integer units (bound valid whenever status is not "INFEASIBLE")."""
-
-    status: str
-    values: list[int] | None
-    objective: int | None
-    bound: float
-
-
-def _recomputable(int_cost: list[int], limit: int | None) -> list[bool]:
+def _recomputable(int_cost: Sequence[int], limit: int | None) -> list[bool]:
     """Nodes that may be recomputed at all: with a recompute limit, those costing at most it."""
     return [limit is None or c <= limit for c in int_cost]
 
@@ -144,21 +91,26 @@ def _variables(
     mem_cap: int,
     recomputable: list[bool],
     moment_stages: Container[int],
+    deadline: Deadline,
 ) -> None:
     """R[t,i] only for recomputable nodes and S[t,i] only for values, both only while the value
     can still be read (`_last_reads`) and only from `lm.first_stage` on; an absent R or S is 0.
     A value that is never recomputed is live from its computation to its last user ((1), (2)
-    and (6) force it). F only where (4) needs it, and not in moment_stages."""
+    and (6) force it). F only where (4) needs it, and not in moment_stages. All R first, then all
+    S, then all F; TimeoutError once `deadline` passes."""
     n, first = problem.n, lm.first_stage
     one = lm.var("one", 1, 1)
     last_read = _last_reads(problem, recomputable)
-    lm.compute = [{} for _ in range(first)] + [
-        {i: lm.var(f"R[{t},{i}]", 0, 1) for i in range(t) if recomputable[i] and t <= last_read[i]}
-        | {t: one}
-        for t in range(first, n)
-    ]
+
+    def stages(begin: int) -> range:
+        return _checked(range(begin, n), deadline)
+
+    lm.compute = [{} for _ in range(first)]
+    for t in stages(first):
+        readable = (i for i in range(t) if recomputable[i] and t <= last_read[i])
+        lm.compute.append({i: lm.var(f"R[{t},{i}]", 0, 1) for i in readable} | {t: one})
     lm.keep = [{} for _ in range(first)]
-    for t in range(first, n):
+    for t in stages(first):
         stage = {}
         for i in range(t):
             if t <= last_read[i]:
@@ -166,19 +118,26 @@ def _variables(
                 stage[i] = lm.var(f"S[{t},{i}]", lo, 1)
         lm.keep.append(stage)
     lm.keep.append({})
-    lm.free = [
-        {
-            (i, k): lm.var(f"F[{t},{i},{k}]", 0, 1)
-            for k in lm.compute[t]
-            for i in _freeable(problem, recomputable, t, k)
-        }
-        if t not in moment_stages
-        else {}
-        for t in range(n)
-    ]
+    lm.free = []
+    for t in stages(0):
+        pairs = [] if t in moment_stages else _free_pairs(problem, recomputable, lm.compute[t], t)
+        lm.free.append({(i, k): lm.var(f"F[{t},{i},{k}]", 0, 1) for i, k in pairs})
     lm.levels = [{} for _ in range(first)]
     if budget is None:
         lm.peak = lm.var("peak", problem.memory_lower_bound, mem_cap)
+
+
+def _checked(stages: range, deadline: Deadline):
+    """`stages`, raising TimeoutError before a stage once `deadline` has passed."""
+    for t in stages:
+        if deadline.passed():
+            raise TimeoutError(f"the model was not built by the deadline (stage {t})")
+        yield t
+
+
+def _free_pairs(problem: Problem, recomputable: list[bool], computes, t: int):
+    """(i, k) for each F[t,i,k] of stage t, in order of k."""
+    return [(i, k) for k in computes for i in _freeable(problem, recomputable, t, k)]
 
 
 def _stays_live(problem: Problem, recomputable: list[bool], t: int, i: int) -> bool:
@@ -238,7 +197,7 @@ def _memory(lm: LinearModel, problem: Problem, t: int, budget: int | None, mem_c
     the budget (or the peak) less k's transient bytes where k is computed; between two of them
     nothing is computed or freed."""
     previous: list[tuple[int, int]] = [(problem.mem[i], v) for i, v in lm.keep[t].items()]
-    frees = _frees_after(lm, t)
+    frees = frees_after(lm, t)
     lm.levels.append({})
     for k, computes in lm.compute[t].items():
         level = lm.var(f"U[{t},{k}]", 0, mem_cap if budget is None else budget, integral=True)
@@ -266,7 +225,7 @@ def _moment_memory(lm: LinearModel, problem: Problem, t: int, budget: int) -> No
     lm.row(terms, None, budget - fixed)
 
 
-def _frees_after(lm: LinearModel, t: int) -> dict[int, list[tuple[int, int]]]:
+def frees_after(lm: LinearModel, t: int) -> dict[int, list[tuple[int, int]]]:
     """Stage t's F variables by the node k they follow: k -> [(i, F[t,i,k])]."""
     out: dict[int, list[tuple[int, int]]] = {}
     for (i, k), f in lm.free[t].items():
@@ -294,7 +253,7 @@ def _freed_at_most_once(lm: LinearModel, t: int) -> None:  # (8)
 
 def _free_count(problem: Problem, recomputable: list[bool], t: int, positions: list[int]) -> int:
     """How many F variables stage t has over `positions`: `_freeable` summed, counted from the
-    pairs it leaves out (listing every pair took 1.6 s on random_layered n=1000, this 0.14 s)."""
+    pairs it leaves out (an order of magnitude faster than listing every pair)."""
     at = set(positions)
     left_out = {(i, k) for i in problem.preds[t] for k in problem.succs[i] if k < t and k in at}
     for i in range(t + 1):
@@ -306,7 +265,7 @@ def _free_count(problem: Problem, recomputable: list[bool], t: int, positions: l
 
 def variable_count(
     problem: Problem,
-    int_cost: list[int],
+    int_cost: Sequence[int],
     recompute_limit: int | None,
     *,
     first_stage: int = 0,
@@ -326,12 +285,36 @@ def variable_count(
     return total
 
 
+class _Progress:
+    """`build`'s deadline: it stops when the deadline has passed, or as soon as the rate so far
+    (rows are written per stage, in proportion to the stage's variables) says that it would."""
+
+    def __init__(self, lm: LinearModel, deadline: Deadline) -> None:
+        self.deadline, self.began = deadline, time.perf_counter()
+        self.work = [
+            len(lm.compute[t]) + len(lm.keep[t]) + len(lm.free[t]) for t in range(len(lm.compute))
+        ]
+        self.total, self.done = sum(self.work), 0
+
+    def check(self, t: int) -> None:
+        """Raise TimeoutError before stage t unless the rest can be built in time."""
+        now = time.perf_counter()
+        rest = (now - self.began) * (self.total - self.done) / self.done if self.done else 0.0
+        if now > self.deadline.at or (
+            self.done > 0.05 * self.total and now + rest > self.deadline.at
+        ):
+            raise TimeoutError(
+                f"the model would not be built by the deadline (stage {t} of {len(self.work)})"
+            )
+        self.done += self.work[t]
+
+
 def build(
     problem: Problem,
     budget: int | None,
-    int_cost: list[int],
+    int_cost: Sequence[int],
     recompute_limit: int | None = None,
-    deadline: float | None = None,
+    deadline: Deadline = NEVER,
     *,
     first_stage: int = 0,
     moment_stages: Container[int] = (),
@@ -342,29 +325,26 @@ def build(
     first_stage > 0 leaves out the stages before it (the live set when it begins is free), and
     the stages in moment_stages have their memory bounded at their own node only ((5'), objective
     cost only): a relaxation (module docstring), whose solutions complete into plans
-    (`solver.stages.complete_prefix`) that must still be checked against the budget.
+    (`solver.core.stages.complete_prefix`) that must still be checked against the budget.
 
     recompute_limit (model units) restricts it to schedules whose recompute cost is at most that:
     a node costing more is never recomputed, so its R variables, the frees and memory levels
     after it and the freedom of its S variables are left out. The exact solver passes its
     incumbent's cost, which keeps the incumbent and every better schedule.
 
-    Raises TimeoutError when `time.perf_counter()` passes `deadline` (seconds) before the model
-    is complete (random_layered n=500, 0.93M variables, takes 10-15 s).
+    Raises TimeoutError when `deadline` passes before the model is complete.
     """
     if moment_stages and budget is None:
         raise ValueError("the moment relaxation bounds memory by a budget: pass one")
-    if deadline is not None and time.perf_counter() > deadline:
+    if deadline.passed():
         raise TimeoutError("the deadline passed before the model was begun")
     lm = LinearModel(first_stage=first_stage)
     mem_cap = sum(problem.mem) + max(problem.transient)
     recomputable = _recomputable(int_cost, recompute_limit)
-    _variables(lm, problem, budget, mem_cap, recomputable, moment_stages)
+    _variables(lm, problem, budget, mem_cap, recomputable, moment_stages, deadline)
+    progress = _Progress(lm, deadline)
     for t in range(first_stage, problem.n):
-        if deadline is not None and time.perf_counter() > deadline:
-            raise TimeoutError(
-                f"the model was not built by the deadline (stage {t} of {problem.n})"
-            )
+        progress.check(t)
         for i in lm.keep[t + 1]:
             if i < t:
                 _keep_needs_live(lm, t, i)
@@ -397,48 +377,3 @@ def build(
         lm.row(terms, None, recompute_limit)
     lm.objective = {lm.peak: 1} if budget is None else dict(lm.recompute_cost)
     return lm
-
-
-def hint_values(lm: LinearModel, problem: Problem, plan: StagePlan) -> dict[int, int]:
-    """Values of every variable for a plan: R, S, F (from its eager frees), the memory levels U
-    and the peak. A complete hint is checked by CP-SAT as a solution at once; an incomplete one
-    only guides its search (on demo resnet at 50%, 38k variables, no schedule was found in 40 s
-    with the levels left out)."""
-    values: dict[int, int] = {}
-    # A value kept where the model has no S (it cannot be read any more) is dropped.
-    kept = [plan.kept[t] & lm.keep[t].keys() for t in range(len(lm.keep))]
-    for t, stage in enumerate(plan.computed):
-        members = set(stage)
-        for i, var in lm.compute[t].items():
-            values[var] = int(i in members)
-        for i, var in lm.keep[t].items():
-            values[var] = int(i in kept[t])
-        last_use: dict[int, int] = {}
-        for k in stage:
-            last_use[k] = k
-            for p in problem.preds[k]:
-                last_use[p] = k
-        for (i, k), var in lm.free[t].items():
-            values[var] = int(last_use.get(i) == k and k in members and i not in kept[t + 1])
-        live = sum(problem.mem[i] for i in kept[t])
-        frees = _frees_after(lm, t)
-        for k, var in lm.levels[t].items():  # (5), step by step
-            live += problem.mem[k] * values[lm.compute[t][k]] if k < t else problem.mem[k]
-            values[var] = live
-            live -= sum(problem.mem[i] * values[f] for i, f in frees.get(k, []))
-    if lm.peak is not None:
-        values[lm.peak] = max(
-            values[level] + problem.transient[k] * values[lm.compute[t][k]]
-            for t, stage in enumerate(lm.levels)
-            for k, level in stage.items()
-        )
-    return values
-
-
-def plan_from_values(lm: LinearModel, n: int, value) -> StagePlan:
-    """The plan of a solution; `value(var)` returns a variable's 0/1 value."""
-    computed = tuple(
-        tuple(sorted(i for i, v in lm.compute[t].items() if i == t or value(v))) for t in range(n)
-    )
-    kept = tuple(frozenset(i for i, v in lm.keep[t].items() if value(v)) for t in range(n))
-    return StagePlan(computed, (*kept, frozenset()))

@@ -1,9 +1,9 @@
 """Backward search: stage plans built from the last stage to the first.
 
-The eviction heuristic (`solver.eviction`) runs forward and decides what to keep before it knows
-what later stages will need; on random_layered n=250 it gets stuck below 86% of the
-checkpoint-all peak. This search runs backward, from what must be live, so it never keeps a
-value no later compute reads.
+The eviction heuristic (`solver.heuristics.eviction`) runs forward and decides what to keep before
+it knows what later stages will need; on random_layered n=250 it gets stuck below 86% of the
+checkpoint-all peak. This search runs backward, from what must be live, so it never keeps a value no
+later compute reads.
 
 State: (t, j, X). X is the set of values that must be live before the next compute (going
 backward) of stage t; j bounds that compute's node (stages recompute in ascending order, so
@@ -17,7 +17,7 @@ going backward each recompute has a smaller index than the one undone before it)
   X - {t-1} | preds(t-1).
 
 Start: the last stage's compute (nothing is kept after it); goal: stage 0 closed with nothing
-live. The peak of a compute is exactly what the move checks (eager frees: `solver.stages`), so
+live. The peak of a compute is exactly what the move checks (eager frees: `solver.core.stages`), so
 every plan found fits the budget. Search order: the state with the smallest stage first, ties
 broken by the least bytes live or (by_cost) the least recompute cost so far: a depth-first
 search over stages that tries "recompute nothing more" first and, where it gets stuck, backs
@@ -31,16 +31,15 @@ reference dynamic program); with them, None proves nothing.
 from __future__ import annotations
 
 import heapq
-import time
 
-from solver.baselines import Member, cheapest_within
-from solver.graph import Problem
-from solver.stages import StagePlan, plan_to_ops
+from solver.core.graph import Problem
+from solver.core.stages import Member, StagePlan, cheapest_within, plan_to_ops
+from solver.deadline import NEVER, Deadline
 
 MAX_STATES = 200_000
-"""States one search may create (each holds a set of up to n bits; 200k take 1-4 s): measured,
-ties by bytes: random_layered n=250 at 80% of the checkpoint-all peak 25k, n=500 at 90% 42k,
-n=1000 at 90% 175k, ResNet50 at 80% 30k; by cost: random_layered n=250 at 80% 149k."""
+"""States one search may create (each holds a set of up to n bits). The searches that reach a
+plan create fewer: ties by bytes, random_layered n=250 at 80% of the checkpoint-all peak 25k,
+n=500 at 90% 42k, n=1000 at 90% 175k, ResNet50 at 80% 30k; by cost, n=250 at 80% 149k."""
 
 COST_STATES_FACTOR = 8
 COST_STATES_EXTRA = 10_000
@@ -58,13 +57,13 @@ def _bits(x: int) -> list[int]:
     return out
 
 
-def backward_runs(problem: Problem, budget: int, deadline: float | None = None) -> list[Member]:
+def backward_runs(problem: Problem, budget: int, deadline: Deadline = NEVER) -> list[Member]:
     """The backward searches at `budget` bytes that reach a plan: ties to the least bytes live,
     then (within COST_STATES_FACTOR times the states that one created, at most MAX_STATES) to
     the least recompute cost so far, which is cheaper on the random graphs (random_layered n=250
     at 80%: 1.057 of computing every node once against 1.113) but can wander where many nodes
     cost nothing (FCN8, 25 of 73 nodes at cost 0: no plan in 200k states at 80% or 90%). Stops
-    at `deadline` (time.perf_counter())."""
+    at `deadline`."""
     by_bytes, states = search(problem, budget, False, deadline)
     if by_bytes is None:
         return []
@@ -73,7 +72,7 @@ def backward_runs(problem: Problem, budget: int, deadline: float | None = None) 
     return [by_bytes, *filter(None, [by_cost])]
 
 
-def backward_within(problem: Problem, budget: int, deadline: float | None = None) -> Member | None:
+def backward_within(problem: Problem, budget: int, deadline: Deadline = NEVER) -> Member | None:
     """The cheaper of `backward_runs` at `budget` bytes, or None when neither reaches a plan."""
     return cheapest_within(backward_runs(problem, budget, deadline), budget)
 
@@ -82,7 +81,7 @@ def search(
     problem: Problem,
     budget: int,
     by_cost: bool = False,
-    deadline: float | None = None,
+    deadline: Deadline = NEVER,
     max_states: int = MAX_STATES,
 ) -> tuple[Member | None, int]:
     """One backward search at `budget` bytes; ties between states of the same stage go to the
@@ -107,7 +106,7 @@ def search(
     heap = [(last, 0.0 if by_cost else start_bytes, start_bytes, 0.0, start)]
     goal = None
     while heap:
-        if deadline is not None and time.perf_counter() > deadline:
+        if deadline.passed():
             break
         _, _, live_bytes, spent, state = heapq.heappop(heap)
         t, j, x = state

@@ -1,9 +1,9 @@
 r"""The read-gap cover: a lower bound on the recompute cost that needs no stage model, and the
 plan its solution suggests.
 
-Stage t computes node t (`solver.formulation`). When it does, node t, its inputs and every value
-kept into stage t + 1 are live, and the op holds its transient bytes. Take a value i < t that a
-later node reads and that is not an input of t: r_{k-1} < t < r_k, where r_0 = i < r_1 < r_2 < ...
+Stage t computes node t (`solver.milp.formulation`). When it does, node t, its inputs and every
+value kept into stage t + 1 are live, and the op holds its transient bytes. Take a value i < t that
+a later node reads and that is not an input of t: r_{k-1} < t < r_k, where r_0 = i < r_1 < r_2 < ...
 are the stages that compute i and its users for the first time (stage j computes node j). If i is
 not kept into stage t + 1, it must be live again in stage r_k, so some stage in (r_{k-1}, r_k]
 recomputes it. Let x[i,k] = 1 say that i is away somewhere in its read gap (r_{k-1}, r_k). The stage
@@ -20,7 +20,7 @@ and every bound CP-SAT proves on it, bounds the recompute cost of every schedule
 budget. It leaves out the inputs a recompute needs and the memory in the middle of a stage, so it
 is weak where recomputes cascade (random_layered n=250 at 80%: 1828 against a best schedule of
 7189), but it has one variable per read gap (random_layered n=1000: 3.6k variables and 142 rows,
-solved in 2-5 s, where the stage model has 4.1M variables), and on the published training graphs
+where the stage model has 4.1M variables), and on the published training graphs
 it is the optimum: MobileNet and ResNet50 at 90% and 80%, FCN8 at 90% and 80%, VGG16 and VGG19
 at 90% (VGG19 at 80%: 256515 against 261625).
 
@@ -33,14 +33,15 @@ at all (MobileNet and ResNet50 at 90% and 80%).
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from solver.baselines import Member
-from solver.cpsat import CpSatModel
-from solver.formulation import LinearModel
-from solver.graph import Problem
-from solver.stages import StagePlan, plan_to_ops, stage_computes
+from solver.core.graph import Problem
+from solver.core.stages import Member, StagePlan, plan_to_ops, stage_computes
+from solver.deadline import Deadline
+from solver.milp.cpsat import CpSatModel
+from solver.milp.model import LinearModel
+from solver.milp.units import safe_floor
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class _Model:
     gaps: list[tuple[int, int, int]]
 
 
-def _build(problem: Problem, budget: int, int_cost: list[int]) -> _Model:
+def _build(problem: Problem, budget: int, int_cost: Sequence[int]) -> _Model:
     lm = LinearModel()
     gaps: list[tuple[int, int, int]] = []
     crossing: list[list[tuple[int, int]]] = [[] for _ in range(problem.n)]  # (value, its x)
@@ -84,28 +85,28 @@ def _build(problem: Problem, budget: int, int_cost: list[int]) -> _Model:
     return _Model(lm, gaps)
 
 
-def read_gap_model(problem: Problem, budget: int, int_cost: list[int]) -> LinearModel:
+def read_gap_model(problem: Problem, budget: int, int_cost: Sequence[int]) -> LinearModel:
     """The covering model above: objective in `int_cost` units, rows in bytes."""
     return _build(problem, budget, int_cost).lm
 
 
 def read_gap_cover(
-    problem: Problem, budget: int, int_cost: list[int], *, time_limit: float, workers: int
+    problem: Problem, budget: int, int_cost: Sequence[int], *, deadline: Deadline, workers: int
 ) -> ReadGapCover:
-    """Solve the covering model with CP-SAT within `time_limit` seconds: its optimum (or the
-    bound proven in time; 0 when nothing is) and the plan of its best solution. Requires
+    """Solve the covering model with CP-SAT by `deadline`: its optimum (or the bound proven in
+    time; 0 when nothing is) and the plan of its best solution. Requires
     budget >= the one-line bound (`Problem.memory_lower_bound`), which makes every row
     coverable."""
     model = _build(problem, budget, int_cost)
     if not model.lm.rows:
         return ReadGapCover(0, None)
-    result = CpSatModel(model.lm).solve(time_limit=time_limit, workers=workers)
+    result = CpSatModel(model.lm).solve(deadline=deadline, workers=workers)
     assert result.status != "INFEASIBLE", "the budget is below the one-line bound"
     if result.status == "OPTIMAL":
         assert result.objective is not None
         bound = result.objective
     else:
-        bound = max(0, math.ceil(result.bound - 1e-6))
+        bound = safe_floor(result.bound)
     if result.values is None:
         return ReadGapCover(bound, None)
     away = {

@@ -1,13 +1,14 @@
 """Solving a `LinearModel` as a MIP with HiGHS's branch and cut: fixed variables, objective cap.
 
 Where the LP relaxation is close to the incumbent (MobileNet, ResNet50), LP-based branch and cut
-refutes objective caps much faster than CP-SAT: ResNet50 at 80% is proven in 33-40 s in all,
-against 134 s with CP-SAT probes (MobileNet at 80%: 7-10 s against 12 s). Where the LP is weak
-(the op-level demo graphs: LP bound 1-10% of the incumbent) it found nothing in a minute and
-CP-SAT's search is the better engine; `solver.exact` picks by the LP gap and the model size.
+refutes objective caps much faster than CP-SAT; where the LP is weak (op-level graphs) CP-SAT's
+search is the better engine, and `solver.exact.probes` picks by the LP gap and the model size
+(docs/solver.md, "Probes").
 
 HiGHS works in floating point: a solution it returns is checked exactly by the caller before it
-is believed (`solver.exact` replays it in the simulator).
+is believed (`solver.exact.probes` replays it in the simulator), and the bounds it states are
+read through `solver.milp.units.safe_floor` (NOTE [safe bounds]). An infeasible probe reports
+the bound HiGHS pruned at, cap + 0.5 (`objective_bound`), so that it is read the same way.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import threading
 import highspy
 import numpy as np
 
-from solver.formulation import LinearModel, ModelResult
-from solver.lp_fixing import ScaledLp, quiet_highs, scaled_lp
+from solver.deadline import Deadline
+from solver.milp.lp import ScaledLp, quiet_highs, scaled_lp
+from solver.milp.model import LinearModel, ModelResult
 
 Probe = tuple[dict[int, int], int]
 """One question for `HighsMip.solve_all`: the fixed 0/1 variables and the objective cap."""
@@ -50,16 +52,17 @@ class HighsMip:
             for flag in integral
         ]
 
-    def solve(self, *, time_limit: float, fixed: dict[int, int], objective_cap: int) -> ModelResult:
+    def solve(
+        self, *, deadline: Deadline, fixed: dict[int, int], objective_cap: int
+    ) -> ModelResult:
         """Minimise the objective subject to objective <= objective_cap with `fixed` pinned (0/1
-        variables, whose scale is 1), within `time_limit` seconds."""
-        return self.solve_all([(fixed, objective_cap)], time_limit=time_limit)[0]
+        variables, whose scale is 1), by `deadline`."""
+        return self.solve_all([(fixed, objective_cap)], deadline=deadline)[0]
 
-    def solve_all(self, probes: list[Probe], *, time_limit: float) -> list[ModelResult]:
+    def solve_all(self, probes: list[Probe], *, deadline: Deadline) -> list[ModelResult]:
         """`solve` for each probe, all at once, one thread each (HiGHS runs outside Python's
-        lock): on 2 cores two probes of MobileNet at 90% took 2.5-3.7 s together against
-        3.3-4.7 s one after the other."""
-        solvers = [self._prepare(fixed, cap, time_limit) for fixed, cap in probes]
+        lock, so two probes on two cores take about as long as one)."""
+        solvers = [self._prepare(fixed, cap, deadline.remaining()) for fixed, cap in probes]
         if len(solvers) == 1:
             solvers[0].run()
         else:
@@ -68,7 +71,7 @@ class HighsMip:
                 thread.start()
             for thread in threads:
                 thread.join()
-        return [self._result(highs) for highs in solvers]
+        return [self._result(highs, cap) for highs, (_, cap) in zip(solvers, probes, strict=True)]
 
     def _prepare(
         self, fixed: dict[int, int], objective_cap: int, time_limit: float
@@ -95,10 +98,10 @@ class HighsMip:
         highs.passModel(self._lp)  # HiGHS copies the model: the next probe may change it
         return highs
 
-    def _result(self, highs: highspy.Highs) -> ModelResult:
+    def _result(self, highs: highspy.Highs, cap: int) -> ModelResult:
         status, info = highs.getModelStatus(), highs.getInfo()
         if status == highspy.HighsModelStatus.kInfeasible:
-            return ModelResult("INFEASIBLE", None, None, 0.0)
+            return ModelResult("INFEASIBLE", None, None, cap + 0.5)
         bound = info.mip_dual_bound
         bound = max(0.0, bound) if math.isfinite(bound) else 0.0  # costs are never negative
         if info.primal_solution_status != 2:  # no feasible solution
@@ -106,5 +109,5 @@ class HighsMip:
         values = np.rint(np.asarray(highs.getSolution().col_value) * self._col).astype(np.int64)
         objective = round(info.objective_function_value)
         if status == highspy.HighsModelStatus.kOptimal:
-            return ModelResult("OPTIMAL", values.tolist(), objective, objective)
+            return ModelResult("OPTIMAL", values.tolist(), objective, bound)
         return ModelResult("FEASIBLE", values.tolist(), objective, bound)
