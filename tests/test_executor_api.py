@@ -163,14 +163,16 @@ def measured_step_peak(rm: Rematerialized, inputs, backward, device: str = "cpu"
         return measure_peak(lambda: backward(rm(*inputs)), device).peak_bytes
 
 
-@pytest.mark.parametrize("keep_every", [1, 3, 0])
-def test_measured_peak_is_the_predicted_peak(keep_every, device):
+@pytest.mark.parametrize(
+    ("keep_every", "granularity"), [(1, "op"), (3, "op"), (0, "op"), (0, "module")]
+)
+def test_measured_peak_is_the_predicted_peak(keep_every, granularity, device):
     """Capture's transients (op workspaces, RNG states, held outputs) make the schedule's peak
     the step's measured peak, to the byte but for the live generator state a recompute of a
     random node puts aside (charged in every node's transient, allocated only while one runs)."""
     model, x = small_model(width=64)
     model, x = model.to(device), x.to(device)
-    captured = capture(model, [x])
+    captured = capture(model, [x], granularity=granularity)
     rm = Rematerialized(model, captured, keep_schedule(captured, keep_every))
     measured = measured_step_peak(rm, [x], lambda out: out.backward(torch.ones_like(out)), device)
     state = generator(torch.device(device)).get_state().nbytes
