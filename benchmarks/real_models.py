@@ -156,6 +156,7 @@ def _row(
     row["predicted_MiB"] = schedule.peak / 2**20
     row["measured_vs_predicted"] = peaks[key] / schedule.peak
     row["status"] = schedule.status
+    row["gap"] = schedule.gap
     row["predicted_overhead"] = schedule.cost / problem.total_cost - 1
     row["measured_overhead"] = _paired(times, key, REMAT_FULL) - 1
     matched = key.removeprefix("remat @ ")
