@@ -193,8 +193,22 @@ def summary(rows: list[Row]) -> list[Row]:
     return out
 
 
+FAMILIES = {
+    "eager": "tab:green",
+    PER_BLOCK: "tab:red",
+    SQRT: "tab:purple",
+    "knapsack": "tab:orange",
+    "remat": "tab:blue",
+}
+"""Plot colour of each method family (remat's points joined by a line)."""
+
+
+def _family(method: str) -> str:
+    return next((f for f in FAMILIES if method.startswith(f)), method)
+
+
 def plot(rows: list[Row], path: Path) -> None:
-    """Step time against measured peak, one panel per model, one line per method family."""
+    """Step time against measured peak, one panel per model, one colour per method family."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -206,24 +220,21 @@ def plot(rows: list[Row], path: Path) -> None:
     fig, axes = plt.subplots(lines, columns, figsize=(4.2 * columns, 3.4 * lines), squeeze=False)
     for ax, model in zip(axes.flat, models, strict=False):
         mine = [r for r in rows if r["model"] == model and "step_ms" in r]
-        families = {
-            "remat": [r for r in mine if str(r["method"]).startswith("remat")],
-            "knapsack": [r for r in mine if str(r["method"]).startswith("knapsack")],
-        }
-        for r in mine:
-            if r not in families["remat"] and r not in families["knapsack"]:
-                families[str(r["method"])] = [r]
-        for label, points in families.items():
-            points = sorted(points, key=lambda r: r["peak_MiB"])
+        for family, colour in FAMILIES.items():
+            points = sorted(
+                (r for r in mine if _family(str(r["method"])) == family),
+                key=lambda r: r["peak_MiB"],
+            )
             if points:
-                xs = [r["peak_MiB"] for r in points]
-                ax.plot(xs, [r["step_ms"] for r in points], marker="o", label=label)
+                style = "-o" if family == "remat" else "o"
+                xs, ys = [r["peak_MiB"] for r in points], [r["step_ms"] for r in points]
+                ax.plot(xs, ys, style, color=colour, label=family)
         ax.set_title(model)
         ax.set_xlabel("measured peak (MiB)")
-        ax.set_ylabel("step time (ms)")
+        ax.set_ylabel("step time, median (ms)")
+        ax.legend(fontsize=6)
     for ax in list(axes.flat)[len(models) :]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
