@@ -278,7 +278,7 @@ class Rematerialized(nn.Module):
         """The schedule's peak (`solver.simulate`): live values plus the transient bytes of the
         op running. With capture's transients (each op's measured workspace and the bytes this
         executor holds beside the values) it is what the step measures above its start, with
-        ``.grad`` allocated before the step (see docs/executor.md, "Measured peak memory")."""
+        ``.grad`` allocated before the step (docs/executor.md, "The byte budget")."""
         return self.schedule.peak
 
     def forward(self, *inputs: torch.Tensor, **kwargs: torch.Tensor) -> object:
