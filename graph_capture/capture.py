@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from graph_capture.calibrate import add_accumulation_seconds, calibrate_to_plain_run
+from graph_capture.calibrate import add_accumulation_seconds
 from graph_capture.captured import CapturedGraph, TensorSpec
 from graph_capture.dag import build_dag
 from graph_capture.device import (
@@ -49,8 +49,9 @@ def capture(
 
     ``granularity``: "op" (one DAG node per allocating aten op, views folded in) or "module"
     (consecutive ops of one module and phase merged; ``module_depth`` truncates module paths).
-    ``cost_model``: "time" (DAG ``cost`` in seconds, least of ``repeats`` runs per op) or
-    "flops". Measurement runs the graph once on the example inputs with tangents of ones; the
+    ``cost_model``: "time" (DAG ``cost`` in seconds, each op's least over ``repeats - 1``
+    passes over the graph in step order, `graph_capture.measure.measure_joint`) or "flops".
+    Measurement runs the graph once on the example inputs with tangents of ones; the
     global RNG state and the model are left as they were. Raises `CaptureError`.
     """
     if granularity not in GRANULARITIES:
@@ -78,7 +79,6 @@ def capture(
         )
         with no_autocast(device.type):
             measures, flat_outputs = measure_joint(gm, args, repeats=repeats)
-            calibrate_to_plain_run(gm, args, measures, device, repeats)
         grad_positions = list(layout["param_grad_indices"].values())
         add_accumulation_seconds(gm, grad_positions, flat_outputs, measures, repeats)
     group = group_ops(gm, measures)
