@@ -4,7 +4,8 @@
 dropped after its last use). A step also adds each parameter gradient into an existing
 ``.grad`` (autograd's AccumulateGrad, and the executor, do it once per step):
 `add_accumulation_seconds` charges that add to the op computing the gradient. So the node
-costs sum to one step, and "cost of computing each node once" is the step.
+costs sum to the ops' share of one step (each the least of its samples); what autograd and the
+executor spend between ops (Python dispatch, bookkeeping) is in no node's cost.
 """
 
 from __future__ import annotations
