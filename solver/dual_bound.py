@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import highspy
 import numpy as np
@@ -37,12 +37,14 @@ _ROUNDING = 2.0**-52
 class DualBound:
     """bound: a certified lower bound on the model's objective (a whole number: the objective
     has integer coefficients on integer variables); base: the real-valued LB(y) it rounds up;
-    reduced: d_j and its error bound per variable (`fixings`)."""
+    reduced: d_j and its error bound per variable (`fixings`); values: the LP's primal solution
+    where it came from one (None from `safe_bound` alone)."""
 
     bound: int
     base: float
     reduced: np.ndarray
     error: np.ndarray
+    values: np.ndarray | None = None
 
     def fixings(self, cap: int) -> dict[int, int]:
         """The 0/1 variables whose value is the same in every solution of objective <= cap."""
@@ -112,8 +114,9 @@ def certified_lp_bound(lm: LinearModel, time_limit: float) -> DualBound | None:
     highs.run()
     if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None
-    scaled_duals = np.asarray(highs.getSolution().row_dual, float)
+    solution = highs.getSolution()
     # Row r of the scaled model is row r of lm divided by row_scale[r]; the last row is the
     # free objective row `scaled_lp` appends.
-    y = scaled_duals[: len(lm.rows)] / scaled.row_scale[: len(lm.rows)]
-    return safe_bound(lm, y)
+    y = np.asarray(solution.row_dual, float)[: len(lm.rows)] / scaled.row_scale[: len(lm.rows)]
+    bound = safe_bound(lm, y)
+    return replace(bound, values=np.asarray(solution.col_value, float) * scaled.col)

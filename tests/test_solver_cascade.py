@@ -15,7 +15,7 @@ from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs, training_graphs
 
 import solver
-from solver.cascade import cascade_bound, cascade_model, keep_fractions
+from solver.cascade import Crossings, cascade_bound, cascade_model, keep_fractions
 from solver.cover_bound import read_gap_cover
 from solver.dual_bound import certified_lp_bound, safe_bound
 from solver.eviction import evict_by_keep
@@ -100,6 +100,6 @@ def test_the_model_is_the_read_gap_cover_without_dead_inputs():
     for v, mem in enumerate([4, 2, 3, 1]):
         graph.nodes[v].update(mem=mem, cost=5)
     problem = solver.prepare(graph)
-    model = cascade_model(problem, 8, [5, 5, 5, 5])
+    model = cascade_model(problem, Crossings.of(problem, 8), [5, 5, 5, 5])
     assert model.lm.names == ["x[0,2..2]"] and model.rows == (2,)
     assert model.lm.rows == [([0], [4], 1, None)]
