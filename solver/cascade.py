@@ -354,3 +354,20 @@ def keep_fractions(
     for (p, t), var in model.kept_dead.items():
         fractions[t + 1][p] = max(fractions[t + 1].get(p, 0.0), float(values[var]))
     return fractions
+
+
+def away_stages(model: CascadeModel, values: Sequence[float]) -> tuple[dict[int, int], set[int]]:
+    """What a solution says to drop and keep: the first stage at which each value is away (x or
+    a above one half), and the dead values it keeps past their last read (K above one half at
+    some row), for `solver.lifetimes.start_from_away`."""
+    gaps = model.crossings.gaps
+    first: dict[int, int] = {}
+    for (i, t), var in model.away.items():
+        if values[var] > 0.5 and t < first.get(i, t + 1):
+            first[i] = t
+    for k, var in model.gap_var.items():
+        i, start, _ = gaps[k]
+        if values[var] > 0.5 and all(values[v] > 0.5 for (j, _), v in model.away.items() if j == i):
+            first[i] = min(first.get(i, start), start)
+    kept = {p for (p, _), var in model.kept_dead.items() if values[var] > 0.5}
+    return first, kept
