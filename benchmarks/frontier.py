@@ -34,7 +34,8 @@ from benchmarks.common import (
     write_table,
 )
 from benchmarks.measure import Step, knapsack_forward, loss_step, measure
-from benchmarks.models import MODELS, Bench
+from benchmarks.models import MODELS
+from benchmarks.zoo import Bench
 from executor.module import Rematerialized
 from graph_capture import CapturedGraph, capture
 

@@ -22,8 +22,8 @@ from benchmarks.common import (
     predicted_frontier,
     write_table,
 )
-from solver.baselines import cheapest_within
-from solver.families import families
+from solver.core.stages import cheapest_within
+from solver.heuristics.registry import members
 from solver.io import load_graph
 
 LABELS = {
@@ -43,7 +43,7 @@ def ratio_rows(name: str, settings: Settings, fractions: tuple[float, ...]) -> l
     graph = load_graph(GRAPHS_DIR / f"{name}_train_nx.json")
     problem = solver.prepare(graph)
     full_peak = solver.checkpoint_all_peak(problem)
-    fams = families(problem)
+    fams = members(problem)
     rows = []
     for fraction in fractions:
         budget = int(full_peak * fraction)
@@ -57,10 +57,10 @@ def ratio_rows(name: str, settings: Settings, fractions: tuple[float, ...]) -> l
             "gap": found.get("gap"),
             "solve_s": found.get("s"),
         }
-        for method, members in fams.items():
+        for method, family in fams.items():
             if method == "checkpoint_all":
                 continue
-            best = cheapest_within(members, budget)
+            best = cheapest_within(family, budget)
             row[method] = (
                 "NO FIT"
                 if best is None

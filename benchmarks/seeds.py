@@ -16,9 +16,10 @@ import math
 import solver
 from benchmarks.common import Row, Settings, command_line, exact_row, plot_frontier, write_table
 from benchmarks.measure import Step, measure
-from solver.baselines import BASELINES, cheapest_within
+from solver.core.stages import cheapest_within
 from solver.examples import uniform_training_chain
-from solver.rotor import rotor
+from solver.heuristics.baselines import BASELINES
+from solver.heuristics.rotor import rotor
 
 
 def every_k_rows(n: int, settings: Settings) -> list[Row]:

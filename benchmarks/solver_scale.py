@@ -4,14 +4,14 @@ with baseline ratios.
     python -m benchmarks.solver_scale [--time-limit 60] [--long-limit 600] [--rows vgg16 ...]
         [--out results]
 
-For every row: the time limit, the budget in bytes, status (OPTIMAL = proven), the optimal (or
-best) cost, the certified gap, the wall time of `solver.solve` (seconds, one run: these are
-proofs, not micro-benchmarks) and each baseline's cost relative to that cost ("NO FIT" where it
-cannot meet the budget), the heuristics run at the budget (`solver.warm_start.BUDGETED`:
-eviction and the backward search, the solver's warm starts) included. Checkmate's Table 2 reports
-AP sqrt(n) at 1.14-1.54x and greedy at 1.06-1.39x of optimal on these graphs. The demo rows
-capture the op-level graphs of graph_capture's demo models (FLOP costs, one thread, so the costs
-are the same on every run).
+For every row: the time limit, the budget in bytes, status (OPTIMAL = proven), the optimal (or best)
+cost, the certified gap, the wall time of `solver.solve` (seconds, one run: these are proofs, not
+micro-benchmarks) and each baseline's cost relative to that cost ("NO FIT" where it cannot meet the
+budget), for every heuristic of `solver.HEURISTICS` (the checkpoint policies, and eviction and the
+backward search run at the budget: the solver's warm starts). Checkmate's Table 2 reports AP sqrt(n)
+at 1.14-1.54x and greedy at 1.06-1.39x of optimal on these graphs. The demo rows capture the
+op-level graphs of graph_capture's demo models (FLOP costs, one thread, so the costs are the same on
+every run).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import networkx as nx
 
 import solver
 from benchmarks.common import GRAPHS_DIR, Row, write_table
-from solver.baselines import BASELINES, cheapest_within
+from solver.core.stages import cheapest_within
+from solver.heuristics.registry import members
 from solver.io import load_graph
-from solver.warm_start import BUDGETED
 
 PUBLISHED: dict[str, tuple[str, tuple[str, ...]]] = {
     "vgg16": ("VGG16_256_224x224x3_train_nx", ("90%", "80%", "70%", "min")),
@@ -43,12 +43,12 @@ PUBLISHED: dict[str, tuple[str, tuple[str, ...]]] = {
 LONG_ROWS = ("random500", "random1000")
 """Rows solved with --long-limit (issue 6 asks for the certified gap at 600 s there)."""
 
-DEMOS: dict[str, tuple[str, tuple[str, ...]]] = {
+DEMO_ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
     "demo-gpt": ("gpt", ("50%",)),
     "demo-resnet": ("resnet", ("50%",)),
     "demo-unet": ("unet", ("50%",)),
 }
-"""Demo model (graph_capture.demo_models) and budgets."""
+"""Demo model (`graph_capture.demos`) and budgets."""
 
 
 def load_row_graph(label: str) -> nx.DiGraph | None:
@@ -58,10 +58,11 @@ def load_row_graph(label: str) -> nx.DiGraph | None:
         return load_graph(path) if path.exists() else None
     import torch  # only the demo rows need torch
 
-    from graph_capture import capture, demo_models
+    from graph_capture import capture
+    from graph_capture.demos import demo_model
 
     torch.set_num_threads(1)
-    model, inputs = getattr(demo_models, DEMOS[label][0])()
+    model, inputs = demo_model(DEMO_ROWS[label][0])()
     return capture(model, inputs, cost_model="flops").dag
 
 
@@ -102,10 +103,8 @@ def solve_row(label: str, graph: nx.DiGraph, budget_text: str, time_limit: float
         gap=schedule.gap,
         seconds=round(time.perf_counter() - start, 2),
     )
-    heuristics = {name: family(problem) for name, family in BASELINES.items()}
-    heuristics.update({name: runs(problem, budget) for name, runs in BUDGETED.items()})
-    for name, members in heuristics.items():
-        best = cheapest_within(members, budget)
+    for name, family in members(problem, budget).items():
+        best = cheapest_within(family, budget)
         row[name] = "NO FIT" if best is None else round(best.schedule.cost / schedule.cost, 4)
     return row
 
@@ -121,16 +120,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--long-limit", type=float, default=600.0, help=f"seconds per solve of {LONG_ROWS}"
     )
-    parser.add_argument("--rows", nargs="*", choices=[*PUBLISHED, *DEMOS], help="default: all")
+    parser.add_argument("--rows", nargs="*", choices=[*PUBLISHED, *DEMO_ROWS], help="default: all")
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
     rows = []
-    for label in args.rows or [*PUBLISHED, *DEMOS]:
+    for label in args.rows or [*PUBLISHED, *DEMO_ROWS]:
         graph = load_row_graph(label)
         if graph is None:
             print(f"skip {label}: {PUBLISHED[label][0]}.json not in {GRAPHS_DIR}")
             continue
-        for budget in {**PUBLISHED, **DEMOS}[label][1]:
+        for budget in {**PUBLISHED, **DEMO_ROWS}[label][1]:
             limit = args.long_limit if label in LONG_ROWS else args.time_limit
             rows.append(solve_row(label, graph, budget, limit))
             print(rows[-1], flush=True)

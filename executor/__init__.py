@@ -8,11 +8,17 @@ See docs/executor.md for the forward/backward split, RNG replay, BatchNorm stati
 peak memory is measured.
 """
 
-from executor.errors import ExecutorError, InputMismatchError, UnsupportedScheduleError
+from executor.errors import (
+    AutocastMismatchError,
+    ExecutorError,
+    InputMismatchError,
+    UnsupportedScheduleError,
+)
 from executor.memory import PeakMemory, measure_peak, median_seconds, op_scratch_bytes
 from executor.module import Rematerialized, rematerialize
 
 __all__ = [
+    "AutocastMismatchError",
     "ExecutorError",
     "InputMismatchError",
     "PeakMemory",

@@ -1,66 +1,67 @@
-"""The `remat` command: assembles the subcommands of the three packages.
+"""The `remat` command: every subcommand, assembled here from the three packages.
 
-remat solve GRAPH.json | --demo [NAME]   exact schedule vs baselines (solver.cli)
-remat run --demo gpt --budget 50%        train under the schedule, measured (executor.run_command)
+remat solve GRAPH.json | --demo [NAME] | --model M:F   exact schedule vs heuristics (solver.cli)
+remat profile --demo gpt | --model M:F                  where the activation bytes are
+                                                        (graph_capture.cli)
+remat run --demo gpt --budget 50%                       train under the schedule, measured
+                                                        (executor.run_command)
+
+Every failure a user can cause (a malformed file, an impossible budget, a bad option) ends in
+one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-
-import networkx as nx
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from executor.run_command import add_run_arguments, run_run
 from graph_capture.cli import (
-    add_model_arguments,
+    add_graph_arguments,
     add_profile_arguments,
     graph_from_args,
     run_profile,
-    wants_model,
 )
 from graph_capture.errors import CaptureError
 from solver.cli import add_solve_arguments, run_solve
 from solver.errors import RematError
-from solver.examples import DEMOS
-from solver.io import load_graph
 
 
-def _add_graph_source(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "graph",
-        nargs="?",
-        help="node-link JSON graph file (e.g. a Checkmate graph from ../shared/graphs)",
-    )
-    parser.add_argument(
-        "--demo",
-        nargs="?",
-        const="residual",
-        default=None,
-        metavar="NAME",
-        help=f"a built-in example instead of a file: {', '.join(DEMOS)} (default residual), "
-        "or a PyTorch demo model to capture: gpt, resnet, unet",
-    )
+@dataclass(frozen=True)
+class Subcommand:
+    """A `remat` subcommand: its name, one-line help, its arguments and its handler (which
+    returns the exit status)."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
 
 
-def _graph_from_args(args: argparse.Namespace) -> nx.DiGraph:
-    if wants_model(args):
-        return graph_from_args(args)
-    if args.graph and args.demo:
-        raise RematError("give either a graph file or --demo, not both")
-    if args.graph:
-        return load_graph(args.graph)
-    if args.demo in DEMOS:
-        return DEMOS[args.demo]()
-    raise RematError(
-        f"unknown demo {args.demo!r}; choose from {', '.join(DEMOS)}"
-        if args.demo
-        else "give a graph file (remat solve GRAPH.json) or --demo"
-    )
+def _add_solve(parser: argparse.ArgumentParser) -> None:
+    add_graph_arguments(parser)
+    add_solve_arguments(parser)
 
 
 def _solve(args: argparse.Namespace) -> int:
-    return run_solve(args, _graph_from_args(args))
+    return run_solve(args, graph_from_args(args))
+
+
+SUBCOMMANDS = (
+    Subcommand("solve", "solve the optimal schedule for a budget", _add_solve, _solve),
+    Subcommand(
+        "profile",
+        "per-module activation bytes and FLOPs of a model",
+        add_profile_arguments,
+        run_profile,
+    ),
+    Subcommand(
+        "run", "train a demo model under a schedule; measured vs eager", add_run_arguments, run_run
+    ),
+)
+"""Every subcommand of `remat`, in the order `remat --help` lists them."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,17 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="remat", description="Exact optimal activation-checkpointing schedules."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    solve = sub.add_parser("solve", help="solve the optimal schedule for a budget")
-    _add_graph_source(solve)
-    add_solve_arguments(solve)
-    add_model_arguments(solve, demo=False)
-    solve.set_defaults(handler=_solve)
-    profile = sub.add_parser("profile", help="per-module activation bytes and FLOPs of a model")
-    add_profile_arguments(profile)
-    profile.set_defaults(handler=run_profile)
-    run = sub.add_parser("run", help="train a demo model under a schedule; measured vs eager")
-    add_run_arguments(run)
-    run.set_defaults(handler=run_run)
+    for command in SUBCOMMANDS:
+        subparser = sub.add_parser(command.name, help=command.help)
+        command.add_arguments(subparser)
+        subparser.set_defaults(handler=command.run)
     return parser
 
 
@@ -88,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (RematError, CaptureError, ValueError) as exc:
-        print(f"remat: error: {exc}", file=sys.stderr)
+    except (RematError, CaptureError, ValueError, OSError) as exc:
+        message = "; ".join(line for line in str(exc).splitlines() if line.strip())
+        print(f"remat: error: {message or type(exc).__name__}", file=sys.stderr)
         return 2
 
 

@@ -19,3 +19,8 @@ class InputMismatchError(ExecutorError, ValueError):
 class UnsupportedScheduleError(ExecutorError):
     """The schedule is valid for the solver but cannot run as a forward/backward pair, e.g. it
     computes a forward output only after backward work that needs the output's gradient."""
+
+
+class AutocastMismatchError(ExecutorError):
+    """A step runs under another autocast state (on/off, dtype) than the graph was captured
+    under; the graph holds the casts of its capture, so capture under the step's autocast."""

@@ -28,6 +28,7 @@ import torch.fx
 
 from executor.errors import ExecutorError
 from executor.rng import RngReplay, is_random_op
+from graph_capture.fx_nodes import device_of
 
 __all__ = ["ScheduleInterpreter", "Step"]
 
@@ -78,7 +79,7 @@ class ScheduleInterpreter:
             i for i, n in enumerate(self.nodes) if i in named or is_random_op(n.target)
         ]
         self.random_set = set(self.random_slots)
-        self._rng_devices = [_device_of(self.nodes[s]) for s in self.random_slots]
+        self._rng_devices = [device_of(self.nodes[s]) for s in self.random_slots]
         self._rng_dry_runs = [self._dry_run(s) for s in self.random_slots]
         output_node = next(n for n in graph.nodes if n.op == "output")
         outputs = output_node.args[0]
@@ -242,13 +243,6 @@ class ScheduleInterpreter:
 
 class _MissingValue(LookupError):
     pass
-
-
-def _device_of(node: torch.fx.Node) -> torch.device:
-    val = node.meta.get("val")
-    if isinstance(val, tuple | list):
-        val = val[0]
-    return val.device if isinstance(val, torch.Tensor) else torch.device("cpu")
 
 
 def _fetcher(

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
+from graph_capture.device import fork_rng, no_autocast
+
 __all__ = ["PeakMemory", "measure_peak", "median_seconds", "op_scratch_bytes"]
 
 
@@ -100,16 +102,18 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
 def op_scratch_bytes(graph_module: torch.fx.GraphModule, args: Sequence[object]) -> dict[str, int]:
     """Measured scratch of every op: fx node name -> bytes it allocates beyond its output.
 
-    Runs the graph once, node by node (under `torch.no_grad`, with the global RNG restored
-    afterwards), measuring each node with `measure_peak`: scratch = peak - bytes still held
-    after the node (its output). The solver's `mem` counts outputs only, so a schedule's measured
-    peak may exceed its prediction by at most the largest scratch of an op running at the peak:
-    `max(op_scratch_bytes(...).values())` is the allowance the executor's tests use.
+    Runs the graph once, node by node (under `torch.no_grad`, autocast off, with the global RNG
+    restored afterwards), measuring each node with `measure_peak` on the device of the args
+    (the model's): scratch = peak - bytes still held after the node (its output). The solver's
+    `mem` counts outputs only, so a schedule's measured peak may exceed its prediction by at
+    most the largest scratch of an op running at the peak: `max(op_scratch_bytes(...).values())`
+    is the allowance the executor's tests use.
     """
     values: dict[str, object] = {}
     placeholders = iter(args)
     scratch: dict[str, int] = {}
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    with fork_rng(device), torch.no_grad(), no_autocast(device.type):
         for node in graph_module.graph.nodes:
             if node.op == "placeholder":
                 values[node.name] = next(placeholders)
@@ -122,6 +126,6 @@ def op_scratch_bytes(graph_module: torch.fx.GraphModule, args: Sequence[object])
             def run(node: torch.fx.Node = node, a: object = call_args, k: object = call_kwargs):
                 values[node.name] = node.target(*a, **k)
 
-            measured = measure_peak(run)
+            measured = measure_peak(run, device)
             scratch[node.name] = measured.peak_bytes - measured.end_bytes
     return scratch

@@ -10,7 +10,11 @@ One training step is one `torch.autograd.Function`:
 
 Parameter gradients go straight into `param.grad` when the schedule computes them (exactly what
 autograd's AccumulateGrad does: a new tensor with the parameter's strides when `.grad` is None,
-an in-place add otherwise), so a gradient the schedule frees is released like in eager. Input
+an in-place add otherwise), so a gradient the schedule frees is released like in eager. The
+Function returns ``None`` for the parameters; autograd still runs each parameter's
+AccumulateGrad node with that undefined gradient, which fires its post hooks (DDP's all-reduce)
+and post-accumulate-grad hooks once per step, after `.grad` holds the step's gradient
+(docs/training.md, "How DDP sees the gradients"). Input
 gradients are returned to autograd. New buffer values (BatchNorm running statistics) are copied
 into the model the first time the schedule computes them; recomputes read a snapshot of the
 buffer taken at the start of the step, so every recompute sees what the first compute saw.
@@ -18,20 +22,23 @@ buffer taken at the start of the step, so every recompute sees what the first co
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from executor.checks import check_call
 from executor.codegen import compile_ops
-from executor.errors import InputMismatchError, UnsupportedScheduleError
+from executor.errors import UnsupportedScheduleError
 from executor.interpreter import ScheduleInterpreter, Step
 from executor.memory import op_scratch_bytes
 from graph_capture.captured import CapturedGraph
-from solver.schedule import Schedule
-from solver.simulate import simulate
+from graph_capture.device import fork_rng, generator, no_autocast
+from graph_capture.fx_nodes import device_of
+from solver.core.schedule import Schedule
+from solver.core.simulate import simulate
 
 __all__ = ["Rematerialized", "rematerialize", "split_ops"]
 
@@ -198,7 +205,8 @@ class _RematFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, program: _Program, n_params: int, *flat: torch.Tensor):  # type: ignore[override]
         step = program.start(flat[:n_params], flat[n_params:])
-        outputs = program.forward(step)
+        with no_autocast(program.captured.autocast.device_type):
+            outputs = program.forward(step)
         ctx.program, ctx.step, ctx.n_params = program, step, n_params
         tangent_outputs = set(program.captured.tangent_output_indices)
         ctx.mark_non_differentiable(*(o for k, o in enumerate(outputs) if k not in tangent_outputs))
@@ -215,7 +223,7 @@ class _RematFunction(torch.autograd.Function):
                 "its values, so retain_graph=True is not supported"
             )
         tangents = [grad_outputs[k] for k in program.captured.tangent_output_indices]
-        with torch.no_grad():
+        with torch.no_grad(), no_autocast(program.captured.autocast.device_type):
             results = program.backward(step, tangents)
         needs_input_grad = ctx.needs_input_grad[2 + ctx.n_params :]
         input_grads: list[torch.Tensor | None] = [None] * len(needs_input_grad)
@@ -228,9 +236,11 @@ class _RematFunction(torch.autograd.Function):
 class Rematerialized(nn.Module):
     """`model` trained under `schedule`: same outputs, bit-identical gradients, less memory.
 
-    Use it like the model: ``out = rm(*inputs); loss(out).backward(); optimizer.step()``.
-    Parameters are the model's own (``rm.parameters()`` yields them), so an optimizer built on
-    either works. Inputs must match the captured example in count, shape, dtype and device.
+    Use it like the model: ``out = rm(*inputs, **kwargs); loss(out).backward();
+    optimizer.step()``. Parameters are the model's own (``rm.parameters()`` yields them), so an
+    optimizer built on either works, and so does ``DistributedDataParallel(rm)``. Inputs must
+    match the captured example in count, keyword names, shape, dtype and device, and a step
+    must run under the autocast state the graph was captured under.
     In eval mode (``rm.eval()``) it calls the model directly: the schedule is for training.
     ``compiled=True`` runs the schedule as generated straight-line code (`executor.codegen`);
     ``compiled=False`` walks it with `ScheduleInterpreter` (same results, slower, debuggable).
@@ -254,15 +264,19 @@ class Rematerialized(nn.Module):
 
     @classmethod
     def from_file(
-        cls, model: nn.Module, example_inputs: Sequence[torch.Tensor], path: str | Path
+        cls,
+        model: nn.Module,
+        example_inputs: Sequence[torch.Tensor],
+        path: str | Path,
+        example_kwargs: Mapping[str, torch.Tensor] | None = None,
     ) -> Rematerialized:
-        """Capture `model` on `example_inputs` and load the schedule solved offline at `path`.
+        """Capture `model` on the example inputs and load the schedule solved offline at `path`.
 
         Raises solver.errors.ScheduleMismatchError when the file was solved for another graph.
         """
         from graph_capture import capture
 
-        captured = capture(model, example_inputs)
+        captured = capture(model, example_inputs, example_kwargs)
         return cls(model, captured, Schedule.load(path, captured.dag))
 
     @property
@@ -273,13 +287,21 @@ class Rematerialized(nn.Module):
     @property
     def bookkeeping_bytes(self) -> int:
         """Bytes the executor holds per step beyond the schedule's values: one generator state
-        per random node and a snapshot of each buffer the step mutates."""
-        state = torch.get_rng_state().nbytes
+        per random node (its device's) and a snapshot of each buffer the step mutates."""
+        interpreter = self._program.interpreter
+        states = sum(
+            generator(device_of(interpreter.nodes[s])).get_state().nbytes
+            for s in interpreter.random_slots
+        )
         buffers = self._program.buffers
         snapshots = sum(buffers[n].nbytes for n in self.captured.buffer_update_indices)
-        return len(self._program.interpreter.random_slots) * state + snapshots
+        return states + snapshots
 
-    def peak_allowance(self, example_inputs: Sequence[torch.Tensor]) -> dict[str, int]:
+    def peak_allowance(
+        self,
+        example_inputs: Sequence[torch.Tensor],
+        example_kwargs: Mapping[str, torch.Tensor] | None = None,
+    ) -> dict[str, int]:
         """How much a measured peak may exceed `schedule.peak`, in bytes, by cause:
 
         - ``op_scratch``: the largest scratch any op allocates beyond its output (measured
@@ -292,72 +314,60 @@ class Rematerialized(nn.Module):
         ``total`` is their sum. Parameters, inputs, tangents and preallocated ``.grad`` are
         outside the measurement (they exist before the step starts).
         """
-        args = self.captured.placeholder_values(
-            self.model, example_inputs, self.captured.default_tangents()
-        )
+        flat = self.captured.flat_inputs(example_inputs, example_kwargs)
+        args = self.captured.placeholder_values(self.model, flat, self.captured.default_tangents())
         scratch = max(op_scratch_bytes(self.captured.joint, args).values(), default=0)
         if self._program.output_storage_bytes is None:
-            self._forward_once(example_inputs)
+            self._forward_once(example_inputs, example_kwargs or {})
         held = self._program.output_storage_bytes
         parts = {"op_scratch": scratch, "bookkeeping": self.bookkeeping_bytes, "held_outputs": held}
         return {**parts, "total": sum(parts.values())}
 
-    def _forward_once(self, inputs: Sequence[torch.Tensor]) -> None:
+    def _forward_once(
+        self, inputs: Sequence[torch.Tensor], kwargs: Mapping[str, torch.Tensor]
+    ) -> None:
         """One forward with the RNG and buffers left as they were (to observe the outputs)."""
         saved = {n: b.clone() for n, b in self._program.buffers.items()}
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            self(*inputs)
+        state = self.captured.autocast
+        with (
+            fork_rng(self._program.params[0].device),
+            torch.no_grad(),
+            torch.autocast(state.device_type, dtype=state.dtype, enabled=state.enabled),
+        ):
+            self(*inputs, **kwargs)
         for name, value in saved.items():
             self._program.buffers[name].copy_(value)
 
-    def forward(self, *inputs: torch.Tensor) -> object:
+    def forward(self, *inputs: torch.Tensor, **kwargs: torch.Tensor) -> object:
         if not self.training:
-            return self.model(*inputs)
-        self.check_inputs(inputs)
+            return self.model(*inputs, **kwargs)
+        check_call(self.captured, self._program.params[0].device, inputs, kwargs)
+        flat = self.captured.flat_inputs(inputs, kwargs)
         params = self._program.params
-        outputs = _RematFunction.apply(self._program, len(params), *params, *inputs)
+        outputs = _RematFunction.apply(self._program, len(params), *params, *flat)
         return pytree.tree_unflatten(list(outputs), self.captured.output_treespec)
-
-    def check_inputs(self, inputs: Sequence[object]) -> None:
-        """Raise InputMismatchError saying what differs from the captured example inputs."""
-        specs = self.captured.input_specs
-        if len(inputs) != len(specs):
-            raise InputMismatchError(
-                f"expected {len(specs)} positional tensor inputs (as captured), got {len(inputs)}"
-            )
-        device = self._program.params[0].device
-        for i, (x, spec) in enumerate(zip(inputs, specs, strict=True)):
-            if not isinstance(x, torch.Tensor):
-                raise InputMismatchError(f"input {i}: expected a tensor, got {type(x).__name__}")
-            if tuple(x.shape) != spec.shape or x.dtype != spec.dtype:
-                raise InputMismatchError(
-                    f"input {i}: captured with shape {spec.shape} and dtype {spec.dtype}, got "
-                    f"shape {tuple(x.shape)} and dtype {x.dtype}; the graph is specialised to "
-                    "the example shapes: capture (and solve) again for these inputs"
-                )
-            if x.requires_grad and not spec.requires_grad:
-                raise InputMismatchError(
-                    f"input {i} requires grad, but the graph was captured with an example that "
-                    "does not, so it computes no gradient for it; capture with "
-                    f"example_inputs[{i}].requires_grad_()"
-                )
-            if x.device != device:
-                raise InputMismatchError(
-                    f"input {i}: on {x.device}, but the model is on {device}; move it there"
-                )
 
 
 def rematerialize(
     model: nn.Module,
     example_inputs: Sequence[torch.Tensor],
     budget: int | float | str,
+    *,
+    example_kwargs: Mapping[str, torch.Tensor] | None = None,
+    capture_options: Mapping[str, object] | None = None,
     **solve_options: object,
 ) -> Rematerialized:
     """Capture `model`, solve for `budget` (bytes, "512MiB" or "50%" of the checkpoint-all
-    peak) and wrap: the one call for the common case. `solve_options` go to `solver.solve`."""
+    peak) and wrap: the one call for the common case.
+
+    The model is captured as called with ``model(*example_inputs, **example_kwargs)``, under
+    the autocast state in force (train under the same one). `capture_options` go to
+    `graph_capture.capture` (``granularity``, ``cost_model``, ...), `solve_options` to
+    `solver.solve` (``time_limit``, ...).
+    """
     import solver
     from graph_capture import capture
 
-    captured = capture(model, example_inputs)
+    captured = capture(model, example_inputs, example_kwargs, **(capture_options or {}))
     schedule = solver.solve(captured.dag, budget=budget, **solve_options)
     return Rematerialized(model, captured, schedule)

@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from graph_capture.device import generator
+
 __all__ = ["RngReplay", "is_random_op"]
 
 
@@ -28,12 +30,6 @@ def is_random_op(target: object) -> bool:
     """True for aten ops that draw from a generator (tagged `nondeterministic_seeded`)."""
     tags = getattr(target, "tags", ())
     return torch.Tag.nondeterministic_seeded in tags
-
-
-def _generator(device: torch.device) -> torch.Generator:
-    if device.type == "cuda":
-        return torch.cuda.default_generators[device.index or 0]
-    return torch.default_generator
 
 
 class RngReplay:
@@ -51,7 +47,7 @@ class RngReplay:
         dry_runs: Sequence[Callable[[], object]],
     ) -> None:
         self._position = {slot: i for i, slot in enumerate(order)}
-        self._generators = [_generator(d) for d in devices]
+        self._generators = [generator(d) for d in devices]
         self._dry_runs = dry_runs
         self._states: list[torch.Tensor | None] = [None] * len(order)
         self._cursor = 0

@@ -135,16 +135,15 @@ def _mib(n: float) -> str:
 
 def run_run(args: argparse.Namespace) -> int:
     """Train ``--demo`` for ``--steps`` steps under the schedule; print the comparison."""
-    from graph_capture.demo_models import DEMOS
+    from graph_capture.demos import demo_model
 
-    if args.demo not in DEMOS:
-        raise ValueError(f"unknown demo model {args.demo!r}; choose from {', '.join(DEMOS)}")
+    factory = demo_model(args.demo)
     if args.steps < 2:
         raise ValueError("--steps must be at least 2 (the first step is warm-up for timing)")
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
-        return _train_and_report(args, DEMOS[args.demo])
+        return _train_and_report(args, factory)
     finally:
         torch.set_num_threads(threads)
 

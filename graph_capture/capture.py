@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
 from graph_capture.captured import CapturedGraph, TensorSpec
 from graph_capture.dag import build_dag
+from graph_capture.device import AutocastState, fork_rng, model_device, no_autocast
 from graph_capture.errors import CaptureError
 from graph_capture.grouping import group_modules, group_ops, op_group_order
+from graph_capture.lifted import lifted_constants
 from graph_capture.measure import StorageKey, is_random, measure_joint, storages_of
 from graph_capture.trace import TracedJoint, trace_joint
 
@@ -20,13 +22,22 @@ GRANULARITIES = ("op", "module")
 def capture(
     model: nn.Module,
     example_inputs: Sequence[torch.Tensor],
+    example_kwargs: Mapping[str, torch.Tensor] | None = None,
     *,
     granularity: str = "op",
     cost_model: str = "time",
     module_depth: int | None = None,
     repeats: int = 3,
 ) -> CapturedGraph:
-    """Capture ``model(*example_inputs)`` forward + backward as a `CapturedGraph`.
+    """Capture ``model(*example_inputs, **example_kwargs)`` forward + backward as a
+    `CapturedGraph`.
+
+    ``example_kwargs``: keyword tensor arguments, as models are often called
+    (``labels=``, ``attention_mask=``); the graph's user inputs are the positional ones, then
+    these in the given order (``kwarg_names``). Capture runs under the autocast state in force
+    for the model's device and records it (``autocast``): the graph holds autocast's casts, so
+    it replays eager only under that same state. Tangents and measurements are made on the
+    model's device.
 
     ``granularity``: "op" (one DAG node per allocating aten op, views folded in) or "module"
     (consecutive ops of one module and phase merged; ``module_depth`` truncates module paths).
@@ -36,31 +47,36 @@ def capture(
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")
-    with torch.random.fork_rng(devices=[]):
-        traced = trace_joint(model, example_inputs)
+    kwargs = dict(example_kwargs or {})
+    device = model_device(model)
+    autocast = AutocastState.current(device)
+    with fork_rng(device):
+        traced = trace_joint(model, example_inputs, kwargs)
         layout = _layout(traced, model)
         gm = traced.graph_module
         output_specs = _output_specs(gm, layout["forward_output_indices"])
         tangents = [
-            torch.ones(output_specs[i].shape, dtype=output_specs[i].dtype)
+            torch.ones(output_specs[i].shape, dtype=output_specs[i].dtype, device=device)
             for i in layout["tangent_output_indices"]
         ]
         params = dict(model.named_parameters())
         buffers = dict(model.named_buffers())
+        flat_inputs = [*example_inputs, *kwargs.values()]
         args = (
             [params[n] for n in layout["param_names"]]
             + [buffers[n] for n in layout["buffer_names"]]
-            + [x.detach() for x in example_inputs]
+            + [x.detach() for x in flat_inputs]
             + tangents
         )
-        measures, flat_outputs = measure_joint(gm, args, repeats=repeats)
+        with no_autocast(device.type):
+            measures, flat_outputs = measure_joint(gm, args, repeats=repeats)
     group = group_ops(gm, measures)
     order = op_group_order(gm, group)
     modules = None
     if granularity == "module":
         group, order, modules = group_modules(gm, group, order, module_depth)
     dag, members = build_dag(gm, measures, group, order, cost_model, modules)
-    static = _static_bytes(args, layout, flat_outputs)
+    static = _static_bytes(args, layout, flat_outputs, lifted_constants(gm))
     dag.graph["static_bytes"] = static
     dag.graph["granularity"] = granularity
     dag.graph["name"] = f"{type(model).__name__} ({granularity})"
@@ -72,7 +88,9 @@ def capture(
         cost_model=cost_model,
         random_nodes=[n.name for n in gm.graph.nodes if n.op == "call_function" and is_random(n)],
         static_bytes=static,
-        input_specs=[TensorSpec.of(x) for x in example_inputs],
+        input_specs=[TensorSpec.of(x) for x in flat_inputs],
+        kwarg_names=tuple(kwargs),
+        autocast=autocast,
         output_specs=output_specs,
         output_treespec=traced.output_treespec,
         node_group=group,
@@ -157,17 +175,22 @@ def _output_specs(gm: torch.fx.GraphModule, forward_positions: list[int]) -> lis
                 f"forward output {index} is not a tensor ({node!r}); return tensors only"
             )
         val = node.meta["val"]
-        specs.append(TensorSpec(tuple(val.shape), val.dtype, val.requires_grad))
+        specs.append(TensorSpec.of(val))
     return specs
 
 
-def _static_bytes(args: list[torch.Tensor], layout: dict, outputs: list[object]) -> dict[str, int]:
-    """Bytes of params, buffers, inputs, tangents (storage-deduplicated) and of the grads."""
+def _static_bytes(
+    args: list[torch.Tensor], layout: dict, outputs: list[object], constants: list[torch.Tensor]
+) -> dict[str, int]:
+    """Bytes of params, buffers, inputs, tangents, lifted constants (storage-deduplicated) and
+    of the grads."""
+    args = [*args, *constants]
     counts = [
         ("params", len(layout["param_names"])),
         ("buffers", len(layout["buffer_names"])),
         ("inputs", len(layout["input_placeholders"])),
         ("tangents", len(layout["tangent_placeholders"])),
+        ("constants", len(constants)),
     ]
     seen: set[StorageKey] = set()
     static: dict[str, int] = {}

@@ -8,7 +8,8 @@ Placeholders, in this order (names in the ``*_placeholders`` fields)::
     params   one per parameter, ``model.named_parameters()`` order (tied weights once,
              under their first name)                      -> param_names[i]
     buffers  one per buffer, ``model.named_buffers()`` order -> buffer_names[i]
-    inputs   one per flat user input (``example_inputs``, positional tensors)
+    inputs   one per user input: the positional ``example_inputs``, then the keyword ones
+             (``example_kwargs``) in ``kwarg_names`` order
     tangents one per forward output that requires grad, in output order; the incoming
              gradient of forward output ``tangent_output_indices[i]``
 
@@ -23,8 +24,10 @@ Outputs (the joint returns a flat list; the position of each item is in the inde
 
 Nothing in the graph mutates its inputs: the executor copies buffer updates into the model
 after the step (see `JointResult.apply_buffer_updates`). Random ops (``native_dropout``,
-``rand*``, ``bernoulli``) are fx nodes drawing from the global CPU generator, listed in
-``random_nodes``; an exact replay must restore the RNG state each one saw in the plain run.
+``rand*``, ``bernoulli``) are fx nodes drawing from their device's default generator, listed
+in ``random_nodes``; an exact replay must restore the RNG state each one saw in the plain run.
+Tensors the model builds from Python data (``torch.export``'s lifted constants) are
+`graph_capture.lifted.LiftedConstant` calls: static memory, in ``static_bytes["constants"]``.
 
 The DAG (``networkx.DiGraph``; solver contract):
 
@@ -57,20 +60,22 @@ import networkx as nx
 import torch
 from torch import nn
 
+from graph_capture.device import AutocastState, no_autocast
 from graph_capture.errors import CaptureError
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Shape, dtype and requires_grad of one example input (to explain a mismatch)."""
+    """Shape, dtype, requires_grad and device of one example input or traced output."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     requires_grad: bool
+    device: torch.device
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> TensorSpec:
-        return cls(tuple(tensor.shape), tensor.dtype, tensor.requires_grad)
+        return cls(tuple(tensor.shape), tensor.dtype, tensor.requires_grad, tensor.device)
 
 
 @dataclass
@@ -105,7 +110,10 @@ class CapturedGraph:
     fx node other than placeholders and the output belongs to exactly one DAG node, and
     ``node_group`` is the inverse map (fx node name -> DAG node). ``output_treespec`` is the
     pytree spec that rebuilds the model's output structure from the flat forward outputs.
-    ``cost_model`` ("time" or "flops") says what the DAG's ``cost`` holds.
+    ``cost_model`` ("time" or "flops") says what the DAG's ``cost`` holds. ``kwarg_names``:
+    the keyword inputs, which follow the positional ones in ``input_specs`` and the
+    placeholders. ``autocast``: the autocast state the graph was traced under (its casts are
+    in the graph), for the model's device type.
     """
 
     joint: torch.fx.GraphModule
@@ -128,6 +136,8 @@ class CapturedGraph:
     static_bytes: dict[str, int]
     input_specs: list[TensorSpec]
     output_specs: list[TensorSpec]
+    kwarg_names: tuple[str, ...]
+    autocast: AutocastState
     output_treespec: object = field(repr=False)
     node_group: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -144,6 +154,18 @@ class CapturedGraph:
                 return i
         return len(self.order)
 
+    def flat_inputs(
+        self, inputs: Sequence[torch.Tensor], kwargs: Mapping[str, torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
+        """The user inputs in placeholder order: ``inputs``, then ``kwargs`` in
+        ``kwarg_names`` order. Raises `CaptureError` when the keyword names differ."""
+        kwargs = kwargs or {}
+        if set(kwargs) != set(self.kwarg_names):
+            raise CaptureError(
+                f"captured with keyword inputs {sorted(self.kwarg_names)}, got {sorted(kwargs)}"
+            )
+        return [*inputs, *(kwargs[name] for name in self.kwarg_names)]
+
     def placeholder_values(
         self,
         model: nn.Module,
@@ -151,6 +173,7 @@ class CapturedGraph:
         tangents: Sequence[torch.Tensor],
     ) -> list[torch.Tensor]:
         """The joint's positional arguments: params, buffers, inputs, tangents (in layout order).
+        ``inputs`` are all user inputs, keyword ones included (see `flat_inputs`).
 
         Raises `CaptureError` when ``inputs`` or ``tangents`` do not match the capture.
         """
@@ -192,21 +215,23 @@ class CapturedGraph:
         model: nn.Module,
         inputs: Sequence[torch.Tensor],
         tangents: Sequence[torch.Tensor],
+        kwargs: Mapping[str, torch.Tensor] | None = None,
     ) -> JointResult:
         """Run every node of the joint graph once, in graph order (the reference run).
 
         Uses the global RNG from its current state, as eager forward+backward would; does not
-        touch ``model`` (call ``apply_buffer_updates`` for BatchNorm statistics).
+        touch ``model`` (call ``apply_buffer_updates`` for BatchNorm statistics). Autocast is
+        off while it runs: the graph holds the casts of the autocast state it was traced under.
         """
-        args = self.placeholder_values(model, inputs, tangents)
-        with torch.no_grad():
+        args = self.placeholder_values(model, self.flat_inputs(inputs, kwargs), tangents)
+        with torch.no_grad(), no_autocast(self.autocast.device_type):
             flat = self.joint(*args)
         return self.unpack_outputs(flat)
 
     def default_tangents(self) -> list[torch.Tensor]:
         """Tangents of ones, one per differentiable forward output (``sum()`` as the loss)."""
         specs = [self.output_specs[i] for i in self.tangent_output_indices]
-        return [torch.ones(s.shape, dtype=s.dtype) for s in specs]
+        return [torch.ones(s.shape, dtype=s.dtype, device=s.device) for s in specs]
 
 
 def eager_reference(
@@ -214,8 +239,10 @@ def eager_reference(
     inputs: Sequence[torch.Tensor],
     tangents: Sequence[torch.Tensor],
     tangent_output_indices: Sequence[int],
+    kwargs: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[list[torch.Tensor], Mapping[str, torch.Tensor | None], list[torch.Tensor | None]]:
-    """Eager forward + backward: (flat outputs, param name -> grad, input grads).
+    """Eager forward + backward: (flat outputs, param name -> grad, input grads), the model
+    called as ``model(*inputs, **kwargs)`` (input grads of the positional inputs).
 
     Mutates ``model`` exactly as a training step's forward/backward would (BatchNorm running
     statistics, ``.grad`` fields are set from scratch).
@@ -223,7 +250,7 @@ def eager_reference(
     for p in model.parameters():
         p.grad = None
     leaves = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
-    out = model(*leaves)
+    out = model(*leaves, **(kwargs or {}))
     flat, _ = torch.utils._pytree.tree_flatten(out)
     diff = [flat[i] for i in tangent_output_indices]
     torch.autograd.backward(diff, list(tangents))

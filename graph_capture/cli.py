@@ -1,8 +1,10 @@
-"""Model sources for the `remat` CLI and the `remat profile` subcommand.
+"""Graph and model sources for the `remat` CLI, and the `remat profile` subcommand.
 
-``--demo gpt|resnet|unet`` builds a demo model (`graph_capture.demo_models`); ``--model
-pkg.module:factory`` imports ``factory`` and calls it with no arguments: it must return
-``(model, example_inputs)``. Either is traced with `graph_capture.capture`.
+A graph comes from a node-link JSON file, a built-in demo (`graph_capture.demos`: an example
+graph, or a demo model that is captured), or ``--model pkg.module:factory``: ``factory`` is
+imported and called with no arguments and must return ``(model, example_inputs)`` or ``(model,
+example_inputs, example_kwargs)`` (keyword tensor arguments, e.g. ``labels=``). Models are
+traced with `graph_capture.capture`.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from torch import nn
 
 from graph_capture.capture import GRANULARITIES, capture
 from graph_capture.captured import CapturedGraph
-from graph_capture.demo_models import DEMOS
+from graph_capture.demos import DEMOS, MODELS, demo_model
 from graph_capture.errors import CaptureError
 from graph_capture.profile import format_table, module_profile, plot_saved_bytes
-from solver.budget import human_bytes
+from solver.core.budget import human_bytes
+from solver.errors import RematError
+from solver.io import load_graph, save_graph
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, demo: bool = True) -> None:
@@ -30,13 +34,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, demo: bool = True) -
         parser.add_argument(
             "--demo",
             metavar="NAME",
-            choices=sorted(DEMOS),
-            help="built-in model: gpt, resnet, unet",
+            choices=MODELS,
+            help=f"built-in model: {', '.join(MODELS)}",
         )
     parser.add_argument(
         "--model",
         metavar="MODULE:FACTORY",
-        help="a callable returning (model, example_inputs), e.g. mypkg.models:make",
+        help="a callable returning (model, example_inputs[, example_kwargs]), e.g. "
+        "mypkg.models:make",
     )
     parser.add_argument(
         "--granularity",
@@ -60,13 +65,46 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, demo: bool = True) -
     parser.add_argument("--threads", type=int, default=None, help="torch threads while measuring")
 
 
-def wants_model(args: argparse.Namespace) -> bool:
-    """True when the arguments name a PyTorch model (``--model`` or a model ``--demo``)."""
-    return bool(getattr(args, "model", None)) or getattr(args, "demo", None) in DEMOS
+def add_graph_arguments(parser: argparse.ArgumentParser) -> None:
+    """A graph file, or ``--demo`` (any demo) or ``--model`` and the capture options."""
+    parser.add_argument(
+        "graph",
+        nargs="?",
+        help="node-link JSON graph file (e.g. a Checkmate graph from ../shared/graphs)",
+    )
+    parser.add_argument(
+        "--demo",
+        nargs="?",
+        const="residual",
+        default=None,
+        metavar="NAME",
+        help="a built-in demo instead of a file (default residual): "
+        + "; ".join(f"{d.name}: {d.summary}" for d in DEMOS.values()),
+    )
+    add_model_arguments(parser, demo=False)
 
 
-def load_model_from_args(args: argparse.Namespace) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """Build ``(model, example_inputs)`` from ``--model`` or ``--demo``."""
+def graph_from_args(args: argparse.Namespace) -> nx.DiGraph:
+    """The solver DAG the arguments name: a file, a demo graph, or a captured model."""
+    sources = [bool(args.graph), args.demo is not None, bool(args.model)]
+    if sum(sources) > 1:
+        raise RematError("give one graph source: a graph file, --demo or --model")
+    if args.graph:
+        return load_graph(args.graph)
+    if args.demo is not None and args.demo not in DEMOS:
+        raise RematError(f"unknown demo {args.demo!r}; choose from {', '.join(DEMOS)}")
+    demo = DEMOS.get(args.demo)
+    if demo is not None and demo.graph is not None:
+        return demo.graph()
+    if demo is None and not args.model:
+        raise RematError("give a graph file (remat solve GRAPH.json), --demo or --model")
+    return capture_from_args(args).dag
+
+
+def load_model_from_args(
+    args: argparse.Namespace,
+) -> tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """Build ``(model, example_inputs, example_kwargs)`` from ``--model`` or ``--demo``."""
     if getattr(args, "model", None):
         module_name, _, attr = args.model.partition(":")
         if not attr:
@@ -76,25 +114,27 @@ def load_model_from_args(args: argparse.Namespace) -> tuple[nn.Module, tuple[tor
         except (ImportError, AttributeError) as error:
             raise CaptureError(f"cannot load --model {args.model}: {error}") from error
         made = factory()
-    elif getattr(args, "demo", None) in DEMOS:
-        made = DEMOS[args.demo]()
+    elif getattr(args, "demo", None):
+        made = demo_model(args.demo)()
     else:
-        raise CaptureError(f"give --model MODULE:FACTORY or --demo {{{', '.join(DEMOS)}}}")
-    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
-        raise CaptureError("the factory must return (model, example_inputs)")
-    model, inputs = made
-    return model.train(), tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
+        raise CaptureError(f"give --model MODULE:FACTORY or --demo {{{', '.join(MODELS)}}}")
+    if not (isinstance(made, tuple) and len(made) in (2, 3) and isinstance(made[0], nn.Module)):
+        raise CaptureError("the factory must return (model, example_inputs[, example_kwargs])")
+    model, inputs, kwargs = made if len(made) == 3 else (*made, {})
+    inputs = tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
+    return model.train(), inputs, dict(kwargs)
 
 
 def capture_from_args(args: argparse.Namespace) -> CapturedGraph:
     """Load the model named by the arguments and capture it; prints a one-line summary."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, inputs = load_model_from_args(args)
+    model, inputs, kwargs = load_model_from_args(args)
     started = time.perf_counter()
     graph = capture(
         model,
         inputs,
+        kwargs,
         granularity=args.granularity,
         cost_model=args.cost_model,
         module_depth=args.module_depth,
@@ -110,11 +150,6 @@ def capture_from_args(args: argparse.Namespace) -> CapturedGraph:
         file=sys.stderr,
     )
     return graph
-
-
-def graph_from_args(args: argparse.Namespace) -> nx.DiGraph:
-    """The solver DAG of the model named by the arguments."""
-    return capture_from_args(args).dag
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
@@ -138,13 +173,10 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.name:
         if args.demo or args.model:
             raise CaptureError("give the model once: a NAME, --demo or --model")
-        if args.name not in DEMOS:
-            raise CaptureError(f"unknown demo {args.name!r}; choose from {', '.join(DEMOS)}")
+        demo_model(args.name)  # a demo model, or CaptureError naming them
         args.demo = args.name
     graph = capture_from_args(args)
     if args.save_graph:
-        from solver.io import save_graph
-
         save_graph(graph.dag, args.save_graph)
         print(f"wrote {args.save_graph} ({graph.granularity} granularity)", file=sys.stderr)
     if graph.granularity != "op":

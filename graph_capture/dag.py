@@ -8,7 +8,7 @@ import networkx as nx
 import torch
 
 from graph_capture.errors import CaptureError
-from graph_capture.grouping import module_of, phase_of
+from graph_capture.fx_nodes import module_of, phase_of
 from graph_capture.measure import NodeMeasure, is_random
 
 

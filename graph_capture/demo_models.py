@@ -1,7 +1,7 @@
 """Built-in demo models, constructed in code with random init (nothing downloaded).
 
 Each factory returns ``(model, example_inputs)`` with the model in train mode; sizes are small
-enough that capture + solve take seconds on 2 CPU cores. ``DEMOS`` maps CLI names to factories.
+enough that capture + solve take seconds on 2 CPU cores. `graph_capture.demos` names them.
 """
 
 from __future__ import annotations
@@ -174,6 +174,3 @@ def unet() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     images = torch.randn(4, 3, 32, 32, generator=generator)
     target = torch.randn(4, 1, 32, 32, generator=generator)
     return model, (images, target)
-
-
-DEMOS: dict[str, Factory] = {"gpt": gpt, "resnet": resnet, "unet": unet}

@@ -20,36 +20,12 @@ Runs of a topological order merge without creating cycles.
 from __future__ import annotations
 
 import operator
-import re
 
 import torch
 
 from graph_capture.errors import CaptureError
+from graph_capture.fx_nodes import describe_op, module_of, phase_of
 from graph_capture.measure import NodeMeasure
-
-_REPEAT_SUFFIX = re.compile(r"@\d+$")
-
-
-def phase_of(node: torch.fx.Node) -> str:
-    """ "backward" for ops AOTAutograd traced from the backward pass, else "forward"."""
-    return "backward" if node.meta.get("partitioner_tag") == "is_backward" else "forward"
-
-
-def module_of(node: torch.fx.Node) -> str:
-    """Dotted path of the innermost nn.Module the op came from ("" for the root module).
-
-    Backward ops report the module of the forward op they differentiate.
-    """
-    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
-    if not stack:
-        return ""
-    path = next(reversed(stack.values()))[0]
-    parts = [_REPEAT_SUFFIX.sub("", part) for part in path.split(".")]
-    return ".".join(p for p in parts if p and not p.startswith("L["))
-
-
-def _where(node: torch.fx.Node) -> str:
-    return f"op {node.target} (fx node '{node.name}') in module '{module_of(node) or '(root)'}'"
 
 
 def _reader_phases(node: torch.fx.Node, measures: dict[str, NodeMeasure]) -> set[str]:
@@ -104,7 +80,7 @@ def group_ops(gm: torch.fx.GraphModule, measures: dict[str, NodeMeasure]) -> dic
         if measure.new_storages:
             if aliased:
                 raise CaptureError(
-                    f"{_where(node)} returns new memory together with an alias of the output "
+                    f"{describe_op(node)} returns new memory together with an alias of the output "
                     f"of {sorted(aliased)}; this output layout is not supported"
                 )
             group[node.name] = node.name
@@ -115,13 +91,13 @@ def group_ops(gm: torch.fx.GraphModule, measures: dict[str, NodeMeasure]) -> dic
         elif aliased:
             if len(aliased) > 1:
                 raise CaptureError(
-                    f"{_where(node)} aliases the outputs of several ops {sorted(aliased)}"
+                    f"{describe_op(node)} aliases the outputs of several ops {sorted(aliased)}"
                 )
             (target,) = aliased
             readers = {group[n.name] for n in node.all_input_nodes if n.name in group}
             if readers - {target}:
                 raise CaptureError(
-                    f"{_where(node)} aliases the output of '{target}' but also reads "
+                    f"{describe_op(node)} aliases the output of '{target}' but also reads "
                     f"{sorted(readers - {target})}; cannot place it exactly"
                 )
             group[node.name] = target

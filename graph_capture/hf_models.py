@@ -3,6 +3,12 @@
 Factories for ``--model graph_capture.hf_models:gpt2`` (``bert``, ``vit``); each returns
 ``(model, example_inputs)`` in train mode (dropout 0.1 as the configs default). Needs the ``hf``
 extra (``pip install -e ".[hf]"``).
+
+The training-call factories (``gpt2_lm``, ``llama_lm``, ``bert_mlm``, ``vit_classifier``,
+``t5_lm``) return ``(model, example_inputs, example_kwargs)``: the model with its task head and
+its default config (``use_cache`` left as it is), called the way training loops call it,
+``model(*example_inputs, **example_kwargs)`` with ``labels=`` (and ``attention_mask=``), so
+that the output's ``loss`` is the training loss.
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ from torch import nn
 from graph_capture.errors import CaptureError
 
 WIDTH = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2}
+VOCAB = 128
+
+Call = tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]
 
 
 def _transformers():
@@ -26,7 +35,7 @@ def _transformers():
 
 
 def gpt2(batch: int = 2, seq: int = 16) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """GPT2LMHeadModel, 2 layers, width 64, vocab 128 (``use_cache=False``: export needs it)."""
+    """GPT2LMHeadModel, 2 layers, width 64, vocab 128, ``use_cache=False``, called on ids alone."""
     t = _transformers()
     config = t.GPT2Config(
         n_layer=2,
@@ -58,3 +67,88 @@ def vit(batch: int = 2, image: int = 32) -> tuple[nn.Module, tuple[torch.Tensor,
     config = t.ViTConfig(**WIDTH, intermediate_size=128, image_size=image, patch_size=8)
     pixels = torch.randn(batch, 3, image, image, generator=torch.Generator().manual_seed(0))
     return t.ViTModel(config).train(), (pixels,)
+
+
+def _tokens(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def gpt2_lm(batch: int = 2, seq: int = 16, layers: int = 2, width: int = 32) -> Call:
+    """GPT2LMHeadModel with its default config, called with ``labels=`` (next-token loss)."""
+    t = _transformers()
+    config = t.GPT2Config(n_layer=layers, n_embd=width, n_head=2, vocab_size=VOCAB, n_positions=seq)
+    ids = _tokens(batch, seq)
+    return t.GPT2LMHeadModel(config).train(), (ids,), {"labels": ids}
+
+
+def llama_lm(batch: int = 2, seq: int = 16, layers: int = 2, width: int = 32) -> Call:
+    """LlamaForCausalLM with its default config (no dropout: Llama has none), ``labels=``."""
+    t = _transformers()
+    config = t.LlamaConfig(
+        num_hidden_layers=layers,
+        hidden_size=width,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=2 * width,
+        vocab_size=VOCAB,
+        max_position_embeddings=seq,
+    )
+    ids = _tokens(batch, seq)
+    return t.LlamaForCausalLM(config).train(), (ids,), {"labels": ids}
+
+
+def bert_mlm(batch: int = 2, seq: int = 16, layers: int = 2, width: int = 32) -> Call:
+    """BertForMaskedLM called with ``attention_mask=`` and ``labels=`` (-100 where unmasked)."""
+    t = _transformers()
+    config = t.BertConfig(
+        num_hidden_layers=layers,
+        hidden_size=width,
+        num_attention_heads=2,
+        intermediate_size=2 * width,
+        vocab_size=VOCAB,
+        max_position_embeddings=seq,
+    )
+    ids = _tokens(batch, seq)
+    masked = torch.rand(batch, seq, generator=torch.Generator().manual_seed(1)) < 0.15
+    masked[:, 0] = True
+    labels = torch.where(masked, ids, torch.full_like(ids, -100))
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[0, -3:] = 0  # padding at the end of the first sequence
+    kwargs = {"attention_mask": mask, "labels": labels}
+    return t.BertForMaskedLM(config).train(), (ids.masked_fill(masked, 0),), kwargs
+
+
+def vit_classifier(batch: int = 2, image: int = 32, layers: int = 2, width: int = 32) -> Call:
+    """ViTForImageClassification (3 classes, 8x8 patches) called with ``labels=``."""
+    t = _transformers()
+    config = t.ViTConfig(
+        num_hidden_layers=layers,
+        hidden_size=width,
+        num_attention_heads=2,
+        intermediate_size=2 * width,
+        image_size=image,
+        patch_size=8,
+        num_labels=3,
+    )
+    pixels = torch.randn(batch, 3, image, image, generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(batch) % 3
+    return t.ViTForImageClassification(config).train(), (pixels,), {"labels": labels}
+
+
+def t5_lm(batch: int = 2, seq: int = 16, layers: int = 1, width: int = 32) -> Call:
+    """T5ForConditionalGeneration (encoder-decoder) called with ``labels=``; the decoder's
+    inputs are the labels shifted right, as in training."""
+    t = _transformers()
+    config = t.T5Config(
+        num_layers=layers,
+        num_decoder_layers=layers,
+        d_model=width,
+        d_kv=width // 2,
+        num_heads=2,
+        d_ff=2 * width,
+        vocab_size=VOCAB,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
+    ids, labels = _tokens(batch, seq), _tokens(batch, seq // 2, seed=1)
+    return t.T5ForConditionalGeneration(config).train(), (ids,), {"labels": labels}

@@ -16,6 +16,11 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
+from graph_capture.device import generator, synchronize
+from graph_capture.errors import CaptureError
+from graph_capture.fx_nodes import describe_op, device_of
+from graph_capture.lifted import LiftedConstant, lifted_constants
+
 StorageKey = tuple[int, int]
 
 
@@ -75,7 +80,9 @@ def measure_joint(
 
     Returns (fx node name -> `NodeMeasure`, the flat outputs).
     The outputs are those of a plain run: each node's value is from a run that started from
-    the RNG state the plain run would have had.
+    the RNG state the plain run would have had. Ops run where their inputs are (the model's
+    device); a lifted constant is static memory, like a placeholder. Raises `CaptureError`
+    naming the op and its module when an op fails on the real tensors.
     """
     env: dict[str, object] = {}
     measures: dict[str, NodeMeasure] = {}
@@ -84,6 +91,7 @@ def measure_joint(
     for node, value in zip(placeholders, args, strict=True):
         env[node.name] = value
         seen.update(storages_of(value))
+    seen.update(storages_of(lifted_constants(gm)))  # static memory, like the placeholders
     outputs: list[object] = []
     with torch.no_grad():
         for node in gm.graph.nodes:
@@ -93,11 +101,20 @@ def measure_joint(
                 outputs = list(torch.fx.node.map_arg(node.args[0], lambda n: env[n.name]))
                 break
             if node.op != "call_function":
-                raise RuntimeError(f"unexpected fx node {node.op} {node.name} in joint graph")
+                raise CaptureError(
+                    f"unexpected fx node {node.op} '{node.name}' ({node.target}) in the joint "
+                    "graph; only calls can be measured and replayed"
+                )
             fn_args, fn_kwargs = torch.fx.node.map_arg(
                 (node.args, node.kwargs), lambda n: env[n.name]
             )
-            value, measure = _run_node(node, fn_args, fn_kwargs, repeats)
+            try:
+                value, measure = _run_node(node, fn_args, fn_kwargs, repeats)
+            except Exception as error:
+                raise CaptureError(
+                    f"{describe_op(node)} failed on the example tensors: "
+                    f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                ) from error
             measure.new_storages = {k for k in measure.storages if k not in seen}
             seen.update(measure.storages)
             env[node.name] = value
@@ -109,19 +126,23 @@ def _run_node(
     node: torch.fx.Node, args: tuple, kwargs: dict, repeats: int
 ) -> tuple[object, NodeMeasure]:
     target = node.target
-    if target is operator.getitem:
+    if target is operator.getitem or isinstance(target, LiftedConstant):
         value = target(*args, **kwargs)
         return value, NodeMeasure(storages_of(value), set(), 0.0, 0, 0, *_shapes(value))
-    state = torch.get_rng_state() if is_random(node) else None
+    device = device_of(node)
+    rng = generator(device) if is_random(node) else None
+    state = rng.get_state() if rng is not None else None
     with FlopCounterMode(display=False) as counter:
         target(*args, **kwargs)
     seconds = []
     value = None
     for _ in range(max(1, repeats)):
-        if state is not None:
-            torch.set_rng_state(state)
+        if rng is not None:
+            rng.set_state(state)
+        synchronize(device)
         start = time.perf_counter()
         value = target(*args, **kwargs)
+        synchronize(device)
         seconds.append(time.perf_counter() - start)
     counted = int(counter.get_total_flops())
     storages = storages_of(value)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from graph_capture.captured import CapturedGraph
-from solver.budget import human_bytes
+from solver.core.budget import human_bytes
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +18,10 @@ import torch.fx.traceback as fx_traceback
 from torch import nn
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
+from graph_capture.dropout import dropout_as_eager_cpu
 from graph_capture.errors import CaptureError
+from graph_capture.fx_nodes import describe_op
+from graph_capture.lifted import LiftedConstant
 
 
 @dataclass
@@ -61,16 +64,18 @@ def _first_lines(error: BaseException, count: int = 6) -> str:
     return "\n  ".join(lines[:count])
 
 
-def _check_model(model: nn.Module, inputs: Sequence[object]) -> None:
+def _check_model(model: nn.Module, inputs: Sequence[object], kwargs: Mapping[str, object]) -> None:
     if not any(p.requires_grad for p in model.parameters()):
         raise CaptureError(
             f"{type(model).__name__} has no parameters that require grad: there is no backward "
             "to schedule (set requires_grad on at least one parameter)"
         )
-    for i, x in enumerate(inputs):
+    named = [(f"example input {i}", x) for i, x in enumerate(inputs)]
+    named += [(f"example keyword input '{k}'", x) for k, x in kwargs.items()]
+    for what, x in named:
         if not isinstance(x, torch.Tensor):
             raise CaptureError(
-                f"example input {i} is a {type(x).__name__}, not a tensor; pass tensors only "
+                f"{what} is a {type(x).__name__}, not a tensor; pass tensors only "
                 "(bind other arguments with functools.partial or a wrapper module)"
             )
     if not model.training:
@@ -80,10 +85,29 @@ def _check_model(model: nn.Module, inputs: Sequence[object]) -> None:
         )
 
 
-def _export(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.fx.GraphModule:
+def _register_cache_outputs(model: nn.Module) -> None:
+    """Let torch.export flatten HF transformers' cache objects in a model's output.
+
+    A causal LM called with its default config (``use_cache`` on) returns its key/value cache
+    (``DynamicCache``, ``EncoderDecoderCache``) in the output; export needs every output to be
+    a pytree of tensors. transformers ships the registration; this calls it for its models.
+    """
+    if not type(model).__module__.startswith("transformers."):
+        return
+    try:
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+    except ImportError:  # transformers < 5: export then fails on the cache (a CaptureError)
+        return
+    register_cache_pytrees_for_model(model)
+
+
+def _export(
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], kwargs: dict[str, torch.Tensor]
+) -> torch.fx.GraphModule:
+    _register_cache_outputs(model)
     with _module_stack_recorder(model) as stack:
         try:
-            exported = torch.export.export(model, inputs, strict=False)
+            exported = torch.export.export(model, inputs, kwargs, strict=False)
         except Exception as error:
             where = stack[-1] if stack else "(root)"
             raise CaptureError(
@@ -174,19 +198,48 @@ def _views_as_reshapes(gm: torch.fx.GraphModule) -> None:
         node.target = torch.ops.aten.reshape.default
 
 
-def trace_joint(model: nn.Module, inputs: Sequence[torch.Tensor]) -> TracedJoint:
-    """Trace ``model(*inputs)`` forward and backward into one functional aten graph.
+def _constants_as_calls(gm: torch.fx.GraphModule) -> None:
+    """Turn each ``get_attr`` of a lifted tensor constant into a call returning that tensor.
 
+    ``torch.export`` lifts tensors the model creates from Python data (HF causal masks, T5's
+    relative-position buckets) into constants, and the joint graph reads them with
+    ``get_attr``. As a `LiftedConstant` call the graph stays call_function-only for the
+    executor, and measurement counts the tensor as static memory, like a buffer.
+    """
+    for node in list(gm.graph.find_nodes(op="get_attr")):
+        value = gm
+        for part in str(node.target).split("."):
+            value = getattr(value, part)
+        if not isinstance(value, torch.Tensor):
+            raise CaptureError(
+                f"the joint graph reads attribute '{node.target}' ({type(value).__name__}), not a "
+                f"tensor, for {', '.join(describe_op(u) for u in node.users)}: a higher-order "
+                "op that AOTAutograd did not inline is not supported"
+            )
+        node.op = "call_function"
+        node.target = LiftedConstant(str(node.target), value)
+        node.args, node.kwargs = (), {}
+
+
+def trace_joint(
+    model: nn.Module,
+    inputs: Sequence[torch.Tensor],
+    kwargs: Mapping[str, torch.Tensor] | None = None,
+) -> TracedJoint:
+    """Trace ``model(*inputs, **kwargs)`` forward and backward into one functional aten graph.
+
+    The joint's user inputs are ``inputs`` followed by the values of ``kwargs`` in its order.
     Raises `CaptureError` naming the module and op on anything that would not replay exactly.
     """
     inputs = tuple(inputs)
-    _check_model(model, inputs)
-    exported = _export(model, inputs)
+    kwargs = dict(kwargs or {})
+    _check_model(model, inputs, kwargs)
+    exported = _export(model, inputs, kwargs)
     with contextlib.ExitStack() as stack:
         stack.enter_context(fx_traceback.preserve_node_meta())
         try:
             joint = aot_export_joint_with_descriptors(
-                stack, exported, inputs, _record_nn_module_stack=True
+                stack, exported, inputs, kwargs, _record_nn_module_stack=True
             )
         except Exception as error:
             raise CaptureError(
@@ -197,6 +250,8 @@ def trace_joint(model: nn.Module, inputs: Sequence[torch.Tensor]) -> TracedJoint
         treespec = joint.out_spec
     gm.graph._codegen = torch.fx.graph.CodeGen()
     _views_as_reshapes(gm)
+    _constants_as_calls(gm)
+    dropout_as_eager_cpu(gm)
     gm.recompile()
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     (output,) = gm.graph.find_nodes(op="output")

@@ -1,8 +1,17 @@
-"""remat's solver: exact optimal rematerialization schedules on a DAG, baselines, the schedule
-format and an independent simulator. Never imports torch."""
+"""remat's solver: exact optimal rematerialization schedules on a DAG, heuristics, the schedule
+format and an independent simulator. Never imports torch.
 
-from solver.baselines import BASELINES, baseline
-from solver.budget import checkpoint_all_peak, parse_budget, parse_compute_budget
+Packages, one concept each: `core` (the graph contract, the semantics and their simulator,
+stage plans, the schedule format, budgets), `heuristics` (every schedule family, one registry),
+`milp` (the 0/1 models and their engines: CP-SAT, HiGHS), `exact` (the search that proves
+optimality). docs/solver.md describes each.
+"""
+
+from solver.core.budget import checkpoint_all_peak, parse_budget, parse_compute_budget
+from solver.core.graph import Problem, prepare
+from solver.core.schedule import Schedule
+from solver.core.simulate import Simulation, simulate
+from solver.deadline import Deadline
 from solver.errors import (
     ComputeBudgetError,
     GraphError,
@@ -12,15 +21,15 @@ from solver.errors import (
     ScheduleMismatchError,
     SolverTimeoutError,
 )
-from solver.eviction import evict
-from solver.exact import minimum_peak, solve
-from solver.graph import Problem, prepare
-from solver.schedule import Schedule
-from solver.simulate import Simulation, simulate
+from solver.exact import SolveOptions, minimum_peak, solve
+from solver.heuristics.baselines import BASELINES
+from solver.heuristics.registry import HEURISTICS, baseline, evict
 
 __all__ = [
     "BASELINES",
+    "HEURISTICS",
     "ComputeBudgetError",
+    "Deadline",
     "GraphError",
     "InfeasibleBudgetError",
     "InvalidScheduleError",
@@ -29,6 +38,7 @@ __all__ = [
     "Schedule",
     "ScheduleMismatchError",
     "Simulation",
+    "SolveOptions",
     "SolverTimeoutError",
     "baseline",
     "checkpoint_all_peak",

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
-from functools import partial
+import time
 
 import networkx as nx
 
-from solver.baselines import BASELINES, Member, cheapest_within, smallest_within
-from solver.budget import checkpoint_all_peak, human_bytes, parse_budget, parse_compute_budget
+from solver.core.budget import checkpoint_all_peak, human_bytes, parse_budget, parse_compute_budget
+from solver.core.graph import Problem, prepare
+from solver.core.stages import cheapest_within, smallest_within
+from solver.deadline import Deadline
 from solver.exact import solve
-from solver.graph import Problem, prepare
-from solver.warm_start import BUDGETED
+from solver.heuristics.registry import HEURISTICS, members
 
 
 def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,14 +40,17 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
         help="for --objective memory: 1.2x (of the checkpoint-all cost) or a cost",
     )
     parser.add_argument(
-        "--time-limit", type=float, default=30.0, help="seconds for the exact solver (default 30)"
+        "--time-limit",
+        type=float,
+        default=30.0,
+        help="seconds for the exact solve (default 30), and as many for the heuristic rows",
     )
     parser.add_argument("--workers", type=int, default=8, help="CP-SAT workers (default 8)")
     parser.add_argument("--out", default=None, help="write the exact schedule to this JSON file")
     parser.add_argument(
         "--no-baselines",
         action="store_true",
-        help="solve only; skip the baseline rows of the table",
+        help="solve only; skip the heuristic rows of the table",
     )
     parser.add_argument("--quiet", action="store_true", help="no solver progress on stderr")
 
@@ -58,7 +61,7 @@ def _row(method: str, cost, total: float, peak, ref_peak: int, status: str, gap,
     peak_s = "-" if peak is None else f"{human_bytes(peak)} ({100 * peak / ref_peak:.0f}%)"
     gap_s = "-" if gap is None else f"{100 * gap:.2f}%"
     time_s = "-" if seconds is None else f"{seconds:.2f}s"
-    return f"{method:<18} {cost_s:>12} {over:>9} {peak_s:>22} {status:>10} {gap_s:>7} {time_s:>8}"
+    return f"{method:<26} {cost_s:>12} {over:>9} {peak_s:>22} {status:>10} {gap_s:>7} {time_s:>8}"
 
 
 def run_solve(args: argparse.Namespace, graph: nx.DiGraph) -> int:
@@ -94,7 +97,7 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph) -> int:
         )
     print()
     print(
-        f"{'method':<18} {'cost':>12} {'overhead':>9} {'peak (of ckpt-all)':>22} "
+        f"{'method':<26} {'cost':>12} {'overhead':>9} {'peak (of ckpt-all)':>22} "
         f"{'status':>10} {'gap':>7} {'time':>8}"
     )
     print(
@@ -110,41 +113,32 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph) -> int:
         )
     )
     if not args.no_baselines:
-        for method, family in _heuristics(args.objective, schedule.budget).items():
-            members = family(problem)
-            best = (
-                cheapest_within(members, schedule.budget)
-                if args.objective == "cost"
-                else smallest_within(members, schedule.compute_budget)
-            )
-            if best is None:
-                print(_row(method, None, problem.total_cost, None, ref_peak, "NO FIT", None, None))
-            else:
-                print(
-                    _row(
-                        method,
-                        best.schedule.cost,
-                        problem.total_cost,
-                        best.schedule.peak,
-                        ref_peak,
-                        "HEURISTIC",
-                        None,
-                        None,
-                    )
-                )
+        _heuristic_rows(args, problem, schedule, ref_peak)
     if args.out:
         schedule.save(args.out)
         print(f"\nschedule written to {args.out}", file=sys.stderr)
     return 0
 
 
-def _heuristics(objective: str, budget: int | None) -> dict[str, Callable[[Problem], list[Member]]]:
-    """The table's heuristic rows: every baseline family, and for objective "cost" under a
-    budget the heuristics run at that budget (eviction, backward search; they have no meaning
-    without one)."""
-    if objective != "cost" or budget is None:
-        return dict(BASELINES)
-    return {
-        **BASELINES,
-        **{name: partial(runs, budget=budget) for name, runs in BUDGETED.items()},
-    }
+def _heuristic_rows(args: argparse.Namespace, problem: Problem, schedule, ref_peak: int) -> None:
+    """One row per heuristic of `solver.HEURISTICS` at the schedule's budget, all of them
+    within `--time-limit` seconds more; "TIME" where the limit cut a heuristic short."""
+    budget = schedule.budget if args.objective == "cost" else None
+    deadline = Deadline.after(args.time_limit)
+    for method in HEURISTICS:
+        began = time.perf_counter()
+        family = members(problem, budget, [method], deadline).get(method)
+        if family is None:
+            continue  # it does not apply here (rotor off chains; eviction without a budget)
+        best = (
+            cheapest_within(family, schedule.budget)
+            if args.objective == "cost"
+            else smallest_within(family, schedule.compute_budget)
+        )
+        seconds = time.perf_counter() - began
+        status = "TIME" if deadline.passed() else "NO FIT"
+        if best is None:
+            print(_row(method, None, problem.total_cost, None, ref_peak, status, None, seconds))
+            continue
+        cost, peak = best.schedule.cost, best.schedule.peak
+        print(_row(method, cost, problem.total_cost, peak, ref_peak, "HEURISTIC", None, seconds))

@@ -35,4 +35,4 @@ class ScheduleMismatchError(RematError):
 
 
 class InvalidScheduleError(RematError):
-    """A schedule violates the execution semantics (see `solver.simulate`)."""
+    """A schedule violates the execution semantics (see `solver.core.simulate`)."""

@@ -85,7 +85,3 @@ def residual_demo(blocks: int = 3) -> nx.DiGraph:
     graph = training_graph(forward)
     graph.graph["name"] = "residual_demo"
     return graph
-
-
-DEMOS = {"residual": residual_demo}
-"""Example graphs that need no model capture, by name."""

@@ -1,4 +1,4 @@
-"""The memory/compute frontier: the exact solver and every baseline over a list of budgets."""
+"""The memory/compute frontier: the exact solver and every heuristic over a list of budgets."""
 
 from __future__ import annotations
 
@@ -6,13 +6,12 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from solver.baselines import cheapest_within
-from solver.budget import parse_budget
+from solver.core.budget import parse_budget
+from solver.core.graph import prepare
+from solver.core.stages import cheapest_within
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
-from solver.families import families
-from solver.graph import prepare
-from solver.warm_start import BUDGETED
+from solver.heuristics.registry import HEURISTICS, members
 
 
 @dataclass(frozen=True)
@@ -39,47 +38,46 @@ def frontier(
     time_limit: float = 60.0,
     workers: int = 8,
 ) -> list[FrontierPoint]:
-    """Solve every budget with the exact solver and each baseline (all by default).
+    """Solve every budget with the exact solver and each heuristic (all that apply by default).
 
-    `methods` picks among "exact", the names in `solver.BASELINES`, "rotor" (training graphs
-    of chains; see `solver.families`), "eviction" and "backward" (`solver.warm_start.BUDGETED`,
-    run at each budget).
-    Families are evaluated once and filtered per budget. A
-    method that cannot fit a budget gives a point with status "INFEASIBLE" (exact: proven),
-    "TIMEOUT" (exact: nothing found in time) or "NO FIT" (heuristic) and cost None.
+    `methods` picks among "exact" and the names of `solver.HEURISTICS` (rotor applies to the
+    training graphs of short chains only). Policy families are evaluated once and filtered per
+    budget; the heuristics run at a budget (eviction, backward) run at each. A method that
+    cannot fit a budget gives a point with status "INFEASIBLE" (exact: proven), "TIMEOUT"
+    (exact: nothing found in time) or "NO FIT" (heuristic) and cost None.
     """
     problem = prepare(graph)
-    available = families(problem)
-    names = methods or ["exact", *available, *BUDGETED]
-    unknown = set(names) - {"exact", *available, *BUDGETED}
+    applicable = [h.name for h in HEURISTICS.values() if h.applies(problem)]
+    names = methods or ["exact", *applicable]
+    unknown = set(names) - {"exact", *applicable}
     if unknown:
         raise ValueError(f"unknown or inapplicable methods {sorted(unknown)}")
-    chosen = {name: available[name] for name in names if name in available}
+    chosen = [name for name in names if name != "exact"]
+    policies = members(problem, None, [n for n in chosen if not HEURISTICS[n].at_budget])
     points = []
     for raw in budgets:
         budget = parse_budget(raw, problem)
         if "exact" in names:
-            try:
-                s = solve(graph, budget, time_limit=time_limit, workers=workers)
-                points.append(
-                    FrontierPoint("exact", budget, s.cost, s.peak, s.status, s.gap, s.solve_seconds)
-                )
-            except InfeasibleBudgetError:
-                points.append(FrontierPoint("exact", budget, None, None, "INFEASIBLE", None, 0.0))
-            except SolverTimeoutError:
-                points.append(FrontierPoint("exact", budget, None, None, "TIMEOUT", None, 0.0))
-        heuristics = dict(chosen)
-        for name, runs in BUDGETED.items():
-            if name in names:
-                heuristics[name] = runs(problem, budget)
-        for name, members in heuristics.items():
-            best = cheapest_within(members, budget)
+            points.append(_exact_point(graph, budget, time_limit, workers))
+        at_budget = members(problem, budget, [n for n in chosen if HEURISTICS[n].at_budget])
+        for name in chosen:
+            best = cheapest_within({**policies, **at_budget}[name], budget)
             if best is None:
                 points.append(FrontierPoint(name, budget, None, None, "NO FIT", None, 0.0))
             else:
-                points.append(
-                    FrontierPoint(
-                        name, budget, best.schedule.cost, best.schedule.peak, "FEASIBLE", None, 0.0
-                    )
+                schedule = best.schedule
+                point = FrontierPoint(
+                    name, budget, schedule.cost, schedule.peak, "FEASIBLE", None, 0.0
                 )
+                points.append(point)
     return points
+
+
+def _exact_point(graph: nx.DiGraph, budget: int, time_limit: float, workers: int) -> FrontierPoint:
+    try:
+        s = solve(graph, budget, time_limit=time_limit, workers=workers)
+    except InfeasibleBudgetError:
+        return FrontierPoint("exact", budget, None, None, "INFEASIBLE", None, 0.0)
+    except SolverTimeoutError:
+        return FrontierPoint("exact", budget, None, None, "TIMEOUT", None, 0.0)
+    return FrontierPoint("exact", budget, s.cost, s.peak, s.status, s.gap, s.solve_seconds)

@@ -11,12 +11,13 @@ Attribute mapping onto the solver contract (`mem` bytes, `cost`):
 
 Node ids are kept as they are in the file. The order is the nodes' order in the file when that
 is topological (Checkmate files list nodes in their topological order), else the deterministic
-lexicographic topological order of `solver.graph`.
+lexicographic topological order of `solver.core.graph`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable
 from pathlib import Path
 
 import networkx as nx
@@ -26,22 +27,41 @@ from solver.errors import GraphError
 _ATTRIBUTE_MAPS = (("mem", "cost"), ("cost_ram", "cost_cpu"), ("out_cost", "duration"))
 
 
-def graph_from_node_link(data: dict) -> nx.DiGraph:
-    """Build a solver graph from node-link data (see the module docstring for the mappings)."""
-    if not isinstance(data, dict) or "nodes" not in data:
+def _node_id(value: object, where: str) -> Hashable:
+    """A node id as the file gives it: a string or a number (JSON scalars), else GraphError."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise GraphError(f"{where}: node id {value!r} is not a string or a number")
+    return value
+
+
+def graph_from_node_link(data: object) -> nx.DiGraph:
+    """Build a solver graph from node-link data (see the module docstring for the mappings).
+
+    Raises GraphError, saying what is wrong, for anything that is not such data."""
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise GraphError("not a node-link graph: expected a JSON object with 'nodes' and 'links'")
     graph = nx.DiGraph()
-    for node in data["nodes"]:
+    for position, node in enumerate(data["nodes"]):
+        if not isinstance(node, dict):
+            raise GraphError(f"nodes[{position}] is {node!r}, not an object")
         key = "id" if "id" in node else "name"
         if key not in node:
-            raise GraphError(f"node {node!r} has neither an 'id' nor a 'name'")
-        attrs = {k: v for k, v in node.items() if k != key}
-        graph.add_node(node[key], **attrs)
-    for link in data.get("links", data.get("edges", [])):
+            raise GraphError(f"nodes[{position}] has neither an 'id' nor a 'name'")
+        v = _node_id(node[key], f"nodes[{position}]")
+        if v in graph:
+            raise GraphError(f"nodes[{position}]: node id {v!r} appears twice")
+        graph.add_node(v, **{str(k): a for k, a in node.items() if k != key})
+    links = data.get("links", data.get("edges", []))
+    if not isinstance(links, list):
+        raise GraphError(f"'links' is {type(links).__name__}, not a list of objects")
+    for position, link in enumerate(links):
+        if not isinstance(link, dict):
+            raise GraphError(f"links[{position}] is {link!r}, not an object")
         src = link["source"] if "source" in link else link.get("0")
         dst = link["target"] if "target" in link else link.get("1")
         if src is None or dst is None:
-            raise GraphError(f"link {link!r} has neither source/target nor '0'/'1' keys")
+            raise GraphError(f"links[{position}] has neither source/target nor '0'/'1' keys")
+        src, dst = _node_id(src, f"links[{position}]"), _node_id(dst, f"links[{position}]")
         if src not in graph or dst not in graph:
             raise GraphError(f"link {src!r} -> {dst!r} names a node that is not in 'nodes'")
         graph.add_edge(src, dst)
@@ -54,9 +74,16 @@ def graph_from_node_link(data: dict) -> nx.DiGraph:
         raise GraphError(
             "nodes need `mem` and `cost` (or Checkmate's cost_ram/cost_cpu, or out_cost/duration)"
         )
-    for key in ("order", "name"):
-        if key in data.get("graph", {}):
-            graph.graph[key] = data["graph"][key]
+    attributes = data.get("graph", {})
+    if not isinstance(attributes, dict):
+        raise GraphError(f"'graph' is {type(attributes).__name__}, not an object")
+    if "order" in attributes:
+        order = attributes["order"]
+        if not isinstance(order, list):
+            raise GraphError(f"graph attribute 'order' is {type(order).__name__}, not a list")
+        graph.graph["order"] = [_node_id(v, "graph attribute 'order'") for v in order]
+    if isinstance(attributes.get("name"), str):
+        graph.graph["name"] = attributes["name"]
     if "order" not in graph.graph:
         file_order = list(graph.nodes)
         position = {v: i for i, v in enumerate(file_order)}
@@ -70,7 +97,7 @@ def load_graph(path: str | Path) -> nx.DiGraph:
     path = Path(path)
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # unreadable, not UTF-8, not JSON
         raise GraphError(f"cannot read graph file {path}: {exc}") from exc
     try:
         graph = graph_from_node_link(data)

@@ -1,19 +1,20 @@
 """Shared helpers for the solver tests: where the published graphs are (../shared/graphs, used by
-path and skipped when absent), the check that a heuristic's plan is what it claims, and a patch
-that takes the read-gap cover out of the exact solver (tests of the stage-model paths, which the
-cover would otherwise short-cut where it is tight)."""
+path and skipped when absent), the check that a heuristic's plan is what it claims, and the
+options that take the read-gap cover out of the exact solver (tests of the stage-model paths,
+which the cover would otherwise short-cut where it is tight)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from unittest.mock import patch
 
-from solver import exact
-from solver.cover_bound import ReadGapCover
-from solver.simulate import simulate
+from solver import SolveOptions
+from solver.core.simulate import simulate
 
 GRAPHS = Path(__file__).resolve().parents[2] / "shared" / "graphs"
 RANDOM_250 = GRAPHS / "random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json"
+
+NO_COVER = SolveOptions(cover=False)
+"""The exact solver without the read-gap cover."""
 
 
 def check_within(graph, problem, budget: int, member) -> None:
@@ -27,6 +28,6 @@ def check_within(graph, problem, budget: int, member) -> None:
     assert abs(replay.cost - member.schedule.cost) < 1e-9
 
 
-def without_cover():
-    """Patch `solver.exact` to run without the read-gap cover (bound 0, no plan)."""
-    return patch.object(exact, "read_gap_cover", lambda *_, **__: ReadGapCover(0, None))
+def steps_run(schedule) -> list[str]:
+    """The names of the steps the exact search ran for `schedule`, in order."""
+    return [record["step"] for record in schedule.extra["steps"]]

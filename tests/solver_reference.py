@@ -6,6 +6,7 @@
   Pareto set of (cost, peak) pairs, so it answers both objectives.
 - `general_space_min_cost`: Dijkstra over every compute/free op sequence (not only staged ones):
   a lower bound on the stage-space optimum.
+Both count a compute's peak as the bytes live just after it plus the node's `transient` bytes.
 Both enumerate exponentially many plans: use them on graphs of at most about 6 nodes.
 """
 
@@ -45,12 +46,17 @@ def _stage_peak(graph, live_at_start, stage, keep_next):
         if v in live or any(u not in live for u in graph.predecessors(v)):
             return None
         live.add(v)
-        peak = max(peak, sum(graph.nodes[u]["mem"] for u in live))
+        peak = max(peak, sum(graph.nodes[u]["mem"] for u in live) + _transient(graph, v))
         later = stage[idx + 1 :]
         for u in (*graph.predecessors(v), v):
             if u not in keep_next and not any(w in later for w in graph.successors(u)):
                 live.discard(u)
     return peak
+
+
+def _transient(graph: nx.DiGraph, v) -> int:
+    """Bytes v's op holds while it runs beyond its inputs and output (0 when not given)."""
+    return graph.nodes[v].get("transient", 0)
 
 
 def stage_space_frontier(graph: nx.DiGraph) -> set[tuple[float, int]]:
@@ -115,7 +121,7 @@ def general_space_min_cost(graph: nx.DiGraph, budget: int) -> float | None:
             if v in live:
                 moves.append((c, (live - {v}, done)))
             elif all(u in live for u in graph.predecessors(v)) and (
-                sum(mem[u] for u in live) + mem[v] <= budget
+                sum(mem[u] for u in live) + mem[v] + _transient(graph, v) <= budget
             ):
                 moves.append((c + graph.nodes[v]["cost"], (live | {v}, done | {v})))
         for nc, state in moves:

@@ -9,12 +9,19 @@ from solver.examples import chain, training_graph
 
 mems = st.integers(min_value=0, max_value=8)
 costs = st.integers(min_value=0, max_value=5)
+transients = st.one_of(st.none(), st.integers(min_value=0, max_value=6))
+"""A node's transient bytes: absent (0) about half the time."""
 
 
 def _attach(graph: nx.DiGraph, draw) -> nx.DiGraph:
     for v in graph.nodes:
         graph.nodes[v]["mem"] = draw(mems)
         graph.nodes[v]["cost"] = draw(costs)
+        transient = draw(transients)
+        if transient is None:
+            graph.nodes[v].pop("transient", None)
+        else:
+            graph.nodes[v]["transient"] = transient
     return graph
 
 

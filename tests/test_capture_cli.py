@@ -15,6 +15,17 @@ def small_model() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return model, (torch.randn(4, 8),)
 
 
+def keyword_model() -> tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """A factory for --model returning keyword inputs too: model(x, input2=y)."""
+    return nn.Bilinear(8, 3, 2), (torch.randn(4, 8),), {"input2": torch.randn(4, 3)}
+
+
+def test_factory_may_return_keyword_inputs(capsys) -> None:
+    args = ["solve", "--model", f"{__name__}:keyword_model", "--budget", "100%"]
+    assert main([*args, "--time-limit", "5", "--quiet", "--no-baselines"]) == 0
+    assert "exact" in capsys.readouterr().out
+
+
 def test_profile_demo_prints_tables_and_saves_plot(tmp_path, capsys) -> None:
     pytest.importorskip("matplotlib")
     plot = tmp_path / "unet.png"

@@ -12,14 +12,14 @@ from graph_capture.accounting import (
     expected_graph_saved_bytes,
     graph_saved_bytes,
 )
-from graph_capture.demo_models import DEMOS
+from graph_capture.demos import MODELS, demo_model
 
 torch.set_num_threads(1)
 
 
-@pytest.mark.parametrize("name", sorted(DEMOS))
+@pytest.mark.parametrize("name", MODELS)
 def test_demo_replays_bit_identical_and_saves_the_eager_bytes(name: str) -> None:
-    model, inputs = DEMOS[name]()
+    model, inputs = demo_model(name)()
     graph = capture(model, inputs, repeats=1)
     assert graph.first_backward_index < len(graph.order)
     assert_exact_replay(model, inputs, graph)

@@ -140,3 +140,40 @@ def test_wrong_input_shape_names_the_difference() -> None:
     graph = capture(model, (torch.randn(2, 4),), repeats=1)
     with pytest.raises(CaptureError, match=r"input 0: captured with shape \(2, 4\)"):
         graph.run_plain(model, [torch.randn(3, 4)], graph.default_tangents())
+
+
+@torch.library.custom_op("remat_test::fails_on_real_tensors", mutates_args=())
+def fails_on_real_tensors(x: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("kernel refused these tensors")
+
+
+@fails_on_real_tensors.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+fails_on_real_tensors.register_autograd(lambda ctx, grad: grad)
+
+
+class CallsFailingOp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fails_on_real_tensors(self.lin(x)).sum()
+
+
+def test_op_failing_while_measured_names_the_op_and_module() -> None:
+    model = nn.Sequential(nn.Identity(), CallsFailingOp())
+    with pytest.raises(
+        CaptureError,
+        match=r"op remat_test.fails_on_real_tensors.default .* in module '1' failed on the "
+        r"example tensors: RuntimeError: kernel refused these tensors",
+    ):
+        capture(model, (torch.randn(2, 4),), repeats=1)
+
+
+def test_non_tensor_keyword_input_is_rejected() -> None:
+    with pytest.raises(CaptureError, match="example keyword input 'scale' is a float"):
+        capture(nn.Linear(4, 4), (torch.randn(2, 4),), {"scale": 0.5})

@@ -18,6 +18,7 @@ from graph_capture.accounting import (
     graph_saved_bytes,
 )
 from graph_capture.demo_models import Block, TinyUNet
+from graph_capture.lifted import LiftedConstant
 
 torch.set_num_threads(1)
 
@@ -313,3 +314,37 @@ def test_batchnorm_on_a_transposed_input_replays_bit_identical() -> None:
     torch.manual_seed(0)
     model, inputs = TransposedBatchNorm(), (torch.randn(2, 5, 8),)
     assert_exact_replay(model, inputs, capture(model, inputs, repeats=1))
+
+
+class PythonConstant(nn.Module):
+    """Builds a tensor from Python data in forward: torch.export lifts it as a constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+
+def test_lifted_constant_is_static_memory_and_replays_bit_identical() -> None:
+    model, x = PythonConstant().train(), torch.randn(3, 4)
+    graph = capture(model, (x,), repeats=1)
+    constants = [n for n in graph.joint.graph.nodes if isinstance(n.target, LiftedConstant)]
+    assert constants and graph.static_bytes["constants"] == 16
+    (group,) = {graph.node_group[n.name] for n in constants}  # folded into its reader, a copy
+    assert graph.dag.nodes[group]["mem"] == 16, "the constant itself counted as an activation"
+    assert_exact_replay(model, (x,), graph)
+
+
+def test_keyword_inputs_follow_the_positional_ones() -> None:
+    model, x, y = nn.Bilinear(4, 3, 2).train(), torch.randn(5, 4), torch.randn(5, 3)
+    graph = capture(model, (x,), {"input2": y}, repeats=1)
+    assert graph.kwarg_names == ("input2",) and len(graph.input_placeholders) == 2
+    torch.manual_seed(0)
+    result = graph.run_plain(model, [x], graph.default_tangents(), {"input2": y})
+    outputs, grads, _ = eager_reference(
+        model, [x], graph.default_tangents(), graph.tangent_output_indices, {"input2": y}
+    )
+    assert torch.equal(result.outputs[0], outputs[0])
+    assert all(torch.equal(result.param_grads[n], g) for n, g in grads.items())

@@ -14,9 +14,9 @@ from executor.memory import measure_peak
 from executor.module import Rematerialized, rematerialize
 from graph_capture import capture
 from solver import prepare
+from solver.core.schedule import Schedule, make_schedule
+from solver.core.stages import plan_from_keep, plan_to_ops
 from solver.errors import InvalidScheduleError, ScheduleMismatchError
-from solver.schedule import Schedule, make_schedule
-from solver.stages import plan_from_keep, plan_to_ops
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -152,8 +152,9 @@ def test_eval_mode_runs_the_model_itself(captured_small):
 
 
 @pytest.mark.parametrize("keep_every", [1, 3, 0])
-def test_measured_peak_is_within_the_measured_allowance_of_the_prediction(keep_every):
+def test_measured_peak_is_within_the_measured_allowance_of_the_prediction(keep_every, device):
     model, x = small_model(width=64)
+    model, x = model.to(device), x.to(device)
     captured = capture(model, [x])
     rm = Rematerialized(model, captured, keep_schedule(captured, keep_every))
     allowance = rm.peak_allowance([x])
@@ -165,7 +166,7 @@ def test_measured_peak_is_within_the_measured_allowance_of_the_prediction(keep_e
         torch.autograd.backward(rm(x), tangents)
 
     step()
-    measured = measure_peak(step).peak_bytes
+    measured = measure_peak(step, device).peak_bytes
     predicted = rm.schedule.peak
     assert predicted <= measured <= predicted + allowance["total"], (measured, allowance)
 
@@ -179,10 +180,13 @@ def gpt_captured():
 
 
 @pytest.mark.parametrize(("keep_every", "compiled"), [(3, True), (3, False), (0, True)])
-def test_demo_gpt_measured_peak_within_allowance(gpt_captured, keep_every, compiled):
+def test_demo_gpt_measured_peak_within_allowance(gpt_captured, keep_every, compiled, device):
     """Peaks in the backward slice too: a value the schedule frees there must be released."""
     model, inputs, captured = gpt_captured
     model = copy.deepcopy(model)
+    if device != "cpu":  # the fixture's capture is on the CPU
+        model, inputs = model.to(device), tuple(x.to(device) for x in inputs)
+        captured = capture(model, inputs)
     schedule = keep_schedule(captured, keep_every)
     rm = Rematerialized(model, captured, schedule, compiled=compiled)
     allowance = rm.peak_allowance(inputs)
@@ -193,7 +197,7 @@ def test_demo_gpt_measured_peak_within_allowance(gpt_captured, keep_every, compi
         rm(*inputs).backward()
 
     step()
-    measured = measure_peak(step).peak_bytes
+    measured = measure_peak(step, device).peak_bytes
     assert schedule.peak <= measured <= schedule.peak + allowance["total"], (measured, allowance)
 
 

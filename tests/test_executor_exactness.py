@@ -3,7 +3,8 @@
 Models are drawn from stacks of Linear / Conv / LayerNorm / BatchNorm / attention / dropout /
 GELU / residual blocks; schedules from "keep everything" (checkpoint-all) down to "keep nothing"
 (every forward value recomputed for every stage that needs it, i.e. many recomputes per node).
-Comparisons are `torch.equal` against the eager model with the same seed and one thread.
+Comparisons are `torch.equal` against the eager model with the same seed and one thread, on
+every available device (the `device` parameter: CPU, and CUDA where a GPU exists).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import solver
 from executor.module import Rematerialized
 from graph_capture import capture
 from solver import prepare, simulate
-from solver.schedule import Schedule, make_schedule
-from solver.stages import plan_from_keep, plan_to_ops
+from solver.core.schedule import Schedule, make_schedule
+from solver.core.stages import plan_from_keep, plan_to_ops
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -110,19 +111,27 @@ def eager_step(model, x, tangent, optimizer=None):
     return out.detach(), grads
 
 
+def rng_states(device: str) -> list[torch.Tensor]:
+    """The CPU generator's state, and the CUDA one's when `device` is "cuda"."""
+    cuda = [torch.cuda.get_rng_state()] if device == "cuda" else []
+    return [torch.get_rng_state(), *cuda]
+
+
 def assert_same_training(
-    model, x, schedule_of, steps: int, optimizer_cls=None, compiled: bool = True
+    model, x, schedule_of, steps: int, optimizer_cls=None, compiled: bool = True, device="cpu"
 ) -> None:
-    """`steps` steps of eager and of the rematerialized copy agree bit for bit."""
+    """`steps` steps of eager and of the rematerialized copy agree bit for bit on `device`."""
+    model, x = model.to(device), x.to(device)
     eager_model, remat_model = copy.deepcopy(model), copy.deepcopy(model)
     captured = capture(remat_model, [x])
     rm = Rematerialized(remat_model, captured, schedule_of(captured), compiled=compiled)
-    tangent = torch.randn(captured.output_specs[0].shape, generator=torch.Generator())
+    shape = captured.output_specs[0].shape
+    tangent = torch.randn(shape, generator=torch.Generator()).to(device)
     opt_e = optimizer_cls(eager_model.parameters()) if optimizer_cls else None
     opt_r = optimizer_cls(rm.parameters()) if optimizer_cls else None
     torch.manual_seed(1234)
     eager = [eager_step(eager_model, x, tangent, opt_e) for _ in range(steps)]
-    eager_rng = torch.get_rng_state()
+    eager_rng = rng_states(device)
     torch.manual_seed(1234)
     for k in range(steps):
         out, grads = eager_step(rm, x, tangent, opt_r)
@@ -131,7 +140,8 @@ def assert_same_training(
             remat_model.named_parameters(), grads, eager[k][1], strict=True
         ):
             assert torch.equal(g_r, g_e), f"step {k}: grad of {name} differs"
-    assert torch.equal(torch.get_rng_state(), eager_rng), "global RNG state differs after steps"
+    for got, want in zip(rng_states(device), eager_rng, strict=True):
+        assert torch.equal(got, want), "global RNG state differs after steps"
     for (name, a), b in zip(
         remat_model.state_dict().items(), eager_model.state_dict().values(), strict=True
     ):
@@ -147,7 +157,7 @@ def assert_same_training(
     compiled=st.booleans(),
 )
 def test_gradients_bit_identical_to_eager_for_any_keep_schedule(
-    family, data, keep_mask, seed, compiled
+    family, data, keep_mask, seed, compiled, device
 ):
     names = data.draw(
         st.lists(
@@ -158,14 +168,14 @@ def test_gradients_bit_identical_to_eager_for_any_keep_schedule(
     )
     model, x = build(family, names, seed)
     assert_same_training(
-        model, x, lambda c: keep_schedule(c, keep_mask), steps=1, compiled=compiled
+        model, x, lambda c: keep_schedule(c, keep_mask), steps=1, compiled=compiled, device=device
     )
 
 
 @pytest.mark.parametrize(
     ("keep", "compiled"), [([True], True), ([False], True), ([True, False, False], False)]
 )
-def test_parameters_bit_identical_after_steps_with_optimizer_and_dropout(keep, compiled):
+def test_parameters_bit_identical_after_steps_with_optimizer_and_dropout(keep, compiled, device):
     """Several optimizer steps: a stale dropout mask from step 2 on would break equality."""
     model, x = build("seq", ["dropout", "attention", "batchnorm", "residual"], 7)
     assert_same_training(
@@ -174,6 +184,8 @@ def test_parameters_bit_identical_after_steps_with_optimizer_and_dropout(keep, c
         lambda c: keep_schedule(c, keep),
         steps=4,
         optimizer_cls=lambda ps: torch.optim.Adam(ps, lr=1e-2),
+        compiled=compiled,
+        device=device,
     )
 
 
@@ -191,7 +203,7 @@ def with_repeated_computes(captured, schedule: Schedule, times: int) -> Schedule
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_schedule_recomputing_nodes_several_times_is_exact(compiled):
+def test_schedule_recomputing_nodes_several_times_is_exact(compiled, device):
     model, x = build("seq", ["dropout", "gelu", "linear", "dropout", "linear"], 3)
 
     def repeated(captured):
@@ -204,7 +216,13 @@ def test_schedule_recomputing_nodes_several_times_is_exact(compiled):
         return schedule
 
     assert_same_training(
-        model, x, repeated, steps=3, optimizer_cls=lambda ps: torch.optim.SGD(ps, lr=0.1)
+        model,
+        x,
+        repeated,
+        steps=3,
+        optimizer_cls=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        compiled=compiled,
+        device=device,
     )
 
 
@@ -241,7 +259,7 @@ def reversed_order_schedule(captured) -> Schedule:
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_random_nodes_drawn_out_of_eager_order_replay_eager_masks(compiled):
+def test_random_nodes_drawn_out_of_eager_order_replay_eager_masks(compiled, device):
     torch.manual_seed(0)
     model, x = TwoBranches().train(), torch.randn(3, 5, WIDTH)
     assert_same_training(
@@ -250,6 +268,8 @@ def test_random_nodes_drawn_out_of_eager_order_replay_eager_masks(compiled):
         reversed_order_schedule,
         steps=3,
         optimizer_cls=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        compiled=compiled,
+        device=device,
     )
 
 
@@ -266,9 +286,12 @@ def test_schedule_is_validated_by_the_simulator_before_running():
     fraction=st.floats(0.0, 1.0),
     seed=st.integers(0, 1000),
 )
-def test_solver_schedules_from_checkpoint_all_down_to_minimum_are_exact(names, fraction, seed):
+def test_solver_schedules_from_checkpoint_all_down_to_minimum_are_exact(
+    names, fraction, seed, device
+):
     """Budgets between the least-peak schedule found and the checkpoint-all peak."""
     model, x = build("seq", names, seed)
+    model, x = model.to(device), x.to(device)
     captured = capture(copy.deepcopy(model), [x])
     least = solver.minimum_peak(captured.dag, time_limit=2)
     full = solver.checkpoint_all_peak(prepare(captured.dag))
@@ -281,11 +304,13 @@ def test_solver_schedules_from_checkpoint_all_down_to_minimum_are_exact(names, f
         lambda c: schedule,
         steps=2,
         optimizer_cls=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        device=device,
     )
 
 
-def test_batchnorm_statistics_update_once_per_step_despite_recomputes():
+def test_batchnorm_statistics_update_once_per_step_despite_recomputes(device):
     model, x = build("conv", ["batchnorm", "gelu", "conv", "batchnorm"], 4)
+    model, x = model.to(device), x.to(device)
     captured = capture(copy.deepcopy(model), [x])
     schedule = with_repeated_computes(captured, keep_schedule(captured, [False]), times=1)
     rm = Rematerialized(model, captured, schedule)

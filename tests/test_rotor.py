@@ -7,9 +7,10 @@ import networkx as nx
 import pytest
 
 import solver
-from solver.baselines import BASELINES, cheapest_within
+from solver.core.stages import cheapest_within
 from solver.examples import chain, residual_demo, training_graph, uniform_training_chain
-from solver.rotor import NotAChainError, rotor, rotor_schedule
+from solver.heuristics.baselines import BASELINES
+from solver.heuristics.rotor import NotAChainError, rotor
 
 HETEROGENEOUS = [
     ([3, 1, 4, 1, 5], [2, 7, 1, 8, 2]),
@@ -60,13 +61,39 @@ def test_equal_to_exact_where_persistent_checkpoints_are_optimal(graph: nx.DiGra
         assert best is not None and best.schedule.cost == pytest.approx(exact.cost)
 
 
+@pytest.mark.parametrize("transients", [[0, 5, 0, 2, 0], [3, 0, 4, 0, 1]])
+def test_with_transient_bytes_members_pass_the_simulator_and_exact_is_no_worse(transients):
+    """Transient bytes on forward and gradient nodes: every member's peak (transients
+    included) is the simulator's, and at every budget the exact optimum is at most rotor's."""
+    graph = training_graph(chain([3, 1, 4, 1, 5], [2, 7, 1, 8, 2]))
+    for v, extra in zip(range(5), transients, strict=True):
+        graph.nodes[v]["transient"] = extra
+        graph.nodes[f"d{v}"]["transient"] = extra // 2
+    problem = solver.prepare(graph)
+    family = rotor(problem)
+    for member in family:
+        sim = solver.simulate(graph, [(k, problem.ids[i]) for k, i in member.schedule.ops])
+        sim.raise_if_invalid()
+        assert sim.peak == member.schedule.peak
+    peak = solver.checkpoint_all_peak(problem)
+    for budget in range(problem.memory_lower_bound, peak + 1, 2):
+        best = cheapest_within(family, budget)
+        try:
+            exact = solver.solve(graph, budget, time_limit=30)
+        except solver.InfeasibleBudgetError:
+            assert best is None
+            continue
+        assert exact.status == "OPTIMAL" and exact.peak <= budget
+        assert best is None or exact.cost <= best.schedule.cost + 1e-9
+
+
 def test_where_the_models_differ_exact_drops_a_checkpoint() -> None:
     """mems [1, 1, 4, 2, 4], costs [1, 5, 2, 4, 4] at 12 bytes: the exact schedule recomputes
     f2 from the checkpoint f1, frees f1 before d3 and recomputes f0, f1 for d2 (56); rotor keeps
     a segment's input checkpoint until the segment's backward is done (62)."""
     graph = training_graph(chain([1, 1, 4, 2, 4], [1, 5, 2, 4, 4]))
     exact = solver.solve(graph, 12, time_limit=30)
-    ours = rotor_schedule(graph, 12)
+    ours = solver.baseline(graph, "rotor", 12)
     assert exact.cost == 56 and ours is not None and ours.cost == 62
 
 

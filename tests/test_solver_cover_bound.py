@@ -1,4 +1,4 @@
-"""The read-gap cover (solver.cover_bound) against the exhaustive stage-space optimum: its bound
+"""The read-gap cover (solver.milp.cover) against the exhaustive stage-space optimum: its bound
 never exceeds the optimum's recompute cost, at every budget where the optimum changes, and the
 plan it suggests is a valid schedule that costs no less than the optimum."""
 
@@ -13,10 +13,11 @@ from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs, training_graphs
 
 import solver
-from solver.cover_bound import read_gap_cover, read_gap_model
-from solver.exact import integer_costs
+from solver.core.stages import checkpoint_all
+from solver.deadline import Deadline
 from solver.io import load_graph
-from solver.stages import checkpoint_all
+from solver.milp.cover import read_gap_cover, read_gap_model
+from solver.milp.units import CostUnits
 
 
 def _two_sinks() -> nx.DiGraph:
@@ -33,7 +34,8 @@ def _two_sinks() -> nx.DiGraph:
 )
 def test_the_cover_bound_never_exceeds_the_exhaustive_optimum(graph):
     problem = solver.prepare(graph)
-    int_cost, unit = integer_costs(problem)
+    units = CostUnits.of(problem)
+    int_cost, unit = units.int_cost, units.unit
     frontier = stage_space_frontier(graph)
     top = checkpoint_all(problem).peak
     budgets = {peak for _, peak in frontier} | {top - 1, problem.memory_lower_bound}
@@ -41,7 +43,7 @@ def test_the_cover_bound_never_exceeds_the_exhaustive_optimum(graph):
         optimum = min_cost_within(frontier, budget)
         if optimum is None:
             continue
-        cover = read_gap_cover(problem, budget, int_cost, time_limit=10, workers=2)
+        cover = read_gap_cover(problem, budget, int_cost, deadline=Deadline.after(10), workers=2)
         assert problem.total_cost + cover.bound * unit <= optimum + 1e-9
         if cover.member is not None:
             schedule = cover.member.schedule
@@ -64,7 +66,7 @@ def test_the_model_has_a_variable_per_read_gap_and_a_row_per_stage_over_the_budg
     assert lm.names == ["away[0,2..2]"]
     # stage 2: node 2 (3 bytes) + its input 1 (2) + value 0 crossing (4) = 9 > 8
     assert lm.rows == [([0], [4], 1, None)]
-    cover = read_gap_cover(problem, 8, [5, 5, 5, 5], time_limit=10, workers=2)
+    cover = read_gap_cover(problem, 8, [5, 5, 5, 5], deadline=Deadline.after(10), workers=2)
     assert cover.bound == 5 and cover.member is not None
     assert cover.member.schedule.peak == 8 and cover.member.schedule.cost == 25
 
@@ -75,7 +77,7 @@ def test_random_layered_250_at_80_percent_the_cover_is_below_the_moment_bound():
     if not RANDOM_250.exists():
         pytest.skip(f"{RANDOM_250} not present")
     problem = solver.prepare(load_graph(RANDOM_250))
-    int_cost, _ = integer_costs(problem)
+    int_cost = CostUnits.of(problem).int_cost
     budget = solver.parse_budget("80%", problem)
-    cover = read_gap_cover(problem, budget, int_cost, time_limit=20, workers=2)
+    cover = read_gap_cover(problem, budget, int_cost, deadline=Deadline.after(20), workers=2)
     assert cover.bound == 1828

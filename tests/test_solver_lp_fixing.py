@@ -10,21 +10,26 @@ from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs
 
 import solver
-from solver.cpsat import CpSatModel
-from solver.eviction import evict_within
-from solver.exact import integer_costs
-from solver.families import all_members
-from solver.formulation import LinearModel, ModelResult, build, hint_values, variable_count
-from solver.lp_fixing import reduced_cost_fixings, solve_relaxation
-from solver.mip import HighsMip
+from solver.deadline import Deadline
+from solver.heuristics.eviction import evict_within
+from solver.heuristics.registry import all_policies
+from solver.milp.cpsat import CpSatModel
+from solver.milp.formulation import build, variable_count
+from solver.milp.highs_mip import HighsMip
+from solver.milp.lp import reduced_cost_fixings, solve_relaxation
+from solver.milp.model import LinearModel, ModelResult
+from solver.milp.plans import hint_values
+from solver.milp.units import CostUnits
 
 
 def _cpsat(lm: LinearModel, fixed: dict[int, int], cap: int) -> ModelResult:
-    return CpSatModel(lm).solve(time_limit=30, workers=8, fixed=fixed, objective_cap=cap)
+    return CpSatModel(lm).solve(
+        deadline=Deadline.after(30), workers=8, fixed=fixed, objective_cap=cap
+    )
 
 
 def _highs(lm: LinearModel, fixed: dict[int, int], cap: int) -> ModelResult:
-    return HighsMip(lm).solve(time_limit=30, fixed=fixed, objective_cap=cap)
+    return HighsMip(lm).solve(deadline=Deadline.after(30), fixed=fixed, objective_cap=cap)
 
 
 @pytest.mark.parametrize("engine", [_cpsat, _highs], ids=["cpsat", "highs"])
@@ -33,21 +38,22 @@ def _highs(lm: LinearModel, fixed: dict[int, int], cap: int) -> ModelResult:
 def test_fixing_at_the_optimum_keeps_the_optimum(engine, graph):
     problem = solver.prepare(graph)
     frontier = stage_space_frontier(graph)
-    int_cost, unit = integer_costs(problem)
+    units = CostUnits.of(problem)
+    int_cost, unit = units.int_cost, units.unit
     assert unit == 1.0
     least = min(p for _, p in frontier)
     for budget in sorted({least, (least + solver.checkpoint_all_peak(problem)) // 2}):
         optimum = round(min_cost_within(frontier, budget)) - sum(int_cost)
         # Limit and cutoff at the optimum itself: the optimal schedule must survive both.
         lm = build(problem, budget, int_cost, recompute_limit=optimum)
-        lp = solve_relaxation(lm, time_limit=30)
+        lp = solve_relaxation(lm, deadline=Deadline.after(30))
         assert lp is not None and lp.objective <= optimum + 1e-6
         fixed = reduced_cost_fixings(lm, lp, optimum)
         result = engine(lm, fixed, optimum)
         assert result.status == "OPTIMAL" and result.objective == optimum
         # One below the optimum nothing may remain.
         lm = build(problem, budget, int_cost, recompute_limit=optimum - 1)
-        lp = solve_relaxation(lm, time_limit=30)
+        lp = solve_relaxation(lm, deadline=Deadline.after(30))
         fixed = {} if lp is None else reduced_cost_fixings(lm, lp, optimum - 1)
         assert engine(lm, fixed, optimum - 1).status == "INFEASIBLE"
 
@@ -63,7 +69,7 @@ def test_variable_count_is_the_size_of_the_built_model(graph, limit, first, mome
     """The stage model, and relaxations from a first stage with some stages bounded at their
     own node only."""
     problem = solver.prepare(graph)
-    int_cost, _ = integer_costs(problem)
+    int_cost = CostUnits.of(problem).int_cost
     budget = solver.checkpoint_all_peak(problem)
     stage_model = build(problem, budget, int_cost, limit)
     assert variable_count(problem, int_cost, limit) == len(stage_model.names)
@@ -80,10 +86,10 @@ def test_hint_of_a_heuristic_schedule_is_a_complete_solution(graph):
     model, for policies and eviction runs alike: CP-SAT then starts from the incumbent instead of
     searching for a first solution."""
     problem = solver.prepare(graph)
-    int_cost, _ = integer_costs(problem)
+    int_cost = CostUnits.of(problem).int_cost
     budget = (problem.memory_lower_bound + solver.checkpoint_all_peak(problem)) // 2
     evicted = evict_within(problem, budget)
-    for member in [*all_members(problem)[:3], *filter(None, [evicted])]:
+    for member in [*all_policies(problem)[:3], *filter(None, [evicted])]:
         recompute = sum(int_cost[i] for k, i in member.schedule.ops if k == "compute")
         recompute -= sum(int_cost)
         for lm in (build(problem, None, int_cost), build(problem, budget, int_cost, recompute)):
@@ -91,6 +97,6 @@ def test_hint_of_a_heuristic_schedule_is_a_complete_solution(graph):
                 continue
             hint = hint_values(lm, problem, member.plan)
             assert set(hint) | {0, 1} == set(range(len(lm.names)))  # all but "one" and "zero"
-            result = CpSatModel(lm).solve(time_limit=30, workers=1, fixed=hint)
+            result = CpSatModel(lm).solve(deadline=Deadline.after(30), workers=1, fixed=hint)
             assert result.status == "OPTIMAL"
             assert result.objective == (member.schedule.peak if lm.peak is not None else recompute)

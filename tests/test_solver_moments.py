@@ -3,24 +3,26 @@ uses it, checked against the exhaustive stage-space search of `solver_reference`
 
 from __future__ import annotations
 
-from unittest.mock import patch
+from dataclasses import replace
 
 import networkx as nx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from solver_checks import RANDOM_250, without_cover
+from solver_checks import NO_COVER, RANDOM_250
 from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs, training_graphs
 
 import solver
-from solver import exact
-from solver.cpsat import CpSatModel
-from solver.exact import integer_costs
+from solver import SolveOptions
+from solver.core.stages import checkpoint_all, complete_prefix, plan_to_ops
+from solver.deadline import Deadline
 from solver.examples import chain, training_graph
-from solver.formulation import build, plan_from_values
 from solver.io import load_graph
-from solver.stages import checkpoint_all, complete_prefix, plan_to_ops
+from solver.milp.cpsat import CpSatModel
+from solver.milp.formulation import build
+from solver.milp.plans import plan_from_values
+from solver.milp.units import CostUnits
 
 
 def _tight_budgets(problem) -> list[int]:
@@ -32,12 +34,13 @@ def _tight_budgets(problem) -> list[int]:
 
 
 def _moment_memories(problem) -> list[int]:
-    """Bytes live while checkpoint-all computes each node, read off its ops."""
+    """Bytes live while checkpoint-all computes each node (its transient bytes included), read
+    off its ops."""
     live, at = 0, []
     for kind, v in checkpoint_all(problem).ops:
         live += problem.mem[v] if kind == "compute" else -problem.mem[v]
         if kind == "compute":
-            at.append(live)
+            at.append(live + problem.transient[v])
     return at
 
 
@@ -62,14 +65,14 @@ def test_moment_relaxation_bounds_the_optimum_and_its_fitting_plans_are_optimal(
     exhaustive optimum (infeasible only when no schedule fits), and when its plan, completed
     without recomputation before the first stage, fits the budget it is an optimal schedule."""
     problem = solver.prepare(graph)
-    int_cost, _ = integer_costs(problem)
+    int_cost = CostUnits.of(problem).int_cost
     frontier = stage_space_frontier(graph)
     for budget in _tight_budgets(problem):
         expected = min_cost_within(frontier, budget)
         for first in {0, _first_tight_stage(problem, budget)}:
             stages = range(first, problem.n)
             lm = build(problem, budget, int_cost, first_stage=first, moment_stages=stages)
-            result = CpSatModel(lm).solve(time_limit=30, workers=8)
+            result = CpSatModel(lm).solve(deadline=Deadline.after(30), workers=8)
             if result.status == "INFEASIBLE":
                 assert expected is None
                 continue
@@ -92,46 +95,40 @@ def test_solving_through_the_moment_phase_reaches_the_exhaustive_optimum(graph):
     relaxation plan that does not fit leaves the rest to the stage model, with its bound."""
     frontier = stage_space_frontier(graph)
     problem = solver.prepare(graph)
-    with (
-        patch.object(exact, "MOMENT_LATE_SHARE", 0.0),
-        patch.object(exact, "MOMENT_MAX_VARIABLES", 10**9),
-    ):
-        for budget in _tight_budgets(problem):
-            expected = min_cost_within(frontier, budget)
-            try:
-                schedule = solver.solve(graph, budget, time_limit=30)
-            except solver.InfeasibleBudgetError:
-                assert expected is None
-                continue
-            assert schedule.status == "OPTIMAL"
-            assert schedule.cost == pytest.approx(expected)
-            assert solver.simulate(graph, schedule.ops).peak <= budget
+    forced = SolveOptions(moment_late_share=0.0, moment_max_variables=10**9)
+    for budget in _tight_budgets(problem):
+        expected = min_cost_within(frontier, budget)
+        try:
+            schedule = solver.solve(graph, budget, time_limit=30, options=forced)
+        except solver.InfeasibleBudgetError:
+            assert expected is None
+            continue
+        assert schedule.status == "OPTIMAL"
+        assert schedule.cost == pytest.approx(expected)
+        assert solver.simulate(graph, schedule.ops).peak <= budget
 
 
 def test_after_a_weak_lp_the_moment_phase_runs_and_the_answer_is_the_exhaustive_optimum():
-    """A training graph whose first overflow is early (stage 4 of 8): the relaxation does not
-    run before the stage model, but after its LP, which is weak there (the CP-SAT path,
-    `exact._probe`), and the answer is still the exhaustive optimum."""
+    """A training graph whose first overflow is at stage 4 of 8, under options that run the
+    relaxation first only past 60% of the stages: it runs after the stage model's LP, which is
+    weak there (the CP-SAT path, `solver.exact.probes`), and the answer is still the exhaustive
+    optimum."""
     graph = training_graph(chain([3, 9, 2, 7], [1, 2, 3, 1]))
     budget = 24
     expected = min_cost_within(stage_space_frontier(graph), budget)
-    firsts = []
-    relax = exact._relax
-
-    def spy(run, first, *args):
-        firsts.append(first)
-        return relax(run, first, *args)
-
-    with patch.object(exact, "_relax", spy), without_cover():
-        schedule = solver.solve(graph, budget, time_limit=30)
-    assert firsts == [4]
+    options = replace(NO_COVER, moment_late_share=0.6)
+    schedule = solver.solve(graph, budget, time_limit=30, options=options)
+    records = {record["step"]: record for record in schedule.extra["steps"]}
+    assert "moment_rounds" not in records["moment_relaxation"]
+    assert records["probes"]["moment_rounds"][0]["first_stage"] == 4
     assert schedule.status == "OPTIMAL" and schedule.cost == pytest.approx(expected)
     assert solver.simulate(graph, schedule.ops).peak <= budget
 
 
 def test_random_layered_250_at_90_percent_is_proven_through_the_moment_phase():
-    """Issue 6's random_layered n=250 row: first tight stage 213 of 250; proven in 40-60 s on 2
-    cores (see README), where the stage model alone ends at 60 s with a 0.5% gap."""
+    """Issue 6's random_layered n=250 row: first tight stage 213 of 250, where the relaxation
+    (17k variables) is small beside the stage model (190k) and its optimal plan fits: the proof
+    (`python -m benchmarks.solver_scale --rows random250` times it)."""
     if not RANDOM_250.exists():
         pytest.skip(f"{RANDOM_250} not present")
     graph = load_graph(RANDOM_250)
@@ -181,26 +178,18 @@ ROUNDS = [
 def test_a_relaxation_plan_over_the_budget_makes_its_stages_exact_and_is_solved_again(
     graph, budget
 ):
-    """Found by a random search: the first relaxation plan does not fit, so `_relax` solves
-    again with the offending stages exact (or starting earlier) and ends at the exhaustive
-    optimum, proven."""
+    """Found by a random search: the first relaxation plan does not fit, so `moments.relax`
+    solves again with the offending stages exact (or starting earlier) and ends at the
+    exhaustive optimum, proven."""
     expected = min_cost_within(stage_space_frontier(graph), budget)
     assert expected is not None
-    rounds = []
-
-    def spy(*args, **kwargs):
-        if "moment_stages" in kwargs:
-            rounds.append((kwargs["first_stage"], len(kwargs["moment_stages"])))
-        return build(*args, **kwargs)
-
-    with (
-        patch.object(exact, "MOMENT_LATE_SHARE", 0.0),
-        patch.object(exact, "evict_within", lambda *_: None),
-        patch.object(exact, "backward_within", lambda *_: None),
-        patch.object(exact, "build", spy),
-        without_cover(),
-    ):
-        schedule = solver.solve(graph, budget, time_limit=30)
+    options = replace(NO_COVER, moment_late_share=0.0, warm_starts=("policies",))
+    schedule = solver.solve(graph, budget, time_limit=30, options=options)
     assert schedule.status == "OPTIMAL" and schedule.cost == expected
     assert solver.simulate(graph, schedule.ops).peak <= budget
+    rounds = [
+        (r["first_stage"], r["exact_stages"])
+        for record in schedule.extra["steps"]
+        for r in record.get("moment_rounds", ())
+    ]
     assert len(rounds) >= 2 and rounds[1] != rounds[0]

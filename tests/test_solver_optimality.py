@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import math
-from unittest.mock import patch
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from solver_checks import without_cover
 from solver_reference import general_space_min_cost, min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs, training_graphs
 
 import solver
-from solver import exact
-from solver.baselines import BASELINES, cheapest_within
+from solver import SolveOptions
+from solver.core.stages import cheapest_within
+from solver.exact.probes import probes
+from solver.exact.stage_model import stage_model
 from solver.examples import uniform_training_chain
-from solver.families import all_members
+from solver.heuristics.baselines import BASELINES
+from solver.heuristics.registry import all_policies
+from solver.milp.lp import LpRelaxation
 
 TIME_LIMIT = 30.0
 
@@ -56,36 +59,33 @@ def test_exact_cost_equals_exhaustive_stage_search(graph):
         assert general is not None and general <= schedule.cost + 1e-9
 
 
-def _worst_member(problem, budget):
-    """The most expensive heuristic schedule within the budget: a poor incumbent, so that the
-    probes (not the warm start) have to find the optimum."""
-    fitting = [m for m in all_members(problem) if m.schedule.peak <= budget]
-    return max(fitting, key=lambda m: m.schedule.cost, default=None)
+def _poor_incumbent(search):
+    """Step: the most expensive policy schedule within the budget as the only warm start, so
+    that the probes (not the warm start) have to find the optimum."""
+    fitting = [
+        m
+        for m in all_policies(search.problem, each_use=True)
+        if m.schedule.peak <= search.goal.budget
+    ]
+    search.offer(max(fitting, key=lambda m: m.schedule.cost, default=None))
+    search.moments_ran = True  # no relaxation before the probes: they close the gap alone
+    return search
 
 
-def _no_lp(lm, time_limit):
-    """A valid but useless relaxation: bound 0 (costs are never negative), nothing fixed."""
-    return exact.LpRelaxation(0.0, [0.0] * len(lm.names), [0.0] * len(lm.names))
+def _useless_lp(search):
+    """Step: a valid but useless relaxation: bound 0 (costs are never negative), nothing fixed."""
+    size = len(search.model.names)
+    search.lp = LpRelaxation(0.0, [0.0] * size, [0.0] * size)
+    return search
 
 
 def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
     """Both probe engines (HiGHS's climbing caps, CP-SAT's run from the incumbent), each forced
     to close the whole gap from a bound of 0 and the worst heuristic incumbent, reach the
     exhaustive optimum."""
-    engines = {"highs": (exact.HighsMip, "solve_all"), "cpsat": (exact.CpSatModel, "solve")}
-    statuses: dict[str, list[str]] = {name: [] for name in engines}
-
-    def spy(name):
-        engine, method = engines[name]
-        original = getattr(engine, method)
-
-        def solve(self, *args, **kwargs):
-            results = original(self, *args, **kwargs)
-            many = results if isinstance(results, list) else [results]
-            statuses[name].extend(result.status for result in many)
-            return results
-
-        return patch.object(engine, method, solve)
+    statuses: dict[str, list[str]] = {"highs": [], "cpsat": []}
+    steps = (_poor_incumbent, stage_model, _useless_lp, probes)
+    forced = SolveOptions(steps=steps, cover=False, mip_min_variables=0)
 
     @settings(max_examples=10)
     @given(training_graphs(forward_nodes=4))
@@ -98,25 +98,16 @@ def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
             if expected is None:
                 continue
             for gap in (1.0, -1.0):  # every probe on HiGHS, then every probe on CP-SAT
-                with patch.object(exact, "MIP_GAP", gap):
-                    schedule = solver.solve(graph, budget, time_limit=TIME_LIMIT)
+                options = replace(forced, mip_gap=gap)
+                schedule = solver.solve(graph, budget, time_limit=TIME_LIMIT, options=options)
                 assert schedule.status == "OPTIMAL"
                 assert schedule.cost == pytest.approx(expected)
                 assert solver.simulate(graph, schedule.ops).peak <= budget
+                for record in schedule.extra["steps"]:
+                    statuses["highs"] += [status for _, status in record.get("highs_probes", ())]
+                    statuses["cpsat"] += [record["cpsat"]] if "cpsat" in record else []
 
-    with (
-        patch.object(exact, "MIP_MIN_VARIABLES", 0),
-        patch.object(exact, "evict_within", lambda *_: None),
-        patch.object(exact, "backward_within", lambda *_: None),
-        patch.object(exact, "cheapest_policy", _worst_member),
-        patch.object(exact, "rounded_members", lambda *_: []),
-        patch.object(exact, "evict_by_keep", lambda *_: None),
-        patch.object(exact, "solve_relaxation", _no_lp),
-        without_cover(),
-        spy("highs"),
-        spy("cpsat"),
-    ):
-        check()
+    check()
     # HiGHS climbs (refuted caps, then the optimum found under a cap); CP-SAT's one run from the
     # incumbent finds and proves the optimum.
     assert "INFEASIBLE" in statuses["highs"] and "OPTIMAL" in statuses["highs"]
@@ -175,7 +166,7 @@ def test_sqrt_segments_peak_follows_k_plus_n_over_k_and_exact_is_cheaper(n):
 def test_every_k_on_48_blocks_reproduces_the_seed_numbers():
     graph = uniform_training_chain(48)
     problem = solver.prepare(graph)
-    from solver.baselines import _keep_every, candidates
+    from solver.heuristics.baselines import _keep_every, candidates
 
     peaks = {k: _keep_every(problem, candidates(problem), k).schedule.peak for k in (4, 7)}
     assert peaks == {4: 16, 7: 14}  # k + n/k units: 4 + 12, 7 + 48/7 ~ 13.9

@@ -7,13 +7,10 @@ MobileNet: 162345 / 162680; ResNet50: 406110 / 406800).
 
 from __future__ import annotations
 
-from unittest.mock import patch
-
 import pytest
-from solver_checks import GRAPHS, without_cover
+from solver_checks import GRAPHS, NO_COVER, steps_run
 
 import solver
-from solver import exact
 from solver.io import load_graph
 
 
@@ -54,10 +51,10 @@ def test_published_optimum_is_reproduced_and_proven(name, budget, optimum):
 )
 def test_the_read_gap_cover_proves_the_optimum_without_a_stage_model(name, budget, optimum):
     """The cover's bound is the optimum here and the plan it suggests reaches it: proven in
-    0.1-0.4 s, no stage model built (see solver.cover_bound)."""
+    no stage model built (see solver.milp.cover)."""
     graph = _graph(name)
-    with patch.object(exact, "build", side_effect=AssertionError("stage model built")):
-        schedule = solver.solve(graph, budget, time_limit=60)
+    schedule = solver.solve(graph, budget, time_limit=60)
+    assert steps_run(schedule) == ["warm_start", "read_gap_cover"]  # then closed
     assert schedule.status == "OPTIMAL" and schedule.cost == optimum
     assert solver.simulate(graph, schedule.ops).peak <= schedule.budget
 
@@ -67,11 +64,10 @@ def test_the_read_gap_cover_proves_the_optimum_without_a_stage_model(name, budge
     [("MobileNet_512_224x224x3", "80%", 162680), ("ResNet50_256_224x224x3", "80%", 406800)],
 )
 def test_without_the_cover_the_stage_model_proves_the_same_optimum(name, budget, optimum):
-    """The stage model's LP, rounding and HiGHS probes alone (4-7 s and 14-27 s on 2 cores, see
-    README): a second, independent proof of the pinned optima."""
+    """The stage model's LP, rounding and HiGHS probes alone: a second, independent proof of the
+    pinned optima."""
     graph = _graph(name)
-    with without_cover():
-        schedule = solver.solve(graph, budget, time_limit=180)
+    schedule = solver.solve(graph, budget, time_limit=180, options=NO_COVER)
     assert schedule.status == "OPTIMAL" and schedule.cost == optimum
 
 

@@ -1,5 +1,5 @@
-"""LP rounding (solver.rounding) yields valid plans from any kept sets. (The exact solver runs it
-in its loop; tests/test_solver_optimality.py checks the optimum against the references.)"""
+"""LP rounding (solver.heuristics.rounding) yields valid plans from any kept sets. (The exact solver
+runs it in its loop; tests/test_solver_optimality.py checks the optimum against the references.)"""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from solver_strategies import small_graphs
 
 import solver
-from solver.rounding import rounded_members
-from solver.simulate import simulate
-from solver.stages import checkpoint_all, plan_from_kept_sets, plan_to_ops
+from solver.core.simulate import simulate
+from solver.core.stages import checkpoint_all, plan_from_kept_sets, plan_to_ops
+from solver.heuristics.rounding import rounded_members
 
 
 def _check(graph, problem, schedule) -> None:

@@ -1,0 +1,230 @@
+"""Checkmate-style stage plans and their translation into op sequences.
+
+A plan has one stage per node, in solver order. Stage t computes node t for the first time and,
+before it, any earlier nodes it needs that are not live (recomputations), each at most once and in
+topological order. `kept[t]` is the set of values live when stage t begins (carried over from
+earlier stages). Within a stage, values are freed as early as possible: a value is dropped right
+after its last use in the stage unless it is kept into the next stage; carried values with no use
+and not kept are dropped when the stage begins. For a given plan this eager freeing gives the
+lowest peak, so a plan determines its schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+
+from solver.core.graph import Problem
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """computed[t]: ascending node indices computed in stage t (the last one is t).
+    kept[t]: node indices live when stage t begins; kept[0] is empty, len(kept) == n + 1 and
+    kept[n] (after the last stage) is empty.
+    """
+
+    computed: tuple[tuple[int, ...], ...]
+    kept: tuple[frozenset[int], ...]
+
+    def cost(self, problem: Problem) -> float:
+        """Total cost of all computes (first computations and recomputations)."""
+        return sum(problem.cost[i] for stage in self.computed for i in stage)
+
+
+@dataclass(frozen=True)
+class IndexedSchedule:
+    """Ops over node indices with the peak (bytes, transients included) and cost they give,
+    computed on the fly; stage_peaks: the peak of each stage of the plan they came from (bytes:
+    the most, over the stage's computes, of the bytes live just after it plus its transient)."""
+
+    ops: tuple[tuple[str, int], ...]
+    peak: int
+    cost: float
+    stage_peaks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Member:
+    """A candidate schedule: what produced it (`param`, e.g. a heuristic's parameter), its plan
+    and the plan's ops."""
+
+    param: str
+    plan: StagePlan
+    schedule: IndexedSchedule
+
+
+def cheapest_within(members: Iterable[Member], budget: int | None) -> Member | None:
+    """The lowest-cost member whose peak fits `budget` bytes (ties: lower peak), or None."""
+    fitting = [m for m in members if budget is None or m.schedule.peak <= budget]
+    return min(fitting, key=lambda m: (m.schedule.cost, m.schedule.peak), default=None)
+
+
+def smallest_within(members: Iterable[Member], compute_budget: float | None) -> Member | None:
+    """The lowest-peak member whose cost fits `compute_budget` (ties: lower cost), or None."""
+    fitting = [
+        m
+        for m in members
+        if compute_budget is None or m.schedule.cost <= compute_budget * (1 + 1e-12)
+    ]
+    return min(fitting, key=lambda m: (m.schedule.peak, m.schedule.cost), default=None)
+
+
+def plan_to_ops(problem: Problem, plan: StagePlan) -> IndexedSchedule:
+    """Expand a plan into compute/free ops with eager frees; O(total ops * in-degree)."""
+    ops: list[tuple[str, int]] = []
+    live_bytes = 0
+    stage_peaks: list[int] = []
+    cost = 0.0
+    for t, stage in enumerate(plan.computed):
+        carried = plan.kept[t]
+        keep_next = plan.kept[t + 1]
+        last_use: dict[int, int] = {}
+        for k in stage:
+            last_use[k] = k
+            for p in problem.preds[k]:
+                last_use[p] = k
+        for i in sorted(carried):
+            if i not in last_use and i not in keep_next:
+                ops.append(("free", i))
+                live_bytes -= problem.mem[i]
+        stage_peaks.append(0)
+        for k in stage:
+            ops.append(("compute", k))
+            live_bytes += problem.mem[k]
+            stage_peaks[t] = max(stage_peaks[t], live_bytes + problem.transient[k])
+            cost += problem.cost[k]
+            for i in (*problem.preds[k], k):
+                if last_use.get(i) == k and i not in keep_next:
+                    ops.append(("free", i))
+                    live_bytes -= problem.mem[i]
+                    last_use[i] = -1  # freed once even if i appears twice in the list
+    return IndexedSchedule(tuple(ops), max(stage_peaks, default=0), cost, tuple(stage_peaks))
+
+
+def plan_from_keep(
+    problem: Problem, keep: Iterable[int], retain_recomputed: bool = True
+) -> StagePlan:
+    """The plan of a checkpoint policy: `keep` is the set of checkpointed nodes.
+
+    A node in `keep` stays live from its first computation until the last stage that reads it.
+    Any other node is dropped once its first pass is over: on a forward+backward graph after its
+    last forward user (Chen et al.: the forward pass runs as usual, dropping what is not a
+    checkpoint), on a graph without phases after its first user. When a later stage needs a
+    dropped node it is recomputed (with whatever of its inputs is missing) and then kept until
+    its last use, so a dropped segment is recomputed once. With retain_recomputed=False it is
+    dropped again after the stage that recomputed it (recomputed at every use: least memory,
+    most recomputation). keep = all nodes is checkpoint-all. O(n * (V + E)) in the worst case.
+    """
+    n = problem.n
+    keep_set = frozenset(keep)
+    end_of_first_pass = {}
+    for v in range(n):
+        users = [w for w in problem.succs[v] if not problem.backward[w]]
+        if v in keep_set:
+            end_of_first_pass[v] = n - 1
+        elif problem.has_phases:
+            end_of_first_pass[v] = max(users, default=v)
+        else:
+            end_of_first_pass[v] = min(problem.succs[v], default=v)
+    windows: dict[int, list[list[int]]] = {}  # node -> [start, end, last read] per live window
+    computed: list[tuple[int, ...]] = []
+
+    def live(v: int, t: int) -> list[int] | None:
+        for window in windows.get(v, ()):
+            if window[0] <= t <= window[1]:
+                return window
+        return None
+
+    for t in range(n):
+        needed = {t}
+        stack = [t]
+        while stack:
+            v = stack.pop()
+            for p in problem.preds[v]:
+                window = live(p, t)
+                if window is not None:
+                    window[2] = t
+                elif p not in needed:
+                    needed.add(p)
+                    stack.append(p)
+        computed.append(tuple(sorted(needed)))
+        for v in needed:
+            # A recomputed value is kept until its last use, or dropped when the stage ends.
+            recomputed_end = n - 1 if retain_recomputed else t
+            end = end_of_first_pass[v] if v == t else recomputed_end
+            windows.setdefault(v, []).append([t + 1, end, -1])
+    live_at: list[set[int]] = [set() for _ in range(n + 1)]
+    for v, ws in windows.items():
+        for start, _, last in ws:
+            for t in range(start, last + 1):
+                live_at[t].add(v)
+    live_at[0] = live_at[n] = set()
+    return StagePlan(tuple(computed), tuple(frozenset(s) for s in live_at))
+
+
+def stage_computes(
+    problem: Problem, targets: Iterable[int], live: Collection[int]
+) -> tuple[int, ...]:
+    """What a stage computes to have `targets` (none of them live): the targets and,
+    recursively, every input that is not in `live`, ascending."""
+    needed = set(targets)
+    stack = list(needed)
+    while stack:
+        for p in problem.preds[stack.pop()]:
+            if p not in live and p not in needed:
+                needed.add(p)
+                stack.append(p)
+    return tuple(sorted(needed))
+
+
+def _complete(problem: Problem, wanted: Sequence[frozenset[int]]) -> StagePlan:
+    """Stage t computes t and whatever (recursively) is missing for t and for wanted[t + 1]."""
+    n = problem.n
+    computed: list[tuple[int, ...]] = []
+    kept: list[frozenset[int]] = [frozenset()]
+    for t in range(n):
+        live = kept[t]
+        targets = [t, *(i for i in wanted[t + 1] if i not in live and i <= t)]
+        computed.append(stage_computes(problem, targets, live))
+        kept.append(frozenset(i for i in wanted[t + 1] if i <= t) if t + 1 < n else frozenset())
+    return StagePlan(tuple(computed), tuple(kept))
+
+
+def _drop_unread(problem: Problem, plan: StagePlan) -> list[frozenset[int]]:
+    """The kept sets without values that no later stage reads before they are dropped."""
+    kept = list(plan.kept)
+    for t in range(problem.n - 1, 0, -1):
+        read = {p for k in plan.computed[t] for p in problem.preds[k]}
+        kept[t] = frozenset(i for i in kept[t] if i in kept[t + 1] or i in read)
+    return kept
+
+
+def plan_from_kept_sets(problem: Problem, wanted: Sequence[Iterable[int]]) -> StagePlan:
+    """A valid plan keeping (at most) wanted[t] when stage t begins, t = 0..n; every value a
+    stage needs that is not kept is recomputed in it."""
+    first = _complete(problem, [frozenset(w) for w in wanted])
+    return _complete(problem, _drop_unread(problem, first))
+
+
+def complete_prefix(problem: Problem, plan: StagePlan, first_stage: int) -> StagePlan:
+    """`plan` with its stages before `first_stage` replaced by a pass without recomputation:
+    stage t < first_stage computes t alone and keeps each earlier value that a stage before
+    first_stage reads or that plan.kept[first_stage] holds (the moment relaxation's solutions
+    leave those stages empty, `solver.milp.formulation`)."""
+    carried = plan.kept[first_stage]
+    computed = [(t,) for t in range(first_stage)]
+    kept = [
+        frozenset(
+            i
+            for i in range(t)
+            if i in carried or any(t <= j < first_stage for j in problem.succs[i])
+        )
+        for t in range(first_stage)
+    ]
+    return StagePlan((*computed, *plan.computed[first_stage:]), (*kept, *plan.kept[first_stage:]))
+
+
+def checkpoint_all(problem: Problem) -> IndexedSchedule:
+    """Every node once, in order, each freed after its last user: no recomputation."""
+    return plan_to_ops(problem, plan_from_keep(problem, range(problem.n)))

@@ -1,0 +1,8 @@
+"""The exact search: `solve` as a pipeline of steps over one search state (`pipeline`,
+`state`), its tuning (`options`), and the steps (`warm_start`, `cover`, `moments`,
+`stage_model`, `probes`; objective "memory": `least_peak`; `infeasible`)."""
+
+from solver.exact.options import SolveOptions
+from solver.exact.pipeline import COST_STEPS, minimum_peak, solve
+
+__all__ = ["COST_STEPS", "SolveOptions", "minimum_peak", "solve"]

@@ -1,0 +1,86 @@
+"""Steps of objective "memory": the schedule of least peak within a compute budget.
+
+The floor starts at the one-line bound (`Problem.memory_lower_bound`: computing some node needs
+its output, its inputs and its transient bytes at once), so a heuristic that peaks there closes
+the search at once. The model is the stage model with the peak as its objective and the compute
+budget as its recompute limit, solved by CP-SAT from the best heuristic.
+"""
+
+from __future__ import annotations
+
+from solver.core.stages import Member, plan_from_keep, plan_to_ops
+from solver.errors import ComputeBudgetError
+from solver.exact.state import Search
+from solver.heuristics.least_peak import least_peak
+from solver.heuristics.registry import all_policies
+from solver.milp.cpsat import CpSatModel
+from solver.milp.formulation import build, variable_count
+from solver.milp.plans import hint_values, plan_from_values
+
+
+def begin(search: Search) -> Search:
+    """Refuse a compute budget below computing every node once; offer checkpoint-all (which
+    fits every other); the floor is the one-line bound."""
+    problem, limit = search.problem, search.goal.compute_budget
+    if limit is not None and limit < problem.total_cost * (1 - 1e-12):
+        raise ComputeBudgetError(
+            f"compute budget {limit:g} is below {problem.total_cost:g}, the cost of "
+            "computing every node once; no schedule can fit (use a budget >= 1.0x)"
+        )
+    plan = plan_from_keep(problem, range(problem.n))
+    search.offer(Member("checkpoint-all", plan, plan_to_ops(problem, plan)))
+    search.raise_floor(problem.memory_lower_bound)
+    return search
+
+
+def heuristic_least_peak(search: Search) -> Search:
+    """Step: the least-peak search over the heuristics run at a budget
+    (`solver.heuristics.least_peak`), within `SolveOptions.heuristic_share` of the limit."""
+    deadline = search.share_of_limit(search.options.heuristic_share)
+    search.offer(least_peak(search.problem, search.goal.compute_budget, deadline))
+    return search
+
+
+def checkpoint_policies(search: Search) -> Search:
+    """Step: every checkpoint-policy member (the recompute-at-each-use family included: it is
+    the least-memory end of the policies)."""
+    search.offer(*all_policies(search.problem, search.deadline, each_use=True))
+    return search
+
+
+def peak_model(search: Search) -> Search:
+    """Step: CP-SAT on the stage model with the peak as its objective, from the incumbent, for
+    the rest of the time; skipped above `SolveOptions.max_model_variables` variables."""
+    problem, units, incumbent = search.problem, search.units, search.incumbent
+    assert incumbent is not None
+    limit = None
+    if search.goal.compute_budget is not None:
+        limit = int(search.goal.compute_budget / units.unit + 1e-9) - units.first
+    size = variable_count(problem, units.int_cost, limit)
+    search.note(variables=size)
+    if size > search.options.max_model_variables:
+        return search
+    try:
+        model = build(problem, None, units.int_cost, limit, search.deadline)
+    except TimeoutError:
+        return search
+    result = CpSatModel(model).solve(
+        deadline=search.deadline,
+        workers=search.workers,
+        hint=hint_values(model, problem, incumbent.plan),
+        progress=search.engine_progress(),
+    )
+    search.note(cpsat=result.status)
+    if result.values is not None:
+        plan = plan_from_values(model, problem.n, result.values.__getitem__)
+        search.offer(Member("CP-SAT", plan, plan_to_ops(problem, plan)))
+    if result.status == "OPTIMAL":
+        assert result.objective is not None
+        search.raise_floor(result.objective)
+    elif result.status != "INFEASIBLE":
+        search.bound_within(result.bound, None)
+    return search
+
+
+STEPS = (heuristic_least_peak, checkpoint_policies, peak_model)
+"""The steps of objective "memory", in order, after `begin`."""

@@ -1,0 +1,82 @@
+"""`SolveOptions`: the tuning of the exact search, a frozen parameter of `solver.solve`.
+
+Every share is of seconds: "of the limit" counts from the start of the solve, "of the remaining
+time" from when the step begins. The defaults are the settings `python -m
+benchmarks.solver_scale` and `python -m benchmarks.time_limits` were run with; docs/solver.md
+says what each trades.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from solver.exact.state import Search
+
+Step = Callable[["Search"], "Search"]
+"""One step of the search: it takes the state and returns it (`solver.exact.pipeline`)."""
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """Tuning of `solver.solve`; the defaults suit graphs of up to a few thousand nodes.
+
+    Warm starts (`solver.exact.warm_start`):
+        warm_starts: the heuristics of `solver.heuristics.registry.HEURISTICS` the search starts
+            from, among "eviction", "backward" and "policies" (every checkpoint policy).
+        warm_start_share: share of the limit the backward searches may take.
+        heuristic_share: share of the limit the least-peak search (objective "memory") may take.
+    Bounds:
+        cover: solve the read-gap cover (`solver.exact.cover`).
+        cover_share: seconds the cover may take, as a share of the limit.
+        cover_workers: CP-SAT workers for the cover (one is deterministic: the same plan on
+            every run).
+    The moment relaxation (`solver.exact.moments`):
+        moment_late_share: it runs before the stage model when the first stage over the budget
+            in checkpoint-all comes after this share of the stages...
+        moment_max_variables: ...and it has at most this many variables (each round).
+    The stage model (`solver.exact.stage_model`):
+        max_model_variables: largest stage model built; above it the best heuristic comes back
+            with the bounds known without the model.
+        lp_share: share of the remaining time one LP relaxation may take.
+        lp_repeat_share: after a rounding beats the incumbent, the model is rebuilt at its cost
+            and its LP solved again while an LP takes less than this share of the remaining time.
+        rounding: round the LP's keep fractions into schedules.
+    Probes (`solver.exact.probes`):
+        mip_gap, mip_min_variables: HiGHS's branch and cut probes caps when the LP bound is
+            within mip_gap of the incumbent's recompute cost and the model has at least
+            mip_min_variables variables; CP-SAT searches otherwise.
+        probe_share: share of the remaining time one climbing HiGHS probe may take.
+        climb_first_step: the first cap is this share of the gap above the floor...
+        climb_growth: ...and the step grows by this factor after each refuted cap.
+        climb_pairs: probe two caps at once on two threads (the next and the one its refutation
+            would lead to).
+    steps: the cost pipeline's steps in order (None: `solver.exact.pipeline.COST_STEPS`); a step
+        is a function of the search state (`solver.exact.state.Search`) that returns it.
+    """
+
+    warm_starts: Sequence[str] = ("eviction", "backward", "policies")
+    warm_start_share: float = 0.5
+    heuristic_share: float = 0.1
+    cover: bool = True
+    cover_share: float = 0.1
+    cover_workers: int = 1
+    moment_late_share: float = 0.5
+    moment_max_variables: int = 160_000
+    max_model_variables: int = 1_500_000
+    lp_share: float = 0.5
+    lp_repeat_share: float = 0.1
+    rounding: bool = True
+    mip_gap: float = 0.5
+    mip_min_variables: int = 20_000
+    probe_share: float = 0.5
+    climb_first_step: float = 1 / 8
+    climb_growth: float = 1.5
+    climb_pairs: bool = True
+    steps: Sequence[Step] | None = None
+
+
+DEFAULT = SolveOptions()
+"""The default tuning."""

@@ -1,0 +1,191 @@
+"""`solve`: the exact search as a pipeline of steps over one search state.
+
+    solve(graph, budget)
+      Search(...)                     the state: incumbent, floor, deadline, cost units
+      warm_start.begin                checkpoint-all; closed where it fits; infeasible budgets
+      COST_STEPS, in order, while the search is open and the deadline has not passed:
+        warm_start.warm_start         eviction, backward search, checkpoint policies
+        cover.read_gap_cover          a floor and a plan without the stage model
+        moments.moment_relaxation     where the first overflow is late: the relaxation first
+        stage_model.stage_model       the stage model at the incumbent's cost
+        stage_model.lp_relaxation     its LP bound, roundings, rebuilt while they improve
+        probes.probes                 HiGHS's climbing caps, the relaxation, CP-SAT
+      finish                          the schedule, replayed and checked, with its proof
+
+Objective "memory" runs `least_peak.begin` and `least_peak.STEPS` the same way. Each step is a
+function that takes the state (`solver.exact.state.Search`) and returns it; the invariants it
+may rely on are the named notes of `solver.exact.state`. Adding a step (a bound, a presolve, a
+warm start) is writing one such function and listing it in COST_STEPS (or passing
+`SolveOptions(steps=...)`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import networkx as nx
+
+from solver.core.budget import human_bytes, parse_budget, parse_compute_budget
+from solver.core.graph import prepare
+from solver.core.schedule import Schedule, make_schedule
+from solver.deadline import Deadline
+from solver.errors import InvalidScheduleError, SolverTimeoutError
+from solver.exact import least_peak, warm_start
+from solver.exact.cover import read_gap_cover
+from solver.exact.moments import moment_relaxation
+from solver.exact.options import DEFAULT, SolveOptions
+from solver.exact.probes import probes
+from solver.exact.stage_model import lp_relaxation, stage_model
+from solver.exact.state import Goal, Search, run_steps
+from solver.milp.cpsat import ProgressFn, print_progress
+from solver.milp.units import CostUnits
+
+COST_STEPS = (
+    warm_start.warm_start,
+    read_gap_cover,
+    moment_relaxation,
+    stage_model,
+    lp_relaxation,
+    probes,
+)
+"""The steps of objective "cost", in order, after `warm_start.begin`."""
+
+
+def solve(
+    graph: nx.DiGraph,
+    budget: int | str | None = None,
+    *,
+    objective: str = "cost",
+    compute_budget: float | str | None = None,
+    time_limit: float = 60.0,
+    workers: int = 8,
+    progress: ProgressFn | bool | None = None,
+    options: SolveOptions = DEFAULT,
+) -> Schedule:
+    """The optimal schedule in the Checkmate stage space, or the best found by `time_limit`.
+
+    Args:
+        graph: DAG with `mem` (bytes), `cost` and optionally `transient` (bytes) on every node
+            (see `solver.core.graph`).
+        budget: peak-memory budget for objective="cost": bytes, or text like "512MiB" / "80%"
+            (of the checkpoint-all peak). None means unconstrained.
+        objective: "cost" (least total cost with peak <= budget) or "memory" (least peak with
+            total cost <= compute_budget).
+        compute_budget: for objective="memory": cost units, or text like "1.2x" (of the
+            checkpoint-all cost). None means unlimited.
+        time_limit: seconds, for everything (heuristics, bounds, models, the error paths): the
+            call returns by then plus what one engine call overruns its own limit (`python -m
+            benchmarks.time_limits` measures it). At the limit the best schedule found comes
+            back with status "FEASIBLE" and its proven bound.
+        workers: CP-SAT search workers (more than the cores still helps: the portfolio differs).
+        progress: True to print each improvement to stderr, or a ProgressFn (seconds, objective,
+            bound), in graph units (bytes for objective "memory").
+        options: the search's tuning (`SolveOptions`).
+
+    Returns a `Schedule` replayed by the independent simulator, within the budgets; status
+    "OPTIMAL" only with an exact certificate (NOTE [certificates] in `solver.exact.state`), its
+    `extra["steps"]` the steps that ran with their seconds and findings.
+
+    Raises:
+        InfeasibleBudgetError: no schedule fits the budget (names the minimum when it is found).
+        ComputeBudgetError: objective="memory" and the compute budget is below the total cost.
+        SolverTimeoutError: no schedule within the budget was found within the time limit.
+    """
+    started = time.perf_counter()
+    if objective not in ("cost", "memory"):
+        raise ValueError(f"objective must be 'cost' or 'memory', not {objective!r}")
+    if not time_limit > 0:
+        raise ValueError(f"time_limit must be a positive number of seconds, not {time_limit!r}")
+    problem = prepare(graph)
+    units = CostUnits.of(problem)
+    if objective == "cost":
+        goal = Goal("cost", units, budget=None if budget is None else parse_budget(budget, problem))
+    else:
+        limit = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
+        goal = Goal("memory", units, compute_budget=limit)
+    search = Search(
+        graph,
+        problem,
+        goal,
+        options,
+        workers,
+        Deadline(started + time_limit),
+        time_limit,
+        started,
+        print_progress if progress is True else (progress or None),
+    )
+    if objective == "cost":
+        steps = COST_STEPS if options.steps is None else tuple(options.steps)
+        search = run_steps(warm_start.begin(search), steps)
+    else:
+        search = run_steps(least_peak.begin(search), least_peak.STEPS)
+    return finish(search)
+
+
+def minimum_peak(
+    graph: nx.DiGraph,
+    *,
+    time_limit: float = 60.0,
+    workers: int = 8,
+    progress: ProgressFn | bool | None = None,
+    options: SolveOptions = DEFAULT,
+) -> Schedule:
+    """The schedule of least peak memory with unlimited recomputation (objective="memory")."""
+    return solve(
+        graph,
+        objective="memory",
+        time_limit=time_limit,
+        workers=workers,
+        progress=progress,
+        options=options,
+    )
+
+
+def finish(search: Search) -> Schedule:
+    """The incumbent as a `Schedule`: "OPTIMAL" when the search is closed, else "FEASIBLE" with
+    the floor as its bound. The warm starts still pending are evaluated first (within their
+    deadlines) unless the search is closed. The schedule is replayed by the simulator and
+    checked against the budgets (NOTE [checked]); without an incumbent, SolverTimeoutError says
+    what to change."""
+    if not search.closed:
+        search.run_pending()
+    goal, incumbent = search.goal, search.incumbent
+    if incumbent is None:
+        assert goal.budget is not None  # checkpoint-all fits every other goal
+        proven = goal.units.graph_cost(search.floor) - goal.units.graph_cost(0)
+        raise SolverTimeoutError(
+            f"no schedule within {human_bytes(goal.budget)} was found in "
+            f"{search.time_limit:g} s and no heuristic fits that budget"
+            + (f" (any schedule recomputes at least {proven:g} cost units)" if proven else "")
+            + (f"; {search.no_model}" if search.no_model else "")
+            + "; raise the time limit (--time-limit) or the budget"
+        )
+    optimal = search.closed
+    schedule = make_schedule(
+        search.graph,
+        search.problem,
+        incumbent.schedule,
+        method="exact",
+        objective=goal.objective,
+        status="OPTIMAL" if optimal else "FEASIBLE",
+        bound=None,
+        budget=goal.budget,
+        compute_budget=goal.compute_budget,
+        extra={"cost_unit": goal.units.unit, "found_by": incumbent.param, "steps": search.trace},
+    )
+    value = schedule.cost if goal.objective == "cost" else float(schedule.peak)
+    schedule.bound = value if optimal else min(value, goal.in_graph_units(search.floor))
+    if not (goal.fits(incumbent) and _within_budgets(schedule)):
+        raise InvalidScheduleError(
+            f"internal error: the schedule found ({incumbent.param}) does not meet the budgets "
+            f"when replayed (peak {schedule.peak}, cost {schedule.cost:g}); please report this"
+        )
+    schedule.solve_seconds = search.elapsed()
+    return schedule
+
+
+def _within_budgets(schedule: Schedule) -> bool:
+    """The replayed schedule's peak and cost against the budgets it was solved for."""
+    peak_ok = schedule.budget is None or schedule.peak <= schedule.budget
+    limit = schedule.compute_budget
+    return peak_ok and (limit is None or schedule.cost <= limit * (1 + 1e-12))

@@ -1,0 +1,72 @@
+"""Steps: where a search at a byte budget begins (objective "cost").
+
+`begin` settles the trivial cases: checkpoint-all is the first incumbent, and where it fits
+the search is closed at once (no schedule costs less than computing every node once); a budget
+below the one-line bound (`Problem.memory_lower_bound`) fits no schedule. `warm_start` then
+offers the heuristics run at the budget (NOTE [incumbent] in `solver.exact.state`).
+"""
+
+from __future__ import annotations
+
+from solver.core.stages import Member, plan_from_keep, plan_to_ops
+from solver.exact.infeasible import raise_infeasible
+from solver.exact.state import Search
+from solver.heuristics.backward import backward_runs
+from solver.heuristics.eviction import eviction_runs
+from solver.heuristics.registry import cheapest_policy
+
+
+def begin(search: Search) -> Search:
+    """Offer checkpoint-all (every node once, each freed after its last user), which closes the
+    search where it fits; raise `InfeasibleBudgetError` for a budget below the one-line bound;
+    record the first stage over the budget (`Search.first_tight`)."""
+    problem, budget = search.problem, search.goal.budget
+    plan = plan_from_keep(problem, range(problem.n))
+    everything = plan_to_ops(problem, plan)
+    search.offer(Member("checkpoint-all", plan, everything))
+    if search.closed or budget is None:
+        return search
+    if budget < problem.memory_lower_bound:
+        raise_infeasible(search)
+    search.first_tight = min(t for t, peak in enumerate(everything.stage_peaks) if peak > budget)
+    return search
+
+
+def moment_first(search: Search) -> bool:
+    """Whether the moment relaxation runs before the stage model: the first stage over the
+    budget comes late (`SolveOptions.moment_late_share`), so the relaxation, which models the
+    stages from there on only, is small (`solver.exact.moments`)."""
+    return search.first_tight >= search.options.moment_late_share * search.problem.n
+
+
+def warm_start(search: Search) -> Search:
+    """Step: the heuristics at the budget that `SolveOptions.warm_starts` names, within
+    `warm_start_share` of the limit. Eviction runs first (fast, and on the published graphs
+    within 0.1% of the optimum); the backward searches and the checkpoint policies wait in
+    `Search.pending` for the next engine call (evaluated beside it, on the other core), unless
+    nothing before them fits or the moment relaxation runs first (it takes the incumbent's cost
+    as its cap, so the cheapest incumbent pays there)."""
+    problem, budget, names = search.problem, search.goal.budget, search.options.warm_starts
+    assert budget is not None
+    deadline = search.share_of_limit(search.options.warm_start_share)
+    backward = [lambda: backward_runs(problem, budget, deadline)] if "backward" in names else []
+    policies = (
+        [lambda: _listed(cheapest_policy(problem, budget, False, deadline))]
+        if "policies" in names
+        else []
+    )
+    if "eviction" in names:
+        search.offer(*eviction_runs(problem, budget, deadline))
+    if search.incumbent is None or moment_first(search):
+        for work in backward:
+            search.offer(*work())
+        backward = []
+    if search.incumbent is None and policies:  # with the costly family as a last resort
+        search.offer(cheapest_policy(problem, budget, True, deadline))
+        policies = []
+    search.pending = [*backward, *policies]
+    return search
+
+
+def _listed(member: Member | None) -> list[Member]:
+    return [] if member is None else [member]

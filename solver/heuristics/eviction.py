@@ -1,0 +1,144 @@
+"""Eviction under a budget: a memory-aware heuristic for any DAG (DTR-like, with the future known).
+
+The graph runs stage by stage in solver order: stage t computes node t and, first, whatever of its
+inputs is not live, recursively. Every value stays live (as a cache that cuts later recomputations
+short) until computing a node would exceed the budget; then live values are evicted until it fits
+(its output and transient bytes included): values no later stage reads first (largest first), then
+the one with the most bytes times (a power of) the distance to its next read per unit of rebuild
+cost (its own cost plus that of its evicted ancestors it would need, counted along every path). A
+value read later in the current stage is never evicted, so the run is a `StagePlan`;
+`solver.core.stages.plan_from_kept_sets` then drops kept values no stage reads, which only lowers
+the peak. When everything live is needed for the next compute, that run fails.
+
+The checkpoint policies of `solver.heuristics.baselines` choose what to keep without looking at
+the budget; this heuristic spends the budget, so it fits where they cannot (random_layered n=250
+at 90% of the checkpoint-all peak: tests/test_solver_eviction.py).
+
+Every run stops at its `deadline` (`solver.deadline`) and then counts as stuck.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from solver.core.graph import Problem
+from solver.core.stages import (
+    Member,
+    cheapest_within,
+    plan_from_kept_sets,
+    plan_to_ops,
+    stage_computes,
+)
+from solver.deadline import NEVER, Deadline
+
+
+def _rebuild_costs(problem: Problem, live: set[int]) -> list[float]:
+    """For every node, what recomputing it would cost if it were evicted now: its own cost plus,
+    for each input that is not live, that input's rebuild cost (shared ancestors count once per
+    path: an over-estimate that ranks deep recomputations last). O(V + E)."""
+    rebuild = [0.0] * problem.n
+    for v in range(problem.n):  # solver order is topological
+        rebuild[v] = problem.cost[v] + sum(rebuild[p] for p in problem.preds[v] if p not in live)
+    return rebuild
+
+
+DISTANCE_EXPONENTS = (2.0, 1.0, 0.5, 0.0)
+"""The runs `evict_within` makes, one per weight of the distance to the next read: bytes times
+distance**e per unit of rebuild cost. No single exponent is best everywhere (FCN8 at 80% reaches
+its optimum only with e = 2, random_layered n=500 at 90% is 1.5x cheaper with e <= 1;
+`python -m benchmarks.solver_scale` lists eviction's cost beside the optimum)."""
+
+
+Chooser = Callable[[int, list[int], set[int]], int]
+"""Picks the value to evict at stage t among candidates (live, not read later in the stage, each
+read by a later stage), given the live set."""
+
+
+def _by_distance(problem: Problem, exponent: float) -> Chooser:
+    """The most bytes times distance**exponent to the next read per unit of rebuild cost."""
+
+    def choose(t: int, candidates: list[int], live: set[int]) -> int:
+        rebuild = _rebuild_costs(problem, live)
+
+        def score(v: int) -> tuple[float, int, int]:
+            later = next(j for j in problem.succs[v] if j > t)
+            weight = problem.mem[v] * (later - t) ** exponent
+            return (math.inf if rebuild[v] <= 0 else weight / rebuild[v], problem.mem[v], -v)
+
+        return max(candidates, key=score)
+
+    return choose
+
+
+def _run(
+    problem: Problem, budget: int, choose: Chooser, param: str, deadline: Deadline
+) -> Member | None:
+    """One eviction run at `budget` bytes, or None where it gets stuck or `deadline` passes."""
+    mem = problem.mem
+    live: set[int] = set()
+    live_bytes = 0
+    kept: list[frozenset[int]] = [frozenset()]
+    for t in range(problem.n):
+        if deadline.passed():
+            return None
+        stage = stage_computes(problem, [t], live)
+        reads: dict[int, int] = {}
+        for k in stage:
+            for p in problem.preds[k]:
+                reads[p] = reads.get(p, 0) + 1
+        for k in stage:
+            while live_bytes + mem[k] + problem.transient[k] > budget:
+                candidates = [v for v in live if not reads.get(v)]
+                if not candidates:
+                    return None
+                unread = [v for v in candidates if problem.last_user[v] <= t]
+                if unread:
+                    victim = max(unread, key=lambda v: (mem[v], -v))
+                else:
+                    victim = choose(t, candidates, live)
+                live.remove(victim)
+                live_bytes -= mem[victim]
+            live.add(k)
+            live_bytes += mem[k]
+            for p in problem.preds[k]:
+                reads[p] -= 1
+        kept.append(frozenset(live))
+    kept[-1] = frozenset()
+    plan = plan_from_kept_sets(problem, kept)
+    return Member(param, plan, plan_to_ops(problem, plan))
+
+
+def eviction_runs(problem: Problem, budget: int, deadline: Deadline = NEVER) -> list[Member]:
+    """The eviction runs at `budget` bytes that do not get stuck (or cut off by `deadline`), one
+    per DISTANCE_EXPONENTS (each peak is at most the budget): the heuristic as a family, for the
+    tables that list it beside the baselines. O(n * (V + E) * evictions per stage) per run."""
+    runs = [
+        _run(problem, budget, _by_distance(problem, e), f"budget={budget},e={e:g}", deadline)
+        for e in DISTANCE_EXPONENTS
+    ]
+    return [run for run in runs if run is not None]
+
+
+def evict_within(problem: Problem, budget: int, deadline: Deadline = NEVER) -> Member | None:
+    """The cheapest of `eviction_runs` at `budget` bytes, or None when all get stuck."""
+    return cheapest_within(eviction_runs(problem, budget, deadline), budget)
+
+
+def evict_by_keep(
+    problem: Problem,
+    budget: int,
+    keep_fraction: Sequence[dict[int, float]],
+    deadline: Deadline = NEVER,
+) -> Member | None:
+    """An eviction run at `budget` bytes that evicts the value kept least into the next stage by
+    a fractional keep (keep_fraction[t][i]: S[t,i] in [0, 1] of the LP relaxation, as for
+    `solver.heuristics.rounding`), or None where it gets stuck or `deadline` passes. Where
+    thresholds round the LP into plans over or under the budget, this spends the budget in the
+    LP's order (on MobileNet at 90% it gives the optimum from the first LP)."""
+
+    def choose(t: int, candidates: list[int], live: set[int]) -> int:
+        following = keep_fraction[t + 1]
+        return min(candidates, key=lambda v: (following.get(v, 0.0), -problem.mem[v], v))
+
+    return _run(problem, budget, choose, f"budget={budget},lp", deadline)

@@ -1,0 +1,65 @@
+"""The least-peak search: the heuristic schedule of least peak within a compute budget, found by
+bisecting the byte budget over the heuristics that run at one (eviction, backward search).
+
+It is the warm start of the exact solver's objective "memory" (`solver.exact.least_peak`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from solver.core.graph import Problem
+from solver.core.stages import Member, cheapest_within, checkpoint_all
+from solver.deadline import NEVER, Deadline
+from solver.heuristics.backward import backward_runs
+from solver.heuristics.eviction import eviction_runs
+
+
+def least_peak(
+    problem: Problem, compute_budget: float | None = None, deadline: Deadline = NEVER
+) -> Member | None:
+    """The heuristic run of least peak among runs whose cost is within `compute_budget` (None:
+    any), or None when none qualifies: an eviction run at the one-line bound when it fits (VGG),
+    else eviction runs bisecting the byte budget between that bound and the checkpoint-all peak
+    (to a thousandth of that peak), then backward searches bisecting below the best of those.
+    Eviction goes first because it is fast (a probe of a backward search that finds nothing
+    explores its whole state limit). Every run honours `deadline`, and the bisection stops
+    there. A run that fits a budget need not fit every larger one, so this is a heuristic
+    search: it keeps the best run it saw."""
+    low, high = problem.memory_lower_bound, checkpoint_all(problem).peak
+
+    def within(runs: list[Member], budget: int) -> Member | None:
+        if compute_budget is not None:
+            runs = [run for run in runs if run.schedule.cost <= compute_budget * (1 + 1e-12)]
+        return cheapest_within(runs, budget)
+
+    def evicted(budget: int) -> Member | None:
+        return within(eviction_runs(problem, budget, deadline), budget)
+
+    def backward(budget: int) -> Member | None:
+        return within(backward_runs(problem, budget, deadline), budget)
+
+    best = evicted(low)
+    if best is not None:  # nothing peaks lower than the one-line bound
+        return best
+    best = _bisect(evicted, low, high, deadline)
+    top = high if best is None else best.schedule.peak
+    return _bisect(backward, low, top, deadline) or best
+
+
+def _bisect(
+    fitting: Callable[[int], Member | None], low: int, high: int, deadline: Deadline
+) -> Member | None:
+    """The member of least peak `fitting` gave while bisecting budgets between low (assumed not
+    to fit) and high bytes, to a thousandth of high; None when none fitted."""
+    best = None
+    while high - low > max(1, high // 1000):
+        if deadline.passed():
+            break
+        middle = (low + high) // 2
+        member = fitting(middle)
+        if member is not None:
+            best, high = member, min(middle, member.schedule.peak)
+        else:
+            low = middle
+    return best
