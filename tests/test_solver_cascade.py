@@ -5,8 +5,6 @@ cover; and its LP bound is certified (solver.dual_bound) whatever the duals."""
 
 from __future__ import annotations
 
-import time
-
 import networkx as nx
 import numpy as np
 from hypothesis import given, settings
@@ -15,13 +13,14 @@ from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs, training_graphs
 
 import solver
-from solver.cascade import Crossings, cascade_bound, cascade_model, keep_fractions
-from solver.cover_bound import read_gap_cover
-from solver.dual_bound import certified_lp_bound, safe_bound
-from solver.eviction import evict_by_keep
-from solver.exact import integer_costs
-from solver.formulation import LinearModel
-from solver.stages import checkpoint_all
+from solver.core.stages import checkpoint_all
+from solver.deadline import Deadline
+from solver.heuristics.eviction import evict_by_keep
+from solver.milp.cascade import Crossings, cascade_bound, cascade_model, keep_fractions
+from solver.milp.cover import read_gap_cover
+from solver.milp.dual_bound import certified_lp_bound, safe_bound
+from solver.milp.model import LinearModel
+from solver.milp.units import CostUnits
 
 
 def _dead_chain() -> nx.DiGraph:
@@ -38,7 +37,8 @@ def _dead_chain() -> nx.DiGraph:
 
 def _bounds_hold(graph: nx.DiGraph) -> None:
     problem = solver.prepare(graph)
-    int_cost, unit = integer_costs(problem)
+    units = CostUnits.of(problem)
+    int_cost, unit = units.int_cost, units.unit
     frontier = stage_space_frontier(graph)
     top = checkpoint_all(problem).peak
     budgets = {peak for _, peak in frontier} | {top - 1, problem.memory_lower_bound}
@@ -46,9 +46,7 @@ def _bounds_hold(graph: nx.DiGraph) -> None:
         optimum = min_cost_within(frontier, budget)
         if optimum is None:
             continue
-        cascade = cascade_bound(
-            problem, budget, int_cost, deadline=time.perf_counter() + 10, workers=2
-        )
+        cascade = cascade_bound(problem, budget, int_cost, deadline=Deadline.after(10), workers=2)
         assert cascade.lp_bound <= cascade.bound
         assert problem.total_cost + cascade.bound * unit <= optimum + 1e-9
         if cascade.values is not None:  # its fractions guide a valid eviction run
@@ -69,9 +67,9 @@ def test_the_cascade_bound_never_exceeds_the_exhaustive_optimum(graph):
 def test_a_dead_input_chain_is_counted_where_the_read_gap_cover_misses_it():
     graph = _dead_chain()
     problem = solver.prepare(graph)
-    int_cost, _ = integer_costs(problem)
-    cover = read_gap_cover(problem, 11, int_cost, time_limit=10, workers=2)
-    cascade = cascade_bound(problem, 11, int_cost, deadline=time.perf_counter() + 10, workers=2)
+    int_cost = CostUnits.of(problem).int_cost
+    cover = read_gap_cover(problem, 11, int_cost, deadline=Deadline.after(10), workers=2)
+    cascade = cascade_bound(problem, 11, int_cost, deadline=Deadline.after(10), workers=2)
     optimum = min_cost_within(stage_space_frontier(graph), 11)
     assert (cover.bound, cascade.bound, optimum) == (1, 3, problem.total_cost + 3)
 
@@ -88,7 +86,7 @@ def test_the_certified_bound_holds_for_any_multipliers():
     assert safe_bound(lm, np.array([1.0, 1.0])).bound == 2
     for y in ([-5.0, 1.0], [10.0, 10.0], [0.0, 0.0], [0.5, 1.5]):
         assert safe_bound(lm, np.array(y)).bound <= 2
-    lp = certified_lp_bound(lm, 10)
+    lp = certified_lp_bound(lm, Deadline.after(10))
     assert lp is not None and lp.bound == 2
     # reduced costs (0, 0, 2): x2 = 1 costs at least 2 + 2 = 4, so it is 0 below a cap of 4
     assert lp.fixings(3) == {x[2]: 0} and lp.fixings(4) == {}

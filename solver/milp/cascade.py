@@ -50,10 +50,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from solver.cpsat import CpSatModel, ProgressFn
-from solver.dual_bound import certified_lp_bound
-from solver.formulation import LinearModel
-from solver.graph import Problem
+from solver.core.graph import Problem
+from solver.deadline import Deadline
+from solver.milp.cpsat import CpSatModel, ProgressFn
+from solver.milp.dual_bound import certified_lp_bound
+from solver.milp.model import LinearModel
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class Crossings:
                     gaps.append((i, previous + 1, read - 1))
                 previous = read
         excess = tuple(
-            _compute_floor(problem, t) + sum(mem[gaps[k][0]] for k in crossing[t]) - budget
+            problem.compute_floor(t) + sum(mem[gaps[k][0]] for k in crossing[t]) - budget
             for t in range(n)
         )
         last = tuple(max(users, default=v) for v, users in enumerate(problem.succs))
@@ -111,11 +112,6 @@ class CascadeModel:
     away: dict[tuple[int, int], int]
     kept_dead: dict[tuple[int, int], int]
     later: dict[tuple[int, int], int]
-
-
-def _compute_floor(problem: Problem, t: int) -> int:
-    """Bytes live when node t is computed in any schedule: t, its inputs and its transient."""
-    return problem.mem[t] + sum(problem.mem[p] for p in problem.preds[t])
 
 
 def cascade_model(
@@ -241,14 +237,15 @@ def cascade_bound(
     budget: int,
     int_cost: Sequence[int],
     *,
-    deadline: float,
+    deadline: Deadline,
     workers: int,
     cap: int | None = None,
     progress: ProgressFn | None = None,
     lp_share: float = 0.3,
+    rows: Sequence[int] = (),
 ) -> CascadeBound:
     """Lower bound on the recompute cost of every schedule within `budget` from the cascade
-    cover, by row generation until `deadline` (`time.perf_counter()` seconds): rows start at
+    cover, by row generation until `deadline`: rows start at
     the stage of largest excess, and the rows a solution breaks (`violated_rows`) are added,
     ROWS_PER_ROUND per round. Every round's bound is valid (any subset of rows is a relaxation),
     so the bound only rises.
@@ -260,11 +257,13 @@ def cascade_bound(
        until a solution breaks no row or the time is up. No solution within the cap proves
        that nothing costs at most the cap.
 
-    `progress` gets (seconds since the call, objective, bound) in `int_cost` units."""
+    `rows` (say, an earlier call's `model.rows`) are the rows to begin with, besides the stage
+    of largest excess. `progress` gets (seconds since the call, objective, bound) in `int_cost`
+    units."""
     started = time.perf_counter()
     crossings = Crossings.of(problem, budget)
     tight = crossings.tight
-    rows = [max(tight, key=crossings.excess.__getitem__)] if tight else []
+    rows = sorted({*rows, max(tight, key=crossings.excess.__getitem__)}) if tight else []
     model = cascade_model(problem, crossings, int_cost, rows)
     if not tight:
         return CascadeBound(0, 0, None, model)
@@ -274,17 +273,17 @@ def cascade_bound(
         if progress is not None:
             progress(time.perf_counter() - started, objective, max(lower, bound))
 
-    lp_deadline = started + lp_share * (deadline - started)
+    lp_deadline = deadline.share(lp_share)
     lp = None
     while True:
-        solved = certified_lp_bound(model.lm, lp_deadline - time.perf_counter())
+        solved = certified_lp_bound(model.lm, lp_deadline)
         if solved is None:
             break
         lp, lower = solved, max(lower, solved.bound)
         report(math.inf, lower)
         assert lp.values is not None
         broken = violated_rows(problem, model, lp.values)
-        if not broken or time.perf_counter() > lp_deadline:
+        if not broken or lp_deadline.passed():
             break
         rows += broken[:ROWS_PER_ROUND]
         model = cascade_model(problem, crossings, int_cost, rows)
@@ -293,9 +292,8 @@ def cascade_bound(
     values: Sequence[float] | None = None if lp is None else lp.values
     fixed = {} if lp is None or cap is None else lp.fixings(cap)
     while cap is None or lower <= cap:
-        left = deadline - time.perf_counter()
         result = CpSatModel(model.lm).solve(
-            time_limit=left,
+            deadline=deadline,
             workers=workers,
             fixed=fixed,
             hint=None if values is None else _hint(model, values),

@@ -20,14 +20,14 @@ safe bound.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, replace
 
 import highspy
 import numpy as np
 
-from solver.formulation import LinearModel
-from solver.lp_fixing import quiet_highs, scaled_lp
+from solver.deadline import Deadline
+from solver.milp.lp import quiet_highs, scaled_lp
+from solver.milp.model import LinearModel
 
 _ROUNDING = 2.0**-52
 """Relative error of one float64 operation, doubled for safety."""
@@ -95,16 +95,15 @@ def safe_bound(lm: LinearModel, y: np.ndarray) -> DualBound:
     return DualBound(max(0, math.ceil(base - 1e-9)), base, reduced, error)
 
 
-def certified_lp_bound(lm: LinearModel, time_limit: float) -> DualBound | None:
-    """Solve `lm`'s LP relaxation with HiGHS (dual simplex) within `time_limit` seconds and
+def certified_lp_bound(lm: LinearModel, deadline: Deadline) -> DualBound | None:
+    """Solve `lm`'s LP relaxation with HiGHS (dual simplex) by `deadline` and
     certify its bound from the row duals (`safe_bound`); None when HiGHS does not finish.
     Its objective must be >= 0 on the variables' box (costs are never negative)."""
-    started = time.perf_counter()
     scaled = scaled_lp(lm)
     highs = quiet_highs()
     for option, value in (
         ("output_flag", False),
-        ("time_limit", max(0.01, time_limit - (time.perf_counter() - started))),
+        ("time_limit", max(0.01, deadline.remaining())),
         ("solver", "simplex"),
         ("simplex_strategy", 1),
         ("presolve", "off"),

@@ -27,76 +27,27 @@ from __future__ import annotations
 
 import math
 import random
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from solver.baselines import Member
-from solver.graph import Problem
-from solver.stages import IndexedSchedule, StagePlan, plan_to_ops
-
-AT_USE, READ, LAST = 0, 1, 2
-"""`retain` values: how long a recomputed copy lives (module docstring)."""
-
-
-@dataclass(frozen=True)
-class Lifetimes:
-    """One assignment (module docstring): `end` and `retain` per value."""
-
-    end: tuple[int, ...]
-    retain: tuple[int, ...]
-
-    def with_end(self, v: int, stage: int) -> Lifetimes:
-        return Lifetimes((*self.end[:v], stage, *self.end[v + 1 :]), self.retain)
-
-    def with_retain(self, v: int, kind: int) -> Lifetimes:
-        return Lifetimes(self.end, (*self.retain[:v], kind, *self.retain[v + 1 :]))
+from solver.core.graph import Problem
+from solver.core.stages import (
+    AT_USE,
+    LAST,
+    IndexedSchedule,
+    Lifetimes,
+    Member,
+    StagePlan,
+    plan_from_lifetimes,
+    plan_to_ops,
+)
+from solver.deadline import Deadline
 
 
 def longest(problem: Problem) -> Lifetimes:
     """Every copy kept while any stage reads it: checkpoint-all's plan."""
     n = problem.n
     return Lifetimes((n - 1,) * n, (LAST,) * n)
-
-
-def plan_from_lifetimes(problem: Problem, lifetimes: Lifetimes) -> StagePlan:
-    """The stage plan of an assignment: stage t computes t and every missing input,
-    recursively; each copy is live from the stage after its computation through its last read
-    within its lifetime. O(total computes * in-degree)."""
-    n = problem.n
-    last_read = [max(users, default=v) for v, users in enumerate(problem.succs)]
-    end, retain = lifetimes.end, lifetimes.retain
-    copies: dict[int, list[list[int]]] = {}  # value -> [first live stage, end, last read]
-    computed: list[tuple[int, ...]] = []
-
-    def copy_at(v: int, t: int) -> list[int] | None:
-        for window in copies.get(v, ()):
-            if window[0] <= t <= window[1]:
-                return window
-        return None
-
-    for t in range(n):
-        needed = {t}
-        stack = [t]
-        while stack:
-            for q in problem.preds[stack.pop()]:
-                window = copy_at(q, t)
-                if window is not None:
-                    window[2] = t
-                elif q not in needed:
-                    needed.add(q)
-                    stack.append(q)
-        computed.append(tuple(sorted(needed)))
-        for v in needed:
-            until = end[v] if v == t else (t, last_read[v], n - 1)[retain[v]]
-            copies.setdefault(v, []).append([t + 1, until, -1])
-    live: list[set[int]] = [set() for _ in range(n + 1)]
-    for v, windows in copies.items():
-        for start, _, read in windows:
-            for t in range(start, read + 1):
-                live[t].add(v)
-    live[0] = live[n] = set()
-    return StagePlan(tuple(computed), tuple(frozenset(s) for s in live))
 
 
 def _evaluate(problem: Problem, lifetimes: Lifetimes) -> tuple[StagePlan, IndexedSchedule]:
@@ -144,42 +95,49 @@ def lifetime_search(
     budget: int,
     starts: Sequence[Lifetimes],
     *,
-    deadline: float,
+    deadline: Deadline,
     seed: int = 0,
     candidates: int = 6,
+    found: Callable[[Member], object] | None = None,
+    enough: Callable[[Member], bool] | None = None,
 ) -> Member | None:
-    """The cheapest plan within `budget` bytes found from `starts` by `deadline`
-    (`time.perf_counter()` seconds): repair, improve, then perturb-repair-improve rounds (module
-    docstring); None when no start could be repaired. `candidates`: moves evaluated per repair
-    step."""
+    """The cheapest plan within `budget` bytes found from `starts` by `deadline`: repair,
+    improve, then perturb-repair-improve rounds (module docstring); None when no start could be
+    repaired. `candidates`: moves evaluated per repair step. `found` is called with each
+    better plan as it comes; the search stops early once `enough(plan)` says its best plan cannot
+    be beaten."""
     rng = random.Random(seed)
     best: _Best | None = None
     pool = list(starts)
-    while time.perf_counter() < deadline:
+    while not deadline.passed() and not (best and enough and enough(_member(best))):
         if pool:
             start = pool.pop(0)
         elif best is not None:
             start = _perturbed(problem, best, rng)
         else:
             break
-        found = _repair(problem, budget, start, deadline, candidates)
-        if found is None:
+        repaired = _repair(problem, budget, start, deadline, candidates)
+        if repaired is None:
             continue
-        found = _improve(problem, budget, found, deadline)
-        if best is None or found.schedule.cost < best.schedule.cost - 1e-12:
-            best = found
-    if best is None:
-        return None
+        improved = _improve(problem, budget, repaired, deadline)
+        if best is None or improved.schedule.cost < best.schedule.cost - 1e-12:
+            best = improved
+            if found is not None:
+                found(_member(best))
+    return None if best is None else _member(best)
+
+
+def _member(best: _Best) -> Member:
     return Member("lifetime search", best.plan, best.schedule)
 
 
 def _repair(
-    problem: Problem, budget: int, lifetimes: Lifetimes, deadline: float, candidates: int
+    problem: Problem, budget: int, lifetimes: Lifetimes, deadline: Deadline, candidates: int
 ) -> _Best | None:
     """Moves values out of the highest stage until the plan fits (None if it cannot)."""
     plan, schedule = _evaluate(problem, lifetimes)
     while schedule.peak > budget:
-        if time.perf_counter() > deadline:
+        if deadline.passed():
             return None
         t = max(range(problem.n), key=schedule.stage_peaks.__getitem__)
         moves = _moves_out(problem, lifetimes, plan, t)
@@ -213,16 +171,16 @@ def _moves_out(
     return moves
 
 
-def _improve(problem: Problem, budget: int, best: _Best, deadline: float) -> _Best:
+def _improve(problem: Problem, budget: int, best: _Best, deadline: Deadline) -> _Best:
     """Lets values live longer (first copies to their next read or while read, recomputed
     copies retained more), costliest values first, while that is cheaper and still fits."""
     n = problem.n
     order = sorted(range(n), key=lambda v: -problem.cost[v])
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and not deadline.passed():
         improved = False
         for v in order:
-            if time.perf_counter() > deadline:
+            if deadline.passed():
                 break
             lifetimes = best.lifetimes
             later = [r for r in problem.succs[v] if r > lifetimes.end[v]]

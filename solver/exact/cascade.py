@@ -1,0 +1,98 @@
+"""Step: the cascade cover (`solver.milp.cascade`) and the lifetime search
+(`solver.heuristics.lifetimes`) from its solution, where recomputes cascade (op-level graphs)."""
+
+from __future__ import annotations
+
+import threading
+
+from solver.exact.state import Search
+from solver.heuristics.lifetimes import (
+    lifetime_search,
+    longest,
+    start_from_away,
+    start_from_plan,
+)
+from solver.milp.cascade import CascadeBound, away_stages, cascade_bound
+
+
+def cascade_cover(search: Search) -> Search:
+    """Step, for `SolveOptions.cascade_share` of the time limit (the read-gap cover must have
+    left the search open):
+
+    1. the cascade cover's bound by row generation (its LP rounds and the first CP-SAT round,
+       within `cascade_first_share` of the limit); it raises the floor (NOTE [certificates]: a
+       certified LP bound, or CP-SAT's);
+    2. then, on two threads until the step's deadline: CP-SAT raising the bound further (more
+       rows, under the incumbent's cost as a cap) and the lifetime search from the relaxation's
+       solution, the incumbent's plan and checkpoint-all's lifetimes, each better plan offered
+       as it comes (NOTE [incumbent]).
+
+    Skipped where no recompute in the cover's rows needs a dead input: the model is then the
+    read-gap cover, which has run (the published training graphs)."""
+    options = search.options
+    if not options.cascade:
+        return search
+    problem, budget, units = search.problem, search.goal.budget, search.units
+    assert budget is not None
+    progress = search.engine_progress(relaxation=True)
+    first = cascade_bound(
+        problem,
+        budget,
+        units.int_cost,
+        deadline=search.share_of_limit(options.cascade_first_share),
+        workers=search.workers,
+        cap=_cap(search),
+        progress=progress,
+    )
+    if len(first.model.later) == 0:  # no dead input: the read-gap cover's model
+        search.note(skipped="no dead inputs")
+        return search
+    search.raise_floor(first.bound)
+    search.note(lp_bound=first.lp_bound, bound=first.bound, rows=len(first.model.rows))
+    if search.closed:
+        return search
+    deadline = search.share_of_limit(options.cascade_share)
+    starts = [longest(problem)]
+    if first.values is not None:
+        starts.insert(0, start_from_away(problem, *away_stages(first.model, first.values)))
+    if search.incumbent is not None:
+        starts.append(start_from_plan(problem, search.incumbent.plan))
+    outcome: list[CascadeBound] = []
+    rows = first.model.rows
+
+    def raise_bound() -> None:
+        outcome.append(
+            cascade_bound(
+                problem,
+                budget,
+                units.int_cost,
+                deadline=deadline,
+                workers=search.workers,
+                cap=_cap(search),
+                progress=progress,
+                rows=rows,
+            )
+        )
+
+    thread = threading.Thread(target=raise_bound)
+    thread.start()
+    try:
+        lifetime_search(
+            problem,
+            budget,
+            starts,
+            deadline=deadline,
+            found=search.offer,
+            enough=lambda member: search.goal.value(member) <= search.floor,
+        )
+    finally:
+        thread.join()
+    if outcome:
+        search.raise_floor(outcome[0].bound)
+        search.note(bound=outcome[0].bound, rows=len(outcome[0].model.rows))
+    return search
+
+
+def _cap(search: Search) -> int | None:
+    """Costs above the incumbent's need no bound: the cap for the relaxation's search."""
+    return None if search.value is None else search.value - 1
