@@ -125,40 +125,62 @@ class Lifetimes:
         return Lifetimes(self.end, (*self.retain[:v], kind, *self.retain[v + 1 :]))
 
 
-def plan_from_lifetimes(problem: Problem, lifetimes: Lifetimes) -> StagePlan:
-    """The plan in which each copy lives as `lifetimes` says: stage t computes t and, first,
-    every input with no live copy, recursively; each copy is live from the stage after its
-    computation through its last read within its lifetime. Every such plan is valid.
-    O(n * (V + E)) in the worst case."""
+Window = list[int]
+"""One copy of a value: [first stage it is live in, last stage it may be read in, last stage
+it is read in (-1: none)]."""
+
+
+def lifetime_windows(
+    problem: Problem, lifetimes: Lifetimes
+) -> tuple[list[tuple[int, ...]], list[list[Window]], list[dict[int, Window]]]:
+    """What `plan_from_lifetimes` computes: per stage, the nodes computed (ascending); per value,
+    its copies (`Window`s, in order); per stage t, the copy each value read or computed in t
+    stands on (the one carried into t, or the one computed in t). O(total computes *
+    in-degree)."""
     n = problem.n
     last_read = [max(users, default=v) for v, users in enumerate(problem.succs)]
     end, retain = lifetimes.end, lifetimes.retain
-    windows: dict[int, list[list[int]]] = {}  # node -> [start, end, last read] per live window
+    windows: list[list[Window]] = [[] for _ in range(n)]
     computed: list[tuple[int, ...]] = []
+    serving: list[dict[int, Window]] = []
 
-    def live(v: int, t: int) -> list[int] | None:
-        for window in windows.get(v, ()):
+    def live(v: int, t: int) -> Window | None:
+        for window in windows[v]:
             if window[0] <= t <= window[1]:
                 return window
         return None
 
     for t in range(n):
         needed = {t}
+        used: dict[int, Window] = {}
         stack = [t]
         while stack:
             for p in problem.preds[stack.pop()]:
                 window = live(p, t)
                 if window is not None:
                     window[2] = t
+                    used[p] = window
                 elif p not in needed:
                     needed.add(p)
                     stack.append(p)
         computed.append(tuple(sorted(needed)))
         for v in needed:
             until = end[v] if v == t else (t, last_read[v], n - 1)[retain[v]]
-            windows.setdefault(v, []).append([t + 1, until, -1])
+            used[v] = [t + 1, until, -1]
+            windows[v].append(used[v])
+        serving.append(used)
+    return computed, windows, serving
+
+
+def plan_from_lifetimes(problem: Problem, lifetimes: Lifetimes) -> StagePlan:
+    """The plan in which each copy lives as `lifetimes` says: stage t computes t and, first,
+    every input with no live copy, recursively; each copy is live from the stage after its
+    computation through its last read within its lifetime. Every such plan is valid.
+    O(n * (V + E)) in the worst case."""
+    n = problem.n
+    computed, windows, _ = lifetime_windows(problem, lifetimes)
     live_at: list[set[int]] = [set() for _ in range(n + 1)]
-    for v, ws in windows.items():
+    for v, ws in enumerate(windows):
         for start, _, last in ws:
             for t in range(start, last + 1):
                 live_at[t].add(v)

@@ -34,10 +34,11 @@ from solver.core.graph import Problem
 from solver.core.stages import (
     AT_USE,
     LAST,
-    IndexedSchedule,
     Lifetimes,
     Member,
     StagePlan,
+    Window,
+    lifetime_windows,
     plan_from_lifetimes,
     plan_to_ops,
 )
@@ -50,9 +51,64 @@ def longest(problem: Problem) -> Lifetimes:
     return Lifetimes((n - 1,) * n, (LAST,) * n)
 
 
-def _evaluate(problem: Problem, lifetimes: Lifetimes) -> tuple[StagePlan, IndexedSchedule]:
-    plan = plan_from_lifetimes(problem, lifetimes)
-    return plan, plan_to_ops(problem, plan)
+@dataclass(frozen=True)
+class _Evaluation:
+    """An assignment's plan as the search needs it, without building the plan: its cost, its
+    per-stage peaks (as `plan_to_ops` gives them) and the copies, from `lifetime_windows`."""
+
+    lifetimes: Lifetimes
+    cost: float
+    stage_peaks: tuple[int, ...]
+    windows: list[list[Window]]
+
+    @property
+    def peak(self) -> int:
+        return max(self.stage_peaks, default=0)
+
+    def live_around(self, t: int) -> set[int]:
+        """Values live when stage t begins or carried out of it."""
+        return {
+            v
+            for v, copies in enumerate(self.windows)
+            if any(start <= u <= last for start, _, last in copies for u in (t, t + 1))
+        }
+
+    def member(self, problem: Problem) -> Member:
+        plan = plan_from_lifetimes(problem, self.lifetimes)
+        return Member("lifetime search", plan, plan_to_ops(problem, plan))
+
+
+def _evaluate(problem: Problem, lifetimes: Lifetimes) -> _Evaluation:
+    """The plan's cost and stage peaks from its copies: what is carried into each stage (a
+    difference array over the copies), then the stage's computes with eager frees, as
+    `plan_to_ops` runs them. O(total computes * in-degree)."""
+    n, mem = problem.n, problem.mem
+    computed, windows, serving = lifetime_windows(problem, lifetimes)
+    carried = [0] * (n + 2)
+    for v, copies in enumerate(windows):
+        for start, _, last in copies:
+            if last >= start:
+                carried[start] += mem[v]
+                carried[last + 1] -= mem[v]
+    peaks, live, cost = [], 0, 0.0
+    for t, stage in enumerate(computed):
+        live += carried[t]
+        bytes_now, peak = live, 0
+        last_use: dict[int, int] = {}
+        for k in stage:
+            last_use[k] = k
+            for p in problem.preds[k]:
+                last_use[p] = k
+        used = serving[t]
+        for k in stage:
+            bytes_now += mem[k]
+            peak = max(peak, bytes_now + problem.transient[k])
+            cost += problem.cost[k]
+            for i in {*problem.preds[k], k}:
+                if last_use[i] == k and used[i][2] < t + 1:  # not carried into t + 1
+                    bytes_now -= mem[i]
+        peaks.append(peak)
+    return _Evaluation(lifetimes, cost, tuple(peaks), windows)
 
 
 def start_from_away(problem: Problem, away: dict[int, int], kept: set[int]) -> Lifetimes:
@@ -83,13 +139,6 @@ def start_from_plan(problem: Problem, plan: StagePlan) -> Lifetimes:
     return Lifetimes(tuple(end), (LAST,) * n)
 
 
-@dataclass
-class _Best:
-    lifetimes: Lifetimes
-    plan: StagePlan
-    schedule: IndexedSchedule
-
-
 def lifetime_search(
     problem: Problem,
     budget: int,
@@ -104,12 +153,12 @@ def lifetime_search(
     """The cheapest plan within `budget` bytes found from `starts` by `deadline`: repair,
     improve, then perturb-repair-improve rounds (module docstring); None when no start could be
     repaired. `candidates`: moves evaluated per repair step. `found` is called with each
-    better plan as it comes; the search stops early once `enough(plan)` says its best plan cannot
-    be beaten."""
+    better plan as it comes; the search stops early once `enough(plan)` says it cannot be
+    beaten."""
     rng = random.Random(seed)
-    best: _Best | None = None
+    best: _Evaluation | None = None
     pool = list(starts)
-    while not deadline.passed() and not (best and enough and enough(_member(best))):
+    while not deadline.passed():
         if pool:
             start = pool.pop(0)
         elif best is not None:
@@ -120,49 +169,48 @@ def lifetime_search(
         if repaired is None:
             continue
         improved = _improve(problem, budget, repaired, deadline)
-        if best is None or improved.schedule.cost < best.schedule.cost - 1e-12:
+        if best is None or improved.cost < best.cost - 1e-12:
             best = improved
+            member = best.member(problem)
             if found is not None:
-                found(_member(best))
-    return None if best is None else _member(best)
-
-
-def _member(best: _Best) -> Member:
-    return Member("lifetime search", best.plan, best.schedule)
+                found(member)
+            if enough is not None and enough(member):
+                break
+    return None if best is None else best.member(problem)
 
 
 def _repair(
     problem: Problem, budget: int, lifetimes: Lifetimes, deadline: Deadline, candidates: int
-) -> _Best | None:
-    """Moves values out of the highest stage until the plan fits (None if it cannot)."""
-    plan, schedule = _evaluate(problem, lifetimes)
-    while schedule.peak > budget:
+) -> _Evaluation | None:
+    """Moves values out of the highest stage until the plan fits (None if it cannot): of the
+    `candidates` moves that free the most bytes per unit of their own cost, the one that adds
+    the least cost per byte it takes off that stage."""
+    current = _evaluate(problem, lifetimes)
+    while current.peak > budget:
         if deadline.passed():
             return None
-        t = max(range(problem.n), key=schedule.stage_peaks.__getitem__)
-        moves = _moves_out(problem, lifetimes, plan, t)
+        t = max(range(problem.n), key=current.stage_peaks.__getitem__)
+        moves = _moves_out(problem, current, t)
         if not moves:
             return None
         moves.sort(key=lambda m: -problem.mem[m[0]] / (problem.cost[m[0]] + 1e-12))
         tried = []
         for _, changed in moves[:candidates]:
-            trial_plan, trial = _evaluate(problem, changed)
-            lower = schedule.stage_peaks[t] - trial.stage_peaks[t]
+            trial = _evaluate(problem, changed)
+            lower = current.stage_peaks[t] - trial.stage_peaks[t]
             # cost added per byte taken off the peak stage; moves that take none off come last
-            price = (trial.cost - schedule.cost) / lower if lower > 0 else math.inf
-            key = (trial.peak > budget, price, trial.peak, trial.cost)
-            tried.append((key, changed, trial_plan, trial))
-        _, lifetimes, plan, schedule = min(tried, key=lambda x: x[0])
-    return _Best(lifetimes, plan, schedule)
+            price = (trial.cost - current.cost) / lower if lower > 0 else math.inf
+            tried.append(((trial.peak > budget, price, trial.peak, trial.cost), trial))
+        current = min(tried, key=lambda x: x[0])[1]
+    return current
 
 
-def _moves_out(
-    problem: Problem, lifetimes: Lifetimes, plan: StagePlan, t: int
-) -> list[tuple[int, Lifetimes]]:
+def _moves_out(problem: Problem, current: _Evaluation, t: int) -> list[tuple[int, Lifetimes]]:
     """Ways to take a value live at stage t out of it: end a first copy at its last read
     before t, or retain a recomputed copy less."""
+    lifetimes = current.lifetimes
     moves = []
-    for v in plan.kept[t] | plan.kept[t + 1]:
+    for v in current.live_around(t):
         if v < t <= lifetimes.end[v]:
             earlier = [r for r in problem.succs[v] if r < t]
             moves.append((v, lifetimes.with_end(v, max([v, *earlier]))))
@@ -171,7 +219,7 @@ def _moves_out(
     return moves
 
 
-def _improve(problem: Problem, budget: int, best: _Best, deadline: Deadline) -> _Best:
+def _improve(problem: Problem, budget: int, best: _Evaluation, deadline: Deadline) -> _Evaluation:
     """Lets values live longer (first copies to their next read or while read, recomputed
     copies retained more), costliest values first, while that is cheaper and still fits."""
     n = problem.n
@@ -192,24 +240,21 @@ def _improve(problem: Problem, budget: int, best: _Best, deadline: Deadline) -> 
             if lifetimes.retain[v] < LAST:
                 trials.append(lifetimes.with_retain(v, lifetimes.retain[v] + 1))
             for changed in trials:
-                plan, schedule = _evaluate(problem, changed)
-                if schedule.peak <= budget and schedule.cost < best.schedule.cost - 1e-12:
-                    best = _Best(changed, plan, schedule)
-                    improved = True
+                trial = _evaluate(problem, changed)
+                if trial.peak <= budget and trial.cost < best.cost - 1e-12:
+                    best, improved = trial, True
                     break
     return best
 
 
-def _perturbed(problem: Problem, best: _Best, rng: random.Random) -> Lifetimes:
-    """The best assignment with a few values moved: a first copy ended earlier or a
-    recomputed copy retained less at the peak stage, or one lifetime lengthened."""
+def _perturbed(problem: Problem, best: _Evaluation, rng: random.Random) -> Lifetimes:
+    """The best assignment with a few values moved: out of the peak stage or a random one,
+    and one lifetime lengthened to the longest."""
     lifetimes = best.lifetimes
-    t = max(range(problem.n), key=best.schedule.stage_peaks.__getitem__)
+    t = max(range(problem.n), key=best.stage_peaks.__getitem__)
     for _ in range(rng.randint(1, 3)):
-        moves = _moves_out(problem, lifetimes, best.plan, rng.randrange(problem.n))
-        moves += _moves_out(problem, lifetimes, best.plan, t)
+        moves = _moves_out(problem, best, rng.randrange(problem.n)) + _moves_out(problem, best, t)
         if moves:
             lifetimes = rng.choice(moves)[1]
-        v = rng.randrange(problem.n)
-        lifetimes = lifetimes.with_end(v, problem.n - 1)
+        lifetimes = lifetimes.with_end(rng.randrange(problem.n), problem.n - 1)
     return lifetimes
