@@ -43,6 +43,7 @@ from solver.core.stages import (
     plan_to_ops,
 )
 from solver.deadline import Deadline
+from solver.heuristics.eviction import rebuild_costs
 
 
 def longest(problem: Problem) -> Lifetimes:
@@ -168,7 +169,7 @@ def lifetime_search(
         repaired = _repair(problem, budget, start, deadline, candidates)
         if repaired is None:
             continue
-        improved = _improve(problem, budget, repaired, deadline)
+        improved = _improve(problem, budget, repaired, deadline, candidates)
         if best is None or improved.cost < best.cost - 1e-12:
             best = improved
             member = best.member(problem)
@@ -182,18 +183,34 @@ def lifetime_search(
 def _repair(
     problem: Problem, budget: int, lifetimes: Lifetimes, deadline: Deadline, candidates: int
 ) -> _Evaluation | None:
-    """Moves values out of the highest stage until the plan fits (None if it cannot): of the
-    `candidates` moves that free the most bytes per unit of their own cost, the one that adds
-    the least cost per byte it takes off that stage."""
+    """Moves values out of the highest stage until the plan fits (None if it cannot)."""
     current = _evaluate(problem, lifetimes)
     while current.peak > budget:
         if deadline.passed():
             return None
+        moved = _repair_steps(problem, budget, current, 1, candidates)
+        if moved is current:
+            return None
+        current = moved
+    return current
+
+
+def _repair_steps(
+    problem: Problem, budget: int, current: _Evaluation, steps: int, candidates: int
+) -> _Evaluation:
+    """Up to `steps` moves out of the highest stage while the plan overflows (the same plan when
+    there is none): of the `candidates` moves that free the most bytes per unit of rebuild cost
+    (the value's and its missing ancestors', `solver.heuristics.eviction.rebuild_costs`), the
+    one that adds the least cost per byte it takes off that stage."""
+    for _ in range(steps):
+        if current.peak <= budget:
+            break
         t = max(range(problem.n), key=current.stage_peaks.__getitem__)
         moves = _moves_out(problem, current, t)
         if not moves:
-            return None
-        moves.sort(key=lambda m: -problem.mem[m[0]] / (problem.cost[m[0]] + 1e-12))
+            break
+        rebuild = rebuild_costs(problem, current.live_around(t))
+        moves.sort(key=lambda m: -problem.mem[m[0]] / (rebuild[m[0]] + 1e-12))
         tried = []
         for _, changed in moves[:candidates]:
             trial = _evaluate(problem, changed)
@@ -219,9 +236,12 @@ def _moves_out(problem: Problem, current: _Evaluation, t: int) -> list[tuple[int
     return moves
 
 
-def _improve(problem: Problem, budget: int, best: _Evaluation, deadline: Deadline) -> _Evaluation:
+def _improve(
+    problem: Problem, budget: int, best: _Evaluation, deadline: Deadline, candidates: int
+) -> _Evaluation:
     """Lets values live longer (first copies to their next read or while read, recomputed
-    copies retained more), costliest values first, while that is cheaper and still fits."""
+    copies retained more), costliest values first, while that is cheaper and fits, at once or
+    after a short repair (`SWAP_STEPS`)."""
     n = problem.n
     order = sorted(range(n), key=lambda v: -problem.cost[v])
     improved = True
@@ -241,10 +261,18 @@ def _improve(problem: Problem, budget: int, best: _Evaluation, deadline: Deadlin
                 trials.append(lifetimes.with_retain(v, lifetimes.retain[v] + 1))
             for changed in trials:
                 trial = _evaluate(problem, changed)
+                if trial.peak > budget and trial.cost < best.cost - 1e-12:
+                    trial = _repair_steps(problem, budget, trial, SWAP_STEPS, candidates)
                 if trial.peak <= budget and trial.cost < best.cost - 1e-12:
                     best, improved = trial, True
                     break
     return best
+
+
+SWAP_STEPS = 2
+"""`_improve` lets a value live longer even where that overflows, if at most this many repair
+moves (`_repair_steps`) bring the plan back within the budget at a lower cost: a swap of a
+costly recompute for cheaper ones at the peak stage."""
 
 
 def _perturbed(problem: Problem, best: _Evaluation, rng: random.Random) -> Lifetimes:
