@@ -16,12 +16,14 @@ from collections.abc import Sequence
 import networkx as nx
 
 import solver
-from benchmarks.zoo import ZOO
 from solver.core.stages import plan_from_keep, plan_to_ops
 
 
 def block_paths(zoo_name: str) -> list[str]:
-    """Module paths of the zoo model's blocks, as graph nodes' `module` attributes spell them."""
+    """Module paths of the zoo model's blocks, as graph nodes' `module` attributes spell them
+    (builds the model: imports torch)."""
+    from benchmarks.zoo import ZOO
+
     bench = ZOO[zoo_name]()
     names = {id(module): name for name, module in bench.model.named_modules()}
     return [names[id(block)] for block in bench.blocks or ()]
