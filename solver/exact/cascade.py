@@ -13,11 +13,12 @@ from solver.heuristics.lifetimes import (
     start_from_plan,
 )
 from solver.milp.cascade import CascadeBound, away_stages, cascade_bound
+from solver.milp.formulation import variable_count
 
 
 def cascade_cover(search: Search) -> Search:
-    """Step, for `SolveOptions.cascade_share` of the time limit (the read-gap cover must have
-    left the search open):
+    """Step, for `SolveOptions.cascade_share` of the time limit (less where the stage model is
+    small, `_share`; the read-gap cover must have left the search open):
 
     1. the cascade cover's bound by row generation (its LP rounds and the first CP-SAT round,
        within `cascade_first_share` of the limit); it raises the floor (NOTE [certificates]: a
@@ -51,7 +52,7 @@ def cascade_cover(search: Search) -> Search:
     search.note(lp_bound=first.lp_bound, bound=first.bound, rows=len(first.model.rows))
     if search.closed:
         return search
-    deadline = search.share_of_limit(options.cascade_share)
+    deadline = search.share_of_limit(_share(search))
     starts = [longest(problem)]
     if first.values is not None:
         starts.insert(0, start_from_away(problem, *away_stages(first.model, first.values)))
@@ -91,6 +92,23 @@ def cascade_cover(search: Search) -> Search:
         search.raise_floor(outcome[0].bound)
         search.note(bound=outcome[0].bound, rows=len(outcome[0].model.rows))
     return search
+
+
+def _share(search: Search) -> float:
+    """The step's share of the limit: `cascade_share`, or `cascade_small_share` where the stage
+    model is small enough for the steps after it (the moment relaxation, the stage model's
+    probes) to search it (at most `cascade_small_model` variables; counted only on graphs of at
+    most SMALL_GRAPH nodes, where counting is quick: larger ones are never that small)."""
+    options, problem = search.options, search.problem
+    if problem.n <= SMALL_GRAPH:
+        size = variable_count(problem, search.units.int_cost, search.value)
+        if size <= options.cascade_small_model:
+            return options.cascade_small_share
+    return options.cascade_share
+
+
+SMALL_GRAPH = 400
+"""Nodes above which `_share` does not count the stage model's variables."""
 
 
 def _cap(search: Search) -> int | None:

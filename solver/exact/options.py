@@ -38,7 +38,9 @@ class SolveOptions:
         cascade_first_share: share of the limit its first bound (LP rounds, one CP-SAT round)
             may take...
         cascade_share: ...and the step as a whole (the bound rising on one thread, the lifetime
-            search on the other).
+            search on the other)...
+        cascade_small_share, cascade_small_model: ...or this share where the stage model has at
+            most this many variables, leaving the rest to the steps that search it.
     The moment relaxation (`solver.exact.moments`):
         moment_late_share: it runs before the stage model when the first stage over the budget
             in checkpoint-all comes after this share of the stages...
@@ -72,6 +74,8 @@ class SolveOptions:
     cascade: bool = True
     cascade_first_share: float = 0.15
     cascade_share: float = 0.8
+    cascade_small_share: float = 0.3
+    cascade_small_model: int = 50_000
     moment_late_share: float = 0.5
     moment_max_variables: int = 160_000
     max_model_variables: int = 1_500_000

@@ -119,9 +119,11 @@ def cascade_model(
     crossings: Crossings,
     int_cost: Sequence[int],
     rows: Sequence[int] | None = None,
+    timing: bool = True,
 ) -> CascadeModel:
     """The model of the module docstring with a row for each of `rows` (default: every stage
-    over the budget; any subset of them is still a relaxation), costs in `int_cost` units.
+    over the budget; any subset of them is still a relaxation), costs in `int_cost` units, and
+    with `timing` the second recomputes of crossing inputs (`_second_recomputes`).
     O(sum over rows of the values crossing them, plus the dead chains revived)."""
     mem, gaps, crossing, last = problem.mem, crossings.gaps, crossings.crossing, crossings.last
     rows = tuple(sorted(crossings.tight if rows is None else rows))
@@ -150,7 +152,7 @@ def cascade_model(
                 gap_var[k] = lm.var(f"x[{i},{gaps[k][1]}..{gaps[k][2]}]", 0, 1)
                 lm.objective[gap_var[k]] = int_cost[i]
             dead = [p for p in problem.preds[i] if mem[p] and last[p] <= t]
-            if not dead:
+            if not dead and not timing:
                 away[i, t] = gap_var[k]
                 continue
             away[i, t] = lm.var(f"a[{i},{t}]", 0, 1)
@@ -166,12 +168,49 @@ def cascade_model(
             lm.row([(1, later[p, t1]), (-1, later[p, t0])], None, 0)
         if int_cost[p]:
             lm.objective[later[p, stages[0]]] = int_cost[p]
+    if timing:
+        _second_recomputes(problem, crossings, int_cost, rows, lm, away)
     for t in rows:
         read = set(problem.preds[t])
         terms = [(mem[gaps[k][0]], away[gaps[k][0], t]) for k in crossing[t]]
         terms += [(-mem[p], kept[p, t]) for p in kept_at.get(t, ()) if p not in read]
         lm.row(terms, crossings.excess[t], None)
     return CascadeModel(lm, crossings, rows, gap_var, away, kept, later)
+
+
+def _second_recomputes(
+    problem: Problem,
+    crossings: Crossings,
+    int_cost: Sequence[int],
+    rows: Sequence[int],
+    lm: LinearModel,
+    away: dict[tuple[int, int], int],
+) -> None:
+    """Timing: v away at row t is recomputed at some s in (t, r], r its next read, and each
+    input p is live at s. If p crosses t in a gap that runs past r, is away at t (so its copy at
+    s was recomputed after t) and away at a row u in [r, its next read) (so that copy is gone by
+    u + 1), p is recomputed twice in that gap: a[v,t] + a[p,t] + a[p,u] - D[p,g] <= 2, D[p,g]
+    costing one more recompute of p (beyond the read-gap cover's x, in the same gap; beyond L,
+    which comes after p's last read)."""
+    gaps = crossings.gaps
+    gap_at = {(gaps[k][0], t): k for t in rows for k in crossings.crossing[t]}
+    twice: dict[int, int] = {}
+    for t in rows:
+        for k in crossings.crossing[t]:
+            v, _, last_row = gaps[k]
+            read = last_row + 1
+            for p in problem.preds[v]:
+                h = gap_at.get((p, t))
+                if h is None or gaps[h][2] < read:
+                    continue
+                later_rows = [u for u in rows if read <= u <= gaps[h][2]]
+                for u in later_rows:
+                    if h not in twice:
+                        twice[h] = lm.var(f"D[{p},{gaps[h][1]}..{gaps[h][2]}]", 0, 1)
+                        if int_cost[p]:
+                            lm.objective[twice[h]] = int_cost[p]
+                    terms = [(1, away[v, t]), (1, away[p, t]), (1, away[p, u]), (-1, twice[h])]
+                    lm.row(terms, None, 2)
 
 
 def violated_rows(
