@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import threading
+import time
 
+from solver.core.stages import Member
 from solver.exact.state import Search
+from solver.exact.warm_start import moment_first
 from solver.heuristics.lifetimes import (
     lifetime_search,
     longest,
@@ -26,10 +29,12 @@ def cascade_cover(search: Search) -> Search:
     2. then, on two threads until the step's deadline: CP-SAT raising the bound further (more
        rows, under the incumbent's cost as a cap) and the lifetime search from the relaxation's
        solution, the incumbent's plan and checkpoint-all's lifetimes, each better plan offered
-       as it comes (NOTE [incumbent]).
+       as it comes (NOTE [incumbent]); once the bound is final, the search stops when it has
+       not improved for `cascade_stall` of the limit, leaving the time to the next steps.
 
     Skipped where no recompute in the cover's rows needs a dead input: the model is then the
-    read-gap cover, which has run (the published training graphs)."""
+    read-gap cover, which has run (the published training graphs). Where the moment relaxation
+    runs next (`warm_start.moment_first`), only the first bound."""
     options = search.options
     if not options.cascade:
         return search
@@ -50,7 +55,9 @@ def cascade_cover(search: Search) -> Search:
         return search
     search.raise_floor(first.bound)
     search.note(lp_bound=first.lp_bound, bound=first.bound, rows=len(first.model.rows))
-    if search.closed:
+    if search.closed or moment_first(search):
+        # Where the moment relaxation runs next, it finds the plans (random_layered n=250 at
+        # 90%: the optimum); the lifetime search would only delay it.
         return search
     deadline = search.share_of_limit(_share(search))
     starts = [longest(problem)]
@@ -76,6 +83,18 @@ def cascade_cover(search: Search) -> Search:
         )
 
     thread = threading.Thread(target=raise_bound)
+    last_change = [time.perf_counter()]
+
+    def found(member: Member) -> None:
+        last_change[0] = time.perf_counter()
+        search.offer(member)
+
+    def stalled() -> bool:
+        """The bound is final and the search has not improved for `cascade_stall` of the
+        limit: the steps after this one may close the gap (the moment relaxation, probes)."""
+        quiet = time.perf_counter() - last_change[0]
+        return not thread.is_alive() and quiet > options.cascade_stall * search.time_limit
+
     thread.start()
     try:
         lifetime_search(
@@ -83,8 +102,9 @@ def cascade_cover(search: Search) -> Search:
             budget,
             starts,
             deadline=deadline,
-            found=search.offer,
+            found=found,
             enough=lambda member: search.goal.value(member) <= search.floor,
+            stop=stalled,
         )
     finally:
         thread.join()
@@ -114,3 +134,23 @@ SMALL_GRAPH = 400
 def _cap(search: Search) -> int | None:
     """Costs above the incumbent's need no bound: the cap for the relaxation's search."""
     return None if search.value is None else search.value - 1
+
+
+def lifetime_polish(search: Search) -> Search:
+    """Step, last: while the search is open and time is left, the lifetime search from the
+    incumbent's plan until the deadline (each better plan offered as it comes), so that the
+    whole limit is used."""
+    if not search.options.cascade or search.incumbent is None:
+        return search
+    problem, budget = search.problem, search.goal.budget
+    assert budget is not None
+    lifetime_search(
+        problem,
+        budget,
+        [start_from_plan(problem, search.incumbent.plan)],
+        deadline=search.deadline,
+        seed=1,
+        found=search.offer,
+        enough=lambda member: search.goal.value(member) <= search.floor,
+    )
+    return search

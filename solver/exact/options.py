@@ -41,6 +41,9 @@ class SolveOptions:
             search on the other)...
         cascade_small_share, cascade_small_model: ...or this share where the stage model has at
             most this many variables, leaving the rest to the steps that search it.
+        cascade_stall: once the cascade bound is final, the lifetime search stops when it has
+            not improved for this share of the limit (`lifetime_polish` takes it up again with
+            the time the later steps leave).
     The moment relaxation (`solver.exact.moments`):
         moment_late_share: it runs before the stage model when the first stage over the budget
             in checkpoint-all comes after this share of the stages...
@@ -76,6 +79,7 @@ class SolveOptions:
     cascade_share: float = 0.8
     cascade_small_share: float = 0.3
     cascade_small_model: int = 50_000
+    cascade_stall: float = 0.05
     moment_late_share: float = 0.5
     moment_max_variables: int = 160_000
     max_model_variables: int = 1_500_000

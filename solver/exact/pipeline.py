@@ -11,6 +11,7 @@
         stage_model.stage_model       the stage model at the incumbent's cost
         stage_model.lp_relaxation     its LP bound, roundings, rebuilt while they improve
         probes.probes                 HiGHS's climbing caps, the relaxation, CP-SAT
+        cascade.lifetime_polish       the lifetime search from the incumbent, to the deadline
       finish                          the schedule, replayed and checked, with its proof
 
 Objective "memory" runs `least_peak.begin` and `least_peak.STEPS` the same way. Each step is a
@@ -32,7 +33,7 @@ from solver.core.schedule import Schedule, make_schedule
 from solver.deadline import Deadline
 from solver.errors import InvalidScheduleError, SolverTimeoutError
 from solver.exact import least_peak, warm_start
-from solver.exact.cascade import cascade_cover
+from solver.exact.cascade import cascade_cover, lifetime_polish
 from solver.exact.cover import read_gap_cover
 from solver.exact.moments import moment_relaxation
 from solver.exact.options import DEFAULT, SolveOptions
@@ -50,6 +51,7 @@ COST_STEPS = (
     stage_model,
     lp_relaxation,
     probes,
+    lifetime_polish,
 )
 """The steps of objective "cost", in order, after `warm_start.begin`."""
 

@@ -150,16 +150,17 @@ def lifetime_search(
     candidates: int = 6,
     found: Callable[[Member], object] | None = None,
     enough: Callable[[Member], bool] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Member | None:
     """The cheapest plan within `budget` bytes found from `starts` by `deadline`: repair,
     improve, then perturb-repair-improve rounds (module docstring); None when no start could be
     repaired. `candidates`: moves evaluated per repair step. `found` is called with each
     better plan as it comes; the search stops early once `enough(plan)` says it cannot be
-    beaten."""
+    beaten, or when `stop()` says so between rounds."""
     rng = random.Random(seed)
     best: _Evaluation | None = None
     pool = list(starts)
-    while not deadline.passed():
+    while not deadline.passed() and not (stop is not None and not pool and stop()):
         if pool:
             start = pool.pop(0)
         elif best is not None:
