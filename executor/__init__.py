@@ -14,7 +14,7 @@ from executor.errors import (
     InputMismatchError,
     UnsupportedScheduleError,
 )
-from executor.memory import PeakMemory, measure_peak, median_seconds, op_scratch_bytes
+from executor.memory import PeakMemory, measure_peak, median_seconds
 from executor.module import Rematerialized, rematerialize
 
 __all__ = [
@@ -26,6 +26,5 @@ __all__ = [
     "UnsupportedScheduleError",
     "measure_peak",
     "median_seconds",
-    "op_scratch_bytes",
     "rematerialize",
 ]

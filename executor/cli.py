@@ -3,7 +3,7 @@
 remat solve GRAPH.json | --demo [NAME] | --model M:F   exact schedule vs heuristics (solver.cli)
 remat profile --demo gpt | --model M:F                  where the activation bytes are
                                                         (graph_capture.cli)
-remat run --demo gpt --budget 50%                       train under the schedule, measured
+remat run --demo gpt | --model M:F --budget 50%         train under the schedule, measured
                                                         (executor.run_command)
 
 Every failure a user can cause (a malformed file, an impossible budget, a bad option) ends in
@@ -58,7 +58,10 @@ SUBCOMMANDS = (
         run_profile,
     ),
     Subcommand(
-        "run", "train a demo model under a schedule; measured vs eager", add_run_arguments, run_run
+        "run",
+        "train a demo or your model under a schedule; measured vs eager",
+        add_run_arguments,
+        run_run,
     ),
 )
 """Every subcommand of `remat`, in the order `remat --help` lists them."""

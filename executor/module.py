@@ -33,10 +33,8 @@ from executor.checks import check_call
 from executor.codegen import compile_ops
 from executor.errors import UnsupportedScheduleError
 from executor.interpreter import ScheduleInterpreter, Step
-from executor.memory import op_scratch_bytes
 from graph_capture.captured import CapturedGraph
-from graph_capture.device import fork_rng, generator, no_autocast
-from graph_capture.fx_nodes import device_of
+from graph_capture.device import no_autocast
 from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
 
@@ -132,7 +130,6 @@ class _Program:
         self.grad_position_to_param = {i: index[n] for n, i in captured.param_grad_indices.items()}
         self.buffer_of_position = {i: n for n, i in captured.buffer_update_indices.items()}
         self.mutated_buffers = set(captured.buffer_update_indices)
-        self.output_storage_bytes: int | None = None  # of the last step's forward outputs
         self.kept_positions = set(captured.forward_output_indices) | set(
             captured.input_grad_indices.values()
         )
@@ -156,10 +153,7 @@ class _Program:
         """Run the forward part; returns the forward outputs. Leaves the RNG where eager would."""
         self.run_forward(step)
         step.rng.finish()
-        outputs = [step.results.pop(i) for i in self.captured.forward_output_indices]
-        storages = {o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in outputs}
-        self.output_storage_bytes = sum(storages.values())
-        return outputs
+        return [step.results.pop(i) for i in self.captured.forward_output_indices]
 
     def backward(self, step: Step, tangents: Sequence[torch.Tensor]) -> dict[int, object]:
         """Run the rest with the output gradients; returns the results (input grads etc.)."""
@@ -281,62 +275,11 @@ class Rematerialized(nn.Module):
 
     @property
     def predicted_peak_bytes(self) -> int:
-        """The solver's peak of live activation/gradient bytes for this schedule."""
+        """The schedule's peak (`solver.simulate`): live values plus the transient bytes of the
+        op running. With capture's transients (each op's measured workspace and the bytes this
+        executor holds beside the values) it is what the step measures above its start, with
+        ``.grad`` allocated before the step (docs/executor.md, "The byte budget")."""
         return self.schedule.peak
-
-    @property
-    def bookkeeping_bytes(self) -> int:
-        """Bytes the executor holds per step beyond the schedule's values: one generator state
-        per random node (its device's) and a snapshot of each buffer the step mutates."""
-        interpreter = self._program.interpreter
-        states = sum(
-            generator(device_of(interpreter.nodes[s])).get_state().nbytes
-            for s in interpreter.random_slots
-        )
-        buffers = self._program.buffers
-        snapshots = sum(buffers[n].nbytes for n in self.captured.buffer_update_indices)
-        return states + snapshots
-
-    def peak_allowance(
-        self,
-        example_inputs: Sequence[torch.Tensor],
-        example_kwargs: Mapping[str, torch.Tensor] | None = None,
-    ) -> dict[str, int]:
-        """How much a measured peak may exceed `schedule.peak`, in bytes, by cause:
-
-        - ``op_scratch``: the largest scratch any op allocates beyond its output (measured
-          once per op by `executor.memory.op_scratch_bytes`; the DAG's `mem` counts outputs);
-        - ``bookkeeping``: `bookkeeping_bytes`;
-        - ``held_outputs``: the storages of the forward outputs (observed on the last step, or
-          on one forward run here), which the caller holds for the whole step even where the
-          schedule frees them (a scalar loss may sit in a larger storage, e.g. mse_loss's).
-
-        ``total`` is their sum. Parameters, inputs, tangents and preallocated ``.grad`` are
-        outside the measurement (they exist before the step starts).
-        """
-        flat = self.captured.flat_inputs(example_inputs, example_kwargs)
-        args = self.captured.placeholder_values(self.model, flat, self.captured.default_tangents())
-        scratch = max(op_scratch_bytes(self.captured.joint, args).values(), default=0)
-        if self._program.output_storage_bytes is None:
-            self._forward_once(example_inputs, example_kwargs or {})
-        held = self._program.output_storage_bytes
-        parts = {"op_scratch": scratch, "bookkeeping": self.bookkeeping_bytes, "held_outputs": held}
-        return {**parts, "total": sum(parts.values())}
-
-    def _forward_once(
-        self, inputs: Sequence[torch.Tensor], kwargs: Mapping[str, torch.Tensor]
-    ) -> None:
-        """One forward with the RNG and buffers left as they were (to observe the outputs)."""
-        saved = {n: b.clone() for n, b in self._program.buffers.items()}
-        state = self.captured.autocast
-        with (
-            fork_rng(self._program.params[0].device),
-            torch.no_grad(),
-            torch.autocast(state.device_type, dtype=state.dtype, enabled=state.enabled),
-        ):
-            self(*inputs, **kwargs)
-        for name, value in saved.items():
-            self._program.buffers[name].copy_(value)
 
     def forward(self, *inputs: torch.Tensor, **kwargs: torch.Tensor) -> object:
         if not self.training:

@@ -7,10 +7,18 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from graph_capture.calibrate import add_accumulation_seconds, calibrate_to_plain_run
 from graph_capture.captured import CapturedGraph, TensorSpec
 from graph_capture.dag import build_dag
-from graph_capture.device import AutocastState, fork_rng, model_device, no_autocast
+from graph_capture.device import (
+    AutocastState,
+    fork_rng,
+    generator,
+    model_device,
+    no_autocast,
+)
 from graph_capture.errors import CaptureError
+from graph_capture.fx_nodes import device_of
 from graph_capture.grouping import group_modules, group_ops, op_group_order
 from graph_capture.lifted import lifted_constants
 from graph_capture.measure import StorageKey, is_random, measure_joint, storages_of
@@ -27,7 +35,7 @@ def capture(
     granularity: str = "op",
     cost_model: str = "time",
     module_depth: int | None = None,
-    repeats: int = 3,
+    repeats: int = 5,
 ) -> CapturedGraph:
     """Capture ``model(*example_inputs, **example_kwargs)`` forward + backward as a
     `CapturedGraph`.
@@ -41,7 +49,7 @@ def capture(
 
     ``granularity``: "op" (one DAG node per allocating aten op, views folded in) or "module"
     (consecutive ops of one module and phase merged; ``module_depth`` truncates module paths).
-    ``cost_model``: "time" (DAG ``cost`` in seconds, median of ``repeats`` runs per op) or
+    ``cost_model``: "time" (DAG ``cost`` in seconds, least of ``repeats`` runs per op) or
     "flops". Measurement runs the graph once on the example inputs with tangents of ones; the
     global RNG state and the model are left as they were. Raises `CaptureError`.
     """
@@ -70,13 +78,18 @@ def capture(
         )
         with no_autocast(device.type):
             measures, flat_outputs = measure_joint(gm, args, repeats=repeats)
+            calibrate_to_plain_run(gm, args, measures, device, repeats)
+        grad_positions = list(layout["param_grad_indices"].values())
+        add_accumulation_seconds(gm, grad_positions, flat_outputs, measures, repeats)
     group = group_ops(gm, measures)
     order = op_group_order(gm, group)
     modules = None
     if granularity == "module":
         group, order, modules = group_modules(gm, group, order, module_depth)
-    dag, members = build_dag(gm, measures, group, order, cost_model, modules)
     static = _static_bytes(args, layout, flat_outputs, lifted_constants(gm))
+    held = _held_bytes(gm, layout, args, flat_outputs, static)
+    dag, members = build_dag(gm, measures, group, order, cost_model, modules, sum(held.values()))
+    dag.graph["held_bytes"] = held
     dag.graph["static_bytes"] = static
     dag.graph["granularity"] = granularity
     dag.graph["name"] = f"{type(model).__name__} ({granularity})"
@@ -177,6 +190,44 @@ def _output_specs(gm: torch.fx.GraphModule, forward_positions: list[int]) -> lis
         val = node.meta["val"]
         specs.append(TensorSpec.of(val))
     return specs
+
+
+def _held_bytes(
+    gm: torch.fx.GraphModule,
+    layout: dict,
+    args: list[torch.Tensor],
+    outputs: list[object],
+    static: dict[str, int],
+) -> dict[str, int]:
+    """Bytes a training step under `executor.Rematerialized` holds besides the DAG's values,
+    by part (each at most this much, at any moment of the step):
+
+    - ``rng_states``: one saved generator state per random node (to replay its draw), and one
+      more: the live state, put aside while a recompute replays a draw;
+    - ``buffer_snapshots``: a copy of each buffer the step mutates (what recomputes read);
+    - ``outputs``: the forward outputs, which the caller holds until the step ends;
+    - ``tangents``: the incoming output gradients (autograd creates them for the backward);
+    - ``input_grads``: gradients of inputs, held until they are handed back to autograd.
+
+    Capture adds their sum to every node's ``transient``, so a schedule's peak counts them.
+    """
+    random = [n for n in gm.graph.nodes if n.op == "call_function" and is_random(n)]
+    buffers = dict(zip(layout["buffer_names"], args[len(layout["param_names"]) :], strict=False))
+    mutated = storages_of([buffers[name] for name in layout["buffer_update_indices"]])
+    forward = storages_of([outputs[i] for i in layout["forward_output_indices"]])
+    input_grads = storages_of([outputs[i] for i in layout["input_grad_indices"].values()])
+    return {
+        "rng_states": sum(_generator_state_bytes(n) for n in random[:1] + random),
+        "buffer_snapshots": sum(mutated.values()),
+        "outputs": sum(forward.values()),
+        "tangents": static["tangents"],
+        "input_grads": sum(input_grads.values()),
+    }
+
+
+def _generator_state_bytes(node: torch.fx.Node) -> int:
+    """Bytes of the saved state of the generator a random node draws from (its device's)."""
+    return generator(device_of(node)).get_state().nbytes
 
 
 def _static_bytes(

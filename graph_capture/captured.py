@@ -35,7 +35,13 @@ The DAG (``networkx.DiGraph``; solver contract):
 - ``mem`` (int, bytes): bytes of the storages this group creates that something outside the
   group reads (another group or the graph output), deduplicated by storage. Views and aliases
   add nothing. ``temp_mem`` (bytes): storages created and consumed inside the group.
-- ``cost``: seconds (median of repeated runs, ``cost_model="time"``) or FLOPs
+- ``op_transient`` (int, bytes): measured, the most bytes computing the group holds at any
+  moment beyond its inputs and its output (workspaces, temporaries, members' intermediates);
+  ``transient``: that plus the graph attr ``held_bytes`` total (what the executor holds beside
+  the schedule's values during a step, by part). Computing v needs the live bytes plus
+  ``transient(v)`` (`graph_capture.transient`).
+- ``cost``: seconds (least of repeated runs, ``cost_model="time"``; a parameter gradient's
+  node includes adding it into ``.grad``) or FLOPs
   (``cost_model="flops"``) to compute the whole group once. ``time`` (s) and ``flops`` are
   always both present.
 - ``phase`` in {"forward", "backward"}, ``backward`` (bool), ``name``, ``op`` (aten op of the
@@ -44,7 +50,8 @@ The DAG (``networkx.DiGraph``; solver contract):
   (of the anchor's tensor outputs), ``is_output`` (bool: a group member is a graph output).
 - an edge u -> v for every data dependency of a member of v on a member of u.
 - graph attr ``order``: all node ids, topological, every forward node before every backward
-  node. Graph attrs ``static_bytes`` and ``granularity`` repeat the fields below.
+  node. Graph attrs ``static_bytes`` and ``granularity`` repeat the fields below;
+  ``held_bytes`` as above.
 
 Parameters, buffers, inputs and tangents are not DAG nodes: their bytes are in
 ``static_bytes``. Gradient outputs *are* produced by DAG nodes (their bytes are in those

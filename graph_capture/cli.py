@@ -13,6 +13,7 @@ import argparse
 import importlib
 import sys
 import time
+from typing import TextIO
 
 import networkx as nx
 import torch
@@ -129,7 +130,19 @@ def capture_from_args(args: argparse.Namespace) -> CapturedGraph:
     """Load the model named by the arguments and capture it; prints a one-line summary."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, inputs, kwargs = load_model_from_args(args)
+    return capture_with_args(args, *load_model_from_args(args))
+
+
+def capture_with_args(
+    args: argparse.Namespace,
+    model: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    kwargs: dict[str, torch.Tensor],
+    summary: TextIO | None = None,
+) -> CapturedGraph:
+    """Capture `model` called with `inputs` and `kwargs`, with the capture options of the
+    arguments (granularity, cost model, module depth); prints a one-line summary to `summary`
+    (default stderr: stdout carries the command's tables)."""
     started = time.perf_counter()
     graph = capture(
         model,
@@ -147,7 +160,7 @@ def capture_from_args(args: argparse.Namespace) -> CapturedGraph:
         f"{dag.number_of_nodes() - forward} backward) at {graph.granularity} granularity, "
         f"cost={graph.cost_model}, in {time.perf_counter() - started:.1f} s; static: "
         + ", ".join(f"{k} {human_bytes(v)}" for k, v in graph.static_bytes.items()),
-        file=sys.stderr,
+        file=summary or sys.stderr,
     )
     return graph
 

@@ -10,6 +10,7 @@ import torch
 from graph_capture.errors import CaptureError
 from graph_capture.fx_nodes import module_of, phase_of
 from graph_capture.measure import NodeMeasure, is_random
+from graph_capture.transient import group_transient
 
 
 def build_dag(
@@ -19,11 +20,14 @@ def build_dag(
     order: list[str],
     cost_model: str,
     modules: dict[str, str] | None = None,
+    held_bytes: int = 0,
 ) -> tuple[nx.DiGraph, dict[str, list[str]]]:
     """One DAG node per group, attributes as documented in `graph_capture.captured`.
 
     ``group`` maps fx node name -> group id, ``order`` lists the group ids topologically
     (checked here), ``modules`` overrides a group's module path (default: its anchor's).
+    ``held_bytes``: what the executor holds beside the DAG's values during the step, added to
+    every node's ``transient`` on top of the bytes its op holds (``op_transient``).
     Returns (dag, members). O(nodes + edges).
     """
     if cost_model not in ("time", "flops"):
@@ -58,12 +62,15 @@ def build_dag(
         seconds = sum(m.seconds for m in member_measures)
         flops = sum(m.flops for m in member_measures)
         phase = phase_of(anchor)
+        op_transient = group_transient([by_name[m] for m in members[g]], measures, mem)
         dag.add_node(
             g,
             name=g,
             op=str(anchor.target),
             mem=int(mem),
             temp_mem=int(sum(created[g].values()) - mem),
+            op_transient=op_transient,
+            transient=op_transient + held_bytes,
             cost=float(seconds) if cost_model == "time" else int(flops),
             time=float(seconds),
             flops=int(flops),

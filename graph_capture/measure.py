@@ -1,4 +1,5 @@
-"""Run the joint graph node by node on real tensors: storages, seconds and FLOPs per fx node.
+"""Run the joint graph node by node on real tensors: storages, seconds, FLOPs and scratch bytes
+per fx node.
 
 Every value stays alive until the end of the run, so storage data pointers are unique and a
 storage is identified by its pointer (zero-byte storages get a private key).
@@ -7,21 +8,23 @@ storage is identified by its pointer (zero-byte storages get a private key).
 from __future__ import annotations
 
 import operator
-import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
-from graph_capture.device import generator, synchronize
+from graph_capture.device import fork_rng, generator, synchronize
 from graph_capture.errors import CaptureError
 from graph_capture.fx_nodes import describe_op, device_of
 from graph_capture.lifted import LiftedConstant, lifted_constants
+from graph_capture.peak import measure_each
 
 StorageKey = tuple[int, int]
+Call = Callable[[], object]
 
 
 @dataclass
@@ -30,10 +33,13 @@ class NodeMeasure:
 
     ``storages``: storage key -> bytes of every storage its tensor outputs reference;
     ``new_storages``: the subset this node allocated (not seen on any earlier value);
-    ``seconds``: median wall time of ``repeats`` runs; ``flops_counted``: what
-    ``FlopCounterMode`` counts (matmul, conv, attention); ``flops``: that, or a numel-based
-    estimate (one FLOP per element of the largest input or of all outputs, whichever is
-    larger) for ops it counts as 0 that allocate memory.
+    ``seconds``: least wall time of ``repeats`` runs (other processes only ever add time);
+    ``flops_counted``: what ``FlopCounterMode`` counts (matmul, conv, attention); ``flops``:
+    that, or a numel-based estimate (one FLOP per element of the largest input or of all
+    outputs, whichever is larger) for ops it counts as 0 that allocate memory;
+    ``scratch_bytes``: measured on the device from real allocations, the most bytes the op
+    held at any moment while it ran beyond what it left allocated when it returned (its
+    output): workspaces and temporaries.
     """
 
     storages: dict[StorageKey, int]
@@ -43,6 +49,7 @@ class NodeMeasure:
     flops: int
     shapes: list[tuple[int, ...]] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
+    scratch_bytes: int = 0
 
 
 def _tensors(value: object) -> list[torch.Tensor]:
@@ -74,9 +81,13 @@ def _estimate_flops(args: Sequence[object], out: object) -> int:
 
 
 def measure_joint(
-    gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], *, repeats: int = 3
+    gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], *, repeats: int = 5
 ) -> tuple[dict[str, NodeMeasure], list[object]]:
-    """Run ``gm`` once node by node (plus ``repeats`` timed re-runs per node, RNG restored).
+    """Run ``gm`` once node by node, then ``repeats - 1`` more timed passes over the graph (the
+    RNG state restored after them): an op's seconds are its least over the passes, samples
+    spread over the whole capture so that a burst of load from other processes hits one pass,
+    not every sample of an op. Then each op once more under the allocation profiler for its
+    scratch bytes.
 
     Returns (fx node name -> `NodeMeasure`, the flat outputs).
     The outputs are those of a plain run: each node's value is from a run that started from
@@ -109,7 +120,7 @@ def measure_joint(
                 (node.args, node.kwargs), lambda n: env[n.name]
             )
             try:
-                value, measure = _run_node(node, fn_args, fn_kwargs, repeats)
+                value, measure = _run_node(node, fn_args, fn_kwargs)
             except Exception as error:
                 raise CaptureError(
                     f"{describe_op(node)} failed on the example tensors: "
@@ -119,12 +130,50 @@ def measure_joint(
             seen.update(measure.storages)
             env[node.name] = value
             measures[node.name] = measure
+        calls = _calls(gm, env)
+        device = device_of(calls[0][0]) if calls else torch.device("cpu")
+        with fork_rng(device):
+            for _ in range(repeats - 1):
+                for node, call in calls:
+                    synchronize(device)
+                    start = time.perf_counter()
+                    call()
+                    synchronize(device)
+                    measure = measures[node.name]
+                    measure.seconds = min(measure.seconds, time.perf_counter() - start)
+            _measure_scratch(calls, measures, device)
     return measures, outputs
 
 
-def _run_node(
-    node: torch.fx.Node, args: tuple, kwargs: dict, repeats: int
-) -> tuple[object, NodeMeasure]:
+def _calls(gm: torch.fx.GraphModule, env: dict[str, object]) -> list[tuple[torch.fx.Node, Call]]:
+    """Every op of `gm` (getitems and lifted constants aside, they compute nothing) with a
+    zero-argument call running it on the values in `env`, in graph order."""
+    calls = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        if isinstance(node.target, LiftedConstant):
+            continue
+        fn_args, fn_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
+        calls.append((node, partial(node.target, *fn_args, **fn_kwargs)))
+    return calls
+
+
+def _measure_scratch(
+    calls: list[tuple[torch.fx.Node, Call]],
+    measures: dict[str, NodeMeasure],
+    device: torch.device,
+) -> None:
+    """Set every op's ``scratch_bytes``: one more run of each (`calls`), measured by
+    `measure_each` on the device of the ops (the model's): the peak above the op's start less
+    what it left allocated."""
+    peaks = measure_each([call for _, call in calls], device)
+    for (node, _), peak in zip(calls, peaks, strict=True):
+        measures[node.name].scratch_bytes = max(0, peak.peak_bytes - peak.end_bytes)
+
+
+def _run_node(node: torch.fx.Node, args: tuple, kwargs: dict) -> tuple[object, NodeMeasure]:
+    """Run the op once for its FLOPs (RNG state restored after) and once timed for its value."""
     target = node.target
     if target is operator.getitem or isinstance(target, LiftedConstant):
         value = target(*args, **kwargs)
@@ -134,23 +183,18 @@ def _run_node(
     state = rng.get_state() if rng is not None else None
     with FlopCounterMode(display=False) as counter:
         target(*args, **kwargs)
-    seconds = []
-    value = None
-    for _ in range(max(1, repeats)):
-        if rng is not None:
-            rng.set_state(state)
-        synchronize(device)
-        start = time.perf_counter()
-        value = target(*args, **kwargs)
-        synchronize(device)
-        seconds.append(time.perf_counter() - start)
+    if rng is not None:
+        rng.set_state(state)
+    synchronize(device)
+    start = time.perf_counter()
+    value = target(*args, **kwargs)
+    synchronize(device)
+    seconds = time.perf_counter() - start
     counted = int(counter.get_total_flops())
     storages = storages_of(value)
     allocates = any(k not in storages_of((args, kwargs)) for k in storages)
     flops = counted or (_estimate_flops((args, kwargs), value) if allocates else 0)
-    return value, NodeMeasure(
-        storages, set(), statistics.median(seconds), counted, flops, *_shapes(value)
-    )
+    return value, NodeMeasure(storages, set(), seconds, counted, flops, *_shapes(value))
 
 
 def _shapes(value: object) -> tuple[list[tuple[int, ...]], list[str]]:

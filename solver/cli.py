@@ -26,7 +26,9 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget",
         default="80%",
         help="peak-memory budget: bytes, 512MiB, 1.5GiB or a percentage of the "
-        "checkpoint-all peak (default 80%%)",
+        "checkpoint-all peak (100%%: every node computed once and freed after its last use, "
+        "with each node's transient bytes; on a captured model, what a training step without "
+        "recomputation measures above its parameters, buffers, inputs and .grad) (default 80%%)",
     )
     parser.add_argument(
         "--objective",

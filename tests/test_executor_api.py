@@ -9,10 +9,12 @@ import pytest
 import torch
 from torch import nn
 
+import solver
 from executor.errors import InputMismatchError, UnsupportedScheduleError
 from executor.memory import measure_peak
 from executor.module import Rematerialized, rematerialize
 from graph_capture import capture
+from graph_capture.device import fork_rng, generator
 from solver import prepare
 from solver.core.schedule import Schedule, make_schedule
 from solver.core.stages import plan_from_keep, plan_to_ops
@@ -151,24 +153,30 @@ def test_eval_mode_runs_the_model_itself(captured_small):
     model.train()
 
 
-@pytest.mark.parametrize("keep_every", [1, 3, 0])
-def test_measured_peak_is_within_the_measured_allowance_of_the_prediction(keep_every, device):
+def measured_step_peak(rm: Rematerialized, inputs, backward, device: str = "cpu") -> int:
+    """Measured peak of one step (after a warm-up step), `.grad` allocated before it, the RNG
+    state left as it was (measure only)."""
+    for p in rm.parameters():
+        p.grad = torch.zeros_like(p)  # gradient buffers exist before the step, like params
+    with fork_rng(torch.device(device)):
+        backward(rm(*inputs))
+        return measure_peak(lambda: backward(rm(*inputs)), device).peak_bytes
+
+
+@pytest.mark.parametrize(
+    ("keep_every", "granularity"), [(1, "op"), (3, "op"), (0, "op"), (0, "module")]
+)
+def test_measured_peak_is_the_predicted_peak(keep_every, granularity, device):
+    """Capture's transients (op workspaces, RNG states, held outputs) make the schedule's peak
+    the step's measured peak, to the byte but for the live generator state a recompute of a
+    random node puts aside (charged in every node's transient, allocated only while one runs)."""
     model, x = small_model(width=64)
     model, x = model.to(device), x.to(device)
-    captured = capture(model, [x])
+    captured = capture(model, [x], granularity=granularity)
     rm = Rematerialized(model, captured, keep_schedule(captured, keep_every))
-    allowance = rm.peak_allowance([x])
-    tangents = captured.default_tangents()
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)  # gradient buffers exist before the step, like params
-
-    def step() -> None:
-        torch.autograd.backward(rm(x), tangents)
-
-    step()
-    measured = measure_peak(step, device).peak_bytes
-    predicted = rm.schedule.peak
-    assert predicted <= measured <= predicted + allowance["total"], (measured, allowance)
+    measured = measured_step_peak(rm, [x], lambda out: out.backward(torch.ones_like(out)), device)
+    state = generator(torch.device(device)).get_state().nbytes
+    assert rm.predicted_peak_bytes - state <= measured <= rm.predicted_peak_bytes
 
 
 @pytest.fixture(scope="module")
@@ -180,25 +188,28 @@ def gpt_captured():
 
 
 @pytest.mark.parametrize(("keep_every", "compiled"), [(3, True), (3, False), (0, True)])
-def test_demo_gpt_measured_peak_within_allowance(gpt_captured, keep_every, compiled, device):
+def test_demo_gpt_measured_peak_is_the_predicted_peak(gpt_captured, keep_every, compiled, device):
     """Peaks in the backward slice too: a value the schedule frees there must be released."""
     model, inputs, captured = gpt_captured
-    model = copy.deepcopy(model)
     if device != "cpu":  # the fixture's capture is on the CPU
-        model, inputs = model.to(device), tuple(x.to(device) for x in inputs)
+        model, inputs = copy.deepcopy(model).to(device), tuple(x.to(device) for x in inputs)
         captured = capture(model, inputs)
     schedule = keep_schedule(captured, keep_every)
-    rm = Rematerialized(model, captured, schedule, compiled=compiled)
-    allowance = rm.peak_allowance(inputs)
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
+    rm = Rematerialized(copy.deepcopy(model), captured, schedule, compiled=compiled)
+    measured = measured_step_peak(rm, inputs, lambda loss: loss.backward(), device)
+    state = generator(torch.device(device)).get_state().nbytes
+    assert schedule.peak - state <= measured <= schedule.peak
 
-    def step() -> None:
-        rm(*inputs).backward()
 
-    step()
-    measured = measure_peak(step, device).peak_bytes
-    assert schedule.peak <= measured <= schedule.peak + allowance["total"], (measured, allowance)
+def test_demo_gpt_measured_peak_within_a_solved_byte_budget(gpt_captured):
+    model, inputs, captured = gpt_captured
+    full = solver.checkpoint_all_peak(prepare(captured.dag))
+    budget = int(0.6 * full)
+    schedule = solver.solve(captured.dag, budget=budget, time_limit=5)
+    rm = Rematerialized(copy.deepcopy(model), captured, schedule)
+    measured = measured_step_peak(rm, inputs, lambda loss: loss.backward())
+    assert measured <= budget
+    assert measured <= 1.03 * schedule.peak
 
 
 class DictOutputs(nn.Module):

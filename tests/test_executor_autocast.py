@@ -46,7 +46,7 @@ def test_training_under_autocast_is_bit_identical_to_eager_autocast(device, dtyp
     model, x = model_and_input(device)
     eager, remat_model = copy.deepcopy(model), copy.deepcopy(model)
     with torch.autocast(device, dtype=dtype):
-        rm = rematerialize(remat_model, [x], "50%", time_limit=1)
+        rm = rematerialize(remat_model, [x], "70%", time_limit=1)
     assert rm.captured.autocast == AutocastState(device, True, dtype)
     assert any(str(d).endswith(str(dtype).removeprefix("torch.")) for d in _dtypes(rm))
     assert len(rm.schedule.ops) > 2 * rm.captured.dag.number_of_nodes(), "no recomputation"

@@ -38,7 +38,10 @@ def test_hf_training_call_is_bit_identical_at_half_the_checkpoint_all_peak(famil
     eager, remat_model = copy.deepcopy(model), copy.deepcopy(model)
     captured = capture(remat_model, args, kwargs, repeats=1)
     assert captured.kwarg_names == tuple(kwargs)
-    budget = solver.checkpoint_all_peak(prepare(captured.dag)) // 2
+    # half of the checkpoint-all peak above what the executor holds whatever the schedule
+    # (held_bytes: the logits the caller keeps and their tangent are most of it here)
+    held = sum(captured.dag.graph["held_bytes"].values())
+    budget = held + (solver.checkpoint_all_peak(prepare(captured.dag)) - held) // 2
     schedule = solver.solve(captured.dag, budget=budget, time_limit=1)
     assert schedule.peak <= budget
     assert len(schedule.ops) > 2 * captured.dag.number_of_nodes(), "no recomputation at 50%"

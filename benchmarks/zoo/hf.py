@@ -2,8 +2,8 @@
 downloaded): GPT-2, Llama, BERT and ViT, each called as its users call it (``labels=``, the
 output's ``.loss``). Needs transformers (the ``hf`` extra).
 
-Causal LMs are configured with ``use_cache=False``: capture currently requires it (with the
-default ``use_cache=True`` the exported joint graph holds a lifted tensor constant).
+Causal LMs are configured with ``use_cache=False``, as training runs them: with the cache on,
+the model also returns every layer's keys and values, which a training step does not use.
 
 Every factory takes ``layers`` (the repeated transformer blocks; the registry has 4, 12 and 24)
 and a width small enough that 24 layers step in about a second on one CPU thread; dropout is

@@ -1,0 +1,264 @@
+"""Real models side by side at equal measured memory: remat's schedule against torch's options.
+
+    python -m benchmarks.real_models [--models gpt2_4 resnet18 ...] [--rounds 30]
+                                     [--time-limit 30] [--out results/real_models]
+
+For each zoo model (`benchmarks.zoo`; one thread): measure one training step's peak (profiler
+allocation events, bytes above the start of the step, ``.grad`` allocated before it) of
+
+- eager autograd;
+- per-block ``torch.utils.checkpoint`` (non-reentrant) over the model's blocks;
+- ``checkpoint_sequential``'s partition of the blocks into round(sqrt(n)) segments;
+- torch's ``activation_memory_budget`` knapsack (min-cut partitioner through aot_function, no
+  inductor) at each ``--knapsack`` budget, where it runs;
+
+then solve remat's schedule with each of those measured peaks as its byte budget (and at 100%,
+no recomputation), measure remat's peak (it must be at or under the budget) and time every
+method in interleaved rounds (one step of each per round, the order rotated; medians).
+
+Per remat row: the predicted peak and measured / predicted; the predicted recompute overhead
+(schedule cost / cost of computing each node once) and the measured one (step time over remat's
+100% step; a second copy of the 100% step measures the noise floor of that); the step time over
+the matched method's. Writes ``real_models.{md,csv,png}`` and
+``summary.md`` (one row per model) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import solver
+from benchmarks.common import Row, write_table
+from benchmarks.measure import (
+    Step,
+    interleaved_times,
+    knapsack_forward,
+    loss_step,
+    measure_peaks,
+)
+from benchmarks.zoo import ZOO, Bench
+from executor.module import Rematerialized
+from graph_capture import capture
+
+MODELS = (
+    "gpt2_4",
+    "gpt2_12",
+    "llama_4",
+    "llama_12",
+    "bert_4",
+    "bert_12",
+    "vit_4",
+    "vit_12",
+    "resnet18",
+    "resnet50",
+    "mobilenet_v3_small",
+)
+PER_BLOCK = "checkpoint per block"
+SQRT = "checkpoint_sequential sqrt(n)"
+REMAT_FULL = "remat 100%"
+CONTROL = "remat 100% again"
+"""A second copy of the 100% step: its measured overhead over the first (0 but for noise)
+is the noise floor of the run's measured overheads."""
+
+
+def _peers(bench: Bench, knapsack: tuple[float, ...]) -> tuple[dict[str, Step], dict[str, str]]:
+    """Eager and torch's options on `bench`; (steps by name, failures by name)."""
+    model, inputs, blocks = bench.model, bench.inputs, bench.blocks
+    steps: dict[str, Step] = {"eager": loss_step(model, inputs)}
+    failed: dict[str, str] = {}
+    if blocks:
+        steps[PER_BLOCK] = loss_step(model, inputs, blocks)
+        steps[SQRT] = loss_step(model, inputs, blocks, max(1, round(math.sqrt(len(blocks)))))
+    for budget in knapsack:
+        name = f"knapsack {budget}"
+        try:
+            step = loss_step(knapsack_forward(model, budget), inputs)
+            step()  # compiles; fails here when the partitioner cannot handle the model
+            steps[name] = step
+        except Exception as error:  # report, not crash: torch internals vary between versions
+            failed[name] = f"{type(error).__name__}: {error}"[:120]
+    return steps, failed
+
+
+def _remat_step(bench: Bench, captured, schedule: solver.Schedule) -> Step:
+    return loss_step(Rematerialized(bench.model, captured, schedule), bench.inputs)
+
+
+def run_model(name: str, args: argparse.Namespace) -> list[Row]:
+    """Every method's row on model `name` (see the module docstring)."""
+    torch.set_num_threads(1)
+    torch._dynamo.reset()  # the knapsack compiles HFLoss.forward anew per model (recompile limit)
+    started = time.perf_counter()
+    bench = ZOO[name]()
+    for p in bench.model.parameters():
+        p.grad = torch.zeros_like(p)
+    captured = capture(bench.model, bench.inputs)
+    graph = captured.dag
+    problem = solver.prepare(graph)
+    peers, failed = _peers(bench, tuple(args.knapsack))
+    peaks = measure_peaks(peers)
+    full = solver.baseline(graph, "checkpoint_all")
+    schedules: dict[str, solver.Schedule] = {REMAT_FULL: full, CONTROL: full}
+    budgets: dict[str, int] = {}
+    for peer in peers:
+        if peer == "eager":
+            continue
+        try:
+            schedule = solver.solve(graph, budget=peaks[peer], time_limit=args.time_limit)
+        except solver.RematError as error:
+            failed[f"remat @ {peer}"] = str(error)[:120]
+            continue
+        schedules[f"remat @ {peer}"] = schedule
+        budgets[f"remat @ {peer}"] = peaks[peer]
+    steps = dict(peers)
+    steps.update({key: _remat_step(bench, captured, s) for key, s in schedules.items()})
+    peaks.update(measure_peaks({key: steps[key] for key in schedules}))
+    times = interleaved_times(steps, args.rounds)
+    rows = [_row(name, key, peaks, times, schedules, budgets, problem) for key in steps]
+    rows += [{"model": name, "method": key, "note": note} for key, note in failed.items()]
+    print(f"{name}: {problem.n} nodes, {time.perf_counter() - started:.0f} s")
+    return rows
+
+
+def _paired(times: dict[str, list[float]], key: str, other: str) -> float:
+    """Median over rounds of key's step time over other's in the same round."""
+    return statistics.median(a / b for a, b in zip(times[key], times[other], strict=True))
+
+
+def _row(
+    model: str,
+    key: str,
+    peaks: dict[str, int],
+    times: dict[str, list[float]],
+    schedules: dict[str, solver.Schedule],
+    budgets: dict[str, int],
+    problem: solver.Problem,
+) -> Row:
+    row: Row = {
+        "model": model,
+        "method": key,
+        "peak_MiB": peaks[key] / 2**20,
+        "step_ms": statistics.median(times[key]) * 1e3,
+        "time_vs_eager": _paired(times, key, "eager"),
+    }
+    schedule = schedules.get(key)
+    if schedule is None:
+        return row
+    budget = budgets.get(key)
+    row["budget_MiB"] = None if budget is None else budget / 2**20
+    row["over_budget_bytes"] = None if budget is None else max(0, peaks[key] - budget)
+    row["predicted_MiB"] = schedule.peak / 2**20
+    row["measured_vs_predicted"] = peaks[key] / schedule.peak
+    row["status"] = schedule.status
+    row["gap"] = schedule.gap
+    row["predicted_overhead"] = schedule.cost / problem.total_cost - 1
+    row["measured_overhead"] = _paired(times, key, REMAT_FULL) - 1
+    matched = key.removeprefix("remat @ ")
+    if matched in times:
+        row["time_vs_matched"] = _paired(times, key, matched)
+    return row
+
+
+def summary(rows: list[Row]) -> list[Row]:
+    """One row per model: remat's time at per-block checkpoint's and the knapsack's measured
+    peaks over theirs, the worst measured / predicted and budget excess, and the predicted vs
+    measured overhead at per-block checkpoint's peak."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = {r["method"]: r for r in rows if r["model"] == model and "step_ms" in r}
+        remat = [r for k, r in mine.items() if k.startswith("remat")]
+        at_block = mine.get(f"remat @ {PER_BLOCK}", {})
+        knapsack = [r for k, r in mine.items() if k.startswith("remat @ knapsack")]
+        out.append(
+            {
+                "model": model,
+                "eager_MiB": mine["eager"]["peak_MiB"],
+                "per_block_MiB": mine.get(PER_BLOCK, {}).get("peak_MiB"),
+                "remat_MiB_at_per_block": at_block.get("peak_MiB"),
+                "time_vs_per_block": at_block.get("time_vs_matched"),
+                "time_vs_knapsack": min((r["time_vs_matched"] for r in knapsack), default=None),
+                "max_measured_vs_predicted": max(r["measured_vs_predicted"] for r in remat),
+                "max_over_budget_bytes": max((r["over_budget_bytes"] or 0) for r in remat),
+                "predicted_overhead": at_block.get("predicted_overhead"),
+                "measured_overhead": at_block.get("measured_overhead"),
+                "overhead_noise": mine[CONTROL]["measured_overhead"],
+            }
+        )
+    return out
+
+
+FAMILIES = {
+    "eager": "tab:green",
+    PER_BLOCK: "tab:red",
+    SQRT: "tab:purple",
+    "knapsack": "tab:orange",
+    "remat": "tab:blue",
+}
+"""Plot colour of each method family (remat's points joined by a line)."""
+
+
+def _family(method: str) -> str:
+    return next((f for f in FAMILIES if method.startswith(f)), method)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    """Step time against measured peak, one panel per model, one colour per method family."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    columns = min(4, len(models))
+    lines = math.ceil(len(models) / columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(4.2 * columns, 3.4 * lines), squeeze=False)
+    for ax, model in zip(axes.flat, models, strict=False):
+        mine = [r for r in rows if r["model"] == model and "step_ms" in r]
+        for family, colour in FAMILIES.items():
+            points = sorted(
+                (r for r in mine if _family(str(r["method"])) == family),
+                key=lambda r: r["peak_MiB"],
+            )
+            if points:
+                style = "-o" if family == "remat" else "o"
+                xs, ys = [r["peak_MiB"] for r in points], [r["step_ms"] for r in points]
+                ax.plot(xs, ys, style, color=colour, label=family)
+        ax.set_title(model)
+        ax.set_xlabel("measured peak (MiB)")
+        ax.set_ylabel("step time, median (ms)")
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(models) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=sorted(ZOO))
+    parser.add_argument("--rounds", type=int, default=30, help="timing rounds (default 30)")
+    parser.add_argument(
+        "--time-limit", type=float, default=30.0, help="seconds per exact solve (default 30)"
+    )
+    parser.add_argument(
+        "--knapsack", type=float, nargs="*", default=[0.5], help="activation_memory_budget(s)"
+    )
+    parser.add_argument("--out", type=Path, default=Path("results/real_models"))
+    args = parser.parse_args(argv)
+    rows: list[Row] = []
+    for name in args.models:
+        rows += run_model(name, args)
+        write_table(rows, args.out, "real_models", "Real models at equal measured memory")
+        write_table(summary(rows), args.out, "summary", "One row per model")
+        plot(rows, args.out / "real_models.png")
+
+
+if __name__ == "__main__":
+    main()
