@@ -65,12 +65,13 @@ def cascade_cover(search: Search) -> Search:
         starts.insert(0, start_from_away(problem, *away_stages(first.model, first.values)))
     if search.incumbent is not None:
         starts.append(start_from_plan(problem, search.incumbent.plan))
-    outcome: list[CascadeBound] = []
     rows = first.model.rows
+    last_change = [time.perf_counter()]
+    bound_done = threading.Event()
 
-    def raise_bound() -> None:
-        outcome.append(
-            cascade_bound(
+    def raise_bound() -> CascadeBound:
+        try:
+            return cascade_bound(
                 problem,
                 budget,
                 units.int_cost,
@@ -80,10 +81,8 @@ def cascade_cover(search: Search) -> Search:
                 progress=progress,
                 rows=rows,
             )
-        )
-
-    thread = threading.Thread(target=raise_bound)
-    last_change = [time.perf_counter()]
+        finally:
+            bound_done.set()
 
     def found(member: Member) -> None:
         last_change[0] = time.perf_counter()
@@ -93,10 +92,9 @@ def cascade_cover(search: Search) -> Search:
         """The bound is final and the search has not improved for `cascade_stall` of the
         limit: the steps after this one may close the gap (the moment relaxation, probes)."""
         quiet = time.perf_counter() - last_change[0]
-        return not thread.is_alive() and quiet > options.cascade_stall * search.time_limit
+        return bound_done.is_set() and quiet > options.cascade_stall * search.time_limit
 
-    thread.start()
-    try:
+    def search_lifetimes() -> list[Member]:
         lifetime_search(
             problem,
             budget,
@@ -106,11 +104,12 @@ def cascade_cover(search: Search) -> Search:
             enough=lambda member: search.goal.value(member) <= search.floor,
             stop=stalled,
         )
-    finally:
-        thread.join()
-    if outcome:
-        search.raise_floor(outcome[0].bound)
-        search.note(bound=outcome[0].bound, rows=len(outcome[0].model.rows))
+        return []  # each better plan was offered as it came
+
+    search.pending.append(search_lifetimes)
+    final = search.beside(raise_bound)
+    search.raise_floor(final.bound)
+    search.note(bound=final.bound, rows=len(final.model.rows))
     return search
 
 
