@@ -1,22 +1,27 @@
 """The cascade cover (solver.cascade) against the exhaustive stage-space optimum: its bound (LP,
 certified from the duals, and CP-SAT's) never exceeds the optimum's recompute cost, at every
 budget where the optimum changes; where a recompute needs a dead input it is above the read-gap
-cover; and its LP bound is certified (solver.dual_bound) whatever the duals."""
+cover; its LP bound is certified (solver.dual_bound) whatever the duals; and the exact search
+through the cascade step and the lifetime polish never claims more than the exhaustive optimum
+allows."""
 
 from __future__ import annotations
 
 import networkx as nx
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs, training_graphs
 
 import solver
+from solver import SolveOptions
 from solver.core.stages import checkpoint_all
 from solver.deadline import Deadline
-from solver.heuristics.eviction import evict_by_keep
-from solver.milp.cascade import Crossings, cascade_bound, cascade_model, keep_fractions
+from solver.exact.cascade import cascade_cover, lifetime_polish
+from solver.exact.warm_start import warm_start
+from solver.milp.cascade import Crossings, cascade_bound, cascade_model
 from solver.milp.cover import read_gap_cover
 from solver.milp.dual_bound import certified_lp_bound, safe_bound
 from solver.milp.model import LinearModel
@@ -35,25 +40,24 @@ def _dead_chain() -> nx.DiGraph:
     return graph
 
 
+def _optima(graph: nx.DiGraph, problem) -> list[tuple[int, float]]:
+    """Every budget below checkpoint-all's peak where the exhaustive optimum changes (and the
+    one-line bound, and one byte below that peak) with the optimum there, where one exists."""
+    frontier = stage_space_frontier(graph)
+    top = checkpoint_all(problem).peak
+    budgets = {peak for _, peak in frontier} | {top - 1, problem.memory_lower_bound}
+    optima = [(b, min_cost_within(frontier, b)) for b in sorted(budgets)]
+    return [(b, o) for b, o in optima if problem.memory_lower_bound <= b < top and o is not None]
+
+
 def _bounds_hold(graph: nx.DiGraph) -> None:
     problem = solver.prepare(graph)
     units = CostUnits.of(problem)
     int_cost, unit = units.int_cost, units.unit
-    frontier = stage_space_frontier(graph)
-    top = checkpoint_all(problem).peak
-    budgets = {peak for _, peak in frontier} | {top - 1, problem.memory_lower_bound}
-    for budget in sorted(b for b in budgets if problem.memory_lower_bound <= b < top):
-        optimum = min_cost_within(frontier, budget)
-        if optimum is None:
-            continue
+    for budget, optimum in _optima(graph, problem):
         cascade = cascade_bound(problem, budget, int_cost, deadline=Deadline.after(10), workers=2)
         assert cascade.lp_bound <= cascade.bound
         assert problem.total_cost + cascade.bound * unit <= optimum + 1e-9
-        if cascade.values is not None:  # its fractions guide a valid eviction run
-            fractions = keep_fractions(problem, cascade.model, cascade.values)
-            member = evict_by_keep(problem, budget, fractions)
-            if member is not None:
-                assert member.schedule.cost >= optimum - 1e-9
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -62,6 +66,43 @@ def _bounds_hold(graph: nx.DiGraph) -> None:
 )
 def test_the_cascade_bound_never_exceeds_the_exhaustive_optimum(graph):
     _bounds_hold(graph)
+
+
+THROUGH_THE_CASCADE = {
+    "after-warm-starts": SolveOptions(
+        steps=(warm_start, cascade_cover, lifetime_polish), moment_late_share=2.0
+    ),
+    "alone": SolveOptions(steps=(cascade_cover, lifetime_polish), moment_late_share=2.0),
+}
+"""The exact search with only the cascade step (its lifetime search not cut short by the moment
+relaxation) and the lifetime polish, after the warm starts or from checkpoint-all alone: the
+cascade bound and the lifetime plans decide the answer."""
+
+
+@pytest.mark.parametrize("options", THROUGH_THE_CASCADE.values(), ids=THROUGH_THE_CASCADE.keys())
+def test_solving_through_the_cascade_step_agrees_with_the_exhaustive_optimum(options):
+    """At every budget where the optimum changes: the replayed schedule fits, its bound is at
+    most the optimum, and "OPTIMAL" only at the optimum's cost."""
+
+    @settings(max_examples=30, deadline=None, derandomize=True)
+    @given(
+        st.one_of(
+            small_graphs(max_nodes=7), training_graphs(forward_nodes=3), st.just(_dead_chain())
+        )
+    )
+    def check(graph):
+        problem = solver.prepare(graph)
+        for budget, optimum in _optima(graph, problem):
+            try:
+                schedule = solver.solve(graph, budget, time_limit=0.5, options=options)
+            except solver.SolverTimeoutError:  # no warm start fits and the search found none
+                continue
+            assert solver.simulate(graph, schedule.ops).peak <= budget
+            assert schedule.bound <= optimum + 1e-9 <= schedule.cost + 2e-9
+            if schedule.status == "OPTIMAL":
+                assert abs(schedule.cost - optimum) <= 1e-9
+
+    check()
 
 
 def test_a_dead_input_chain_is_counted_where_the_read_gap_cover_misses_it():

@@ -256,7 +256,7 @@ class CascadeBound:
     """bound: proven lower bound on the recompute cost (`int_cost` units) of every stage
     schedule within the budget (at most `cap + 1` when a cap was given: schedules costing more
     than the cap are not claimed); values: the best solution of the model CP-SAT found, else
-    the LP's (fractional), else None, for `keep_fractions`; lp_bound: the LP's certified part
+    the LP's (fractional), else None, for `away_stages`; lp_bound: the LP's certified part
     of the bound; model: the model they belong to (its last rows)."""
 
     bound: int
@@ -369,28 +369,6 @@ def _carried(old: CascadeModel, new: CascadeModel, values: Sequence[float]) -> l
     """`values` of `old` moved onto `new`'s variables by name (0 for new variables)."""
     by_name = dict(zip(old.lm.names, values, strict=True))
     return [by_name.get(name, 0.0) for name in new.lm.names]
-
-
-def keep_fractions(
-    problem: Problem, model: CascadeModel, values: Sequence[float]
-) -> list[dict[int, float]]:
-    """Per stage t = 0..n, how much the solution `values` keeps each value into stage t, the
-    form `solver.eviction.evict_by_keep` takes: a value with a later read is kept (1) unless a
-    gap variable says it is away (1 - x over the whole gap, 1 - a at a row); a dead value as
-    much as its K."""
-    n = problem.n
-    crossings = model.crossings
-    fractions: list[dict[int, float]] = [{} for _ in range(n + 1)]
-    for v in range(n):
-        for t in range(v, crossings.last[v]):
-            fractions[t + 1][v] = 1.0
-    for k, var in model.gap_var.items():
-        i, first, final = crossings.gaps[k]
-        for t in range(first, final + 1):
-            fractions[t + 1][i] = 1.0 - values[model.away.get((i, t), var)]
-    for (p, t), var in model.kept_dead.items():
-        fractions[t + 1][p] = max(fractions[t + 1].get(p, 0.0), float(values[var]))
-    return fractions
 
 
 def away_stages(model: CascadeModel, values: Sequence[float]) -> tuple[dict[int, int], set[int]]:
