@@ -1,8 +1,8 @@
-"""Time to proven optimality on the published graphs and the demo models (issue 6's table),
-with baseline ratios.
+"""Time to proven optimality on the published graphs, the demo models and the zoo's op-level
+graphs of real models (issues 6 and 18), with baseline ratios.
 
     python -m benchmarks.solver_scale [--time-limit 60] [--long-limit 600] [--rows vgg16 ...]
-        [--out results]
+        [--zoo-dir results/graphs] [--out results]
 
 For every row: the time limit, the budget in bytes, status (OPTIMAL = proven), the optimal (or best)
 cost, the certified gap, the wall time of `solver.solve` (seconds, one run: these are proofs, not
@@ -11,7 +11,11 @@ budget), for every heuristic of `solver.HEURISTICS` (the checkpoint policies, an
 backward search run at the budget: the solver's warm starts). Checkmate's Table 2 reports AP sqrt(n)
 at 1.14-1.54x and greedy at 1.06-1.39x of optimal on these graphs. The demo rows capture the
 op-level graphs of graph_capture's demo models (FLOP costs, one thread, so the costs are the same on
-every run).
+every run). The zoo rows read the graph files `python -m benchmarks.capture_graphs` writes
+(`--zoo-dir`; costs in measured seconds) at three budgets each (`benchmarks.zoo_budgets`): 50% of
+the checkpoint-all peak, the least feasible peak `solver.minimum_peak` finds in the time limit
+plus 10%, and per-block checkpoint's memory; a row whose file is missing is skipped with the
+command that writes it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import networkx as nx
 
 import solver
 from benchmarks.common import GRAPHS_DIR, Row, write_table
+from benchmarks.zoo_budgets import block_paths, least_peak_plus, per_block_peak
 from solver.core.stages import cheapest_within
+from solver.deadline import Deadline
 from solver.heuristics.registry import members
 from solver.io import load_graph
 
@@ -37,6 +43,8 @@ PUBLISHED: dict[str, tuple[str, tuple[str, ...]]] = {
     "random250": ("random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14", ("90%", "80%")),
     "random500": ("random_layered_n500_w0.36_nlv0.75_ed0.2_scd0.14", ("90%",)),
     "random1000": ("random_layered_n1000_w0.31_nlv0.75_ed0.2_scd0.14", ("90%",)),
+    "segnet": ("segnet_32_416x608x3_train_nx", ("90%", "80%", "min")),
+    "vgg_unet": ("vgg_unet_32_416x608x3_train_nx", ("90%", "80%", "min")),
 }
 """Issue 6's table: graph file stem and budgets ("min" = the least feasible peak)."""
 
@@ -51,10 +59,40 @@ DEMO_ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
 """Demo model (`graph_capture.demos`) and budgets."""
 
 
-def load_row_graph(label: str) -> nx.DiGraph | None:
-    """The graph of a row: a published file (None when ../shared/graphs lacks it) or a capture."""
+ZOO_SIZES = (
+    "resnet18",
+    "resnet50",
+    "mobilenet_v3_small",
+    "gpt2_4",
+    "gpt2_12",
+    "llama_4",
+    "bert_4",
+    "bert_12",
+    "vit_4",
+    "vit_12",
+    "llama_12",
+    "gpt2_24",
+    "llama_24",
+)
+"""Zoo graphs with rows: up to 1,000 nodes, then 1,700-1,850 (llama_12, gpt2_24) and 3,300
+(llama_24)."""
+
+ZOO_BUDGETS = ("50%", "least+10%", "per-block")
+"""The zoo rows' budgets (module docstring)."""
+
+ZOO_ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
+    f"zoo-{name}": (name, ZOO_BUDGETS) for name in ZOO_SIZES
+}
+
+
+def load_row_graph(label: str, zoo_dir: Path = Path("results/graphs")) -> nx.DiGraph | None:
+    """The graph of a row: a published file (None when ../shared/graphs lacks it), a zoo graph
+    file (None when `zoo_dir` lacks it) or a capture of a demo model."""
     if label in PUBLISHED:
         path = GRAPHS_DIR / f"{PUBLISHED[label][0]}.json"
+        return load_graph(path) if path.exists() else None
+    if label in ZOO_ROWS:
+        path = zoo_dir / f"{ZOO_ROWS[label][0]}.json"  # as benchmarks.capture_graphs names it
         return load_graph(path) if path.exists() else None
     import torch  # only the demo rows need torch
 
@@ -66,13 +104,28 @@ def load_row_graph(label: str) -> nx.DiGraph | None:
     return capture(model, inputs, cost_model="flops").dag
 
 
+def zoo_budget(label: str, graph: nx.DiGraph, budget_text: str, time_limit: float) -> int:
+    """A zoo row's budget in bytes (`ZOO_BUDGETS`)."""
+    if budget_text == "least+10%":
+        return least_peak_plus(graph, 0.10, time_limit)[0]
+    if budget_text == "per-block":
+        return per_block_peak(graph, block_paths(ZOO_ROWS[label][0]))
+    return solver.parse_budget(budget_text, solver.prepare(graph))
+
+
 def solve_row(label: str, graph: nx.DiGraph, budget_text: str, time_limit: float) -> Row:
-    """Solve one (graph, budget) and compare every baseline with the result."""
+    """Solve one (graph, budget) and compare every baseline with the result (each family within
+    the time limit)."""
     problem = solver.prepare(graph)
     start = time.perf_counter()
     row: Row = {"graph": label, "nodes": problem.n, "budget": budget_text, "limit": time_limit}
     try:
-        if budget_text == "min":
+        if label in ZOO_ROWS:
+            budget = zoo_budget(label, graph, budget_text, time_limit)
+            row["budget_share"] = round(budget / solver.checkpoint_all_peak(problem), 3)
+            start = time.perf_counter()  # the least feasible peak's search is not the solve
+            schedule = solver.solve(graph, budget, time_limit=time_limit)
+        elif budget_text == "min":
             least = solver.minimum_peak(graph, time_limit=time_limit)
             budget = least.peak
             row["least peak proven"] = least.status == "OPTIMAL"
@@ -103,7 +156,7 @@ def solve_row(label: str, graph: nx.DiGraph, budget_text: str, time_limit: float
         gap=schedule.gap,
         seconds=round(time.perf_counter() - start, 2),
     )
-    for name, family in members(problem, budget).items():
+    for name, family in members(problem, budget, deadline=Deadline.after(time_limit)).items():
         best = cheapest_within(family, budget)
         row[name] = "NO FIT" if best is None else round(best.schedule.cost / schedule.cost, 4)
     return row
@@ -120,16 +173,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--long-limit", type=float, default=600.0, help=f"seconds per solve of {LONG_ROWS}"
     )
-    parser.add_argument("--rows", nargs="*", choices=[*PUBLISHED, *DEMO_ROWS], help="default: all")
+    every = {**PUBLISHED, **DEMO_ROWS, **ZOO_ROWS}
+    parser.add_argument("--rows", nargs="*", choices=list(every), help="default: all")
+    parser.add_argument(
+        "--zoo-dir",
+        type=Path,
+        default=Path("results/graphs"),
+        help="the zoo's graph files (python -m benchmarks.capture_graphs --out DIR)",
+    )
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
     rows = []
-    for label in args.rows or [*PUBLISHED, *DEMO_ROWS]:
-        graph = load_row_graph(label)
+    for label in args.rows or list(every):
+        graph = load_row_graph(label, args.zoo_dir)
         if graph is None:
-            print(f"skip {label}: {PUBLISHED[label][0]}.json not in {GRAPHS_DIR}")
+            where = (
+                f"{ZOO_ROWS[label][0]}.json not in {args.zoo_dir}: run python -m "
+                f"benchmarks.capture_graphs --out {args.zoo_dir}"
+                if label in ZOO_ROWS
+                else f"{PUBLISHED[label][0]}.json not in {GRAPHS_DIR}"
+            )
+            print(f"skip {label}: {where}")
             continue
-        for budget in {**PUBLISHED, **DEMO_ROWS}[label][1]:
+        for budget in every[label][1]:
             limit = args.long_limit if label in LONG_ROWS else args.time_limit
             rows.append(solve_row(label, graph, budget, limit))
             print(rows[-1], flush=True)

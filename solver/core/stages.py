@@ -102,6 +102,92 @@ def plan_to_ops(problem: Problem, plan: StagePlan) -> IndexedSchedule:
     return IndexedSchedule(tuple(ops), max(stage_peaks, default=0), cost, tuple(stage_peaks))
 
 
+AT_USE, READ, LAST = 0, 1, 2
+"""How long a recomputed copy of a value lives (`Lifetimes.retain`): until its stage ends, until
+the value's last reader's first computation, or while any later stage reads it."""
+
+
+@dataclass(frozen=True)
+class Lifetimes:
+    """How long each value's copies live, which determines a plan (`plan_from_lifetimes`).
+
+    end[v]: the last stage in which v's first copy (computed in stage v) may be read; it is
+    dropped after its last read up to then (n - 1: while any stage reads it, recomputes of its
+    users included). retain[v]: AT_USE, READ or LAST for every copy recomputed later."""
+
+    end: tuple[int, ...]
+    retain: tuple[int, ...]
+
+    def with_end(self, v: int, stage: int) -> Lifetimes:
+        return Lifetimes((*self.end[:v], stage, *self.end[v + 1 :]), self.retain)
+
+    def with_retain(self, v: int, kind: int) -> Lifetimes:
+        return Lifetimes(self.end, (*self.retain[:v], kind, *self.retain[v + 1 :]))
+
+
+Window = list[int]
+"""One copy of a value: [first stage it is live in, last stage it may be read in, last stage
+it is read in (-1: none)]."""
+
+
+def lifetime_windows(
+    problem: Problem, lifetimes: Lifetimes
+) -> tuple[list[tuple[int, ...]], list[list[Window]], list[dict[int, Window]]]:
+    """What `plan_from_lifetimes` computes: per stage, the nodes computed (ascending); per value,
+    its copies (`Window`s, in order); per stage t, the copy each value read or computed in t
+    stands on (the one carried into t, or the one computed in t). O(total computes *
+    in-degree)."""
+    n = problem.n
+    last_read = [max(users, default=v) for v, users in enumerate(problem.succs)]
+    end, retain = lifetimes.end, lifetimes.retain
+    windows: list[list[Window]] = [[] for _ in range(n)]
+    computed: list[tuple[int, ...]] = []
+    serving: list[dict[int, Window]] = []
+
+    def live(v: int, t: int) -> Window | None:
+        for window in windows[v]:
+            if window[0] <= t <= window[1]:
+                return window
+        return None
+
+    for t in range(n):
+        needed = {t}
+        used: dict[int, Window] = {}
+        stack = [t]
+        while stack:
+            for p in problem.preds[stack.pop()]:
+                window = live(p, t)
+                if window is not None:
+                    window[2] = t
+                    used[p] = window
+                elif p not in needed:
+                    needed.add(p)
+                    stack.append(p)
+        computed.append(tuple(sorted(needed)))
+        for v in needed:
+            until = end[v] if v == t else (t, last_read[v], n - 1)[retain[v]]
+            used[v] = [t + 1, until, -1]
+            windows[v].append(used[v])
+        serving.append(used)
+    return computed, windows, serving
+
+
+def plan_from_lifetimes(problem: Problem, lifetimes: Lifetimes) -> StagePlan:
+    """The plan in which each copy lives as `lifetimes` says: stage t computes t and, first,
+    every input with no live copy, recursively; each copy is live from the stage after its
+    computation through its last read within its lifetime. Every such plan is valid.
+    O(n * (V + E)) in the worst case."""
+    n = problem.n
+    computed, windows, _ = lifetime_windows(problem, lifetimes)
+    live_at: list[set[int]] = [set() for _ in range(n + 1)]
+    for v, ws in enumerate(windows):
+        for start, _, last in ws:
+            for t in range(start, last + 1):
+                live_at[t].add(v)
+    live_at[0] = live_at[n] = set()
+    return StagePlan(tuple(computed), tuple(frozenset(s) for s in live_at))
+
+
 def plan_from_keep(
     problem: Problem, keep: Iterable[int], retain_recomputed: bool = True
 ) -> StagePlan:
@@ -114,53 +200,22 @@ def plan_from_keep(
     dropped node it is recomputed (with whatever of its inputs is missing) and then kept until
     its last use, so a dropped segment is recomputed once. With retain_recomputed=False it is
     dropped again after the stage that recomputed it (recomputed at every use: least memory,
-    most recomputation). keep = all nodes is checkpoint-all. O(n * (V + E)) in the worst case.
+    most recomputation). keep = all nodes is checkpoint-all. These are lifetimes
+    (`plan_from_lifetimes`). O(n * (V + E)) in the worst case.
     """
     n = problem.n
     keep_set = frozenset(keep)
-    end_of_first_pass = {}
+    end = []
     for v in range(n):
         users = [w for w in problem.succs[v] if not problem.backward[w]]
         if v in keep_set:
-            end_of_first_pass[v] = n - 1
+            end.append(n - 1)
         elif problem.has_phases:
-            end_of_first_pass[v] = max(users, default=v)
+            end.append(max(users, default=v))
         else:
-            end_of_first_pass[v] = min(problem.succs[v], default=v)
-    windows: dict[int, list[list[int]]] = {}  # node -> [start, end, last read] per live window
-    computed: list[tuple[int, ...]] = []
-
-    def live(v: int, t: int) -> list[int] | None:
-        for window in windows.get(v, ()):
-            if window[0] <= t <= window[1]:
-                return window
-        return None
-
-    for t in range(n):
-        needed = {t}
-        stack = [t]
-        while stack:
-            v = stack.pop()
-            for p in problem.preds[v]:
-                window = live(p, t)
-                if window is not None:
-                    window[2] = t
-                elif p not in needed:
-                    needed.add(p)
-                    stack.append(p)
-        computed.append(tuple(sorted(needed)))
-        for v in needed:
-            # A recomputed value is kept until its last use, or dropped when the stage ends.
-            recomputed_end = n - 1 if retain_recomputed else t
-            end = end_of_first_pass[v] if v == t else recomputed_end
-            windows.setdefault(v, []).append([t + 1, end, -1])
-    live_at: list[set[int]] = [set() for _ in range(n + 1)]
-    for v, ws in windows.items():
-        for start, _, last in ws:
-            for t in range(start, last + 1):
-                live_at[t].add(v)
-    live_at[0] = live_at[n] = set()
-    return StagePlan(tuple(computed), tuple(frozenset(s) for s in live_at))
+            end.append(min(problem.succs[v], default=v))
+    retain = LAST if retain_recomputed else AT_USE
+    return plan_from_lifetimes(problem, Lifetimes(tuple(end), (retain,) * n))
 
 
 def stage_computes(

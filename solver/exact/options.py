@@ -33,6 +33,17 @@ class SolveOptions:
         cover_share: seconds the cover may take, as a share of the limit.
         cover_workers: CP-SAT workers for the cover (one is deterministic: the same plan on
             every run).
+        cascade: solve the cascade cover and run the lifetime search from its solution
+            (`solver.exact.cascade`), where recomputes need dead inputs (op-level graphs).
+        cascade_first_share: share of the limit its first bound (LP rounds, one CP-SAT round)
+            may take...
+        cascade_share: ...and the step as a whole (the bound rising on one thread, the lifetime
+            search on the other)...
+        cascade_small_share, cascade_small_model: ...or this share where the stage model has at
+            most this many variables, leaving the rest to the steps that search it.
+        cascade_stall: once the cascade bound is final, the lifetime search stops when it has
+            not improved for this share of the limit (`lifetime_polish` takes it up again with
+            the time the later steps leave).
     The moment relaxation (`solver.exact.moments`):
         moment_late_share: it runs before the stage model when the first stage over the budget
             in checkpoint-all comes after this share of the stages...
@@ -63,6 +74,12 @@ class SolveOptions:
     cover: bool = True
     cover_share: float = 0.1
     cover_workers: int = 1
+    cascade: bool = True
+    cascade_first_share: float = 0.15
+    cascade_share: float = 0.8
+    cascade_small_share: float = 0.3
+    cascade_small_model: int = 50_000
+    cascade_stall: float = 0.05
     moment_late_share: float = 0.5
     moment_max_variables: int = 160_000
     max_model_variables: int = 1_500_000

@@ -6,10 +6,12 @@
       COST_STEPS, in order, while the search is open and the deadline has not passed:
         warm_start.warm_start         eviction, backward search, checkpoint policies
         cover.read_gap_cover          a floor and a plan without the stage model
+        cascade.cascade_cover         where recomputes cascade: a floor, and lifetime plans
         moments.moment_relaxation     where the first overflow is late: the relaxation first
         stage_model.stage_model       the stage model at the incumbent's cost
         stage_model.lp_relaxation     its LP bound, roundings, rebuilt while they improve
         probes.probes                 HiGHS's climbing caps, the relaxation, CP-SAT
+        cascade.lifetime_polish       the lifetime search from the incumbent, to the deadline
       finish                          the schedule, replayed and checked, with its proof
 
 Objective "memory" runs `least_peak.begin` and `least_peak.STEPS` the same way. Each step is a
@@ -31,6 +33,7 @@ from solver.core.schedule import Schedule, make_schedule
 from solver.deadline import Deadline
 from solver.errors import InvalidScheduleError, SolverTimeoutError
 from solver.exact import least_peak, warm_start
+from solver.exact.cascade import cascade_cover, lifetime_polish
 from solver.exact.cover import read_gap_cover
 from solver.exact.moments import moment_relaxation
 from solver.exact.options import DEFAULT, SolveOptions
@@ -43,10 +46,12 @@ from solver.milp.units import CostUnits
 COST_STEPS = (
     warm_start.warm_start,
     read_gap_cover,
+    cascade_cover,
     moment_relaxation,
     stage_model,
     lp_relaxation,
     probes,
+    lifetime_polish,
 )
 """The steps of objective "cost", in order, after `warm_start.begin`."""
 

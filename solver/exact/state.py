@@ -213,7 +213,9 @@ class Search:
     def beside(self, task: Callable[[], R]) -> R:
         """`task` (an engine call, which runs outside Python's lock) on a second thread while the
         pending warm starts run on this one; then their schedules are offered and the task's
-        result returned. The task may update the state; the warm starts only compute."""
+        result returned. Either the task or the pending work may update the state, never both
+        (the cascade step's lifetime search offers its plans as it finds them, beside a bound
+        that only computes)."""
         pending = self.take_pending()
         if not pending:
             return task()

@@ -33,7 +33,7 @@ from solver.core.stages import (
 from solver.deadline import NEVER, Deadline
 
 
-def _rebuild_costs(problem: Problem, live: set[int]) -> list[float]:
+def rebuild_costs(problem: Problem, live: set[int]) -> list[float]:
     """For every node, what recomputing it would cost if it were evicted now: its own cost plus,
     for each input that is not live, that input's rebuild cost (shared ancestors count once per
     path: an over-estimate that ranks deep recomputations last). O(V + E)."""
@@ -59,7 +59,7 @@ def _by_distance(problem: Problem, exponent: float) -> Chooser:
     """The most bytes times distance**exponent to the next read per unit of rebuild cost."""
 
     def choose(t: int, candidates: list[int], live: set[int]) -> int:
-        rebuild = _rebuild_costs(problem, live)
+        rebuild = rebuild_costs(problem, live)
 
         def score(v: int) -> tuple[float, int, int]:
             later = next(j for j in problem.succs[v] if j > t)

@@ -1,0 +1,155 @@
+"""Step: the cascade cover (`solver.milp.cascade`) and the lifetime search
+(`solver.heuristics.lifetimes`) from its solution, where recomputes cascade (op-level graphs)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from solver.core.stages import Member
+from solver.exact.state import Search
+from solver.exact.warm_start import moment_first
+from solver.heuristics.lifetimes import (
+    lifetime_search,
+    longest,
+    start_from_away,
+    start_from_plan,
+)
+from solver.milp.cascade import CascadeBound, away_stages, cascade_bound
+from solver.milp.formulation import variable_count
+
+
+def cascade_cover(search: Search) -> Search:
+    """Step, for `SolveOptions.cascade_share` of the time limit (less where the stage model is
+    small, `_share`; the read-gap cover must have left the search open):
+
+    1. the cascade cover's bound by row generation (its LP rounds and the first CP-SAT round,
+       within `cascade_first_share` of the limit); it raises the floor (NOTE [certificates]: a
+       certified LP bound, or CP-SAT's);
+    2. then, on two threads until the step's deadline: CP-SAT raising the bound further (more
+       rows, under the incumbent's cost as a cap) and the lifetime search from the relaxation's
+       solution, the incumbent's plan and checkpoint-all's lifetimes, each better plan offered
+       as it comes (NOTE [incumbent]); once the bound is final, the search stops when it has
+       not improved for `cascade_stall` of the limit, leaving the time to the next steps.
+
+    Skipped where no recompute in the cover's rows needs a dead input: the model is then the
+    read-gap cover, which has run (the published training graphs). Where the moment relaxation
+    runs next (`warm_start.moment_first`), only the first bound."""
+    options = search.options
+    if not options.cascade:
+        return search
+    problem, budget, units = search.problem, search.goal.budget, search.units
+    assert budget is not None
+    progress = search.engine_progress(relaxation=True)
+    first = cascade_bound(
+        problem,
+        budget,
+        units.int_cost,
+        deadline=search.share_of_limit(options.cascade_first_share),
+        workers=search.workers,
+        cap=_cap(search),
+        progress=progress,
+    )
+    if len(first.model.later) == 0:  # no dead input: the read-gap cover's model
+        search.note(skipped="no dead inputs")
+        return search
+    search.raise_floor(first.bound)
+    search.note(lp_bound=first.lp_bound, bound=first.bound, rows=len(first.model.rows))
+    if search.closed or moment_first(search):
+        # Where the moment relaxation runs next, it finds the plans (random_layered n=250 at
+        # 90%: the optimum); the lifetime search would only delay it.
+        return search
+    deadline = search.share_of_limit(_share(search))
+    starts = [longest(problem)]
+    if first.values is not None:
+        starts.insert(0, start_from_away(problem, *away_stages(first.model, first.values)))
+    if search.incumbent is not None:
+        starts.append(start_from_plan(problem, search.incumbent.plan))
+    rows = first.model.rows
+    last_change = [time.perf_counter()]
+    bound_done = threading.Event()
+
+    def raise_bound() -> CascadeBound:
+        try:
+            return cascade_bound(
+                problem,
+                budget,
+                units.int_cost,
+                deadline=deadline,
+                workers=search.workers,
+                cap=_cap(search),
+                progress=progress,
+                rows=rows,
+            )
+        finally:
+            bound_done.set()
+
+    def found(member: Member) -> None:
+        last_change[0] = time.perf_counter()
+        search.offer(member)
+
+    def stalled() -> bool:
+        """The bound is final and the search has not improved for `cascade_stall` of the
+        limit: the steps after this one may close the gap (the moment relaxation, probes)."""
+        quiet = time.perf_counter() - last_change[0]
+        return bound_done.is_set() and quiet > options.cascade_stall * search.time_limit
+
+    def search_lifetimes() -> list[Member]:
+        lifetime_search(
+            problem,
+            budget,
+            starts,
+            deadline=deadline,
+            found=found,
+            enough=lambda member: search.goal.value(member) <= search.floor,
+            stop=stalled,
+        )
+        return []  # each better plan was offered as it came
+
+    search.pending.append(search_lifetimes)
+    final = search.beside(raise_bound)
+    search.raise_floor(final.bound)
+    search.note(bound=final.bound, rows=len(final.model.rows))
+    return search
+
+
+def _share(search: Search) -> float:
+    """The step's share of the limit: `cascade_share`, or `cascade_small_share` where the stage
+    model is small enough for the steps after it (the moment relaxation, the stage model's
+    probes) to search it (at most `cascade_small_model` variables; counted only on graphs of at
+    most SMALL_GRAPH nodes, where counting is quick: larger ones are never that small)."""
+    options, problem = search.options, search.problem
+    if problem.n <= SMALL_GRAPH:
+        size = variable_count(problem, search.units.int_cost, search.value)
+        if size <= options.cascade_small_model:
+            return options.cascade_small_share
+    return options.cascade_share
+
+
+SMALL_GRAPH = 400
+"""Nodes above which `_share` does not count the stage model's variables."""
+
+
+def _cap(search: Search) -> int | None:
+    """Costs above the incumbent's need no bound: the cap for the relaxation's search."""
+    return None if search.value is None else search.value - 1
+
+
+def lifetime_polish(search: Search) -> Search:
+    """Step, last: while the search is open and time is left, the lifetime search from the
+    incumbent's plan until the deadline (each better plan offered as it comes), so that the
+    whole limit is used."""
+    if not search.options.cascade or search.incumbent is None:
+        return search
+    problem, budget = search.problem, search.goal.budget
+    assert budget is not None
+    lifetime_search(
+        problem,
+        budget,
+        [start_from_plan(problem, search.incumbent.plan)],
+        deadline=search.deadline,
+        seed=1,
+        found=search.offer,
+        enough=lambda member: search.goal.value(member) <= search.floor,
+    )
+    return search

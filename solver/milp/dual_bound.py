@@ -1,0 +1,121 @@
+r"""A certified lower bound from an LP relaxation, and the 0/1 fixings it implies.
+
+For min c^T x s.t. lo <= A x <= hi, 0 <= x <= upper, ANY row multipliers y give
+
+    c^T x = y^T A x + d^T x >= sum_r min(y_r lo_r, y_r hi_r) + sum_j d_j x_j,   d = c - A^T y,
+
+where min(y_r lo_r, y_r hi_r) is y_r lo_r for y_r >= 0 and y_r hi_r otherwise (a multiplier on an
+open side is dropped, as 0 is a multiplier too). So LB(y) = sum_r (that) + sum_j min(0, d_j upper_j)
+bounds every feasible x, and for a 0/1 variable x_j,
+
+    c^T x >= LB(y) + d_j x_j          (d_j > 0)        c^T x >= LB(y) + |d_j| (1 - x_j)  (d_j < 0)
+
+so a solution of cost <= cap has x_j = 0 when LB(y) + d_j > cap (x_j = 1 when LB(y) + |d_j| >
+cap). HiGHS's optimal duals make LB(y) the LP optimum; the arithmetic is redone here in floating
+point with every rounding error bounded (relative 2^-52 per operation, summed over each sum's
+terms), so the bound holds whatever HiGHS's tolerances were: this is the Neumaier-Shcherbina
+safe bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import highspy
+import numpy as np
+
+from solver.deadline import Deadline
+from solver.milp.lp import quiet_highs, scaled_lp
+from solver.milp.model import LinearModel
+
+_ROUNDING = 2.0**-52
+"""Relative error of one float64 operation, doubled for safety."""
+
+
+@dataclass(frozen=True)
+class DualBound:
+    """bound: a certified lower bound on the model's objective (a whole number: the objective
+    has integer coefficients on integer variables); base: the real-valued LB(y) it rounds up;
+    reduced: d_j and its error bound per variable (`fixings`); values: the LP's primal solution
+    where it came from one (None from `safe_bound` alone)."""
+
+    bound: int
+    base: float
+    reduced: np.ndarray
+    error: np.ndarray
+    values: np.ndarray | None = None
+
+    def fixings(self, cap: int) -> dict[int, int]:
+        """The 0/1 variables whose value is the same in every solution of objective <= cap."""
+        d, e = self.reduced, self.error
+        zero = np.flatnonzero(d - e > 0)
+        zero = zero[self.base + d[zero] - e[zero] > cap]
+        one = np.flatnonzero(d + e < 0)
+        one = one[self.base - d[one] - e[one] > cap]
+        return {**{int(j): 0 for j in zero}, **{int(j): 1 for j in one}}
+
+
+def _matrix(lm: LinearModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row index, column index and coefficient of every nonzero of `lm` (unscaled)."""
+    lengths = np.fromiter((len(r[0]) for r in lm.rows), np.int64, len(lm.rows))
+    rows = np.repeat(np.arange(len(lm.rows), dtype=np.int64), lengths)
+    cols = np.fromiter((v for r in lm.rows for v in r[0]), np.int64, int(lengths.sum()))
+    coefs = np.fromiter((c for r in lm.rows for c in r[1]), float, int(lengths.sum()))
+    return rows, cols, coefs
+
+
+def safe_bound(lm: LinearModel, y: np.ndarray) -> DualBound:
+    """LB(y) of the module docstring for multipliers `y` (one per row of `lm`), with rounding
+    errors bounded. Requires every variable's bounds to be 0 <= x <= upper."""
+    assert all(lo == 0 for lo in lm.lower), "variables must have lower bound 0"
+    lo = np.array([-math.inf if r[2] is None else r[2] for r in lm.rows], float)
+    hi = np.array([math.inf if r[3] is None else r[3] for r in lm.rows], float)
+    y = np.where((y > 0) & np.isfinite(lo), y, np.where((y < 0) & np.isfinite(hi), y, 0.0))
+    side = np.where(y > 0, lo, np.where(y < 0, hi, 0.0))
+    row_terms = y * side
+    rows, cols, coefs = _matrix(lm)
+    n = len(lm.names)
+    cost = np.zeros(n)
+    for j, c in lm.objective.items():
+        cost[j] += c
+    products = coefs * y[rows]
+    reduced = cost - np.bincount(cols, products, minlength=n)
+    terms = np.bincount(cols, minlength=n) + 1.0
+    error = 2 * _ROUNDING * terms * (np.abs(cost) + np.bincount(cols, np.abs(products), n))
+    upper = np.asarray(lm.upper, float)
+    col_terms = np.minimum(0.0, (reduced - error) * upper)
+    total = math.fsum(row_terms) + math.fsum(col_terms)
+    slack = (
+        _ROUNDING
+        * (len(row_terms) + n + 2)
+        * (math.fsum(np.abs(row_terms)) + math.fsum(np.abs(col_terms)))
+    )
+    base = total - slack
+    return DualBound(max(0, math.ceil(base - 1e-9)), base, reduced, error)
+
+
+def certified_lp_bound(lm: LinearModel, deadline: Deadline) -> DualBound | None:
+    """Solve `lm`'s LP relaxation with HiGHS (dual simplex) by `deadline` and
+    certify its bound from the row duals (`safe_bound`); None when HiGHS does not finish.
+    Its objective must be >= 0 on the variables' box (costs are never negative)."""
+    scaled = scaled_lp(lm)
+    highs = quiet_highs()
+    for option, value in (
+        ("output_flag", False),
+        ("time_limit", max(0.01, deadline.remaining())),
+        ("solver", "simplex"),
+        ("simplex_strategy", 1),
+        ("presolve", "off"),
+    ):
+        highs.setOptionValue(option, value)
+    highs.passModel(scaled.lp)
+    highs.run()
+    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    solution = highs.getSolution()
+    # Row r of the scaled model is row r of lm divided by row_scale[r]; the last row is the
+    # free objective row `scaled_lp` appends.
+    y = np.asarray(solution.row_dual, float)[: len(lm.rows)] / scaled.row_scale[: len(lm.rows)]
+    bound = safe_bound(lm, y)
+    return replace(bound, values=np.asarray(solution.col_value, float) * scaled.col)

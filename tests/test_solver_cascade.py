@@ -1,0 +1,145 @@
+"""The cascade cover (solver.cascade) against the exhaustive stage-space optimum: its bound (LP,
+certified from the duals, and CP-SAT's) never exceeds the optimum's recompute cost, at every
+budget where the optimum changes; where a recompute needs a dead input it is above the read-gap
+cover; its LP bound is certified (solver.dual_bound) whatever the duals; and the exact search
+through the cascade step and the lifetime polish never claims more than the exhaustive optimum
+allows."""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from solver_reference import min_cost_within, stage_space_frontier
+from solver_strategies import small_graphs, training_graphs
+
+import solver
+from solver import SolveOptions
+from solver.core.stages import checkpoint_all
+from solver.deadline import Deadline
+from solver.exact.cascade import cascade_cover, lifetime_polish
+from solver.exact.warm_start import warm_start
+from solver.milp.cascade import Crossings, cascade_bound, cascade_model
+from solver.milp.cover import read_gap_cover
+from solver.milp.dual_bound import certified_lp_bound, safe_bound
+from solver.milp.model import LinearModel
+from solver.milp.units import CostUnits
+
+
+def _dead_chain() -> nx.DiGraph:
+    """A forward 0 -> 1 -> 2 -> 3 -> 4 whose values 1 and 2 only feed the next op (dead after
+    it), and a backward 5 -> 6 where 6 reads 3 again and 0 (costly, 100). At 11 bytes stage 5
+    (node 5, its input 4 and the crossing 3 and 0: 12 bytes) must let 3 go; the read-gap cover
+    charges 3's recompute (1), but it needs 2 and 1 again, both dead: 3."""
+    graph = nx.DiGraph([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (3, 6), (0, 6)])
+    mems = [1, 4, 4, 4, 6, 1, 1]
+    for v, mem in enumerate(mems):
+        graph.nodes[v].update(mem=mem, cost=100 if v == 0 else 1)
+    return graph
+
+
+def _optima(graph: nx.DiGraph, problem) -> list[tuple[int, float]]:
+    """Every budget below checkpoint-all's peak where the exhaustive optimum changes (and the
+    one-line bound, and one byte below that peak) with the optimum there, where one exists."""
+    frontier = stage_space_frontier(graph)
+    top = checkpoint_all(problem).peak
+    budgets = {peak for _, peak in frontier} | {top - 1, problem.memory_lower_bound}
+    optima = [(b, min_cost_within(frontier, b)) for b in sorted(budgets)]
+    return [(b, o) for b, o in optima if problem.memory_lower_bound <= b < top and o is not None]
+
+
+def _bounds_hold(graph: nx.DiGraph) -> None:
+    problem = solver.prepare(graph)
+    units = CostUnits.of(problem)
+    int_cost, unit = units.int_cost, units.unit
+    for budget, optimum in _optima(graph, problem):
+        cascade = cascade_bound(problem, budget, int_cost, deadline=Deadline.after(10), workers=2)
+        assert cascade.lp_bound <= cascade.bound
+        assert problem.total_cost + cascade.bound * unit <= optimum + 1e-9
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.one_of(small_graphs(max_nodes=7), training_graphs(forward_nodes=3), st.just(_dead_chain()))
+)
+def test_the_cascade_bound_never_exceeds_the_exhaustive_optimum(graph):
+    _bounds_hold(graph)
+
+
+THROUGH_THE_CASCADE = {
+    "after-warm-starts": SolveOptions(
+        steps=(warm_start, cascade_cover, lifetime_polish), moment_late_share=2.0
+    ),
+    "alone": SolveOptions(steps=(cascade_cover, lifetime_polish), moment_late_share=2.0),
+}
+"""The exact search with only the cascade step (its lifetime search not cut short by the moment
+relaxation) and the lifetime polish, after the warm starts or from checkpoint-all alone: the
+cascade bound and the lifetime plans decide the answer."""
+
+
+@pytest.mark.parametrize("options", THROUGH_THE_CASCADE.values(), ids=THROUGH_THE_CASCADE.keys())
+def test_solving_through_the_cascade_step_agrees_with_the_exhaustive_optimum(options):
+    """At every budget where the optimum changes: the replayed schedule fits, its bound is at
+    most the optimum, and "OPTIMAL" only at the optimum's cost."""
+
+    @settings(max_examples=30, deadline=None, derandomize=True)
+    @given(
+        st.one_of(
+            small_graphs(max_nodes=7), training_graphs(forward_nodes=3), st.just(_dead_chain())
+        )
+    )
+    def check(graph):
+        problem = solver.prepare(graph)
+        for budget, optimum in _optima(graph, problem):
+            try:
+                schedule = solver.solve(graph, budget, time_limit=0.5, options=options)
+            except solver.SolverTimeoutError:  # no warm start fits and the search found none
+                continue
+            assert solver.simulate(graph, schedule.ops).peak <= budget
+            assert schedule.bound <= optimum + 1e-9 <= schedule.cost + 2e-9
+            if schedule.status == "OPTIMAL":
+                assert abs(schedule.cost - optimum) <= 1e-9
+
+    check()
+
+
+def test_a_dead_input_chain_is_counted_where_the_read_gap_cover_misses_it():
+    graph = _dead_chain()
+    problem = solver.prepare(graph)
+    int_cost = CostUnits.of(problem).int_cost
+    cover = read_gap_cover(problem, 11, int_cost, deadline=Deadline.after(10), workers=2)
+    cascade = cascade_bound(problem, 11, int_cost, deadline=Deadline.after(10), workers=2)
+    optimum = min_cost_within(stage_space_frontier(graph), 11)
+    assert (cover.bound, cascade.bound, optimum) == (1, 3, problem.total_cost + 3)
+
+
+def test_the_certified_bound_holds_for_any_multipliers():
+    """min x0 + 2 x1 + 3 x2 s.t. x0 + x1 >= 1, x1 + x2 >= 1 (0/1): optimum 2 (x1). The duals
+    (1, 1) certify 1 + 1 = 2 (reduced costs 0, 0, 2, none negative); wrong-signed or huge
+    multipliers still give a valid (weaker) bound."""
+    lm = LinearModel()
+    x = [lm.var(f"x{i}", 0, 1) for i in range(3)]
+    lm.objective = {x[0]: 1, x[1]: 2, x[2]: 3}
+    lm.row([(1, x[0]), (1, x[1])], 1, None)
+    lm.row([(1, x[1]), (1, x[2])], 1, None)
+    assert safe_bound(lm, np.array([1.0, 1.0])).bound == 2
+    for y in ([-5.0, 1.0], [10.0, 10.0], [0.0, 0.0], [0.5, 1.5]):
+        assert safe_bound(lm, np.array(y)).bound <= 2
+    lp = certified_lp_bound(lm, Deadline.after(10))
+    assert lp is not None and lp.bound == 2
+    # reduced costs (0, 0, 2): x2 = 1 costs at least 2 + 2 = 4, so it is 0 below a cap of 4
+    assert lp.fixings(3) == {x[2]: 0} and lp.fixings(4) == {}
+
+
+def test_the_model_is_the_read_gap_cover_without_dead_inputs():
+    """A chain 0 -> 1 -> 2 -> 3 with a skip 0 -> 3 at 8 bytes: value 0 has one gap, one row
+    (without the timing rows, which give each crossing value a variable per row)."""
+    graph = nx.DiGraph([(0, 1), (1, 2), (2, 3), (0, 3)])
+    for v, mem in enumerate([4, 2, 3, 1]):
+        graph.nodes[v].update(mem=mem, cost=5)
+    problem = solver.prepare(graph)
+    model = cascade_model(problem, Crossings.of(problem, 8), [5, 5, 5, 5], timing=False)
+    assert model.lm.names == ["x[0,2..2]"] and model.rows == (2,)
+    assert model.lm.rows == [([0], [4], 1, None)]
