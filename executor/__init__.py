@@ -13,6 +13,7 @@ from executor.errors import (
     ExecutorError,
     InputMismatchError,
     UnsupportedScheduleError,
+    UnusedOutputGradientError,
 )
 from executor.memory import PeakMemory, measure_peak, median_seconds
 from executor.module import Rematerialized, rematerialize
@@ -24,6 +25,7 @@ __all__ = [
     "PeakMemory",
     "Rematerialized",
     "UnsupportedScheduleError",
+    "UnusedOutputGradientError",
     "measure_peak",
     "median_seconds",
     "rematerialize",

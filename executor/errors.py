@@ -24,3 +24,9 @@ class UnsupportedScheduleError(ExecutorError):
 class AutocastMismatchError(ExecutorError):
     """A step runs under another autocast state (on/off, dtype) than the graph was captured
     under; the graph holds the casts of its capture, so capture under the step's autocast."""
+
+
+class UnusedOutputGradientError(ExecutorError):
+    """A step backpropagated a nonzero gradient into an output that the graph was captured as
+    unused by the loss (``capture(..., backward_from=...)``): the graph assumes that gradient is
+    zero, so capture again with ``backward_from`` naming the output."""

@@ -31,7 +31,7 @@ from torch import nn
 
 from executor.checks import check_call
 from executor.codegen import compile_ops
-from executor.errors import UnsupportedScheduleError
+from executor.errors import UnsupportedScheduleError, UnusedOutputGradientError
 from executor.interpreter import ScheduleInterpreter, Step
 from graph_capture.captured import CapturedGraph
 from graph_capture.device import no_autocast
@@ -164,6 +164,25 @@ class _Program:
         step.env.clear()
         return results
 
+    def tangents(self, grad_outputs: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        """The tangents to bind from autograd's output gradients (None where an output got no
+        gradient: `CapturedGraph.missing_tangent`). Raises `UnusedOutputGradientError` when an
+        output captured as unused by the loss (``backward_from``) got a nonzero gradient."""
+        c = self.captured
+        tangents = []
+        for i, k in enumerate(c.tangent_output_indices):
+            grad = grad_outputs[k]
+            if grad is None:
+                grad = c.missing_tangent(i)
+            elif k in c.zero_tangent_outputs and grad.any():
+                raise UnusedOutputGradientError(
+                    f"the step backpropagated a nonzero gradient into forward output {k}, "
+                    "which the capture was told the loss does not use (backward_from): "
+                    "capture with backward_from naming it too"
+                )
+            tangents.append(grad)
+        return tangents
+
     def _record_placeholder_results(self, step: Step) -> None:
         for position, slot in self.placeholder_results:
             if position not in step.seen and step.env[slot] is not None:
@@ -204,6 +223,7 @@ class _RematFunction(torch.autograd.Function):
         ctx.program, ctx.step, ctx.n_params = program, step, n_params
         tangent_outputs = set(program.captured.tangent_output_indices)
         ctx.mark_non_differentiable(*(o for k, o in enumerate(outputs) if k not in tangent_outputs))
+        ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
         return tuple(outputs)
 
     @staticmethod
@@ -216,8 +236,8 @@ class _RematFunction(torch.autograd.Function):
                 "Rematerialized: backward ran twice through the same step; the schedule frees "
                 "its values, so retain_graph=True is not supported"
             )
-        tangents = [grad_outputs[k] for k in program.captured.tangent_output_indices]
         with torch.no_grad(), no_autocast(program.captured.autocast.device_type):
+            tangents = program.tangents(grad_outputs)
             results = program.backward(step, tangents)
         needs_input_grad = ctx.needs_input_grad[2 + ctx.n_params :]
         input_grads: list[torch.Tensor | None] = [None] * len(needs_input_grad)

@@ -13,12 +13,13 @@ out, so each sees exactly the stream eager would):
   when the model has none).
 
 The step is ``model(*inputs, **kwargs)`` and a backward from every differentiable output with
-gradients of ones (``sum()`` of each output as the loss; a scalar loss gets 1). Printed: the
-budget, the solver's predicted peak and the measured peak (profiler allocation events, bytes
-above the start of the step, ``.grad`` allocated before it), measured / predicted; the median
-step time of each; and whether remat's outputs, gradients and parameters were bit-identical to
-eager's on every step. Exit status 0 only when they were and the measured peak is within the
-budget.
+gradients of ones (``sum()`` of each output as the loss; a scalar loss gets 1), or only from
+the outputs ``--backward-from`` names (``--backward-from loss`` for a HuggingFace model called
+with ``labels=``). Printed: the budget, the solver's predicted peak and the measured peak
+(profiler allocation events, bytes above the start of the step, ``.grad`` allocated before it),
+measured / predicted; the median step time of each; and whether remat's outputs, gradients
+and parameters were bit-identical to eager's on every step. Exit status 0 only when they were
+and the measured peak is within the budget.
 """
 
 from __future__ import annotations
@@ -39,8 +40,14 @@ from torch.utils.checkpoint import checkpoint_sequential
 
 from executor.memory import measure_peak
 from executor.module import Rematerialized
-from graph_capture.cli import add_model_arguments, capture_with_args, load_model_from_args
+from graph_capture.cli import (
+    add_model_arguments,
+    capture_with_args,
+    load_model_from_args,
+    output_names,
+)
 from graph_capture.demos import demo_model
+from graph_capture.zero_tangents import selected_outputs
 
 __all__ = ["BUDGET_HELP", "add_run_arguments", "run_run", "sqrt_checkpointed"]
 
@@ -93,13 +100,15 @@ def sqrt_checkpointed(model: nn.Module) -> nn.Module | None:
     return model
 
 
-def _backward_from(out: object) -> list[torch.Tensor]:
-    """Backward from every differentiable output with gradients of ones; returns the flat
-    outputs (detached)."""
-    flat = [x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
-    diff = [x for x in flat if x.requires_grad]
+def _backward_from(out: object, names: Sequence[str | int] | None) -> list[torch.Tensor]:
+    """Backward with gradients of ones from every differentiable output under the top-level
+    output `names` (every one when None); returns the flat outputs (detached)."""
+    leaves, spec = pytree.tree_flatten(out)
+    chosen = range(len(leaves)) if names is None else selected_outputs(spec, names)
+    diff = [x for k, x in enumerate(leaves) if k in chosen and isinstance(x, torch.Tensor)]
+    diff = [x for x in diff if x.requires_grad]
     torch.autograd.backward(diff, [torch.ones_like(x) for x in diff])
-    return [x.detach() for x in flat]
+    return [x.detach() for x in leaves if isinstance(x, torch.Tensor)]
 
 
 _Call = tuple[Sequence[torch.Tensor], dict[str, torch.Tensor]]
@@ -116,13 +125,14 @@ class _Runner:
     optimizer: torch.optim.Optimizer
     rng: torch.Tensor
     seconds: list[float]
+    backward_from: Sequence[str | int] | None = None
 
     def step(self, inputs: _Call) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """One training step on this copy's RNG stream; returns (outputs, grads before update)."""
         torch.set_rng_state(self.rng)
         self.optimizer.zero_grad(set_to_none=False)
         t0 = time.perf_counter()
-        outputs = _backward_from(self.call(*inputs[0], **inputs[1]))
+        outputs = _backward_from(self.call(*inputs[0], **inputs[1]), self.backward_from)
         self.seconds.append(time.perf_counter() - t0)
         grads = [p.grad.clone() for p in self.model.parameters()]
         self.optimizer.step()
@@ -135,7 +145,9 @@ class _Runner:
         grads = [p.grad.clone() for p in self.model.parameters()]
         state = {k: v.clone() for k, v in self.model.state_dict().items()}
         with torch.random.fork_rng(devices=[]):
-            step = lambda: _backward_from(self.call(*inputs[0], **inputs[1]))  # noqa: E731
+            step = lambda: _backward_from(  # noqa: E731
+                self.call(*inputs[0], **inputs[1]), self.backward_from
+            )
             peak = measure_peak(step).peak_bytes
         with torch.no_grad():
             for p, w, g in zip(self.model.parameters(), saved, grads, strict=True):
@@ -178,10 +190,15 @@ def run_run(args: argparse.Namespace) -> int:
 
 
 def _runners(
-    model: nn.Module, captured, schedule, lr: float
-) -> list[_Runner]:  # captured: CapturedGraph, schedule: solver.Schedule
+    model: nn.Module,
+    captured,  # CapturedGraph
+    schedule,  # solver.Schedule
+    lr: float,
+    backward_from: Sequence[str | int] | None,
+) -> list[_Runner]:
     """Eager, remat and (when the model has an nn.Sequential) checkpoint copies of `model`,
-    each with AdamW, preallocated .grad and the current RNG state."""
+    each with AdamW, preallocated .grad, the current RNG state, and the outputs its step
+    backpropagates from."""
     start_rng = torch.get_rng_state()
     runners = []
     for name in ("eager", "remat", "checkpoint"):
@@ -196,7 +213,7 @@ def _runners(
         opt = torch.optim.AdamW(copy_.parameters(), lr=lr)
         for p in copy_.parameters():
             p.grad = torch.zeros_like(p)
-        runners.append(_Runner(name, copy_, call, opt, start_rng.clone(), []))
+        runners.append(_Runner(name, copy_, call, opt, start_rng.clone(), [], backward_from))
     return runners
 
 
@@ -212,7 +229,7 @@ def _train_and_report(
     captured = capture_with_args(args, model, inputs, kwargs, summary=sys.stdout)
     call = (inputs, kwargs)
     schedule = _schedule(args, captured)
-    runners = _runners(model, captured, schedule, args.lr)
+    runners = _runners(model, captured, schedule, args.lr, output_names(args))
     eager, remat = runners[0], runners[1]
 
     mismatches: list[str] = []

@@ -1,19 +1,11 @@
-"""Make the measured op times add up to the training step they model.
+"""What a training step spends for an op beyond the op itself, added to the op's seconds.
 
-Each op is timed alone (`graph_capture.measure`: least of repeated runs on the same inputs).
-Two things a step spends beyond those times are measured here and put into the ops' seconds:
-
-- `add_accumulation_seconds`: adding each parameter gradient into an existing ``.grad``
-  (autograd's AccumulateGrad, and the executor, do it once per step), charged to the op that
-  computes the gradient;
-- `calibrate_to_plain_run`: the whole graph run once in order (values freed after their last
-  use, as a training step frees them) takes longer than the sum of its ops timed alone: the
-  backward ops read tensors saved long before, which are no longer in cache. The difference is
-  spread over the backward ops in proportion to their times. Forward ops, the ones schedules
-  recompute, keep their own times: the extra time recomputation measured in real steps matched
-  them (``python -m benchmarks.real_models``: predicted vs measured overhead).
-
-So the node costs sum to one plain step, and "cost of computing each node once" is the step.
+`graph_capture.measure` times each op where a step runs it (the graph in order, each value
+dropped after its last use). A step also adds each parameter gradient into an existing
+``.grad`` (autograd's AccumulateGrad, and the executor, do it once per step):
+`add_accumulation_seconds` charges that add to the op computing the gradient. So the node
+costs sum to the ops' share of one step (each the least of its samples); what autograd and the
+executor spend between ops (Python dispatch, bookkeeping) is in no node's cost.
 """
 
 from __future__ import annotations
@@ -23,11 +15,10 @@ from collections.abc import Sequence
 
 import torch
 
-from graph_capture.device import fork_rng, synchronize
-from graph_capture.fx_nodes import phase_of
+from graph_capture.device import synchronize
 from graph_capture.measure import NodeMeasure
 
-__all__ = ["add_accumulation_seconds", "calibrate_to_plain_run"]
+__all__ = ["add_accumulation_seconds"]
 
 
 def _least_seconds(call, device: torch.device, repeats: int) -> float:
@@ -60,27 +51,3 @@ def add_accumulation_seconds(
         measures[node.name].seconds += _least_seconds(
             lambda b=buffer, g=grad: b.add_(g), grad.device, repeats
         )
-
-
-def calibrate_to_plain_run(
-    gm: torch.fx.GraphModule,
-    args: Sequence[torch.Tensor],
-    measures: dict[str, NodeMeasure],
-    device: torch.device,
-    repeats: int,
-) -> float:
-    """Scale the backward ops' seconds so that every op's seconds (accumulation excluded) sum
-    to the least of `repeats` plain runs of `gm` on `args` (under ``no_grad``, the RNG state
-    restored); returns that plain run's seconds. Ops never get faster: a plain run quicker than
-    the sum leaves the times as they are."""
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
-    with fork_rng(device), torch.no_grad():
-        gm(*args)  # warm-up
-        plain = _least_seconds(lambda: gm(*args), device, repeats)
-    backward = [measures[n.name] for n in nodes if phase_of(n) == "backward"]
-    behind = plain - sum(measures[n.name].seconds for n in nodes)
-    spread = sum(m.seconds for m in backward)
-    if behind > 0 and spread > 0:
-        for measure in backward:
-            measure.seconds *= 1 + behind / spread
-    return plain

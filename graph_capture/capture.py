@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from graph_capture.calibrate import add_accumulation_seconds, calibrate_to_plain_run
+from graph_capture.calibrate import add_accumulation_seconds
 from graph_capture.captured import CapturedGraph, TensorSpec
 from graph_capture.dag import build_dag
 from graph_capture.device import (
@@ -23,6 +23,12 @@ from graph_capture.grouping import group_modules, group_ops, op_group_order
 from graph_capture.lifted import lifted_constants
 from graph_capture.measure import StorageKey, is_random, measure_joint, storages_of
 from graph_capture.trace import TracedJoint, trace_joint
+from graph_capture.zero_tangents import (
+    OutputName,
+    default_tangents,
+    fold_zero_tangent_adds,
+    selected_outputs,
+)
 
 GRANULARITIES = ("op", "module")
 
@@ -36,6 +42,7 @@ def capture(
     cost_model: str = "time",
     module_depth: int | None = None,
     repeats: int = 5,
+    backward_from: Sequence[OutputName] | None = None,
 ) -> CapturedGraph:
     """Capture ``model(*example_inputs, **example_kwargs)`` forward + backward as a
     `CapturedGraph`.
@@ -49,9 +56,15 @@ def capture(
 
     ``granularity``: "op" (one DAG node per allocating aten op, views folded in) or "module"
     (consecutive ops of one module and phase merged; ``module_depth`` truncates module paths).
-    ``cost_model``: "time" (DAG ``cost`` in seconds, least of ``repeats`` runs per op) or
-    "flops". Measurement runs the graph once on the example inputs with tangents of ones; the
-    global RNG state and the model are left as they were. Raises `CaptureError`.
+    ``cost_model``: "time" (DAG ``cost`` in seconds, each op's least over ``repeats - 1``
+    passes over the graph in step order, `graph_capture.measure.measure_joint`) or "flops".
+    ``backward_from``: the outputs the training step backpropagates from, by
+    top-level name (``["loss"]`` for a HuggingFace ``ModelOutput``; a tuple's indices); the
+    other outputs' incoming gradients are known zero and the graph is specialised for that
+    (`graph_capture.zero_tangents`: eager does not compute them, nor does the executor then).
+    ``None``: every output that requires grad may get a gradient. Measurement runs the graph
+    once on the example inputs with tangents of ones (zeros where known zero); the global RNG
+    state and the model are left as they were. Raises `CaptureError`.
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")
@@ -63,10 +76,18 @@ def capture(
         layout = _layout(traced, model)
         gm = traced.graph_module
         output_specs = _output_specs(gm, layout["forward_output_indices"])
-        tangents = [
-            torch.ones(output_specs[i].shape, dtype=output_specs[i].dtype, device=device)
-            for i in layout["tangent_output_indices"]
-        ]
+        zero_outputs = _zero_tangent_outputs(traced, layout, backward_from)
+        tangent_of = dict(
+            zip(layout["tangent_output_indices"], layout["tangent_placeholders"], strict=True)
+        )
+        fold_zero_tangent_adds(gm, [tangent_of[k] for k in zero_outputs])
+        tangents = default_tangents(
+            gm,
+            layout["tangent_placeholders"],
+            layout["tangent_output_indices"],
+            output_specs,
+            zero_outputs,
+        )
         params = dict(model.named_parameters())
         buffers = dict(model.named_buffers())
         flat_inputs = [*example_inputs, *kwargs.values()]
@@ -78,7 +99,6 @@ def capture(
         )
         with no_autocast(device.type):
             measures, flat_outputs = measure_joint(gm, args, repeats=repeats)
-            calibrate_to_plain_run(gm, args, measures, device, repeats)
         grad_positions = list(layout["param_grad_indices"].values())
         add_accumulation_seconds(gm, grad_positions, flat_outputs, measures, repeats)
     group = group_ops(gm, measures)
@@ -107,6 +127,7 @@ def capture(
         output_specs=output_specs,
         output_treespec=traced.output_treespec,
         node_group=group,
+        zero_tangent_outputs=tuple(zero_outputs),
         **{k: v for k, v in layout.items() if k != "grad_indices"},
     )
 
@@ -176,6 +197,25 @@ def _layout(traced: TracedJoint, model: nn.Module) -> dict:
                 "intermediate's base?): return fresh tensors, e.g. .clone()"
             )
     return layout
+
+
+def _zero_tangent_outputs(
+    traced: TracedJoint, layout: dict, backward_from: Sequence[OutputName] | None
+) -> list[int]:
+    """Forward output positions with a tangent that are not under ``backward_from``'s names
+    (none when it is None). Raises `CaptureError` when it selects no output with a tangent."""
+    if backward_from is None:
+        return []
+    if isinstance(backward_from, str | int):
+        backward_from = [backward_from]
+    selected = selected_outputs(traced.output_treespec, backward_from)
+    with_tangent = layout["tangent_output_indices"]
+    if not any(k in selected for k in with_tangent):
+        raise CaptureError(
+            f"backward_from={list(backward_from)} selects no output that requires grad "
+            f"(outputs with a gradient: {with_tangent}); name the loss"
+        )
+    return [k for k in with_tangent if k not in selected]
 
 
 def _output_specs(gm: torch.fx.GraphModule, forward_positions: list[int]) -> list[TensorSpec]:

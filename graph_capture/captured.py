@@ -69,6 +69,7 @@ from torch import nn
 
 from graph_capture.device import AutocastState, no_autocast
 from graph_capture.errors import CaptureError
+from graph_capture.zero_tangents import default_tangents, missing_gradient
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,9 @@ class CapturedGraph:
     ``cost_model`` ("time" or "flops") says what the DAG's ``cost`` holds. ``kwarg_names``:
     the keyword inputs, which follow the positional ones in ``input_specs`` and the
     placeholders. ``autocast``: the autocast state the graph was traced under (its casts are
-    in the graph), for the model's device type.
+    in the graph), for the model's device type. ``zero_tangent_outputs``: forward output
+    positions whose incoming gradient is known zero (capture's ``backward_from``; the graph is
+    specialised for it, `graph_capture.zero_tangents`).
     """
 
     joint: torch.fx.GraphModule
@@ -147,6 +150,7 @@ class CapturedGraph:
     autocast: AutocastState
     output_treespec: object = field(repr=False)
     node_group: dict[str, str] = field(default_factory=dict, repr=False)
+    zero_tangent_outputs: tuple[int, ...] = ()
 
     @property
     def order(self) -> list[str]:
@@ -236,9 +240,22 @@ class CapturedGraph:
         return self.unpack_outputs(flat)
 
     def default_tangents(self) -> list[torch.Tensor]:
-        """Tangents of ones, one per differentiable forward output (``sum()`` as the loss)."""
-        specs = [self.output_specs[i] for i in self.tangent_output_indices]
-        return [torch.ones(s.shape, dtype=s.dtype, device=s.device) for s in specs]
+        """One tangent per differentiable forward output: ones (``sum()`` as the loss), and
+        zeros for the known-zero ones (`graph_capture.zero_tangents.missing_gradient`)."""
+        return default_tangents(
+            self.joint,
+            self.tangent_placeholders,
+            self.tangent_output_indices,
+            self.output_specs,
+            self.zero_tangent_outputs,
+        )
+
+    def missing_tangent(self, i: int) -> torch.Tensor:
+        """Tangent ``i`` for a step in which its output got no gradient: zeros, held in one
+        element when the graph no longer reads it (a known-zero tangent whose adds were
+        folded)."""
+        spec = self.output_specs[self.tangent_output_indices[i]]
+        return missing_gradient(self.joint, self.tangent_placeholders[i], spec)
 
 
 def eager_reference(

@@ -63,6 +63,15 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, demo: bool = True) -
         default="time",
         help="node cost: measured seconds (default) or FLOPs",
     )
+    parser.add_argument(
+        "--backward-from",
+        nargs="+",
+        metavar="OUTPUT",
+        default=None,
+        help="the outputs the training step backpropagates from, by top-level name (e.g. loss) "
+        "or tuple index; the other outputs' zero gradients then cost nothing (default: every "
+        "output that requires grad)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads while measuring")
 
 
@@ -133,6 +142,14 @@ def capture_from_args(args: argparse.Namespace) -> CapturedGraph:
     return capture_with_args(args, *load_model_from_args(args))
 
 
+def output_names(args: argparse.Namespace) -> list[str | int] | None:
+    """``--backward-from``'s output names, tuple indices as ints (None when not given)."""
+    names = getattr(args, "backward_from", None)
+    if names is None:
+        return None
+    return [int(n) if n.isdigit() else n for n in names]
+
+
 def capture_with_args(
     args: argparse.Namespace,
     model: nn.Module,
@@ -151,6 +168,7 @@ def capture_with_args(
         granularity=args.granularity,
         cost_model=args.cost_model,
         module_depth=args.module_depth,
+        backward_from=output_names(args),
     )
     dag = graph.dag
     forward = graph.first_backward_index

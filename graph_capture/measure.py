@@ -33,7 +33,8 @@ class NodeMeasure:
 
     ``storages``: storage key -> bytes of every storage its tensor outputs reference;
     ``new_storages``: the subset this node allocated (not seen on any earlier value);
-    ``seconds``: least wall time of ``repeats`` runs (other processes only ever add time);
+    ``seconds``: least wall time over the timed passes of `measure_joint` (the op run in step
+    order, values dropped after their last use; other processes only ever add time);
     ``flops_counted``: what ``FlopCounterMode`` counts (matmul, conv, attention); ``flops``:
     that, or a numel-based estimate (one FLOP per element of the largest input or of all
     outputs, whichever is larger) for ops it counts as 0 that allocate memory;
@@ -83,11 +84,12 @@ def _estimate_flops(args: Sequence[object], out: object) -> int:
 def measure_joint(
     gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], *, repeats: int = 5
 ) -> tuple[dict[str, NodeMeasure], list[object]]:
-    """Run ``gm`` once node by node, then ``repeats - 1`` more timed passes over the graph (the
-    RNG state restored after them): an op's seconds are its least over the passes, samples
-    spread over the whole capture so that a burst of load from other processes hits one pass,
-    not every sample of an op. Then each op once more under the allocation profiler for its
-    scratch bytes.
+    """Run ``gm`` once node by node (every value kept: storages, FLOPs), each op once more
+    under the allocation profiler for its scratch bytes, then, with those values released,
+    ``repeats - 1`` timed passes over the graph in order, each value dropped after its last use
+    as a training step drops it (the RNG state restored after them): an op's seconds are its
+    least over those passes (other processes only ever add time; a burst of load hits one pass,
+    not every sample of an op), or its one run when ``repeats`` is 1.
 
     Returns (fx node name -> `NodeMeasure`, the flat outputs).
     The outputs are those of a plain run: each node's value is from a run that started from
@@ -117,7 +119,7 @@ def measure_joint(
                     "graph; only calls can be measured and replayed"
                 )
             fn_args, fn_kwargs = torch.fx.node.map_arg(
-                (node.args, node.kwargs), lambda n: env[n.name]
+                (node.args, node.kwargs), lambda n, env=env: env[n.name]
             )
             try:
                 value, measure = _run_node(node, fn_args, fn_kwargs)
@@ -133,16 +135,76 @@ def measure_joint(
         calls = _calls(gm, env)
         device = device_of(calls[0][0]) if calls else torch.device("cpu")
         with fork_rng(device):
-            for _ in range(repeats - 1):
-                for node, call in calls:
-                    synchronize(device)
-                    start = time.perf_counter()
-                    call()
-                    synchronize(device)
-                    measure = measures[node.name]
-                    measure.seconds = min(measure.seconds, time.perf_counter() - start)
             _measure_scratch(calls, measures, device)
+            del calls
+            env.clear()  # timed without them, as a step does not hold every value
+            _time_in_step_order(gm, args, measures, device, repeats - 1)
     return measures, outputs
+
+
+def step_drops(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, list[str]]]:
+    """Every call of `gm` in graph order with the names of the values to drop right after it:
+    those it reads last (or itself, when nothing reads it), as a training step frees them.
+    Placeholders and what the graph output reads are never dropped. O(nodes + edges)."""
+    last: dict[str, torch.fx.Node] = {}
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    for node in calls:
+        for source in node.all_input_nodes:
+            if source.op == "call_function":
+                last[source.name] = node
+    (output,) = gm.graph.find_nodes(op="output")
+    for source in output.all_input_nodes:
+        last.pop(source.name, None)
+    drops: dict[str, list[str]] = {n.name: [] for n in calls}
+    for node in calls:
+        if not node.users:
+            drops[node.name].append(node.name)
+    for name, reader in last.items():
+        drops[reader.name].append(name)
+    return [(node, drops[node.name]) for node in calls]
+
+
+def _time_in_step_order(
+    gm: torch.fx.GraphModule,
+    args: Sequence[torch.Tensor],
+    measures: dict[str, NodeMeasure],
+    device: torch.device,
+    passes: int,
+) -> None:
+    """Set every op's ``seconds`` to its least over `passes` runs of the whole graph in order,
+    each value dropped after its last use (`step_drops`): the op timed where a step runs it,
+    after the ops before it, with the allocator and caches in the state a step leaves them (an
+    op timed alone on values that all stay alive reads other caches and allocates elsewhere).
+    Nothing changes when `passes` < 1."""
+    if passes < 1:
+        return
+    plan = step_drops(gm)
+    placeholders = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    least: dict[str, float] = {}
+    for _ in range(passes):
+        env: dict[str, object] = dict(zip(placeholders, args, strict=True))
+        for node, drops in plan:
+            fn_args, fn_kwargs = torch.fx.node.map_arg(
+                (node.args, node.kwargs), lambda n, env=env: env[n.name]
+            )
+            synchronize(device)
+            start = time.perf_counter()
+            env[node.name] = node.target(*fn_args, **fn_kwargs)
+            synchronize(device)
+            seconds = time.perf_counter() - start
+            if _computes(node):
+                least[node.name] = min(least.get(node.name, seconds), seconds)
+            fn_args = fn_kwargs = None
+            for name in drops:
+                del env[name]
+        env.clear()
+    for name, seconds in least.items():
+        measures[name].seconds = seconds
+
+
+def _computes(node: torch.fx.Node) -> bool:
+    """False for a getitem or a lifted constant: it picks or returns a value, computes none."""
+    return node.target is not operator.getitem and not isinstance(node.target, LiftedConstant)
 
 
 def _calls(gm: torch.fx.GraphModule, env: dict[str, object]) -> list[tuple[torch.fx.Node, Call]]:
@@ -150,9 +212,7 @@ def _calls(gm: torch.fx.GraphModule, env: dict[str, object]) -> list[tuple[torch
     zero-argument call running it on the values in `env`, in graph order."""
     calls = []
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is operator.getitem:
-            continue
-        if isinstance(node.target, LiftedConstant):
+        if node.op != "call_function" or not _computes(node):
             continue
         fn_args, fn_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
         calls.append((node, partial(node.target, *fn_args, **fn_kwargs)))

@@ -1,18 +1,14 @@
 """Capture measures what an op holds while it runs (its transient bytes) from real allocations,
-and calibrates op times to the step they model."""
+and times each op where a step runs it."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 from torch import nn
 
 from graph_capture import capture
-from graph_capture.calibrate import calibrate_to_plain_run
-from graph_capture.fx_nodes import phase_of
-from graph_capture.measure import NodeMeasure
+from graph_capture.measure import step_drops
 from graph_capture.peak import measure_each
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,14 +47,17 @@ def test_transient_is_the_op_bytes_plus_what_the_executor_holds(granularity):
         assert any(dag.nodes[v]["op_transient"] > 0 for v in convolutions)
 
 
-def test_calibration_scales_the_backward_ops_to_the_plain_run_and_keeps_the_forward():
+def test_ops_are_timed_in_step_order_each_value_dropped_after_its_last_use():
     model, x = conv_model()
-    captured = capture(model, [x])
+    captured = capture(model, [x], repeats=2)
     gm = captured.joint
-    args = captured.placeholder_values(model, [x], captured.default_tangents())
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
-    measures = {n.name: NodeMeasure({}, set(), 1e-9, 0, 0) for n in nodes}
-    plain = calibrate_to_plain_run(gm, args, measures, torch.device("cpu"), repeats=2)
-    forward = [measures[n.name].seconds for n in nodes if phase_of(n) == "forward"]
-    assert forward == [1e-9] * len(forward)
-    assert math.isclose(sum(m.seconds for m in measures.values()), plain, rel_tol=1e-9)
+    plan = step_drops(gm)
+    (output,) = gm.graph.find_nodes(op="output")
+    kept = {n.name for n in output.all_input_nodes}
+    position = {node.name: k for k, (node, _) in enumerate(plan)}
+    dropped = [name for _, drops in plan for name in drops]
+    assert sorted(dropped) == sorted(n.name for n, _ in plan if n.name not in kept)
+    by_name = {node.name: node for node, _ in plan}
+    for node, drops in plan:
+        for name in drops:  # dropped at its last reader, after everything that reads it
+            assert all(position[u.name] <= position[node.name] for u in by_name[name].users)

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import solver
-from executor.errors import InputMismatchError
+from executor.errors import InputMismatchError, UnusedOutputGradientError
+from executor.memory import measure_peak
 from executor.module import Rematerialized, rematerialize
-from graph_capture import capture, hf_models
+from graph_capture import CaptureError, capture, hf_models
 from solver import prepare
 
 pytest.importorskip("transformers")
@@ -77,3 +78,62 @@ def test_keyword_inputs_may_come_in_any_order_and_are_checked_by_name():
     assert torch.equal(rm(*args, **reordered).loss, first)
     with pytest.raises(InputMismatchError, match=r"expected keyword inputs \['attention_mask'"):
         rm(*args, labels=kwargs["labels"])
+
+
+def test_outputs_the_loss_does_not_use_cost_no_tangent_and_train_bit_identically():
+    # backward_from=["loss"]: the logits' and the key/value cache's zero gradients are known at
+    # capture, their adds folded (into the value itself, or a contiguous copy of a transposed
+    # one), so the step holds no tangent but the loss's and a few one-element zeros, and both
+    # executor paths still train exactly like eager
+    torch.manual_seed(0)
+    model, args, kwargs = hf_models.gpt2_lm()
+    before = capture(copy.deepcopy(model), args, kwargs, repeats=1)
+    captured = capture(copy.deepcopy(model), args, kwargs, repeats=1, backward_from=["loss"])
+    assert before.dag.graph["held_bytes"]["tangents"] > 30_000
+    assert captured.dag.graph["held_bytes"]["tangents"] <= 4 * len(captured.tangent_placeholders)
+    assert captured.dag.number_of_nodes() < before.dag.number_of_nodes()  # the adds are gone
+    schedule = solver.solve(captured.dag, budget="70%", time_limit=1)
+    eager = copy.deepcopy(model)
+    remats = [
+        Rematerialized(copy.deepcopy(model), captured, schedule, compiled=compiled)
+        for compiled in (True, False)
+    ]
+    modules = [eager, *remats]
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in modules]
+    for step in range(3):
+        seen = []
+        for module, optimizer in zip(modules, optimizers, strict=True):
+            torch.manual_seed(10 + step)
+            out = module(*args, **kwargs)
+            out.loss.backward()
+            seen.append([out.loss, out.logits, *(p.grad.clone() for p in module.parameters())])
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+        for other in seen[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(seen[0], other, strict=True)), step
+    for remat in remats:
+        step_of = lambda remat=remat: remat(*args, **kwargs).loss.backward()  # noqa: E731
+        step_of()
+        measured = measure_peak(step_of).peak_bytes
+        assert measured <= schedule.budget
+        assert measured <= schedule.peak
+
+
+def test_a_gradient_into_an_output_captured_as_unused_is_refused():
+    torch.manual_seed(0)
+    model, args, kwargs = hf_models.vit_classifier(layers=1)
+    rm = rematerialize(
+        model,
+        args,
+        "100%",
+        example_kwargs=kwargs,
+        capture_options={"repeats": 1, "backward_from": ["loss"]},
+        time_limit=1,
+    )
+    out = rm(*args, **kwargs)
+    torch.autograd.backward([out.loss, out.logits], [None, torch.zeros_like(out.logits)])
+    out = rm(*args, **kwargs)
+    with pytest.raises(UnusedOutputGradientError, match="backward_from naming it"):
+        (out.loss + out.logits.sum()).backward()
+    with pytest.raises(CaptureError, match=r"not outputs of the model; its outputs are \['loss'"):
+        capture(model, args, kwargs, repeats=1, backward_from=["los"])
