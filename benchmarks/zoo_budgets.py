@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import networkx as nx
 
 import solver
-from solver.core.stages import plan_from_keep, plan_to_ops
+from solver.heuristics.baselines import block_checkpoint
 
 
 def block_paths(zoo_name: str) -> list[str]:
@@ -37,17 +37,10 @@ def _block_of(module: str, paths: Sequence[str]) -> str | None:
 
 
 def per_block_peak(graph: nx.DiGraph, paths: Sequence[str]) -> int:
-    """Peak bytes of per-block checkpointing (module docstring) of `graph` with blocks `paths`."""
+    """Peak bytes of per-block checkpointing (`solver.heuristics.baselines.block_checkpoint`)
+    of `graph` with blocks `paths`."""
     problem = solver.prepare(graph)
-    block = [_block_of(graph.nodes[v].get("module") or "", paths) for v in problem.ids]
-    keep = [
-        v
-        for v in range(problem.n)
-        if problem.backward[v]
-        or block[v] is None
-        or any(not problem.backward[w] and block[w] != block[v] for w in problem.succs[v])
-    ]
-    return plan_to_ops(problem, plan_from_keep(problem, keep)).peak
+    return block_checkpoint(problem, [_block_of(m, paths) for m in problem.module]).schedule.peak
 
 
 def least_peak_plus(graph: nx.DiGraph, margin: float, time_limit: float) -> tuple[int, bool]:

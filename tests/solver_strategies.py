@@ -11,6 +11,8 @@ mems = st.integers(min_value=0, max_value=8)
 costs = st.integers(min_value=0, max_value=5)
 transients = st.one_of(st.none(), st.integers(min_value=0, max_value=6))
 """A node's transient bytes: absent (0) about half the time."""
+modules = st.one_of(st.none(), st.sampled_from(["", "a", "a.0", "a.0.x", "a.1", "a.1.x", "b"]))
+"""A node's module path: absent about half the time; blocks a.0, a.1 and b at depth 1-2."""
 
 
 def _attach(graph: nx.DiGraph, draw) -> nx.DiGraph:
@@ -22,6 +24,11 @@ def _attach(graph: nx.DiGraph, draw) -> nx.DiGraph:
             graph.nodes[v].pop("transient", None)
         else:
             graph.nodes[v]["transient"] = transient
+        module = draw(modules)
+        if module is None:
+            graph.nodes[v].pop("module", None)
+        else:
+            graph.nodes[v]["module"] = module
     return graph
 
 

@@ -41,6 +41,8 @@ class Problem:
         preds: for each node, the indices of the nodes it reads, ascending.
         succs: for each node, the indices of the nodes that read it, ascending.
         backward: for each node, whether it belongs to the backward pass (False where unknown).
+        module: for each node, the dotted path of the nn.Module it came from ("" where unknown;
+            the node attribute `module` of captured graphs).
     """
 
     ids: tuple[Hashable, ...]
@@ -50,10 +52,13 @@ class Problem:
     succs: tuple[tuple[int, ...], ...]
     backward: tuple[bool, ...]
     transient: tuple[int, ...] = ()
+    module: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.transient:  # no transient bytes given: 0 for every node
             object.__setattr__(self, "transient", (0,) * len(self.ids))
+        if not self.module:  # no module paths given: unknown for every node
+            object.__setattr__(self, "module", ("",) * len(self.ids))
 
     @property
     def n(self) -> int:
@@ -193,7 +198,10 @@ def prepare(graph: nx.DiGraph) -> Problem:
     preds = tuple(tuple(sorted(index[u] for u in graph.predecessors(v))) for v in order)
     succs = tuple(tuple(sorted(index[w] for w in graph.successors(v))) for v in order)
     backward = tuple(_is_backward(graph.nodes[v]) for v in order)
-    return Problem(tuple(order), tuple(mem), tuple(cost), preds, succs, backward, tuple(transient))
+    module = tuple(str(graph.nodes[v].get("module") or "") for v in order)
+    return Problem(
+        tuple(order), tuple(mem), tuple(cost), preds, succs, backward, tuple(transient), module
+    )
 
 
 def _bytes(graph: nx.DiGraph, v: Hashable, key: str, default: int | None = None) -> int:

@@ -18,6 +18,9 @@ family stops adding members when its `deadline` passes and returns those it has.
   byte first); best prefix.
 - `every_k_recompute_each_use`: every k-th candidate kept, everything else recomputed at each use
   and never kept: low peaks at a high cost, the warm start for tight budgets.
+- `module_blocks`: ``torch.utils.checkpoint`` around each module of a captured graph (`module`
+  node attribute) at one depth of its path, over the first k blocks: per-block checkpointing
+  as users write it, so the exact search starts no worse than it.
 """
 
 from __future__ import annotations
@@ -185,8 +188,61 @@ def bytes_per_cost(problem: Problem, deadline: Deadline = NEVER) -> list[Member]
     return _until(deadline, lambda m: _member(problem, f"drop={m}", set(ranked[:m])), prefixes)
 
 
+def block_checkpoint(problem: Problem, block: Sequence[str | None], param: str = "-") -> Member:
+    """Checkpointing around blocks: ``block[v]`` names node v's block (None: in no block). A
+    forward node in a block is dropped after use and recomputed for the backward unless a
+    forward node outside its block reads it (the block's output is saved); nodes in no block
+    and backward nodes are kept, as ``torch.utils.checkpoint`` (non-reentrant) around each
+    block runs them."""
+    backward = problem.backward
+    dropped = {
+        v
+        for v in candidates(problem)
+        if block[v] is not None
+        and all(backward[w] or block[w] == block[v] for w in problem.succs[v])
+    }
+    return _member(problem, param, dropped)
+
+
+MODULE_BLOCK_POINTS = 12
+"""Members of `module_blocks` per module depth (how many leading blocks are checkpointed)."""
+
+
+def module_blocks(problem: Problem, deadline: Deadline = NEVER) -> list[Member]:
+    """Per-block checkpointing over the modules of a captured graph: at each depth d of the
+    `module` paths, a node's block is its path cut to d parts (no block when the path is
+    shorter), and the first k blocks in graph order are checkpointed (`block_checkpoint`): every
+    block at each depth first, then k swept down (the last blocks' activations are the first
+    the backward frees, so leaving them whole saves recomputation at little memory). Empty
+    where the graph has no module paths."""
+    cands = candidates(problem)
+    cuts: dict[int, list[str | None]] = {}
+    order: dict[int, list[str]] = {}  # each depth's blocks, in graph order
+    for d in range(1, max((m.count(".") + 1 for m in problem.module if m), default=0) + 1):
+        cuts[d] = [
+            ".".join(m.split(".")[:d]) if m.count(".") >= d - 1 and m else None
+            for m in problem.module
+        ]
+        order[d] = list(dict.fromkeys(cuts[d][v] for v in cands if cuts[d][v] is not None))
+    params = [(d, len(blocks)) for d, blocks in order.items() if blocks]
+    params += [
+        (d, k)
+        for d, blocks in order.items()
+        for k in _sampled(range(1, len(blocks)), MODULE_BLOCK_POINTS)[::-1]
+    ]
+
+    def make(param: tuple[int, int]) -> Member:
+        d, k = param
+        first = set(order[d][:k])
+        block = [b if b in first else None for b in cuts[d]]
+        return block_checkpoint(problem, block, f"depth={d},k={k}")
+
+    return _until(deadline, make, params)
+
+
 BASELINES: dict[str, Family] = {
     "checkpoint_all": checkpoint_all,
+    "module_blocks": module_blocks,
     "sqrt_segments": sqrt_segments,
     "ap_sqrt_segments": ap_sqrt_segments,
     "every_k": every_k,
@@ -195,5 +251,6 @@ BASELINES: dict[str, Family] = {
     "bytes_per_cost": bytes_per_cost,
     "every_k_recompute_each_use": every_k_recompute_each_use,
 }
-"""Every checkpoint-policy family by name, in the order tables list them (the policy part of
-`solver.heuristics.registry.HEURISTICS`)."""
+"""Every checkpoint-policy family by name, in the order tables list them and warm starts
+evaluate them (the policy part of `solver.heuristics.registry.HEURISTICS`): cheap families
+with the most to offer first."""
