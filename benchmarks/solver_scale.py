@@ -134,7 +134,7 @@ def solve_row(label: str, graph: nx.DiGraph, budget_text: str, time_limit: float
             budget = solver.parse_budget(budget_text, problem)
             schedule = solver.solve(graph, budget, time_limit=time_limit)
     except solver.InfeasibleBudgetError as exc:
-        least = exc.minimum_bytes or f">= {exc.lower_bound_bytes} (not proven)"
+        least = exc.minimum_bytes or f"not found, proven >= {exc.lower_bound_bytes}"
         row.update(
             status="INFEASIBLE",
             seconds=round(time.perf_counter() - start, 2),
