@@ -16,10 +16,11 @@ then solve remat's schedule with each of those measured peaks as its byte budget
 no recomputation), measure remat's peak (it must be at or under the budget) and time every
 method in interleaved rounds (one step of each per round, the order rotated; medians).
 
-Per remat row: the predicted peak and measured / predicted; the predicted recompute overhead
-(schedule cost / cost of computing each node once) and the measured one (step time over remat's
-100% step; a second copy of the 100% step measures the noise floor of that); the step time over
-the matched method's. Writes ``real_models.{md,csv,png}`` and
+Per remat row: the predicted peak and measured / predicted; the predicted recompute (schedule
+cost / cost of computing each node once - 1), the predicted overhead (`solver.Problem.overhead`:
+the recomputation over capture's measured plain step, `step_cost`) and the measured one (step
+time over remat's 100% step; a second copy of the 100% step measures the noise floor of that);
+the step time over the matched method's. Writes ``real_models.{md,csv,png}`` and
 ``summary.md`` (one row per model) under ``--out``.
 """
 
@@ -157,7 +158,8 @@ def _row(
     row["measured_vs_predicted"] = peaks[key] / schedule.peak
     row["status"] = schedule.status
     row["gap"] = schedule.gap
-    row["predicted_overhead"] = schedule.cost / problem.total_cost - 1
+    row["predicted_recompute"] = schedule.cost / problem.total_cost - 1
+    row["predicted_overhead"] = problem.overhead(schedule.cost)
     row["measured_overhead"] = _paired(times, key, REMAT_FULL) - 1
     matched = key.removeprefix("remat @ ")
     if matched in times:

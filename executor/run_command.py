@@ -259,11 +259,16 @@ def _train_and_report(
         f"schedule: {schedule.method} {schedule.status}, {len(schedule.ops)} ops, "
         f"{schedule.recomputes} recomputes, budget {'-' if budget is None else _mib(budget)}"
     )
-    total = prepare(captured.dag).total_cost
+    problem = prepare(captured.dag)
     print(
-        f"predicted recompute cost  {100 * (schedule.cost / total - 1):+.1f}% of one plain step "
-        f"({captured.cost_model} cost model)"
+        f"predicted recompute cost  {100 * (schedule.cost / problem.total_cost - 1):+.1f}% of "
+        f"computing each node once ({captured.cost_model} cost model)"
     )
+    if problem.step_cost is not None:
+        print(
+            f"predicted step overhead   {100 * problem.overhead(schedule.cost):+.1f}% of the "
+            "plain step measured at capture"
+        )
     measured = peaks["remat"]
     limit = schedule.peak if budget is None else budget
     print(f"predicted peak (solver)   {_mib(schedule.peak)}")

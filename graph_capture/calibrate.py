@@ -4,8 +4,9 @@
 dropped after its last use). A step also adds each parameter gradient into an existing
 ``.grad`` (autograd's AccumulateGrad, and the executor, do it once per step):
 `add_accumulation_seconds` charges that add to the op computing the gradient. So the node
-costs sum to the ops' share of one step (each the least of its samples); what autograd and the
-executor spend between ops (Python dispatch, bookkeeping) is in no node's cost.
+costs sum to the ops' share of one step (each the least of its samples); what a step spends
+between ops (Python dispatch, bookkeeping) is in no node's cost, but in the graph's measured
+``step_cost`` (`graph_capture.capture`).
 """
 
 from __future__ import annotations
@@ -38,16 +39,19 @@ def add_accumulation_seconds(
     outputs: Sequence[object],
     measures: dict[str, NodeMeasure],
     repeats: int,
-) -> None:
+) -> float:
     """Add to the op computing each parameter gradient (output position in `grad_positions`)
-    the least of `repeats` timed adds of it into a tensor of its shape."""
+    the least of `repeats` timed adds of it into a tensor of its shape; returns the seconds
+    added in all."""
     (output,) = gm.graph.find_nodes(op="output")
+    added = 0.0
     for position in grad_positions:
         node = output.args[0][position]
         grad = outputs[position]
         if not isinstance(node, torch.fx.Node) or node.name not in measures:
             continue
         buffer = torch.zeros_like(grad)
-        measures[node.name].seconds += _least_seconds(
-            lambda b=buffer, g=grad: b.add_(g), grad.device, repeats
-        )
+        seconds = _least_seconds(lambda b=buffer, g=grad: b.add_(g), grad.device, repeats)
+        measures[node.name].seconds += seconds
+        added += seconds
+    return added

@@ -57,7 +57,9 @@ def capture(
     ``granularity``: "op" (one DAG node per allocating aten op, views folded in) or "module"
     (consecutive ops of one module and phase merged; ``module_depth`` truncates module paths).
     ``cost_model``: "time" (DAG ``cost`` in seconds, each op's least over ``repeats - 1``
-    passes over the graph in step order, `graph_capture.measure.measure_joint`) or "flops".
+    passes over the graph in step order, `graph_capture.measure.measure_joint`; the graph
+    attribute ``step_cost``, seconds, is the least of those passes' whole wall times plus the
+    gradient accumulation: one plain step with what runs between ops) or "flops".
     ``backward_from``: the outputs the training step backpropagates from, by
     top-level name (``["loss"]`` for a HuggingFace ``ModelOutput``; a tuple's indices); the
     other outputs' incoming gradients are known zero and the graph is specialised for that
@@ -98,9 +100,10 @@ def capture(
             + tangents
         )
         with no_autocast(device.type):
-            measures, flat_outputs = measure_joint(gm, args, repeats=repeats)
+            measured = measure_joint(gm, args, repeats=repeats)
+        measures, flat_outputs = measured.nodes, measured.outputs
         grad_positions = list(layout["param_grad_indices"].values())
-        add_accumulation_seconds(gm, grad_positions, flat_outputs, measures, repeats)
+        accumulation = add_accumulation_seconds(gm, grad_positions, flat_outputs, measures, repeats)
     group = group_ops(gm, measures)
     order = op_group_order(gm, group)
     modules = None
@@ -113,6 +116,8 @@ def capture(
     dag.graph["static_bytes"] = static
     dag.graph["granularity"] = granularity
     dag.graph["name"] = f"{type(model).__name__} ({granularity})"
+    if cost_model == "time" and measured.pass_seconds is not None:
+        dag.graph["step_cost"] = measured.pass_seconds + accumulation
     return CapturedGraph(
         joint=gm,
         dag=dag,

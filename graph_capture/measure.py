@@ -7,6 +7,7 @@ storage is identified by its pointer (zero-byte storages get a private key).
 
 from __future__ import annotations
 
+import math
 import operator
 import time
 from collections.abc import Callable, Sequence
@@ -81,17 +82,32 @@ def _estimate_flops(args: Sequence[object], out: object) -> int:
     return max(largest_input, outputs)
 
 
+@dataclass
+class JointMeasure:
+    """What `measure_joint` measured.
+
+    ``nodes``: fx node name -> `NodeMeasure`; ``outputs``: the graph's flat outputs (a plain
+    run's); ``pass_seconds``: the least wall time of one timed pass over the whole graph in step
+    order (every op and what runs between ops: at least the sum of the ops' least seconds), or
+    None when no pass was timed (``repeats`` 1).
+    """
+
+    nodes: dict[str, NodeMeasure]
+    outputs: list[object]
+    pass_seconds: float | None
+
+
 def measure_joint(
     gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], *, repeats: int = 5
-) -> tuple[dict[str, NodeMeasure], list[object]]:
+) -> JointMeasure:
     """Run ``gm`` once node by node (every value kept: storages, FLOPs), each op once more
     under the allocation profiler for its scratch bytes, then, with those values released,
     ``repeats - 1`` timed passes over the graph in order, each value dropped after its last use
     as a training step drops it (the RNG state restored after them): an op's seconds are its
     least over those passes (other processes only ever add time; a burst of load hits one pass,
-    not every sample of an op), or its one run when ``repeats`` is 1.
+    not every sample of an op), or its one run when ``repeats`` is 1; the least wall time of a
+    whole pass is kept too (`JointMeasure.pass_seconds`).
 
-    Returns (fx node name -> `NodeMeasure`, the flat outputs).
     The outputs are those of a plain run: each node's value is from a run that started from
     the RNG state the plain run would have had. Ops run where their inputs are (the model's
     device); a lifted constant is static memory, like a placeholder. Raises `CaptureError`
@@ -138,8 +154,8 @@ def measure_joint(
             _measure_scratch(calls, measures, device)
             del calls
             env.clear()  # timed without them, as a step does not hold every value
-            _time_in_step_order(gm, args, measures, device, repeats - 1)
-    return measures, outputs
+            pass_seconds = _time_in_step_order(gm, args, measures, device, repeats - 1)
+    return JointMeasure(measures, outputs, pass_seconds)
 
 
 def step_drops(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, list[str]]]:
@@ -170,18 +186,22 @@ def _time_in_step_order(
     measures: dict[str, NodeMeasure],
     device: torch.device,
     passes: int,
-) -> None:
+) -> float | None:
     """Set every op's ``seconds`` to its least over `passes` runs of the whole graph in order,
     each value dropped after its last use (`step_drops`): the op timed where a step runs it,
     after the ops before it, with the allocator and caches in the state a step leaves them (an
     op timed alone on values that all stay alive reads other caches and allocates elsewhere).
-    Nothing changes when `passes` < 1."""
+    Returns the least wall time of a whole pass (seconds), measured in the same passes as the
+    ops, so both see the same machine; nothing changes and None comes back when `passes` < 1."""
     if passes < 1:
-        return
+        return None
     plan = step_drops(gm)
     placeholders = [n.name for n in gm.graph.find_nodes(op="placeholder")]
     least: dict[str, float] = {}
+    whole = math.inf
     for _ in range(passes):
+        synchronize(device)
+        started = time.perf_counter()
         env: dict[str, object] = dict(zip(placeholders, args, strict=True))
         for node, drops in plan:
             fn_args, fn_kwargs = torch.fx.node.map_arg(
@@ -198,8 +218,11 @@ def _time_in_step_order(
             for name in drops:
                 del env[name]
         env.clear()
+        synchronize(device)
+        whole = min(whole, time.perf_counter() - started)
     for name, seconds in least.items():
         measures[name].seconds = seconds
+    return whole
 
 
 def _computes(node: torch.fx.Node) -> bool:

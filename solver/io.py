@@ -84,6 +84,8 @@ def graph_from_node_link(data: object) -> nx.DiGraph:
         graph.graph["order"] = [_node_id(v, "graph attribute 'order'") for v in order]
     if isinstance(attributes.get("name"), str):
         graph.graph["name"] = attributes["name"]
+    if "step_cost" in attributes:  # checked by prepare, as for a graph built in Python
+        graph.graph["step_cost"] = attributes["step_cost"]
     if "order" not in graph.graph:
         file_order = list(graph.nodes)
         position = {v: i for i, v in enumerate(file_order)}
@@ -108,7 +110,8 @@ def load_graph(path: str | Path) -> nx.DiGraph:
 
 
 def save_graph(graph: nx.DiGraph, path: str | Path) -> None:
-    """Write a solver graph as node-link JSON with its `order`, readable by `load_graph`."""
+    """Write a solver graph as node-link JSON with its `order`, `name` and `step_cost`, readable
+    by `load_graph`."""
     data = nx.node_link_data(graph, edges="links")
-    data["graph"] = {k: v for k, v in graph.graph.items() if k in ("order", "name")}
+    data["graph"] = {k: v for k, v in graph.graph.items() if k in ("order", "name", "step_cost")}
     Path(path).write_text(json.dumps(data))

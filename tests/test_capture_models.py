@@ -19,6 +19,7 @@ from graph_capture.accounting import (
 )
 from graph_capture.demo_models import Block, TinyUNet
 from graph_capture.lifted import LiftedConstant
+from solver import prepare
 
 torch.set_num_threads(1)
 
@@ -214,6 +215,18 @@ def test_cost_model_flops_uses_flops_as_cost() -> None:
     model, inputs = MODELS["two_outputs"]
     graph = capture(model, inputs, cost_model="flops", repeats=1)
     assert all(graph.dag.nodes[v]["cost"] == graph.dag.nodes[v]["flops"] for v in graph.dag)
+    assert "step_cost" not in graph.dag.graph  # a step's seconds are not FLOPs
+
+
+def test_step_cost_is_a_whole_pass_so_at_least_the_sum_of_the_op_costs() -> None:
+    model, inputs = MODELS["mlp"]
+    graph = capture(model, inputs, repeats=3)
+    problem = prepare(graph.dag)
+    # Each op's cost is its least over the passes and a pass holds every op's run, so the least
+    # pass is at least the sum of the least op times (the gradient adds counted in both).
+    assert problem.step_cost is not None
+    assert problem.step_cost >= problem.total_cost * (1 - 1e-12)
+    assert "step_cost" not in capture(model, inputs, repeats=1).dag.graph  # no timed pass
 
 
 def test_dropout_is_marked_random() -> None:

@@ -157,6 +157,27 @@ def test_bad_attributes_are_refused(key, value, message):
         solver.solve(g, 10)
 
 
+def test_overhead_is_the_recomputation_over_the_measured_plain_step(tmp_path):
+    graph = uniform_chain(4)  # four nodes of cost 1
+    assert solver.prepare(graph).step_cost is None
+    assert solver.prepare(graph).overhead(6.0) == 0.5  # no measured step: over the node costs
+    graph.graph["step_cost"] = 5
+    problem = solver.prepare(graph)
+    assert problem.step_cost == 5.0
+    assert problem.overhead(6.0) == 0.4
+    assert problem.overhead(problem.total_cost) == 0.0
+    save_graph(graph, tmp_path / "g.json")
+    assert solver.prepare(load_graph(tmp_path / "g.json")).step_cost == 5.0
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), "1", True])
+def test_a_bad_step_cost_is_refused(value):
+    graph = uniform_chain(3)
+    graph.graph["step_cost"] = value
+    with pytest.raises(solver.GraphError, match="step_cost"):
+        solver.prepare(graph)
+
+
 def test_order_must_be_topological():
     g = uniform_chain(3)
     g.graph["order"] = [1, 0, 2]

@@ -10,7 +10,10 @@ Contract (what every graph handed to the solver must satisfy):
 - graph inputs and parameters are not nodes: they are static memory outside the budget;
 - the graph attribute `order` (a list of all nodes, topological) fixes the node order; without it
   the order is networkx's lexicographical topological sort keyed by insertion position, which is
-  deterministic for a given graph.
+  deterministic for a given graph;
+- the graph attribute `step_cost` (number > 0, optional; graph units) is the measured cost of one
+  plain step, what runs between the ops included (captures with the time cost model set it):
+  the denominator of a schedule's predicted step-time overhead (`Problem.overhead`).
 
 `Problem` is the validated, index-based form the solvers work on: node i is `order[i]`.
 """
@@ -43,6 +46,8 @@ class Problem:
         backward: for each node, whether it belongs to the backward pass (False where unknown).
         module: for each node, the dotted path of the nn.Module it came from ("" where unknown;
             the node attribute `module` of captured graphs).
+        step_cost: measured cost of one plain step (graph units; the graph attribute
+            `step_cost`), or None where the graph has none.
     """
 
     ids: tuple[Hashable, ...]
@@ -53,6 +58,7 @@ class Problem:
     backward: tuple[bool, ...]
     transient: tuple[int, ...] = ()
     module: tuple[str, ...] = ()
+    step_cost: float | None = None
 
     def __post_init__(self) -> None:
         if not self.transient:  # no transient bytes given: 0 for every node
@@ -79,6 +85,13 @@ class Problem:
     def total_cost(self) -> float:
         """Cost of computing every node exactly once (the checkpoint-all cost)."""
         return math.fsum(self.cost)
+
+    def overhead(self, cost: float) -> float:
+        """Predicted step-time overhead of a schedule costing `cost`: its recomputation
+        (`cost - total_cost`) over one plain step, `step_cost` where measured (it counts what a
+        step spends between ops, which no node's cost does), else `total_cost`. 0.25 = a step
+        25% slower than the plain one."""
+        return (cost - self.total_cost) / (self.step_cost or self.total_cost or 1.0)
 
     @cached_property
     def last_user(self) -> tuple[int, ...]:
@@ -200,8 +213,27 @@ def prepare(graph: nx.DiGraph) -> Problem:
     backward = tuple(_is_backward(graph.nodes[v]) for v in order)
     module = tuple(str(graph.nodes[v].get("module") or "") for v in order)
     return Problem(
-        tuple(order), tuple(mem), tuple(cost), preds, succs, backward, tuple(transient), module
+        tuple(order),
+        tuple(mem),
+        tuple(cost),
+        preds,
+        succs,
+        backward,
+        tuple(transient),
+        module,
+        _step_cost(graph),
     )
+
+
+def _step_cost(graph: nx.DiGraph) -> float | None:
+    value = graph.graph.get("step_cost")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise GraphError(f"graph attribute `step_cost`={value!r} is not a number > 0")
+    if not math.isfinite(value):
+        raise GraphError(f"graph attribute `step_cost`={value!r} is not finite")
+    return float(value)
 
 
 def _bytes(graph: nx.DiGraph, v: Hashable, key: str, default: int | None = None) -> int:
