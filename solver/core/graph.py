@@ -153,7 +153,7 @@ def _number(graph: nx.DiGraph, v: Hashable, key: str, default: float | None = No
             f"and `cost` (cost to compute it). Load published graphs with solver.load_graph."
         )
     value = attrs[key]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not _is_finite_number(value):
         raise GraphError(f"node {v!r}: {key}={value!r} is not a finite number")
     if value < 0:
         raise GraphError(f"node {v!r}: {key}={value!r} is negative; {key} must be >= 0")
@@ -229,11 +229,14 @@ def _step_cost(graph: nx.DiGraph) -> float | None:
     value = graph.graph.get("step_cost")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise GraphError(f"graph attribute `step_cost`={value!r} is not a number > 0")
-    if not math.isfinite(value):
-        raise GraphError(f"graph attribute `step_cost`={value!r} is not finite")
+    if not _is_finite_number(value) or value <= 0:
+        raise GraphError(f"graph attribute `step_cost`={value!r} is not a finite number > 0")
     return float(value)
+
+
+def _is_finite_number(value: object) -> bool:
+    """An int or float (not a bool), neither infinite nor NaN."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
 def _bytes(graph: nx.DiGraph, v: Hashable, key: str, default: int | None = None) -> int:
