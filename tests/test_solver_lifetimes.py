@@ -21,7 +21,14 @@ from solver.core.stages import (
     plan_to_ops,
 )
 from solver.deadline import Deadline
-from solver.heuristics.lifetimes import _evaluate, lifetime_search, longest, start_from_plan
+from solver.heuristics.lifetimes import (
+    _evaluate,
+    _longer,
+    lifetime_search,
+    longest,
+    start_from_member,
+    start_from_plan,
+)
 
 
 @st.composite
@@ -45,6 +52,21 @@ def test_every_assignment_is_a_valid_plan_and_the_fast_evaluation_agrees(case):
     fast = _evaluate(problem, lifetimes)
     assert fast.stage_peaks == schedule.stage_peaks
     assert abs(fast.cost - schedule.cost) <= 1e-9 * max(1.0, schedule.cost)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(graphs_with_lifetimes())
+def test_a_longer_life_changes_no_computation_of_a_value_never_recomputed(case):
+    """What lets the improvement skip such values: no stage lacks a copy of them, so letting
+    them live longer recomputes exactly the same nodes."""
+    graph, lifetimes = case
+    problem = solver.prepare(graph)
+    current = _evaluate(problem, lifetimes)
+    computed = plan_from_lifetimes(problem, lifetimes).computed
+    for v in range(problem.n):
+        if len(current.windows[v]) < 2:
+            for longer in _longer(problem, lifetimes, v):
+                assert plan_from_lifetimes(problem, longer).computed == computed
 
 
 def test_checkpoint_all_is_the_longest_assignment():
@@ -75,3 +97,7 @@ def test_the_search_fits_its_budget_and_never_beats_the_exhaustive_optimum(graph
         assert replay.peak == schedule.peak <= budget
         optimum = min_cost_within(frontier, budget)
         assert optimum is not None and schedule.cost >= optimum - 1e-9
+        # the plan carries the lifetimes it came from, and a search resumes from them
+        assert found.lifetimes is not None
+        assert plan_from_lifetimes(problem, found.lifetimes) == found.plan
+        assert start_from_member(problem, found) == found.lifetimes

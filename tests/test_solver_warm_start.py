@@ -5,6 +5,8 @@ reference's dynamic program finds one), its plans fit their budget, it fits rand
 
 from __future__ import annotations
 
+import time
+
 import networkx as nx
 import pytest
 from hypothesis import given, settings
@@ -14,12 +16,16 @@ from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs
 
 import solver
-from solver.core.stages import checkpoint_all
+from solver import SolveOptions
+from solver.core.stages import Member, checkpoint_all, plan_from_keep
+from solver.deadline import Deadline
+from solver.exact.state import Goal, Search
 from solver.examples import chain
 from solver.heuristics.backward import backward_runs, search
 from solver.heuristics.eviction import evict_within
 from solver.heuristics.least_peak import least_peak
 from solver.io import load_graph
+from solver.milp.units import CostUnits
 
 
 def _two_sinks() -> nx.DiGraph:
@@ -105,3 +111,32 @@ def test_the_least_peak_search_ends_at_the_one_line_bound_when_a_run_fits_it():
     least = solver.minimum_peak(graph, time_limit=10)
     assert "checkpoint_policies" not in steps_run(least)  # closed before it
     assert least.status == "OPTIMAL" and least.peak == problem.memory_lower_bound
+
+
+def test_pending_warm_starts_run_in_order_and_each_is_offered_as_it_finishes():
+    """`Search.defer` puts work ahead of a named one; `run_pending` offers each work's schedules
+    before the next starts, so that the next (the lifetime search) begins from the best."""
+    graph = chain([2] * 6, [1] * 6)
+    problem = solver.prepare(graph)
+    now = time.perf_counter()
+    goal = Goal("cost", CostUnits.of(problem))
+    search = Search(graph, problem, goal, SolveOptions(), 1, Deadline.after(10), 10.0, now)
+    seen: list[tuple[str, float | None]] = []
+    everything = checkpoint_all(problem)
+    member = Member("checkpoint-all", plan_from_keep(problem, range(problem.n)), everything)
+
+    def work(name: str, found: list[Member]):
+        def run() -> list[Member]:
+            seen.append((name, None if search.incumbent is None else search.incumbent.param))
+            return found
+
+        return run
+
+    search.defer("policies", work("policies", [member]))
+    search.defer("backward", work("backward", []))
+    search.defer("lifetimes", work("lifetimes", []), before="backward")
+    assert list(search.pending) == ["policies", "lifetimes", "backward"]
+    search.run_pending()
+    best = "checkpoint-all"
+    assert seen == [("policies", None), ("lifetimes", best), ("backward", best)]
+    assert search.pending == {}

@@ -46,12 +46,14 @@ class IndexedSchedule:
 
 @dataclass(frozen=True)
 class Member:
-    """A candidate schedule: what produced it (`param`, e.g. a heuristic's parameter), its plan
-    and the plan's ops."""
+    """A candidate schedule: what produced it (`param`, e.g. a heuristic's parameter), its plan,
+    the plan's ops and, where the plan came from `plan_from_lifetimes`, those lifetimes (a
+    search over lifetimes resumes from them)."""
 
     param: str
     plan: StagePlan
     schedule: IndexedSchedule
+    lifetimes: Lifetimes | None = None
 
 
 def cheapest_within(members: Iterable[Member], budget: int | None) -> Member | None:
@@ -84,10 +86,9 @@ def plan_to_ops(problem: Problem, plan: StagePlan) -> IndexedSchedule:
             last_use[k] = k
             for p in problem.preds[k]:
                 last_use[p] = k
-        for i in sorted(carried):
-            if i not in last_use and i not in keep_next:
-                ops.append(("free", i))
-                live_bytes -= problem.mem[i]
+        for i in sorted(carried.difference(last_use, keep_next)):
+            ops.append(("free", i))
+            live_bytes -= problem.mem[i]
         stage_peaks.append(0)
         for k in stage:
             ops.append(("compute", k))
@@ -138,32 +139,36 @@ def lifetime_windows(
     stands on (the one carried into t, or the one computed in t). O(total computes *
     in-degree)."""
     n = problem.n
-    last_read = [max(users, default=v) for v, users in enumerate(problem.succs)]
+    preds, last_read = problem.preds, problem.last_user
     end, retain = lifetimes.end, lifetimes.retain
     windows: list[list[Window]] = [[] for _ in range(n)]
     computed: list[tuple[int, ...]] = []
     serving: list[dict[int, Window]] = []
-
-    def live(v: int, t: int) -> Window | None:
-        for window in windows[v]:
-            if window[0] <= t <= window[1]:
-                return window
-        return None
-
+    # At most one copy of a value is live in any stage (a copy is made only where none is), and
+    # copies are made in stage order: only a value's latest copy can be live in a later stage.
     for t in range(n):
-        needed = {t}
         used: dict[int, Window] = {}
-        stack = [t]
-        while stack:
-            for p in problem.preds[stack.pop()]:
-                window = live(p, t)
-                if window is not None:
-                    window[2] = t
-                    used[p] = window
-                elif p not in needed:
-                    needed.add(p)
-                    stack.append(p)
-        computed.append(tuple(sorted(needed)))
+        needed = [t]
+        for p in preds[t]:
+            window = windows[p][-1]
+            if window[1] >= t:
+                window[2] = t
+                used[p] = window
+            else:
+                needed.append(p)
+        if len(needed) > 1:  # recomputations: the missing inputs' closure
+            stack, needed = needed[1:], {t, *needed[1:]}
+            while stack:
+                for p in preds[stack.pop()]:
+                    window = windows[p][-1]
+                    if window[1] >= t:
+                        window[2] = t
+                        used[p] = window
+                    elif p not in needed:
+                        needed.add(p)
+                        stack.append(p)
+            needed = sorted(needed)
+        computed.append(tuple(needed))
         for v in needed:
             until = end[v] if v == t else (t, last_read[v], n - 1)[retain[v]]
             used[v] = [t + 1, until, -1]
@@ -179,13 +184,20 @@ def plan_from_lifetimes(problem: Problem, lifetimes: Lifetimes) -> StagePlan:
     O(n * (V + E)) in the worst case."""
     n = problem.n
     computed, windows, _ = lifetime_windows(problem, lifetimes)
-    live_at: list[set[int]] = [set() for _ in range(n + 1)]
+    begins: list[list[int]] = [[] for _ in range(n + 1)]
+    ends: list[list[int]] = [[] for _ in range(n + 1)]  # ends[t]: copies last live in t - 1
     for v, ws in enumerate(windows):
         for start, _, last in ws:
-            for t in range(start, last + 1):
-                live_at[t].add(v)
-    live_at[0] = live_at[n] = set()
-    return StagePlan(tuple(computed), tuple(frozenset(s) for s in live_at))
+            if last >= start:
+                begins[start].append(v)
+                ends[last + 1].append(v)
+    live: set[int] = set()
+    kept = []
+    for t in range(n + 1):
+        live.difference_update(ends[t])
+        live.update(begins[t])
+        kept.append(frozenset(live))
+    return StagePlan(tuple(computed), tuple(kept))
 
 
 def plan_from_keep(

@@ -13,7 +13,7 @@ from solver.heuristics.lifetimes import (
     lifetime_search,
     longest,
     start_from_away,
-    start_from_plan,
+    start_from_member,
 )
 from solver.milp.cascade import CascadeBound, away_stages, cascade_bound
 from solver.milp.formulation import variable_count
@@ -27,10 +27,12 @@ def cascade_cover(search: Search) -> Search:
        within `cascade_first_share` of the limit); it raises the floor (NOTE [certificates]: a
        certified LP bound, or CP-SAT's);
     2. then, on two threads until the step's deadline: CP-SAT raising the bound further (more
-       rows, under the incumbent's cost as a cap) and the lifetime search from the relaxation's
-       solution, the incumbent's plan and checkpoint-all's lifetimes, each better plan offered
-       as it comes (NOTE [incumbent]); once the bound is final, the search stops when it has
-       not improved for `cascade_stall` of the limit, leaving the time to the next steps.
+       rows, under the incumbent's cost as a cap; `Search.workers_beside` workers) and, after
+       the checkpoint policies and before the backward searches (`Search.defer`), the lifetime
+       search from checkpoint-all's lifetimes, the incumbent's and the relaxation's solution,
+       each better plan offered as it comes (NOTE [incumbent]); once the bound is final, the
+       search stops when it has not improved for `cascade_stall` of the limit, leaving the
+       time to the next steps.
 
     Skipped where no recompute in the cover's rows needs a dead input: the model is then the
     read-gap cover, which has run (the published training graphs). Where the moment relaxation
@@ -60,11 +62,7 @@ def cascade_cover(search: Search) -> Search:
         # 90%: the optimum); the lifetime search would only delay it.
         return search
     deadline = search.share_of_limit(_share(search))
-    starts = [longest(problem)]
-    if first.values is not None:
-        starts.insert(0, start_from_away(problem, *away_stages(first.model, first.values)))
-    if search.incumbent is not None:
-        starts.append(start_from_plan(problem, search.incumbent.plan))
+    away = None if first.values is None else away_stages(first.model, first.values)
     rows = first.model.rows
     last_change = [time.perf_counter()]
     bound_done = threading.Event()
@@ -76,7 +74,7 @@ def cascade_cover(search: Search) -> Search:
                 budget,
                 units.int_cost,
                 deadline=deadline,
-                workers=search.workers,
+                workers=search.workers_beside,
                 cap=_cap(search),
                 progress=progress,
                 rows=rows,
@@ -95,6 +93,14 @@ def cascade_cover(search: Search) -> Search:
         return bound_done.is_set() and quiet > options.cascade_stall * search.time_limit
 
     def search_lifetimes() -> list[Member]:
+        """From checkpoint-all (on the 12-layer transformers of `benchmarks.zoo` the best of the
+        three), the incumbent when it starts (the checkpoint policies run first) and the
+        relaxation's solution."""
+        starts = [longest(problem)]
+        if search.incumbent is not None:
+            starts.append(start_from_member(problem, search.incumbent))
+        if away is not None:
+            starts.append(start_from_away(problem, *away))
         lifetime_search(
             problem,
             budget,
@@ -106,7 +112,7 @@ def cascade_cover(search: Search) -> Search:
         )
         return []  # each better plan was offered as it came
 
-    search.pending.append(search_lifetimes)
+    search.defer("lifetimes", search_lifetimes, before="backward")
     final = search.beside(raise_bound)
     search.raise_floor(final.bound)
     search.note(bound=final.bound, rows=len(final.model.rows))
@@ -146,7 +152,7 @@ def lifetime_polish(search: Search) -> Search:
     lifetime_search(
         problem,
         budget,
-        [start_from_plan(problem, search.incumbent.plan)],
+        [start_from_member(problem, search.incumbent)],
         deadline=search.deadline,
         seed=1,
         found=search.offer,

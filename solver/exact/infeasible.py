@@ -24,7 +24,7 @@ def raise_infeasible(search: Search) -> NoReturn:
         report=None,
         incumbent=None,
         floor=0,
-        pending=[],
+        pending={},
         model=None,
         model_limit=None,
         lp=None,

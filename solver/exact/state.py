@@ -30,6 +30,7 @@ and its peak and cost checked against the budgets just before it is returned
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -100,8 +101,9 @@ class Search:
     report: ProgressFn | None = None
     incumbent: Member | None = None
     floor: int = 0
-    pending: list[Callable[[], list[Member]]] = field(default_factory=list)
-    """Warm starts left to evaluate beside the next engine call (`beside`)."""
+    pending: dict[str, Callable[[], list[Member]]] = field(default_factory=dict)
+    """Warm starts left to evaluate beside the next engine call (`beside`), by name, in the
+    order they run (`defer`)."""
     first_tight: int = 0
     """The first stage over the budget in checkpoint-all (objective "cost")."""
     moments_ran: bool = False
@@ -114,6 +116,13 @@ class Search:
     trace: list[dict] = field(default_factory=list)
     notes: dict = field(default_factory=dict)
     """What the running step found, added to its `trace` record."""
+
+    @property
+    def workers_beside(self) -> int:
+        """CP-SAT workers for an engine call beside Python work (`beside`): one core is left to
+        that work, which otherwise runs at a fraction of its speed (gpt2_12's lifetime search
+        made 39% of its evaluations beside 8 workers on 2 cores, all of them beside 1)."""
+        return max(1, min(self.workers, (os.cpu_count() or 2) - 1))
 
     @property
     def units(self) -> CostUnits:
@@ -200,24 +209,33 @@ class Search:
 
         return forward
 
+    def defer(
+        self, name: str, work: Callable[[], list[Member]], *, before: str | None = None
+    ) -> None:
+        """Leave `work` to run beside the next engine call, ahead of the pending work named
+        `before` (at the end where there is none)."""
+        items = list(self.pending.items())
+        at = next((i for i, (key, _) in enumerate(items) if key == before), len(items))
+        items.insert(at, (name, work))
+        self.pending = dict(items)
+
     def take_pending(self) -> list[Callable[[], list[Member]]]:
-        """The warm starts left to evaluate; none are left after this."""
-        pending, self.pending = self.pending, []
-        return pending
+        """The warm starts left to evaluate, in order; none are left after this."""
+        pending, self.pending = self.pending, {}
+        return list(pending.values())
 
     def run_pending(self) -> None:
-        """Evaluate the warm starts left (each honours its own deadline) and offer them."""
+        """Evaluate the warm starts left (each honours its own deadline), offering each one's
+        schedules as it finishes, so that the next starts from the best."""
         for work in self.take_pending():
             self.offer(*work())
 
     def beside(self, task: Callable[[], R]) -> R:
         """`task` (an engine call, which runs outside Python's lock) on a second thread while the
-        pending warm starts run on this one; then their schedules are offered and the task's
-        result returned. Either the task or the pending work may update the state, never both
-        (the cascade step's lifetime search offers its plans as it finds them, beside a bound
-        that only computes)."""
-        pending = self.take_pending()
-        if not pending:
+        pending warm starts run on this one (`run_pending`); then the task's result is returned.
+        Either the task or the pending work may update the state, never both (the warm starts
+        offer their plans as they come, beside a bound that only computes)."""
+        if not self.pending:
             return task()
         result: list[R] = []
         failure: list[BaseException] = []
@@ -231,12 +249,11 @@ class Search:
         thread = threading.Thread(target=run_task)
         thread.start()
         try:
-            found = [member for work in pending for member in work()]
+            self.run_pending()
         finally:
             thread.join()
         if failure:
             raise failure[0]
-        self.offer(*found)
         return result[0]
 
 

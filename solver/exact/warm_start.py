@@ -42,29 +42,27 @@ def moment_first(search: Search) -> bool:
 def warm_start(search: Search) -> Search:
     """Step: the heuristics at the budget that `SolveOptions.warm_starts` names, within
     `warm_start_share` of the limit. Eviction runs first (fast, and on the published graphs
-    within 0.1% of the optimum); the backward searches and the checkpoint policies wait in
+    within 0.1% of the optimum); the checkpoint policies, then the backward searches, wait in
     `Search.pending` for the next engine call (evaluated beside it, on the other core), unless
-    nothing before them fits or the moment relaxation runs first (it takes the incumbent's cost
-    as its cap, so the cheapest incumbent pays there)."""
+    nothing before them fits or (the backward searches) the moment relaxation runs first (it
+    takes the incumbent's cost as its cap, so the cheapest incumbent pays there)."""
     problem, budget, names = search.problem, search.goal.budget, search.options.warm_starts
     assert budget is not None
     deadline = search.share_of_limit(search.options.warm_start_share)
-    backward = [lambda: backward_runs(problem, budget, deadline)] if "backward" in names else []
-    policies = (
-        [lambda: _listed(cheapest_policy(problem, budget, False, deadline))]
-        if "policies" in names
-        else []
-    )
     if "eviction" in names:
         search.offer(*eviction_runs(problem, budget, deadline))
-    if search.incumbent is None or moment_first(search):
-        for work in backward:
-            search.offer(*work())
-        backward = []
-    if search.incumbent is None and policies:  # with the costly family as a last resort
-        search.offer(cheapest_policy(problem, budget, True, deadline))
-        policies = []
-    search.pending = [*backward, *policies]
+    backward_now = "backward" in names and (search.incumbent is None or moment_first(search))
+    if backward_now:
+        search.offer(*backward_runs(problem, budget, deadline))
+    if "policies" in names:
+        if search.incumbent is None:  # with the costly family as a last resort
+            search.offer(cheapest_policy(problem, budget, True, deadline))
+        else:
+            search.defer(
+                "policies", lambda: _listed(cheapest_policy(problem, budget, False, deadline))
+            )
+    if "backward" in names and not backward_now:
+        search.defer("backward", lambda: backward_runs(problem, budget, deadline))
     return search
 
 

@@ -17,8 +17,9 @@ n - 1 for a kept value and its last forward reader otherwise, with retain LAST.
 `lifetime_search` looks for a cheap assignment whose plan fits a budget: from a start (a
 relaxation's solution through `start_from_away`, or `longest`), it moves the peak stage's values
 out (a first copy ends at its previous read, a recomputed copy is retained less) until the plan
-fits, then lets values live longer wherever that is cheaper and still fits, then perturbs and
-repeats until its deadline (an iterated local search; a seeded RNG keeps it deterministic).
+fits, then lets values live longer wherever that is cheaper and still fits (each start alone,
+then the best also through swaps, `_improve`), then perturbs and repeats until its deadline (an
+iterated local search; a seeded RNG keeps it deterministic).
 On op-level graphs of real models it finds schedules within 0-1% of the cascade cover's bound
 where eviction is 1-5% away (`benchmarks.solver_scale`).
 """
@@ -76,7 +77,7 @@ class _Evaluation:
 
     def member(self, problem: Problem) -> Member:
         plan = plan_from_lifetimes(problem, self.lifetimes)
-        return Member("lifetime search", plan, plan_to_ops(problem, plan))
+        return Member("lifetime search", plan, plan_to_ops(problem, plan), self.lifetimes)
 
 
 def _evaluate(problem: Problem, lifetimes: Lifetimes) -> _Evaluation:
@@ -91,9 +92,13 @@ def _evaluate(problem: Problem, lifetimes: Lifetimes) -> _Evaluation:
             if last >= start:
                 carried[start] += mem[v]
                 carried[last + 1] -= mem[v]
-    peaks, live, cost = [], 0, 0.0
+    peaks, live = [], 0
+    cost = sum(problem.cost[k] for stage in computed for k in stage)
     for t, stage in enumerate(computed):
         live += carried[t]
+        if len(stage) == 1:  # t alone: its output and transient over what is carried in
+            peaks.append(live + mem[t] + problem.transient[t])
+            continue
         bytes_now, peak = live, 0
         last_use: dict[int, int] = {}
         for k in stage:
@@ -104,7 +109,6 @@ def _evaluate(problem: Problem, lifetimes: Lifetimes) -> _Evaluation:
         for k in stage:
             bytes_now += mem[k]
             peak = max(peak, bytes_now + problem.transient[k])
-            cost += problem.cost[k]
             for i in {*problem.preds[k], k}:
                 if last_use[i] == k and used[i][2] < t + 1:  # not carried into t + 1
                     bytes_now -= mem[i]
@@ -127,6 +131,11 @@ def start_from_away(problem: Problem, away: dict[int, int], kept: set[int]) -> L
     return Lifetimes(tuple(end), (LAST,) * n)
 
 
+def start_from_member(problem: Problem, member: Member) -> Lifetimes:
+    """The lifetimes a member's plan came from, where known; else `start_from_plan`."""
+    return member.lifetimes or start_from_plan(problem, member.plan)
+
+
 def start_from_plan(problem: Problem, plan: StagePlan) -> Lifetimes:
     """An assignment that follows a plan's first copies: each lives as long as the plan keeps
     it without a break after its computation; recomputed copies: LAST."""
@@ -147,30 +156,33 @@ def lifetime_search(
     *,
     deadline: Deadline,
     seed: int = 0,
-    candidates: int = 6,
+    candidates: int = 3,
     found: Callable[[Member], object] | None = None,
     enough: Callable[[Member], bool] | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> Member | None:
-    """The cheapest plan within `budget` bytes found from `starts` by `deadline`: repair,
-    improve, then perturb-repair-improve rounds (module docstring); None when no start could be
-    repaired. `candidates`: moves evaluated per repair step. `found` is called with each
-    better plan as it comes; the search stops early once `enough(plan)` says it cannot be
-    beaten, or when `stop()` says so between rounds."""
+    """The cheapest plan within `budget` bytes found from `starts` by `deadline`: each start
+    repaired and improved without swaps, then the best improved with swaps, then
+    perturb-repair-improve rounds (module docstring); None when no start could be repaired.
+    `candidates`: moves evaluated per repair step. `found` is called with each better plan as
+    it comes; the search stops early once `enough(plan)` says it cannot be beaten, or when
+    `stop()` says so between rounds."""
     rng = random.Random(seed)
     best: _Evaluation | None = None
     pool = list(starts)
+    swapped = False  # whether the best has been improved with swaps
     while not deadline.passed() and not (stop is not None and not pool and stop()):
         if pool:
             start = pool.pop(0)
         elif best is not None:
-            start = _perturbed(problem, best, rng)
+            start = best.lifetimes if not swapped else _perturbed(problem, best, rng)
+            swapped = True
         else:
             break
         repaired = _repair(problem, budget, start, deadline, candidates)
         if repaired is None:
             continue
-        improved = _improve(problem, budget, repaired, deadline, candidates)
+        improved = _improve(problem, budget, repaired, deadline, candidates, swaps=swapped)
         if best is None or improved.cost < best.cost - 1e-12:
             best = improved
             member = best.member(problem)
@@ -238,36 +250,57 @@ def _moves_out(problem: Problem, current: _Evaluation, t: int) -> list[tuple[int
 
 
 def _improve(
-    problem: Problem, budget: int, best: _Evaluation, deadline: Deadline, candidates: int
+    problem: Problem,
+    budget: int,
+    best: _Evaluation,
+    deadline: Deadline,
+    candidates: int,
+    *,
+    swaps: bool,
 ) -> _Evaluation:
     """Lets values live longer (first copies to their next read or while read, recomputed
-    copies retained more), costliest values first, while that is cheaper and fits, at once or
-    after a short repair (`SWAP_STEPS`)."""
-    n = problem.n
-    order = sorted(range(n), key=lambda v: -problem.cost[v])
-    improved = True
-    while improved and not deadline.passed():
+    copies retained more), costliest values first, while that is cheaper and fits; with
+    `swaps`, once a sweep finds nothing, also where a short repair (`SWAP_STEPS`) makes it fit
+    (slower: on gpt2_12 a sweep with swaps makes several times the evaluations). Only values
+    recomputed somewhere are tried: for any other no stage lacks a copy, so a longer life saves
+    nothing."""
+    order = sorted(range(problem.n), key=lambda v: -problem.cost[v])
+    allowed, swaps = swaps, False
+    while not deadline.passed():
         improved = False
         for v in order:
             if deadline.passed():
                 break
-            lifetimes = best.lifetimes
-            later = [r for r in problem.succs[v] if r > lifetimes.end[v]]
-            trials = []
-            if later:
-                trials.append(lifetimes.with_end(v, later[0]))
-            elif lifetimes.end[v] < n - 1:
-                trials.append(lifetimes.with_end(v, n - 1))
-            if lifetimes.retain[v] < LAST:
-                trials.append(lifetimes.with_retain(v, lifetimes.retain[v] + 1))
-            for changed in trials:
+            if len(best.windows[v]) < 2:  # never recomputed
+                continue
+            for changed in _longer(problem, best.lifetimes, v):
                 trial = _evaluate(problem, changed)
-                if trial.peak > budget and trial.cost < best.cost - 1e-12:
+                if swaps and trial.peak > budget and trial.cost < best.cost - 1e-12:
                     trial = _repair_steps(problem, budget, trial, SWAP_STEPS, candidates)
                 if trial.peak <= budget and trial.cost < best.cost - 1e-12:
                     best, improved = trial, True
                     break
+        if improved:
+            swaps = False
+        elif swaps or not allowed:
+            break
+        else:
+            swaps = True
     return best
+
+
+def _longer(problem: Problem, lifetimes: Lifetimes, v: int) -> list[Lifetimes]:
+    """v's first copy to its next read (while read, past the last), its recomputed copies
+    retained one step more."""
+    later = [r for r in problem.succs[v] if r > lifetimes.end[v]]
+    trials = []
+    if later:
+        trials.append(lifetimes.with_end(v, later[0]))
+    elif lifetimes.end[v] < problem.n - 1:
+        trials.append(lifetimes.with_end(v, problem.n - 1))
+    if lifetimes.retain[v] < LAST:
+        trials.append(lifetimes.with_retain(v, lifetimes.retain[v] + 1))
+    return trials
 
 
 SWAP_STEPS = 2
