@@ -119,9 +119,9 @@ class Search:
 
     @property
     def workers_beside(self) -> int:
-        """CP-SAT workers for an engine call beside Python work (`beside`): one core is left to
-        that work, which otherwise runs at a fraction of its speed (gpt2_12's lifetime search
-        made 39% of its evaluations beside 8 workers on 2 cores, all of them beside 1)."""
+        """CP-SAT workers for an engine call beside Python work (`beside`): at most the cores
+        but one, so that the work (one thread, holding Python's lock) keeps a core to itself
+        instead of sharing the machine with every worker."""
         return max(1, min(self.workers, (os.cpu_count() or 2) - 1))
 
     @property
