@@ -132,11 +132,17 @@ def test_pending_warm_starts_run_in_order_and_each_is_offered_as_it_finishes():
 
         return run
 
-    search.defer("policies", work("policies", [member]))
+    search.defer("module_blocks", work("module_blocks", [member]))
+    search.defer("policies", work("policies", []))
     search.defer("backward", work("backward", []))
-    search.defer("lifetimes", work("lifetimes", []), before="backward")
-    assert list(search.pending) == ["policies", "lifetimes", "backward"]
+    search.defer("lifetimes", work("lifetimes", []), before=("policies", "backward"))
+    assert list(search.pending) == ["module_blocks", "lifetimes", "policies", "backward"]
     search.run_pending()
     best = "checkpoint-all"
-    assert seen == [("policies", None), ("lifetimes", best), ("backward", best)]
+    assert seen == [
+        ("module_blocks", None),
+        ("lifetimes", best),
+        ("policies", best),
+        ("backward", best),
+    ]
     assert search.pending == {}

@@ -28,7 +28,7 @@ def cascade_cover(search: Search) -> Search:
        certified LP bound, or CP-SAT's);
     2. then, on two threads until the step's deadline: CP-SAT raising the bound further (more
        rows, under the incumbent's cost as a cap; `Search.workers_beside` workers) and, after
-       the checkpoint policies and before the backward searches (`Search.defer`), the lifetime
+       per-block checkpointing and before the other warm starts (`Search.defer`), the lifetime
        search from checkpoint-all's lifetimes, the incumbent's and the relaxation's solution,
        each better plan offered as it comes (NOTE [incumbent]); once the bound is final, the
        search stops when it has not improved for `cascade_stall` of the limit, leaving the
@@ -94,7 +94,7 @@ def cascade_cover(search: Search) -> Search:
 
     def search_lifetimes() -> list[Member]:
         """From checkpoint-all (on the 12-layer transformers of `benchmarks.zoo` the best of the
-        three), the incumbent when it starts (the checkpoint policies run first) and the
+        three), the incumbent when it starts (per-block checkpointing runs first) and the
         relaxation's solution."""
         starts = [longest(problem)]
         if search.incumbent is not None:
@@ -112,7 +112,7 @@ def cascade_cover(search: Search) -> Search:
         )
         return []  # each better plan was offered as it came
 
-    search.defer("lifetimes", search_lifetimes, before="backward")
+    search.defer("lifetimes", search_lifetimes, before=("policies", "backward"))
     final = search.beside(raise_bound)
     search.raise_floor(final.bound)
     search.note(bound=final.bound, rows=len(final.model.rows))

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -210,12 +210,12 @@ class Search:
         return forward
 
     def defer(
-        self, name: str, work: Callable[[], list[Member]], *, before: str | None = None
+        self, name: str, work: Callable[[], list[Member]], *, before: Collection[str] = ()
     ) -> None:
-        """Leave `work` to run beside the next engine call, ahead of the pending work named
-        `before` (at the end where there is none)."""
+        """Leave `work` to run beside the next engine call, ahead of the first pending work
+        named in `before` (at the end where there is none)."""
         items = list(self.pending.items())
-        at = next((i for i, (key, _) in enumerate(items) if key == before), len(items))
+        at = next((i for i, (key, _) in enumerate(items) if key in before), len(items))
         items.insert(at, (name, work))
         self.pending = dict(items)
 

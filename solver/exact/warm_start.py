@@ -13,7 +13,7 @@ from solver.exact.infeasible import raise_infeasible
 from solver.exact.state import Search
 from solver.heuristics.backward import backward_runs
 from solver.heuristics.eviction import eviction_runs
-from solver.heuristics.registry import cheapest_policy
+from solver.heuristics.registry import HEURISTICS, cheapest_policy
 
 
 def begin(search: Search) -> Search:
@@ -42,7 +42,8 @@ def moment_first(search: Search) -> bool:
 def warm_start(search: Search) -> Search:
     """Step: the heuristics at the budget that `SolveOptions.warm_starts` names, within
     `warm_start_share` of the limit. Eviction runs first (fast, and on the published graphs
-    within 0.1% of the optimum); the checkpoint policies, then the backward searches, wait in
+    within 0.1% of the optimum); per-block checkpointing (`module_blocks`), the other checkpoint
+    policies, then the backward searches, wait in
     `Search.pending` for the next engine call (evaluated beside it, on the other core), unless
     nothing before them fits or (the backward searches) the moment relaxation runs first (it
     takes the incumbent's cost as its cap, so the cheapest incumbent pays there)."""
@@ -57,10 +58,16 @@ def warm_start(search: Search) -> Search:
     if "policies" in names:
         if search.incumbent is None:  # with the costly family as a last resort
             search.offer(cheapest_policy(problem, budget, True, deadline))
-        else:
-            search.defer(
-                "policies", lambda: _listed(cheapest_policy(problem, budget, False, deadline))
-            )
+        else:  # per-block checkpointing first: quick, and a start for the lifetime search
+            blocks = ["module_blocks"]
+            others = [name for name in HEURISTICS if name not in blocks]
+            for name, chosen in (("module_blocks", blocks), ("policies", others)):
+                search.defer(
+                    name,
+                    lambda chosen=chosen: _listed(
+                        cheapest_policy(problem, budget, False, deadline, chosen)
+                    ),
+                )
     if "backward" in names and not backward_now:
         search.defer("backward", lambda: backward_runs(problem, budget, deadline))
     return search

@@ -114,22 +114,35 @@ def members(
 
 
 def all_policies(
-    problem: Problem, deadline: Deadline = NEVER, each_use: bool = False
+    problem: Problem,
+    deadline: Deadline = NEVER,
+    each_use: bool = False,
+    names: Collection[str] | None = None,
 ) -> list[Member]:
     """Every member of every checkpoint policy (rotor included where it applies, EACH_USE only
-    with `each_use`): the candidates of a warm start that ignores the budget."""
-    names = [
-        h.name for h in HEURISTICS.values() if not h.at_budget and (each_use or h.name != EACH_USE)
+    with `each_use`), or of those in `names`: the candidates of a warm start that ignores the
+    budget."""
+    chosen = [
+        h.name
+        for h in HEURISTICS.values()
+        if not h.at_budget
+        and (each_use or h.name != EACH_USE)
+        and (names is None or h.name in names)
     ]
-    return [m for family in members(problem, None, names, deadline).values() for m in family]
+    return [m for family in members(problem, None, chosen, deadline).values() for m in family]
 
 
 def cheapest_policy(
-    problem: Problem, budget: int, fallback: bool = True, deadline: Deadline = NEVER
+    problem: Problem,
+    budget: int,
+    fallback: bool = True,
+    deadline: Deadline = NEVER,
+    names: Collection[str] | None = None,
 ) -> Member | None:
-    """The cheapest checkpoint-policy member within `budget` bytes; EACH_USE is evaluated only
-    when nothing else fits and `fallback` (the caller has no schedule of its own)."""
-    best = cheapest_within(all_policies(problem, deadline), budget)
+    """The cheapest checkpoint-policy member (of the policies in `names`, default all) within
+    `budget` bytes; EACH_USE is evaluated only when nothing else fits and `fallback` (the caller
+    has no schedule of its own)."""
+    best = cheapest_within(all_policies(problem, deadline, names=names), budget)
     if best is not None or not fallback:
         return best
     return cheapest_within(every_k_recompute_each_use(problem, deadline), budget)
