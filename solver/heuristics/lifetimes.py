@@ -182,7 +182,7 @@ def lifetime_search(
         repaired = _repair(problem, budget, start, deadline, candidates)
         if repaired is None:
             continue
-        improved = _improve(problem, budget, repaired, deadline, candidates, swaps=swapped)
+        improved = _improve(problem, budget, repaired, deadline, candidates, with_swaps=swapped)
         if best is None or improved.cost < best.cost - 1e-12:
             best = improved
             member = best.member(problem)
@@ -256,16 +256,16 @@ def _improve(
     deadline: Deadline,
     candidates: int,
     *,
-    swaps: bool,
+    with_swaps: bool,
 ) -> _Evaluation:
     """Lets values live longer (first copies to their next read or while read, recomputed
     copies retained more), costliest values first, while that is cheaper and fits; with
-    `swaps`, once a sweep finds nothing, also where a short repair (`SWAP_STEPS`) makes it fit
-    (slower: on gpt2_12 a sweep with swaps makes several times the evaluations). Only values
-    recomputed somewhere are tried: for any other no stage lacks a copy, so a longer life saves
-    nothing."""
+    `with_swaps`, once a sweep finds nothing, also where a short repair (`SWAP_STEPS`) makes
+    it fit (slower: a swap evaluates up to SWAP_STEPS * `candidates` plans). Only values
+    recomputed somewhere are tried: for any other no stage lacks a copy, so a longer life
+    saves nothing."""
     order = sorted(range(problem.n), key=lambda v: -problem.cost[v])
-    allowed, swaps = swaps, False
+    swapping = False  # this sweep also tries swaps
     while not deadline.passed():
         improved = False
         for v in order:
@@ -275,17 +275,17 @@ def _improve(
                 continue
             for changed in _longer(problem, best.lifetimes, v):
                 trial = _evaluate(problem, changed)
-                if swaps and trial.peak > budget and trial.cost < best.cost - 1e-12:
+                if swapping and trial.peak > budget and trial.cost < best.cost - 1e-12:
                     trial = _repair_steps(problem, budget, trial, SWAP_STEPS, candidates)
                 if trial.peak <= budget and trial.cost < best.cost - 1e-12:
                     best, improved = trial, True
                     break
         if improved:
-            swaps = False
-        elif swaps or not allowed:
+            swapping = False
+        elif swapping or not with_swaps:
             break
         else:
-            swaps = True
+            swapping = True
     return best
 
 
