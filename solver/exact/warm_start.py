@@ -43,10 +43,10 @@ def warm_start(search: Search) -> Search:
     """Step: the heuristics at the budget that `SolveOptions.warm_starts` names, within
     `warm_start_share` of the limit. Eviction runs first (fast, and on the published graphs
     within 0.1% of the optimum); per-block checkpointing (`module_blocks`), the other checkpoint
-    policies, then the backward searches, wait in
-    `Search.pending` for the next engine call (evaluated beside it, on the other core), unless
-    nothing before them fits or (the backward searches) the moment relaxation runs first (it
-    takes the incumbent's cost as its cap, so the cheapest incumbent pays there)."""
+    policies, then the backward searches, wait in `Search.pending` for the next engine call
+    (evaluated beside it, on the other core), unless nothing before them fits or (the backward
+    searches) the moment relaxation runs first (it takes the incumbent's cost as its cap, so the
+    cheapest incumbent pays there)."""
     problem, budget, names = search.problem, search.goal.budget, search.options.warm_starts
     assert budget is not None
     deadline = search.share_of_limit(search.options.warm_start_share)
@@ -59,15 +59,17 @@ def warm_start(search: Search) -> Search:
         if search.incumbent is None:  # with the costly family as a last resort
             search.offer(cheapest_policy(problem, budget, True, deadline))
         else:  # per-block checkpointing first: quick, and a start for the lifetime search
-            blocks = ["module_blocks"]
-            others = [name for name in HEURISTICS if name not in blocks]
-            for name, chosen in (("module_blocks", blocks), ("policies", others)):
-                search.defer(
-                    name,
-                    lambda chosen=chosen: _listed(
-                        cheapest_policy(problem, budget, False, deadline, chosen)
-                    ),
-                )
+            others = [name for name in HEURISTICS if name != "module_blocks"]
+            search.defer(
+                "module_blocks",
+                lambda: _listed(
+                    cheapest_policy(problem, budget, False, deadline, ["module_blocks"])
+                ),
+            )
+            search.defer(
+                "policies",
+                lambda: _listed(cheapest_policy(problem, budget, False, deadline, others)),
+            )
     if "backward" in names and not backward_now:
         search.defer("backward", lambda: backward_runs(problem, budget, deadline))
     return search
