@@ -23,7 +23,7 @@ from solver.exact.cascade import cascade_cover, lifetime_polish
 from solver.exact.warm_start import warm_start
 from solver.milp.cascade import Crossings, cascade_bound, cascade_model
 from solver.milp.cover import read_gap_cover
-from solver.milp.dual_bound import certified_lp_bound, safe_bound
+from solver.milp.dual_bound import GrowingLp, certified_lp_bound, safe_bound
 from solver.milp.model import LinearModel
 from solver.milp.units import CostUnits
 
@@ -143,3 +143,69 @@ def test_the_model_is_the_read_gap_cover_without_dead_inputs():
     model = cascade_model(problem, Crossings.of(problem, 8), [5, 5, 5, 5], timing=False)
     assert model.lm.names == ["x[0,2..2]"] and model.rows == (2,)
     assert model.lm.rows == [([0], [4], 1, None)]
+
+
+@st.composite
+def _op_level_graphs(draw) -> nx.DiGraph:
+    """A forward chain f0 -> ... -> f(n-1) and a backward chain b(n-1) -> ... -> b0 where b_j
+    reads f_j only for some j: the other forward values are dead after their forward reader,
+    as a GELU's intermediates are at op level, so recomputes cascade through them."""
+    n = draw(st.integers(4, 9))
+    graph = nx.DiGraph()
+    graph.add_edges_from((f"f{j}", f"f{j + 1}") for j in range(n - 1))
+    graph.add_edge(f"f{n - 1}", f"b{n - 1}")
+    graph.add_edges_from((f"b{j + 1}", f"b{j}") for j in range(n - 1))
+    for j in range(n - 1):
+        if draw(st.booleans()):
+            graph.add_edge(f"f{j}", f"b{j}")
+    for v in graph.nodes:
+        graph.nodes[v].update(mem=draw(st.integers(1, 6)), cost=draw(st.integers(0, 5)))
+    return graph
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.one_of(training_graphs(forward_nodes=6), _op_level_graphs()),
+    st.floats(0.0, 1.0),
+    st.integers(1, 3),
+)
+def test_a_model_grown_row_by_row_is_the_model_built_at_once(graph, where, per_round):
+    """Rows added a few at a time (`CascadeModel.add_rows`, as row generation adds them) give
+    the variables, costs and rows of the model built with all of them at once, plus only rows
+    L[p,t'] <= L[p,t] that the consecutive ones imply; the LP re-solved from its last basis
+    after each addition (`GrowingLp`) ends at the certified bound of the model built at once."""
+    problem = solver.prepare(graph)
+    low, top = problem.memory_lower_bound, checkpoint_all(problem).peak
+    if top - 1 < low:  # checkpoint-all has the least peak: no budget below it fits
+        return
+    crossings = Crossings.of(problem, int(low + where * (top - 1 - low)))
+    int_cost = CostUnits.of(problem).int_cost
+    whole = cascade_model(problem, crossings, int_cost)
+    grown = cascade_model(problem, crossings, int_cost, crossings.tight[-1:])
+    relaxation = GrowingLp(grown.lm)
+    rows = list(reversed(crossings.tight[:-1]))
+    while True:
+        assert relaxation.solve(Deadline.after(10)) is not None
+        if not rows:
+            break
+        grown.add_rows(rows[:per_round])
+        rows = rows[per_round:]
+
+    def named(model):
+        names = model.lm.names
+        rows = {
+            (tuple(sorted((names[v], c) for v, c in zip(vs, cs, strict=True))), lo, hi)
+            for vs, cs, lo, hi in model.lm.rows
+        }
+        return rows, {names[v]: c for v, c in model.lm.objective.items()}
+
+    (whole_rows, whole_cost), (grown_rows, grown_cost) = named(whole), named(grown)
+    assert sorted(whole.lm.names) == sorted(grown.lm.names) and whole_cost == grown_cost
+    assert whole.rows == grown.rows and whole_rows <= grown_rows
+    for terms, lo, hi in grown_rows - whole_rows:
+        assert lo is None and hi == 0 and len(terms) == 2
+        assert {c for _, c in terms} == {1, -1} and all(n.startswith("L[") for n, _ in terms)
+    solved = relaxation.solve(Deadline.after(10))
+    at_once = certified_lp_bound(whole.lm, Deadline.after(10))
+    assert solved is not None and at_once is not None
+    assert abs(solved.base - at_once.base) <= 1e-6 * max(1.0, abs(at_once.base))

@@ -23,9 +23,9 @@ def cascade_cover(search: Search) -> Search:
     """Step, for `SolveOptions.cascade_share` of the time limit (less where the stage model is
     small, `_share`; the read-gap cover must have left the search open):
 
-    1. the cascade cover's bound by row generation (its LP rounds and the first CP-SAT round,
-       within `cascade_first_share` of the limit); it raises the floor (NOTE [certificates]: a
-       certified LP bound, or CP-SAT's);
+    1. the cascade cover's bound by row generation (its LP rounds until no row is broken, then
+       a CP-SAT round with what is left of `cascade_first_share` of the limit); it raises the
+       floor (NOTE [certificates]: a certified LP bound, or CP-SAT's);
     2. then, on two threads until the step's deadline: CP-SAT raising the bound further (more
        rows, under the incumbent's cost as a cap; `Search.workers_beside` workers) and, after
        per-block checkpointing and before the other warm starts (`Search.defer`), the lifetime

@@ -35,8 +35,8 @@ class SolveOptions:
             every run).
         cascade: solve the cascade cover and run the lifetime search from its solution
             (`solver.exact.cascade`), where recomputes need dead inputs (op-level graphs).
-        cascade_first_share: share of the limit its first bound (LP rounds, one CP-SAT round)
-            may take...
+        cascade_first_share: share of the limit its first bound (LP rounds until no row is
+            broken, then one CP-SAT round) may take...
         cascade_share: ...and the step as a whole (the bound rising on one thread, the lifetime
             search on the other)...
         cascade_small_share, cascade_small_model: ...or this share where the stage model has at

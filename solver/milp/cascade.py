@@ -44,16 +44,18 @@ early for another recompute is live from then on), and the memory in the middle 
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from itertools import pairwise
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from solver.core.graph import Problem
 from solver.deadline import Deadline
 from solver.milp.cpsat import CpSatModel, ProgressFn
-from solver.milp.dual_bound import certified_lp_bound
+from solver.milp.dual_bound import GrowingLp
 from solver.milp.model import LinearModel
 
 
@@ -98,20 +100,141 @@ class Crossings:
         return tuple(t for t, e in enumerate(self.excess) if e > 0)
 
 
-@dataclass(frozen=True)
+@dataclass
 class CascadeModel:
-    """The cascade cover of one (problem, budget) over some rows: the model and what its
-    variables mean. gap_var[k]: the x variable of read gap k (`Crossings.gaps`), where one
-    exists; away[(i, t)]: the variable saying i is not kept into stage t + 1 (a or x) at row
-    t; kept_dead[(p, t)]: K[p,t]; later[(p, t)]: L[p,t]."""
+    """The cascade cover of one (problem, budget) over some rows, grown row by row
+    (`add_rows`): the model and what its variables mean. gap_var[k]: the x variable of read gap
+    k (`Crossings.gaps`), where one exists; away[(i, t)]: the variable saying i is not kept into
+    stage t + 1 (a or x) at row t; kept_dead[(p, t)]: K[p,t]; later[(p, t)]: L[p,t]; with
+    `timing`, the second recomputes of crossing inputs (`_second_recomputes`); costs in
+    `int_cost` units.
 
-    lm: LinearModel
+    Adding rows only appends variables and rows to `lm` and may move a value's L cost to an
+    earlier L (its first): the variables and rows already there keep their indices and
+    meaning, so a solution of the smaller model extends to the larger one with zeros, and an LP
+    solved on it resumes from its basis (`solver.milp.dual_bound.GrowingLp`)."""
+
+    problem: Problem
     crossings: Crossings
-    rows: tuple[int, ...]
-    gap_var: dict[int, int]
-    away: dict[tuple[int, int], int]
-    kept_dead: dict[tuple[int, int], int]
-    later: dict[tuple[int, int], int]
+    int_cost: Sequence[int]
+    timing: bool = True
+    lm: LinearModel = field(default_factory=LinearModel)
+    rows: tuple[int, ...] = ()
+    gap_var: dict[int, int] = field(default_factory=dict)
+    away: dict[tuple[int, int], int] = field(default_factory=dict)
+    kept_dead: dict[tuple[int, int], int] = field(default_factory=dict)
+    later: dict[tuple[int, int], int] = field(default_factory=dict)
+    _kept_at: dict[int, list[int]] = field(default_factory=dict)  # row -> dead values with K
+    later_rows: dict[int, list[int]] = field(default_factory=dict)
+    """For each dead value p revived somewhere, the rows with an L[p, t], ascending."""
+    _twice: dict[int, int] = field(default_factory=dict)  # gap -> D
+    _checks: dict[int, _RowCheck] = field(default_factory=dict)
+
+    def row_check(self, t: int) -> _RowCheck:
+        """What `violated_rows` reads at stage t (built once per stage)."""
+        if t not in self._checks:
+            self._checks[t] = _RowCheck.at(self.problem, self.crossings, t)
+        return self._checks[t]
+
+    def add_rows(self, rows: Iterable[int]) -> None:
+        """Add the rows of `rows` not in the model yet (stages over the budget)."""
+        new = sorted(set(rows) - set(self.rows))
+        if not new:
+            return
+        revived: list[tuple[int, int]] = []
+        for t in new:
+            self._away_at(t, revived)
+        self._order_later(revived)
+        self.rows = tuple(sorted({*self.rows, *new}))
+        if self.timing:
+            self._second_recomputes(set(new))
+        for t in new:
+            self._memory_row(t)
+
+    def _away_at(self, t: int, revived: list[tuple[int, int]]) -> None:
+        """x of each gap crossing t, a[i,t] <= x, and the revival of i's dead inputs."""
+        problem, lm, gaps = self.problem, self.lm, self.crossings.gaps
+        mem, last = problem.mem, self.crossings.last
+        for k in self.crossings.crossing[t]:
+            i = gaps[k][0]
+            if k not in self.gap_var:
+                self.gap_var[k] = lm.var(f"x[{i},{gaps[k][1]}..{gaps[k][2]}]", 0, 1)
+                lm.objective[self.gap_var[k]] = self.int_cost[i]
+            dead = [p for p in problem.preds[i] if mem[p] and last[p] <= t]
+            if not dead and not self.timing:
+                self.away[i, t] = self.gap_var[k]
+                continue
+            self.away[i, t] = lm.var(f"a[{i},{t}]", 0, 1)
+            lm.row([(1, self.away[i, t]), (-1, self.gap_var[k])], None, 0)
+            for p in dead:
+                self._revive(self.away[i, t], p, t, revived)
+
+    def _revive(self, trigger: int, p: int, t: int, revived: list[tuple[int, int]]) -> None:
+        """trigger <= K[p,t] + L[p,t]; on first use, the cascade for p's own dead inputs."""
+        problem, lm = self.problem, self.lm
+        if (p, t) not in self.kept_dead:
+            self.kept_dead[p, t] = lm.var(f"K[{p},{t}]", 0, 1)
+            self.later[p, t] = lm.var(f"L[{p},{t}]", 0, 1)
+            self._kept_at.setdefault(t, []).append(p)
+            revived.append((p, t))
+            for q in problem.preds[p]:
+                if problem.mem[q] and self.crossings.last[q] <= t:
+                    self._revive(self.later[p, t], q, t, revived)
+        lm.row([(1, trigger), (-1, self.kept_dead[p, t]), (-1, self.later[p, t])], None, 0)
+
+    def _order_later(self, revived: list[tuple[int, int]]) -> None:
+        """L[p,t'] <= L[p,t] for consecutive rows t < t' of p (a row added between two keeps
+        the one that spanned it, now implied), and p's cost on its first L."""
+        lm, later = self.lm, self.later
+        for p, t in revived:
+            stages = self.later_rows.setdefault(p, [])
+            at = bisect.bisect(stages, t)
+            if at < len(stages):
+                lm.row([(1, later[p, stages[at]]), (-1, later[p, t])], None, 0)
+            if at > 0:
+                lm.row([(1, later[p, t]), (-1, later[p, stages[at - 1]])], None, 0)
+            elif self.int_cost[p]:
+                if stages:
+                    del lm.objective[later[p, stages[0]]]
+                lm.objective[later[p, t]] = self.int_cost[p]
+            stages.insert(at, t)
+
+    def _second_recomputes(self, new: set[int]) -> None:
+        """Timing, for the pairs of rows (t, u) of which one is in `new`: v away at row t is
+        recomputed at some s in (t, r], r its next read, and each input p is live at s. If p
+        crosses t in a gap that runs past r, is away at t (so its copy at s was recomputed after
+        t) and away at a row u in [r, its next read) (so that copy is gone by u + 1), p is
+        recomputed twice in that gap: a[v,t] + a[p,t] + a[p,u] - D[p,g] <= 2, D[p,g] costing
+        one more recompute of p (beyond the read-gap cover's x, in the same gap; beyond L,
+        which comes after p's last read)."""
+        problem, lm, away = self.problem, self.lm, self.away
+        gaps, crossing = self.crossings.gaps, self.crossings.crossing
+        for t in self.rows:
+            gap_of = {gaps[k][0]: k for k in crossing[t]}
+            for k in crossing[t]:
+                v, _, last_row = gaps[k]
+                read = last_row + 1
+                for p in problem.preds[v]:
+                    h = gap_of.get(p)
+                    if h is None or gaps[h][2] < read:
+                        continue
+                    for u in self.rows:
+                        if not read <= u <= gaps[h][2] or (t not in new and u not in new):
+                            continue
+                        if h not in self._twice:
+                            self._twice[h] = lm.var(f"D[{p},{gaps[h][1]}..{gaps[h][2]}]", 0, 1)
+                            if self.int_cost[p]:
+                                lm.objective[self._twice[h]] = self.int_cost[p]
+                        terms = [(1, away[v, t]), (1, away[p, t]), (1, away[p, u])]
+                        lm.row([*terms, (-1, self._twice[h])], None, 2)
+
+    def _memory_row(self, t: int) -> None:
+        """The crossing values away cover the excess plus the dead values kept at row t."""
+        mem, gaps, kept = self.problem.mem, self.crossings.gaps, self.kept_dead
+        read = set(self.problem.preds[t])
+        terms = [(mem[gaps[k][0]], self.away[gaps[k][0], t]) for k in self.crossings.crossing[t]]
+        terms += [(-mem[p], kept[p, t]) for p in self._kept_at.get(t, ()) if p not in read]
+        self.lm.row(terms, self.crossings.excess[t], None)
 
 
 def cascade_model(
@@ -122,129 +245,77 @@ def cascade_model(
     timing: bool = True,
 ) -> CascadeModel:
     """The model of the module docstring with a row for each of `rows` (default: every stage
-    over the budget; any subset of them is still a relaxation), costs in `int_cost` units, and
-    with `timing` the second recomputes of crossing inputs (`_second_recomputes`).
-    O(sum over rows of the values crossing them, plus the dead chains revived)."""
-    mem, gaps, crossing, last = problem.mem, crossings.gaps, crossings.crossing, crossings.last
-    rows = tuple(sorted(crossings.tight if rows is None else rows))
-    lm = LinearModel()
-    gap_var: dict[int, int] = {}
-    away: dict[tuple[int, int], int] = {}
-    kept: dict[tuple[int, int], int] = {}
-    later: dict[tuple[int, int], int] = {}
-    kept_at: dict[int, list[int]] = {}  # row -> dead values with K there
+    over the budget; any subset of them is still a relaxation). O(sum over rows of the values
+    crossing them, plus the dead chains revived)."""
+    model = CascadeModel(problem, crossings, int_cost, timing)
+    model.add_rows(crossings.tight if rows is None else rows)
+    return model
 
-    def revive(trigger: int, p: int, t: int) -> None:
-        """trigger <= K[p,t] + L[p,t]; on first use, the cascade for p's own dead inputs."""
-        if (p, t) not in kept:
-            kept[p, t] = lm.var(f"K[{p},{t}]", 0, 1)
-            later[p, t] = lm.var(f"L[{p},{t}]", 0, 1)
-            kept_at.setdefault(t, []).append(p)
-            for q in problem.preds[p]:
-                if mem[q] and last[q] <= t:
-                    revive(later[p, t], q, t)
-        lm.row([(1, trigger), (-1, kept[p, t]), (-1, later[p, t])], None, 0)
 
-    for t in rows:
-        for k in crossing[t]:
-            i = gaps[k][0]
-            if k not in gap_var:
-                gap_var[k] = lm.var(f"x[{i},{gaps[k][1]}..{gaps[k][2]}]", 0, 1)
-                lm.objective[gap_var[k]] = int_cost[i]
-            dead = [p for p in problem.preds[i] if mem[p] and last[p] <= t]
-            if not dead and not timing:
-                away[i, t] = gap_var[k]
-                continue
-            away[i, t] = lm.var(f"a[{i},{t}]", 0, 1)
-            lm.row([(1, away[i, t]), (-1, gap_var[k])], None, 0)
-            for p in dead:
-                revive(away[i, t], p, t)
-    by_value: dict[int, list[int]] = {}
-    for p, t in later:
-        by_value.setdefault(p, []).append(t)
-    for p, stages in by_value.items():
-        stages.sort()
-        for t0, t1 in pairwise(stages):
-            lm.row([(1, later[p, t1]), (-1, later[p, t0])], None, 0)
-        if int_cost[p]:
-            lm.objective[later[p, stages[0]]] = int_cost[p]
-    if timing:
-        _second_recomputes(problem, crossings, int_cost, rows, lm, away)
-    for t in rows:
+@dataclass(frozen=True)
+class _RowCheck:
+    """What `violated_rows` reads at one stage t: the gaps crossing t and their values' bytes;
+    the dead inputs (not read by t) of those values and their bytes; and each (dead input, gap)
+    pair as positions in those two lists."""
+
+    gaps: np.ndarray
+    gap_bytes: np.ndarray
+    dead: list[int]
+    dead_bytes: np.ndarray
+    pair_dead: np.ndarray
+    pair_gap: np.ndarray
+
+    @classmethod
+    def at(cls, problem: Problem, crossings: Crossings, t: int) -> _RowCheck:
+        mem, last, gaps = problem.mem, crossings.last, crossings.gaps
+        crossing = crossings.crossing[t]
         read = set(problem.preds[t])
-        terms = [(mem[gaps[k][0]], away[gaps[k][0], t]) for k in crossing[t]]
-        terms += [(-mem[p], kept[p, t]) for p in kept_at.get(t, ()) if p not in read]
-        lm.row(terms, crossings.excess[t], None)
-    return CascadeModel(lm, crossings, rows, gap_var, away, kept, later)
-
-
-def _second_recomputes(
-    problem: Problem,
-    crossings: Crossings,
-    int_cost: Sequence[int],
-    rows: Sequence[int],
-    lm: LinearModel,
-    away: dict[tuple[int, int], int],
-) -> None:
-    """Timing: v away at row t is recomputed at some s in (t, r], r its next read, and each
-    input p is live at s. If p crosses t in a gap that runs past r, is away at t (so its copy at
-    s was recomputed after t) and away at a row u in [r, its next read) (so that copy is gone by
-    u + 1), p is recomputed twice in that gap: a[v,t] + a[p,t] + a[p,u] - D[p,g] <= 2, D[p,g]
-    costing one more recompute of p (beyond the read-gap cover's x, in the same gap; beyond L,
-    which comes after p's last read)."""
-    gaps = crossings.gaps
-    gap_at = {(gaps[k][0], t): k for t in rows for k in crossings.crossing[t]}
-    twice: dict[int, int] = {}
-    for t in rows:
-        for k in crossings.crossing[t]:
-            v, _, last_row = gaps[k]
-            read = last_row + 1
-            for p in problem.preds[v]:
-                h = gap_at.get((p, t))
-                if h is None or gaps[h][2] < read:
-                    continue
-                later_rows = [u for u in rows if read <= u <= gaps[h][2]]
-                for u in later_rows:
-                    if h not in twice:
-                        twice[h] = lm.var(f"D[{p},{gaps[h][1]}..{gaps[h][2]}]", 0, 1)
-                        if int_cost[p]:
-                            lm.objective[twice[h]] = int_cost[p]
-                    terms = [(1, away[v, t]), (1, away[p, t]), (1, away[p, u]), (-1, twice[h])]
-                    lm.row(terms, None, 2)
+        dead: dict[int, int] = {}
+        pairs: list[tuple[int, int]] = []
+        for position, k in enumerate(crossing):
+            for p in problem.preds[gaps[k][0]]:
+                if mem[p] and last[p] <= t and p not in read:
+                    pairs.append((dead.setdefault(p, len(dead)), position))
+        return cls(
+            np.asarray(crossing, np.int64),
+            np.asarray([mem[gaps[k][0]] for k in crossing], float),
+            list(dead),
+            np.asarray([mem[p] for p in dead], float),
+            np.asarray([d for d, _ in pairs], np.int64),
+            np.asarray([g for _, g in pairs], np.int64),
+        )
 
 
 def violated_rows(
     problem: Problem, model: CascadeModel, values: Sequence[float], tolerance: float = 1e-6
 ) -> list[int]:
     """The stages over the budget without a row in `model` whose row the solution `values`
-    would break, most broken first: each gap crossing t away as much as its x (0 where the gap
-    has no variable), each dead input revived by its L at the nearest modelled row before t and
-    otherwise kept (its bytes count). A heuristic check: adding any rows keeps a relaxation."""
-    mem, crossings = problem.mem, model.crossings
-    gaps, last = crossings.gaps, crossings.last
+    would break by more than `tolerance` of its excess, most broken first: each gap crossing t
+    away as much as its x (0 where the gap has no variable), each dead input revived by its L at
+    the nearest modelled row before t and otherwise kept (its bytes count). A heuristic check:
+    adding any rows keeps a relaxation."""
+    crossings = model.crossings
+    values = np.asarray(values, float)
+    away = np.zeros(len(crossings.gaps))
+    away[list(model.gap_var)] = values[list(model.gap_var.values())]
     modelled = set(model.rows)
-    later_rows: dict[int, list[int]] = {}
-    for p, t in model.later:
-        later_rows.setdefault(p, []).append(t)
-    for stages in later_rows.values():
-        stages.sort()
     broken: list[tuple[float, int]] = []
     for t in crossings.tight:
         if t in modelled:
             continue
-        credit = 0.0
-        demand: dict[int, float] = {}
-        for k in crossings.crossing[t]:
-            i = gaps[k][0]
-            x = values[model.gap_var[k]] if k in model.gap_var else 0.0
-            credit += mem[i] * x
-            for p in problem.preds[i]:
-                if mem[p] and last[p] <= t and p not in problem.preds[t]:
-                    demand[p] = max(demand.get(p, 0.0), x)
-        for p, wanted in demand.items():
-            before = [s for s in later_rows.get(p, ()) if s <= t]
-            revived = values[model.later[p, before[-1]]] if before else 0.0
-            credit -= mem[p] * max(0.0, wanted - revived)
+        check = model.row_check(t)
+        x = away[check.gaps]
+        credit = float(check.gap_bytes @ x)
+        if check.dead:
+            wanted = np.zeros(len(check.dead))
+            np.maximum.at(wanted, check.pair_dead, x[check.pair_gap])
+            revived = np.zeros(len(check.dead))
+            for position, p in enumerate(check.dead):
+                stages = model.later_rows.get(p, ())
+                before = bisect.bisect(stages, t)
+                if before:
+                    revived[position] = values[model.later[p, stages[before - 1]]]
+            credit -= float(check.dead_bytes @ np.maximum(0.0, wanted - revived))
         need = crossings.excess[t] - credit
         if need > tolerance * crossings.excess[t]:
             broken.append((need / crossings.excess[t], t))
@@ -265,7 +336,7 @@ class CascadeBound:
     model: CascadeModel
 
 
-ROWS_PER_ROUND = 8
+ROWS_PER_ROUND = 4
 """Rows `cascade_bound` adds per round of row generation: the LP optimum of the full model has
 1-2 binding memory rows on the op-level graphs measured (ResNet-50, MobileNetV3, Llama-4 at 50%,
 out of 238-419), so a few rounds of a few rows reach it."""
@@ -280,7 +351,6 @@ def cascade_bound(
     workers: int,
     cap: int | None = None,
     progress: ProgressFn | None = None,
-    lp_share: float = 0.3,
     rows: Sequence[int] = (),
 ) -> CascadeBound:
     """Lower bound on the recompute cost of every schedule within `budget` from the cascade
@@ -289,8 +359,9 @@ def cascade_bound(
     ROWS_PER_ROUND per round. Every round's bound is valid (any subset of rows is a relaxation),
     so the bound only rises.
 
-    1. on the LP (HiGHS, each bound certified from the duals, `solver.dual_bound`), for at most
-       `lp_share` of the time;
+    1. on the LP (HiGHS, each bound certified from the duals, `solver.dual_bound`; each round
+       from the last one's basis), until a solution breaks no row and the rows nearest to
+       breaking, added once, do not raise the bound;
     2. on the 0/1 model (CP-SAT, with the last LP's reduced-cost fixings at `cap`, the
        incumbent's recompute cost minus one when known), each round from the last solution,
        until a solution breaks no row or the time is up. No solution within the cap proves
@@ -302,7 +373,7 @@ def cascade_bound(
     started = time.perf_counter()
     crossings = Crossings.of(problem, budget)
     tight = crossings.tight
-    rows = sorted({*rows, max(tight, key=crossings.excess.__getitem__)}) if tight else []
+    rows = {*rows, max(tight, key=crossings.excess.__getitem__)} if tight else ()
     model = cascade_model(problem, crossings, int_cost, rows)
     if not tight:
         return CascadeBound(0, 0, None, model)
@@ -312,20 +383,26 @@ def cascade_bound(
         if progress is not None:
             progress(time.perf_counter() - started, objective, max(lower, bound))
 
-    lp_deadline = deadline.share(lp_share)
     lp = None
+    relaxation = GrowingLp(model.lm)
+    probing = False  # the rows last added were only the nearest to breaking
     while True:
-        solved = certified_lp_bound(model.lm, lp_deadline)
+        solved = relaxation.solve(deadline)
         if solved is None:
             break
+        rose = solved.bound > lower
         lp, lower = solved, max(lower, solved.bound)
         report(math.inf, lower)
         assert lp.values is not None
-        broken = violated_rows(problem, model, lp.values)
-        if not broken or lp_deadline.passed():
+        if probing and not rose:
             break
-        rows += broken[:ROWS_PER_ROUND]
-        model = cascade_model(problem, crossings, int_cost, rows)
+        broken = violated_rows(problem, model, lp.values)
+        probing = not broken
+        if probing:  # the check is a heuristic: try the nearest rows once
+            broken = violated_rows(problem, model, lp.values, tolerance=-math.inf)
+        if not broken or deadline.passed():
+            break
+        model.add_rows(broken[:ROWS_PER_ROUND])
         lp = None
     lp_bound = lower
     values: Sequence[float] | None = None if lp is None else lp.values
@@ -352,9 +429,9 @@ def cascade_bound(
         broken = violated_rows(problem, model, values)
         if result.status != "OPTIMAL" or not broken:
             break
-        rows += broken[:ROWS_PER_ROUND]
-        old, model = model, cascade_model(problem, crossings, int_cost, rows)
-        values, fixed = _carried(old, model, values), {}
+        model.add_rows(broken[:ROWS_PER_ROUND])
+        values = [*values, *[0.0] * (len(model.lm.names) - len(values))]
+        fixed = {}
     if cap is not None:
         lower = min(lower, cap + 1)
     return CascadeBound(lower, min(lp_bound, lower), values, model)
@@ -363,12 +440,6 @@ def cascade_bound(
 def _hint(model: CascadeModel, values: Sequence[float]) -> dict[int, int]:
     """A 0/1 hint from (possibly fractional) values: rounded."""
     return {j: int(v > 0.5) for j, v in enumerate(values)}
-
-
-def _carried(old: CascadeModel, new: CascadeModel, values: Sequence[float]) -> list[float]:
-    """`values` of `old` moved onto `new`'s variables by name (0 for new variables)."""
-    by_name = dict(zip(old.lm.names, values, strict=True))
-    return [by_name.get(name, 0.0) for name in new.lm.names]
 
 
 def away_stages(model: CascadeModel, values: Sequence[float]) -> tuple[dict[int, int], set[int]]:

@@ -26,7 +26,7 @@ import highspy
 import numpy as np
 
 from solver.deadline import Deadline
-from solver.milp.lp import quiet_highs, scaled_lp
+from solver.milp.lp import quiet_highs
 from solver.milp.model import LinearModel
 
 _ROUNDING = 2.0**-52
@@ -95,27 +95,97 @@ def safe_bound(lm: LinearModel, y: np.ndarray) -> DualBound:
     return DualBound(max(0, math.ceil(base - 1e-9)), base, reduced, error)
 
 
+class GrowingLp:
+    """The LP relaxation of a `LinearModel` that grows between solves (variables and rows
+    appended, objective coefficients changed), solved with HiGHS's dual simplex, each solve from
+    the last one's basis: the rows and columns passed before keep their status, new rows start
+    basic and new columns at 0, so a round of row generation costs a few pivots instead of a
+    solve from scratch. Scaled as `solver.milp.lp.scaled_lp` scales: a column with upper bound
+    above 1 by that bound, each row by its largest coefficient."""
+
+    def __init__(self, lm: LinearModel) -> None:
+        assert all(lo == 0 for lo in lm.lower), "variables must have lower bound 0"
+        self.lm = lm
+        self.highs = quiet_highs()
+        for option, value in (
+            ("output_flag", False),
+            ("solver", "simplex"),
+            ("simplex_strategy", 1),
+            ("presolve", "off"),
+        ):
+            self.highs.setOptionValue(option, value)
+        self.col = np.empty(0)
+        self.cost = np.empty(0)
+        self.row_scale = np.empty(0)
+
+    def _pass_columns(self) -> None:
+        lm, have = self.lm, len(self.col)
+        count = len(lm.names) - have
+        cost = np.zeros(len(lm.names))
+        for j, c in lm.objective.items():
+            cost[j] = c
+        if count:
+            upper = np.asarray(lm.upper[have:], float)
+            col = np.where(upper > 1, upper, 1.0)
+            self.col = np.r_[self.col, col]
+            empty = np.zeros(count + 1, np.int32)
+            self.highs.addCols(
+                count, cost[have:] * col, np.zeros(count), upper / col, 0, empty, empty[:0], []
+            )
+        changed = np.flatnonzero(cost[:have] != self.cost)
+        if len(changed):
+            self.highs.changeColsCost(
+                len(changed), changed.astype(np.int32), cost[changed] * self.col[changed]
+            )
+        self.cost = cost
+
+    def _pass_rows(self) -> None:
+        rows = self.lm.rows[len(self.row_scale) :]
+        if not rows:
+            return
+        starts, index, value = [0], [], []
+        lo, hi, scales = [], [], []
+        for variables, coefficients, low, high in rows:
+            summed: dict[int, float] = {}
+            for j, c in zip(variables, coefficients, strict=True):
+                summed[j] = summed.get(j, 0.0) + c * self.col[j]
+            summed = {j: c for j, c in summed.items() if c}
+            scale = max(map(abs, summed.values()), default=1.0)
+            index += summed
+            value += [c / scale for c in summed.values()]
+            starts.append(len(index))
+            lo.append(-highspy.kHighsInf if low is None else low / scale)
+            hi.append(highspy.kHighsInf if high is None else high / scale)
+            scales.append(scale)
+        self.highs.addRows(
+            len(rows),
+            np.asarray(lo, float),
+            np.asarray(hi, float),
+            len(index),
+            np.asarray(starts[:-1], np.int32),
+            np.asarray(index, np.int32),
+            np.asarray(value, float),
+        )
+        self.row_scale = np.r_[self.row_scale, scales]
+
+    def solve(self, deadline: Deadline) -> DualBound | None:
+        """The LP of the model as it is now, by `deadline`, its bound certified from the row
+        duals (`safe_bound`); None when HiGHS does not finish. The objective must be >= 0 on
+        the variables' box (costs are never negative)."""
+        self._pass_columns()
+        self._pass_rows()
+        self.highs.setOptionValue("time_limit", max(0.01, deadline.remaining()))
+        self.highs.run()
+        if self.highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            return None
+        solution = self.highs.getSolution()
+        y = np.asarray(solution.row_dual, float) / self.row_scale
+        bound = safe_bound(self.lm, y)
+        return replace(bound, values=np.asarray(solution.col_value, float) * self.col)
+
+
 def certified_lp_bound(lm: LinearModel, deadline: Deadline) -> DualBound | None:
-    """Solve `lm`'s LP relaxation with HiGHS (dual simplex) by `deadline` and
-    certify its bound from the row duals (`safe_bound`); None when HiGHS does not finish.
-    Its objective must be >= 0 on the variables' box (costs are never negative)."""
-    scaled = scaled_lp(lm)
-    highs = quiet_highs()
-    for option, value in (
-        ("output_flag", False),
-        ("time_limit", max(0.01, deadline.remaining())),
-        ("solver", "simplex"),
-        ("simplex_strategy", 1),
-        ("presolve", "off"),
-    ):
-        highs.setOptionValue(option, value)
-    highs.passModel(scaled.lp)
-    highs.run()
-    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        return None
-    solution = highs.getSolution()
-    # Row r of the scaled model is row r of lm divided by row_scale[r]; the last row is the
-    # free objective row `scaled_lp` appends.
-    y = np.asarray(solution.row_dual, float)[: len(lm.rows)] / scaled.row_scale[: len(lm.rows)]
-    bound = safe_bound(lm, y)
-    return replace(bound, values=np.asarray(solution.col_value, float) * scaled.col)
+    """Solve `lm`'s LP relaxation with HiGHS (dual simplex) by `deadline` and certify its bound
+    from the row duals (`safe_bound`); None when HiGHS does not finish. Its objective must be
+    >= 0 on the variables' box (costs are never negative)."""
+    return GrowingLp(lm).solve(deadline)
