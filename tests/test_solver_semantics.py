@@ -302,3 +302,20 @@ def test_a_model_over_the_size_limit_returns_the_best_heuristic_or_says_why():
     nothing = replace(small, cover=False, warm_starts=())
     with pytest.raises(solver.SolverTimeoutError, match=r"would have \d+ variables"):
         solver.solve(graph, budget, time_limit=10, options=nothing)
+
+
+def test_a_model_too_large_for_the_time_left_is_not_built():
+    """Over `SolveOptions.model_variables_per_second` per second left the model is not built
+    (its LP would not end in time): the best heuristic comes back within the limit, and
+    without one the error says the time left was too short."""
+    graph = residual_demo(blocks=2)
+    budget = solver.parse_budget("60%", solver.prepare(graph))
+    slow = SolveOptions(model_variables_per_second=1, moment_late_share=2.0, cascade=False)
+    started = time.perf_counter()
+    schedule = solver.solve(graph, budget, time_limit=10, options=slow)
+    assert time.perf_counter() - started < 10.5
+    records = {record["step"]: record for record in schedule.extra["steps"]}
+    assert records["lp_relaxation"]["lp_rounds"] == 0 and schedule.peak <= budget
+    nothing = replace(slow, cover=False, warm_starts=())
+    with pytest.raises(solver.SolverTimeoutError, match=r"too many for the [\d.]+ s left"):
+        solver.solve(graph, budget, time_limit=10, options=nothing)

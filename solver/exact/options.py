@@ -51,6 +51,9 @@ class SolveOptions:
     The stage model (`solver.exact.stage_model`):
         max_model_variables: largest stage model built; above it the best heuristic comes back
             with the bounds known without the model.
+        model_variables_per_second: ...nor is a model with more variables than this many per
+            second left: its LP would not end in the time left (docs/solver.md, "The stage
+            model"), and building it would take that time from the lifetime polish.
         lp_share: share of the remaining time one LP relaxation may take.
         lp_repeat_share: after a rounding beats the incumbent, the model is rebuilt at its cost
             and its LP solved again while an LP takes less than this share of the remaining time.
@@ -83,6 +86,7 @@ class SolveOptions:
     moment_late_share: float = 0.5
     moment_max_variables: int = 160_000
     max_model_variables: int = 1_500_000
+    model_variables_per_second: int = 10_000
     lp_share: float = 0.5
     lp_repeat_share: float = 0.1
     rounding: bool = True

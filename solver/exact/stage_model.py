@@ -21,17 +21,26 @@ from solver.milp.lp import solve_relaxation
 
 def stage_model(search: Search) -> Search:
     """Step: build the stage model at the incumbent's cost (no limit without one), unless it
-    would have more than `SolveOptions.max_model_variables` variables or is not built by the
+    would have more than `SolveOptions.max_model_variables` variables, or more than
+    `SolveOptions.model_variables_per_second` per second left, or is not built by the
     deadline (`Search.no_model` then says why, and the later steps have nothing to solve)."""
     problem, budget, units = search.problem, search.goal.budget, search.units
     limit = search.value
     size = variable_count(problem, units.int_cost, limit)
     search.note(variables=size)
-    if size > search.options.max_model_variables:
+    options, left = search.options, search.deadline.remaining()
+    if size > options.max_model_variables:
         search.no_model = (
             f"the exact model of this graph would have {size} variables (the limit is "
-            f"{search.options.max_model_variables}); raise the budget, or capture the model "
+            f"{options.max_model_variables}); raise the budget, or capture the model "
             "coarser (graph_capture granularity='module')"
+        )
+        return search
+    if size > options.model_variables_per_second * left:
+        search.no_model = (
+            f"the exact model would have {size} variables, too many for the {left:.1f} s left "
+            f"(SolveOptions.model_variables_per_second = {options.model_variables_per_second}); "
+            "raise the time limit"
         )
         return search
     try:

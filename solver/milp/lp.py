@@ -140,6 +140,8 @@ def solve_relaxation(lm: LinearModel, deadline: Deadline) -> LpRelaxation | None
     interface returns zero reduced costs, so HiGHS is called through highspy.
     """
     scaled = scaled_lp(lm)
+    if deadline.passed():
+        return None
     lp, col = scaled.lp, scaled.col
     highs = quiet_highs()
     for option, value in (
