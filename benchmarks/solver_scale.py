@@ -2,7 +2,7 @@
 graphs of real models (issues 6 and 18), with baseline ratios.
 
     python -m benchmarks.solver_scale [--time-limit 60] [--long-limit 600] [--rows vgg16 ...]
-        [--zoo-dir results/graphs] [--out results]
+        [--budgets per-block ...] [--zoo-dir results/graphs] [--out results]
 
 For every row: the time limit, the budget in bytes, status (OPTIMAL = proven), the optimal (or best)
 cost, the certified gap, the wall time of `solver.solve` (seconds, one run: these are proofs, not
@@ -176,6 +176,11 @@ def main(argv: list[str] | None = None) -> None:
     every = {**PUBLISHED, **DEMO_ROWS, **ZOO_ROWS}
     parser.add_argument("--rows", nargs="*", choices=list(every), help="default: all")
     parser.add_argument(
+        "--budgets",
+        nargs="*",
+        help="only these of each row's budgets (say per-block 50%%); default: all",
+    )
+    parser.add_argument(
         "--zoo-dir",
         type=Path,
         default=Path("results/graphs"),
@@ -196,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"skip {label}: {where}")
             continue
         for budget in every[label][1]:
+            if args.budgets and budget not in args.budgets:
+                continue
             limit = args.long_limit if label in LONG_ROWS else args.time_limit
             rows.append(solve_row(label, graph, budget, limit))
             print(rows[-1], flush=True)
