@@ -337,9 +337,10 @@ class CascadeBound:
 
 
 ROWS_PER_ROUND = 4
-"""Rows `cascade_bound` adds per round of row generation: the LP optimum of the full model has
-1-2 binding memory rows on the op-level graphs measured (ResNet-50, MobileNetV3, Llama-4 at 50%,
-out of 238-419), so a few rounds of a few rows reach it."""
+"""Rows `cascade_bound` adds per round of row generation. Few: a round re-solves the LP from the
+last basis (a few pivots), and which rows a solution breaks changes as rows are added, so rows
+added many at a time are mostly rows the LP would never have needed (docs/solver.md, "Row
+generation")."""
 
 
 def cascade_bound(
