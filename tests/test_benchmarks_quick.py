@@ -45,3 +45,13 @@ def test_model_frontier_and_measurements(tmp_path: Path) -> None:
     methods = {r["method"] for r in measured}
     assert {"eager (plain)", "remat sqrt_segments", "torch.utils.checkpoint per block"} <= methods
     assert (tmp_path / "frontier_stack16.png").exists()
+
+
+def test_stage_lp_row_times_a_published_graph() -> None:
+    from benchmarks.stage_lp import lp_row
+
+    path = GRAPHS_DIR / "fcn_8_vgg_32_416x608x3_train_nx.json"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    row = lp_row("fcn", path, 0.8, time_limit=30)
+    assert row["variables"] > 0 and row["LP s"] is not None and row["variables per LP s"] > 0
