@@ -21,7 +21,8 @@ from solver.core.stages import checkpoint_all
 from solver.deadline import Deadline
 from solver.exact.cascade import cascade_cover, lifetime_polish
 from solver.exact.warm_start import warm_start
-from solver.milp.cascade import Crossings, cascade_bound, cascade_model
+from solver.milp.cascade import Crossings, cascade_model
+from solver.milp.cascade_rounds import cascade_bound
 from solver.milp.cover import read_gap_cover
 from solver.milp.dual_bound import GrowingLp, certified_lp_bound, safe_bound
 from solver.milp.model import LinearModel

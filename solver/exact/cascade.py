@@ -1,5 +1,6 @@
-"""Step: the cascade cover (`solver.milp.cascade`) and the lifetime search
-(`solver.heuristics.lifetimes`) from its solution, where recomputes cascade (op-level graphs)."""
+"""Step: the cascade cover (`solver.milp.cascade`, `solver.milp.cascade_rounds`) and the
+lifetime search (`solver.heuristics.lifetimes`) from its solution, where recomputes cascade
+(op-level graphs)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from solver.heuristics.lifetimes import (
     start_from_away,
     start_from_member,
 )
-from solver.milp.cascade import CascadeBound, away_stages, cascade_bound
+from solver.milp.cascade_rounds import CascadeBound, away_stages, cascade_bound
 from solver.milp.formulation import variable_count
 
 
