@@ -283,7 +283,7 @@ class _RowCheck:
 
 
 def violated_rows(
-    problem: Problem, model: CascadeModel, values: Sequence[float], tolerance: float = 1e-6
+    model: CascadeModel, values: Sequence[float], tolerance: float = 1e-6
 ) -> list[int]:
     """The stages over the budget without a row in `model` whose row the solution `values`
     would break by more than `tolerance` of its excess, most broken first: each gap crossing t

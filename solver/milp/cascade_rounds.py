@@ -96,10 +96,10 @@ def cascade_bound(
         assert lp.values is not None
         if probing and not rose:
             break
-        broken = violated_rows(problem, model, lp.values)
+        broken = violated_rows(model, lp.values)
         probing = not broken
         if probing:  # the check is a heuristic: try the nearest rows once
-            broken = violated_rows(problem, model, lp.values, tolerance=-math.inf)
+            broken = violated_rows(model, lp.values, tolerance=-math.inf)
         if not broken or deadline.passed():
             break
         model.add_rows(broken[:ROWS_PER_ROUND])
@@ -126,7 +126,7 @@ def cascade_bound(
         if result.values is None:
             break
         values = result.values
-        broken = violated_rows(problem, model, values)
+        broken = violated_rows(model, values)
         if result.status != "OPTIMAL" or not broken:
             break
         model.add_rows(broken[:ROWS_PER_ROUND])

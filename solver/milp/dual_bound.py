@@ -26,7 +26,7 @@ import highspy
 import numpy as np
 
 from solver.deadline import Deadline
-from solver.milp.lp import quiet_highs
+from solver.milp.lp import column_scales, dual_simplex, scale_rows
 from solver.milp.model import LinearModel
 
 _ROUNDING = 2.0**-52
@@ -100,20 +100,13 @@ class GrowingLp:
     appended, objective coefficients changed), solved with HiGHS's dual simplex, each solve from
     the last one's basis: the rows and columns passed before keep their status, new rows start
     basic and new columns at 0, so a round of row generation costs a few pivots instead of a
-    solve from scratch. Scaled as `solver.milp.lp.scaled_lp` scales: a column with upper bound
-    above 1 by that bound, each row by its largest coefficient."""
+    solve from scratch. Scaled as `solver.milp.lp.scaled_lp` scales (`column_scales`,
+    `scale_rows`)."""
 
     def __init__(self, lm: LinearModel) -> None:
         assert all(lo == 0 for lo in lm.lower), "variables must have lower bound 0"
         self.lm = lm
-        self.highs = quiet_highs()
-        for option, value in (
-            ("output_flag", False),
-            ("solver", "simplex"),
-            ("simplex_strategy", 1),
-            ("presolve", "off"),
-        ):
-            self.highs.setOptionValue(option, value)
+        self.highs = dual_simplex()
         self.col = np.empty(0)
         self.cost = np.empty(0)
         self.row_scale = np.empty(0)
@@ -126,7 +119,7 @@ class GrowingLp:
             cost[j] = c
         if count:
             upper = np.asarray(lm.upper[have:], float)
-            col = np.where(upper > 1, upper, 1.0)
+            col = column_scales(upper)
             self.col = np.r_[self.col, col]
             empty = np.zeros(count + 1, np.int32)
             self.highs.addCols(
@@ -143,30 +136,19 @@ class GrowingLp:
         rows = self.lm.rows[len(self.row_scale) :]
         if not rows:
             return
-        starts, index, value = [0], [], []
-        lo, hi, scales = [], [], []
-        for variables, coefficients, low, high in rows:
-            summed: dict[int, float] = {}
-            for j, c in zip(variables, coefficients, strict=True):
-                summed[j] = summed.get(j, 0.0) + c * self.col[j]
-            summed = {j: c for j, c in summed.items() if c}
-            scale = max(map(abs, summed.values()), default=1.0)
-            index += summed
-            value += [c / scale for c in summed.values()]
-            starts.append(len(index))
-            lo.append(-highspy.kHighsInf if low is None else low / scale)
-            hi.append(highspy.kHighsInf if high is None else high / scale)
-            scales.append(scale)
+        scaled = scale_rows(rows, self.col)
+        by_row = np.argsort(scaled.row_of, kind="stable")
+        starts = np.r_[0, np.cumsum(np.bincount(scaled.row_of, minlength=len(rows)))[:-1]]
         self.highs.addRows(
             len(rows),
-            np.asarray(lo, float),
-            np.asarray(hi, float),
-            len(index),
-            np.asarray(starts[:-1], np.int32),
-            np.asarray(index, np.int32),
-            np.asarray(value, float),
+            scaled.lo,
+            scaled.hi,
+            len(by_row),
+            starts.astype(np.int32),
+            scaled.var_of[by_row].astype(np.int32),
+            scaled.coef[by_row],
         )
-        self.row_scale = np.r_[self.row_scale, scales]
+        self.row_scale = np.r_[self.row_scale, scaled.row_scale]
 
     def solve(self, deadline: Deadline) -> DualBound | None:
         """The LP of the model as it is now, by `deadline`, its bound certified from the row

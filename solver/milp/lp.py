@@ -35,10 +35,27 @@ class LpRelaxation:
     scaled: ScaledLp | None = None
 
 
-def _scaled_columns(rows: list[Row], n: int, col: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The matrix of `rows` over n variables column by column (starts, row indices, values) with
-    column j scaled by col[j] and each row by its largest coefficient, plus the scaled row bounds
-    and the row scales."""
+def column_scales(upper: np.ndarray) -> np.ndarray:
+    """The scale of each column: its upper bound where above 1 (byte levels), else 1 (0/1)."""
+    return np.where(upper > 1, upper, 1.0)
+
+
+@dataclass(frozen=True)
+class ScaledRows:
+    """Rows with column j scaled by col[j] and each row by its largest coefficient: their
+    nonzeros column by column (row index, variable, value; a variable twice in a row summed),
+    the scaled row bounds (HiGHS's infinity where open) and the row scales."""
+
+    row_of: np.ndarray
+    var_of: np.ndarray
+    coef: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    row_scale: np.ndarray
+
+
+def scale_rows(rows: list[Row], col: np.ndarray) -> ScaledRows:
+    """`rows` scaled (`ScaledRows`) for column scales `col` (`column_scales`)."""
     count = len(rows)
     lengths = np.fromiter((len(r[0]) for r in rows), np.int64, count)
     nnz = int(lengths.sum())
@@ -59,8 +76,7 @@ def _scaled_columns(rows: list[Row], n: int, col: np.ndarray) -> tuple[np.ndarra
     inf = highspy.kHighsInf
     lo = np.fromiter((-inf if r[2] is None else r[2] for r in rows), float, count) / row_scale
     hi = np.fromiter((inf if r[3] is None else r[3] for r in rows), float, count) / row_scale
-    column_starts = np.r_[0, np.cumsum(np.bincount(var_of, minlength=n))]
-    return column_starts, row_of, coef / row_scale[row_of], lo, hi, row_scale
+    return ScaledRows(row_of, var_of, coef / row_scale[row_of], lo, hi, row_scale)
 
 
 @dataclass(frozen=True)
@@ -84,10 +100,11 @@ def scaled_lp(lm: LinearModel) -> ScaledLp:
     branch and cut can take the same model without building it again.
     """
     upper = np.asarray(lm.upper, float)
-    col = np.where(upper > 1, upper, 1.0)
+    col = column_scales(upper)
     objective = list(lm.objective)
     rows = [*lm.rows, (objective, [lm.objective[v] for v in objective], None, None)]
-    starts, row_of, coef, row_lo, row_hi, row_scale = _scaled_columns(rows, len(lm.names), col)
+    scaled = scale_rows(rows, col)
+    starts = np.r_[0, np.cumsum(np.bincount(scaled.var_of, minlength=len(lm.names)))]
     cost = np.zeros(len(lm.names))
     for v, c in lm.objective.items():
         cost[v] += c
@@ -96,10 +113,11 @@ def scaled_lp(lm: LinearModel) -> ScaledLp:
     lp.col_cost_ = cost * col
     lp.col_lower_ = np.asarray(lm.lower, float) / col
     lp.col_upper_ = upper / col
-    lp.row_lower_, lp.row_upper_ = row_lo, row_hi
+    lp.row_lower_, lp.row_upper_ = scaled.lo, scaled.hi
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = starts, row_of, coef
-    return ScaledLp(lp, col, row_scale)
+    lp.a_matrix_.start_, lp.a_matrix_.index_ = starts, scaled.row_of
+    lp.a_matrix_.value_ = scaled.coef
+    return ScaledLp(lp, col, scaled.row_scale)
 
 
 _FIRST_HIGHS = threading.Lock()
@@ -128,6 +146,20 @@ def quiet_highs() -> highspy.Highs:
             os.close(saved)
 
 
+def dual_simplex() -> highspy.Highs:
+    """A quiet Highs instance set to HiGHS's dual simplex without presolve (which removed ~7%
+    of the stage model's rows and cost more time than it saved)."""
+    highs = quiet_highs()
+    for option, value in (
+        ("output_flag", False),
+        ("solver", "simplex"),
+        ("simplex_strategy", 1),
+        ("presolve", "off"),
+    ):
+        highs.setOptionValue(option, value)
+    return highs
+
+
 def solve_relaxation(lm: LinearModel, deadline: Deadline) -> LpRelaxation | None:
     """Solve the LP relaxation with HiGHS's dual simplex; None when it does not reach optimality
     by `deadline` (building HiGHS's model included) or is infeasible (floating-point
@@ -143,16 +175,10 @@ def solve_relaxation(lm: LinearModel, deadline: Deadline) -> LpRelaxation | None
     if deadline.passed():
         return None
     lp, col = scaled.lp, scaled.col
-    highs = quiet_highs()
-    for option, value in (
-        ("output_flag", False),
-        ("time_limit", max(0.01, deadline.remaining())),
-        ("solver", "simplex"),
-        ("simplex_strategy", 1),  # dual simplex
-        ("simplex_dual_edge_weight_strategy", 1),  # devex: steepest edge was 3x slower here
-        ("presolve", "off"),  # removed ~7% of the rows and cost more time than it saved
-    ):
-        highs.setOptionValue(option, value)
+    highs = dual_simplex()
+    highs.setOptionValue("time_limit", max(0.01, deadline.remaining()))
+    # devex: steepest edge was 3x slower here
+    highs.setOptionValue("simplex_dual_edge_weight_strategy", 1)
     highs.passModel(lp)
     highs.run()
     if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
