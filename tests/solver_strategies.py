@@ -75,3 +75,31 @@ def training_graphs(draw, forward_nodes: int) -> nx.DiGraph:
 def uniform_chain(n: int) -> nx.DiGraph:
     """A forward chain of n unit nodes."""
     return chain([1] * n, [1] * n)
+
+
+@st.composite
+def repeated_training_graphs(draw, blocks: int = 3, block_nodes: int = 3) -> nx.DiGraph:
+    """Training graphs of a stem node and `blocks` copies of one drawn block of up to
+    `block_nodes` nodes (the first reads the previous copy's last node), each copy's nodes,
+    backward ones included, under the module path `layers.<k>.f`: the repeated blocks
+    `solver.core.repeats` groups. The copies' costs differ by up to 1, as measured times do."""
+    # node 0 is the block's source, the last its sink
+    block = draw(forward_dags(block_nodes, min_nodes=min(2, block_nodes)))
+    forward = nx.DiGraph()
+    forward.add_node("in", mem=draw(mems), cost=draw(costs))
+    previous = "in"
+    for k in range(blocks):
+        for v in block.nodes:
+            extra = draw(st.integers(min_value=0, max_value=1))
+            forward.add_node(
+                f"b{k}n{v}", mem=block.nodes[v]["mem"], cost=block.nodes[v]["cost"] + extra
+            )
+        forward.add_edges_from((f"b{k}n{u}", f"b{k}n{v}") for u, v in block.edges)
+        forward.add_edge(previous, f"b{k}n0")
+        previous = f"b{k}n{max(block.nodes)}"
+    graph = training_graph(forward)
+    for v in forward.nodes:
+        if v != "in":
+            path = f"layers.{v[1 : v.index('n')]}.f"
+            graph.nodes[v]["module"] = graph.nodes[f"d{v}"]["module"] = path
+    return graph

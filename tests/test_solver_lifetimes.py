@@ -5,6 +5,8 @@ schedule within its budget that the simulator accepts, never below the exhaustiv
 
 from __future__ import annotations
 
+import gc
+
 import networkx as nx
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +23,9 @@ from solver.core.stages import (
     plan_to_ops,
 )
 from solver.deadline import Deadline
+from solver.examples import uniform_training_chain
 from solver.heuristics.lifetimes import (
+    _apply,
     _evaluate,
     _longer,
     lifetime_search,
@@ -65,7 +69,8 @@ def test_a_longer_life_changes_no_computation_of_a_value_never_recomputed(case):
     computed = plan_from_lifetimes(problem, lifetimes).computed
     for v in range(problem.n):
         if len(current.windows[v]) < 2:
-            for longer in _longer(problem, lifetimes, v):
+            for move in _longer(problem, lifetimes, v):
+                longer = _apply(problem, lifetimes, move, None)
                 assert plan_from_lifetimes(problem, longer).computed == computed
 
 
@@ -101,3 +106,23 @@ def test_the_search_fits_its_budget_and_never_beats_the_exhaustive_optimum(graph
         assert found.lifetimes is not None
         assert plan_from_lifetimes(problem, found.lifetimes) == found.plan
         assert start_from_member(problem, found) == found.lifetimes
+
+
+def test_the_search_pauses_the_collector_and_leaves_it_as_it_was():
+    problem = solver.prepare(uniform_training_chain(6))
+    budget = checkpoint_all(problem).peak - 1
+    inside = []
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            lifetime_search(
+                problem,
+                budget,
+                [longest(problem)],
+                deadline=Deadline.after(0.05),
+                found=lambda _: inside.append(gc.isenabled()),
+            )
+            assert gc.isenabled() == enabled
+        finally:
+            gc.enable()
+    assert inside and not any(inside)

@@ -110,6 +110,7 @@ def cascade_cover(search: Search) -> Search:
             found=found,
             enough=lambda member: search.goal.value(member) <= search.floor,
             stop=stalled,
+            mirrored=options.mirror_moves,
         )
         return []  # each better plan was offered as it came
 
@@ -157,6 +158,7 @@ def lifetime_polish(search: Search) -> Search:
         deadline=search.deadline,
         seed=1,
         found=search.offer,
+        mirrored=search.options.mirror_moves,
         enough=lambda member: search.goal.value(member) <= search.floor,
     )
     return search

@@ -44,6 +44,8 @@ class SolveOptions:
         cascade_stall: once the cascade bound is final, the lifetime search stops when it has
             not improved for this share of the limit (`lifetime_polish` takes it up again with
             the time the later steps leave).
+        mirror_moves: the lifetime search also tries each move in every copy of a repeated
+            block at once (`solver.core.repeats`).
     The moment relaxation (`solver.exact.moments`):
         moment_late_share: it runs before the stage model when the first stage over the budget
             in checkpoint-all comes after this share of the stages...
@@ -83,6 +85,7 @@ class SolveOptions:
     cascade_small_share: float = 0.3
     cascade_small_model: int = 50_000
     cascade_stall: float = 0.05
+    mirror_moves: bool = True
     moment_late_share: float = 0.5
     moment_max_variables: int = 160_000
     max_model_variables: int = 1_500_000

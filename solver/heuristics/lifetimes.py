@@ -19,7 +19,9 @@ relaxation's solution through `start_from_away`, or `longest`), it moves the pea
 out (a first copy ends at its previous read, a recomputed copy is retained less) until the plan
 fits, then lets values live longer wherever that is cheaper and still fits (each start alone,
 then the best also through swaps, `_improve`), then perturbs and repeats until its deadline (an
-iterated local search; a seeded RNG keeps it deterministic).
+iterated local search; a seeded RNG keeps it deterministic). Where the graph has repeated
+blocks (`solver.core.repeats`), each start is first repaired and improved with every move also
+tried in every block at once, then again with single moves.
 On op-level graphs of real models it finds schedules within 0-1% of the cascade cover's bound
 where eviction is 1-5% away (`benchmarks.solver_scale`).
 """
@@ -31,7 +33,9 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from solver.collection import paused_collection
 from solver.core.graph import Problem
+from solver.core.repeats import Mirrors, mirrors
 from solver.core.stages import (
     AT_USE,
     LAST,
@@ -160,48 +164,78 @@ def lifetime_search(
     found: Callable[[Member], object] | None = None,
     enough: Callable[[Member], bool] | None = None,
     stop: Callable[[], bool] | None = None,
+    mirrored: bool = True,
 ) -> Member | None:
     """The cheapest plan within `budget` bytes found from `starts` by `deadline`: each start
     repaired and improved without swaps, then the best improved with swaps, then
     perturb-repair-improve rounds (module docstring); None when no start could be repaired.
     `candidates`: moves evaluated per repair step. `found` is called with each better plan as
     it comes; the search stops early once `enough(plan)` says it cannot be beaten, or when
-    `stop()` says so between rounds."""
-    rng = random.Random(seed)
-    best: _Evaluation | None = None
-    pool = list(starts)
-    swapped = False  # whether the best has been improved with swaps
-    while not deadline.passed() and not (stop is not None and not pool and stop()):
-        if pool:
-            start = pool.pop(0)
-        elif best is not None:
-            start = best.lifetimes if not swapped else _perturbed(problem, best, rng)
-            swapped = True
-        else:
-            break
-        repaired = _repair(problem, budget, start, deadline, candidates)
-        if repaired is None:
-            continue
-        improved = _improve(problem, budget, repaired, deadline, candidates, with_swaps=swapped)
-        if best is None or improved.cost < best.cost - 1e-12:
-            best = improved
-            member = best.member(problem)
-            if found is not None:
-                found(member)
-            if enough is not None and enough(member):
+    `stop()` says so between rounds. `mirrored`: where the graph has repeated blocks
+    (`solver.core.repeats`), also try each move in every block at once."""
+    with paused_collection():  # the search allocates millions of acyclic objects
+        rng = random.Random(seed)
+        mirror_groups = (mirrors(problem) or None) if mirrored else None
+        best: _Evaluation | None = None
+        # each start repaired and improved with moves in every block, then (where it overflows)
+        # again with moves of one value: the first is quicker on many blocks (GPT-2-24), the
+        # second often ends cheaper (GPT-2-12), where it has the time
+        pool = [(start, spread) for start in starts for spread in _repairs(mirror_groups)]
+        swapped = False  # whether the best has been improved with swaps
+        while not deadline.passed() and not (stop is not None and not pool and stop()):
+            spread = None  # perturbation rounds repair and improve with single moves
+            if pool:
+                start, spread = pool.pop(0)
+                if pool and pool[0][0] is start and _evaluate(problem, start).peak <= budget:
+                    pool.pop(0)  # it fits: its other repair would make no move either
+            elif best is not None:
+                start = (
+                    best.lifetimes if not swapped else _perturbed(problem, best, rng, mirror_groups)
+                )
+                swapped = True
+            else:
                 break
-    return None if best is None else best.member(problem)
+            repaired = _repair(problem, budget, start, deadline, candidates, spread)
+            if repaired is None:
+                continue
+            improved = _improve(
+                problem,
+                budget,
+                repaired,
+                deadline,
+                candidates,
+                with_swaps=swapped,
+                mirrors=spread,
+            )
+            if best is None or improved.cost < best.cost - 1e-12:
+                best = improved
+                member = best.member(problem)
+                if found is not None:
+                    found(member)
+                if enough is not None and enough(member):
+                    break
+        return None if best is None else best.member(problem)
+
+
+def _repairs(mirrors: Mirrors | None) -> tuple[Mirrors | None, ...]:
+    """How `lifetime_search` repairs each start: with moves in every block first, then alone."""
+    return (mirrors, None) if mirrors is not None else (None,)
 
 
 def _repair(
-    problem: Problem, budget: int, lifetimes: Lifetimes, deadline: Deadline, candidates: int
+    problem: Problem,
+    budget: int,
+    lifetimes: Lifetimes,
+    deadline: Deadline,
+    candidates: int,
+    mirrors: Mirrors | None,
 ) -> _Evaluation | None:
     """Moves values out of the highest stage until the plan fits (None if it cannot)."""
     current = _evaluate(problem, lifetimes)
     while current.peak > budget:
         if deadline.passed():
             return None
-        moved = _repair_steps(problem, budget, current, 1, candidates)
+        moved = _repair_steps(problem, budget, current, 1, candidates, mirrors)
         if moved is current:
             return None
         current = moved
@@ -209,12 +243,20 @@ def _repair(
 
 
 def _repair_steps(
-    problem: Problem, budget: int, current: _Evaluation, steps: int, candidates: int
+    problem: Problem,
+    budget: int,
+    current: _Evaluation,
+    steps: int,
+    candidates: int,
+    mirrors: Mirrors | None,
 ) -> _Evaluation:
     """Up to `steps` moves out of the highest stage while the plan overflows (the same plan when
     there is none): of the `candidates` moves that free the most bytes per unit of rebuild cost
-    (the value's and its missing ancestors', `solver.heuristics.eviction.rebuild_costs`), the
-    one that adds the least cost per byte it takes off that stage."""
+    (the value's and its missing ancestors', `solver.heuristics.eviction.rebuild_costs`), each
+    alone and, with `mirrors`, also made in every block (`_apply`), the one that adds the least
+    cost per byte it takes off that stage; a move made in every block is preferred while its
+    price is within `MIRROR_SLACK` of the least (it does in one step what would take one step
+    per block, and mirrors' measured costs differ by noise)."""
     for _ in range(steps):
         if current.peak <= budget:
             break
@@ -225,17 +267,63 @@ def _repair_steps(
         rebuild = rebuild_costs(problem, current.live_around(t))
         moves.sort(key=lambda m: -problem.mem[m[0]] / (rebuild[m[0]] + 1e-12))
         tried = []
-        for _, changed in moves[:candidates]:
-            trial = _evaluate(problem, changed)
-            lower = current.stage_peaks[t] - trial.stage_peaks[t]
-            # cost added per byte taken off the peak stage; moves that take none off come last
-            price = (trial.cost - current.cost) / lower if lower > 0 else math.inf
-            tried.append(((trial.peak > budget, price, trial.peak, trial.cost), trial))
-        current = min(tried, key=lambda x: x[0])[1]
+        for move in moves[:candidates]:
+            spreads = (None, mirrors) if mirrors is not None and mirrors.of(move[0]) else (None,)
+            for spread in spreads:
+                trial = _evaluate(problem, _apply(problem, current.lifetimes, move, spread))
+                lower = current.stage_peaks[t] - trial.stage_peaks[t]
+                # cost added per byte taken off the peak stage; moves that take none off come last
+                price = (trial.cost - current.cost) / lower if lower > 0 else math.inf
+                tried.append((trial.peak > budget, price, trial.peak, trial.cost, spread, trial))
+        least = min(tried, key=lambda x: x[:4])
+        spread_moves = [
+            x
+            for x in tried
+            if x[4] is not None and x[0] == least[0] and x[1] <= least[1] * (1 + MIRROR_SLACK)
+        ]
+        current = min(spread_moves or [least], key=lambda x: x[:4])[5]
     return current
 
 
-def _moves_out(problem: Problem, current: _Evaluation, t: int) -> list[tuple[int, Lifetimes]]:
+MIRROR_SLACK = 0.25
+"""`_repair_steps` takes a move made in every block over a cheaper move made once while it adds
+at most this much more cost per byte."""
+
+
+Move = tuple[int, int, int]
+"""A change to one value's lifetime: (v, END, stage) ends v's first copy at `stage`;
+(v, RETAIN, kind) retains v's recomputed copies as `kind` (`solver.core.stages.AT_USE`...)."""
+
+END, RETAIN = 0, 1
+
+
+def _apply(
+    problem: Problem, lifetimes: Lifetimes, move: Move, mirrors: Mirrors | None
+) -> Lifetimes:
+    """`lifetimes` with `move` made, and with `mirrors` made the same way to each of v's
+    mirrors: the same retention, or an end at the counterpart of the stage in the mirror's block
+    (`_counterpart_stage`)."""
+    v, what, value = move
+    end, retain = list(lifetimes.end), list(lifetimes.retain)
+    for w in (mirrors.of(v) if mirrors is not None else ()) or (v,):
+        if what == RETAIN:
+            retain[w] = value
+        else:
+            assert mirrors is not None or w == v
+            end[w] = value if w == v else _counterpart_stage(problem, mirrors, value, w)
+    return Lifetimes(tuple(end), tuple(retain))
+
+
+def _counterpart_stage(problem: Problem, mirrors: Mirrors, stage: int, w: int) -> int:
+    """`stage` seen from w's block: its mirror there; the last stage, and a stage with no mirror
+    there, stay (no earlier than w)."""
+    if stage == problem.n - 1:
+        return stage
+    there = mirrors.counterpart(stage, mirrors.block[w])
+    return max(w, stage if there is None else there)
+
+
+def _moves_out(problem: Problem, current: _Evaluation, t: int) -> list[Move]:
     """Ways to take a value live at stage t out of it: end a first copy at its last read
     before t, or retain a recomputed copy less."""
     lifetimes = current.lifetimes
@@ -243,9 +331,9 @@ def _moves_out(problem: Problem, current: _Evaluation, t: int) -> list[tuple[int
     for v in current.live_around(t):
         if v < t <= lifetimes.end[v]:
             earlier = [r for r in problem.succs[v] if r < t]
-            moves.append((v, lifetimes.with_end(v, max([v, *earlier]))))
+            moves.append((v, END, max([v, *earlier])))
         if lifetimes.retain[v] > AT_USE:
-            moves.append((v, lifetimes.with_retain(v, lifetimes.retain[v] - 1)))
+            moves.append((v, RETAIN, lifetimes.retain[v] - 1))
     return moves
 
 
@@ -257,26 +345,46 @@ def _improve(
     candidates: int,
     *,
     with_swaps: bool,
+    mirrors: Mirrors | None,
 ) -> _Evaluation:
     """Lets values live longer (first copies to their next read or while read, recomputed
-    copies retained more), costliest values first, while that is cheaper and fits; with
-    `with_swaps`, once a sweep finds nothing, also where a short repair (`SWAP_STEPS`) makes
-    it fit (slower: a swap evaluates up to SWAP_STEPS * `candidates` plans). Only values
-    recomputed somewhere are tried: for any other no stage lacks a copy, so a longer life
-    saves nothing."""
+    copies retained more), costliest values first, while that is cheaper and fits: with
+    `mirrors`, first each change made in every block at once (one evaluation instead of one per
+    block), then each value alone. With `with_swaps`, once a sweep finds nothing, also where a
+    short repair (`SWAP_STEPS`) makes it fit (slower: a swap evaluates up to SWAP_STEPS *
+    `candidates` plans). Only values recomputed somewhere are tried: for any other no stage
+    lacks a copy, so a longer life saves nothing."""
+    for spread in (mirrors, None) if mirrors else (None,):
+        best = _sweeps(problem, budget, best, deadline, candidates, with_swaps, spread)
+    return best
+
+
+def _sweeps(
+    problem: Problem,
+    budget: int,
+    best: _Evaluation,
+    deadline: Deadline,
+    candidates: int,
+    with_swaps: bool,
+    mirrors: Mirrors | None,
+) -> _Evaluation:
+    """`_improve`'s sweeps, each move made alone or (`mirrors`) in every block."""
     order = sorted(range(problem.n), key=lambda v: -problem.cost[v])
+    if mirrors is not None:  # one value per group, the others follow it
+        order = [v for v in order if mirrors.of(v)[:1] == (v,)]
     swapping = False  # this sweep also tries swaps
     while not deadline.passed():
         improved = False
         for v in order:
             if deadline.passed():
                 break
-            if len(best.windows[v]) < 2:  # never recomputed
+            group = mirrors.of(v) if mirrors is not None else (v,)
+            if all(len(best.windows[w]) < 2 for w in group):  # never recomputed
                 continue
-            for changed in _longer(problem, best.lifetimes, v):
-                trial = _evaluate(problem, changed)
+            for move in _longer(problem, best.lifetimes, v):
+                trial = _evaluate(problem, _apply(problem, best.lifetimes, move, mirrors))
                 if swapping and trial.peak > budget and trial.cost < best.cost - 1e-12:
-                    trial = _repair_steps(problem, budget, trial, SWAP_STEPS, candidates)
+                    trial = _repair_steps(problem, budget, trial, SWAP_STEPS, candidates, mirrors)
                 if trial.peak <= budget and trial.cost < best.cost - 1e-12:
                     best, improved = trial, True
                     break
@@ -289,18 +397,18 @@ def _improve(
     return best
 
 
-def _longer(problem: Problem, lifetimes: Lifetimes, v: int) -> list[Lifetimes]:
+def _longer(problem: Problem, lifetimes: Lifetimes, v: int) -> list[Move]:
     """v's first copy to its next read (while read, past the last), its recomputed copies
     retained one step more."""
     later = [r for r in problem.succs[v] if r > lifetimes.end[v]]
-    trials = []
+    moves = []
     if later:
-        trials.append(lifetimes.with_end(v, later[0]))
+        moves.append((v, END, later[0]))
     elif lifetimes.end[v] < problem.n - 1:
-        trials.append(lifetimes.with_end(v, problem.n - 1))
+        moves.append((v, END, problem.n - 1))
     if lifetimes.retain[v] < LAST:
-        trials.append(lifetimes.with_retain(v, lifetimes.retain[v] + 1))
-    return trials
+        moves.append((v, RETAIN, lifetimes.retain[v] + 1))
+    return moves
 
 
 SWAP_STEPS = 2
@@ -309,14 +417,19 @@ moves (`_repair_steps`) bring the plan back within the budget at a lower cost: a
 costly recompute for cheaper ones at the peak stage."""
 
 
-def _perturbed(problem: Problem, best: _Evaluation, rng: random.Random) -> Lifetimes:
+def _perturbed(
+    problem: Problem, best: _Evaluation, rng: random.Random, mirrors: Mirrors | None
+) -> Lifetimes:
     """The best assignment with a few values moved: out of the peak stage or a random one,
-    and one lifetime lengthened to the longest."""
+    and one lifetime lengthened to the longest; with `mirrors`, each move made in every block
+    half of the time."""
     lifetimes = best.lifetimes
     t = max(range(problem.n), key=best.stage_peaks.__getitem__)
     for _ in range(rng.randint(1, 3)):
+        spread = mirrors if mirrors and rng.random() < 0.5 else None
         moves = _moves_out(problem, best, rng.randrange(problem.n)) + _moves_out(problem, best, t)
         if moves:
-            lifetimes = rng.choice(moves)[1]
-        lifetimes = lifetimes.with_end(rng.randrange(problem.n), problem.n - 1)
+            lifetimes = _apply(problem, lifetimes, rng.choice(moves), spread)
+        longest_life = (rng.randrange(problem.n), END, problem.n - 1)
+        lifetimes = _apply(problem, lifetimes, longest_life, spread)
     return lifetimes

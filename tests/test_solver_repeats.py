@@ -1,0 +1,120 @@
+"""Repeated blocks (solver.core.repeats) and the lifetime search's moves made in every block at
+once: mirrors are copies of one node in distinct blocks, a move made in every block gives a
+valid plan whose fast evaluation agrees with its replay, and the search with such moves never
+beats the exhaustive optimum."""
+
+from __future__ import annotations
+
+import networkx as nx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from solver_reference import min_cost_within, stage_space_frontier
+from solver_strategies import repeated_training_graphs
+
+import solver
+from solver.core.repeats import mirrors
+from solver.core.stages import LAST, Lifetimes, checkpoint_all, plan_from_lifetimes, plan_to_ops
+from solver.deadline import Deadline
+from solver.heuristics.lifetimes import (
+    _apply,
+    _evaluate,
+    _longer,
+    _moves_out,
+    lifetime_search,
+    longest,
+)
+
+
+def test_mirrors_are_the_same_op_of_each_copy_of_a_layer():
+    graph = nx.DiGraph()
+    paths = ["stem", "h.0.attn", "h.0.attn", "h.0", "h.1.attn", "h.1.attn", "h.1", "head"]
+    mems = [4, 2, 3, 1, 2, 3, 1, 4]
+    for v, (path, mem) in enumerate(zip(paths, mems, strict=True)):
+        graph.add_node(v, mem=mem, cost=1, module=path)
+    graph.add_edges_from((v, v + 1) for v in range(7))
+    problem = solver.prepare(graph)
+    found = mirrors(problem)
+    # the last node of h.1 feeds the head, as that of h.0 feeds h.1: same degrees, a group
+    assert sorted(found.groups) == [(1, 4), (2, 5), (3, 6)]
+    assert found.of(0) == () and found.of(7) == ()
+    assert found.block[4] == ("1",) and found.counterpart(4, ("0",)) == 1
+    assert found.counterpart(1, ("1",)) == 4 and found.counterpart(1, ("7",)) is None
+    # a different size is a different op: no group
+    graph.nodes[5]["mem"] = 9
+    assert sorted(mirrors(solver.prepare(graph)).groups) == [(1, 4), (3, 6)]
+
+
+def test_no_numbered_module_means_no_mirrors():
+    graph = nx.DiGraph([(0, 1), (1, 2)])
+    for v in graph:
+        graph.nodes[v].update(mem=1, cost=1, module="encoder.layer")
+    assert not mirrors(solver.prepare(graph))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(repeated_training_graphs(), st.data())
+def test_mirror_groups_hold_one_node_per_block(graph, data):
+    problem = solver.prepare(graph)
+    found = mirrors(problem)
+    assert found, "the copies of the block are grouped"
+    for group in found.groups:
+        blocks = [found.block[v] for v in group]
+        assert len(set(blocks)) == len(group) >= 2
+        assert len({problem.mem[v] for v in group}) == 1
+        assert len({problem.backward[v] for v in group}) == 1
+        for v in group:
+            assert all(found.counterpart(v, found.block[w]) == w for w in group)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(repeated_training_graphs(), st.data())
+def test_a_move_made_in_every_block_gives_a_valid_plan_the_evaluation_agrees_with(graph, data):
+    problem = solver.prepare(graph)
+    found = mirrors(problem)
+    n = problem.n
+    end = tuple(data.draw(st.integers(min_value=v, max_value=n - 1)) for v in range(n))
+    retain = tuple(data.draw(st.integers(min_value=0, max_value=LAST)) for _ in range(n))
+    lifetimes = Lifetimes(end, retain)
+    current = _evaluate(problem, lifetimes)
+    t = data.draw(st.integers(min_value=0, max_value=n - 1))
+    v = data.draw(st.integers(min_value=0, max_value=n - 1))
+    moves = _moves_out(problem, current, t) + _longer(problem, lifetimes, v)
+    for move in moves:
+        moved = _apply(problem, lifetimes, move, found)
+        assert all(moved.end[w] >= w for w in range(n))
+        changed = {w for w in range(n) if moved.end[w] != end[w] or moved.retain[w] != retain[w]}
+        assert changed <= {move[0], *found.of(move[0])}
+        schedule = plan_to_ops(problem, plan_from_lifetimes(problem, moved))
+        replay = solver.simulate(graph, [(kind, problem.ids[i]) for kind, i in schedule.ops])
+        replay.raise_if_invalid()
+        fast = _evaluate(problem, moved)
+        assert fast.stage_peaks == schedule.stage_peaks
+        assert abs(fast.cost - schedule.cost) <= 1e-9 * max(1.0, schedule.cost)
+
+
+# 8 nodes: the exhaustive frontier takes about 3 s each
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(repeated_training_graphs(blocks=3, block_nodes=1))
+def test_the_search_with_moves_in_every_block_never_beats_the_exhaustive_optimum(graph):
+    problem = solver.prepare(graph)
+    frontier = stage_space_frontier(graph)
+    top = checkpoint_all(problem).peak
+    for budget in sorted({peak for _, peak in frontier} | {problem.memory_lower_bound}):
+        if budget >= top:
+            continue
+        optimum = min_cost_within(frontier, budget)
+        assert optimum is not None
+        found = lifetime_search(
+            problem,
+            budget,
+            [longest(problem)],
+            deadline=Deadline.after(0.2),
+            enough=lambda member: member.schedule.cost <= optimum + 1e-9,  # noqa: B023
+        )
+        if found is None:
+            continue
+        schedule = found.schedule
+        replay = solver.simulate(graph, [(kind, problem.ids[i]) for kind, i in schedule.ops])
+        replay.raise_if_invalid()
+        assert replay.peak == schedule.peak <= budget
+        assert schedule.cost >= optimum - 1e-9
