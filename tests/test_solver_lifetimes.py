@@ -24,10 +24,9 @@ from solver.core.stages import (
 )
 from solver.deadline import Deadline
 from solver.examples import uniform_training_chain
+from solver.heuristics.lifetime_moves import apply_move, longer_moves
 from solver.heuristics.lifetimes import (
-    _apply,
     _evaluate,
-    _longer,
     lifetime_search,
     longest,
     start_from_member,
@@ -69,8 +68,8 @@ def test_a_longer_life_changes_no_computation_of_a_value_never_recomputed(case):
     computed = plan_from_lifetimes(problem, lifetimes).computed
     for v in range(problem.n):
         if len(current.windows[v]) < 2:
-            for move in _longer(problem, lifetimes, v):
-                longer = _apply(problem, lifetimes, move, None)
+            for move in longer_moves(problem, lifetimes, v):
+                longer = apply_move(problem, lifetimes, move, None)
                 assert plan_from_lifetimes(problem, longer).computed == computed
 
 

@@ -1,7 +1,8 @@
 """Repeated blocks (solver.core.repeats) and the lifetime search's moves made in every block at
-once: mirrors are copies of one node in distinct blocks, a move made in every block gives a
-valid plan whose fast evaluation agrees with its replay, and the search with such moves never
-beats the exhaustive optimum."""
+once (solver.heuristics.lifetime_moves): mirrors are copies of one node in distinct blocks, a
+move made in every block and a block's lifetimes copied onto another give valid plans whose fast
+evaluation agrees with their replay, and the search with such moves never beats the exhaustive
+optimum."""
 
 from __future__ import annotations
 
@@ -15,14 +16,8 @@ import solver
 from solver.core.repeats import mirrors
 from solver.core.stages import LAST, Lifetimes, checkpoint_all, plan_from_lifetimes, plan_to_ops
 from solver.deadline import Deadline
-from solver.heuristics.lifetimes import (
-    _apply,
-    _evaluate,
-    _longer,
-    _moves_out,
-    lifetime_search,
-    longest,
-)
+from solver.heuristics.lifetime_moves import apply_move, copied_block, longer_moves, moves_out
+from solver.heuristics.lifetimes import _evaluate, lifetime_search, longest
 
 
 def test_mirrors_are_the_same_op_of_each_copy_of_a_layer():
@@ -37,6 +32,7 @@ def test_mirrors_are_the_same_op_of_each_copy_of_a_layer():
     # the last node of h.1 feeds the head, as that of h.0 feeds h.1: same degrees, a group
     assert sorted(found.groups) == [(1, 4), (2, 5), (3, 6)]
     assert found.of(0) == () and found.of(7) == ()
+    assert found.blocks == [("0",), ("1",)]
     assert found.block[4] == ("1",) and found.counterpart(4, ("0",)) == 1
     assert found.counterpart(1, ("1",)) == 4 and found.counterpart(1, ("7",)) is None
     # a different size is a different op: no group
@@ -68,7 +64,7 @@ def test_mirror_groups_hold_one_node_per_block(graph, data):
 
 @settings(max_examples=80, deadline=None, derandomize=True)
 @given(repeated_training_graphs(), st.data())
-def test_a_move_made_in_every_block_gives_a_valid_plan_the_evaluation_agrees_with(graph, data):
+def test_moves_in_every_block_and_block_copies_give_valid_plans_evaluated_right(graph, data):
     problem = solver.prepare(graph)
     found = mirrors(problem)
     n = problem.n
@@ -78,12 +74,20 @@ def test_a_move_made_in_every_block_gives_a_valid_plan_the_evaluation_agrees_wit
     current = _evaluate(problem, lifetimes)
     t = data.draw(st.integers(min_value=0, max_value=n - 1))
     v = data.draw(st.integers(min_value=0, max_value=n - 1))
-    moves = _moves_out(problem, current, t) + _longer(problem, lifetimes, v)
+    moves = moves_out(problem, lifetimes, current.live_around(t), t)
+    moves += longer_moves(problem, lifetimes, v)
+    trials = []
     for move in moves:
-        moved = _apply(problem, lifetimes, move, found)
-        assert all(moved.end[w] >= w for w in range(n))
+        moved = apply_move(problem, lifetimes, move, found)
         changed = {w for w in range(n) if moved.end[w] != end[w] or moved.retain[w] != retain[w]}
         assert changed <= {move[0], *found.of(move[0])}
+        trials.append(moved)
+    source, target = data.draw(st.permutations(found.blocks))[:2]
+    copied = copied_block(problem, found, lifetimes, source, target)
+    changed = {w for w in range(n) if copied.end[w] != end[w] or copied.retain[w] != retain[w]}
+    assert all(found.block[w] == target for w in changed)
+    for moved in [*trials, copied]:
+        assert all(moved.end[w] >= w for w in range(n))
         schedule = plan_to_ops(problem, plan_from_lifetimes(problem, moved))
         replay = solver.simulate(graph, [(kind, problem.ids[i]) for kind, i in schedule.ops])
         replay.raise_if_invalid()

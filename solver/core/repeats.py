@@ -51,6 +51,11 @@ class Mirrors:
     def __bool__(self) -> bool:
         return bool(self.groups)
 
+    @property
+    def blocks(self) -> list[Block]:
+        """The blocks that hold a grouped node, in the order of their first node."""
+        return list(dict.fromkeys(self.block[v] for v in sorted(v for g in self.groups for v in g)))
+
 
 def mirrors(problem: Problem) -> Mirrors:
     """The mirror groups of `problem` (module docstring); none where no module path has a

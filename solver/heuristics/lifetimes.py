@@ -37,7 +37,6 @@ from solver.collection import paused_collection
 from solver.core.graph import Problem
 from solver.core.repeats import Mirrors, mirrors
 from solver.core.stages import (
-    AT_USE,
     LAST,
     Lifetimes,
     Member,
@@ -49,6 +48,13 @@ from solver.core.stages import (
 )
 from solver.deadline import Deadline
 from solver.heuristics.eviction import rebuild_costs
+from solver.heuristics.lifetime_moves import (
+    END,
+    apply_move,
+    copied_block,
+    longer_moves,
+    moves_out,
+)
 
 
 def longest(problem: Problem) -> Lifetimes:
@@ -261,16 +267,17 @@ def _repair_steps(
         if current.peak <= budget:
             break
         t = max(range(problem.n), key=current.stage_peaks.__getitem__)
-        moves = _moves_out(problem, current, t)
+        live = current.live_around(t)
+        moves = moves_out(problem, current.lifetimes, live, t)
         if not moves:
             break
-        rebuild = rebuild_costs(problem, current.live_around(t))
+        rebuild = rebuild_costs(problem, live)
         moves.sort(key=lambda m: -problem.mem[m[0]] / (rebuild[m[0]] + 1e-12))
         tried = []
         for move in moves[:candidates]:
             spreads = (None, mirrors) if mirrors is not None and mirrors.of(move[0]) else (None,)
             for spread in spreads:
-                trial = _evaluate(problem, _apply(problem, current.lifetimes, move, spread))
+                trial = _evaluate(problem, apply_move(problem, current.lifetimes, move, spread))
                 lower = current.stage_peaks[t] - trial.stage_peaks[t]
                 # cost added per byte taken off the peak stage; moves that take none off come last
                 price = (trial.cost - current.cost) / lower if lower > 0 else math.inf
@@ -290,53 +297,6 @@ MIRROR_SLACK = 0.25
 at most this much more cost per byte."""
 
 
-Move = tuple[int, int, int]
-"""A change to one value's lifetime: (v, END, stage) ends v's first copy at `stage`;
-(v, RETAIN, kind) retains v's recomputed copies as `kind` (`solver.core.stages.AT_USE`...)."""
-
-END, RETAIN = 0, 1
-
-
-def _apply(
-    problem: Problem, lifetimes: Lifetimes, move: Move, mirrors: Mirrors | None
-) -> Lifetimes:
-    """`lifetimes` with `move` made, and with `mirrors` made the same way to each of v's
-    mirrors: the same retention, or an end at the counterpart of the stage in the mirror's block
-    (`_counterpart_stage`)."""
-    v, what, value = move
-    end, retain = list(lifetimes.end), list(lifetimes.retain)
-    for w in (mirrors.of(v) if mirrors is not None else ()) or (v,):
-        if what == RETAIN:
-            retain[w] = value
-        else:
-            assert mirrors is not None or w == v
-            end[w] = value if w == v else _counterpart_stage(problem, mirrors, value, w)
-    return Lifetimes(tuple(end), tuple(retain))
-
-
-def _counterpart_stage(problem: Problem, mirrors: Mirrors, stage: int, w: int) -> int:
-    """`stage` seen from w's block: its mirror there; the last stage, and a stage with no mirror
-    there, stay (no earlier than w)."""
-    if stage == problem.n - 1:
-        return stage
-    there = mirrors.counterpart(stage, mirrors.block[w])
-    return max(w, stage if there is None else there)
-
-
-def _moves_out(problem: Problem, current: _Evaluation, t: int) -> list[Move]:
-    """Ways to take a value live at stage t out of it: end a first copy at its last read
-    before t, or retain a recomputed copy less."""
-    lifetimes = current.lifetimes
-    moves = []
-    for v in current.live_around(t):
-        if v < t <= lifetimes.end[v]:
-            earlier = [r for r in problem.succs[v] if r < t]
-            moves.append((v, END, max([v, *earlier])))
-        if lifetimes.retain[v] > AT_USE:
-            moves.append((v, RETAIN, lifetimes.retain[v] - 1))
-    return moves
-
-
 def _improve(
     problem: Problem,
     budget: int,
@@ -350,12 +310,44 @@ def _improve(
     """Lets values live longer (first copies to their next read or while read, recomputed
     copies retained more), costliest values first, while that is cheaper and fits: with
     `mirrors`, first each change made in every block at once (one evaluation instead of one per
-    block), then each value alone. With `with_swaps`, once a sweep finds nothing, also where a
+    block), then each block's lifetimes copied onto its neighbours (`_block_copies`), then each
+    value alone. With `with_swaps`, once a sweep finds nothing, also where a
     short repair (`SWAP_STEPS`) makes it fit (slower: a swap evaluates up to SWAP_STEPS *
     `candidates` plans). Only values recomputed somewhere are tried: for any other no stage
     lacks a copy, so a longer life saves nothing."""
-    for spread in (mirrors, None) if mirrors else (None,):
-        best = _sweeps(problem, budget, best, deadline, candidates, with_swaps, spread)
+    if mirrors:
+        best = _sweeps(problem, budget, best, deadline, candidates, with_swaps, mirrors)
+        best = _block_copies(problem, budget, best, deadline, candidates, mirrors)
+    return _sweeps(problem, budget, best, deadline, candidates, with_swaps, None)
+
+
+def _block_copies(
+    problem: Problem,
+    budget: int,
+    best: _Evaluation,
+    deadline: Deadline,
+    candidates: int,
+    mirrors: Mirrors,
+) -> _Evaluation:
+    """Each block's lifetimes copied onto the block before and the block after it (`_copied`),
+    where that is cheaper and fits or a short repair (`SWAP_STEPS`) makes it fit, until no copy
+    helps: a mix of block patterns (some blocks kept richer than others where the budget holds
+    only a few rich ones), which a move made in every block cannot reach and single moves reach
+    one value at a time."""
+    blocks = mirrors.blocks
+    improved = True
+    while improved and not deadline.passed():
+        improved = False
+        for i, source in enumerate(blocks):
+            for target in blocks[max(i - 1, 0) : i] + blocks[i + 1 : i + 2]:
+                if deadline.passed():
+                    return best
+                copied = copied_block(problem, mirrors, best.lifetimes, source, target)
+                trial = _evaluate(problem, copied)
+                if trial.peak > budget and trial.cost < best.cost - 1e-12:
+                    trial = _repair_steps(problem, budget, trial, SWAP_STEPS, candidates, None)
+                if trial.peak <= budget and trial.cost < best.cost - 1e-12:
+                    best, improved = trial, True
     return best
 
 
@@ -381,8 +373,8 @@ def _sweeps(
             group = mirrors.of(v) if mirrors is not None else (v,)
             if all(len(best.windows[w]) < 2 for w in group):  # never recomputed
                 continue
-            for move in _longer(problem, best.lifetimes, v):
-                trial = _evaluate(problem, _apply(problem, best.lifetimes, move, mirrors))
+            for move in longer_moves(problem, best.lifetimes, v):
+                trial = _evaluate(problem, apply_move(problem, best.lifetimes, move, mirrors))
                 if swapping and trial.peak > budget and trial.cost < best.cost - 1e-12:
                     trial = _repair_steps(problem, budget, trial, SWAP_STEPS, candidates, mirrors)
                 if trial.peak <= budget and trial.cost < best.cost - 1e-12:
@@ -395,20 +387,6 @@ def _sweeps(
         else:
             swapping = True
     return best
-
-
-def _longer(problem: Problem, lifetimes: Lifetimes, v: int) -> list[Move]:
-    """v's first copy to its next read (while read, past the last), its recomputed copies
-    retained one step more."""
-    later = [r for r in problem.succs[v] if r > lifetimes.end[v]]
-    moves = []
-    if later:
-        moves.append((v, END, later[0]))
-    elif lifetimes.end[v] < problem.n - 1:
-        moves.append((v, END, problem.n - 1))
-    if lifetimes.retain[v] < LAST:
-        moves.append((v, RETAIN, lifetimes.retain[v] + 1))
-    return moves
 
 
 SWAP_STEPS = 2
@@ -427,9 +405,11 @@ def _perturbed(
     t = max(range(problem.n), key=best.stage_peaks.__getitem__)
     for _ in range(rng.randint(1, 3)):
         spread = mirrors if mirrors and rng.random() < 0.5 else None
-        moves = _moves_out(problem, best, rng.randrange(problem.n)) + _moves_out(problem, best, t)
+        u = rng.randrange(problem.n)
+        moves = moves_out(problem, lifetimes, best.live_around(u), u)
+        moves += moves_out(problem, lifetimes, best.live_around(t), t)
         if moves:
-            lifetimes = _apply(problem, lifetimes, rng.choice(moves), spread)
+            lifetimes = apply_move(problem, lifetimes, rng.choice(moves), spread)
         longest_life = (rng.randrange(problem.n), END, problem.n - 1)
-        lifetimes = _apply(problem, lifetimes, longest_life, spread)
+        lifetimes = apply_move(problem, lifetimes, longest_life, spread)
     return lifetimes
