@@ -1,23 +1,21 @@
 """Repeated blocks (solver.core.repeats) and the lifetime search's moves made in every block at
 once (solver.heuristics.lifetime_moves): mirrors are copies of one node in distinct blocks, a
 move made in every block and a block's lifetimes copied onto another give valid plans whose fast
-evaluation agrees with their replay, and the search with such moves never beats the exhaustive
-optimum."""
+evaluation agrees with their replay (the search with such moves against the exhaustive optimum:
+tests/test_solver_lifetimes.py)."""
 
 from __future__ import annotations
 
 import networkx as nx
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import repeated_training_graphs
 
 import solver
 from solver.core.repeats import mirrors
-from solver.core.stages import LAST, Lifetimes, checkpoint_all, plan_from_lifetimes, plan_to_ops
-from solver.deadline import Deadline
+from solver.core.stages import LAST, Lifetimes, plan_from_lifetimes, plan_to_ops
 from solver.heuristics.lifetime_moves import apply_move, copied_block, longer_moves, moves_out
-from solver.heuristics.lifetimes import _evaluate, lifetime_search, longest
+from solver.heuristics.lifetimes import _evaluate
 
 
 def test_mirrors_are_the_same_op_of_each_copy_of_a_layer():
@@ -94,31 +92,3 @@ def test_moves_in_every_block_and_block_copies_give_valid_plans_evaluated_right(
         fast = _evaluate(problem, moved)
         assert fast.stage_peaks == schedule.stage_peaks
         assert abs(fast.cost - schedule.cost) <= 1e-9 * max(1.0, schedule.cost)
-
-
-# 8 nodes: the exhaustive frontier takes about 3 s each
-@settings(max_examples=6, deadline=None, derandomize=True)
-@given(repeated_training_graphs(blocks=3, block_nodes=1))
-def test_the_search_with_moves_in_every_block_never_beats_the_exhaustive_optimum(graph):
-    problem = solver.prepare(graph)
-    frontier = stage_space_frontier(graph)
-    top = checkpoint_all(problem).peak
-    for budget in sorted({peak for _, peak in frontier} | {problem.memory_lower_bound}):
-        if budget >= top:
-            continue
-        optimum = min_cost_within(frontier, budget)
-        assert optimum is not None
-        found = lifetime_search(
-            problem,
-            budget,
-            [longest(problem)],
-            deadline=Deadline.after(0.2),
-            enough=lambda member: member.schedule.cost <= optimum + 1e-9,  # noqa: B023
-        )
-        if found is None:
-            continue
-        schedule = found.schedule
-        replay = solver.simulate(graph, [(kind, problem.ids[i]) for kind, i in schedule.ops])
-        replay.raise_if_invalid()
-        assert replay.peak == schedule.peak <= budget
-        assert schedule.cost >= optimum - 1e-9

@@ -311,10 +311,10 @@ def _improve(
     copies retained more), costliest values first, while that is cheaper and fits: with
     `mirrors`, first each change made in every block at once (one evaluation instead of one per
     block), then each block's lifetimes copied onto its neighbours (`_block_copies`), then each
-    value alone. With `with_swaps`, once a sweep finds nothing, also where a
-    short repair (`SWAP_STEPS`) makes it fit (slower: a swap evaluates up to SWAP_STEPS *
-    `candidates` plans). Only values recomputed somewhere are tried: for any other no stage
-    lacks a copy, so a longer life saves nothing."""
+    value alone. With `with_swaps`, once a sweep finds nothing, also where a short repair
+    (`SWAP_STEPS`) makes it fit (slower: a swap evaluates up to SWAP_STEPS * `candidates`
+    plans). Only values recomputed somewhere are tried: for any other no stage lacks a copy, so
+    a longer life saves nothing."""
     if mirrors:
         best = _sweeps(problem, budget, best, deadline, candidates, with_swaps, mirrors)
         best = _block_copies(problem, budget, best, deadline, candidates, mirrors)
@@ -329,11 +329,11 @@ def _block_copies(
     candidates: int,
     mirrors: Mirrors,
 ) -> _Evaluation:
-    """Each block's lifetimes copied onto the block before and the block after it (`_copied`),
-    where that is cheaper and fits or a short repair (`SWAP_STEPS`) makes it fit, until no copy
-    helps: a mix of block patterns (some blocks kept richer than others where the budget holds
-    only a few rich ones), which a move made in every block cannot reach and single moves reach
-    one value at a time."""
+    """Each block's lifetimes copied onto the block before and the block after it
+    (`solver.heuristics.lifetime_moves.copied_block`), where that is cheaper and fits or a short
+    repair (`SWAP_STEPS`) makes it fit, until no copy helps: a mix of block patterns (some
+    blocks kept richer than others where the budget holds only a few rich ones), which a move
+    made in every block cannot reach and single moves reach one value at a time."""
     blocks = mirrors.blocks
     improved = True
     while improved and not deadline.passed():
