@@ -119,12 +119,6 @@ class Lifetimes:
     end: tuple[int, ...]
     retain: tuple[int, ...]
 
-    def with_end(self, v: int, stage: int) -> Lifetimes:
-        return Lifetimes((*self.end[:v], stage, *self.end[v + 1 :]), self.retain)
-
-    def with_retain(self, v: int, kind: int) -> Lifetimes:
-        return Lifetimes(self.end, (*self.retain[:v], kind, *self.retain[v + 1 :]))
-
 
 Window = list[int]
 """One copy of a value: [first stage it is live in, last stage it may be read in, last stage

@@ -259,7 +259,7 @@ def _repair_steps(
     """Up to `steps` moves out of the highest stage while the plan overflows (the same plan when
     there is none): of the `candidates` moves that free the most bytes per unit of rebuild cost
     (the value's and its missing ancestors', `solver.heuristics.eviction.rebuild_costs`), each
-    alone and, with `mirrors`, also made in every block (`_apply`), the one that adds the least
+    alone and, with `mirrors`, also made in every block (`apply_move`), the one that adds the least
     cost per byte it takes off that stage; a move made in every block is preferred while its
     price is within `MIRROR_SLACK` of the least (it does in one step what would take one step
     per block, and mirrors' measured costs differ by noise)."""
@@ -281,14 +281,15 @@ def _repair_steps(
                 lower = current.stage_peaks[t] - trial.stage_peaks[t]
                 # cost added per byte taken off the peak stage; moves that take none off come last
                 price = (trial.cost - current.cost) / lower if lower > 0 else math.inf
-                tried.append((trial.peak > budget, price, trial.peak, trial.cost, spread, trial))
-        least = min(tried, key=lambda x: x[:4])
-        spread_moves = [
+                key = (trial.peak > budget, price, trial.peak, trial.cost)
+                tried.append((key, spread is not None, trial))
+        (overflows, least_price, _, _), _, _ = min(tried, key=lambda x: x[0])
+        in_every_block = [
             x
             for x in tried
-            if x[4] is not None and x[0] == least[0] and x[1] <= least[1] * (1 + MIRROR_SLACK)
+            if x[1] and x[0][0] == overflows and x[0][1] <= least_price * (1 + MIRROR_SLACK)
         ]
-        current = min(spread_moves or [least], key=lambda x: x[:4])[5]
+        current = min(in_every_block or tried, key=lambda x: x[0])[2]
     return current
 
 
