@@ -45,15 +45,27 @@ class IndexedSchedule:
 
 
 @dataclass(frozen=True)
+class EvictionKey:
+    """What fixes an eviction run (`solver.heuristics.eviction`): the exponent of the distance
+    to the next read in its rule, and a positive factor per node (by index) multiplying the
+    rule's score (None: every factor 1)."""
+
+    exponent: float
+    priorities: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
 class Member:
     """A candidate schedule: what produced it (`param`, e.g. a heuristic's parameter), its plan,
     the plan's ops and, where the plan came from `plan_from_lifetimes`, those lifetimes (a
-    search over lifetimes resumes from them)."""
+    search over lifetimes resumes from them), or where it came from an eviction run by rule,
+    that run's key (the eviction search resumes from it)."""
 
     param: str
     plan: StagePlan
     schedule: IndexedSchedule
     lifetimes: Lifetimes | None = None
+    eviction: EvictionKey | None = None
 
 
 def cheapest_within(members: Iterable[Member], budget: int | None) -> Member | None:

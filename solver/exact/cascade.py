@@ -1,15 +1,19 @@
 """Step: the cascade cover (`solver.milp.cascade`, `solver.milp.cascade_rounds`) and the
 lifetime search (`solver.heuristics.lifetimes`) from its solution, where recomputes cascade
-(op-level graphs)."""
+(op-level graphs); where the lifetime search does not reach the incumbent (tight budgets), the
+eviction search (`solver.heuristics.eviction_search`) instead."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from solver.core.stages import Member
 from solver.exact.state import Search
 from solver.exact.warm_start import moment_first
+from solver.heuristics.eviction_search import eviction_search
 from solver.heuristics.lifetimes import (
     lifetime_search,
     longest,
@@ -33,7 +37,10 @@ def cascade_cover(search: Search) -> Search:
        search from checkpoint-all's lifetimes, the incumbent's and the relaxation's solution,
        each better plan offered as it comes (NOTE [incumbent]); once the bound is final, the
        search stops when it has not improved for `cascade_stall` of the limit, leaving the
-       time to the next steps.
+       time to the next steps. Where, once every start is repaired and improved, its best
+       plan costs more than the incumbent (at tight budgets an eviction run's plan, which
+       the lifetime search's one-value-at-a-time repair does not reach), the eviction search
+       from the cheapest eviction run takes the rest of that time instead.
 
     Skipped where no recompute in the cover's rows needs a dead input: the model is then the
     read-gap cover, which has run (the published training graphs). Where the moment relaxation
@@ -93,25 +100,50 @@ def cascade_cover(search: Search) -> Search:
         quiet = time.perf_counter() - last_change[0]
         return bound_done.is_set() and quiet > options.cascade_stall * search.time_limit
 
+    lifetime_best = [float("inf")]
+
+    def found_lifetimes(member: Member) -> None:
+        lifetime_best[0] = min(lifetime_best[0], member.schedule.cost)
+        found(member)
+
+    def behind() -> bool:
+        """The lifetime search's best plan costs more than the incumbent."""
+        incumbent = search.incumbent
+        return incumbent is not None and lifetime_best[0] > incumbent.schedule.cost + 1e-12
+
+    def search_evictions() -> None:
+        """The eviction search while the lifetime search is behind (it stops once that search
+        catches up with the incumbent)."""
+
+        def caught_up() -> bool:
+            return stalled() or not behind()
+
+        resume = search.incumbent
+        eviction_search(
+            problem, budget, deadline=deadline, resume=resume, found=found, stop=caught_up
+        )
+
     def search_lifetimes() -> list[Member]:
         """From checkpoint-all (on the 12-layer transformers of `benchmarks.zoo` the best of the
         three), the incumbent when it starts (per-block checkpointing runs first) and the
-        relaxation's solution."""
+        relaxation's solution; beside it, while it is behind the incumbent, the eviction
+        search."""
         starts = [longest(problem)]
         if search.incumbent is not None:
             starts.append(start_from_member(problem, search.incumbent))
         if away is not None:
             starts.append(start_from_away(problem, *away))
-        lifetime_search(
-            problem,
-            budget,
-            starts,
-            deadline=deadline,
-            found=found,
-            enough=lambda member: search.goal.value(member) <= search.floor,
-            stop=stalled,
-            mirrored=options.mirror_moves,
-        )
+        with _alongside(search_evictions):
+            lifetime_search(
+                problem,
+                budget,
+                starts,
+                deadline=deadline,
+                found=found_lifetimes,
+                enough=lambda member: search.goal.value(member) <= search.floor,
+                stop=lambda: stalled() or behind(),
+                mirrored=options.mirror_moves,
+            )
         return []  # each better plan was offered as it came
 
     search.defer("lifetimes", search_lifetimes, before=("policies", "backward"))
@@ -119,6 +151,29 @@ def cascade_cover(search: Search) -> Search:
     search.raise_floor(final.bound)
     search.note(bound=final.bound, rows=len(final.model.rows))
     return search
+
+
+@contextmanager
+def _alongside(work: Callable[[], None]) -> Iterator[None]:
+    """Run `work` on a second thread while the block runs; wait for it at the end of the block,
+    and raise what it raised. Both are Python, so they share one core (the engine beside them
+    runs outside Python's lock, on the other)."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # re-raised below, in the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+    if failure:
+        raise failure[0]
 
 
 def _share(search: Search) -> float:
@@ -146,11 +201,22 @@ def _cap(search: Search) -> int | None:
 def lifetime_polish(search: Search) -> Search:
     """Step, last: while the search is open and time is left, the lifetime search from the
     incumbent's plan until the deadline (each better plan offered as it comes), so that the
-    whole limit is used."""
+    whole limit is used; where the incumbent is an eviction run, the eviction search from it
+    instead."""
     if not search.options.cascade or search.incumbent is None:
         return search
     problem, budget = search.problem, search.goal.budget
     assert budget is not None
+    if search.incumbent.eviction is not None:
+        eviction_search(
+            problem,
+            budget,
+            deadline=search.deadline,
+            resume=search.incumbent,
+            seed=1,
+            found=search.offer,
+        )
+        return search
     lifetime_search(
         problem,
         budget,

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 from solver.core.graph import Problem
 from solver.core.stages import (
+    EvictionKey,
     Member,
     cheapest_within,
     plan_from_kept_sets,
@@ -33,13 +34,19 @@ from solver.core.stages import (
 from solver.deadline import NEVER, Deadline
 
 
-def rebuild_costs(problem: Problem, live: set[int]) -> list[float]:
-    """For every node, what recomputing it would cost if it were evicted now: its own cost plus,
-    for each input that is not live, that input's rebuild cost (shared ancestors count once per
-    path: an over-estimate that ranks deep recomputations last). O(V + E)."""
+def rebuild_costs(problem: Problem, live: set[int], upto: int | None = None) -> list[float]:
+    """For every node (up to index `upto`, inclusive; None: all), what recomputing it would
+    cost if it were evicted now: its own cost plus, for each input that is not live, that
+    input's rebuild cost (shared ancestors count once per path: an over-estimate that ranks deep
+    recomputations last); entries past `upto` are 0. O(V + E)."""
+    cost, preds = problem.cost, problem.preds
     rebuild = [0.0] * problem.n
-    for v in range(problem.n):  # solver order is topological
-        rebuild[v] = problem.cost[v] + sum(rebuild[p] for p in problem.preds[v] if p not in live)
+    for v in range(problem.n if upto is None else upto + 1):  # solver order is topological
+        missing = 0.0
+        for p in preds[v]:
+            if p not in live:
+                missing += rebuild[p]
+        rebuild[v] = cost[v] + missing
     return rebuild
 
 
@@ -55,15 +62,21 @@ Chooser = Callable[[int, list[int], set[int]], int]
 read by a later stage), given the live set."""
 
 
-def _by_distance(problem: Problem, exponent: float) -> Chooser:
-    """The most bytes times distance**exponent to the next read per unit of rebuild cost."""
+def by_distance(
+    problem: Problem, exponent: float, priority: Sequence[float] | None = None
+) -> Chooser:
+    """The most bytes times distance**exponent to the next read per unit of rebuild cost, times
+    `priority[v]` where given (a positive factor per node; `solver.heuristics.eviction_search`
+    searches over them)."""
 
     def choose(t: int, candidates: list[int], live: set[int]) -> int:
-        rebuild = rebuild_costs(problem, live)
+        rebuild = rebuild_costs(problem, live, upto=max(candidates))
 
         def score(v: int) -> tuple[float, int, int]:
             later = next(j for j in problem.succs[v] if j > t)
             weight = problem.mem[v] * (later - t) ** exponent
+            if priority is not None:
+                weight *= priority[v]
             return (math.inf if rebuild[v] <= 0 else weight / rebuild[v], problem.mem[v], -v)
 
         return max(candidates, key=score)
@@ -71,18 +84,47 @@ def _by_distance(problem: Problem, exponent: float) -> Chooser:
     return choose
 
 
-def _run(
-    problem: Problem, budget: int, choose: Chooser, param: str, deadline: Deadline
+def evict_by_key(
+    problem: Problem,
+    budget: int,
+    key: EvictionKey,
+    deadline: Deadline = NEVER,
+    cost_cap: float | None = None,
 ) -> Member | None:
-    """One eviction run at `budget` bytes, or None where it gets stuck or `deadline` passes."""
+    """The eviction run at `budget` bytes by the rule and factors of `key` (`by_distance`), or
+    None where it gets stuck, `deadline` passes or it costs more than `cost_cap` (graph units,
+    where given); the member carries `key`."""
+    choose = by_distance(problem, key.exponent, key.priorities)
+    searched = "" if key.priorities is None else ",searched"
+    param = f"budget={budget},e={key.exponent:g}{searched}"
+    return run_eviction(problem, budget, choose, param, deadline, key, cost_cap)
+
+
+def run_eviction(
+    problem: Problem,
+    budget: int,
+    choose: Chooser,
+    param: str,
+    deadline: Deadline = NEVER,
+    key: EvictionKey | None = None,
+    cost_cap: float | None = None,
+) -> Member | None:
+    """One eviction run at `budget` bytes evicting by `choose`, or None where it gets stuck,
+    `deadline` passes or (where given) the cost of its computes so far exceeds `cost_cap`
+    (graph units; the run's cost only grows); `key`, where given, is what fixed `choose` (kept
+    on the member)."""
     mem = problem.mem
     live: set[int] = set()
     live_bytes = 0
+    cost = 0.0
     kept: list[frozenset[int]] = [frozenset()]
     for t in range(problem.n):
         if deadline.passed():
             return None
         stage = stage_computes(problem, [t], live)
+        cost += sum(problem.cost[k] for k in stage)
+        if cost_cap is not None and cost > cost_cap * (1 + 1e-12):
+            return None
         reads: dict[int, int] = {}
         for k in stage:
             for p in problem.preds[k]:
@@ -106,17 +148,14 @@ def _run(
         kept.append(frozenset(live))
     kept[-1] = frozenset()
     plan = plan_from_kept_sets(problem, kept)
-    return Member(param, plan, plan_to_ops(problem, plan))
+    return Member(param, plan, plan_to_ops(problem, plan), eviction=key)
 
 
 def eviction_runs(problem: Problem, budget: int, deadline: Deadline = NEVER) -> list[Member]:
     """The eviction runs at `budget` bytes that do not get stuck (or cut off by `deadline`), one
     per DISTANCE_EXPONENTS (each peak is at most the budget): the heuristic as a family, for the
     tables that list it beside the baselines. O(n * (V + E) * evictions per stage) per run."""
-    runs = [
-        _run(problem, budget, _by_distance(problem, e), f"budget={budget},e={e:g}", deadline)
-        for e in DISTANCE_EXPONENTS
-    ]
+    runs = [evict_by_key(problem, budget, EvictionKey(e), deadline) for e in DISTANCE_EXPONENTS]
     return [run for run in runs if run is not None]
 
 
@@ -141,4 +180,4 @@ def evict_by_keep(
         following = keep_fraction[t + 1]
         return min(candidates, key=lambda v: (following.get(v, 0.0), -problem.mem[v], v))
 
-    return _run(problem, budget, choose, f"budget={budget},lp", deadline)
+    return run_eviction(problem, budget, choose, f"budget={budget},lp", deadline)

@@ -1,0 +1,83 @@
+"""A local search over eviction's choices: random keys on top of the eviction rule.
+
+An eviction run (`solver.heuristics.eviction`) is fixed by its `EvictionKey`: the rule (the
+exponent of the distance to the next read) and a priority factor per node that multiplies the
+rule's score. The search starts from the rule's own runs (every factor 1, one run per
+`DISTANCE_EXPONENTS`), or from a run it found before, and keeps the cheapest that fits; each
+round multiplies the factors of a few nodes, drawn at random among the values a run can evict,
+by log-normal noise, and keeps the new factors where the run fits and costs no more (ties move
+across plateaus). Few nodes per round refine, many explore.
+
+It is for tight budgets (near the least feasible peak), where the rule's choice of which values
+a stage's rebuild starts from changes the cost by whole recomputed segments, the rule's four
+runs are far apart, and the lifetime search, which repairs the peak stage one value at a time,
+ends above them. `solver.exact.cascade` runs it beside the lifetime search while that search is
+behind; docs/solver.md has the rows it changed and the command that measures them.
+
+A seeded RNG keeps the search deterministic for a given number of rounds; every run honours the
+deadline.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+from solver.core.graph import Problem
+from solver.core.stages import EvictionKey, Member
+from solver.deadline import Deadline
+from solver.heuristics.eviction import evict_by_key, eviction_runs
+
+NODES_CHANGED = (1, 3, 10, 30)
+"""How many nodes' factors a round changes, drawn uniformly per round."""
+
+NOISE = (0.3, 1.0)
+"""Standard deviations of the log-normal noise on a changed factor, drawn uniformly per round."""
+
+
+def eviction_search(
+    problem: Problem,
+    budget: int,
+    *,
+    deadline: Deadline,
+    resume: Member | None = None,
+    seed: int = 0,
+    rounds: int | None = None,
+    found: Callable[[Member], object] | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> Member | None:
+    """The cheapest eviction run within `budget` bytes found by `deadline` (or after `rounds`
+    rounds, where given), from `resume` where it is an eviction run within the budget (it
+    carries its `EvictionKey`), else from the rule's runs; None where none of those fits (the
+    search needs a fitting start). `found` is called with each run cheaper than the start as
+    it comes; `stop()` ends the search between rounds."""
+    starts = [resume] if resume is not None and resume.eviction is not None else []
+    starts += [] if starts else eviction_runs(problem, budget, deadline)
+    fitting = [m for m in starts if m.eviction is not None and m.schedule.peak <= budget]
+    if not fitting:
+        return None
+    best = min(fitting, key=lambda m: m.schedule.cost)
+    key = best.eviction
+    assert key is not None
+    rng = random.Random(seed)
+    factors = list(key.priorities or (1.0,) * problem.n)
+    evictable = [v for v in range(problem.n) if problem.mem[v] > 0 and problem.succs[v]]
+    done = 0
+    while evictable and not deadline.passed() and not (stop is not None and stop()):
+        if rounds is not None and done >= rounds:
+            break
+        done += 1
+        changed = list(factors)
+        sigma = rng.choice(NOISE)
+        for v in rng.sample(evictable, min(len(evictable), rng.choice(NODES_CHANGED))):
+            changed[v] *= math.exp(rng.gauss(0.0, sigma))
+        changed_key = EvictionKey(key.exponent, tuple(changed))
+        member = evict_by_key(problem, budget, changed_key, deadline, best.schedule.cost)
+        if member is None or member.schedule.cost > best.schedule.cost:
+            continue
+        cheaper = member.schedule.cost < best.schedule.cost - 1e-12
+        best, factors = member, changed
+        if cheaper and found is not None:
+            found(best)
+    return best
