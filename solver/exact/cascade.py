@@ -120,7 +120,13 @@ def cascade_cover(search: Search) -> Search:
 
         resume = search.incumbent
         eviction_search(
-            problem, budget, deadline=deadline, resume=resume, found=found, stop=caught_up
+            problem,
+            budget,
+            deadline=deadline,
+            resume=resume,
+            found=found,
+            stop=caught_up,
+            mirrored=options.mirror_moves,
         )
 
     def search_lifetimes() -> list[Member]:
@@ -215,6 +221,7 @@ def lifetime_polish(search: Search) -> Search:
             resume=search.incumbent,
             seed=1,
             found=search.offer,
+            mirrored=search.options.mirror_moves,
         )
         return search
     lifetime_search(

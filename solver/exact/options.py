@@ -45,7 +45,8 @@ class SolveOptions:
             not improved for this share of the limit (`lifetime_polish` takes it up again with
             the time the later steps leave).
         mirror_moves: the lifetime search also tries each move in every copy of a repeated
-            block at once (`solver.core.repeats`).
+            block at once, and the eviction search changes a node's priority with its
+            mirrors' (`solver.core.repeats`).
     The moment relaxation (`solver.exact.moments`):
         moment_late_share: it runs before the stage model when the first stage over the budget
             in checkpoint-all comes after this share of the stages...
