@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 from solver.core.stages import Member
 from solver.exact.state import Search
@@ -111,43 +109,33 @@ def cascade_cover(search: Search) -> Search:
         incumbent = search.incumbent
         return incumbent is not None and lifetime_best[0] > incumbent.schedule.cost + 1e-12
 
-    def search_evictions() -> None:
-        """The eviction search while the lifetime search is behind (it stops once that search
-        catches up with the incumbent)."""
-
-        def caught_up() -> bool:
-            return stalled() or not behind()
-
-        resume = search.incumbent
-        eviction_search(
-            problem,
-            budget,
-            deadline=deadline,
-            resume=resume,
-            found=found,
-            stop=caught_up,
-            mirrored=options.mirror_moves,
-        )
-
     def search_lifetimes() -> list[Member]:
         """From checkpoint-all (on the 12-layer transformers of `benchmarks.zoo` the best of the
         three), the incumbent when it starts (per-block checkpointing runs first) and the
-        relaxation's solution; beside it, while it is behind the incumbent, the eviction
-        search."""
+        relaxation's solution; then, where that search is behind, the eviction search."""
         starts = [longest(problem)]
         if search.incumbent is not None:
             starts.append(start_from_member(problem, search.incumbent))
         if away is not None:
             starts.append(start_from_away(problem, *away))
-        with _alongside(search_evictions):
-            lifetime_search(
+        lifetime_search(
+            problem,
+            budget,
+            starts,
+            deadline=deadline,
+            found=found_lifetimes,
+            enough=lambda member: search.goal.value(member) <= search.floor,
+            stop=lambda: stalled() or behind(),
+            mirrored=options.mirror_moves,
+        )
+        if behind() and not stalled():
+            eviction_search(
                 problem,
                 budget,
-                starts,
                 deadline=deadline,
-                found=found_lifetimes,
-                enough=lambda member: search.goal.value(member) <= search.floor,
-                stop=lambda: stalled() or behind(),
+                resume=search.incumbent,
+                found=found,
+                stop=stalled,
                 mirrored=options.mirror_moves,
             )
         return []  # each better plan was offered as it came
@@ -157,29 +145,6 @@ def cascade_cover(search: Search) -> Search:
     search.raise_floor(final.bound)
     search.note(bound=final.bound, rows=len(final.model.rows))
     return search
-
-
-@contextmanager
-def _alongside(work: Callable[[], None]) -> Iterator[None]:
-    """Run `work` on a second thread while the block runs; wait for it at the end of the block,
-    and raise what it raised. Both are Python, so they share one core (the engine beside them
-    runs outside Python's lock, on the other)."""
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as exc:  # re-raised below, in the caller's thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
-    if failure:
-        raise failure[0]
 
 
 def _share(search: Search) -> float:

@@ -116,9 +116,6 @@ class Search:
     trace: list[dict] = field(default_factory=list)
     notes: dict = field(default_factory=dict)
     """What the running step found, added to its `trace` record."""
-    offering: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    """Held while `offer` compares and replaces the incumbent (searches offer from two
-    threads)."""
 
     @property
     def workers_beside(self) -> int:
@@ -152,21 +149,18 @@ class Search:
 
     def offer(self, *members: Member | None) -> None:
         """Make the best of `members` that fits the incumbent if it beats it (NOTE
-        [incumbent]). Safe to call from several threads."""
-        with self.offering:
-            for member in members:
-                if member is None or not self.goal.fits(member):
-                    continue
-                incumbent = self.incumbent
-                if incumbent is None or self.goal.key(member) < self.goal.key(incumbent):
-                    if self.goal.value(member) < self.floor:
-                        raise RuntimeError(
-                            f"internal error: a schedule of value {self.goal.value(member)} "
-                            f"under the proven floor {self.floor} ({member.param}); please "
-                            "report this"
-                        )
-                    self.incumbent = member
-                    self.show()
+        [incumbent])."""
+        for member in members:
+            if member is None or not self.goal.fits(member):
+                continue
+            if self.incumbent is None or self.goal.key(member) < self.goal.key(self.incumbent):
+                if self.goal.value(member) < self.floor:
+                    raise RuntimeError(
+                        f"internal error: a schedule of value {self.goal.value(member)} under "
+                        f"the proven floor {self.floor} ({member.param}); please report this"
+                    )
+                self.incumbent = member
+                self.show()
 
     def raise_floor(self, bound: int) -> None:
         """Raise the floor to `bound`, never above the incumbent (NOTE [floor])."""

@@ -14,8 +14,9 @@ that pays in one copy of a layer tends to pay in all; on the 12-layer transforme
 It is for tight budgets (near the least feasible peak), where the rule's choice of which values
 a stage's rebuild starts from changes the cost by whole recomputed segments, the rule's four
 runs are far apart, and the lifetime search, which repairs the peak stage one value at a time,
-ends above them. `solver.exact.cascade` runs it beside the lifetime search while that search is
-behind; docs/solver.md has the rows it changed and the command that measures them.
+ends above them. `solver.exact.cascade` runs it after the lifetime search where that search
+ends its starts behind the incumbent; docs/solver.md has the rows it changed and the command
+that measures them.
 
 A seeded RNG keeps the search deterministic for a given number of rounds; every run honours the
 deadline.
