@@ -141,3 +141,14 @@ def test_the_eviction_search_needs_a_fitting_rule_run():
     problem = solver.prepare(UNEVEN_CHAIN)
     budget = problem.memory_lower_bound - 1
     assert eviction_search(problem, budget, deadline=NEVER, rounds=10) is None
+
+
+def test_the_eviction_search_starts_from_the_rule_where_the_run_to_resume_does_not_fit():
+    """A run found at a looser budget peaks above a tighter one: the search ignores it."""
+    problem = solver.prepare(UNEVEN_CHAIN)
+    loose = eviction_search(problem, 60, deadline=NEVER, rounds=5)
+    assert loose is not None and loose.schedule.peak > 34
+    from_loose = eviction_search(problem, 34, deadline=NEVER, resume=loose, rounds=20)
+    from_rule = eviction_search(problem, 34, deadline=NEVER, rounds=20)
+    assert from_loose is not None and from_rule is not None
+    assert from_loose.schedule.ops == from_rule.schedule.ops

@@ -38,7 +38,8 @@ def cascade_cover(search: Search) -> Search:
        time to the next steps. Where, once every start is repaired and improved, its best
        plan costs more than the incumbent (at tight budgets an eviction run's plan, which
        the lifetime search's one-value-at-a-time repair does not reach), the eviction search
-       from the cheapest eviction run takes the rest of that time instead.
+       (from the incumbent where that is an eviction run, else from the rule's runs) takes
+       the rest of that time instead.
 
     Skipped where no recompute in the cover's rows needs a dead input: the model is then the
     read-gap cover, which has run (the published training graphs). Where the moment relaxation

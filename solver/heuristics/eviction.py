@@ -14,6 +14,9 @@ The checkpoint policies of `solver.heuristics.baselines` choose what to keep wit
 the budget; this heuristic spends the budget, so it fits where they cannot (random_layered n=250
 at 90% of the checkpoint-all peak: tests/test_solver_eviction.py).
 
+A run by rule is fixed by its `EvictionKey` (the rule's exponent and, optionally, a factor per
+node on its score); `solver.heuristics.eviction_search` searches over those factors.
+
 Every run stops at its `deadline` (`solver.deadline`) and then counts as stuck.
 """
 
@@ -62,7 +65,7 @@ Chooser = Callable[[int, list[int], set[int]], int]
 read by a later stage), given the live set."""
 
 
-def by_distance(
+def _by_distance(
     problem: Problem, exponent: float, priority: Sequence[float] | None = None
 ) -> Chooser:
     """The most bytes times distance**exponent to the next read per unit of rebuild cost, times
@@ -91,16 +94,16 @@ def evict_by_key(
     deadline: Deadline = NEVER,
     cost_cap: float | None = None,
 ) -> Member | None:
-    """The eviction run at `budget` bytes by the rule and factors of `key` (`by_distance`), or
+    """The eviction run at `budget` bytes by the rule and factors of `key` (`_by_distance`), or
     None where it gets stuck, `deadline` passes or it costs more than `cost_cap` (graph units,
     where given); the member carries `key`."""
-    choose = by_distance(problem, key.exponent, key.priorities)
+    choose = _by_distance(problem, key.exponent, key.priorities)
     searched = "" if key.priorities is None else ",searched"
     param = f"budget={budget},e={key.exponent:g}{searched}"
-    return run_eviction(problem, budget, choose, param, deadline, key, cost_cap)
+    return _run(problem, budget, choose, param, deadline, key, cost_cap)
 
 
-def run_eviction(
+def _run(
     problem: Problem,
     budget: int,
     choose: Chooser,
@@ -180,4 +183,4 @@ def evict_by_keep(
         following = keep_fraction[t + 1]
         return min(candidates, key=lambda v: (following.get(v, 0.0), -problem.mem[v], v))
 
-    return run_eviction(problem, budget, choose, f"budget={budget},lp", deadline)
+    return _run(problem, budget, choose, f"budget={budget},lp", deadline)

@@ -59,12 +59,13 @@ def eviction_search(
     search needs a fitting start). `found` is called with each run cheaper than the start as
     it comes; `stop()` ends the search between rounds. `mirrored`: change each drawn node's
     factor with its mirrors' (where the graph has repeated blocks)."""
-    starts = [resume] if resume is not None and resume.eviction is not None else []
-    starts += [] if starts else eviction_runs(problem, budget, deadline)
-    fitting = [m for m in starts if m.eviction is not None and m.schedule.peak <= budget]
-    if not fitting:
+    if resume is not None and resume.eviction is not None and resume.schedule.peak <= budget:
+        starts = [resume]
+    else:
+        starts = [m for m in eviction_runs(problem, budget, deadline) if m.schedule.peak <= budget]
+    if not starts:
         return None
-    best = min(fitting, key=lambda m: m.schedule.cost)
+    best = min(starts, key=lambda m: m.schedule.cost)
     key = best.eviction
     assert key is not None
     rng = random.Random(seed)
