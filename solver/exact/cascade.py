@@ -36,10 +36,10 @@ def cascade_cover(search: Search) -> Search:
        each better plan offered as it comes (NOTE [incumbent]); once the bound is final, the
        search stops when it has not improved for `cascade_stall` of the limit, leaving the
        time to the next steps. Where, once every start is repaired and improved, its best
-       plan costs more than the incumbent (at tight budgets an eviction run's plan, which
-       the lifetime search's one-value-at-a-time repair does not reach), the eviction search
-       (from the incumbent where that is an eviction run, else from the rule's runs) takes
-       the rest of that time instead.
+       plan is behind the incumbent by more than `eviction_behind` (at tight budgets an
+       eviction run's plan, which the lifetime search's one-value-at-a-time repair does not
+       reach), the eviction search (from the incumbent where that is an eviction run, else
+       from the rule's runs) takes the rest of that time instead.
 
     Skipped where no recompute in the cover's rows needs a dead input: the model is then the
     read-gap cover, which has run (the published training graphs). Where the moment relaxation
@@ -99,16 +99,9 @@ def cascade_cover(search: Search) -> Search:
         quiet = time.perf_counter() - last_change[0]
         return bound_done.is_set() and quiet > options.cascade_stall * search.time_limit
 
-    lifetime_best = [float("inf")]
-
     def found_lifetimes(member: Member) -> None:
-        lifetime_best[0] = min(lifetime_best[0], member.schedule.cost)
+        search.lifetime_best = min(search.lifetime_best, member.schedule.cost)
         found(member)
-
-    def behind() -> bool:
-        """The lifetime search's best plan costs more than the incumbent."""
-        incumbent = search.incumbent
-        return incumbent is not None and lifetime_best[0] > incumbent.schedule.cost + 1e-12
 
     def search_lifetimes() -> list[Member]:
         """From checkpoint-all (on the 12-layer transformers of `benchmarks.zoo` the best of the
@@ -126,10 +119,10 @@ def cascade_cover(search: Search) -> Search:
             deadline=deadline,
             found=found_lifetimes,
             enough=lambda member: search.goal.value(member) <= search.floor,
-            stop=lambda: stalled() or behind(),
+            stop=lambda: stalled() or _lifetimes_behind(search),
             mirrored=options.mirror_moves,
         )
-        if behind() and not stalled():
+        if _lifetimes_behind(search) and not stalled():
             eviction_search(
                 problem,
                 budget,
@@ -146,6 +139,16 @@ def cascade_cover(search: Search) -> Search:
     search.raise_floor(final.bound)
     search.note(bound=final.bound, rows=len(final.model.rows))
     return search
+
+
+def _lifetimes_behind(search: Search) -> bool:
+    """The lifetime search's best plan recomputes more than the incumbent's recomputation by
+    more than `eviction_behind` of it (or there is none)."""
+    incumbent, floor = search.incumbent, search.problem.total_cost
+    if incumbent is None:
+        return False
+    ahead = (1 + search.options.eviction_behind) * (incumbent.schedule.cost - floor)
+    return search.lifetime_best - floor > ahead + 1e-12
 
 
 def _share(search: Search) -> float:
@@ -173,13 +176,13 @@ def _cap(search: Search) -> int | None:
 def lifetime_polish(search: Search) -> Search:
     """Step, last: while the search is open and time is left, the lifetime search from the
     incumbent's plan until the deadline (each better plan offered as it comes), so that the
-    whole limit is used; where the incumbent is an eviction run, the eviction search from it
-    instead."""
+    whole limit is used; where the incumbent is an eviction run and the lifetime search is
+    behind it (`_lifetimes_behind`), the eviction search from it instead."""
     if not search.options.cascade or search.incumbent is None:
         return search
     problem, budget = search.problem, search.goal.budget
     assert budget is not None
-    if search.incumbent.eviction is not None:
+    if search.incumbent.eviction is not None and _lifetimes_behind(search):
         eviction_search(
             problem,
             budget,

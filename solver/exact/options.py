@@ -47,6 +47,11 @@ class SolveOptions:
         mirror_moves: the lifetime search also tries each move in every copy of a repeated
             block at once, and the eviction search changes a node's priority with its
             mirrors' (`solver.core.repeats`).
+        eviction_behind: where the lifetime search's best plan, once its starts are repaired
+            and improved, recomputes more than 1 + this times the incumbent's recomputation,
+            the eviction search takes the rest of the cascade step (at per-block memory on
+            Llama-12 the lifetime search ends its starts 2.8% behind an eviction run and goes
+            on to pass it; at the least peak + 10% it is far behind or has no plan yet).
     The moment relaxation (`solver.exact.moments`):
         moment_late_share: it runs before the stage model when the first stage over the budget
             in checkpoint-all comes after this share of the stages...
@@ -87,6 +92,7 @@ class SolveOptions:
     cascade_small_model: int = 50_000
     cascade_stall: float = 0.05
     mirror_moves: bool = True
+    eviction_behind: float = 0.1
     moment_late_share: float = 0.5
     moment_max_variables: int = 160_000
     max_model_variables: int = 1_500_000
