@@ -5,6 +5,7 @@ eviction search (`solver.heuristics.eviction_search`) instead."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -100,7 +101,8 @@ def cascade_cover(search: Search) -> Search:
         return bound_done.is_set() and quiet > options.cascade_stall * search.time_limit
 
     def found_lifetimes(member: Member) -> None:
-        search.lifetime_best = min(search.lifetime_best, member.schedule.cost)
+        best = math.inf if search.lifetime_best is None else search.lifetime_best
+        search.lifetime_best = min(best, member.schedule.cost)
         found(member)
 
     def search_lifetimes() -> list[Member]:
@@ -112,6 +114,8 @@ def cascade_cover(search: Search) -> Search:
             starts.append(start_from_member(problem, search.incumbent))
         if away is not None:
             starts.append(start_from_away(problem, *away))
+        if search.lifetime_best is None:
+            search.lifetime_best = math.inf
         lifetime_search(
             problem,
             budget,
@@ -143,9 +147,10 @@ def cascade_cover(search: Search) -> Search:
 
 def _lifetimes_behind(search: Search) -> bool:
     """The lifetime search's best plan recomputes more than the incumbent's recomputation by
-    more than `eviction_behind` of it (or there is none)."""
+    more than `eviction_behind` of it (or it has run and found none). False where it has not
+    run (the cascade step skipped: the published graphs)."""
     incumbent, floor = search.incumbent, search.problem.total_cost
-    if incumbent is None:
+    if incumbent is None or search.lifetime_best is None:
         return False
     ahead = (1 + search.options.eviction_behind) * (incumbent.schedule.cost - floor)
     return search.lifetime_best - floor > ahead + 1e-12

@@ -113,9 +113,10 @@ class Search:
     lp: LpRelaxation | None = None
     no_model: str = ""
     """Why the stage model was not built, for the message when nothing fits."""
-    lifetime_best: float = float("inf")
-    """The cost (graph units) of the lifetime search's best plan so far (inf: none yet); the
-    steps that run that search or the eviction search compare it with the incumbent."""
+    lifetime_best: float | None = None
+    """The cost (graph units) of the lifetime search's best plan so far (inf: it has run and
+    found none yet; None: it has not run); the steps that run that search or the eviction
+    search compare it with the incumbent."""
     trace: list[dict] = field(default_factory=list)
     notes: dict = field(default_factory=dict)
     """What the running step found, added to its `trace` record."""
