@@ -101,8 +101,8 @@ def cascade_cover(search: Search) -> Search:
         return bound_done.is_set() and quiet > options.cascade_stall * search.time_limit
 
     def found_lifetimes(member: Member) -> None:
-        best = math.inf if search.lifetime_best is None else search.lifetime_best
-        search.lifetime_best = min(best, member.schedule.cost)
+        assert search.lifetime_best is not None  # set before the search starts
+        search.lifetime_best = min(search.lifetime_best, member.schedule.cost)
         found(member)
 
     def search_lifetimes() -> list[Member]:

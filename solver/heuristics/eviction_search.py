@@ -32,7 +32,7 @@ from solver.core.graph import Problem
 from solver.core.repeats import mirrors
 from solver.core.stages import EvictionKey, Member
 from solver.deadline import Deadline
-from solver.heuristics.eviction import evict_by_key, eviction_runs
+from solver.heuristics.eviction import evict_by_key, evict_within
 
 NODES_CHANGED = (1, 3, 10, 30)
 """How many nodes' factors a round changes, drawn uniformly per round."""
@@ -60,12 +60,11 @@ def eviction_search(
     it comes; `stop()` ends the search between rounds. `mirrored`: change each drawn node's
     factor with its mirrors' (where the graph has repeated blocks)."""
     if resume is not None and resume.eviction is not None and resume.schedule.peak <= budget:
-        starts = [resume]
+        best: Member | None = resume
     else:
-        starts = [m for m in eviction_runs(problem, budget, deadline) if m.schedule.peak <= budget]
-    if not starts:
+        best = evict_within(problem, budget, deadline)
+    if best is None:
         return None
-    best = min(starts, key=lambda m: m.schedule.cost)
     key = best.eviction
     assert key is not None
     rng = random.Random(seed)
