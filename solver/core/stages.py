@@ -139,46 +139,54 @@ it is read in (-1: none)]."""
 
 def lifetime_windows(
     problem: Problem, lifetimes: Lifetimes
-) -> tuple[list[tuple[int, ...]], list[list[Window]], list[dict[int, Window]]]:
+) -> tuple[list[tuple[int, ...]], list[list[Window]], list[dict[int, Window] | None]]:
     """What `plan_from_lifetimes` computes: per stage, the nodes computed (ascending); per value,
-    its copies (`Window`s, in order); per stage t, the copy each value read or computed in t
-    stands on (the one carried into t, or the one computed in t). O(total computes *
-    in-degree)."""
+    its copies (`Window`s, in order); per stage t that recomputes, the copy each value read or
+    computed in t stands on (the one carried into t, or the one computed in t), None where t
+    is computed alone. O(total computes * in-degree)."""
     n = problem.n
     preds, last_read = problem.preds, problem.last_user
     end, retain = lifetimes.end, lifetimes.retain
     windows: list[list[Window]] = [[] for _ in range(n)]
-    computed: list[tuple[int, ...]] = []
-    serving: list[dict[int, Window]] = []
     # At most one copy of a value is live in any stage (a copy is made only where none is), and
     # copies are made in stage order: only a value's latest copy can be live in a later stage.
+    latest: list[Window] = [[]] * n  # filled at stage v, before any stage reads v
+    computed: list[tuple[int, ...]] = []
+    serving: list[dict[int, Window] | None] = []
     for t in range(n):
-        used: dict[int, Window] = {}
-        needed = [t]
+        missing = []
         for p in preds[t]:
-            window = windows[p][-1]
+            window = latest[p]
             if window[1] >= t:
                 window[2] = t
-                used[p] = window
             else:
-                needed.append(p)
-        if len(needed) > 1:  # recomputations: the missing inputs' closure
-            stack, needed = needed[1:], {t, *needed[1:]}
-            while stack:
-                for p in preds[stack.pop()]:
-                    window = windows[p][-1]
-                    if window[1] >= t:
-                        window[2] = t
-                        used[p] = window
-                    elif p not in needed:
-                        needed.add(p)
-                        stack.append(p)
-            needed = sorted(needed)
-        computed.append(tuple(needed))
-        for v in needed:
-            until = end[v] if v == t else (t, last_read[v], n - 1)[retain[v]]
-            used[v] = [t + 1, until, -1]
-            windows[v].append(used[v])
+                missing.append(p)
+        window = [t + 1, end[t], -1]
+        windows[t].append(window)
+        latest[t] = window
+        if not missing:
+            computed.append((t,))
+            serving.append(None)
+            continue
+        # recomputations: the missing inputs' closure (every one earlier than t)
+        used = {t: window, **{p: latest[p] for p in preds[t] if latest[p][2] == t}}
+        stack, needed = list(missing), set(missing)
+        while stack:
+            for p in preds[stack.pop()]:
+                window = latest[p]
+                if window[1] >= t:
+                    window[2] = t
+                    used[p] = window
+                elif p not in needed:
+                    needed.add(p)
+                    stack.append(p)
+        stage = sorted(needed)
+        for v in stage:
+            window = [t + 1, (t, last_read[v], n - 1)[retain[v]], -1]
+            used[v] = window
+            windows[v].append(window)
+            latest[v] = window
+        computed.append((*stage, t))
         serving.append(used)
     return computed, windows, serving
 

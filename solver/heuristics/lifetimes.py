@@ -94,7 +94,7 @@ def _evaluate(problem: Problem, lifetimes: Lifetimes) -> _Evaluation:
     """The plan's cost and stage peaks from its copies: what is carried into each stage (a
     difference array over the copies), then the stage's computes with eager frees, as
     `plan_to_ops` runs them. O(total computes * in-degree)."""
-    n, mem = problem.n, problem.mem
+    n, mem, transient, preds = problem.n, problem.mem, problem.transient, problem.preds
     computed, windows, serving = lifetime_windows(problem, lifetimes)
     carried = [0] * (n + 2)
     for v, copies in enumerate(windows):
@@ -102,24 +102,25 @@ def _evaluate(problem: Problem, lifetimes: Lifetimes) -> _Evaluation:
             if last >= start:
                 carried[start] += mem[v]
                 carried[last + 1] -= mem[v]
-    peaks, live = [], 0
-    cost = sum(problem.cost[k] for stage in computed for k in stage)
+    peaks, live, cost = [], 0, 0.0
     for t, stage in enumerate(computed):
         live += carried[t]
-        if len(stage) == 1:  # t alone: its output and transient over what is carried in
-            peaks.append(live + mem[t] + problem.transient[t])
+        used = serving[t]
+        if used is None:  # t alone: its output and transient over what is carried in
+            peaks.append(live + mem[t] + transient[t])
+            cost += problem.cost[t]
             continue
         bytes_now, peak = live, 0
         last_use: dict[int, int] = {}
         for k in stage:
+            cost += problem.cost[k]
             last_use[k] = k
-            for p in problem.preds[k]:
+            for p in preds[k]:
                 last_use[p] = k
-        used = serving[t]
         for k in stage:
             bytes_now += mem[k]
-            peak = max(peak, bytes_now + problem.transient[k])
-            for i in {*problem.preds[k], k}:
+            peak = max(peak, bytes_now + transient[k])
+            for i in {*preds[k], k}:
                 if last_use[i] == k and used[i][2] < t + 1:  # not carried into t + 1
                     bytes_now -= mem[i]
         peaks.append(peak)
