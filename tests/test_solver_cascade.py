@@ -7,6 +7,8 @@ allows."""
 
 from __future__ import annotations
 
+import time
+
 import networkx as nx
 import numpy as np
 import pytest
@@ -19,8 +21,10 @@ import solver
 from solver import SolveOptions
 from solver.core.stages import checkpoint_all
 from solver.deadline import Deadline
-from solver.exact.cascade import cascade_cover, lifetime_polish
+from solver.exact.cascade import _from_evictions, cascade_cover, lifetime_polish
+from solver.exact.state import Goal, Search
 from solver.exact.warm_start import warm_start
+from solver.heuristics.eviction import evict_within
 from solver.milp.cascade import Crossings, cascade_model
 from solver.milp.cascade_rounds import cascade_bound
 from solver.milp.cover import read_gap_cover
@@ -74,10 +78,17 @@ THROUGH_THE_CASCADE = {
         steps=(warm_start, cascade_cover, lifetime_polish), moment_late_share=2.0
     ),
     "alone": SolveOptions(steps=(cascade_cover, lifetime_polish), moment_late_share=2.0),
+    "quiet-at-once": SolveOptions(
+        steps=(warm_start, cascade_cover, lifetime_polish),
+        moment_late_share=2.0,
+        lifetime_quiet=0.0,
+    ),
 }
 """The exact search with only the cascade step (its lifetime search not cut short by the moment
 relaxation) and the lifetime polish, after the warm starts or from checkpoint-all alone: the
-cascade bound and the lifetime plans decide the answer."""
+cascade bound and the lifetime plans decide the answer. "quiet-at-once": the lifetime search
+counts as quiet from its first plan on, so the eviction search and the lifetime search from
+its best (`_from_evictions`) take the rest of the step wherever it is not behind."""
 
 
 @pytest.mark.parametrize("options", THROUGH_THE_CASCADE.values(), ids=THROUGH_THE_CASCADE.keys())
@@ -104,6 +115,29 @@ def test_solving_through_the_cascade_step_agrees_with_the_exhaustive_optimum(opt
                 assert abs(schedule.cost - optimum) <= 1e-9
 
     check()
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(st.one_of(training_graphs(forward_nodes=3), st.just(_dead_chain())))
+def test_the_lifetime_search_from_evictions_offers_plans_that_fit(graph):
+    """`_from_evictions` (the eviction search, then the lifetime search from its best): every
+    plan it offers replays within the budget and never beats the exhaustive optimum; where an
+    eviction run fits, it offers at least one (the lifetime search's first plan)."""
+    problem = solver.prepare(graph)
+    for budget, optimum in _optima(graph, problem):
+        goal = Goal("cost", CostUnits.of(problem), budget)
+        now = time.perf_counter()
+        search = Search(graph, problem, goal, SolveOptions(), 1, Deadline.after(5), 5.0, now)
+        offered = []
+        _from_evictions(search, Deadline.after(0.2), offered.append, offered.append, lambda: False)
+        for member in offered:
+            ops = [(kind, problem.ids[i]) for kind, i in member.schedule.ops]
+            replay = solver.simulate(graph, ops)
+            replay.raise_if_invalid()
+            assert replay.peak <= budget
+            assert member.schedule.cost >= optimum - 1e-9
+        if evict_within(problem, budget) is not None:
+            assert offered
 
 
 def test_a_dead_input_chain_is_counted_where_the_read_gap_cover_misses_it():

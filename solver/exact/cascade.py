@@ -8,8 +8,10 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 
 from solver.core.stages import Member
+from solver.deadline import Deadline
 from solver.exact.state import Search
 from solver.exact.warm_start import moment_first
 from solver.heuristics.eviction_search import eviction_search
@@ -40,7 +42,10 @@ def cascade_cover(search: Search) -> Search:
        plan is behind the incumbent by more than `eviction_behind` (at tight budgets an
        eviction run's plan, which the lifetime search's one-value-at-a-time repair does not
        reach), the eviction search (from the incumbent where that is an eviction run, else
-       from the rule's runs) takes the rest of that time instead.
+       from the rule's runs) takes the rest of that time instead. Where the search is not
+       behind but has a plan and has not improved for `lifetime_quiet` of the limit (its
+       starts not yet tried dropped), the eviction search and the lifetime search from its
+       best (`_from_evictions`) take the rest of that time.
 
     Skipped where no recompute in the cover's rows needs a dead input: the model is then the
     read-gap cover, which has run (the published training graphs). Where the moment relaxation
@@ -105,10 +110,16 @@ def cascade_cover(search: Search) -> Search:
         search.lifetime_best = min(search.lifetime_best, member.schedule.cost)
         found(member)
 
+    def quiet() -> bool:
+        """No better plan for `lifetime_quiet` of the limit."""
+        return time.perf_counter() - last_change[0] > options.lifetime_quiet * search.time_limit
+
     def search_lifetimes() -> list[Member]:
         """From checkpoint-all (on the 12-layer transformers of `benchmarks.zoo` the best of the
         three), the incumbent when it starts (per-block checkpointing runs first) and the
-        relaxation's solution; then, where that search is behind, the eviction search."""
+        relaxation's solution; then, where that search is behind, the eviction search; where
+        it is not behind but has gone quiet, the eviction search and the lifetime search from
+        its best (`_from_evictions`)."""
         starts = [longest(problem)]
         if search.incumbent is not None:
             starts.append(start_from_member(problem, search.incumbent))
@@ -124,9 +135,12 @@ def cascade_cover(search: Search) -> Search:
             found=found_lifetimes,
             enough=lambda member: search.goal.value(member) <= search.floor,
             stop=lambda: stalled() or _lifetimes_behind(search),
+            quit_early=quiet,
             mirrored=options.mirror_moves,
         )
-        if _lifetimes_behind(search) and not stalled():
+        if stalled() or deadline.passed():
+            return []
+        if _lifetimes_behind(search):
             eviction_search(
                 problem,
                 budget,
@@ -136,6 +150,8 @@ def cascade_cover(search: Search) -> Search:
                 stop=stalled,
                 mirrored=options.mirror_moves,
             )
+        else:
+            _from_evictions(search, deadline, found, found_lifetimes, stalled)
         return []  # each better plan was offered as it came
 
     search.defer("lifetimes", search_lifetimes, before=("policies", "backward"))
@@ -143,6 +159,41 @@ def cascade_cover(search: Search) -> Search:
     search.raise_floor(final.bound)
     search.note(bound=final.bound, rows=len(final.model.rows))
     return search
+
+
+def _from_evictions(
+    search: Search,
+    deadline: Deadline,
+    found_run: Callable[[Member], object],
+    found_plan: Callable[[Member], object],
+    stop: Callable[[], bool],
+) -> None:
+    """The eviction search from the rule's runs for half the time to `deadline` (each better
+    run given to `found_run`), then the lifetime search from its best until then (each better
+    plan given to `found_plan`): a start the lifetime search's own do not reach (at per-block
+    checkpoint's memory on GPT-2-12 it ends cheaper than the search from checkpoint-all)."""
+    problem, budget, options = search.problem, search.goal.budget, search.options
+    assert budget is not None
+    best = eviction_search(
+        problem,
+        budget,
+        deadline=deadline.share(0.5),
+        seed=2,
+        found=found_run,
+        stop=stop,
+        mirrored=options.mirror_moves,
+    )
+    if best is not None:
+        lifetime_search(
+            problem,
+            budget,
+            [start_from_member(problem, best)],
+            deadline=deadline,
+            seed=2,
+            found=found_plan,
+            stop=stop,
+            mirrored=options.mirror_moves,
+        )
 
 
 def _lifetimes_behind(search: Search) -> bool:
