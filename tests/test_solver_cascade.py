@@ -87,7 +87,7 @@ THROUGH_THE_CASCADE = {
 """The exact search with only the cascade step (its lifetime search not cut short by the moment
 relaxation) and the lifetime polish, after the warm starts or from checkpoint-all alone: the
 cascade bound and the lifetime plans decide the answer. "quiet-at-once": the lifetime search
-counts as quiet from its first plan on, so the eviction search and the lifetime search from
+counts as quiet once its starts are done, so the eviction search and the lifetime search from
 its best (`_from_evictions`) take the rest of the step wherever it is not behind."""
 
 

@@ -149,29 +149,3 @@ def test_the_search_pauses_the_collector_and_leaves_it_as_it_was():
         finally:
             gc.enable()
     assert inside and not any(inside)
-
-
-def test_quit_early_ends_the_search_after_its_first_plan_and_is_asked_only_then():
-    """With `quit_early` always true the search returns after the first start that gives a
-    plan (with no deadline: it would otherwise perturb forever), and `quit_early` is first
-    asked once a plan has been found."""
-    problem = solver.prepare(uniform_training_chain(6))
-    budget = (problem.memory_lower_bound + checkpoint_all(problem).peak) // 2
-    found: list[float] = []
-    asked_with: list[int] = []
-
-    def quit_early() -> bool:
-        asked_with.append(len(found))
-        return True
-
-    member = lifetime_search(
-        problem,
-        budget,
-        [longest(problem), longest(problem)],
-        deadline=Deadline(float("inf")),
-        found=lambda plan: found.append(plan.schedule.cost),
-        quit_early=quit_early,
-    )
-    assert member is not None and member.schedule.peak <= budget
-    assert found == [member.schedule.cost]
-    assert asked_with == [1]

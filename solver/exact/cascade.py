@@ -42,10 +42,10 @@ def cascade_cover(search: Search) -> Search:
        plan is behind the incumbent by more than `eviction_behind` (at tight budgets an
        eviction run's plan, which the lifetime search's one-value-at-a-time repair does not
        reach), the eviction search (from the incumbent where that is an eviction run, else
-       from the rule's runs) takes the rest of that time instead. Where the search is not
-       behind but has a plan and has not improved for `lifetime_quiet` of the limit (its
-       starts not yet tried dropped), the eviction search and the lifetime search from its
-       best (`_from_evictions`) take the rest of that time.
+       from the rule's runs) takes the rest of that time instead. Where, its starts done, the
+       search is not behind but has not improved for `lifetime_quiet` of the limit, the
+       eviction search and the lifetime search from its best (`_from_evictions`) take the
+       rest of that time.
 
     Skipped where no recompute in the cover's rows needs a dead input: the model is then the
     read-gap cover, which has run (the published training graphs). Where the moment relaxation
@@ -134,8 +134,7 @@ def cascade_cover(search: Search) -> Search:
             deadline=deadline,
             found=found_lifetimes,
             enough=lambda member: search.goal.value(member) <= search.floor,
-            stop=lambda: stalled() or _lifetimes_behind(search),
-            quit_early=quiet,
+            stop=lambda: stalled() or _lifetimes_behind(search) or quiet(),
             mirrored=options.mirror_moves,
         )
         if stalled() or deadline.passed():
@@ -171,7 +170,8 @@ def _from_evictions(
     """The eviction search from the rule's runs for half the time to `deadline` (each better
     run given to `found_run`), then the lifetime search from its best until then (each better
     plan given to `found_plan`): a start the lifetime search's own do not reach (at per-block
-    checkpoint's memory on GPT-2-12 it ends cheaper than the search from checkpoint-all)."""
+    checkpoint's memory on BERT-12 and GPT-2-12 it ends cheaper than the search from
+    checkpoint-all)."""
     problem, budget, options = search.problem, search.goal.budget, search.options
     assert budget is not None
     best = eviction_search(

@@ -52,11 +52,11 @@ class SolveOptions:
             the eviction search takes the rest of the cascade step (at per-block memory on
             Llama-12 the lifetime search ends its starts 2.8% behind an eviction run and goes
             on to pass it; at the least peak + 10% it is far behind or has no plan yet).
-        lifetime_quiet: where the lifetime search has a plan, is not behind, and has not
-            improved for this share of the limit (its starts not yet tried are dropped), the
-            eviction search from the rule's runs and the lifetime search from its best take
-            the rest of the cascade step (at per-block memory on GPT-2-12 that start ends
-            cheaper than the lifetime search's own).
+        lifetime_quiet: where the lifetime search, its starts done, is not behind and has not
+            improved for this share of the limit, the eviction search from the rule's runs
+            and the lifetime search from its best take the rest of the cascade step (at
+            per-block memory on BERT-12 and GPT-2-12 that start ends cheaper than the
+            lifetime search's own).
     The moment relaxation (`solver.exact.moments`):
         moment_late_share: it runs before the stage model when the first stage over the budget
             in checkpoint-all comes after this share of the stages...

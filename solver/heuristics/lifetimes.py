@@ -171,18 +171,16 @@ def lifetime_search(
     found: Callable[[Member], object] | None = None,
     enough: Callable[[Member], bool] | None = None,
     stop: Callable[[], bool] | None = None,
-    quit_early: Callable[[], bool] | None = None,
     mirrored: bool = True,
 ) -> Member | None:
     """The cheapest plan within `budget` bytes found from `starts` by `deadline`: each start
     repaired and improved without swaps, then the best improved with swaps, then
     perturb-repair-improve rounds (module docstring); None when no start could be repaired.
     `candidates`: moves evaluated per repair step. `found` is called with each better plan as
-    it comes; the search stops early once `enough(plan)` says it cannot be beaten, when
-    `stop()` says so between rounds once every start has been tried, or, once it has a plan,
-    when `quit_early()` says so between any two rounds (the starts not yet tried are dropped).
-    `mirrored`: where the graph has repeated blocks (`solver.core.repeats`), also try each
-    move in every block at once."""
+    it comes; the search stops early once `enough(plan)` says it cannot be beaten, or when
+    `stop()` says so between rounds once every start has been tried. `mirrored`: where the
+    graph has repeated blocks (`solver.core.repeats`), also try each move in every block at
+    once."""
     with paused_collection():  # the search allocates millions of acyclic objects
         rng = random.Random(seed)
         mirror_groups = (mirrors(problem) or None) if mirrored else None
@@ -193,8 +191,6 @@ def lifetime_search(
         pool = [(start, spread) for start in starts for spread in _repairs(mirror_groups)]
         swapped = False  # whether the best has been improved with swaps
         while not deadline.passed() and not (stop is not None and not pool and stop()):
-            if quit_early is not None and best is not None and quit_early():
-                break
             spread = None  # perturbation rounds repair and improve with single moves
             if pool:
                 start, spread = pool.pop(0)
