@@ -110,6 +110,10 @@ def cascade_cover(search: Search) -> Search:
         search.lifetime_best = min(search.lifetime_best, member.schedule.cost)
         found(member)
 
+    def done() -> bool:
+        """Stalled, or the incumbent proven optimal: nothing is left to search for."""
+        return stalled() or search.closed
+
     def quiet() -> bool:
         """No better plan for `lifetime_quiet` of the limit."""
         return time.perf_counter() - last_change[0] > options.lifetime_quiet * search.time_limit
@@ -137,7 +141,7 @@ def cascade_cover(search: Search) -> Search:
             stop=lambda: stalled() or _lifetimes_behind(search) or quiet(),
             mirrored=options.mirror_moves,
         )
-        if stalled() or deadline.passed():
+        if done() or deadline.passed():
             return []
         if _lifetimes_behind(search):
             eviction_search(
@@ -146,11 +150,11 @@ def cascade_cover(search: Search) -> Search:
                 deadline=deadline,
                 resume=search.incumbent,
                 found=found,
-                stop=stalled,
+                stop=done,
                 mirrored=options.mirror_moves,
             )
         else:
-            _from_evictions(search, deadline, found, found_lifetimes, stalled)
+            _from_evictions(search, deadline, found, found_lifetimes, done)
         return []  # each better plan was offered as it came
 
     search.defer("lifetimes", search_lifetimes, before=("policies", "backward"))
