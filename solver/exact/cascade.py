@@ -99,11 +99,14 @@ def cascade_cover(search: Search) -> Search:
         last_change[0] = time.perf_counter()
         search.offer(member)
 
+    def idle(share: float) -> bool:
+        """No better plan for `share` of the limit."""
+        return time.perf_counter() - last_change[0] > share * search.time_limit
+
     def stalled() -> bool:
         """The bound is final and the search has not improved for `cascade_stall` of the
         limit: the steps after this one may close the gap (the moment relaxation, probes)."""
-        quiet = time.perf_counter() - last_change[0]
-        return bound_done.is_set() and quiet > options.cascade_stall * search.time_limit
+        return bound_done.is_set() and idle(options.cascade_stall)
 
     def found_lifetimes(member: Member) -> None:
         assert search.lifetime_best is not None  # set before the search starts
@@ -113,10 +116,6 @@ def cascade_cover(search: Search) -> Search:
     def done() -> bool:
         """Stalled, or the incumbent proven optimal: nothing is left to search for."""
         return stalled() or search.closed
-
-    def quiet() -> bool:
-        """No better plan for `lifetime_quiet` of the limit."""
-        return time.perf_counter() - last_change[0] > options.lifetime_quiet * search.time_limit
 
     def search_lifetimes() -> list[Member]:
         """From checkpoint-all (on the 12-layer transformers of `benchmarks.zoo` the best of the
@@ -138,7 +137,7 @@ def cascade_cover(search: Search) -> Search:
             deadline=deadline,
             found=found_lifetimes,
             enough=lambda member: search.goal.value(member) <= search.floor,
-            stop=lambda: stalled() or _lifetimes_behind(search) or quiet(),
+            stop=lambda: stalled() or _lifetimes_behind(search) or idle(options.lifetime_quiet),
             mirrored=options.mirror_moves,
         )
         if done() or deadline.passed():
