@@ -1,7 +1,8 @@
 """Step: the cascade cover (`solver.milp.cascade`, `solver.milp.cascade_rounds`) and the
 lifetime search (`solver.heuristics.lifetimes`) from its solution, where recomputes cascade
 (op-level graphs); where the lifetime search does not reach the incumbent (tight budgets), the
-eviction search (`solver.heuristics.eviction_search`) instead."""
+eviction search (`solver.heuristics.eviction_search`) instead, and where it goes quiet, the
+lifetime search again from the eviction search's best."""
 
 from __future__ import annotations
 

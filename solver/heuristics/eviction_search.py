@@ -15,8 +15,10 @@ It is for tight budgets (near the least feasible peak), where the rule's choice 
 a stage's rebuild starts from changes the cost by whole recomputed segments, the rule's four
 runs are far apart, and the lifetime search, which repairs the peak stage one value at a time,
 ends above them. `solver.exact.cascade` runs it after the lifetime search where that search
-ends its starts behind the incumbent; docs/solver.md has the rows it changed and the command
-that measures them.
+ends its starts behind the incumbent, and, where that search has gone quiet without being
+behind, as the start of a last lifetime search (at per-block memory its best run is a start
+the lifetime search's own do not reach); docs/solver.md has the rows it changed and the
+command that measures them.
 
 A seeded RNG keeps the search deterministic for a given number of rounds; every run honours the
 deadline.
