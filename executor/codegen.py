@@ -24,6 +24,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 import torch
 import torch.fx
 
+from executor.bindings import bindings
 from executor.errors import ExecutorError
 from executor.interpreter import ScheduleInterpreter, Step
 
@@ -36,6 +37,7 @@ class _Source:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.constants: dict[str, object] = {}
+        self.called: set[int] = set()
 
     def constant(self, value: object) -> str:
         name = f"k{len(self.constants)}"
@@ -115,9 +117,15 @@ def compile_ops(
     lines += [f"    env[{s}] = v{s}" for s in sorted(live)]
     lines.append("    return None")
     namespace: dict[str, object] = dict(src.constants)
-    # an OpOverload's `_op` is the C++ callable its Python __call__ forwards to
+    # torch's own binding where it makes the node's exact call (`executor.bindings`), else the
+    # OpOverload's `_op`, the C++ callable its Python __call__ forwards to
+    called = [interp.nodes[slot] for slot in sorted(src.called)]
+    bound = bindings(called)
     namespace.update(
-        {f"f{i}": getattr(n.target, "_op", n.target) for i, n in enumerate(interp.nodes)}
+        {
+            f"f{interp.slot[n.name]}": bound.get(n) or getattr(n.target, "_op", n.target)
+            for n in called
+        }
     )
     code = compile("\n".join(lines), "<remat schedule>", "exec")
     exec(code, namespace)
@@ -132,6 +140,7 @@ def _node_line(src: _Source, interp: ScheduleInterpreter, slot: int, live: set[i
     if node.target is operator.getitem:
         return f"v{slot} = {args[0]}[{args[1]}]"
     args += [f"{k}={src.expression(a, live, interp)}" for k, a in node.kwargs.items()]
+    src.called.add(slot)
     call = f"f{slot}({', '.join(args)})"
     if slot in interp.random_set:
         return f"v{slot} = draw({slot}, lambda: {call})"
