@@ -179,8 +179,9 @@ def _row(
 
 def summary(rows: list[Row]) -> list[Row]:
     """One row per model: remat's time at per-block checkpoint's and the knapsack's measured
-    peaks over theirs, the worst measured / predicted and budget excess, and the predicted vs
-    measured overhead at per-block checkpoint's peak."""
+    peaks over theirs, the worst measured / predicted and budget excess, the predicted vs
+    measured overhead at per-block checkpoint's peak, and remat's 100% step over eager's (what
+    the executor adds to the kernels eager runs)."""
     out = []
     for model in dict.fromkeys(r["model"] for r in rows):
         mine = {r["method"]: r for r in rows if r["model"] == model and "step_ms" in r}
@@ -197,9 +198,12 @@ def summary(rows: list[Row]) -> list[Row]:
                 "time_vs_knapsack": min((r["time_vs_matched"] for r in knapsack), default=None),
                 "max_measured_vs_predicted": max(r["measured_vs_predicted"] for r in remat),
                 "max_over_budget_bytes": max((r["over_budget_bytes"] or 0) for r in remat),
+                "gap_at_per_block": at_block.get("gap"),
+                "predicted_recompute": at_block.get("predicted_recompute"),
                 "predicted_overhead": at_block.get("predicted_overhead"),
                 "measured_overhead": at_block.get("measured_overhead"),
                 "overhead_noise": mine[CONTROL]["measured_overhead"],
+                "full_vs_eager": mine[REMAT_FULL]["time_vs_eager"],
             }
         )
     return out
