@@ -22,7 +22,8 @@ the recomputation over capture's measured plain step, `step_cost`) and the measu
 step time over remat's 100% step in rounds of those two steps alone (``measured_overhead``, a
 second copy of the 100% step measures its noise floor), and in the rounds of every method
 (``overhead_among_all``: there the steps between the two change the caches and the allocator's
-state they start from); the step time over the matched method's. Writes
+state they start from); the step time over the matched method's, in the rounds of every method
+(``time_vs_matched``) and in rounds of those two steps alone (``time_vs_matched_alone``). Writes
 ``real_models.{md,csv,png}`` and ``summary.md`` (one row per model) under ``--out``.
 """
 
@@ -128,7 +129,14 @@ def run_model(name: str, args: argparse.Namespace) -> list[Row]:
         for key in schedules
         if key != REMAT_FULL
     }
-    rows = [_row(name, key, peaks, times, alone, schedules, budgets, problem) for key in steps]
+    versus = {
+        key: interleaved_times({key: steps[key], peer: steps[peer]}, args.rounds)
+        for key in schedules
+        if (peer := key.removeprefix("remat @ ")) in peers
+    }
+    rows = [
+        _row(name, key, peaks, times, alone, versus, schedules, budgets, problem) for key in steps
+    ]
     rows += [{"model": name, "method": key, "note": note} for key, note in failed.items()]
     print(f"{name}: {problem.n} nodes, {time.perf_counter() - started:.0f} s")
     return rows
@@ -145,6 +153,7 @@ def _row(
     peaks: dict[str, int],
     times: dict[str, list[float]],
     alone: dict[str, dict[str, list[float]]],
+    versus: dict[str, dict[str, list[float]]],
     schedules: dict[str, solver.Schedule],
     budgets: dict[str, int],
     problem: solver.Problem,
@@ -174,6 +183,8 @@ def _row(
     matched = key.removeprefix("remat @ ")
     if matched in times:
         row["time_vs_matched"] = _paired(times, key, matched)
+    if key in versus:
+        row["time_vs_matched_alone"] = _paired(versus[key], key, matched)
     return row
 
 
@@ -195,6 +206,7 @@ def summary(rows: list[Row]) -> list[Row]:
                 "per_block_MiB": mine.get(PER_BLOCK, {}).get("peak_MiB"),
                 "remat_MiB_at_per_block": at_block.get("peak_MiB"),
                 "time_vs_per_block": at_block.get("time_vs_matched"),
+                "time_vs_per_block_alone": at_block.get("time_vs_matched_alone"),
                 "time_vs_knapsack": min((r["time_vs_matched"] for r in knapsack), default=None),
                 "max_measured_vs_predicted": max(r["measured_vs_predicted"] for r in remat),
                 "max_over_budget_bytes": max((r["over_budget_bytes"] or 0) for r in remat),
