@@ -2,10 +2,11 @@
 
 An `OpOverload` called through its `_op` goes through the JIT's generic argument parsing
 (about 4 us per call on a 2-core CPU); torch's generated bindings (``torch.mm``,
-``Tensor.view``, ``torch._C._nn.gelu_backward``...) parse the same arguments in about 2.5 us and
-hand the same overload to the dispatcher. On a transformer step of ~2,500 fx nodes that is most
-of the executor's time above eager's (`python -m benchmarks.real_models` measures it as
-"remat 100%" against "eager").
+``Tensor.view``, ``torch._C._nn.*``) parse the same arguments in about 2.5 us and hand the same
+overload to the dispatcher. On BERT-4's step (826 fx nodes) that difference was most of the
+executor's time above eager's (`python -m benchmarks.real_models` measures it as "remat 100%"
+against "eager"). Backward kernels (``gelu_backward``, ``native_layer_norm_backward``...) have
+no such binding and keep `_op`.
 
 A binding is used for an fx node only when it makes exactly the call the node's own target
 makes: `binding_for` runs both on meta tensors shaped like the node's inputs (no data, no
