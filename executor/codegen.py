@@ -26,7 +26,7 @@ import torch.fx
 
 from executor.bindings import bindings
 from executor.errors import ExecutorError
-from executor.interpreter import ScheduleInterpreter, Step
+from executor.interpreter import ScheduleInterpreter, Step, has_node
 
 __all__ = ["compile_ops"]
 
@@ -53,10 +53,10 @@ class _Source:
                     "capture's DAG lacks that edge (a graph_capture bug; please report it)"
                 )
             return f"v{slot}"
-        if isinstance(structure, list | tuple) and _has_node(structure):
+        if isinstance(structure, list | tuple) and has_node(structure):
             inner = ", ".join(self.expression(s, live, interp) for s in structure)
             return f"[{inner}]" if isinstance(structure, list) else f"({inner},)"
-        if isinstance(structure, dict) and _has_node(structure):
+        if isinstance(structure, dict) and has_node(structure):
             items = ", ".join(
                 f"{k!r}: {self.expression(s, live, interp)}" for k, s in structure.items()
             )
@@ -66,12 +66,6 @@ class _Source:
         ):
             return repr(structure)
         return self.constant(structure)
-
-
-def _has_node(structure: object) -> bool:
-    found = []
-    torch.fx.node.map_arg(structure, lambda n: found.append(n) or n)
-    return bool(found)
 
 
 def compile_ops(

@@ -30,7 +30,7 @@ from executor.errors import ExecutorError
 from executor.rng import RngReplay, is_random_op
 from graph_capture.fx_nodes import device_of
 
-__all__ = ["ScheduleInterpreter", "Step"]
+__all__ = ["ScheduleInterpreter", "Step", "has_node"]
 
 
 @dataclass
@@ -261,7 +261,7 @@ def _fetcher(
         return fetch
     if isinstance(structure, tuple | list):
         parts = [_fetcher(s, slot, nodes) for s in structure]
-        if not any(_has_node(s) for s in structure):
+        if not any(has_node(s) for s in structure):
             constant = structure
             return lambda env: constant
         kind = type(structure)
@@ -269,14 +269,16 @@ def _fetcher(
     if isinstance(structure, dict):
         keys = list(structure)
         parts_d = [_fetcher(structure[k], slot, nodes) for k in keys]
-        if not any(_has_node(structure[k]) for k in keys):
+        if not any(has_node(structure[k]) for k in keys):
             constant_d = dict(structure)
             return lambda env: constant_d
         return lambda env: {k: p(env) for k, p in zip(keys, parts_d, strict=True)}
     return lambda env: structure
 
 
-def _has_node(structure: object) -> bool:
+def has_node(structure: object) -> bool:
+    """Whether `structure` (an fx argument: a node, a container of them, a constant) holds
+    an fx node anywhere."""
     found = False
 
     def mark(n: torch.fx.Node) -> torch.fx.Node:
