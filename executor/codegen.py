@@ -113,12 +113,12 @@ def compile_ops(
     namespace: dict[str, object] = dict(src.constants)
     # torch's own binding where it makes the node's exact call (`executor.bindings`), else the
     # OpOverload's `_op`, the C++ callable its Python __call__ forwards to
-    called = [interp.nodes[slot] for slot in sorted(src.called)]
-    bound = bindings(called)
+    called = {slot: interp.nodes[slot] for slot in sorted(src.called)}
+    bound = bindings(called.values())
     namespace.update(
         {
-            f"f{interp.slot[n.name]}": bound.get(n) or getattr(n.target, "_op", n.target)
-            for n in called
+            f"f{slot}": bound.get(n) or getattr(n.target, "_op", n.target)
+            for slot, n in called.items()
         }
     )
     code = compile("\n".join(lines), "<remat schedule>", "exec")
