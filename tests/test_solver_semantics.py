@@ -319,3 +319,29 @@ def test_a_model_too_large_for_the_time_left_is_not_built():
     nothing = replace(slow, cover=False, warm_starts=())
     with pytest.raises(solver.SolverTimeoutError, match=r"too many for the [\d.]+ s left"):
         solver.solve(graph, budget, time_limit=10, options=nothing)
+
+
+def _eviction_misses_the_least_peak() -> nx.DiGraph:
+    """A training graph (7 forward nodes) whose least peak is its one-line bound, 26 bytes,
+    where the least peak of the eviction runs and of the least-peak search is 27 bytes."""
+    forward = nx.DiGraph()
+    for v, (mem, cost) in enumerate([(9, 1), (6, 5), (5, 1), (6, 4), (2, 4), (2, 4), (7, 2)]):
+        forward.add_node(v, mem=mem, cost=cost)
+    forward.add_edges_from([(0, 1), (1, 2), (2, 3), (2, 5), (3, 4), (4, 5), (4, 6), (5, 6)])
+    return training_graph(forward)
+
+
+def test_where_no_heuristic_fits_the_error_names_the_budget_they_reach():
+    """With eviction the only warm start and no model to search, a budget below the least
+    peak the heuristics reach gets an error that says what that peak is; a budget at it gets a
+    schedule, and the exact search finds the schedules below it."""
+    graph = _eviction_misses_the_least_peak()
+    assert solver.prepare(graph).memory_lower_bound == 26
+    no_model = SolveOptions(
+        warm_starts=("eviction",), max_model_variables=10, cascade=False, cover=False
+    )
+    message = r"heuristics reach is 27 B.*at 27 bytes a heuristic's schedule fits"
+    with pytest.raises(solver.SolverTimeoutError, match=message):
+        solver.solve(graph, 26, time_limit=10, options=no_model)
+    assert solver.solve(graph, 27, time_limit=10, options=no_model).peak <= 27
+    assert solver.solve(graph, 26, time_limit=10).peak == 26

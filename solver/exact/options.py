@@ -27,7 +27,8 @@ class SolveOptions:
         warm_starts: the heuristics of `solver.heuristics.registry.HEURISTICS` the search starts
             from, among "eviction", "backward" and "policies" (every checkpoint policy).
         warm_start_share: share of the limit the backward searches may take.
-        heuristic_share: share of the limit the least-peak search (objective "memory") may take.
+        heuristic_share: share of the limit the least-peak search may take (objective
+            "memory"; objective "cost" where no heuristic fits the budget).
     Bounds:
         cover: solve the read-gap cover (`solver.exact.cover`).
         cover_share: seconds the cover may take, as a share of the limit.

@@ -157,14 +157,7 @@ def finish(search: Search) -> Schedule:
     goal, incumbent = search.goal, search.incumbent
     if incumbent is None:
         assert goal.budget is not None  # checkpoint-all fits every other goal
-        proven = goal.units.graph_cost(search.floor) - goal.units.graph_cost(0)
-        raise SolverTimeoutError(
-            f"no schedule within {human_bytes(goal.budget)} was found in "
-            f"{search.time_limit:g} s and no heuristic fits that budget"
-            + (f" (any schedule recomputes at least {proven:g} cost units)" if proven else "")
-            + (f"; {search.no_model}" if search.no_model else "")
-            + "; raise the time limit (--time-limit) or the budget"
-        )
+        raise SolverTimeoutError(_nothing_fits(search, goal.budget))
     optimal = search.closed
     schedule = make_schedule(
         search.graph,
@@ -187,6 +180,25 @@ def finish(search: Search) -> Schedule:
         )
     schedule.solve_seconds = search.elapsed()
     return schedule
+
+
+def _nothing_fits(search: Search, budget: int) -> str:
+    """The message when no schedule within `budget` bytes was found: what is known (the least
+    peak the heuristics reach, the proven recomputation, why the stage model was not built) and
+    what to change."""
+    units, peak = search.goal.units, search.heuristic_peak
+    proven = units.graph_cost(search.floor) - units.graph_cost(0)
+    known = [f"any schedule recomputes at least {proven:g} cost units"] if proven else []
+    if search.no_model:
+        known.append(search.no_model)
+    advice = "raise the time limit (--time-limit) or the budget"
+    if peak is not None:
+        known.insert(0, f"the least peak the heuristics reach is {human_bytes(peak)}")
+        advice += f" (at {peak} bytes a heuristic's schedule fits)"
+    return (
+        f"no schedule within {human_bytes(budget)} was found in {search.time_limit:g} s and no "
+        "heuristic fits that budget" + "".join(f"; {fact}" for fact in known) + f"; {advice}"
+    )
 
 
 def _within_budgets(schedule: Schedule) -> bool:

@@ -113,6 +113,9 @@ class Search:
     lp: LpRelaxation | None = None
     no_model: str = ""
     """Why the stage model was not built, for the message when nothing fits."""
+    heuristic_peak: int | None = None
+    """Where no heuristic fits the budget: the least peak (bytes) the heuristics reach, for the
+    message when nothing fits (`warm_start`)."""
     lifetime_best: float | None = None
     """The cost (graph units) of the lifetime search's best plan so far (inf: it has run and
     found none yet; None: it has not run); the steps that run that search or the eviction

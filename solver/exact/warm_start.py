@@ -13,6 +13,7 @@ from solver.exact.infeasible import raise_infeasible
 from solver.exact.state import Search
 from solver.heuristics.backward import backward_runs
 from solver.heuristics.eviction import eviction_runs
+from solver.heuristics.least_peak import least_peak
 from solver.heuristics.registry import HEURISTICS, cheapest_policy
 
 
@@ -46,7 +47,8 @@ def warm_start(search: Search) -> Search:
     policies, then the backward searches, wait in `Search.pending` for the next engine call
     (evaluated beside it, on the other core), unless nothing before them fits or (the backward
     searches) the moment relaxation runs first (it takes the incumbent's cost as its cap, so the
-    cheapest incumbent pays there)."""
+    cheapest incumbent pays there). Where nothing fits, the least-peak search over the
+    heuristics waits there too (`_least_peak_run`)."""
     problem, budget, names = search.problem, search.goal.budget, search.options.warm_starts
     assert budget is not None
     deadline = search.share_of_limit(search.options.warm_start_share)
@@ -72,7 +74,23 @@ def warm_start(search: Search) -> Search:
             )
     if "backward" in names and not backward_now:
         search.defer("backward", lambda: backward_runs(problem, budget, deadline))
+    if search.incumbent is None and "eviction" in names:
+        search.defer("least peak", lambda: _least_peak_run(search))
     return search
+
+
+def _least_peak_run(search: Search) -> list[Member]:
+    """Where no heuristic fits the budget: the least-peak search over the eviction and
+    backward runs (`solver.heuristics.least_peak`, for `SolveOptions.heuristic_share` of the
+    limit from when it starts, beside the next engine call). Its run is offered (a run at a
+    lower byte budget may fit where the run at this one does not); where it does not fit
+    either, its peak is kept for the error that says which budget the heuristics reach
+    (`Search.heuristic_peak`)."""
+    deadline = search.deadline.within(search.options.heuristic_share * search.time_limit)
+    run = least_peak(search.problem, None, deadline)
+    if run is not None and not search.goal.fits(run):
+        search.heuristic_peak = run.schedule.peak
+    return [] if run is None else [run]
 
 
 def _listed(member: Member | None) -> list[Member]:
