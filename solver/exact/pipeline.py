@@ -188,13 +188,15 @@ def _nothing_fits(search: Search, budget: int) -> str:
     what to change."""
     units, peak = search.goal.units, search.heuristic_peak
     proven = units.graph_cost(search.floor) - units.graph_cost(0)
-    known = [f"any schedule recomputes at least {proven:g} cost units"] if proven else []
-    if search.no_model:
-        known.append(search.no_model)
+    known = []
     advice = "raise the time limit (--time-limit) or the budget"
     if peak is not None:
-        known.insert(0, f"the least peak the heuristics reach is {human_bytes(peak)}")
+        known.append(f"the least peak the heuristics reach is {human_bytes(peak)}")
         advice += f" (at {peak} bytes a heuristic's schedule fits)"
+    if proven:
+        known.append(f"any schedule recomputes at least {proven:g} cost units")
+    if search.no_model:
+        known.append(search.no_model)
     return (
         f"no schedule within {human_bytes(budget)} was found in {search.time_limit:g} s and no "
         "heuristic fits that budget" + "".join(f"; {fact}" for fact in known) + f"; {advice}"
