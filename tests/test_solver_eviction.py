@@ -7,6 +7,7 @@ tests/test_solver_warm_start.py."""
 
 from __future__ import annotations
 
+import networkx as nx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,7 +20,12 @@ from solver.core.stages import cheapest_within, checkpoint_all
 from solver.deadline import NEVER, Deadline
 from solver.examples import chain, residual_demo, training_graph
 from solver.heuristics.baselines import BASELINES
-from solver.heuristics.eviction import evict_by_keep, evict_within
+from solver.heuristics.eviction import (
+    DISTANCE_EXPONENTS,
+    evict_by_keep,
+    evict_within,
+    eviction_runs,
+)
 from solver.heuristics.eviction_search import eviction_search
 from solver.io import load_graph
 
@@ -32,10 +38,45 @@ def _budget(problem, where: float) -> int:
 
 @settings(max_examples=60)
 @given(small_graphs(max_nodes=8), st.floats(min_value=0.0, max_value=1.0))
-def test_an_eviction_run_fits_its_budget(graph, where):
+def test_every_eviction_run_fits_its_budget(graph, where):
+    """Both kinds of reads, every exponent: each run that does not get stuck is a replayed
+    schedule within the budget."""
     problem = solver.prepare(graph)
     budget = _budget(problem, where)
-    check_within(graph, problem, budget, evict_within(problem, budget))
+    runs = eviction_runs(problem, budget)
+    assert len(runs) <= 2 * len(DISTANCE_EXPONENTS)
+    for run in runs:
+        check_within(graph, problem, budget, run)
+    assert evict_within(problem, budget) == cheapest_within(runs, budget)
+
+
+def _tied_head() -> nx.DiGraph:
+    """The training graph of a five-step chain plus a last node reading the head's gradient d4
+    and the first step's d0, as a tied embedding's weight gradient sums its two parts: d4 is
+    computed first in the backward and read again only at the end."""
+    graph = training_graph(chain([4, 2, 2, 4, 2], [1, 5, 5, 2, 5]))
+    order = list(graph.graph["order"])
+    graph.add_node("tie", mem=1, cost=1, phase="backward")
+    graph.add_edges_from([("d4", "tie"), ("d0", "tie")])
+    graph.graph["order"] = [*order, "tie"]
+    return graph
+
+
+def test_counting_recomputations_reads_keeps_what_a_late_rebuild_starts_from():
+    """At 12 bytes every run by direct reads costs 89 units: once its own readers are done, the
+    value d4's rebuild starts from is dropped first, and the last stage recomputes the chain
+    from the start. Counting the reads of d4's recomputation keeps it: 79. The exact solver
+    proves 67 (the exhaustive stage-space reference agrees, in minutes)."""
+    graph = _tied_head()
+    problem = solver.prepare(graph)
+    runs = eviction_runs(problem, 12)
+    costs = {run.eviction.recompute_reads: set() for run in runs}
+    for run in runs:
+        check_within(graph, problem, 12, run)
+        costs[run.eviction.recompute_reads].add(run.schedule.cost)
+    assert costs == {False: {89.0}, True: {79.0}}
+    optimum = solver.solve(graph, 12, time_limit=30)
+    assert optimum.status == "OPTIMAL" and optimum.cost == 67.0
 
 
 @settings(max_examples=60)

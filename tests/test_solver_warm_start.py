@@ -22,7 +22,7 @@ from solver.deadline import Deadline
 from solver.exact.state import Goal, Search
 from solver.examples import chain
 from solver.heuristics.backward import backward_runs, search
-from solver.heuristics.eviction import evict_within
+from solver.heuristics.eviction import eviction_runs
 from solver.heuristics.least_peak import least_peak
 from solver.io import load_graph
 from solver.milp.units import CostUnits
@@ -66,15 +66,16 @@ def test_backward_plans_fit_their_budget(graph, where):
 
 
 def test_the_backward_search_fits_random_layered_at_80_percent():
-    """random_layered n=250 at 80% of the checkpoint-all peak: every eviction run gets stuck; the
-    backward searches fit (the cheaper within 6% of computing every node once), and the exact
-    solver returns that or better within its time limit."""
+    """random_layered n=250 at 80% of the checkpoint-all peak: every eviction run by direct
+    reads gets stuck (those counting recomputations' reads fit, at 1.07x computing every node
+    once); the backward searches fit (the cheaper within 6% of computing every node once), and
+    the exact solver returns that or better within its time limit."""
     if not RANDOM_250.exists():
         pytest.skip(f"{RANDOM_250} not present")
     graph = load_graph(RANDOM_250)
     problem = solver.prepare(graph)
     budget = solver.parse_budget("80%", problem)
-    assert evict_within(problem, budget) is None
+    assert all(run.eviction.recompute_reads for run in eviction_runs(problem, budget))
     runs = backward_runs(problem, budget)
     assert len(runs) == 2
     for member in runs:

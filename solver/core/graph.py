@@ -99,6 +99,17 @@ class Problem:
         return tuple(max(users, default=v) for v, users in enumerate(self.succs))
 
     @cached_property
+    def last_descendant(self) -> tuple[int, ...]:
+        """Per node, the last node in solver order that depends on it through a path of users
+        (the node itself when it has none): after that stage nothing can read it again, not
+        even to recompute another value."""
+        last = list(range(self.n))
+        for v in reversed(range(self.n)):
+            for j in self.succs[v]:
+                last[v] = max(last[v], last[j])
+        return tuple(last)
+
+    @cached_property
     def memory_lower_bound(self) -> int:
         """Bytes no schedule can go below: computing a node needs its output, all of its inputs
         and its transient bytes at once."""

@@ -47,11 +47,15 @@ class IndexedSchedule:
 @dataclass(frozen=True)
 class EvictionKey:
     """What fixes an eviction run (`solver.heuristics.eviction`): the exponent of the distance
-    to the next read in its rule, and a positive factor per node (by index) multiplying the
-    rule's score (None: every factor 1)."""
+    to the next read in its rule, a positive factor per node (by index) multiplying the
+    rule's score (None: every factor 1), and which reads count: with `recompute_reads`, a value
+    is also read when an evicted value that a later stage needs is recomputed from it
+    (`solver.heuristics.eviction.next_reads`); without, only when a later stage's own node
+    reads it."""
 
     exponent: float
     priorities: tuple[float, ...] | None = None
+    recompute_reads: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,15 @@ value read later in the current stage is never evicted, so the run is a `StagePl
 `solver.core.stages.plan_from_kept_sets` then drops kept values no stage reads, which only lowers
 the peak. When everything live is needed for the next compute, that run fails.
 
+Which reads count (`EvictionKey.recompute_reads`, `next_reads`): a later stage's own node reading
+the value, or also the recomputation of an evicted value that a later stage needs. With the
+first, a value whose direct readers are all done goes first even where it is what a later
+rebuild would start from: on GPT-2 (tied embeddings) the language-model head's weight gradient
+(1 MiB) is read only by the last node, the final hidden state that rebuilds it is dropped once
+its own readers are done, and at tight budgets the last stage recomputes the whole forward
+(0.38-0.42 of the step's cost on `benchmarks.zoo` GPT-2-4 at 11% of the checkpoint-all peak).
+`eviction_runs` makes both kinds of run; neither is cheaper on every graph.
+
 The checkpoint policies of `solver.heuristics.baselines` choose what to keep without looking at
 the budget; this heuristic spends the budget, so it fits where they cannot (random_layered n=250
 at 90% of the checkpoint-all peak: tests/test_solver_eviction.py).
@@ -23,7 +32,8 @@ Every run stops at its `deadline` (`solver.deadline`) and then counts as stuck.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Sequence
 
 from solver.core.graph import Problem
 from solver.core.stages import (
@@ -53,6 +63,51 @@ def rebuild_costs(problem: Problem, live: set[int], upto: int | None = None) -> 
     return rebuild
 
 
+def next_reads(
+    problem: Problem, live: set[int], t: int, recompute_reads: bool, nodes: Iterable[int]
+) -> dict[int, float]:
+    """For each of `nodes` (each at most t), the first stage after t that reads it (math.inf:
+    none).
+
+    A stage j reads its own node's inputs. With `recompute_reads`, it also reads the inputs of
+    every value it recomputes: a value up to t that is not live and that stage j reads (directly
+    or so, recursively) is recomputed there from its inputs, which are then read at j too.
+    O(V + E) at most (each node's successors are visited once)."""
+    succs, last_descendant = problem.succs, problem.last_descendant
+
+    def split(w: int) -> tuple[float, Sequence[int]]:
+        """w's first user after t (math.inf: none) and its users up to t."""
+        users = succs[w]
+        at = bisect_right(users, t)
+        return (users[at] if at < len(users) else math.inf), users[:at]
+
+    if not recompute_reads:
+        return {w: split(w)[0] for w in nodes}
+    read: dict[int, float] = {}
+    for root in nodes:
+        stack = [root]
+        while stack:  # depth first: w is finished after the users it is read through
+            w = stack[-1]
+            if w in read:
+                stack.pop()
+                continue
+            first, earlier = split(w)
+            pending = False
+            for j in earlier:
+                if j in live or last_descendant[j] <= t:  # live, or nothing after t reads j
+                    continue
+                through = read.get(j)
+                if through is None:
+                    stack.append(j)
+                    pending = True
+                elif through < first:
+                    first = through
+            if not pending:
+                read[w] = first
+                stack.pop()
+    return read
+
+
 DISTANCE_EXPONENTS = (2.0, 1.0, 0.5, 0.0)
 """The runs `evict_within` makes, one per weight of the distance to the next read: bytes times
 distance**e per unit of rebuild cost. No single exponent is best everywhere (FCN8 at 80% reaches
@@ -60,9 +115,9 @@ its optimum only with e = 2, random_layered n=500 at 90% is 1.5x cheaper with e 
 `python -m benchmarks.solver_scale` lists eviction's cost beside the optimum)."""
 
 
-Chooser = Callable[[int, list[int], set[int]], int]
+Chooser = Callable[[int, list[int], set[int], dict[int, float]], int]
 """Picks the value to evict at stage t among candidates (live, not read later in the stage, each
-read by a later stage), given the live set."""
+read by a later stage), given the live set and each node's next read (`next_reads`)."""
 
 
 def _by_distance(
@@ -72,12 +127,11 @@ def _by_distance(
     `priority[v]` where given (a positive factor per node; `solver.heuristics.eviction_search`
     searches over them)."""
 
-    def choose(t: int, candidates: list[int], live: set[int]) -> int:
+    def choose(t: int, candidates: list[int], live: set[int], read: dict[int, float]) -> int:
         rebuild = rebuild_costs(problem, live, upto=max(candidates))
 
         def score(v: int) -> tuple[float, int, int]:
-            later = next(j for j in problem.succs[v] if j > t)
-            weight = problem.mem[v] * (later - t) ** exponent
+            weight = problem.mem[v] * (read[v] - t) ** exponent
             if priority is not None:
                 weight *= priority[v]
             return (math.inf if rebuild[v] <= 0 else weight / rebuild[v], problem.mem[v], -v)
@@ -98,8 +152,9 @@ def evict_by_key(
     None where it gets stuck, `deadline` passes or it costs more than `cost_cap` (graph units,
     where given); the member carries `key`."""
     choose = _by_distance(problem, key.exponent, key.priorities)
+    reads = ",recompute reads" if key.recompute_reads else ""
     searched = "" if key.priorities is None else ",searched"
-    param = f"budget={budget},e={key.exponent:g}{searched}"
+    param = f"budget={budget},e={key.exponent:g}{reads}{searched}"
     return _run(problem, budget, choose, param, deadline, key, cost_cap)
 
 
@@ -115,8 +170,9 @@ def _run(
     """One eviction run at `budget` bytes evicting by `choose`, or None where it gets stuck,
     `deadline` passes or (where given) the cost of its computes so far exceeds `cost_cap`
     (graph units; the run's cost only grows); `key`, where given, is what fixed `choose` (kept
-    on the member)."""
+    on the member) and which reads count (direct ones only where no key is given)."""
     mem = problem.mem
+    recompute_reads = key is not None and key.recompute_reads
     live: set[int] = set()
     live_bytes = 0
     cost = 0.0
@@ -137,11 +193,12 @@ def _run(
                 candidates = [v for v in live if not reads.get(v)]
                 if not candidates:
                     return None
-                unread = [v for v in candidates if problem.last_user[v] <= t]
+                read = next_reads(problem, live, t, recompute_reads, candidates)
+                unread = [v for v in candidates if read[v] == math.inf]
                 if unread:
                     victim = max(unread, key=lambda v: (mem[v], -v))
                 else:
-                    victim = choose(t, candidates, live)
+                    victim = choose(t, candidates, live, read)
                 live.remove(victim)
                 live_bytes -= mem[victim]
             live.add(k)
@@ -156,9 +213,11 @@ def _run(
 
 def eviction_runs(problem: Problem, budget: int, deadline: Deadline = NEVER) -> list[Member]:
     """The eviction runs at `budget` bytes that do not get stuck (or cut off by `deadline`), one
-    per DISTANCE_EXPONENTS (each peak is at most the budget): the heuristic as a family, for the
-    tables that list it beside the baselines. O(n * (V + E) * evictions per stage) per run."""
-    runs = [evict_by_key(problem, budget, EvictionKey(e), deadline) for e in DISTANCE_EXPONENTS]
+    per DISTANCE_EXPONENTS and kind of reads (direct reads first; each peak is at most the
+    budget): the heuristic as a family, for the tables that list it beside the baselines.
+    O(n * (V + E) * evictions per stage) per run."""
+    keys = [EvictionKey(e, None, through) for through in (False, True) for e in DISTANCE_EXPONENTS]
+    runs = [evict_by_key(problem, budget, key, deadline) for key in keys]
     return [run for run in runs if run is not None]
 
 
@@ -179,7 +238,7 @@ def evict_by_keep(
     thresholds round the LP into plans over or under the budget, this spends the budget in the
     LP's order (on MobileNet at 90% it gives the optimum from the first LP)."""
 
-    def choose(t: int, candidates: list[int], live: set[int]) -> int:
+    def choose(t: int, candidates: list[int], live: set[int], read: dict[int, float]) -> int:
         following = keep_fraction[t + 1]
         return min(candidates, key=lambda v: (following.get(v, 0.0), -problem.mem[v], v))
 

@@ -29,10 +29,11 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from dataclasses import replace
 
 from solver.core.graph import Problem
 from solver.core.repeats import mirrors
-from solver.core.stages import EvictionKey, Member
+from solver.core.stages import Member
 from solver.deadline import Deadline
 from solver.heuristics.eviction import evict_by_key, evict_within
 
@@ -84,7 +85,7 @@ def eviction_search(
             factor = math.exp(rng.gauss(0.0, sigma))
             for u in (groups.of(v) if groups else ()) or (v,):
                 changed[u] *= factor
-        changed_key = EvictionKey(key.exponent, tuple(changed))
+        changed_key = replace(key, priorities=tuple(changed))
         member = evict_by_key(problem, budget, changed_key, deadline, best.schedule.cost)
         if member is None or member.schedule.cost > best.schedule.cost:
             continue
