@@ -211,12 +211,18 @@ def _run(
     return Member(param, plan, plan_to_ops(problem, plan), eviction=key)
 
 
-def eviction_runs(problem: Problem, budget: int, deadline: Deadline = NEVER) -> list[Member]:
+def eviction_runs(
+    problem: Problem,
+    budget: int,
+    deadline: Deadline = NEVER,
+    recompute_reads: Sequence[bool] = (False, True),
+) -> list[Member]:
     """The eviction runs at `budget` bytes that do not get stuck (or cut off by `deadline`), one
-    per DISTANCE_EXPONENTS and kind of reads (direct reads first; each peak is at most the
-    budget): the heuristic as a family, for the tables that list it beside the baselines.
-    O(n * (V + E) * evictions per stage) per run."""
-    keys = [EvictionKey(e, None, through) for through in (False, True) for e in DISTANCE_EXPONENTS]
+    per DISTANCE_EXPONENTS and kind of reads in `recompute_reads` (`EvictionKey`; each peak is
+    at most the budget): the heuristic as a family, for the tables that list it beside the
+    baselines. O(n * (V + E) * evictions per stage) per run; a run counting recomputations'
+    reads takes 2-3x as long as one counting direct reads."""
+    keys = [EvictionKey(e, None, kind) for kind in recompute_reads for e in DISTANCE_EXPONENTS]
     runs = [evict_by_key(problem, budget, key, deadline) for key in keys]
     return [run for run in runs if run is not None]
 

@@ -20,12 +20,13 @@ def least_peak(
 ) -> Member | None:
     """The heuristic run of least peak among runs whose cost is within `compute_budget` (None:
     any), or None when none qualifies: an eviction run at the one-line bound when it fits (VGG),
-    else eviction runs bisecting the byte budget between that bound and the checkpoint-all peak
-    (to a thousandth of that peak), then backward searches bisecting below the best of those.
-    Eviction goes first because it is fast (a probe of a backward search that finds nothing
-    explores its whole state limit). Every run honours `deadline`, and the bisection stops
-    there. A run that fits a budget need not fit every larger one, so this is a heuristic
-    search: it keeps the best run it saw."""
+    else eviction runs counting direct reads bisecting the byte budget between that bound and
+    the checkpoint-all peak (to a thousandth of that peak), then, below the best of those, runs
+    counting recomputations' reads (`EvictionKey.recompute_reads`), then backward searches. The
+    fastest go first (a run counting recomputations' reads takes 2-3x as long, a probe of a
+    backward search that finds nothing explores its whole state limit). Every run honours
+    `deadline`, and the bisection stops there. A run that fits a budget need not fit every
+    larger one, so this is a heuristic search: it keeps the best run it saw."""
     low, high = problem.memory_lower_bound, checkpoint_all(problem).peak
 
     def within(runs: list[Member], budget: int) -> Member | None:
@@ -34,7 +35,10 @@ def least_peak(
         return cheapest_within(runs, budget)
 
     def evicted(budget: int) -> Member | None:
-        return within(eviction_runs(problem, budget, deadline), budget)
+        return within(eviction_runs(problem, budget, deadline, (False,)), budget)
+
+    def evicted_through(budget: int) -> Member | None:
+        return within(eviction_runs(problem, budget, deadline, (True,)), budget)
 
     def backward(budget: int) -> Member | None:
         return within(backward_runs(problem, budget, deadline), budget)
@@ -42,9 +46,11 @@ def least_peak(
     best = evicted(low)
     if best is not None:  # nothing peaks lower than the one-line bound
         return best
-    best = _bisect(evicted, low, high, deadline)
-    top = high if best is None else best.schedule.peak
-    return _bisect(backward, low, top, deadline) or best
+    best = None
+    for fitting in (evicted, evicted_through, backward):
+        top = high if best is None else best.schedule.peak
+        best = _bisect(fitting, low, top, deadline) or best
+    return best
 
 
 def _bisect(
