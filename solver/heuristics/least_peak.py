@@ -46,7 +46,6 @@ def least_peak(
     best = evicted(low)
     if best is not None:  # nothing peaks lower than the one-line bound
         return best
-    best = None
     for fitting in (evicted, evicted_through, backward):
         top = high if best is None else best.schedule.peak
         best = _bisect(fitting, low, top, deadline) or best
