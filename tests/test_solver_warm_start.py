@@ -75,7 +75,8 @@ def test_the_backward_search_fits_random_layered_at_80_percent():
     graph = load_graph(RANDOM_250)
     problem = solver.prepare(graph)
     budget = solver.parse_budget("80%", problem)
-    assert all(run.eviction.recompute_reads for run in eviction_runs(problem, budget))
+    evicted = eviction_runs(problem, budget)
+    assert evicted and all(run.eviction.recompute_reads for run in evicted)
     runs = backward_runs(problem, budget)
     assert len(runs) == 2
     for member in runs:

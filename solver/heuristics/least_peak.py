@@ -34,19 +34,17 @@ def least_peak(
             runs = [run for run in runs if run.schedule.cost <= compute_budget * (1 + 1e-12)]
         return cheapest_within(runs, budget)
 
-    def evicted(budget: int) -> Member | None:
-        return within(eviction_runs(problem, budget, deadline, (False,)), budget)
-
-    def evicted_through(budget: int) -> Member | None:
-        return within(eviction_runs(problem, budget, deadline, (True,)), budget)
+    def evicted(recompute_reads: bool) -> Callable[[int], Member | None]:
+        kinds = (recompute_reads,)
+        return lambda budget: within(eviction_runs(problem, budget, deadline, kinds), budget)
 
     def backward(budget: int) -> Member | None:
         return within(backward_runs(problem, budget, deadline), budget)
 
-    best = evicted(low)
+    best = evicted(False)(low)
     if best is not None:  # nothing peaks lower than the one-line bound
         return best
-    for fitting in (evicted, evicted_through, backward):
+    for fitting in (evicted(False), evicted(True), backward):
         top = high if best is None else best.schedule.peak
         best = _bisect(fitting, low, top, deadline) or best
     return best
