@@ -189,16 +189,21 @@ def _run(
             for p in problem.preds[k]:
                 reads[p] = reads.get(p, 0) + 1
         for k in stage:
+            # Values no later stage reads, smallest first: evicting one changes no other
+            # value's next read (nothing later is recomputed through it), so one call serves all.
+            unread: list[int] = []
             while live_bytes + mem[k] + problem.transient[k] > budget:
-                candidates = [v for v in live if not reads.get(v)]
-                if not candidates:
-                    return None
-                read = next_reads(problem, live, t, recompute_reads, candidates)
-                unread = [v for v in candidates if read[v] == math.inf]
                 if unread:
-                    victim = max(unread, key=lambda v: (mem[v], -v))
+                    victim = unread.pop()
                 else:
-                    victim = choose(t, candidates, live, read)
+                    candidates = [v for v in live if not reads.get(v)]
+                    if not candidates:
+                        return None
+                    read = next_reads(problem, live, t, recompute_reads, candidates)
+                    unread = sorted(
+                        (v for v in candidates if read[v] == math.inf), key=lambda v: (mem[v], -v)
+                    )
+                    victim = unread.pop() if unread else choose(t, candidates, live, read)
                 live.remove(victim)
                 live_bytes -= mem[victim]
             live.add(k)
