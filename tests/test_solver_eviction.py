@@ -26,7 +26,7 @@ from solver.heuristics.eviction import (
     evict_within,
     eviction_runs,
 )
-from solver.heuristics.eviction_search import eviction_search
+from solver.heuristics.eviction_search import PINNED, eviction_search, pin_candidates
 from solver.io import load_graph
 
 
@@ -167,7 +167,7 @@ def test_the_eviction_search_reaches_the_proven_optimum_where_the_rule_does_not(
         problem,
         budget,
         deadline=Deadline.after(30),
-        rounds=100,
+        rounds=200,
         found=lambda member: found.append(member.schedule.cost),
     )
     assert searched is not None and searched.schedule.cost == optimum.cost
@@ -193,3 +193,46 @@ def test_the_eviction_search_starts_from_the_rule_where_the_run_to_resume_does_n
     from_rule = eviction_search(problem, 34, deadline=NEVER, rounds=20)
     assert from_loose is not None and from_rule is not None
     assert from_loose.schedule.ops == from_rule.schedule.ops
+
+
+PIN_CHAIN = training_graph(chain([9, 7, 6, 8, 1], [8, 1, 5, 7, 3]))
+"""A five-step chain whose first backward node and first step's gradient are read again by a last
+node (as `_tied_head`'s), where pinning one value beats every run by rule at 30 bytes."""
+PIN_CHAIN.add_node("tie", mem=1, cost=1, phase="backward")
+PIN_CHAIN.add_edges_from([("d4", "tie"), ("d0", "tie")])
+PIN_CHAIN.graph["order"] = [*PIN_CHAIN.graph["order"], "tie"]
+
+
+def test_pin_candidates_rank_the_recomputed_values_by_what_they_rebuild_per_byte():
+    """Every value a plan recomputes, none it does not, ordered by the cost of the recomputed
+    stretch each one ends per byte of it (computed here from the plan's stages)."""
+    problem = solver.prepare(PIN_CHAIN)
+    plan = evict_within(problem, 30).plan
+    saved = [0.0] * problem.n
+    for t, stage in enumerate(plan.computed):
+        recomputed = set(stage) - {t}
+        for u in recomputed:
+            ancestors = nx.ancestors(PIN_CHAIN, problem.ids[u])
+            stretch = [w for w in recomputed if problem.ids[w] in ancestors or w == u]
+            # a chain: one path to each ancestor, so the over-count of shared ones is nil
+            saved[u] += sum(problem.cost[w] for w in stretch)
+    ranked = pin_candidates(problem, plan)
+    assert set(ranked) == {u for u in range(problem.n) if saved[u] > 0}
+    ratios = [saved[u] / problem.mem[u] for u in ranked]
+    assert ratios == sorted(ratios, reverse=True)
+
+
+def test_a_pin_alone_reaches_the_optimum_where_every_run_by_rule_does_not():
+    """At 30 bytes every run by rule costs 112 units and the proven optimum is 81. The chain
+    that pins takes every other round; within twice as many rounds as the rule's best run has
+    pin candidates it reaches 81 by pins alone (every factor 1 or `PINNED`), first."""
+    problem = solver.prepare(PIN_CHAIN)
+    rule = evict_within(problem, 30)
+    optimum = solver.solve(PIN_CHAIN, 30, time_limit=30)
+    assert rule is not None and {run.schedule.cost for run in eviction_runs(problem, 30)} == {112}
+    assert optimum.status == "OPTIMAL" and optimum.cost == 81.0
+    rounds = 2 * len(pin_candidates(problem, rule.plan))
+    pinned = eviction_search(problem, 30, deadline=NEVER, rounds=rounds)
+    assert pinned is not None and pinned.schedule.cost == 81.0
+    check_within(PIN_CHAIN, problem, 30, pinned)
+    assert set(pinned.eviction.priorities) == {1.0, PINNED}
