@@ -21,9 +21,10 @@ import solver
 from solver import SolveOptions
 from solver.core.stages import checkpoint_all
 from solver.deadline import Deadline
-from solver.exact.cascade import _from_evictions, cascade_cover, lifetime_polish
+from solver.exact.cascade import _from_evictions, _tight, cascade_cover, lifetime_polish
 from solver.exact.state import Goal, Search
 from solver.exact.warm_start import warm_start
+from solver.examples import chain, training_graph
 from solver.heuristics.eviction import evict_within
 from solver.milp.cascade import Crossings, cascade_model
 from solver.milp.cascade_rounds import cascade_bound
@@ -83,12 +84,19 @@ THROUGH_THE_CASCADE = {
         moment_late_share=2.0,
         lifetime_quiet=0.0,
     ),
+    "eviction-first": SolveOptions(
+        steps=(warm_start, cascade_cover, lifetime_polish),
+        moment_late_share=2.0,
+        eviction_first=0.0,
+    ),
 }
 """The exact search with only the cascade step (its lifetime search not cut short by the moment
 relaxation) and the lifetime polish, after the warm starts or from checkpoint-all alone: the
 cascade bound and the lifetime plans decide the answer. "quiet-at-once": the lifetime search
 counts as quiet once its starts are done, so the eviction search and the lifetime search from
-its best (`_from_evictions`) take the rest of the step wherever it is not behind."""
+its best (`_from_evictions`) take the rest of the step wherever it is not behind.
+"eviction-first": every budget counts as tight (`_tight`) where the incumbent is an eviction
+run, so the eviction search runs before the lifetime search."""
 
 
 @pytest.mark.parametrize("options", THROUGH_THE_CASCADE.values(), ids=THROUGH_THE_CASCADE.keys())
@@ -244,3 +252,23 @@ def test_a_model_grown_row_by_row_is_the_model_built_at_once(graph, where, per_r
     at_once = certified_lp_bound(whole.lm, Deadline.after(10))
     assert solved is not None and at_once is not None
     assert abs(solved.base - at_once.base) <= 1e-6 * max(1.0, abs(at_once.base))
+
+
+def test_a_budget_is_tight_where_the_incumbent_eviction_run_recomputes_enough():
+    """A six-step chain (every node once: 105 units): at 34 bytes eviction's best run
+    recomputes 26 units (0.25 of 105), at 49 bytes 6 (0.06). With `eviction_first` 0.2 only
+    the first is tight; no incumbent, or one that is not an eviction run, is never tight."""
+    graph = training_graph(chain([4, 9, 9, 4, 7, 9], [6, 6, 8, 5, 9, 1]))
+    problem = solver.prepare(graph)
+    options = SolveOptions(eviction_first=0.2)
+    tight = {}
+    for budget in (34, 49):
+        goal = Goal("cost", CostUnits.of(problem), budget)
+        now = time.perf_counter()
+        search = Search(graph, problem, goal, options, 1, Deadline.after(5), 5.0, now)
+        assert not _tight(search)
+        run = evict_within(problem, budget)
+        assert run is not None and run.eviction is not None
+        search.offer(run)
+        tight[budget] = _tight(search)
+    assert tight == {34: True, 49: False}

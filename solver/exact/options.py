@@ -53,6 +53,11 @@ class SolveOptions:
             the eviction search takes the rest of the cascade step (at per-block memory on
             Llama-12 the lifetime search ends its starts 2.8% behind an eviction run and goes
             on to pass it; at the least peak + 10% it is far behind or has no plan yet).
+        eviction_first: where the incumbent is an eviction run recomputing at least this share
+            of the cost of computing every node once (tight budgets: on `benchmarks.zoo`
+            transformers 0.6-1.2 at the least peak + 10%, 0.16-0.29 at per-block checkpoint's
+            memory), the eviction search runs before the lifetime search, for half the
+            cascade step's time.
         lifetime_quiet: where the lifetime search, its starts done, is not behind and has not
             improved for this share of the limit, the eviction search from the rule's runs
             and the lifetime search from its best take the rest of the cascade step (at
@@ -99,6 +104,7 @@ class SolveOptions:
     cascade_stall: float = 0.05
     mirror_moves: bool = True
     eviction_behind: float = 0.1
+    eviction_first: float = 0.5
     lifetime_quiet: float = 0.1
     moment_late_share: float = 0.5
     moment_max_variables: int = 160_000
