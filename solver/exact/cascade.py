@@ -214,12 +214,13 @@ def _from_evictions(
 
 
 def _tight(search: Search) -> bool:
-    """The incumbent is an eviction run that recomputes at least `eviction_first` of the cost
-    of computing every node once: there the lifetime search's repairs of its starts take the
-    cascade step's time without reaching it (BERT-12 at 8% of the checkpoint-all peak: 44 s
-    with the incumbent unchanged at 1.17 of the node costs recomputed)."""
+    """The incumbent recomputes at least `eviction_first` of the cost of computing every node
+    once. There the lifetime search's repairs of its starts take the cascade step's time
+    without reaching an eviction run (BERT-12 at 8% of the checkpoint-all peak: 44 s with the
+    incumbent unchanged at 1.17 of the node costs recomputed), and the eviction search is what
+    improves the schedule."""
     incumbent, floor = search.incumbent, search.problem.total_cost
-    if incumbent is None or incumbent.eviction is None:
+    if incumbent is None:
         return False
     return incumbent.schedule.cost - floor >= search.options.eviction_first * floor
 
@@ -260,13 +261,14 @@ def _cap(search: Search) -> int | None:
 def lifetime_polish(search: Search) -> Search:
     """Step, last: while the search is open and time is left, the lifetime search from the
     incumbent's plan until the deadline (each better plan offered as it comes), so that the
-    whole limit is used; where the incumbent is an eviction run and the lifetime search is
-    behind it (`_lifetimes_behind`), the eviction search from it instead."""
+    whole limit is used; where the budget is tight (`_tight`), or the incumbent is an eviction
+    run and the lifetime search is behind it (`_lifetimes_behind`), the eviction search instead
+    (from the incumbent where that is an eviction run, else from the rule's runs)."""
     if not search.options.cascade or search.incumbent is None:
         return search
     problem, budget = search.problem, search.goal.budget
     assert budget is not None
-    if search.incumbent.eviction is not None and _lifetimes_behind(search):
+    if _tight(search) or (search.incumbent.eviction is not None and _lifetimes_behind(search)):
         eviction_search(
             problem,
             budget,
