@@ -189,7 +189,7 @@ def _run(
             for p in problem.preds[k]:
                 reads[p] = reads.get(p, 0) + 1
         for k in stage:
-            # Values no later stage reads, smallest first: evicting one changes no other
+            # Values no later stage reads, popped largest first: evicting one changes no other
             # value's next read (nothing later is recomputed through it), so one call serves all.
             unread: list[int] = []
             while live_bytes + mem[k] + problem.transient[k] > budget:

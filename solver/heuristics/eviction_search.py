@@ -165,5 +165,8 @@ class _Chain:
 
 
 def _untried_pins(problem: Problem, plan: StagePlan, factors: list[float], tries: int) -> list[int]:
-    """The first `tries` of `plan`'s pin candidates not pinned already."""
+    """The first `tries` of `plan`'s pin candidates not pinned already (none ranked where
+    `tries` is 0: the random line calls this on each cheaper run)."""
+    if tries <= 0:
+        return []
     return [u for u in pin_candidates(problem, plan) if factors[u] != PINNED][:tries]
