@@ -95,8 +95,8 @@ relaxation) and the lifetime polish, after the warm starts or from checkpoint-al
 cascade bound and the lifetime plans decide the answer. "quiet-at-once": the lifetime search
 counts as quiet once its starts are done, so the eviction search and the lifetime search from
 its best (`_from_evictions`) take the rest of the step wherever it is not behind.
-"eviction-first": every budget counts as tight (`_tight`), so the eviction search runs before
-the lifetime search and is the polish."""
+"eviction-first": every budget counts as tight (`_tight`), so the eviction search runs in the
+lifetime search's place, in the cascade step and the polish."""
 
 
 @pytest.mark.parametrize("options", THROUGH_THE_CASCADE.values(), ids=THROUGH_THE_CASCADE.keys())

@@ -46,7 +46,8 @@ def cascade_cover(search: Search) -> Search:
        from the rule's runs) takes the rest of that time instead. Where, its starts done, the
        search is not behind but has not improved for `lifetime_quiet` of the limit, the
        eviction search and the lifetime search from its best (`_from_evictions`) take the
-       rest of that time.
+       rest of that time. At tight budgets (`_tight`) the eviction search runs in the lifetime
+       search's place from the start.
 
     Skipped where no recompute in the cover's rows needs a dead input: the model is then the
     read-gap cover, which has run (the published training graphs). Where the moment relaxation
@@ -119,8 +120,8 @@ def cascade_cover(search: Search) -> Search:
         return stalled() or search.closed
 
     def search_lifetimes() -> list[Member]:
-        """Where the budget is tight (`_tight`), the eviction search first, for half the time.
-        Then the lifetime search from checkpoint-all (on the 12-layer transformers of
+        """Where the budget is tight (`_tight`), the eviction search instead, for the whole
+        time. Elsewhere the lifetime search from checkpoint-all (on the 12-layer transformers of
         `benchmarks.zoo` the best of the three), the incumbent when it starts (per-block
         checkpointing runs first) and the relaxation's solution; then, where that search is
         behind, the eviction search; where it is not behind but has gone quiet, the eviction
@@ -129,14 +130,13 @@ def cascade_cover(search: Search) -> Search:
             eviction_search(
                 problem,
                 budget,
-                deadline=deadline.share(0.5),
+                deadline=deadline,
                 resume=search.incumbent,
                 found=found,
                 stop=done,
                 mirrored=options.mirror_moves,
             )
-            if done() or deadline.passed():
-                return []
+            return []
         starts = [longest(problem)]
         if search.incumbent is not None:
             starts.append(start_from_member(problem, search.incumbent))
