@@ -119,6 +119,19 @@ def cascade_cover(search: Search) -> Search:
         """Stalled, or the incumbent proven optimal: nothing is left to search for."""
         return stalled() or search.closed
 
+    def search_evictions() -> None:
+        """The eviction search from the incumbent (where that is an eviction run, else from the
+        rule's runs) for the rest of the step, each better run offered as it comes."""
+        eviction_search(
+            problem,
+            budget,
+            deadline=deadline,
+            resume=search.incumbent,
+            found=found,
+            stop=done,
+            mirrored=options.mirror_moves,
+        )
+
     def search_lifetimes() -> list[Member]:
         """Where the budget is tight (`_tight`), the eviction search instead, for the whole
         time. Elsewhere the lifetime search from checkpoint-all (on the 12-layer transformers of
@@ -127,15 +140,7 @@ def cascade_cover(search: Search) -> Search:
         behind, the eviction search; where it is not behind but has gone quiet, the eviction
         search and the lifetime search from its best (`_from_evictions`)."""
         if _tight(search):
-            eviction_search(
-                problem,
-                budget,
-                deadline=deadline,
-                resume=search.incumbent,
-                found=found,
-                stop=done,
-                mirrored=options.mirror_moves,
-            )
+            search_evictions()
             return []
         starts = [longest(problem)]
         if search.incumbent is not None:
@@ -157,15 +162,7 @@ def cascade_cover(search: Search) -> Search:
         if done() or deadline.passed():
             return []
         if _lifetimes_behind(search):
-            eviction_search(
-                problem,
-                budget,
-                deadline=deadline,
-                resume=search.incumbent,
-                found=found,
-                stop=done,
-                mirrored=options.mirror_moves,
-            )
+            search_evictions()
         else:
             _from_evictions(search, deadline, found, found_lifetimes, done)
         return []  # each better plan was offered as it came
