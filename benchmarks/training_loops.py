@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import os
 import tempfile
 import time
@@ -84,49 +85,56 @@ def _peak(call: Callable[[], torch.Tensor], params: Sequence[torch.Tensor]) -> i
         return measure_peak(lambda: call().backward()).peak_bytes
 
 
+def _ddp_measure(rank: int, schedule_file: str, time_limit: float) -> None:
+    """Peaks and exactness of DDP(eager) and DDP(remat) on this rank, printed."""
+    model, (idx, targets) = gpt()
+    data = torch.Generator().manual_seed(rank)
+    idx = torch.randint(0, 96, idx.shape, generator=data)  # different data per rank
+    if rank == 0:  # one schedule for every rank: solved once, loaded by all
+        captured = capture(copy.deepcopy(model), (idx, targets))
+        solver.solve(captured.dag, "50%", time_limit=time_limit).save(schedule_file)
+    dist.barrier()
+    rm = Rematerialized.from_file(copy.deepcopy(model), (idx, targets), schedule_file)
+    plain_single = copy.deepcopy(model)
+    remat_single = Rematerialized(copy.deepcopy(model), rm.captured, rm.schedule)
+    ddp_plain, ddp_remat = DistributedDataParallel(model), DistributedDataParallel(rm)
+    peaks = {
+        "eager, one process": _peak(
+            lambda: plain_single(idx, targets), list(plain_single.parameters())
+        ),
+        "DDP(eager)": _peak(lambda: ddp_plain(idx, targets), list(model.parameters())),
+        "remat 50%, one process": _peak(
+            lambda: remat_single(idx, targets), list(remat_single.parameters())
+        ),
+        "DDP(remat 50%)": _peak(lambda: ddp_remat(idx, targets), list(rm.parameters())),
+    }
+    exact = True
+    for step in range(3):
+        grads = []
+        for ddp in (ddp_plain, ddp_remat):
+            torch.manual_seed(100 * step + rank)
+            ddp.zero_grad(set_to_none=True)
+            ddp(idx, targets).backward()
+            grads.append([p.grad for p in ddp.parameters()])
+        exact &= all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+    if rank == 0:
+        params = sum(p.nbytes for p in model.parameters())
+        print(
+            f"DDP, 2 gloo ranks, demo GPT ({params} parameter bytes), schedule: "
+            f"{_recomputes(rm)} recomputes"
+        )
+        for name, peak in peaks.items():
+            print(f"  {name:<24} measured peak {peak / 2**20:7.3f} MiB ({peak} bytes)")
+    print(f"  rank {rank}: DDP(remat) grads == DDP(eager) grads on 3 steps: {exact}")
+
+
 def _ddp_rank(rank: int, init_file: str, schedule_file: str, time_limit: float) -> None:
+    """One rank; the DDP wrappers are freed before the process group (docs/training.md)."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        model, (idx, targets) = gpt()
-        data = torch.Generator().manual_seed(rank)
-        idx = torch.randint(0, 96, idx.shape, generator=data)  # different data per rank
-        if rank == 0:  # one schedule for every rank: solved once, loaded by all
-            captured = capture(copy.deepcopy(model), (idx, targets))
-            solver.solve(captured.dag, "50%", time_limit=time_limit).save(schedule_file)
-        dist.barrier()
-        rm = Rematerialized.from_file(copy.deepcopy(model), (idx, targets), schedule_file)
-        plain_single = copy.deepcopy(model)
-        remat_single = Rematerialized(copy.deepcopy(model), rm.captured, rm.schedule)
-        ddp_plain, ddp_remat = DistributedDataParallel(model), DistributedDataParallel(rm)
-        peaks = {
-            "eager, one process": _peak(
-                lambda: plain_single(idx, targets), list(plain_single.parameters())
-            ),
-            "DDP(eager)": _peak(lambda: ddp_plain(idx, targets), list(model.parameters())),
-            "remat 50%, one process": _peak(
-                lambda: remat_single(idx, targets), list(remat_single.parameters())
-            ),
-            "DDP(remat 50%)": _peak(lambda: ddp_remat(idx, targets), list(rm.parameters())),
-        }
-        exact = True
-        for step in range(3):
-            grads = []
-            for ddp in (ddp_plain, ddp_remat):
-                torch.manual_seed(100 * step + rank)
-                ddp.zero_grad(set_to_none=True)
-                ddp(idx, targets).backward()
-                grads.append([p.grad for p in ddp.parameters()])
-            exact &= all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
-        if rank == 0:
-            params = sum(p.nbytes for p in model.parameters())
-            print(
-                f"DDP, 2 gloo ranks, demo GPT ({params} parameter bytes), schedule: "
-                f"{_recomputes(rm)} recomputes"
-            )
-            for name, peak in peaks.items():
-                print(f"  {name:<24} measured peak {peak / 2**20:7.3f} MiB ({peak} bytes)")
-        print(f"  rank {rank}: DDP(remat) grads == DDP(eager) grads on 3 steps: {exact}")
+        _ddp_measure(rank, schedule_file, time_limit)
+        gc.collect()
     finally:
         dist.destroy_process_group()
 

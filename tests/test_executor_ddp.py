@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import gc
 import os
 
 import torch
@@ -38,10 +39,48 @@ def make_model() -> nn.Module:
     ).train()
 
 
-def train_rank(rank: int, init_file: str, results: str) -> None:
-    """One rank: DDP(model) and DDP(rematerialized copy) side by side on this rank's data."""
+def train(rank: int) -> dict:
+    """DDP(model) and DDP(rematerialized copy) side by side on this rank's data: each step's
+    gradients and the hook counts, and how many recomputes the schedule makes."""
     import executor
 
+    data = torch.Generator().manual_seed(100 + rank)  # different data per rank
+    example = torch.randn(128, 32, generator=data)
+    model = make_model()
+    rm = executor.rematerialize(
+        copy.deepcopy(model), [example], "75%", capture_options={"repeats": 1}, time_limit=1
+    )
+    recomputes = len(rm.schedule.ops) - 2 * rm.captured.dag.number_of_nodes()
+    fired = {name: 0 for name, _ in rm.named_parameters()}
+    for name, p in rm.named_parameters():
+        p.register_post_accumulate_grad_hook(lambda _, n=name: fired.__setitem__(n, fired[n] + 1))
+    runs = [DistributedDataParallel(model), DistributedDataParallel(rm)]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in runs]
+    record = []
+    for step in range(STEPS):
+        x = torch.randn(128, 32, generator=data)
+        grads = []
+        for ddp, optimizer in zip(runs, optimizers, strict=True):
+            torch.manual_seed(1000 * step + rank)  # each rank's own dropout stream
+            optimizer.zero_grad(set_to_none=True)
+            ddp(x).square().mean().backward()
+            grads.append([p.grad.clone() for p in ddp.parameters()])
+            optimizer.step()
+        record.append({"grads": grads, "fired": dict(fired)})
+    return {"record": record, "recomputes": recomputes}
+
+
+def train_rank(rank: int, init_file: str, results: str) -> None:
+    """One rank: `train`, then its results saved for the parent.
+
+    The DDP wrappers are freed (`train` returns, `gc.collect`) before the process group is
+    destroyed. Otherwise a wrapper's reducer may hold the group's last reference, and the
+    group's destructor then runs inside the reducer's with the GIL held and joins gloo's worker
+    threads; a worker freeing an all-reduce launched in a backward needs the GIL (torch 2.13
+    keeps a Python object in that work's thread-local state), so the rank deadlocks at exit
+    (seen in about 1 of 15 runs). Destroyed from `destroy_process_group`, the group releases
+    the GIL first.
+    """
     torch.set_num_threads(1)
     dist.init_process_group(  # a rank that fails makes the other time out, not hang
         "gloo",
@@ -51,34 +90,9 @@ def train_rank(rank: int, init_file: str, results: str) -> None:
         timeout=datetime.timedelta(seconds=60),
     )
     try:
-        data = torch.Generator().manual_seed(100 + rank)  # different data per rank
-        example = torch.randn(128, 32, generator=data)
-        model = make_model()
-        rm = executor.rematerialize(
-            copy.deepcopy(model), [example], "75%", capture_options={"repeats": 1}, time_limit=1
-        )
-        recomputes = len(rm.schedule.ops) - 2 * rm.captured.dag.number_of_nodes()
-        fired = {name: 0 for name, _ in rm.named_parameters()}
-        for name, p in rm.named_parameters():
-            p.register_post_accumulate_grad_hook(
-                lambda _, n=name: fired.__setitem__(n, fired[n] + 1)
-            )
-        runs = [DistributedDataParallel(model), DistributedDataParallel(rm)]
-        optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in runs]
-        record = []
-        for step in range(STEPS):
-            x = torch.randn(128, 32, generator=data)
-            grads = []
-            for ddp, optimizer in zip(runs, optimizers, strict=True):
-                torch.manual_seed(1000 * step + rank)  # each rank's own dropout stream
-                optimizer.zero_grad(set_to_none=True)
-                ddp(x).square().mean().backward()
-                grads.append([p.grad.clone() for p in ddp.parameters()])
-                optimizer.step()
-            record.append({"grads": grads, "fired": dict(fired)})
-        torch.save(
-            {"record": record, "recomputes": recomputes}, os.path.join(results, f"{rank}.pt")
-        )
+        result = train(rank)
+        gc.collect()
+        torch.save(result, os.path.join(results, f"{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
