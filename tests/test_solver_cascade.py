@@ -96,7 +96,7 @@ cascade bound and the lifetime plans decide the answer. "quiet-at-once": the lif
 counts as quiet once its starts are done, so the eviction search and the lifetime search from
 its best (`_from_evictions`) take the rest of the step wherever it is not behind.
 "eviction-first": every budget counts as tight (`_tight`), so the eviction search runs in the
-lifetime search's place in the cascade step."""
+lifetime search's place, in the cascade step and the polish."""
 
 
 @pytest.mark.parametrize("options", THROUGH_THE_CASCADE.values(), ids=THROUGH_THE_CASCADE.keys())

@@ -258,13 +258,14 @@ def _cap(search: Search) -> int | None:
 def lifetime_polish(search: Search) -> Search:
     """Step, last: while the search is open and time is left, the lifetime search from the
     incumbent's plan until the deadline (each better plan offered as it comes), so that the
-    whole limit is used; where the incumbent is an eviction run and the lifetime search is
-    behind it (`_lifetimes_behind`), the eviction search from it instead."""
+    whole limit is used; where the budget is tight (`_tight`), or the incumbent is an eviction
+    run and the lifetime search is behind it (`_lifetimes_behind`), the eviction search instead
+    (from the incumbent where that is an eviction run, else from the rule's runs)."""
     if not search.options.cascade or search.incumbent is None:
         return search
     problem, budget = search.problem, search.goal.budget
     assert budget is not None
-    if search.incumbent.eviction is not None and _lifetimes_behind(search):
+    if _tight(search) or (search.incumbent.eviction is not None and _lifetimes_behind(search)):
         eviction_search(
             problem,
             budget,

@@ -57,7 +57,7 @@ class SolveOptions:
             computing every node once (tight budgets: on `benchmarks.zoo` transformers
             eviction's runs recompute 0.6-1.2 at the least peak + 10%, 0.16-0.29 at per-block
             checkpoint's memory), the eviction search takes the lifetime search's place in
-            the cascade step.
+            the cascade step and in the lifetime polish.
         lifetime_quiet: where the lifetime search, its starts done, is not behind and has not
             improved for this share of the limit, the eviction search from the rule's runs
             and the lifetime search from its best take the rest of the cascade step (at
