@@ -6,6 +6,7 @@ reference's dynamic program finds one), its plans fit their budget, it fits rand
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import networkx as nx
 import pytest
@@ -23,7 +24,7 @@ from solver.exact.state import Goal, Search
 from solver.examples import chain
 from solver.heuristics.backward import backward_runs, search
 from solver.heuristics.eviction import eviction_runs
-from solver.heuristics.least_peak import least_peak
+from solver.heuristics.least_peak import _bisect, least_peak
 from solver.io import load_graph
 from solver.milp.units import CostUnits
 
@@ -101,6 +102,68 @@ def test_the_least_peak_search_keeps_within_the_compute_budget(graph, factor):
     check_within(graph, problem, checkpoint_all(problem).peak, member)
     if member is not None and compute_budget is not None:
         assert member.schedule.cost <= compute_budget * (1 + 1e-12)
+
+
+class _AfterProbes:
+    """A test clock for `_bisect`: it has passed once made[1] probes reach made[0]."""
+
+    def __init__(self, made: list[int]) -> None:
+        self.made = made
+
+    def passed(self) -> bool:
+        return self.made[1] >= self.made[0]
+
+
+def _threshold(least: int, made: list[int]):
+    """A `fitting` for `_bisect`: a run peaking at the budget wherever it is at least `least`
+    bytes, none below; each probe counted in made[1]."""
+
+    def fitting(budget: int) -> SimpleNamespace | None:
+        made[1] += 1
+        return SimpleNamespace(schedule=SimpleNamespace(peak=budget)) if budget >= least else None
+
+    return fitting
+
+
+@pytest.mark.parametrize("least", [1_000_001, 3_000_000, 30_000_000, 99_800_000])
+def test_the_bisection_ends_within_a_thousandth_of_the_top_above_the_least_fitting_budget(least):
+    made = [10**9, 0]
+    member = _bisect(_threshold(least, made), 1_000_000, 100_000_000, _AfterProbes(made))
+    assert member is not None
+    assert least <= member.schedule.peak <= least + 100_000_000 // 1000
+    assert made[1] <= 40  # log2 of the ratio's logarithm over the precision, with room
+
+
+def test_the_bisection_cut_short_is_near_a_least_peak_far_below_the_top():
+    """The least fitting budget at 3% of the top, the floor at 1%: after three probes the best
+    run is within 10% of it (the arithmetic middle would still be at 13%, 4.4x above)."""
+    made = [3, 0]
+    member = _bisect(_threshold(3_000_000, made), 1_000_000, 100_000_000, _AfterProbes(made))
+    assert made[1] == 3
+    assert member is not None and member.schedule.peak <= 1.1 * 3_000_000
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(small_graphs(max_nodes=8))
+def test_the_least_peak_search_offers_each_new_least_peak_as_it_comes(graph):
+    """`found` sees runs of strictly falling peak, the last of them the one returned."""
+    seen: list[Member] = []
+    member = least_peak(solver.prepare(graph), found=seen.append)
+    peaks = [run.schedule.peak for run in seen]
+    assert peaks == sorted(set(peaks), reverse=True)
+    assert (seen[-1] is member) if seen else member is None
+
+
+def test_the_least_peak_search_offers_several_runs_on_random_layered_n250():
+    """Where the least peak is far below checkpoint-all's, the bisection finds it in steps, and
+    each step's run is offered (so `minimum_peak`'s incumbent falls while it runs)."""
+    if not RANDOM_250.exists():
+        pytest.skip(f"{RANDOM_250} not present")
+    seen: list[Member] = []
+    least_peak(
+        solver.prepare(load_graph(RANDOM_250)), deadline=Deadline.after(20), found=seen.append
+    )
+    assert len(seen) >= 3
 
 
 def test_the_least_peak_search_ends_at_the_one_line_bound_when_a_run_fits_it():

@@ -35,9 +35,16 @@ def begin(search: Search) -> Search:
 
 def heuristic_least_peak(search: Search) -> Search:
     """Step: the least-peak search over the heuristics run at a budget
-    (`solver.heuristics.least_peak`), within `SolveOptions.heuristic_share` of the limit."""
-    deadline = search.share_of_limit(search.options.heuristic_share)
-    search.offer(least_peak(search.problem, search.goal.compute_budget, deadline))
+    (`solver.heuristics.least_peak`), each run of a new least peak offered as it comes, within
+    `SolveOptions.heuristic_share` of the limit; where the stage model is too large to be built
+    (`peak_model`), the search takes its time too, all but that share of the limit, which is
+    left to the checkpoint policies (on a 24-layer Llama, 3,335 nodes, a tenth of 60 s bisected
+    down to 26% of the checkpoint-all peak where eviction fits 3.3%)."""
+    share = search.options.heuristic_share
+    if _model_size(search) > search.options.max_model_variables:
+        share = 1 - share
+    deadline = search.share_of_limit(share)
+    least_peak(search.problem, search.goal.compute_budget, deadline, found=search.offer)
     return search
 
 
@@ -53,15 +60,12 @@ def peak_model(search: Search) -> Search:
     the rest of the time; skipped above `SolveOptions.max_model_variables` variables."""
     problem, units, incumbent = search.problem, search.units, search.incumbent
     assert incumbent is not None
-    limit = None
-    if search.goal.compute_budget is not None:
-        limit = int(search.goal.compute_budget / units.unit + 1e-9) - units.first
-    size = variable_count(problem, units.int_cost, limit)
+    size = _model_size(search)
     search.note(variables=size)
     if size > search.options.max_model_variables:
         return search
     try:
-        model = build(problem, None, units.int_cost, limit, search.deadline)
+        model = build(problem, None, units.int_cost, _recompute_limit(search), search.deadline)
     except TimeoutError:
         return search
     result = CpSatModel(model).solve(
@@ -80,6 +84,18 @@ def peak_model(search: Search) -> Search:
     elif result.status != "INFEASIBLE":
         search.bound_within(result.bound, None)
     return search
+
+
+def _recompute_limit(search: Search) -> int | None:
+    """The compute budget as the stage model's recompute limit (integer cost units above
+    computing every node once), None without one."""
+    units, budget = search.units, search.goal.compute_budget
+    return None if budget is None else int(budget / units.unit + 1e-9) - units.first
+
+
+def _model_size(search: Search) -> int:
+    """Variables of the stage model `peak_model` would build."""
+    return variable_count(search.problem, search.units.int_cost, _recompute_limit(search))
 
 
 STEPS = (heuristic_least_peak, checkpoint_policies, peak_model)
