@@ -161,7 +161,7 @@ def test_the_least_peak_search_offers_several_runs_on_random_layered_n250():
         pytest.skip(f"{RANDOM_250} not present")
     seen: list[Member] = []
     least_peak(
-        solver.prepare(load_graph(RANDOM_250)), deadline=Deadline.after(20), found=seen.append
+        solver.prepare(load_graph(RANDOM_250)), deadline=Deadline.after(4), found=seen.append
     )
     assert len(seen) >= 3
 
