@@ -7,6 +7,8 @@ tests/test_solver_warm_start.py."""
 
 from __future__ import annotations
 
+import itertools
+
 import networkx as nx
 import pytest
 from hypothesis import given, settings
@@ -26,7 +28,12 @@ from solver.heuristics.eviction import (
     evict_within,
     eviction_runs,
 )
-from solver.heuristics.eviction_search import PINNED, eviction_search, pin_candidates
+from solver.heuristics.eviction_search import (
+    PINNED,
+    eviction_search,
+    peak_search,
+    pin_candidates,
+)
 from solver.io import load_graph
 
 
@@ -236,3 +243,24 @@ def test_a_pin_alone_reaches_the_optimum_where_every_run_by_rule_does_not():
     assert pinned is not None and pinned.schedule.cost == 81.0
     check_within(PIN_CHAIN, problem, 30, pinned)
     assert set(pinned.eviction.priorities) == {1.0, PINNED}
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(training_graphs(forward_nodes=7), st.floats(min_value=1.0, max_value=1.6))
+def test_the_peak_search_lowers_the_peak_within_the_cost_cap(graph, factor):
+    """From the rule's run at the checkpoint-all peak, every run `peak_search` keeps peaks
+    lower than the last, costs at most the cap and replays in the simulator at the peak and
+    cost it reports; the one returned is the last kept (or the start)."""
+    problem = solver.prepare(graph)
+    start = evict_within(problem, checkpoint_all(problem).peak)
+    assert start is not None  # the rule fits the checkpoint-all peak with no recomputation
+    cap = max(start.schedule.cost, factor * problem.total_cost)
+    kept: list = []
+    deadline = Deadline.after(0.2)
+    best = peak_search(problem, start, deadline=deadline, cost_cap=cap, found=kept.append)
+    peaks = [start.schedule.peak] + [run.schedule.peak for run in kept]
+    assert all(lower < higher for higher, lower in itertools.pairwise(peaks))
+    assert best is (kept[-1] if kept else start)
+    for run in kept:
+        assert run.schedule.cost <= cap
+        check_within(graph, problem, start.schedule.peak, run)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from solver.core.stages import Member, plan_from_keep, plan_to_ops
 from solver.errors import ComputeBudgetError
 from solver.exact.state import Search
+from solver.heuristics.eviction_search import peak_search
 from solver.heuristics.least_peak import least_peak
 from solver.heuristics.registry import all_policies
 from solver.milp.cpsat import CpSatModel
@@ -86,6 +87,19 @@ def peak_model(search: Search) -> Search:
     return search
 
 
+def eviction_peak_search(search: Search) -> Search:
+    """Step, last: where the incumbent is an eviction run and time is left (the stage model was
+    not built, or its CP-SAT ended), the eviction search for lower peaks from it
+    (`solver.heuristics.eviction_search.peak_search`) until the deadline, each run offered."""
+    incumbent, cap = search.incumbent, search.goal.compute_budget
+    if incumbent is not None and incumbent.eviction is not None:
+        cap = None if cap is None else cap * (1 + 1e-12)
+        peak_search(
+            search.problem, incumbent, deadline=search.deadline, cost_cap=cap, found=search.offer
+        )
+    return search
+
+
 def _recompute_limit(search: Search) -> int | None:
     """The compute budget as the stage model's recompute limit (integer cost units above
     computing every node once), None without one."""
@@ -98,5 +112,5 @@ def _model_size(search: Search) -> int:
     return variable_count(search.problem, search.units.int_cost, _recompute_limit(search))
 
 
-STEPS = (heuristic_least_peak, checkpoint_policies, peak_model)
+STEPS = (heuristic_least_peak, checkpoint_policies, peak_model, eviction_peak_search)
 """The steps of objective "memory", in order, after `begin`."""
