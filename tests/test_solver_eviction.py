@@ -264,3 +264,21 @@ def test_the_peak_search_lowers_the_peak_within_the_cost_cap(graph, factor):
     for run in kept:
         assert run.schedule.cost <= cap
         check_within(graph, problem, start.schedule.peak, run)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(training_graphs(forward_nodes=7))
+def test_the_peak_search_stops_at_the_first_run_peaking_at_or_under_enough(graph):
+    """With `enough` one byte under the start's peak, the search keeps at most one run (the
+    first that fits under it) and returns it."""
+    problem = solver.prepare(graph)
+    start = evict_within(problem, checkpoint_all(problem).peak)
+    assert start is not None
+    kept: list = []
+    enough = start.schedule.peak - 1
+    best = peak_search(
+        problem, start, deadline=Deadline.after(0.3), enough=enough, found=kept.append
+    )
+    assert len(kept) <= 1
+    assert best is (kept[0] if kept else start)
+    assert not kept or best.schedule.peak <= enough

@@ -13,6 +13,7 @@ from solver.exact.infeasible import raise_infeasible
 from solver.exact.state import Search
 from solver.heuristics.backward import backward_runs
 from solver.heuristics.eviction import eviction_runs
+from solver.heuristics.eviction_search import peak_search
 from solver.heuristics.least_peak import least_peak
 from solver.heuristics.registry import HEURISTICS, cheapest_policy
 
@@ -82,12 +83,18 @@ def warm_start(search: Search) -> Search:
 def _least_peak_run(search: Search) -> list[Member]:
     """Where no heuristic fits the budget: the least-peak search over the eviction and
     backward runs (`solver.heuristics.least_peak`, for `SolveOptions.heuristic_share` of the
-    limit from when it starts, beside the next engine call). Its run is offered (a run at a
-    lower byte budget may fit where the run at this one does not); where it does not fit
-    either, its peak is kept for the error that says which budget the heuristics reach
-    (`Search.heuristic_peak`)."""
+    limit from when it starts, beside the next engine call), then, where its run is an eviction
+    run over the budget, the eviction search for lower peaks from it until one fits
+    (`eviction_search.peak_search`, within `SolveOptions.warm_start_share` of the limit). Its
+    run is offered (a run at a lower byte budget may fit where the run at this one does not);
+    where it does not fit either, its peak is kept for the error that says which budget the
+    heuristics reach (`Search.heuristic_peak`)."""
+    budget = search.goal.budget
     deadline = search.deadline.within(search.options.heuristic_share * search.time_limit)
     run = least_peak(search.problem, None, deadline)
+    if run is not None and run.eviction is not None and not search.goal.fits(run):
+        longer = search.deadline.within(search.options.warm_start_share * search.time_limit)
+        run = peak_search(search.problem, run, deadline=longer, enough=budget)
     if run is not None and not search.goal.fits(run):
         search.heuristic_peak = run.schedule.peak
     return [] if run is None else [run]

@@ -148,6 +148,7 @@ def peak_search(
     *,
     deadline: Deadline,
     cost_cap: float | None = None,
+    enough: int | None = None,
     seed: int = 0,
     found: Callable[[Member], object] | None = None,
 ) -> Member:
@@ -155,7 +156,8 @@ def peak_search(
     round perturbs the best run's factors as `eviction_search`'s random rounds do and runs them
     at a budget a thousandth of a peak below the best run's peak, keeping the run where it fits
     and costs at most `cost_cap` (graph units, where given); `found` is called with each run
-    kept. For objective "memory" once the least-peak search has bisected its budgets: on
+    kept. It stops once the best run peaks at or under `enough` bytes, where given. For
+    objective "memory" once the least-peak search has bisected its budgets: on
     `benchmarks.zoo` GPT-2-12 it took the least peak 3% lower in about a second, on GPT-2-4 1%,
     on BERT-12 nothing in 20 s."""
     assert start.eviction is not None
@@ -164,6 +166,8 @@ def peak_search(
     rng = random.Random(seed)
     best, factors = start, list(start.eviction.priorities or (1.0,) * problem.n)
     while evictable and not deadline.passed():
+        if enough is not None and best.schedule.peak <= enough:
+            break
         changed = _perturbed(factors, evictable, groups, rng)
         key = replace(best.eviction, priorities=tuple(changed))
         lower = best.schedule.peak - max(1, best.schedule.peak // 1000)
