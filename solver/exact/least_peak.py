@@ -51,8 +51,10 @@ def heuristic_least_peak(search: Search) -> Search:
 
 def checkpoint_policies(search: Search) -> Search:
     """Step: every checkpoint-policy member (the recompute-at-each-use family included: it is
-    the least-memory end of the policies)."""
-    search.offer(*all_policies(search.problem, search.deadline, each_use=True))
+    the least-memory end of the policies), for at most `SolveOptions.policy_share` of the
+    limit."""
+    deadline = search.deadline.within(search.options.policy_share * search.time_limit)
+    search.offer(*all_policies(search.problem, deadline, each_use=True))
     return search
 
 
