@@ -109,7 +109,7 @@ def eviction_search(
         start = evict_within(problem, budget, deadline)
     if start is None:
         return None
-    evictable = [v for v in range(problem.n) if problem.mem[v] > 0 and problem.succs[v]]
+    evictable = _evictable(problem)
     groups = mirrors(problem) if mirrored else None
     rng = random.Random(seed)
     randomly = _Chain(problem, start, 0)
@@ -161,7 +161,7 @@ def peak_search(
     `benchmarks.zoo` GPT-2-12 it took the least peak 3% lower in about a second, on GPT-2-4 1%,
     on BERT-12 nothing in 20 s."""
     assert start.eviction is not None
-    evictable = [v for v in range(problem.n) if problem.mem[v] > 0 and problem.succs[v]]
+    evictable = _evictable(problem)
     groups = mirrors(problem)
     rng = random.Random(seed)
     best, factors = start, list(start.eviction.priorities or (1.0,) * problem.n)
@@ -177,6 +177,11 @@ def peak_search(
             if found is not None:
                 found(best)
     return best
+
+
+def _evictable(problem: Problem) -> list[int]:
+    """The values a run can evict: those of nonzero bytes that some node reads."""
+    return [v for v in range(problem.n) if problem.mem[v] > 0 and problem.succs[v]]
 
 
 def _perturbed(
