@@ -66,7 +66,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--demo", default=None, help="demo model to train: gpt, resnet, unet (default gpt)"
     )
     add_model_arguments(parser, demo=False)
-    parser.set_defaults(threads=1)
+    parser.set_defaults(threads=None)  # resolved by `_threads`
     parser.add_argument("--budget", default="50%", help=f"{BUDGET_HELP} (default 50%%)")
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument(
@@ -157,10 +157,35 @@ class _Runner:
         return peak
 
 
+def _threads(args: argparse.Namespace) -> int:
+    """The intra-op thread count of the run: ``--threads``; else, with ``--schedule``, the count
+    its graph was captured with (the transient bytes an op needs depend on it, so the capture of
+    this run must have the same to match the schedule); else 1."""
+    if args.threads:
+        return args.threads
+    if args.schedule:
+        import solver
+
+        return int(solver.Schedule.load(args.schedule).extra.get("threads", 1))
+    return 1
+
+
 def _schedule(args: argparse.Namespace, captured):  # -> solver.Schedule
     import solver
 
     if args.schedule:
+        schedule = solver.Schedule.load(args.schedule)
+        try:
+            schedule.check_graph(captured.dag)
+        except solver.ScheduleMismatchError as error:
+            solved_with = schedule.extra.get("threads")
+            if solved_with is None or solved_with == args.threads:
+                raise
+            raise solver.ScheduleMismatchError(
+                f"{error} The schedule was solved on a capture with {solved_with} thread(s) and "
+                f"this run captured with {args.threads}: an op's workspace bytes depend on the "
+                f"thread count, so run with --threads {solved_with}."
+            ) from error
         return solver.Schedule.load(args.schedule, captured.dag)
     if str(args.budget).strip().lower() == "min":
         return solver.minimum_peak(captured.dag, time_limit=args.time_limit)
@@ -182,6 +207,7 @@ def run_run(args: argparse.Namespace) -> int:
     if args.steps < 2:
         raise ValueError("--steps must be at least 2 (the first step is warm-up for timing)")
     threads = torch.get_num_threads()
+    args.threads = _threads(args)
     torch.set_num_threads(args.threads)
     try:
         return _train_and_report(args, *load_model_from_args(args))
@@ -253,7 +279,8 @@ def _train_and_report(
     times = {r.name: statistics.median(r.seconds[1:]) for r in runners}
 
     what = args.model or args.demo
-    print(f"remat run: {what}, budget {args.budget}, {args.steps} steps, {args.threads} thread(s)")
+    plan = f"schedule {args.schedule}" if args.schedule else f"budget {args.budget}"
+    print(f"remat run: {what}, {plan}, {args.steps} steps, {args.threads} thread(s)")
     budget = schedule.budget
     print(
         f"schedule: {schedule.method} {schedule.status}, {len(schedule.ops)} ops, "

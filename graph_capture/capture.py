@@ -115,6 +115,7 @@ def capture(
     dag.graph["held_bytes"] = held
     dag.graph["static_bytes"] = static
     dag.graph["granularity"] = granularity
+    dag.graph["threads"] = torch.get_num_threads()
     dag.graph["name"] = f"{type(model).__name__} ({granularity})"
     if cost_model == "time" and measured.pass_seconds is not None:
         dag.graph["step_cost"] = measured.pass_seconds + accumulation

@@ -2,15 +2,16 @@
 
 A graph comes from a node-link JSON file, a built-in demo (`graph_capture.demos`: an example
 graph, or a demo model that is captured), or ``--model pkg.module:factory``: ``factory`` is
-imported and called with no arguments and must return ``(model, example_inputs)`` or ``(model,
-example_inputs, example_kwargs)`` (keyword tensor arguments, e.g. ``labels=``). Models are
-traced with `graph_capture.capture`.
+imported (from the current directory too, as ``python -m`` would) and called with no arguments
+and must return ``(model, example_inputs)`` or ``(model, example_inputs, example_kwargs)``
+(keyword tensor arguments, e.g. ``labels=``). Models are traced with `graph_capture.capture`.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 from typing import TextIO
@@ -42,7 +43,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, demo: bool = True) -
         "--model",
         metavar="MODULE:FACTORY",
         help="a callable returning (model, example_inputs[, example_kwargs]), e.g. "
-        "mypkg.models:make",
+        "mypkg.models:make; MODULE is imported from the current directory or the installed "
+        "packages",
     )
     parser.add_argument(
         "--granularity",
@@ -72,7 +74,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, demo: bool = True) -
         "or tuple index; the other outputs' zero gradients then cost nothing (default: every "
         "output that requires grad)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch threads while measuring")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads while capturing (default: torch's own count; remat run: "
+        "the count its --schedule was captured with, else 1). Op workspaces depend on it, so a "
+        "schedule runs only on a capture with the same count",
+    )
 
 
 def add_graph_arguments(parser: argparse.ArgumentParser) -> None:
@@ -120,9 +129,12 @@ def load_model_from_args(
         if not attr:
             raise CaptureError(f"--model wants MODULE:FACTORY, got {args.model!r}")
         try:
-            factory = getattr(importlib.import_module(module_name), attr)
+            factory = getattr(_import_from_cwd(module_name), attr)
         except (ImportError, AttributeError) as error:
-            raise CaptureError(f"cannot load --model {args.model}: {error}") from error
+            raise CaptureError(
+                f"cannot load --model {args.model}: {error} (MODULE is imported from the "
+                "current directory or the installed packages)"
+            ) from error
         made = factory()
     elif getattr(args, "demo", None):
         made = demo_model(args.demo)()
@@ -133,6 +145,19 @@ def load_model_from_args(
     model, inputs, kwargs = made if len(made) == 3 else (*made, {})
     inputs = tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
     return model.train(), inputs, dict(kwargs)
+
+
+def _import_from_cwd(module_name: str):
+    """`importlib.import_module`, with the current directory searched first as ``python -m``
+    searches it (a console script's ``sys.path`` starts at its own bin directory instead)."""
+    cwd = os.getcwd()
+    if cwd in sys.path or "" in sys.path:
+        return importlib.import_module(module_name)
+    sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        sys.path.remove(cwd)
 
 
 def capture_from_args(args: argparse.Namespace) -> CapturedGraph:
@@ -176,7 +201,8 @@ def capture_with_args(
         f"captured {type(model).__name__}: {len(graph.joint.graph.nodes)} fx nodes -> "
         f"{dag.number_of_nodes()} DAG nodes ({forward} forward, "
         f"{dag.number_of_nodes() - forward} backward) at {graph.granularity} granularity, "
-        f"cost={graph.cost_model}, in {time.perf_counter() - started:.1f} s; static: "
+        f"cost={graph.cost_model}, {dag.graph['threads']} thread(s), "
+        f"in {time.perf_counter() - started:.1f} s; static: "
         + ", ".join(f"{k} {human_bytes(v)}" for k, v in graph.static_bytes.items()),
         file=summary or sys.stderr,
     )

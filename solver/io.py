@@ -86,6 +86,11 @@ def graph_from_node_link(data: object) -> nx.DiGraph:
         graph.graph["name"] = attributes["name"]
     if "step_cost" in attributes:  # checked by prepare, as for a graph built in Python
         graph.graph["step_cost"] = attributes["step_cost"]
+    if "threads" in attributes:
+        threads = attributes["threads"]
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise GraphError(f"graph attribute 'threads' is {threads!r}, not a positive integer")
+        graph.graph["threads"] = threads
     if "order" not in graph.graph:
         file_order = list(graph.nodes)
         position = {v: i for i, v in enumerate(file_order)}
@@ -110,8 +115,9 @@ def load_graph(path: str | Path) -> nx.DiGraph:
 
 
 def save_graph(graph: nx.DiGraph, path: str | Path) -> None:
-    """Write a solver graph as node-link JSON with its `order`, `name` and `step_cost`, readable
-    by `load_graph`."""
+    """Write a solver graph as node-link JSON with its `order`, `name`, `step_cost` and
+    `threads`, readable by `load_graph`."""
     data = nx.node_link_data(graph, edges="links")
-    data["graph"] = {k: v for k, v in graph.graph.items() if k in ("order", "name", "step_cost")}
+    kept = ("order", "name", "step_cost", "threads")
+    data["graph"] = {k: v for k, v in graph.graph.items() if k in kept}
     Path(path).write_text(json.dumps(data))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -57,3 +59,33 @@ def test_solve_runs_on_a_captured_model(capsys) -> None:
 def test_bad_factory_is_a_clear_error(capsys) -> None:
     assert main(["profile", "--model", "no_such_module:make"]) == 2
     assert "cannot load --model" in capsys.readouterr().err
+
+
+def test_a_factory_module_in_the_current_directory_is_found(tmp_path, monkeypatch, capsys):
+    """As ``python -m`` would: the console script's sys.path does not hold the working
+    directory, yet ``--model mymodels:make`` run where mymodels.py lies must import it (and
+    leave sys.path as it was)."""
+    (tmp_path / "remat_cwd_models.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "def make():\n    return nn.Linear(4, 2), (torch.randn(3, 4),)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    before = list(sys.path)
+    assert main(["profile", "--model", "remat_cwd_models:make", "--cost-model", "flops"]) == 0
+    assert "saved for backward" in capsys.readouterr().out
+    assert sys.path == before
+
+
+def test_a_captured_graph_records_its_thread_count_and_schedules_carry_it(tmp_path) -> None:
+    """Op workspaces depend on torch's intra-op thread count, so the graph says which count it
+    was captured with, and a schedule solved for it says so too."""
+    import solver
+    from solver.io import load_graph
+
+    path = tmp_path / "mlp.json"
+    argv = ["profile", "--model", f"{__name__}:small_model", "--threads", "1"]
+    assert main([*argv, "--save-graph", str(path)]) == 0
+    graph = load_graph(path)
+    assert graph.graph["threads"] == 1
+    assert solver.solve(graph, "100%", time_limit=5).extra["threads"] == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 from torch import nn
 
@@ -91,3 +93,23 @@ def test_remat_run_trains_a_users_model_from_a_factory(capsys):
     assert "remat run: test_executor_cli:two_outputs" in out
     assert "measured <= budget: yes" in out
     assert "bit-identical to eager on every step (outputs, grads, params): yes" in out
+
+
+def test_remat_run_captures_with_the_thread_count_of_its_schedule(tmp_path, capsys):
+    """Solved on a 2-thread capture, the schedule runs with 2 threads when --threads is not
+    given; where the graphs differ the error names the thread counts and the flag to pass."""
+    path = tmp_path / "two.json"
+    factory = "test_executor_cli:two_outputs"
+    solve = ["solve", "--model", factory, "--budget", "100%", "--threads", "2"]
+    assert main([*solve, "--no-baselines", "--quiet", "--time-limit", "5", "--out", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["run", "--model", factory, "--schedule", str(path), "--steps", "2"]) == 0
+    assert f"schedule {path}, 2 steps, 2 thread(s)" in capsys.readouterr().out
+
+    other = json.loads(path.read_text())
+    other["graph_fingerprint"], other["extra"]["threads"] = "0" * 32, 7
+    path.write_text(json.dumps(other))
+    run = ["run", "--model", factory, "--schedule", str(path), "--steps", "2", "--threads", "1"]
+    assert main(run) == 2
+    err = capsys.readouterr().err
+    assert "solved on a capture with 7 thread(s)" in err and "run with --threads 7" in err

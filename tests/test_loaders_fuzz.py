@@ -41,7 +41,7 @@ def _graph() -> nx.DiGraph:
 
 def _graph_data() -> dict:
     data = nx.node_link_data(_graph(), edges="links")
-    data["graph"] = {"order": _graph().graph["order"], "name": "residual"}
+    data["graph"] = {"order": _graph().graph["order"], "name": "residual", "threads": 1}
     return data
 
 
@@ -161,6 +161,7 @@ MALFORMED_GRAPHS = {
     "nodes_not_objects": {"nodes": [1, 2], "links": []},
     "links_as_lists": {"nodes": [{"id": 0, "mem": 1, "cost": 1}], "links": [[0, 0]]},
     "order_not_a_list": {"nodes": [{"id": 0, "mem": 1, "cost": 1}], "graph": {"order": 5}},
+    "threads_not_positive": {"nodes": [{"id": 0, "mem": 1, "cost": 1}], "graph": {"threads": 0}},
     "unhashable_id": {"nodes": [{"id": [1], "mem": 1, "cost": 1}], "links": []},
     "not_json": "{nodes: ",
 }

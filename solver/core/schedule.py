@@ -262,6 +262,9 @@ def make_schedule(
             f"{method}: internal accounting (peak {indexed.peak}, cost {indexed.cost}) disagrees "
             f"with the simulator (peak {checked.peak}, cost {checked.cost}); please report this"
         )
+    extra = dict(extra or {})
+    if "threads" in graph.graph:  # bytes measured with this many intra-op threads
+        extra.setdefault("threads", graph.graph["threads"])
     return Schedule(
         ops=ops,
         cost=checked.cost,
@@ -276,5 +279,5 @@ def make_schedule(
         graph_fingerprint=problem.fingerprint,
         cost_fingerprint=problem.cost_fingerprint,
         recomputes=checked.recomputes,
-        extra=extra or {},
+        extra=extra,
     )
