@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
+import networkx as nx
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
@@ -37,8 +38,9 @@ from graph_capture.captured import CapturedGraph
 from graph_capture.device import no_autocast
 from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
+from solver.errors import ScheduleMismatchError
 
-__all__ = ["Rematerialized", "rematerialize", "split_ops"]
+__all__ = ["Rematerialized", "load_schedule", "rematerialize", "split_ops"]
 
 Op = tuple[str, Hashable]
 
@@ -283,15 +285,20 @@ class Rematerialized(nn.Module):
         example_inputs: Sequence[torch.Tensor],
         path: str | Path,
         example_kwargs: Mapping[str, torch.Tensor] | None = None,
+        *,
+        capture_options: Mapping[str, object] | None = None,
     ) -> Rematerialized:
-        """Capture `model` on the example inputs and load the schedule solved offline at `path`.
+        """Capture `model` on the example inputs and load the schedule solved offline at `path`
+        (`load_schedule`). `capture_options` go to `graph_capture.capture` and must be those
+        the schedule's graph was captured with (``backward_from``, ``granularity``, ...), as
+        must torch's thread count.
 
         Raises solver.errors.ScheduleMismatchError when the file was solved for another graph.
         """
         from graph_capture import capture
 
-        captured = capture(model, example_inputs, example_kwargs)
-        return cls(model, captured, Schedule.load(path, captured.dag))
+        captured = capture(model, example_inputs, example_kwargs, **(capture_options or {}))
+        return cls(model, captured, load_schedule(path, captured.dag))
 
     @property
     def predicted_peak_bytes(self) -> int:
@@ -309,6 +316,24 @@ class Rematerialized(nn.Module):
         params = self._program.params
         outputs = _RematFunction.apply(self._program, len(params), *params, *flat)
         return pytree.tree_unflatten(list(outputs), self.captured.output_treespec)
+
+
+def load_schedule(path: str | Path, dag: nx.DiGraph) -> Schedule:
+    """The schedule file at `path`, checked against the captured `dag` (`Schedule.load`). Where
+    it belongs to another graph and the two captures ran with different torch thread counts
+    (graph attribute ``threads``, `extra["threads"]` of the schedule), the error says so: an
+    op's workspace bytes depend on that count."""
+    try:
+        return Schedule.load(path, dag)
+    except ScheduleMismatchError as error:
+        solved, here = Schedule.load(path).extra.get("threads"), dag.graph.get("threads")
+        if solved is None or here is None or solved == here:
+            raise
+        raise ScheduleMismatchError(
+            f"{error} The schedule was solved on a capture with {solved} thread(s) and this "
+            f"capture ran with {here}: an op's workspace bytes depend on the thread count, so "
+            f"capture with {solved} (torch.set_num_threads, or remat run --threads {solved})."
+        ) from error
 
 
 def rematerialize(

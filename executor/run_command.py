@@ -39,7 +39,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
 from executor.memory import measure_peak
-from executor.module import Rematerialized
+from executor.module import Rematerialized, load_schedule
 from graph_capture.cli import (
     add_model_arguments,
     capture_with_args,
@@ -174,19 +174,7 @@ def _schedule(args: argparse.Namespace, captured):  # -> solver.Schedule
     import solver
 
     if args.schedule:
-        schedule = solver.Schedule.load(args.schedule)
-        try:
-            schedule.check_graph(captured.dag)
-        except solver.ScheduleMismatchError as error:
-            solved_with = schedule.extra.get("threads")
-            if solved_with is None or solved_with == args.threads:
-                raise
-            raise solver.ScheduleMismatchError(
-                f"{error} The schedule was solved on a capture with {solved_with} thread(s) and "
-                f"this run captured with {args.threads}: an op's workspace bytes depend on the "
-                f"thread count, so run with --threads {solved_with}."
-            ) from error
-        return solver.Schedule.load(args.schedule, captured.dag)
+        return load_schedule(args.schedule, captured.dag)
     if str(args.budget).strip().lower() == "min":
         return solver.minimum_peak(captured.dag, time_limit=args.time_limit)
     return solver.solve(captured.dag, budget=args.budget, time_limit=args.time_limit)

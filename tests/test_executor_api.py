@@ -112,6 +112,37 @@ def test_schedule_file_round_trip_and_refusal_of_another_graph(tmp_path):
         Rematerialized.from_file(other_model, [other_x], path)
 
 
+class _LossAndHidden(nn.Module):
+    """Returns (loss, hidden): a step backpropagates from the loss only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = torch.tanh(self.lin(x))
+        return hidden.square().mean(), hidden
+
+
+def test_a_schedule_file_loads_with_the_capture_options_it_was_solved_with(tmp_path):
+    """`from_file` takes `capture_options` as `rematerialize` does: a schedule solved on a
+    capture that backpropagates from the loss alone belongs to that capture only."""
+    torch.manual_seed(0)
+    model, x = _LossAndHidden(), torch.randn(4, 8)
+    options = {"backward_from": [0]}
+    captured = capture(model, [x], **options)
+    path = tmp_path / "loss_only.json"
+    solver.solve(captured.dag, "100%", time_limit=5).save(path)
+    with pytest.raises(ScheduleMismatchError):
+        Rematerialized.from_file(copy.deepcopy(model), [x], path)
+    remat_model, eager_model = copy.deepcopy(model), copy.deepcopy(model)
+    rm = Rematerialized.from_file(remat_model, [x], path, capture_options=options)
+    rm(x)[0].backward()
+    eager_model(x)[0].backward()
+    for a, b in zip(eager_model.parameters(), remat_model.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+
+
 def test_rematerialize_one_call_and_grad_accumulation_over_micro_batches():
     model, x = small_model()
     eager_model = copy.deepcopy(model)

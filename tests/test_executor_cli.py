@@ -112,4 +112,4 @@ def test_remat_run_captures_with_the_thread_count_of_its_schedule(tmp_path, caps
     run = ["run", "--model", factory, "--schedule", str(path), "--steps", "2", "--threads", "1"]
     assert main(run) == 2
     err = capsys.readouterr().err
-    assert "solved on a capture with 7 thread(s)" in err and "run with --threads 7" in err
+    assert "solved on a capture with 7 thread(s)" in err and "remat run --threads 7" in err

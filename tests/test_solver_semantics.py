@@ -210,6 +210,10 @@ def test_budget_parsing():
     assert solver.parse_compute_budget("1.5x", problem) == 1.5 * problem.total_cost
     with pytest.raises(ValueError, match="cannot read memory budget"):
         solver.parse_budget("lots", problem)
+    assert solver.parse_budget("1e3", problem) == solver.parse_budget(1000.0, problem) == 1000
+    for fraction in ("0.5", "0.5B", 0.5, float("nan")):  # a share needs "%": never 0 bytes
+        with pytest.raises(ValueError, match="not a whole number of bytes"):
+            solver.parse_budget(fraction, problem)
 
 
 def test_saved_graph_loads_back_identically(tmp_path):

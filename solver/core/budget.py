@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from solver.core.graph import Problem
@@ -28,10 +29,11 @@ def checkpoint_all_peak(problem: Problem) -> int:
 def parse_budget(text: str | int | float, problem: Problem) -> int:
     """Memory budget in bytes from `123456`, `512MiB`, `1.5 GiB`, `2GB` or `80%`.
 
-    A percentage is of the checkpoint-all peak (`checkpoint_all_peak`), rounded down.
+    A percentage is of the checkpoint-all peak (`checkpoint_all_peak`), rounded down; a count
+    of bytes without a unit must be whole (`0.5` is refused rather than read as 0 bytes).
     """
     if isinstance(text, int | float) and not isinstance(text, bool):
-        return int(text)
+        return _whole_bytes(text, text)
     s = str(text).strip().lower().replace(" ", "")
     match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)(%|[kmgt]?i?b?)", s)
     if not match:
@@ -44,7 +46,19 @@ def parse_budget(text: str | int | float, problem: Problem) -> int:
         return int(value / 100 * checkpoint_all_peak(problem))
     if unit not in _UNITS:
         raise ValueError(f"unknown unit in memory budget {text!r}")
+    if _UNITS[unit] == 1:
+        return _whole_bytes(value, text)
     return int(value * _UNITS[unit])
+
+
+def _whole_bytes(value: float, text: object) -> int:
+    """`value` as a whole number of bytes; ValueError naming `text` otherwise."""
+    if not math.isfinite(value) or value != int(value):
+        raise ValueError(
+            f"memory budget {text!r} is not a whole number of bytes: give bytes (1048576), "
+            "units (512MiB) or a percentage of the checkpoint-all peak (50%)"
+        )
+    return int(value)
 
 
 def parse_compute_budget(text: str | int | float, problem: Problem) -> float:
