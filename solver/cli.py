@@ -24,7 +24,7 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `remat solve` (the graph source options are added by the caller)."""
     parser.add_argument(
         "--budget",
-        default="80%",
+        default=None,
         help="peak-memory budget: bytes, 512MiB, 1.5GiB or a percentage of the "
         "checkpoint-all peak (100%%: every node computed once and freed after its last use, "
         "with each node's transient bytes; on a captured model, what a training step without "
@@ -76,8 +76,15 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph) -> int:
         f"{human_bytes(ref_peak)}, cost {problem.total_cost:.6g}, memory lower bound "
         f"{human_bytes(problem.memory_lower_bound)}"
     )
+    if args.objective == "memory" and args.budget is not None:
+        raise ValueError(
+            "--budget is for --objective cost; --objective memory minimises the peak (bound "
+            "its recomputation with --compute-budget)"
+        )
+    if args.objective == "cost" and args.compute_budget is not None:
+        raise ValueError("--compute-budget is for --objective memory; give --budget instead")
     if args.objective == "cost":
-        budget = parse_budget(args.budget, problem)
+        budget = parse_budget(args.budget or "80%", problem)
         print(f"objective: least cost with peak <= {human_bytes(budget)} ({budget} bytes)")
         schedule = solve(
             graph, budget, time_limit=args.time_limit, workers=args.workers, progress=not args.quiet

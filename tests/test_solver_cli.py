@@ -72,3 +72,11 @@ def test_errors_exit_2_with_a_message(tmp_path, capsys):
     save_graph(graph, tmp_path / "g.json")
     assert main(["solve", str(tmp_path / "g.json"), "--budget", "1%", "--quiet"]) == 2
     assert "minimum feasible budget" in capsys.readouterr().err
+    path = str(tmp_path / "g.json")
+    mixed = {
+        ("--objective", "memory", "--budget", "80%"): "--budget is for --objective cost",
+        ("--compute-budget", "1.2x"): "--compute-budget is for --objective memory",
+    }
+    for flags, message in mixed.items():  # a budget the objective would ignore is refused
+        assert main(["solve", path, *flags, "--quiet"]) == 2
+        assert message in capsys.readouterr().err
