@@ -69,10 +69,16 @@ def check_inputs(
         if not isinstance(x, torch.Tensor):
             raise InputMismatchError(f"{what}: expected a tensor, got {type(x).__name__}")
         if tuple(x.shape) != spec.shape or x.dtype != spec.dtype:
+            batch = (
+                x.dtype == spec.dtype
+                and x.dim() == len(spec.shape) > 0
+                and tuple(x.shape[1:]) == spec.shape[1:]
+            )
             raise InputMismatchError(
                 f"{what}: captured with shape {spec.shape} and dtype {spec.dtype}, got "
                 f"shape {tuple(x.shape)} and dtype {x.dtype}; the graph is specialised to "
                 "the example shapes: capture (and solve) again for these inputs"
+                + (", or, for a smaller last batch, DataLoader(drop_last=True)" if batch else "")
             )
         if x.requires_grad and not spec.requires_grad:
             raise InputMismatchError(

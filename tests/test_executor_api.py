@@ -55,10 +55,12 @@ def captured_small():
 def test_wrong_input_shape_dtype_count_say_what_differs(captured_small):
     model, x, captured = captured_small
     rm = Rematerialized(model, captured, keep_schedule(captured, 1))
-    with pytest.raises(InputMismatchError, match=r"shape \(8, 16\).*shape \(4, 16\)"):
+    with pytest.raises(InputMismatchError, match=r"shape \(8, 16\).*shape \(4, 16\)") as info:
         rm(torch.randn(4, 16))
-    with pytest.raises(InputMismatchError, match=r"torch.float32.*torch.float64"):
+    assert "drop_last=True" in str(info.value)  # another batch size: the last batch's hint
+    with pytest.raises(InputMismatchError, match=r"torch.float32.*torch.float64") as info:
         rm(x.double())
+    assert "drop_last" not in str(info.value)
     with pytest.raises(InputMismatchError, match=r"expected 1 positional tensor inputs.*got 2"):
         rm(x, x)
 
