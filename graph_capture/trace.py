@@ -9,7 +9,10 @@ traced ``native_dropout`` and tags every placeholder and output with a descripto
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import re
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -101,11 +104,29 @@ def _register_cache_outputs(model: nn.Module) -> None:
     register_cache_pytrees_for_model(model)
 
 
+@contextlib.contextmanager
+def _quiet_failures() -> Iterator[None]:
+    """What torch.export writes to stderr, held back while the model is exported and passed
+    on only if the export succeeds; its symbolic-shape logger at ERROR meanwhile. On
+    data-dependent control flow torch writes the partial graph and a warning there, beside the
+    `CaptureError` that says what failed and where (the CLI's one line)."""
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    finally:
+        logger.setLevel(level)
+    sys.stderr.write(held.getvalue())
+
+
 def _export(
     model: nn.Module, inputs: tuple[torch.Tensor, ...], kwargs: dict[str, torch.Tensor]
 ) -> torch.fx.GraphModule:
     _register_cache_outputs(model)
-    with _module_stack_recorder(model) as stack:
+    with _module_stack_recorder(model) as stack, _quiet_failures():
         try:
             exported = torch.export.export(model, inputs, kwargs, strict=False)
         except Exception as error:
