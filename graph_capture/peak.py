@@ -16,7 +16,10 @@ counted, while activations, temporaries and newly created gradients are.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -84,9 +87,7 @@ def measure_peak(fn: Callable[[], object], device: str | torch.device = "cpu") -
         end = torch.cuda.memory_allocated(device) - start
         return PeakMemory(peak, end, "cuda-max-memory-allocated")
 
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _memory_profile() as prof:
         result = fn()
         del result
     live = peak = 0
@@ -122,10 +123,9 @@ def measure_each(
         return measured
 
     from torch._C._profiler import _RecordFunctionFast
-    from torch.profiler import ProfilerActivity, profile
 
     prefix = "remat.measure_each:"
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _memory_profile() as prof:
         for i, call in enumerate(calls):
             with _RecordFunctionFast(f"{prefix}{i}"):
                 result = call()
@@ -142,3 +142,36 @@ def measure_each(
             k += 1
         measured.append(PeakMemory(peak, live, "profiler-allocation-events"))
     return measured
+
+
+@contextlib.contextmanager
+def _memory_profile() -> Iterator[torch.profiler.profile]:
+    """A CPU profiler session recording allocations. Its start and stop, where torch's kineto
+    writes a notice line to the process's stderr each time, run with file descriptor 2 on
+    the null device, so a command that measures prints only its own lines."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _stderr_fd_silenced():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _stderr_fd_silenced():
+            prof.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _stderr_fd_silenced() -> Iterator[None]:
+    """File descriptor 2 on the null device for the block (Python's buffered stderr flushed
+    first), restored after it."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(null)
+        os.close(saved)

@@ -9,7 +9,7 @@ from torch import nn
 
 from graph_capture import capture
 from graph_capture.measure import step_drops
-from graph_capture.peak import measure_each
+from graph_capture.peak import measure_each, measure_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,6 +22,19 @@ def test_measure_each_sees_a_temporary_freed_before_the_call_returns():
     (scratch,) = measure_each([scratch_then_small])
     assert scratch.end_bytes == 100
     assert scratch.peak_bytes == 4096 + 100
+
+
+def test_a_measurement_writes_nothing_to_stderr(capfd):
+    """torch's profiler notices (a line at each session's start and stop) stay off stderr;
+    what the measured call itself writes there still shows."""
+    import sys
+
+    def noisy() -> torch.Tensor:
+        print("from the call", file=sys.stderr)
+        return torch.ones(1024, dtype=torch.uint8)
+
+    assert measure_peak(noisy).peak_bytes == 1024
+    assert capfd.readouterr().err == "from the call\n"
 
 
 def conv_model() -> tuple[nn.Module, torch.Tensor]:
