@@ -202,6 +202,14 @@ def test_compute_budget_below_total_cost_is_refused():
         solver.solve(uniform_training_chain(3), objective="memory", compute_budget="0.9x")
 
 
+def test_a_budget_the_objective_would_ignore_is_refused():
+    graph = uniform_training_chain(3)
+    with pytest.raises(ValueError, match="memory budget is for objective 'cost'"):
+        solver.solve(graph, "80%", objective="memory", time_limit=5)
+    with pytest.raises(ValueError, match="compute_budget is for objective 'memory'"):
+        solver.solve(graph, "80%", compute_budget="1.2x", time_limit=5)
+
+
 def test_budget_parsing():
     problem = solver.prepare(uniform_training_chain(4))
     assert solver.parse_budget("1KiB", problem) == 1024

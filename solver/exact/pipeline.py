@@ -73,7 +73,8 @@ def solve(
         graph: DAG with `mem` (bytes), `cost` and optionally `transient` (bytes) on every node
             (see `solver.core.graph`).
         budget: peak-memory budget for objective="cost": bytes, or text like "512MiB" / "80%"
-            (of the checkpoint-all peak). None means unconstrained.
+            (of the checkpoint-all peak). None means unconstrained. With objective="memory"
+            it must be None (ValueError), as compute_budget must be with objective="cost".
         objective: "cost" (least total cost with peak <= budget) or "memory" (least peak with
             total cost <= compute_budget).
         compute_budget: for objective="memory": cost units, or text like "1.2x" (of the
@@ -101,6 +102,13 @@ def solve(
         raise ValueError(f"objective must be 'cost' or 'memory', not {objective!r}")
     if not time_limit > 0:
         raise ValueError(f"time_limit must be a positive number of seconds, not {time_limit!r}")
+    if objective == "memory" and budget is not None:
+        raise ValueError(
+            "a memory budget is for objective 'cost'; objective 'memory' minimises the peak "
+            "(bound its recomputation with compute_budget)"
+        )
+    if objective == "cost" and compute_budget is not None:
+        raise ValueError("compute_budget is for objective 'memory'; give budget instead")
     problem = prepare(graph)
     units = CostUnits.of(problem)
     if objective == "cost":
