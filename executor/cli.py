@@ -13,9 +13,11 @@ one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from executor.run_command import add_run_arguments, run_run
 from graph_capture.cli import (
@@ -80,10 +82,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OUTPUT_FLAGS = {"out": "--out", "save_graph": "--save-graph", "plot": "--plot"}
+"""The options that name a file a subcommand writes when it is done."""
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before any capture or solve, a file to write in a directory that does not exist
+    or cannot be written: found only at the end, it would cost the whole solve."""
+    for attribute, flag in OUTPUT_FLAGS.items():
+        path = getattr(args, attribute, None)
+        if not path:
+            continue
+        directory = Path(path).resolve().parent
+        if not directory.is_dir():
+            raise ValueError(f"cannot write {flag} {path}: no directory {directory}")
+        if not os.access(directory, os.W_OK):
+            raise ValueError(f"cannot write {flag} {path}: directory {directory} is not writable")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `remat` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
+        _check_outputs(args)
         return args.handler(args)
     except (RematError, CaptureError, ValueError, OSError) as exc:
         message = "; ".join(line for line in str(exc).splitlines() if line.strip())

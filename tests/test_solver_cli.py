@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import solver
 from executor.cli import main
 from solver.examples import residual_demo
@@ -80,3 +82,23 @@ def test_errors_exit_2_with_a_message(tmp_path, capsys):
     for flags, message in mixed.items():  # a budget the objective would ignore is refused
         assert main(["solve", path, *flags, "--quiet"]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_an_output_file_that_cannot_be_written_is_refused_before_solving(tmp_path, capsys):
+    """Found only after the solve, it would cost the whole solve: refused first, in one line."""
+    save_graph(residual_demo(blocks=1), tmp_path / "g.json")
+    missing = tmp_path / "no" / "such" / "dir" / "s.json"
+    started = time.perf_counter()
+    argv = [
+        "solve",
+        str(tmp_path / "g.json"),
+        "--quiet",
+        "--time-limit",
+        "30",
+        "--out",
+        str(missing),
+    ]
+    assert main(argv) == 2
+    assert time.perf_counter() - started < 5
+    err = capsys.readouterr().err
+    assert f"cannot write --out {missing}: no directory" in err and err.count("\n") == 1
