@@ -61,7 +61,7 @@ def _bounds_hold(graph: nx.DiGraph) -> None:
     units = CostUnits.of(problem)
     int_cost, unit = units.int_cost, units.unit
     for budget, optimum in _optima(graph, problem):
-        cascade = cascade_bound(problem, budget, int_cost, deadline=Deadline.after(10), workers=2)
+        cascade = cascade_bound(problem, budget, int_cost, deadline=Deadline.after(10))
         assert cascade.lp_bound <= cascade.bound
         assert problem.total_cost + cascade.bound * unit <= optimum + 1e-9
 
@@ -153,7 +153,7 @@ def test_a_dead_input_chain_is_counted_where_the_read_gap_cover_misses_it():
     problem = solver.prepare(graph)
     int_cost = CostUnits.of(problem).int_cost
     cover = read_gap_cover(problem, 11, int_cost, deadline=Deadline.after(10), workers=2)
-    cascade = cascade_bound(problem, 11, int_cost, deadline=Deadline.after(10), workers=2)
+    cascade = cascade_bound(problem, 11, int_cost, deadline=Deadline.after(10))
     optimum = min_cost_within(stage_space_frontier(graph), 11)
     assert (cover.bound, cascade.bound, optimum) == (1, 3, problem.total_cost + 3)
 

@@ -31,10 +31,11 @@ def cascade_cover(search: Search) -> Search:
     small, `_share`; the read-gap cover must have left the search open):
 
     1. the cascade cover's bound by row generation (its LP rounds until no row is broken, then
-       a CP-SAT round with what is left of `cascade_first_share` of the limit); it raises the
-       floor (NOTE [certificates]: a certified LP bound, or CP-SAT's);
-    2. then, on two threads until the step's deadline: CP-SAT raising the bound further (more
-       rows, under the incumbent's cost as a cap; `Search.workers_beside` workers) and, after
+       a round of HiGHS's branch and cut with what is left of `cascade_first_share` of the
+       limit); it raises the floor (NOTE [certificates]: a certified LP bound, or HiGHS's
+       through `safe_floor`);
+    2. then, on two threads until the step's deadline: HiGHS's branch and cut raising the bound
+       further (more rows, under the incumbent's cost as a cap; one thread) and, after
        per-block checkpointing and before the other warm starts (`Search.defer`), the lifetime
        search from checkpoint-all's lifetimes, the incumbent's and the relaxation's solution,
        each better plan offered as it comes (NOTE [incumbent]); once the bound is final, the
@@ -63,7 +64,6 @@ def cascade_cover(search: Search) -> Search:
         budget,
         units.int_cost,
         deadline=search.share_of_limit(options.cascade_first_share),
-        workers=search.workers,
         cap=_cap(search),
         progress=progress,
     )
@@ -89,7 +89,6 @@ def cascade_cover(search: Search) -> Search:
                 budget,
                 units.int_cost,
                 deadline=deadline,
-                workers=search.workers_beside,
                 cap=_cap(search),
                 progress=progress,
                 rows=rows,

@@ -30,7 +30,6 @@ and its peak and cost checked against the budgets just before it is returned
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -123,13 +122,6 @@ class Search:
     trace: list[dict] = field(default_factory=list)
     notes: dict = field(default_factory=dict)
     """What the running step found, added to its `trace` record."""
-
-    @property
-    def workers_beside(self) -> int:
-        """CP-SAT workers for an engine call beside Python work (`beside`): at most the cores
-        but one, so that the work (one thread, holding Python's lock) keeps a core to itself
-        instead of sharing the machine with every worker."""
-        return max(1, min(self.workers, (os.cpu_count() or 2) - 1))
 
     @property
     def units(self) -> CostUnits:

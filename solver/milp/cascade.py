@@ -38,9 +38,9 @@ Without dead inputs the model is the read-gap cover. Its LP relaxation is strong
 graphs of real models (`benchmarks.solver_scale`) it lies within a few tenths of a percent of
 the optimum of the model, and it solves in seconds where the stage model's LP does not finish;
 `solver.milp.cascade_rounds.cascade_bound` takes the LP's bound (certified from its duals,
-`solver.milp.dual_bound`) and then lets CP-SAT raise it. What it leaves out: when in a gap a
-recompute happens (a value recomputed early for another recompute is live from then on), and the
-memory in the middle of a stage.
+`solver.milp.dual_bound`) and then lets HiGHS's branch and cut raise it. What it leaves out:
+when in a gap a recompute happens (a value recomputed early for another recompute is live from
+then on), and the memory in the middle of a stage.
 """
 
 from __future__ import annotations

@@ -31,8 +31,9 @@ class HighsMip:
     """A `LinearModel` (objective: recompute cost) as a HiGHS MIP, solved any number of times,
     each time with its own fixed 0/1 variables and objective cap.
 
-    The 0/1 variables are integral; the memory levels U are continuous, which is exact: each is a
-    sum of whole byte counts times 0/1 variables.
+    The 0/1 variables (`LinearModel.binaries`) are integral; the stage model's memory levels U are
+    continuous, which is exact: each is a sum of whole byte counts times 0/1 variables. The
+    cascade cover's model has 0/1 variables only.
     """
 
     def __init__(self, lm: LinearModel, scaled: ScaledLp | None = None) -> None:

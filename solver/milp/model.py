@@ -45,11 +45,13 @@ class LinearModel:
 
     @property
     def binaries(self) -> list[int]:
-        """Indices of the 0/1 decision variables (R, S, F)."""
-        out = [v for stage in self.compute for v in stage.values()]
-        out += [v for stage in self.keep for v in stage.values()]
-        out += [v for stage in self.free for v in stage.values()]
-        return out
+        """Indices of the 0/1 decision variables: the integral ones within [0, 1] (the stage
+        model's R, S and F, every variable of the cascade cover; not the byte levels U)."""
+        return [
+            j
+            for j, (integral, upper) in enumerate(zip(self.integral, self.upper, strict=True))
+            if integral and upper <= 1
+        ]
 
 
 @dataclass(frozen=True)
