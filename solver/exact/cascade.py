@@ -31,9 +31,9 @@ def cascade_cover(search: Search) -> Search:
     small, `_share`; the read-gap cover must have left the search open):
 
     1. the cascade cover's bound by row generation (its LP rounds until no row is broken, then
-       a round of HiGHS's branch and cut with what is left of `cascade_first_share` of the
-       limit); it raises the floor (NOTE [certificates]: a certified LP bound, or HiGHS's
-       through `safe_floor`);
+       a CP-SAT round with what is left of `cascade_first_share` of the limit, whose 0/1
+       solution the lifetime search starts from); it raises the floor (NOTE [certificates]:
+       a certified LP bound, or CP-SAT's);
     2. then, on two threads until the step's deadline: HiGHS's branch and cut raising the bound
        further (more rows, under the incumbent's cost as a cap; one thread) and, after
        per-block checkpointing and before the other warm starts (`Search.defer`), the lifetime
@@ -65,6 +65,7 @@ def cascade_cover(search: Search) -> Search:
         units.int_cost,
         deadline=search.share_of_limit(options.cascade_first_share),
         cap=_cap(search),
+        cpsat_workers=search.workers,
         progress=progress,
     )
     if len(first.model.later) == 0:  # no dead input: the read-gap cover's model
