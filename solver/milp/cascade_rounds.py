@@ -4,7 +4,7 @@ to drop and keep (`away_stages`).
 The model and the check of which rows a solution breaks are `solver.milp.cascade`'s. Rows are
 added a few per round, first to the LP (HiGHS, re-solved from its last basis as the model grows,
 each bound certified from the duals: `solver.milp.dual_bound`), then to the 0/1 model (HiGHS's
-branch and cut).
+branch and cut, or CP-SAT where a good 0/1 solution is wanted soon).
 Any subset of the rows is a relaxation, so every round's bound holds.
 """
 
