@@ -19,8 +19,9 @@ method in interleaved rounds (one step of each per round, the order rotated; med
 Per remat row: the predicted peak and measured / predicted; the predicted recompute (schedule
 cost / cost of computing each node once - 1), the predicted overhead (`solver.Problem.overhead`:
 the recomputation over capture's measured plain step, `step_cost`) and the measured one: the
-step time over remat's 100% step in rounds of those two steps alone (``measured_overhead``, a
-second copy of the 100% step measures its noise floor), and in the rounds of every method
+step time over remat's 100% step in rounds of those two steps alone (``measured_overhead``,
+with a 95% bootstrap interval of that median, ``measured_overhead_low`` / ``_high``; a second
+copy of the 100% step measures its noise floor), and in the rounds of every method
 (``overhead_among_all``: there the steps between the two change the caches and the allocator's
 state they start from); the step time over the matched method's, in the rounds of every method
 (``time_vs_matched``) and in rounds of those two steps alone (``time_vs_matched_alone``). Writes
@@ -35,6 +36,7 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import solver
@@ -144,7 +146,25 @@ def run_model(name: str, args: argparse.Namespace) -> list[Row]:
 
 def _paired(times: dict[str, list[float]], key: str, other: str) -> float:
     """Median over rounds of key's step time over other's in the same round."""
-    return statistics.median(a / b for a, b in zip(times[key], times[other], strict=True))
+    return statistics.median(_ratios(times, key, other))
+
+
+def _ratios(times: dict[str, list[float]], key: str, other: str) -> list[float]:
+    """Per round, key's step time over other's in that round."""
+    return [a / b for a, b in zip(times[key], times[other], strict=True)]
+
+
+def median_interval(
+    samples: list[float], level: float = 0.95, resamples: int = 2000
+) -> tuple[float, float]:
+    """A `level` percentile bootstrap interval of the median of `samples` (rounds resampled with
+    replacement, a fixed seed: the same samples give the same interval)."""
+    data = np.asarray(samples, float)
+    rng = np.random.default_rng(0)
+    medians = np.median(data[rng.integers(0, len(data), (resamples, len(data)))], axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(medians, [tail, 100 - tail])
+    return float(low), float(high)
 
 
 def _row(
@@ -179,6 +199,8 @@ def _row(
     row["predicted_overhead"] = problem.overhead(schedule.cost)
     if key in alone:
         row["measured_overhead"] = _paired(alone[key], key, REMAT_FULL) - 1
+        low, high = median_interval(_ratios(alone[key], key, REMAT_FULL))
+        row["measured_overhead_low"], row["measured_overhead_high"] = low - 1, high - 1
         row["overhead_among_all"] = _paired(times, key, REMAT_FULL) - 1
     matched = key.removeprefix("remat @ ")
     if matched in times:
@@ -216,6 +238,8 @@ def summary(rows: list[Row]) -> list[Row]:
                 "predicted_recompute": at_block.get("predicted_recompute"),
                 "predicted_overhead": at_block.get("predicted_overhead"),
                 "measured_overhead": at_block.get("measured_overhead"),
+                "measured_overhead_low": at_block.get("measured_overhead_low"),
+                "measured_overhead_high": at_block.get("measured_overhead_high"),
                 "overhead_noise": mine[CONTROL]["measured_overhead"],
                 "full_vs_eager": mine[REMAT_FULL]["time_vs_eager"],
             }

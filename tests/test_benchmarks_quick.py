@@ -55,3 +55,14 @@ def test_stage_lp_row_times_a_published_graph() -> None:
         pytest.skip(f"{path} not present")
     row = lp_row("fcn", path, 0.8, time_limit=30)
     assert row["variables"] > 0 and row["LP s"] is not None and row["variables per LP s"] > 0
+
+
+def test_median_interval_holds_the_median_and_is_reproducible() -> None:
+    from benchmarks.real_models import median_interval
+
+    samples = [1.10, 1.14, 1.12, 1.30, 1.11, 1.13, 1.09, 1.12, 1.15, 1.12]
+    low, high = median_interval(samples)
+    assert low <= 1.12 <= high  # the sample median (1.12) lies inside
+    assert min(samples) <= low and high <= max(samples)
+    assert median_interval(samples) == (low, high)  # fixed seed
+    assert median_interval([1.2] * 8) == (1.2, 1.2)  # no spread, no width
