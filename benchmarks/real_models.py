@@ -198,8 +198,9 @@ def _row(
     row["predicted_recompute"] = schedule.cost / problem.total_cost - 1
     row["predicted_overhead"] = problem.overhead(schedule.cost)
     if key in alone:
-        row["measured_overhead"] = _paired(alone[key], key, REMAT_FULL) - 1
-        low, high = median_interval(_ratios(alone[key], key, REMAT_FULL))
+        ratios = _ratios(alone[key], key, REMAT_FULL)
+        row["measured_overhead"] = statistics.median(ratios) - 1
+        low, high = median_interval(ratios)
         row["measured_overhead_low"], row["measured_overhead_high"] = low - 1, high - 1
         row["overhead_among_all"] = _paired(times, key, REMAT_FULL) - 1
     matched = key.removeprefix("remat @ ")
