@@ -12,7 +12,9 @@ at run time is decided once at compile time:
 - which values are live at the slice's end (stored back into ``step.env``; the rest is released;
   live-in values are moved out of ``step.env`` into locals so a free really releases them).
 
-Random nodes still go through ``step.rng.draw``, so replay is the interpreter's.
+Random nodes still go through ``step.rng.draw``, so replay is the interpreter's. An op with a
+faster CPU implementation (`graph_capture.fast_ops`) calls it, where the interpreter calls the
+aten op itself: the tests that hold the two to the same bits check one against the other.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch.fx
 from executor.bindings import bindings
 from executor.errors import ExecutorError
 from executor.interpreter import ScheduleInterpreter, Step, has_node
+from graph_capture.fast_ops import implementation
 
 __all__ = ["compile_ops"]
 
@@ -111,19 +114,22 @@ def compile_ops(
     lines += [f"    env[{s}] = v{s}" for s in sorted(live)]
     lines.append("    return None")
     namespace: dict[str, object] = dict(src.constants)
+    # the op's faster CPU implementation where it has one (`graph_capture.fast_ops`), else
     # torch's own binding where it makes the node's exact call (`executor.bindings`), else the
     # OpOverload's `_op`, the C++ callable its Python __call__ forwards to
     called = {slot: interp.nodes[slot] for slot in sorted(src.called)}
     bound = bindings(called.values())
-    namespace.update(
-        {
-            f"f{slot}": bound.get(n) or getattr(n.target, "_op", n.target)
-            for slot, n in called.items()
-        }
-    )
+    namespace.update({f"f{slot}": _callable(n, bound) for slot, n in called.items()})
     code = compile("\n".join(lines), "<remat schedule>", "exec")
     exec(code, namespace)
     return namespace["run"], live  # type: ignore[return-value]
+
+
+def _callable(node: torch.fx.Node, bound: dict[torch.fx.Node, Callable[..., object]]) -> object:
+    run = implementation(node)
+    if run is not node.target:
+        return run
+    return bound.get(node) or getattr(node.target, "_op", node.target)
 
 
 def _node_line(src: _Source, interp: ScheduleInterpreter, slot: int, live: set[int]) -> str:

@@ -1,5 +1,5 @@
 """Run the joint graph node by node on real tensors: storages, seconds, FLOPs and scratch bytes
-per fx node.
+per fx node. Each op runs as the executor runs it: `graph_capture.fast_ops.implementation`.
 
 Every value stays alive until the end of the run, so storage data pointers are unique and a
 storage is identified by its pointer (zero-byte storages get a private key).
@@ -20,6 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from graph_capture.device import fork_rng, generator, synchronize
 from graph_capture.errors import CaptureError
+from graph_capture.fast_ops import implementation
 from graph_capture.fx_nodes import describe_op, device_of
 from graph_capture.lifted import LiftedConstant, lifted_constants
 from graph_capture.peak import measure_each
@@ -195,7 +196,7 @@ def _time_in_step_order(
     ops, so both see the same machine; nothing changes and None comes back when `passes` < 1."""
     if passes < 1:
         return None
-    plan = step_drops(gm)
+    plan = [(node, drops, implementation(node)) for node, drops in step_drops(gm)]
     placeholders = [n.name for n in gm.graph.find_nodes(op="placeholder")]
     least: dict[str, float] = {}
     whole = math.inf
@@ -203,13 +204,13 @@ def _time_in_step_order(
         synchronize(device)
         started = time.perf_counter()
         env: dict[str, object] = dict(zip(placeholders, args, strict=True))
-        for node, drops in plan:
+        for node, drops, run in plan:
             fn_args, fn_kwargs = torch.fx.node.map_arg(
                 (node.args, node.kwargs), lambda n, env=env: env[n.name]
             )
             synchronize(device)
             start = time.perf_counter()
-            env[node.name] = node.target(*fn_args, **fn_kwargs)
+            env[node.name] = run(*fn_args, **fn_kwargs)
             synchronize(device)
             seconds = time.perf_counter() - start
             if _computes(node):
@@ -238,7 +239,7 @@ def _calls(gm: torch.fx.GraphModule, env: dict[str, object]) -> list[tuple[torch
         if node.op != "call_function" or not _computes(node):
             continue
         fn_args, fn_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
-        calls.append((node, partial(node.target, *fn_args, **fn_kwargs)))
+        calls.append((node, partial(implementation(node), *fn_args, **fn_kwargs)))
     return calls
 
 
@@ -262,15 +263,16 @@ def _run_node(node: torch.fx.Node, args: tuple, kwargs: dict) -> tuple[object, N
         value = target(*args, **kwargs)
         return value, NodeMeasure(storages_of(value), set(), 0.0, 0, 0, *_shapes(value))
     device = device_of(node)
+    run = implementation(node)
     rng = generator(device) if is_random(node) else None
     state = rng.get_state() if rng is not None else None
     with FlopCounterMode(display=False) as counter:
-        target(*args, **kwargs)
+        run(*args, **kwargs)
     if rng is not None:
         rng.set_state(state)
     synchronize(device)
     start = time.perf_counter()
-    value = target(*args, **kwargs)
+    value = run(*args, **kwargs)
     synchronize(device)
     seconds = time.perf_counter() - start
     counted = int(counter.get_total_flops())
