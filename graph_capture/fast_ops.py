@@ -10,7 +10,8 @@ results, are the same: the conversion gives 0.0 and 1.0 either way and the multi
 the kernel's own. The draws are the kernel's too: the mask is allocated as the kernel allocates
 it and filled by the same ``bernoulli_`` call, so the generator advances exactly as it would.
 On a captured ViT with 12 layers (37 dropouts) the conversions took about 9 ms of a 336 ms
-step; these take about 2 ms.
+step (`torch.profiler`), and with these implementations the step is about 7.6 ms shorter
+(docs/benchmarks.md, "Real models at equal measured memory").
 
 Capture times the ops it measures with these implementations (`graph_capture.measure`) and
 the executor's generated code calls them (`executor.codegen`), so the node costs are those of
