@@ -118,18 +118,15 @@ def compile_ops(
     # torch's own binding where it makes the node's exact call (`executor.bindings`), else the
     # OpOverload's `_op`, the C++ callable its Python __call__ forwards to
     called = {slot: interp.nodes[slot] for slot in sorted(src.called)}
-    bound = bindings(called.values())
-    namespace.update({f"f{slot}": _callable(n, bound) for slot, n in called.items()})
+    runs = {slot: implementation(n) for slot, n in called.items()}
+    bound = bindings(n for slot, n in called.items() if runs[slot] is n.target)
+    for slot, n in called.items():
+        if runs[slot] is n.target:
+            runs[slot] = bound.get(n) or getattr(n.target, "_op", n.target)
+    namespace.update({f"f{slot}": run for slot, run in runs.items()})
     code = compile("\n".join(lines), "<remat schedule>", "exec")
     exec(code, namespace)
     return namespace["run"], live  # type: ignore[return-value]
-
-
-def _callable(node: torch.fx.Node, bound: dict[torch.fx.Node, Callable[..., object]]) -> object:
-    run = implementation(node)
-    if run is not node.target:
-        return run
-    return bound.get(node) or getattr(node.target, "_op", node.target)
 
 
 def _node_line(src: _Source, interp: ScheduleInterpreter, slot: int, live: set[int]) -> str:
