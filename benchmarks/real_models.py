@@ -20,8 +20,10 @@ Per remat row: the predicted peak and measured / predicted; the predicted recomp
 cost / cost of computing each node once - 1), the predicted overhead (`solver.Problem.overhead`:
 the recomputation over capture's measured plain step, `step_cost`) and the measured one: the
 step time over remat's 100% step in rounds of those two steps alone (``measured_overhead``,
-with a 95% bootstrap interval of that median, ``measured_overhead_low`` / ``_high``; a second
-copy of the 100% step measures its noise floor), and in the rounds of every method
+with a 95% bootstrap interval of that median, ``measured_overhead_low`` / ``_high``; rounds
+are added ``--rounds`` at a time, up to ``--max-overhead-rounds``, until that interval is at
+most a tenth of the overhead wide, ``overhead_rounds`` taken; a second copy of the 100% step
+measures its noise floor), and in the rounds of every method
 (``overhead_among_all``: there the steps between the two change the caches and the allocator's
 state they start from); the step time over the matched method's, in the rounds of every method
 (``time_vs_matched``) and in rounds of those two steps alone (``time_vs_matched_alone``). Writes
@@ -127,7 +129,7 @@ def run_model(name: str, args: argparse.Namespace) -> list[Row]:
     peaks.update(measure_peaks({key: steps[key] for key in schedules}))
     times = interleaved_times(steps, args.rounds)
     alone = {
-        key: interleaved_times({REMAT_FULL: steps[REMAT_FULL], key: steps[key]}, args.rounds)
+        key: rounds_until_resolved(steps, key, args.rounds, args.max_overhead_rounds)
         for key in schedules
         if key != REMAT_FULL
     }
@@ -152,6 +154,31 @@ def _paired(times: dict[str, list[float]], key: str, other: str) -> float:
 def _ratios(times: dict[str, list[float]], key: str, other: str) -> list[float]:
     """Per round, key's step time over other's in that round."""
     return [a / b for a, b in zip(times[key], times[other], strict=True)]
+
+
+def rounds_until_resolved(
+    steps: dict[str, Step], key: str, rounds: int, max_rounds: int
+) -> dict[str, list[float]]:
+    """Interleaved rounds of `key`'s step and remat's 100% step alone, `rounds` at a time until
+    the 95% interval of the median overhead (`median_interval`) is `resolved` or `max_rounds`
+    rounds are taken: a burst of load from other processes widens the interval, and more
+    rounds then settle the median instead of leaving it to the burst."""
+    pair = {REMAT_FULL: steps[REMAT_FULL], key: steps[key]}
+    times = interleaved_times(pair, rounds)
+    while len(times[key]) + rounds <= max_rounds:
+        if resolved(*median_interval(_ratios(times, key, REMAT_FULL))):
+            break
+        for name, more in interleaved_times(pair, rounds).items():
+            times[name] += more
+    return times
+
+
+def resolved(low: float, high: float, relative: float = 0.1, absolute: float = 0.01) -> bool:
+    """Whether an interval (`low`, `high`) of a step-time ratio pins the overhead (ratio - 1)
+    down: its width is at most `relative` of the overhead at its middle, or `absolute` (one
+    point of overhead; a 2% overhead cannot be pinned to a tenth of itself by timing)."""
+    middle = (low + high) / 2 - 1
+    return high - low <= max(relative * abs(middle), absolute)
 
 
 def median_interval(
@@ -203,6 +230,7 @@ def _row(
         low, high = median_interval(ratios)
         row["measured_overhead_low"], row["measured_overhead_high"] = low - 1, high - 1
         row["overhead_among_all"] = _paired(times, key, REMAT_FULL) - 1
+        row["overhead_rounds"] = len(ratios)
     matched = key.removeprefix("remat @ ")
     if matched in times:
         row["time_vs_matched"] = _paired(times, key, matched)
@@ -241,6 +269,7 @@ def summary(rows: list[Row]) -> list[Row]:
                 "measured_overhead": at_block.get("measured_overhead"),
                 "measured_overhead_low": at_block.get("measured_overhead_low"),
                 "measured_overhead_high": at_block.get("measured_overhead_high"),
+                "overhead_rounds": at_block.get("overhead_rounds"),
                 "overhead_noise": mine[CONTROL]["measured_overhead"],
                 "full_vs_eager": mine[REMAT_FULL]["time_vs_eager"],
             }
@@ -310,6 +339,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=sorted(ZOO))
     parser.add_argument("--rounds", type=int, default=30, help="timing rounds (default 30)")
+    parser.add_argument(
+        "--max-overhead-rounds",
+        type=int,
+        default=120,
+        help="most rounds for a measured overhead, taken --rounds at a time until its 95%% "
+        "interval is at most a tenth of it wide (default 120)",
+    )
     parser.add_argument(
         "--time-limit", type=float, default=30.0, help="seconds per exact solve (default 30)"
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,28 @@ def test_median_interval_holds_the_median_and_is_reproducible() -> None:
     assert min(samples) <= low and high <= max(samples)
     assert median_interval(samples) == (low, high)  # fixed seed
     assert median_interval([1.2] * 8) == (1.2, 1.2)  # no spread, no width
+
+
+def test_an_overhead_interval_is_resolved_when_a_tenth_of_the_overhead_or_a_point_wide() -> None:
+    from benchmarks.real_models import resolved
+
+    assert resolved(1.192, 1.208)  # 1.6 points wide on a 20% overhead
+    assert not resolved(1.17, 1.36)  # 19 points on 26%: more rounds
+    assert resolved(1.026, 1.035)  # under a point on a 3% overhead: as fine as timing gets
+    assert not resolved(1.02, 1.04)
+    assert resolved(0.995, 1.005)  # the noise floor's control step
+
+
+def test_overhead_rounds_stop_once_resolved_and_at_the_cap_otherwise() -> None:
+    from benchmarks.real_models import REMAT_FULL, rounds_until_resolved
+
+    calls = itertools.count()
+    steps = {
+        REMAT_FULL: lambda: time.sleep(0.01),
+        "steady": lambda: time.sleep(0.02),  # +100%, a tight interval after one block
+        "bursty": lambda: time.sleep(0.01 if next(calls) % 2 else 0.04),  # +0% or +300%
+    }
+    steady = rounds_until_resolved(steps, "steady", rounds=6, max_rounds=24)
+    assert len(steady["steady"]) == len(steady[REMAT_FULL]) == 6
+    bursty = rounds_until_resolved(steps, "bursty", rounds=6, max_rounds=15)
+    assert len(bursty["bursty"]) == len(bursty[REMAT_FULL]) == 12  # whole blocks, up to the cap
