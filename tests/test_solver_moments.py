@@ -58,7 +58,7 @@ def test_checkpoint_all_stage_peaks_are_the_bytes_live_at_each_node(graph):
     assert list(checkpoint_all(problem).stage_peaks) == _moment_memories(problem)
 
 
-@settings(max_examples=12)
+@settings(max_examples=8)
 @given(st.one_of(small_graphs(max_nodes=6), training_graphs(forward_nodes=4)))
 def test_moment_relaxation_bounds_the_optimum_and_its_fitting_plans_are_optimal(graph):
     """From stage 0 and from the first tight stage: the relaxation's optimum is at most the
@@ -88,7 +88,7 @@ def test_moment_relaxation_bounds_the_optimum_and_its_fitting_plans_are_optimal(
                 assert schedule.cost == expected
 
 
-@settings(max_examples=12)
+@settings(max_examples=8)
 @given(st.one_of(small_graphs(max_nodes=6), training_graphs(forward_nodes=4)))
 def test_solving_through_the_moment_phase_reaches_the_exhaustive_optimum(graph):
     """With the phase forced on every graph, the solver's answer is the exhaustive optimum: a
