@@ -22,8 +22,8 @@ the recomputation over capture's measured plain step, `step_cost`) and the measu
 step time over remat's 100% step in rounds of those two steps alone (``measured_overhead``,
 with a 95% bootstrap interval of that median, ``measured_overhead_low`` / ``_high``; rounds
 are added ``--rounds`` at a time, up to ``--max-overhead-rounds``, until that interval is at
-most a tenth of the overhead wide, ``overhead_rounds`` taken; a second copy of the 100% step
-measures its noise floor), and in the rounds of every method
+most a tenth of the overhead (or one point) wide, ``overhead_rounds`` taken; a second copy of
+the 100% step measures its noise floor), and in the rounds of every method
 (``overhead_among_all``: there the steps between the two change the caches and the allocator's
 state they start from); the step time over the matched method's, in the rounds of every method
 (``time_vs_matched``) and in rounds of those two steps alone (``time_vs_matched_alone``). Writes
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=120,
         help="most rounds for a measured overhead, taken --rounds at a time until its 95%% "
-        "interval is at most a tenth of it wide (default 120)",
+        "interval is at most a tenth of it (or one point) wide (default 120)",
     )
     parser.add_argument(
         "--time-limit", type=float, default=30.0, help="seconds per exact solve (default 30)"
