@@ -14,12 +14,15 @@ from solver_strategies import small_graphs, training_graphs
 import solver
 from solver import SolveOptions
 from solver.core.stages import cheapest_within
-from solver.exact.probes import probes
+from solver.deadline import Deadline
+from solver.exact.probes import _weak_on_op_level, probes
 from solver.exact.stage_model import stage_model
+from solver.exact.state import Goal, Search
 from solver.examples import uniform_training_chain
 from solver.heuristics.baselines import BASELINES
 from solver.heuristics.registry import all_policies
 from solver.milp.lp import LpRelaxation
+from solver.milp.units import CostUnits
 
 TIME_LIMIT = 30.0
 
@@ -112,6 +115,24 @@ def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
     # incumbent finds and proves the optimum.
     assert "INFEASIBLE" in statuses["highs"] and "OPTIMAL" in statuses["highs"]
     assert "OPTIMAL" in statuses["cpsat"]
+
+
+def test_cpsat_shares_its_time_only_where_the_lp_is_weak_on_an_op_level_graph():
+    """CP-SAT's run from the incumbent leaves time to the lifetime polish exactly where the
+    stage model's LP is under the floor and the lifetime search has run
+    (`SolveOptions.minimise_share`)."""
+    graph = uniform_training_chain(4)
+    problem = solver.prepare(graph)
+    goal = Goal("cost", CostUnits.of(problem))
+    search = Search(graph, problem, goal, SolveOptions(), 1, Deadline.after(10), 10.0, 0.0)
+    assert not _weak_on_op_level(search)  # no LP
+    search.lp = LpRelaxation(2.0, [], [])
+    search.floor = 3
+    assert not _weak_on_op_level(search)  # the lifetime search has not run: a published graph
+    search.lifetime_best = math.inf
+    assert _weak_on_op_level(search)
+    search.lp = LpRelaxation(3.0, [], [])
+    assert not _weak_on_op_level(search)  # the LP is as strong as the floor
 
 
 @settings(max_examples=25)

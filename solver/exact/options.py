@@ -89,6 +89,9 @@ class SolveOptions:
         climb_growth: ...and the step grows by this factor after each refuted cap.
         climb_pairs: probe two caps at once on two threads (the next and the one its refutation
             would lead to).
+        minimise_share: where the stage model's LP bound is under the floor the covers proved
+            and the lifetime search has run (op-level graphs), CP-SAT's run from the incumbent
+            takes this share of the remaining time and leaves the rest to `lifetime_polish`.
     steps: the cost pipeline's steps in order (None: `solver.exact.pipeline.COST_STEPS`); a step
         is a function of the search state (`solver.exact.state.Search`) that returns it.
     """
@@ -123,6 +126,7 @@ class SolveOptions:
     climb_first_step: float = 1 / 8
     climb_growth: float = 1.5
     climb_pairs: bool = True
+    minimise_share: float = 0.5
     steps: Sequence[Step] | None = None
 
 
