@@ -131,7 +131,7 @@ def climb(search: Search) -> None:
     """
     options, model, lp = search.options, search.model, search.lp
     assert model is not None and lp is not None and search.value is not None
-    mip = HighsMip(model, lp.scaled, presolve=False)  # the stage model: too large to presolve
+    mip = HighsMip(model, lp.scaled, presolve=False)  # presolve would overrun the deadline
     step = max(1, round((search.value - 1 - search.floor) * options.climb_first_step))
     outcomes = []
     while not search.closed and search.deadline.remaining() > 0.01:

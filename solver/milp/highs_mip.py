@@ -43,7 +43,7 @@ class HighsMip:
         its build; this MIP changes it from now on), or None to build it here. `presolve`:
         HiGHS's MIP presolve, which does not look at the time limit while it runs (on the stage
         model of GPT-2 with two layers, 79k variables, it took 17 s of a 15 s limit, and the
-        probe ended at 22 s): off where the model is that large."""
+        probe ended at 22 s): off for the stage model's probes (`solver.exact.probes.climb`)."""
         self.lm = lm
         self._presolve = presolve
         scaled = scaled or scaled_lp(lm)
@@ -100,7 +100,7 @@ class HighsMip:
             ("mip_rel_gap", 0.0),  # the default 1e-4 would stop short of the optimum
             ("mip_abs_gap", 0.5),  # the objective is whole: a gap below 1 closes it
             ("objective_bound", objective_cap + 0.5),  # prune nodes above the cap from the start
-            ("presolve", "on" if self._presolve else "off"),
+            ("presolve", "choose" if self._presolve else "off"),  # "choose": HiGHS's default
         ):
             highs.setOptionValue(option, setting)
         highs.passModel(self._lp)  # HiGHS copies the model: the next probe may change it
