@@ -1,7 +1,7 @@
 """The cascade cover (solver.cascade) against the exhaustive stage-space optimum: its bound (LP,
 certified from the duals, and CP-SAT's) never exceeds the optimum's recompute cost, at every
 budget where the optimum changes; where a recompute needs a dead input it is above the read-gap
-cover; its LP bound is certified (solver.dual_bound) whatever the duals; and the exact search
+cover; its LP bound is certified (solver.milp.lp) whatever the duals; and the exact search
 through the cascade step and the lifetime polish never claims more than the exhaustive optimum
 allows."""
 
@@ -29,7 +29,7 @@ from solver.heuristics.eviction import evict_within
 from solver.milp.cascade import Crossings, cascade_model
 from solver.milp.cascade_rounds import cascade_bound
 from solver.milp.cover import read_gap_cover
-from solver.milp.dual_bound import GrowingLp, certified_lp_bound, safe_bound
+from solver.milp.lp import GrowingLp, safe_bound, solve_relaxation
 from solver.milp.model import LinearModel
 from solver.milp.units import CostUnits
 
@@ -176,7 +176,7 @@ def test_the_certified_bound_holds_for_any_multipliers():
     assert safe_bound(lm, np.array([1.0, 1.0])).bound == 2
     for y in ([-5.0, 1.0], [10.0, 10.0], [0.0, 0.0], [0.5, 1.5]):
         assert safe_bound(lm, np.array(y)).bound <= 2
-    lp = certified_lp_bound(lm, Deadline.after(10))
+    lp = solve_relaxation(lm, Deadline.after(10))
     assert lp is not None and lp.bound == 2
     # reduced costs (0, 0, 2): x2 = 1 costs at least 2 + 2 = 4, so it is 0 below a cap of 4
     assert lp.fixings(3) == {x[2]: 0} and lp.fixings(4) == {}
@@ -255,7 +255,7 @@ def test_a_model_grown_row_by_row_is_the_model_built_at_once(graph, where, per_r
         assert lo is None and hi == 0 and len(terms) == 2
         assert {c for _, c in terms} == {1, -1} and all(n.startswith("L[") for n, _ in terms)
     solved = relaxation.solve(Deadline.after(10))
-    at_once = certified_lp_bound(whole.lm, Deadline.after(10))
+    at_once = solve_relaxation(whole.lm, Deadline.after(10))
     assert solved is not None and at_once is not None
     assert abs(solved.base - at_once.base) <= 1e-6 * max(1.0, abs(at_once.base))
 

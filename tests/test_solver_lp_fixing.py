@@ -16,7 +16,7 @@ from solver.heuristics.registry import all_policies
 from solver.milp.cpsat import CpSatModel
 from solver.milp.formulation import build, variable_count
 from solver.milp.highs_mip import HighsMip
-from solver.milp.lp import reduced_cost_fixings, solve_relaxation
+from solver.milp.lp import solve_relaxation
 from solver.milp.model import LinearModel, ModelResult
 from solver.milp.plans import hint_values
 from solver.milp.units import CostUnits
@@ -55,14 +55,14 @@ def test_fixing_at_the_optimum_keeps_the_optimum(engine, graph):
         # Limit and cutoff at the optimum itself: the optimal schedule must survive both.
         lm = build(problem, budget, int_cost, recompute_limit=optimum)
         lp = solve_relaxation(lm, deadline=Deadline.after(30))
-        assert lp is not None and lp.objective <= optimum + 1e-6
-        fixed = reduced_cost_fixings(lm, lp, optimum)
+        assert lp is not None and lp.bound <= optimum
+        fixed = lp.fixings(optimum)
         result = engine(lm, fixed, optimum)
         assert result.status == "OPTIMAL" and result.objective == optimum
         # One below the optimum nothing may remain.
         lm = build(problem, budget, int_cost, recompute_limit=optimum - 1)
         lp = solve_relaxation(lm, deadline=Deadline.after(30))
-        fixed = {} if lp is None else reduced_cost_fixings(lm, lp, optimum - 1)
+        fixed = {} if lp is None else lp.fixings(optimum - 1)
         assert engine(lm, fixed, optimum - 1).status == "INFEASIBLE"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ from solver.exact.state import Goal, Search
 from solver.examples import uniform_training_chain
 from solver.heuristics.baselines import BASELINES
 from solver.heuristics.registry import all_policies
-from solver.milp.lp import LpRelaxation
+from solver.milp.lp import DualBound
 from solver.milp.units import CostUnits
 
 TIME_LIMIT = 30.0
@@ -77,9 +78,14 @@ def _poor_incumbent(search):
 
 def _useless_lp(search):
     """Step: a valid but useless relaxation: bound 0 (costs are never negative), nothing fixed."""
-    size = len(search.model.names)
-    search.lp = LpRelaxation(0.0, [0.0] * size, [0.0] * size)
+    search.lp = _lp_bound(0, len(search.model.names))
     return search
+
+
+def _lp_bound(bound: int, size: int) -> DualBound:
+    """An LP bound of `bound` on a model of `size` variables, with nothing to fix."""
+    zeros = np.zeros(size)
+    return DualBound(bound, float(bound), zeros, zeros, zeros.astype(bool), values=zeros)
 
 
 def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
@@ -126,12 +132,12 @@ def test_cpsat_shares_its_time_only_where_the_lp_is_weak_on_an_op_level_graph():
     goal = Goal("cost", CostUnits.of(problem))
     search = Search(graph, problem, goal, SolveOptions(), 1, Deadline.after(10), 10.0, 0.0)
     assert not _weak_on_op_level(search)  # no LP
-    search.lp = LpRelaxation(2.0, [], [])
+    search.lp = _lp_bound(2, 0)
     search.floor = 3
     assert not _weak_on_op_level(search)  # the lifetime search has not run: a published graph
     search.lifetime_best = math.inf
     assert _weak_on_op_level(search)
-    search.lp = LpRelaxation(3.0, [], [])
+    search.lp = _lp_bound(3, 0)
     assert not _weak_on_op_level(search)  # the LP is as strong as the floor
 
 

@@ -81,11 +81,8 @@ def peak_model(search: Search) -> Search:
     if result.values is not None:
         plan = plan_from_values(model, problem.n, result.values.__getitem__)
         search.offer(Member("CP-SAT", plan, plan_to_ops(problem, plan)))
-    if result.status == "OPTIMAL":
-        assert result.objective is not None
-        search.raise_floor(result.objective)
-    elif result.status != "INFEASIBLE":
-        search.bound_within(result.bound, None)
+    if result.status != "INFEASIBLE":  # the model holds the incumbent: never infeasible
+        search.conclude(result, None)
     return search
 
 

@@ -61,13 +61,9 @@ def relax(search: Search, first: int) -> None:
         )
         rounds.append({"first_stage": first, "exact_stages": len(exact_stages), "size": size})
         rounds[-1]["status"] = result.status
-        if result.status == "INFEASIBLE":
-            if limit is None:
-                raise_infeasible(search)
-            search.refute(limit)
-            break
-        proven = result.objective if result.status == "OPTIMAL" else result.bound
-        search.bound_within(proven, limit)
+        if result.status == "INFEASIBLE" and limit is None:
+            raise_infeasible(search)
+        search.conclude(result, limit)
         if result.values is None:
             break
         plan = plan_from_values(lm, problem.n, result.values.__getitem__)

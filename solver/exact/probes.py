@@ -16,7 +16,6 @@ from solver.exact.moments import relax
 from solver.exact.state import Search
 from solver.milp.cpsat import CpSatModel
 from solver.milp.highs_mip import HighsMip
-from solver.milp.lp import reduced_cost_fixings
 from solver.milp.model import ModelResult
 from solver.milp.plans import hint_values, plan_from_values
 
@@ -62,27 +61,20 @@ def search_model(search: Search) -> None:
         progress=search.engine_progress(),
     )
     search.note(cpsat=result.status)
-    if result.status == "INFEASIBLE":
-        if limit is None:
-            raise_infeasible(search)
-        search.refute(limit)
-        return
+    if result.status == "INFEASIBLE" and limit is None:
+        raise_infeasible(search)
     if result.values is not None:
         search.offer(_member(search, result, "CP-SAT"))
-    search.bound_within(_proven(result), limit)
-
-
-def _proven(result: ModelResult) -> float:
-    """What a (not infeasible) result proves: its optimum, else its bound."""
-    return result.objective if result.status == "OPTIMAL" else result.bound  # type: ignore[return-value]
+    search.conclude(result, limit)
 
 
 def minimise(search: Search) -> None:
     """One CP-SAT run for the rest of the time: minimise under the incumbent's cost as a cap,
-    with the LP's fixings at that cap, from the incumbent as a complete hint (which its local
-    search improves: without a first solution it finds none on the op-level graphs). Where the
-    LP is weaker than the floor and the lifetime search has run (`_weak_on_op_level`), only
-    `SolveOptions.minimise_share` of the time is CP-SAT's: the rest is `lifetime_polish`'s."""
+    with the LP's certified fixings at that cap, from the incumbent as a complete hint (which its
+    local search improves: without a first solution it finds none on the op-level graphs).
+    Where the LP is weaker than the floor and the lifetime search has run (`_weak_on_op_level`),
+    only `SolveOptions.minimise_share` of the time is CP-SAT's: the rest is
+    `lifetime_polish`'s."""
     model, lp, incumbent, cap = search.model, search.lp, search.incumbent, search.value
     assert model is not None and lp is not None and incumbent is not None and cap is not None
     deadline = search.deadline
@@ -92,17 +84,14 @@ def minimise(search: Search) -> None:
         deadline=deadline,
         workers=search.workers,
         hint=hint_values(model, search.problem, incumbent.plan),
-        fixed=reduced_cost_fixings(model, lp, cap),
+        fixed=lp.fixings(cap),
         objective_cap=cap,
         progress=search.engine_progress(),
     )
     search.note(cpsat=result.status)
     if result.values is not None:
         search.offer(_member(search, result, "CP-SAT"))
-    if result.status == "INFEASIBLE":
-        search.refute(cap)  # nothing strictly cheaper: the cap is the incumbent's own cost
-    else:
-        search.bound_within(_proven(result), cap)
+    search.conclude(result, cap)  # infeasible: nothing cheaper than the incumbent's own cost
 
 
 def _weak_on_op_level(search: Search) -> bool:
@@ -112,14 +101,14 @@ def _weak_on_op_level(search: Search) -> bool:
     of the checkpoint-all peak, a 300 s solve whose probes took 280 s ended 1.3% dearer than a
     60 s solve (docs/solver.md, "Probes")."""
     lp = search.lp
-    return lp is not None and search.lifetime_best is not None and lp.objective < search.floor
+    return lp is not None and search.lifetime_best is not None and lp.bound < search.floor
 
 
 def climb(search: Search) -> None:
     """HiGHS probes of objective caps climbing from the floor.
 
     Each probe asks for a schedule of recompute cost <= cap with every variable fixed that the
-    LP's reduced costs fix at that cap (the lower the cap, the more are fixed). Infeasible
+    LP's certified reduced costs fix at that cap (the lower the cap, the more are fixed). Infeasible
     raises the floor to cap + 1 and grows the step by `SolveOptions.climb_growth`
     (`climb_first_step` of the gap first); a schedule becomes the incumbent, optimal when HiGHS
     proves it optimal under the cap. A low cap is refuted quickly and the first cap at or above
@@ -143,7 +132,7 @@ def climb(search: Search) -> None:
             caps.append(min(value - 1, caps[0] + 1 + step))
             step = max(step + 1, round(options.climb_growth * step))
         share = 1.0 if caps[-1] == value - 1 else options.probe_share
-        questions = [(reduced_cost_fixings(model, lp, cap), cap) for cap in caps]
+        questions = [(lp.fixings(cap), cap) for cap in caps]
         results = mip.solve_all(questions, deadline=search.deadline.share(share))
         go_on = True
         for cap, result in zip(caps, results, strict=True):
@@ -156,7 +145,7 @@ def climb(search: Search) -> None:
                 search.offer(found)
             elif result.status != "INFEASIBLE":
                 go_on = False  # out of time under this cap
-            search.bound_within(result.bound, cap)
+            search.conclude(result, cap)
         if not go_on:
             break
     search.note(highs_probes=outcomes)

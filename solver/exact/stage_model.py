@@ -2,8 +2,8 @@
 
 The model is built at the incumbent's recompute cost (`build`'s recompute limit: nodes costing
 more are never recomputed, which shrinks it, and it still holds the incumbent and every better
-schedule). Its LP relaxation (HiGHS, `solver.milp.lp`) gives a floating-point bound (NOTE
-[certificates]) and the keep fractions that are rounded into schedules
+schedule). Its LP relaxation (HiGHS, `solver.milp.lp`) gives a bound certified from its duals
+(NOTE [certificates]) and the keep fractions that are rounded into schedules
 (`solver.heuristics.rounding`, and an eviction run that evicts what the LP keeps least).
 """
 
@@ -78,10 +78,13 @@ def lp_relaxation(search: Search) -> Search:
         rounds += 1
         if search.lp is None:
             break
-        search.bound_within(search.lp.objective, search.model_limit)
+        cap = search.model_limit
+        search.raise_floor(search.lp.bound if cap is None else min(search.lp.bound, cap + 1))
         if search.closed or not options.rounding:
             break
-        fractions = [{i: search.lp.values[v] for i, v in stage.items()} for stage in model.keep]
+        values = search.lp.values
+        assert values is not None
+        fractions = [{i: values[v] for i, v in stage.items()} for stage in model.keep]
         before = search.value
         search.offer(
             *rounded_members(problem, fractions, search.deadline),
@@ -99,5 +102,5 @@ def lp_relaxation(search: Search) -> Search:
         except TimeoutError:
             break
         search.model_limit, search.lp = limit, None
-    search.note(lp_rounds=rounds, lp_bound=None if search.lp is None else search.lp.objective)
+    search.note(lp_rounds=rounds, lp_bound=None if search.lp is None else search.lp.base)
     return search

@@ -12,12 +12,19 @@ it would say that the incumbent does not exist, so it is read as "nothing strict
 (`raise_floor`). The search is closed (the incumbent optimal) when the floor meets the
 incumbent.
 
-NOTE [certificates]: what may raise the floor is an exact certificate only: a CP-SAT status or
-bound (integer arithmetic), or a HiGHS bound read through `safe_floor` (NOTE [safe bounds] in
-`solver.milp.units`). A proof over the schedules within a cap c (a probe, a model built at a
-recompute limit c) says nothing about those above it: `bound_within` raises the floor to at
-most c + 1, and a refutation under a cap equal to the incumbent's own value proves only that
-nothing is strictly better.
+NOTE [certificates]: what may raise the floor is a proof in whole cost units only, read the same
+way whatever the unit the graph's costs are written in: a CP-SAT status or bound (integer
+arithmetic, read exactly), an LP bound certified from its duals (`solver.milp.lp.safe_bound`),
+or HiGHS's branch and cut (its verdicts at an integer cap, and its running bound through
+`safe_floor`): `ModelResult.proven` and NOTE [safe bounds] in `solver.milp.units`. A proof over
+the schedules within a cap c (a probe, a model built at a recompute limit c) says nothing about
+those above it: `conclude` raises the floor to at most c + 1, and a refutation under a cap
+equal to the incumbent's own value proves only that nothing is strictly better.
+
+NOTE [threads]: an engine call may run on a second thread beside the pending warm starts
+(`beside`), and both may offer schedules and raise the floor: `offer` and `raise_floor` compare
+and assign under one lock, so the incumbent only improves and the floor only rises whichever
+thread comes first.
 
 NOTE [deadline]: `Search.deadline` is the only clock. Every step, heuristic and engine gets it
 or a share of it (`share_of_limit`, `Deadline.share`) and the pipeline runs no step once it has
@@ -43,9 +50,9 @@ from solver.core.stages import Member
 from solver.deadline import Deadline
 from solver.exact.options import SolveOptions, Step
 from solver.milp.cpsat import ProgressFn
-from solver.milp.lp import LpRelaxation
-from solver.milp.model import LinearModel
-from solver.milp.units import CostUnits, safe_floor
+from solver.milp.lp import DualBound
+from solver.milp.model import LinearModel, ModelResult
+from solver.milp.units import CostUnits
 
 R = TypeVar("R")
 
@@ -109,7 +116,8 @@ class Search:
     model: LinearModel | None = None
     model_limit: int | None = None
     """The recompute limit `model` was built at (None: none): it holds every schedule within."""
-    lp: LpRelaxation | None = None
+    lp: DualBound | None = None
+    """The stage model's LP relaxation, its bound certified (`solver.milp.lp.solve_relaxation`)."""
     no_model: str = ""
     """Why the stage model was not built, for the message when nothing fits."""
     heuristic_peak: int | None = None
@@ -122,6 +130,8 @@ class Search:
     trace: list[dict] = field(default_factory=list)
     notes: dict = field(default_factory=dict)
     """What the running step found, added to its `trace` record."""
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    """Held while the incumbent or the floor is compared and changed (NOTE [threads])."""
 
     @property
     def units(self) -> CostUnits:
@@ -152,7 +162,11 @@ class Search:
         for member in members:
             if member is None or not self.goal.fits(member):
                 continue
-            if self.incumbent is None or self.goal.key(member) < self.goal.key(self.incumbent):
+            with self.lock:
+                if self.incumbent is not None and not (
+                    self.goal.key(member) < self.goal.key(self.incumbent)
+                ):
+                    continue
                 if self.goal.value(member) < self.floor:
                     raise RuntimeError(
                         f"internal error: a schedule of value {self.goal.value(member)} under "
@@ -162,22 +176,20 @@ class Search:
                 self.show()
 
     def raise_floor(self, bound: int) -> None:
-        """Raise the floor to `bound`, never above the incumbent (NOTE [floor])."""
-        if self.incumbent is not None:
-            bound = min(bound, self.goal.value(self.incumbent))
-        if bound > self.floor:
-            self.floor = bound
-            self.show()
+        """Raise the floor to `bound` (whole units, or bytes), never above the incumbent (NOTE
+        [floor])."""
+        with self.lock:
+            if self.incumbent is not None:
+                bound = min(bound, self.goal.value(self.incumbent))
+            if bound > self.floor:
+                self.floor = bound
+                self.show()
 
-    def bound_within(self, bound: float, cap: int | None) -> None:
-        """An engine proved `bound` (its objective units, a float: `safe_floor` reads it) over
-        the schedules of value <= cap (None: every schedule) (NOTE [certificates])."""
-        proven = safe_floor(bound)
-        self.raise_floor(proven if cap is None else min(proven, cap + 1))
-
-    def refute(self, cap: int) -> None:
-        """An engine proved that no schedule has a value <= cap (NOTE [certificates])."""
-        self.raise_floor(cap + 1)
+    def conclude(self, result: ModelResult, cap: int | None) -> None:
+        """Raise the floor to what an engine's `result` proves on a model that holds every
+        schedule of value <= cap (None: every schedule; NOTE [certificates]). An infeasible
+        result with no cap is the caller's to report (`solver.exact.infeasible`)."""
+        self.raise_floor(result.proven(cap))
 
     def note(self, **facts: object) -> None:
         """Record what the running step found (in the schedule's `extra["steps"]`)."""
@@ -232,8 +244,7 @@ class Search:
     def beside(self, task: Callable[[], R]) -> R:
         """`task` (an engine call, which runs outside Python's lock) on a second thread while the
         pending warm starts run on this one (`run_pending`); then the task's result is returned.
-        Either the task or the pending work may update the state, never both (the warm starts
-        offer their plans as they come, beside a bound that only computes)."""
+        Both may offer schedules and raise the floor as they come (NOTE [threads])."""
         if not self.pending:
             return task()
         result: list[R] = []

@@ -38,7 +38,7 @@ Without dead inputs the model is the read-gap cover. Its LP relaxation is strong
 graphs of real models (`benchmarks.solver_scale`) it lies within a few tenths of a percent of
 the optimum of the model, and it solves in seconds where the stage model's LP does not finish;
 `solver.milp.cascade_rounds.cascade_bound` takes the LP's bound (certified from its duals,
-`solver.milp.dual_bound`) and then lets HiGHS's branch and cut raise it. What it leaves out:
+`solver.milp.lp`) and then lets HiGHS's branch and cut raise it. What it leaves out:
 when in a gap a recompute happens (a value recomputed early for another recompute is live from
 then on), and the memory in the middle of a stage.
 """
@@ -108,7 +108,7 @@ class CascadeModel:
     Adding rows only appends variables and rows to `lm` and may move a value's L cost to an
     earlier L (its first): the variables and rows already there keep their indices and
     meaning, so a solution of the smaller model extends to the larger one with zeros, and an LP
-    solved on it resumes from its basis (`solver.milp.dual_bound.GrowingLp`)."""
+    solved on it resumes from its basis (`solver.milp.lp.GrowingLp`)."""
 
     problem: Problem
     crossings: Crossings

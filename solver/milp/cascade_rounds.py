@@ -3,7 +3,7 @@ to drop and keep (`away_stages`).
 
 The model and the check of which rows a solution breaks are `solver.milp.cascade`'s. Rows are
 added a few per round, first to the LP (HiGHS, re-solved from its last basis as the model grows,
-each bound certified from the duals: `solver.milp.dual_bound`), then to the 0/1 model (HiGHS's
+each bound certified from the duals: `solver.milp.lp`), then to the 0/1 model (HiGHS's
 branch and cut, or CP-SAT where a good 0/1 solution is wanted soon).
 Any subset of the rows is a relaxation, so every round's bound holds.
 """
@@ -19,10 +19,9 @@ from solver.core.graph import Problem
 from solver.deadline import Deadline
 from solver.milp.cascade import CascadeModel, Crossings, cascade_model, violated_rows
 from solver.milp.cpsat import CpSatModel, ProgressFn
-from solver.milp.dual_bound import GrowingLp
 from solver.milp.highs_mip import HighsMip
+from solver.milp.lp import GrowingLp
 from solver.milp.model import ModelResult
-from solver.milp.units import safe_floor
 
 
 @dataclass(frozen=True)
@@ -63,19 +62,19 @@ def cascade_bound(
     ROWS_PER_ROUND per round. Every round's bound is valid (any subset of rows is a relaxation),
     so the bound only rises.
 
-    1. on the LP (HiGHS, each bound certified from the duals, `solver.dual_bound`; each round
+    1. on the LP (HiGHS, each bound certified from the duals, `solver.milp.lp`; each round
        from the last one's basis), until a solution breaks no row and the rows nearest to
        breaking, added once, do not raise the bound;
     2. on the 0/1 model (with the last LP's reduced-cost fixings at `cap`, the incumbent's
        recompute cost minus one when known), until a solution breaks no row or the time is
-       up: HiGHS's branch and cut on one thread (its bound read through `safe_floor`, NOTE
-       [certificates]), or, with `cpsat_workers`, CP-SAT from the last solution as a hint.
-       No solution within the cap proves that nothing costs at most the cap. HiGHS raises the
-       bound where CP-SAT leaves the LP's (BERT-12, GPT-2-4 and ViT-12 at per-block
-       checkpoint's memory, 60 s); CP-SAT's local search finds good 0/1 solutions sooner (on
-       BERT-12 there, 0.233 of the node costs in 2 s, where HiGHS's first is 0.246), which
-       is what a caller wanting a solution to start from needs (docs/solver.md, "The
-       cascade cover").
+       up: HiGHS's branch and cut on one thread (what it proves read by
+       `ModelResult.proven`, NOTE [safe bounds] in `solver.milp.units`), or, with
+       `cpsat_workers`, CP-SAT from the last solution as a hint. No solution within the cap
+       proves that nothing costs at most the cap. HiGHS raises the bound where CP-SAT leaves
+       the LP's (BERT-12, GPT-2-4 and ViT-12 at per-block checkpoint's memory, 60 s);
+       CP-SAT's local search finds good 0/1 solutions sooner (on BERT-12 there, 0.233 of
+       the node costs in 2 s, where HiGHS's first is 0.246), which is what a caller wanting a
+       solution to start from needs (docs/solver.md, "The cascade cover").
 
     `rows` (say, an earlier call's `model.rows`) are the rows to begin with, besides the stage
     of largest excess. `progress` gets (seconds since the call, objective, bound) in `int_cost`
@@ -154,22 +153,18 @@ def _solve_01(
             fixed=fixed,
             objective_cap=sum(model.lm.objective.values()) if cap is None else cap,
         )
-        # NOTE [certificates]: HiGHS's bound, made safe; INFEASIBLE reports cap + 0.5
-        return result, safe_floor(result.bound)
-    result = CpSatModel(model.lm).solve(
-        deadline=deadline,
-        workers=cpsat_workers,
-        fixed=fixed,
-        hint=None if values is None else {j: int(v > 0.5) for j, v in enumerate(values)},
-        objective_cap=cap,
-        progress=lambda _, objective, bound: report(objective, bound),
-    )
+    else:
+        result = CpSatModel(model.lm).solve(
+            deadline=deadline,
+            workers=cpsat_workers,
+            fixed=fixed,
+            hint=None if values is None else {j: int(v > 0.5) for j, v in enumerate(values)},
+            objective_cap=cap,
+            progress=lambda _, objective, bound: report(objective, bound),
+        )
     if result.status == "INFEASIBLE":
         assert cap is not None, "the model is feasible for every budget over the one-line bound"
-        return result, cap + 1
-    if result.status == "OPTIMAL":
-        return result, result.objective or 0
-    return result, math.ceil(result.bound - 1e-6)
+    return result, result.proven(cap)
 
 
 def away_stages(model: CascadeModel, values: Sequence[float]) -> tuple[dict[int, int], set[int]]:

@@ -41,7 +41,6 @@ from solver.core.stages import Member, StagePlan, plan_to_ops, stage_computes
 from solver.deadline import Deadline
 from solver.milp.cpsat import CpSatModel
 from solver.milp.model import LinearModel
-from solver.milp.units import safe_floor
 
 
 @dataclass(frozen=True)
@@ -102,11 +101,7 @@ def read_gap_cover(
         return ReadGapCover(0, None)
     result = CpSatModel(model.lm).solve(deadline=deadline, workers=workers)
     assert result.status != "INFEASIBLE", "the budget is below the one-line bound"
-    if result.status == "OPTIMAL":
-        assert result.objective is not None
-        bound = result.objective
-    else:
-        bound = safe_floor(result.bound)
+    bound = result.proven(None)
     if result.values is None:
         return ReadGapCover(bound, None)
     away = {

@@ -114,12 +114,12 @@ class CpSatModel:
         `objective_cap` adds objective <= cap. `progress` gets the objective and bound in the
         model's units."""
         if self._model is None and not self._translate(deadline):
-            return ModelResult("UNKNOWN", None, None, 0.0)  # out of time while translating
+            return ModelResult("UNKNOWN", None, None, 0.0, exact=True)  # out of time translating
         assert self._model is not None
         m = self._model.clone()
         for idx, value in (fixed or {}).items():
             if not self.lm.lower[idx] <= value <= self.lm.upper[idx]:
-                return ModelResult("INFEASIBLE", None, None, 0.0)
+                return ModelResult("INFEASIBLE", None, None, 0.0, exact=True)
             domain = m.proto.variables[idx].domain
             domain[0], domain[1] = value, value
         if objective_cap is not None:
@@ -130,7 +130,7 @@ class CpSatModel:
         left = deadline.remaining()
         overrun = OVERRUN_PER_VARIABLE * len(self.lm.names) + OVERRUN_SHARE * left
         if left <= overrun:
-            return ModelResult("UNKNOWN", None, None, 0.0)  # it would end past the limit
+            return ModelResult("UNKNOWN", None, None, 0.0, exact=True)  # would end past the limit
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = left - overrun
         solver.parameters.num_workers = workers
@@ -146,7 +146,7 @@ class CpSatModel:
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             values = list(solver.response_proto.solution)
             return ModelResult(
-                name, values, round(solver.objective_value), solver.best_objective_bound
+                name, values, round(solver.objective_value), solver.best_objective_bound, True
             )
         bound = solver.best_objective_bound if name == "UNKNOWN" else 0.0
-        return ModelResult(name, None, None, bound)
+        return ModelResult(name, None, None, bound, exact=True)

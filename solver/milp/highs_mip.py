@@ -6,9 +6,9 @@ search is the better engine, and `solver.exact.probes` picks by the LP gap and t
 (docs/solver.md, "Probes").
 
 HiGHS works in floating point: a solution it returns is checked exactly by the caller before it
-is believed (`solver.exact.probes` replays it in the simulator), and the bounds it states are
-read through `solver.milp.units.safe_floor` (NOTE [safe bounds]). An infeasible probe reports
-the bound HiGHS pruned at, cap + 0.5 (`objective_bound`), so that it is read the same way.
+is believed (`solver.exact.probes` replays it in the simulator); the dual bound it states while
+it runs is read through `solver.milp.units.safe_floor`, and its verdicts at the integer cap
+(infeasible, optimal) are read as they are (NOTE [safe bounds], `ModelResult.proven`).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class HighsMip:
     def __init__(
         self, lm: LinearModel, scaled: ScaledLp | None = None, *, presolve: bool = True
     ) -> None:
-        """`scaled`: `lm` as `lp_fixing.scaled_lp` built it (the LP relaxation's, reused to save
-        its build; this MIP changes it from now on), or None to build it here. `presolve`:
+        """`scaled`: `lm` as `solver.milp.lp.scaled_lp` built it (the LP relaxation's, reused to
+        save its build; this MIP changes it from now on), or None to build it here. `presolve`:
         HiGHS's MIP presolve, which does not look at the time limit while it runs (on the stage
         model of GPT-2 with two layers, 79k variables, it took 17 s of a 15 s limit, and the
         probe ended at 22 s): off for the stage model's probes (`solver.exact.probes.climb`)."""
@@ -109,7 +109,7 @@ class HighsMip:
     def _result(self, highs: highspy.Highs, cap: int) -> ModelResult:
         status, info = highs.getModelStatus(), highs.getInfo()
         if status == highspy.HighsModelStatus.kInfeasible:
-            return ModelResult("INFEASIBLE", None, None, cap + 0.5)
+            return ModelResult("INFEASIBLE", None, None, 0.0)
         bound = info.mip_dual_bound
         bound = max(0.0, bound) if math.isfinite(bound) else 0.0  # costs are never negative
         if info.primal_solution_status != 2:  # no feasible solution

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from solver.milp.units import integer_floor, safe_floor
+
 Row = tuple[list[int], list[int], int | None, int | None]
 """A linear row: variable indices, integer coefficients, lower and upper bound (None: open)."""
 
@@ -58,9 +60,27 @@ class LinearModel:
 class ModelResult:
     """A `LinearModel` solved (CP-SAT or HiGHS). status: "OPTIMAL", "FEASIBLE", "INFEASIBLE" or
     "UNKNOWN"; values per variable when a solution was found; objective and bound in the model's
-    integer units (bound valid whenever status is not "INFEASIBLE")."""
+    integer units (bound valid whenever status is not "INFEASIBLE"); `exact`: the bound comes
+    from integer arithmetic (CP-SAT), not a floating-point branch and cut (HiGHS)."""
 
     status: str
     values: list[int] | None
     objective: int | None
     bound: float
+    exact: bool = False
+
+    def proven(self, cap: int | None) -> int:
+        """The whole units that this solve, of a model whose objective was capped at `cap`
+        (None: not capped), proves every solution within the cap to cost at least: cap + 1
+        when it found none (a cap is required then), its objective when optimal, else its bound
+        (`integer_floor` for an integer engine, `safe_floor` otherwise: NOTE [safe bounds] in
+        `solver.milp.units`), never above cap + 1."""
+        if self.status == "INFEASIBLE":
+            assert cap is not None, "an uncapped infeasible model proves no bound"
+            return cap + 1
+        if self.status == "OPTIMAL":
+            assert self.objective is not None
+            proven = self.objective
+        else:
+            proven = integer_floor(self.bound) if self.exact else safe_floor(self.bound)
+        return proven if cap is None else min(proven, cap + 1)

@@ -5,14 +5,19 @@ cost a model states (its objective, caps, bounds, the recompute limit) is in the
 counts recomputations only: a schedule's cost in graph units is
 `(recompute cost + units.first) * units.unit` (`CostUnits.graph_cost`).
 
-NOTE [safe bounds]: HiGHS (the LP relaxation, `solver.milp.lp`, and the branch and cut,
-`solver.milp.highs_mip`) works in floating point with feasibility tolerances of 1e-7 on models
-scaled to unit row norms, so a bound it reports can be a little above the true one. A bound
-b it states is used only as `safe_floor(b)`: rounded up to a whole cost unit after taking off
-SAFE_RELATIVE of it (10x those tolerances, and at least SAFE_RELATIVE in absolute terms), so
-that a bound read off an LP at 1130.0000004 is 1130, never 1131. CP-SAT works in integers: its
-bounds are exact and need no margin (they are rounded up past the same margin only because the
-API hands them over as floats).
+NOTE [safe bounds]: a bound an engine states is read in whole cost units, and how depends on the
+arithmetic behind it.
+- CP-SAT works in integers: its bounds are exact whole numbers (handed over as floats, exact
+  below 2**53), read by `integer_floor` with no margin, so that a proof at the incumbent's value
+  closes the search whatever the unit the costs are written in.
+- An LP bound is certified from the row duals with every rounding error bounded
+  (`solver.milp.lp.safe_bound`): a whole number already.
+- HiGHS's branch and cut (`solver.milp.highs_mip`) states a floating-point dual bound while it
+  runs; it is used only as `safe_floor(b)`: rounded up to a whole cost unit after taking off
+  SAFE_RELATIVE of it (10x HiGHS's tolerances of 1e-7 on models scaled to unit row norms), so
+  that a bound read at 1130.0000004 is 1130, never 1131. Its verdicts at an integer cap
+  (infeasible; optimal) are statements in whole units and need no margin
+  (`solver.milp.model.ModelResult.proven`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,15 @@ SAFE_RELATIVE = 1e-6
 
 MAX_SCALE_DIGITS = 6
 """Costs are scaled by at most 10**MAX_SCALE_DIGITS to make them whole, else rounded."""
+
+
+def integer_floor(bound: float) -> int:
+    """The whole cost units an integer engine's bound (CP-SAT's: a whole number handed over as a
+    float) certifies, with no margin (NOTE [safe bounds]); 0 for one not finite or not positive.
+    A bound that were not whole would be read below its ceiling, never above."""
+    if not math.isfinite(bound) or bound <= 0:
+        return 0
+    return max(0, math.ceil(bound - 0.5))
 
 
 def safe_floor(bound: float) -> int:
