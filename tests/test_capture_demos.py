@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from capture_checks import assert_exact_replay
 
 from graph_capture import capture
@@ -14,7 +13,7 @@ from graph_capture.accounting import (
 )
 from graph_capture.demos import MODELS, demo_model
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")  # exactness holds at one thread
 
 
 @pytest.mark.parametrize("name", MODELS)

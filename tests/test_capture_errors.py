@@ -116,8 +116,8 @@ def test_eval_mode_is_rejected() -> None:
         capture(nn.Linear(4, 4).eval(), (torch.randn(2, 4),))
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_in_place_ops_on_intermediates_are_functionalized_exactly() -> None:
-    torch.set_num_threads(1)
     model, x = InPlaceInside(), torch.randn(3, 4)
     graph = capture(model, (x,), repeats=1)
     ops = {str(n.target) for n in graph.joint.graph.nodes if n.op == "call_function"}

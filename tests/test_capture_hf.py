@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import networkx as nx
 import pytest
-import torch
 from capture_checks import assert_exact_replay
 
 from benchmarks.zoo import hf
 from graph_capture import capture
 
 pytest.importorskip("transformers")
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")  # exactness holds at one thread
 
 TINY = {"layers": 1, "hidden": 32, "heads": 2, "batch": 2}
 

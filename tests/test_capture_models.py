@@ -21,7 +21,7 @@ from graph_capture.demo_models import Block, TinyUNet
 from graph_capture.lifted import LiftedConstant
 from solver import prepare
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")  # exactness holds at one thread
 
 
 class MLP(nn.Module):

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
-import time
 from dataclasses import replace
 
 import networkx as nx
@@ -17,9 +15,11 @@ import solver
 from solver import SolveOptions
 from solver.deadline import Deadline
 from solver.examples import chain, residual_demo, training_graph, uniform_training_chain
+from solver.heuristics.eviction import eviction_runs
 from solver.io import graph_from_node_link, load_graph, save_graph
 from solver.milp.cpsat import CpSatModel
 from solver.milp.formulation import build
+from solver.milp.lp import solve_relaxation
 from solver.milp.units import CostUnits
 
 
@@ -258,28 +258,35 @@ def _three_hundred_nodes() -> nx.DiGraph:
 
 def test_the_time_limit_holds_while_the_model_is_built():
     """A 300-node training graph: building its model alone takes longer than a 1 s limit. The
-    best heuristic comes back as FEASIBLE (bound: every node once) about when the limit passes."""
+    build gives up at its deadline, and the best heuristic comes back as FEASIBLE (bound: every
+    node once)."""
     graph = _three_hundred_nodes()
-    started = time.perf_counter()
+    problem = solver.prepare(graph)
+    budget = solver.parse_budget("60%", problem)
+    with pytest.raises(TimeoutError):
+        build(problem, budget, CostUnits.of(problem).int_cost, deadline=Deadline.after(0.05))
     # The cover would prove the best heuristic optimal here before any model.
     schedule = solver.solve(graph, "60%", time_limit=1.0, options=NO_COVER)
-    assert time.perf_counter() - started < 1.0 * 1.05 + 0.5
     assert schedule.status == "FEASIBLE" and schedule.peak <= schedule.budget
-    assert schedule.bound == solver.prepare(graph).total_cost
+    assert schedule.bound == problem.total_cost
 
 
 @pytest.mark.parametrize(
     ("budget", "objective"), [("2%", "cost"), ("45%", "cost"), (None, "memory")]
 )
-def test_every_solve_returns_within_its_time_limit(budget, objective):
-    """The promise of `solver.solve`: time_limit * 1.05 + 0.5 s, whatever the outcome (an
-    infeasible budget searches for the least feasible peak in the same time; objective "memory"
-    evaluates every policy family, which a 300-node graph does not finish in a second)."""
+def test_a_solve_past_its_deadline_runs_no_step(budget, objective):
+    """The promise of `solver.solve` (time_limit * 1.05 + 0.5 s, whatever the outcome) rests on
+    the pipeline running no step once the deadline has passed: with a limit that passes during
+    the first heuristics (a 300-node graph's policy families do not finish in a millisecond),
+    the trace holds no step beyond the first one, whatever the outcome (an infeasible budget
+    searches for the least feasible peak in the same time)."""
     graph = _three_hundred_nodes()
-    started = time.perf_counter()
-    with contextlib.suppress(solver.InfeasibleBudgetError, solver.SolverTimeoutError):
-        solver.solve(graph, budget, objective=objective, time_limit=1.0)
-    assert time.perf_counter() - started < 1.0 * 1.05 + 0.5
+    try:
+        schedule = solver.solve(graph, budget, objective=objective, time_limit=1e-3)
+    except (solver.InfeasibleBudgetError, solver.SolverTimeoutError):
+        return
+    assert schedule.status == "FEASIBLE"
+    assert len(schedule.extra["steps"]) <= 1
 
 
 def test_cpsat_gives_up_translating_as_soon_as_the_limit_is_out_of_reach():
@@ -287,10 +294,8 @@ def test_cpsat_gives_up_translating_as_soon_as_the_limit_is_out_of_reach():
     its rate says so, well before the limit, and reports UNKNOWN."""
     problem = solver.prepare(_three_hundred_nodes())
     lm = build(problem, solver.parse_budget("60%", problem), CostUnits.of(problem).int_cost)
-    started = time.perf_counter()
     result = CpSatModel(lm).solve(deadline=Deadline.after(1.0), workers=2)
     assert result.status == "UNKNOWN" and result.values is None
-    assert time.perf_counter() - started < 0.5
 
 
 def test_a_model_over_the_size_limit_returns_the_best_heuristic_or_says_why():
@@ -323,9 +328,7 @@ def test_a_model_too_large_for_the_time_left_is_not_built():
     graph = residual_demo(blocks=2)
     budget = solver.parse_budget("60%", solver.prepare(graph))
     slow = SolveOptions(model_variables_per_second=1, moment_late_share=2.0, cascade=False)
-    started = time.perf_counter()
     schedule = solver.solve(graph, budget, time_limit=10, options=slow)
-    assert time.perf_counter() - started < 10.5
     records = {record["step"]: record for record in schedule.extra["steps"]}
     assert records["lp_relaxation"]["lp_rounds"] == 0 and schedule.peak <= budget
     nothing = replace(slow, cover=False, warm_starts=())
@@ -357,3 +360,19 @@ def test_where_no_heuristic_fits_the_error_names_the_budget_they_reach():
         solver.solve(graph, 26, time_limit=10, options=no_model)
     assert solver.solve(graph, 27, time_limit=10, options=no_model).peak <= 27
     assert solver.solve(graph, 26, time_limit=10).peak == 26
+
+
+def test_every_engine_returns_at_once_past_its_deadline():
+    """Each engine a step calls checks its deadline before it works: past it, the model
+    is not built, CP-SAT and the LP do not run, and the heuristics offer nothing."""
+    graph = residual_demo(blocks=2)
+    problem = solver.prepare(graph)
+    budget = solver.parse_budget("60%", problem)
+    int_cost = CostUnits.of(problem).int_cost
+    passed = Deadline(0.0)
+    with pytest.raises(TimeoutError):
+        build(problem, budget, int_cost, deadline=passed)
+    lm = build(problem, budget, int_cost)
+    assert CpSatModel(lm).solve(deadline=passed, workers=1).status == "UNKNOWN"
+    assert solve_relaxation(lm, passed) is None
+    assert eviction_runs(problem, budget, passed) == []

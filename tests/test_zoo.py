@@ -25,7 +25,7 @@ from graph_capture import capture
 from graph_capture.cli import load_model_from_args
 from solver.io import load_graph
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")  # exactness holds at one thread
 
 TINY_CNNS: dict[str, tuple[Callable[[], Bench], type[nn.Module]]] = {
     "resnet18": (partial(resnet18, batch=2, image=32, width=4), BasicBlock),
