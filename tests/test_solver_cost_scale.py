@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from solver_checks import probes_reach_the_optimum
 from solver_reference import min_cost_within, stage_space_frontier
-from solver_strategies import small_graphs
+from solver_strategies import small_graphs, training_graphs
 
 import solver
 from solver.deadline import Deadline
@@ -92,6 +93,26 @@ def test_large_cost_scales_solve_to_the_exhaustive_optimum(drawn):
             assert schedule.status == "OPTIMAL", (factor, budget, schedule.extra["steps"])
             assert schedule.cost == pytest.approx(expected, rel=1e-12 if exact else 1e-5)
             assert solver.simulate(graph, schedule.ops).peak <= budget
+
+
+def test_both_probe_engines_prove_the_optimum_at_large_cost_scales():
+    """HiGHS's climbing caps and CP-SAT's run from the incumbent, each forced to close the gap
+    alone, on costs of 1e6-1e9 units: every verdict at an integer cap is read as it stands (no
+    margin), and each lands on the exhaustive optimum."""
+    statuses: dict[str, list[str]] = {"highs": [], "cpsat": []}
+
+    @settings(max_examples=6)
+    @given(training_graphs(forward_nodes=4), st.sampled_from([1.0, 1e-3, 1234.567]))
+    def check(graph, factor):
+        for k, v in enumerate(graph.nodes):  # distinct costs, so the worst incumbent is poor
+            graph.nodes[v]["cost"] = (10**6 + 997 * k + 10**8 * graph.nodes[v]["cost"]) * factor
+        problem = solver.prepare(graph)
+        top = solver.checkpoint_all_peak(problem)
+        budgets = (problem.memory_lower_bound, (problem.memory_lower_bound + top) // 2)
+        probes_reach_the_optimum(graph, budgets, statuses)
+
+    check()
+    assert "INFEASIBLE" in statuses["highs"] and "OPTIMAL" in statuses["highs"]
 
 
 @pytest.mark.skipif(not VGG19.exists(), reason="the published graphs are not beside the repo")

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from solver_checks import lp_bound, probes_reach_the_optimum
 from solver_reference import general_space_min_cost, min_cost_within, stage_space_frontier
 from solver_strategies import small_graphs, training_graphs
 
@@ -16,13 +15,10 @@ import solver
 from solver import SolveOptions
 from solver.core.stages import cheapest_within
 from solver.deadline import Deadline
-from solver.exact.probes import _weak_on_op_level, probes
-from solver.exact.stage_model import stage_model
+from solver.exact.probes import _weak_on_op_level
 from solver.exact.state import Goal, Search
 from solver.examples import uniform_training_chain
 from solver.heuristics.baselines import BASELINES
-from solver.heuristics.registry import all_policies
-from solver.milp.lp import DualBound
 from solver.milp.units import CostUnits
 
 TIME_LIMIT = 30.0
@@ -63,58 +59,18 @@ def test_exact_cost_equals_exhaustive_stage_search(graph):
         assert general is not None and general <= schedule.cost + 1e-9
 
 
-def _poor_incumbent(search):
-    """Step: the most expensive policy schedule within the budget as the only warm start, so
-    that the probes (not the warm start) have to find the optimum."""
-    fitting = [
-        m
-        for m in all_policies(search.problem, each_use=True)
-        if m.schedule.peak <= search.goal.budget
-    ]
-    search.offer(max(fitting, key=lambda m: m.schedule.cost, default=None))
-    search.moments_ran = True  # no relaxation before the probes: they close the gap alone
-    return search
-
-
-def _useless_lp(search):
-    """Step: a valid but useless relaxation: bound 0 (costs are never negative), nothing fixed."""
-    search.lp = _lp_bound(0, len(search.model.names))
-    return search
-
-
-def _lp_bound(bound: int, size: int) -> DualBound:
-    """An LP bound of `bound` on a model of `size` variables, with nothing to fix."""
-    zeros = np.zeros(size)
-    return DualBound(bound, float(bound), zeros, zeros, zeros.astype(bool), values=zeros)
-
-
 def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
     """Both probe engines (HiGHS's climbing caps, CP-SAT's run from the incumbent), each forced
     to close the whole gap from a bound of 0 and the worst heuristic incumbent, reach the
     exhaustive optimum."""
     statuses: dict[str, list[str]] = {"highs": [], "cpsat": []}
-    steps = (_poor_incumbent, stage_model, _useless_lp, probes)
-    forced = SolveOptions(steps=steps, cover=False, mip_min_variables=0)
 
     @settings(max_examples=10)
     @given(training_graphs(forward_nodes=4))
     def check(graph):
         for v in graph.nodes:  # free recomputes would make the worst incumbent optimal
             graph.nodes[v]["cost"] += 1
-        frontier = stage_space_frontier(graph)
-        for budget in _budgets(graph):
-            expected = min_cost_within(frontier, budget)
-            if expected is None:
-                continue
-            for gap in (1.0, -1.0):  # every probe on HiGHS, then every probe on CP-SAT
-                options = replace(forced, mip_gap=gap)
-                schedule = solver.solve(graph, budget, time_limit=TIME_LIMIT, options=options)
-                assert schedule.status == "OPTIMAL"
-                assert schedule.cost == pytest.approx(expected)
-                assert solver.simulate(graph, schedule.ops).peak <= budget
-                for record in schedule.extra["steps"]:
-                    statuses["highs"] += [status for _, status in record.get("highs_probes", ())]
-                    statuses["cpsat"] += [record["cpsat"]] if "cpsat" in record else []
+        probes_reach_the_optimum(graph, _budgets(graph), statuses)
 
     check()
     # HiGHS climbs (refuted caps, then the optimum found under a cap); CP-SAT's one run from the
@@ -132,12 +88,12 @@ def test_cpsat_shares_its_time_only_where_the_lp_is_weak_on_an_op_level_graph():
     goal = Goal("cost", CostUnits.of(problem))
     search = Search(graph, problem, goal, SolveOptions(), 1, Deadline.after(10), 10.0, 0.0)
     assert not _weak_on_op_level(search)  # no LP
-    search.lp = _lp_bound(2, 0)
+    search.lp = lp_bound(2, 0)
     search.floor = 3
     assert not _weak_on_op_level(search)  # the lifetime search has not run: a published graph
     search.lifetime_best = math.inf
     assert _weak_on_op_level(search)
-    search.lp = _lp_bound(3, 0)
+    search.lp = lp_bound(3, 0)
     assert not _weak_on_op_level(search)  # the LP is as strong as the floor
 
 
