@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from typing import NoReturn
 
@@ -30,6 +31,7 @@ def raise_infeasible(search: Search) -> NoReturn:
         lp=None,
         trace=[],
         notes={},
+        lock=threading.RLock(),
     )
     memory = run_steps(least_peak.begin(memory), least_peak.STEPS)
     assert memory.incumbent is not None  # begin offers checkpoint-all, which fits
