@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from solver.core.budget import parse_compute_budget
+from solver.core.budget import checkpoint_all_peak, parse_compute_budget
 from solver.core.graph import prepare
 from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
@@ -92,17 +92,32 @@ def probe(
 ) -> Probe:
     """Decide whether a schedule of `graph` peaks at or under `memory` bytes within the compute
     budget (graph units, or text like "1.3x"; None: unlimited), by `deadline` (NOTE [fit
-    proofs]). Half the time goes to the least peak within the cap; where that leaves it open,
+    proofs]). The one-line bound above `memory`, or checkpoint-all within it, decides at once;
+    else half the time goes to the least peak within the cap and, where that leaves it open,
     the rest to the least cost within `memory`."""
     started = time.perf_counter()
-    cap = None if compute_budget is None else parse_compute_budget(compute_budget, prepare(graph))
+    problem = prepare(graph)
+    cap = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
     limit = max(deadline.remaining() / 2, 0.05)
-    least = solve(graph, objective="memory", compute_budget=cap, time_limit=limit, workers=workers)
-    peak, bound = least.peak, int(least.bound) if least.bound is not None else None
+    peak: int | None = None
+    bound: int | None = problem.memory_lower_bound
 
     def done(verdict: str, reason: str, schedule: Schedule | None = None) -> Probe:
         seconds = time.perf_counter() - started
         return Probe(size, verdict, reason, seconds, peak, bound, schedule)
+
+    if bound > memory:
+        return done(DOES_NOT_FIT, f"some node needs {bound} B at once (the one-line bound)")
+    if checkpoint_all_peak(problem) <= memory:  # no recomputation: within every cap
+        plain = solve(graph, memory, time_limit=limit, workers=workers)
+        peak = plain.peak
+        return done(
+            FITS,
+            f"computing every node once peaks at {peak} B",
+            _checked(graph, plain, memory, cap),
+        )
+    least = solve(graph, objective="memory", compute_budget=cap, time_limit=limit, workers=workers)
+    peak, bound = least.peak, int(least.bound) if least.bound is not None else None
 
     if peak <= memory:
         return done(FITS, f"a schedule peaks at {peak} B", _checked(graph, least, memory, cap))
@@ -143,7 +158,7 @@ def _checked(graph: nx.DiGraph, schedule: Schedule, memory: int, cap: float | No
 
 def largest_fitting(
     graph_at: Callable[[int], nx.DiGraph],
-    memory: int,
+    memory: int | Callable[[int], int],
     *,
     compute_budget: float | str | None = None,
     low: int = 1,
@@ -154,12 +169,14 @@ def largest_fitting(
 ) -> FitResult:
     """The largest size s in [low, high] whose graph `graph_at(s)` has a schedule peaking at or
     under `memory` bytes within `compute_budget` (graph units, or text like "1.3x" of computing
-    every node once; None: unlimited), with a proof that s + 1 does not fit.
+    every node once; None: unlimited), with a proof that s + 1 does not fit. `memory` may be a
+    function of the size (bytes left to the step once what exists before it is counted); it
+    must not grow with the size (NOTE [monotone sizes]).
 
     Doubling from `low` finds a size that does not fit (or reaches `high`); bisection then closes
-    the interval. Each probe gets half the time left (`probe`); `progress` sees each probe as it
-    ends. Returns a `FitResult` within about `time_limit` seconds: `proven` where the size after
-    the answer is proven not to fit, else the interval the time left open.
+    the interval. Each probe gets a quarter of the time left (`probe`); `progress` sees each
+    probe as it ends. Returns a `FitResult` within about `time_limit` seconds: `proven` where the
+    size after the answer is proven not to fit, else the interval the time left open.
 
     Raises ValueError for `low` < 0, `high` < `low`, or graphs that break NOTE [monotone sizes].
     """
@@ -170,12 +187,16 @@ def largest_fitting(
     probes: dict[int, Probe] = {}
     graphs: dict[int, nx.DiGraph] = {}
 
+    memories: dict[int, int] = {}
+
     def run(size: int) -> Probe:
         graph = graph_at(size)
         _check_monotone(graphs, size, graph)
         graphs[size] = graph
-        share = deadline.share(0.5)
-        found = probe(graph, memory, compute_budget, share, size=size, workers=workers)
+        memories[size] = memory(size) if callable(memory) else memory
+        _check_memory(memories, size)
+        share = deadline.share(0.25)
+        found = probe(graph, memories[size], compute_budget, share, size=size, workers=workers)
         probes[size] = found
         if progress is not None:
             progress(found)
@@ -209,6 +230,17 @@ def largest_fitting(
     proven = upper is not None and upper == (low if best is None else best + 1)
     seconds = time.perf_counter() - started
     return FitResult(best, upper, proven, schedule, list(probes.values()), seconds)
+
+
+def _check_memory(memories: dict[int, int], size: int) -> None:
+    """NOTE [monotone sizes]: the memory left to the step never grows with the size."""
+    for other, bytes_ in memories.items():
+        if (other < size and bytes_ < memories[size]) or (other > size and bytes_ > memories[size]):
+            raise ValueError(
+                f"the memory left to the step grows from {min(bytes_, memories[size])} B to "
+                f"{max(bytes_, memories[size])} B between sizes {min(other, size)} and "
+                f"{max(other, size)}: it must not grow with the size"
+            )
 
 
 def _check_monotone(graphs: dict[int, nx.DiGraph], size: int, graph: nx.DiGraph) -> None:
