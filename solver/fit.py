@@ -7,8 +7,9 @@
         solve(budget=memory)               where that leaves it open: least cost within the
                                            memory, against the cap
       doubling from `low`, then bisection  between the largest size that fits and the least
-                                           that does not, until they are adjacent or the
-                                           time is spent (the sizes between are then open)
+                                           that does not (in the widest gap left by open
+                                           sizes), until they are adjacent or the time is
+                                           spent (the sizes between are then open)
 
 NOTE [fit proofs]: "fits" rests only on a schedule that the simulator replays at or under
 `memory` bytes and within the compute cap. "Does not fit" rests only on a proven bound over the
@@ -29,6 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import networkx as nx
 
@@ -216,11 +218,14 @@ def largest_fitting(
             break
         size = max(size * 2, size + 1) if high is None else min(max(size * 2, size + 1), high)
     while upper is not None and not deadline.passed():
+        # the middle of the widest gap between the sizes decided or left open: an open size
+        # narrows nothing, so the search goes on both sides of it
         floor = low - 1 if best is None else best
-        untried = [s for s in range(floor + 1, upper) if s not in probes]
-        if not untried:
+        marks = [floor, *sorted(s for s in probes if floor < s < upper), upper]
+        a, b = max(pairwise(marks), key=lambda pair: pair[1] - pair[0])
+        if b - a < 2:
             break
-        middle = untried[len(untried) // 2]
+        middle = (a + b) // 2
         verdict = run(middle).verdict
         if verdict == FITS:
             best = middle
