@@ -95,12 +95,12 @@ def probe(
     """Decide whether a schedule of `graph` peaks at or under `memory` bytes within the compute
     budget (graph units, or text like "1.3x"; None: unlimited), by `deadline` (NOTE [fit
     proofs]). The one-line bound above `memory`, or checkpoint-all within it, decides at once;
-    else half the time goes to the least peak within the cap and, where that leaves it open,
-    the rest to the least cost within `memory`."""
+    else a quarter of the time goes to the least peak within the cap (it closes at once on
+    chains and small graphs) and, where that leaves it open, the rest to the least cost within
+    `memory` against the cap."""
     started = time.perf_counter()
     problem = prepare(graph)
     cap = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
-    limit = max(deadline.remaining() / 2, 0.05)
     peak: int | None = None
     bound: int | None = problem.memory_lower_bound
 
@@ -111,35 +111,35 @@ def probe(
     if bound > memory:
         return done(DOES_NOT_FIT, f"some node needs {bound} B at once (the one-line bound)")
     if checkpoint_all_peak(problem) <= memory:  # no recomputation: within every cap
-        plain = solve(graph, memory, time_limit=limit, workers=workers)
+        plain = solve(graph, memory, time_limit=max(deadline.remaining(), 0.05), workers=workers)
         peak = plain.peak
-        return done(
-            FITS,
-            f"computing every node once peaks at {peak} B",
-            _checked(graph, plain, memory, cap),
-        )
+        reason = f"computing every node once peaks at {peak} B"
+        return done(FITS, reason, _checked(graph, plain, memory, cap))
+    limit = max(deadline.remaining() / 4, 0.05)
     least = solve(graph, objective="memory", compute_budget=cap, time_limit=limit, workers=workers)
-    peak, bound = least.peak, int(least.bound) if least.bound is not None else None
-
+    peak, bound = least.peak, int(least.bound) if least.bound is not None else bound
     if peak <= memory:
         return done(FITS, f"a schedule peaks at {peak} B", _checked(graph, least, memory, cap))
     if bound is not None and bound > memory:
         return done(DOES_NOT_FIT, f"the least peak within the cap is proven >= {bound} B")
+    limit = max(deadline.remaining(), 0.05)
     try:
-        cheapest = solve(graph, memory, time_limit=max(deadline.remaining(), 0.05), workers=workers)
+        cheapest = solve(graph, memory, time_limit=limit, workers=workers)
     except InfeasibleBudgetError as error:
         return done(DOES_NOT_FIT, f"no schedule peaks within {memory} B ({error})")
     except SolverTimeoutError as error:
         if cap is not None and error.cost_bound is not None and error.cost_bound > cap:
             return done(DOES_NOT_FIT, _over_cap(error.cost_bound, cap, memory))
-        return done(OPEN, f"least peak in [{bound}, {peak}] B; nothing within {memory} B found")
-    if cap is None or cheapest.cost <= cap * (1 + 1e-12):
-        peak = min(peak, cheapest.peak)
-        checked = _checked(graph, cheapest, memory, cap)
-        return done(FITS, f"a schedule within {memory} B costs {cheapest.cost:g}", checked)
-    if cheapest.bound is not None and cheapest.bound > cap:
-        return done(DOES_NOT_FIT, _over_cap(cheapest.bound, cap, memory))
-    return done(OPEN, f"least peak in [{bound}, {peak}] B; least cost within {memory} B is open")
+        cost = "nothing within the memory found"
+    else:
+        if cap is None or cheapest.cost <= cap * (1 + 1e-12):
+            peak = min(peak, cheapest.peak)
+            checked = _checked(graph, cheapest, memory, cap)
+            return done(FITS, f"a schedule within {memory} B costs {cheapest.cost:g}", checked)
+        if cheapest.bound is not None and cheapest.bound > cap:
+            return done(DOES_NOT_FIT, _over_cap(cheapest.bound, cap, memory))
+        cost = f"least cost within the memory in [{cheapest.bound:g}, {cheapest.cost:g}]"
+    return done(OPEN, f"least peak within the cap in [{bound}, {peak}] B; {cost}")
 
 
 def _over_cap(cost_bound: float, cap: float, memory: int) -> str:
