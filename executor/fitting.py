@@ -139,11 +139,11 @@ def fit(
     cap = _overhead(max_overhead)
     memory = _memory_bytes(memory)
     graphs = SizedGraphs(factory, capture_sizes, dim, capture_options)
-    statics = {s: _prepare(graphs, s, optimizer)[1] for s in capture_sizes}
+    prepared = {s: _prepare(graphs, s, optimizer) for s in capture_sizes}
+    statics = {s: static for s, (_, static) in prepared.items()}
     first = statics[capture_sizes[0]]
-    temporaries = TrainingStep(*graphs.capture(capture_sizes[0]).made, optimizer)
-    temporaries.prepare()
-    opt_temp = temporaries.optimizer_temporaries()
+    opt_temp = prepared[capture_sizes[0]][0].optimizer_temporaries()
+    del prepared
     if memory < first.model:
         raise FitError(
             f"memory {memory} B is below the {first.model} B that the parameters "

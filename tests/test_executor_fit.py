@@ -85,6 +85,12 @@ def test_bytes_quadratic_in_the_sequence_are_not_affine_and_every_size_is_captur
     assert 6 in graphs.captures  # not extrapolated: captured at the size asked for
 
 
+def test_a_fit_over_bytes_that_are_not_affine_captures_each_size_it_decides():
+    found = executor.fit(attention, 64 * 1024, dim="seq", time_limit=10, run=False)
+    assert found.bytes_model.startswith("not affine") and found.proven
+    assert {p.size for p in found.probes} >= {found.size, found.size + 1}
+
+
 def test_a_graph_that_changes_shape_with_the_size_is_refused():
     with pytest.raises(executor.FitError, match="changes shape with the batch"):
         SizedGraphs(lambda b: (Branchy(), (torch.randn(b, 8),)), (2, 3, 4), "batch")
