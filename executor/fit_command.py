@@ -1,7 +1,7 @@
 """`remat fit`: the largest batch or sequence length whose training step fits a memory.
 
     remat fit --model mypkg.models:make --memory 24GiB --dim batch [--max-overhead 1.3x]
-              [--optimizer adamw|sgd|none] [--time-limit 60] [--high N] [--no-run]
+              [--optimizer adamw|sgd|none] [--time-limit 60] [--low N] [--high N] [--no-run]
 
 ``--model MODULE:FACTORY`` names a function of the size returning ``(model, example_inputs[,
 example_kwargs])``, the model's forward returning the loss. Prints `executor.Fit.summary`: the
@@ -39,6 +39,7 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     parser.add_argument("--time-limit", type=float, default=60.0, help="solver seconds")
+    parser.add_argument("--low", type=int, default=1, help="the smallest size to try")
     parser.add_argument("--high", type=int, help="the largest size to try")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads for captures and runs"
@@ -55,8 +56,8 @@ def run_fit(args: argparse.Namespace) -> int:
     """Fit, print the summary; the exit status (module docstring)."""
     if args.threads < 1:
         raise ValueError(f"--threads must be at least 1, not {args.threads}")
-    if args.high is not None and args.high < 1:
-        raise ValueError(f"--high must be at least 1, not {args.high}")
+    if args.low < 1 or (args.high is not None and args.high < args.low):
+        raise ValueError(f"sizes must satisfy 1 <= --low <= --high, not {args.low}, {args.high}")
     factory = import_factory(args.model)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
@@ -68,6 +69,7 @@ def run_fit(args: argparse.Namespace) -> int:
             max_overhead=args.max_overhead,
             optimizer=args.optimizer,
             time_limit=args.time_limit,
+            low=args.low,
             high=args.high,
             run=args.run,
         )

@@ -116,6 +116,7 @@ def fit(
     time_limit: float = 60.0,
     *,
     capture_sizes: Sequence[int] = (2, 3, 4),
+    low: int = 1,
     high: int | None = None,
     capture_options: Mapping[str, object] | None = None,
     run: bool = True,
@@ -125,9 +126,11 @@ def fit(
     `factory(size)` returns ``(model, example_inputs[, example_kwargs])`` at that size, the
     model's forward returning the loss. `max_overhead`: the compute cap, a multiple of computing
     every node once (1.3 or "1.3x"; None: unlimited). `optimizer`: "adamw", "sgd" or "none".
-    `time_limit`: seconds for the solver's search (captures and runs come on top). `high`: the
-    largest size tried. `run`: run one real step at the size found, and eager's steps (each a
-    real allocation of that size on this machine).
+    `time_limit`: seconds for the solver's search (captures and runs come on top). `low`,
+    `high`: the smallest and largest sizes tried (a model whose graph differs at small sizes,
+    such as a language model at sequence length 1, is fitted from a larger `low`). `run`: run
+    one real step at the size found, and eager's steps (each a real allocation of that size on
+    this machine).
 
     Raises FitError (which size failed and why; a memory below the parameters, gradients and
     optimizer state; a graph that changes shape with the size) and ValueError (bad arguments).
@@ -158,7 +161,9 @@ def fit(
         budget = memory - static_at(size).total
         return budget if budget >= opt_temp else -1
 
-    found = largest_fitting(graphs, left, compute_budget=cap, high=high, time_limit=time_limit)
+    found = largest_fitting(
+        graphs, left, compute_budget=cap, low=low, high=high, time_limit=time_limit
+    )
     probes = list(found.probes)
     size, upper = found.size, found.upper
     bytes_model = _bytes_model(graphs)
@@ -177,7 +182,7 @@ def fit(
     budget = None if size is None else left(size)
     measured = _run(graphs, size, schedule, optimizer) if run and size is not None else None
     eager_size, eager_over = (
-        _eager_size(graphs, memory, optimizer, (size or 0) + 1) if run else (None, None)
+        _eager_size(graphs, memory, optimizer, low, (size or low - 1) + 1) if run else (None, None)
     )
     return Fit(
         dim=dim,
@@ -192,7 +197,7 @@ def fit(
         measured_peak=measured,
         eager_size=eager_size,
         eager_over=eager_over,
-        per_block_size=_per_block_size(graphs, left, high or 2 * ((size or 0) + 1)),
+        per_block_size=_per_block_size(graphs, left, low, high or 2 * (size or low)),
         bytes_model=bytes_model,
         probes=probes,
     )
@@ -304,9 +309,9 @@ def _run(graphs: SizedGraphs, size: int, schedule: solver.Schedule | None, optim
 
 
 def _eager_size(
-    graphs: SizedGraphs, memory: int, optimizer: str, high: int
+    graphs: SizedGraphs, memory: int, optimizer: str, low: int, high: int
 ) -> tuple[int | None, int | None]:
-    """The largest size up to `high` whose eager step measures within `memory` (bisection over
+    """The largest size in [`low`, `high`] whose eager step measures within `memory` (bisection over
     measured steps) and the measured peak at that size + 1 (None where it was not run)."""
     measured: dict[int, int] = {}
 
@@ -316,31 +321,32 @@ def _eager_size(
             measured[size] = step.measured_peak()
         return measured[size]
 
-    low, top = 0, high + 1  # low fits (0: nothing), top does not
+    fits, top = low - 1, high  # fits: the largest that fits (low - 1: none), top does not
     if peak(high) <= memory:
         return high, None
-    top = high
-    while top - low > 1:
-        middle = (low + top) // 2
+    while top - fits > 1:
+        middle = (fits + top) // 2
         if peak(middle) <= memory:
-            low = middle
+            fits = middle
         else:
             top = middle
-    return (low or None), measured.get(low + 1)
+    return (fits if fits >= low else None), measured.get(fits + 1)
 
 
-def _per_block_size(graphs: SizedGraphs, left: Callable[[int], int], high: int) -> int | None:
-    """The largest size up to `high` whose per-block checkpointing (every module block at the
+def _per_block_size(
+    graphs: SizedGraphs, left: Callable[[int], int], low: int, high: int
+) -> int | None:
+    """The largest size in [`low`, `high`] whose per-block checkpointing (every module block at the
     depth of least peak, `block_checkpoint`) peaks within the bytes left to the step
     (bisection: the peak never falls as the size grows, NOTE [monotone sizes])."""
-    low, top = 0, high + 1  # low fits (0: nothing), top does not
-    while top - low > 1:
-        middle = (low + top) // 2
+    fits, top = low - 1, high + 1  # fits: the largest that fits (low - 1: none), top does not
+    while top - fits > 1:
+        middle = (fits + top) // 2
         if _per_block_peak(graphs(middle)) <= left(middle):
-            low = middle
+            fits = middle
         else:
             top = middle
-    return low or None
+    return fits if fits >= low else None
 
 
 def _per_block_peak(graph: nx.DiGraph) -> int:
