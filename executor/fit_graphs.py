@@ -114,6 +114,16 @@ class SizedGraphs:
                     attrs[key] = attrs[key] + slope * (size - a)
         return graph
 
+    def refute(self, size: int) -> bool:
+        """Capture at `size` and compare with the affine prediction; where they differ, every
+        size is captured from now on (`affine` False, `not_affine` the differences). Whether
+        the prediction was refuted."""
+        wrong = self.mismatches(size)
+        if wrong:
+            self.affine = False
+            self.not_affine = [f"at {self.dim} {size}: {m}" for m in wrong]
+        return bool(wrong)
+
     def mismatches(self, size: int) -> list[str]:
         """Where the capture at `size` differs from the affine prediction: "node key: predicted
         != captured" (empty where they agree or where nothing is predicted)."""

@@ -6,6 +6,9 @@ proven in the solver's model and run.
       TrainingStep.prepare                  what exists before a step, measured (StaticBytes)
       solver.fit.largest_fitting            the largest size whose least peak within the cap
                                             fits the memory left to the step, proof at size + 1
+                                            (again on captures at every size, where the
+                                            capture at the answer or + 1 refutes the affine
+                                            prediction)
       _confirm                              capture at size and size + 1: the prediction is
                                             checked there, both proofs redone on the captures
       _run                                  one real step at the size under remat's executor:
@@ -32,7 +35,7 @@ from executor.fit_graphs import SizedGraphs, build
 from executor.fit_memory import OPTIMIZERS, StaticBytes, TrainingStep
 from executor.module import Rematerialized
 from solver.core.budget import human_bytes, parse_budget
-from solver.fit import DOES_NOT_FIT, FITS, Probe, largest_fitting, probe
+from solver.fit import DOES_NOT_FIT, FITS, FitResult, Probe, largest_fitting, probe
 from solver.heuristics.baselines import block_checkpoint
 
 RUNTIME = "remat's executor (executor.Rematerialized)"
@@ -161,9 +164,16 @@ def fit(
         budget = memory - static_at(size).total
         return budget if budget >= opt_temp else -1
 
-    found = largest_fitting(
-        graphs, left, compute_budget=cap, low=low, high=high, time_limit=time_limit
-    )
+    def search() -> FitResult:
+        return largest_fitting(
+            graphs, left, compute_budget=cap, low=low, high=high, time_limit=time_limit
+        )
+
+    found = search()
+    if graphs.affine and found.size is not None:
+        checked = [found.size] + ([found.size + 1] if found.upper == found.size + 1 else [])
+        if any(graphs.refute(s) for s in checked):  # the prediction is wrong there: no answer
+            found = search()  # rests on it; every size probed is captured
     probes = list(found.probes)
     size, upper = found.size, found.upper
     bytes_model = _bytes_model(graphs)
@@ -269,10 +279,10 @@ def _bytes_model(graphs: SizedGraphs) -> str:
     if graphs.affine:
         return (
             f"affine in the {graphs.dim}, checked node by node at {sizes}; "
-            "captured at the answer and the answer + 1"
+            "captured at the answer and the answer + 1, where they match the prediction"
         )
-    shown = ", ".join(graphs.not_affine[:3])
-    return f"not affine at {sizes} ({shown}, ...): captured at every size probed"
+    shown = "; ".join(graphs.not_affine[:3])
+    return f"not affine ({shown}; ...): captured at every size probed"
 
 
 def _confirm(

@@ -91,6 +91,27 @@ def test_a_fit_over_bytes_that_are_not_affine_captures_each_size_it_decides():
     assert {p.size for p in found.probes} >= {found.size, found.size + 1}
 
 
+class Padded(nn.Module):
+    """A buffer of at least 5 rows: its bytes are constant up to batch 5, then grow."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pad = x.new_ones(max(x.shape[0], 5), 64)
+        return self.lin(x).mean() + pad.sum()
+
+
+def test_a_capture_that_refutes_the_affine_prediction_turns_to_captures_at_every_size():
+    graphs = SizedGraphs(lambda b: (Padded(), (torch.randn(b, 8),)), (2, 3, 4), "batch")
+    assert graphs.affine  # affine at 2, 3 and 4 ...
+    assert graphs.refute(8) and not graphs.affine  # ... but not at 8
+    assert any("at batch 8" in m for m in graphs.not_affine)
+    graphs(6)
+    assert 6 in graphs.captures
+
+
 def test_a_graph_that_changes_shape_with_the_size_is_refused():
     with pytest.raises(executor.FitError, match="changes shape with the batch"):
         SizedGraphs(lambda b: (Branchy(), (torch.randn(b, 8),)), (2, 3, 4), "batch")
