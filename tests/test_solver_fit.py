@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 from solver_reference import stage_space_frontier
 from solver_strategies import small_graphs
 
+import solver
 from solver.core.budget import parse_compute_budget
 from solver.core.graph import prepare
+from solver.examples import chain, training_graph
 from solver.fit import DOES_NOT_FIT, FITS, largest_fitting
 
 HIGH = 12
@@ -91,3 +93,14 @@ def test_bytes_that_fall_with_the_size_are_refused():
 
     with pytest.raises(ValueError, match="falls"):
         largest_fitting(falling, 1000, high=8, time_limit=10)
+
+
+def test_a_timeout_carries_the_proven_cost_floor():
+    """With no step run after `begin`, nothing within a budget under checkpoint-all is found:
+    the error's cost bound is the floor proven so far, computing every node once."""
+    graph = training_graph(chain([4, 4, 4, 4], [1, 2, 3, 4]))
+    problem = prepare(graph)
+    budget = solver.checkpoint_all_peak(problem) - 1
+    with pytest.raises(solver.SolverTimeoutError) as caught:
+        solver.solve(graph, budget, time_limit=5, options=solver.SolveOptions(steps=()))
+    assert caught.value.cost_bound == problem.total_cost
