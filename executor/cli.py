@@ -5,6 +5,8 @@ remat profile --demo gpt | --model M:F                  where the activation byt
                                                         (graph_capture.cli)
 remat run --demo gpt | --model M:F --budget 50%         train under the schedule, measured
                                                         (executor.run_command)
+remat fit --model M:F --memory 24GiB --dim batch        the largest size that fits, proven
+                                                        and run (executor.fit_command)
 
 Every failure a user can cause (a malformed file, an impossible budget, a bad option) ends in
 one line on stderr and exit status 2.
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from executor.fit_command import add_fit_arguments, run_fit
 from executor.run_command import add_run_arguments, run_run
 from graph_capture.cli import (
     add_graph_arguments,
@@ -64,6 +67,12 @@ SUBCOMMANDS = (
         "train a demo or your model under a schedule; measured vs eager",
         add_run_arguments,
         run_run,
+    ),
+    Subcommand(
+        "fit",
+        "the largest batch or sequence length whose training step fits a memory",
+        add_fit_arguments,
+        run_fit,
     ),
 )
 """Every subcommand of `remat`, in the order `remat --help` lists them."""

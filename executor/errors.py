@@ -30,3 +30,9 @@ class UnusedOutputGradientError(ExecutorError):
     """A step backpropagated a nonzero gradient into an output that the graph was captured as
     unused by the loss (``capture(..., backward_from=...)``): the graph assumes that gradient is
     zero, so capture again with ``backward_from`` naming the output."""
+
+
+class FitError(ExecutorError, ValueError):
+    """`executor.fit` cannot answer: a factory that fails at a size (which, and why), a memory
+    below what the parameters and optimizer state take alone, a graph that changes shape with
+    the size, or a model whose forward does not return the loss."""

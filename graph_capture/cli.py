@@ -14,6 +14,7 @@ import importlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 import networkx as nx
@@ -125,21 +126,34 @@ def load_model_from_args(
 ) -> tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
     """Build ``(model, example_inputs, example_kwargs)`` from ``--model`` or ``--demo``."""
     if getattr(args, "model", None):
-        module_name, _, attr = args.model.partition(":")
-        if not attr:
-            raise CaptureError(f"--model wants MODULE:FACTORY, got {args.model!r}")
-        try:
-            factory = getattr(_import_from_cwd(module_name), attr)
-        except (ImportError, AttributeError) as error:
-            raise CaptureError(
-                f"cannot load --model {args.model}: {error} (MODULE is imported from the "
-                "current directory or the installed packages)"
-            ) from error
-        made = factory()
+        made = import_factory(args.model)()
     elif getattr(args, "demo", None):
         made = demo_model(args.demo)()
     else:
         raise CaptureError(f"give --model MODULE:FACTORY or --demo {{{', '.join(MODELS)}}}")
+    return unpack_model(made)
+
+
+def import_factory(spec: str) -> Callable[..., object]:
+    """The callable ``MODULE:FACTORY`` names (MODULE imported from the current directory or
+    the installed packages); CaptureError saying why where it cannot be loaded."""
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise CaptureError(f"--model wants MODULE:FACTORY, got {spec!r}")
+    try:
+        return getattr(_import_from_cwd(module_name), attr)
+    except (ImportError, AttributeError) as error:
+        raise CaptureError(
+            f"cannot load --model {spec}: {error} (MODULE is imported from the "
+            "current directory or the installed packages)"
+        ) from error
+
+
+def unpack_model(
+    made: object,
+) -> tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """A factory's result as ``(model in train mode, example_inputs, example_kwargs)``;
+    CaptureError where it is not ``(model, example_inputs[, example_kwargs])``."""
     if not (isinstance(made, tuple) and len(made) in (2, 3) and isinstance(made[0], nn.Module)):
         raise CaptureError("the factory must return (model, example_inputs[, example_kwargs])")
     model, inputs, kwargs = made if len(made) == 3 else (*made, {})

@@ -27,7 +27,15 @@ class ComputeBudgetError(RematError):
 
 
 class SolverTimeoutError(RematError):
-    """The time limit passed before any schedule within the budget was found."""
+    """The time limit passed before any schedule within the budget was found.
+
+    `cost_bound` is a proven lower bound on the cost (graph units) of every schedule within the
+    budget, in the solver's schedule space (the cost of computing every node once where nothing
+    more was proven)."""
+
+    def __init__(self, message: str, cost_bound: float | None = None) -> None:
+        super().__init__(message)
+        self.cost_bound = cost_bound
 
 
 class ScheduleMismatchError(RematError):

@@ -165,7 +165,9 @@ def finish(search: Search) -> Schedule:
     goal, incumbent = search.goal, search.incumbent
     if incumbent is None:
         assert goal.budget is not None  # checkpoint-all fits every other goal
-        raise SolverTimeoutError(_nothing_fits(search, goal.budget))
+        raise SolverTimeoutError(
+            _nothing_fits(search, goal.budget), cost_bound=goal.units.graph_cost(search.floor)
+        )
     optimal = search.closed
     schedule = make_schedule(
         search.graph,

@@ -1,0 +1,167 @@
+"""A model's captured DAG as a function of the size (batch or sequence length).
+
+`SizedGraphs` captures the model at a few sizes and checks, node by node, that every node's
+`mem` and `transient` bytes are affine in the size: `mem(s) = mem(a) + slope * (s - a)` with a
+whole slope, the same at every pair of captured sizes. Where they are, the graph at another size
+is that affine function (`predicted`), until `capture` replaces it by a real capture. Where they
+are not, every size asked for is captured (`affine` is False, `not_affine` names the nodes).
+A graph whose nodes or edges change with the size is refused (`FitError`): the proof at size + 1
+would be about another graph.
+
+Costs are the ones of the largest captured size at every size (NOTE [monotone sizes] in
+`solver.fit`: the schedules within a compute cap are then the same at every size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+import torch
+from torch import nn
+
+from executor.errors import FitError
+from graph_capture import capture
+from graph_capture.captured import CapturedGraph
+from graph_capture.cli import unpack_model
+from graph_capture.errors import CaptureError
+
+BYTES = ("mem", "transient")
+"""The node attributes that must be affine in the size."""
+
+Made = tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]
+
+
+def build(factory: Callable[[int], object], size: int, dim: str) -> Made:
+    """`factory(size)` as ``(model, inputs, kwargs)``; FitError saying which size failed and
+    why."""
+    try:
+        return unpack_model(factory(size))
+    except CaptureError as error:
+        raise FitError(f"the factory at {dim} {size}: {error}") from error
+    except Exception as error:  # the user's code: any failure is reported with its size
+        raise FitError(
+            f"the factory failed at {dim} {size}: {type(error).__name__}: {error}"
+        ) from error
+
+
+@dataclass
+class Captured:
+    """One size, built and captured: the model, its inputs and the capture."""
+
+    made: Made
+    graph: CapturedGraph
+
+
+class SizedGraphs:
+    """The DAG at any size: captured, or affine between captures (module docstring)."""
+
+    def __init__(
+        self,
+        factory: Callable[[int], object],
+        sizes: Sequence[int],
+        dim: str,
+        capture_options: Mapping[str, object] | None = None,
+    ) -> None:
+        if len(sizes) < 3 or sorted(set(sizes)) != list(sizes) or sizes[0] < 1:
+            raise ValueError(f"capture sizes must be 3 or more increasing sizes >= 1: {sizes}")
+        self.factory, self.dim = factory, dim
+        self.options = dict(capture_options or {})
+        self.captures: dict[int, Captured] = {}
+        for size in sizes:
+            self.capture(size)
+        self.sizes = list(sizes)
+        reference = self.captures[sizes[-1]].graph.dag
+        self.costs = {v: a["cost"] for v, a in reference.nodes(data=True)}
+        self.not_affine = _not_affine({s: self.captures[s].graph.dag for s in sizes})
+        self.affine = not self.not_affine
+
+    def capture(self, size: int) -> Captured:
+        """The model built and captured at `size` (cached); FitError where its nodes or edges
+        differ from the first capture's."""
+        if size not in self.captures:
+            model, inputs, kwargs = made = build(self.factory, size, self.dim)
+            try:
+                graph = capture(model, inputs, kwargs, **self.options)
+            except CaptureError as error:
+                raise FitError(f"capture at {self.dim} {size}: {error}") from error
+            if self.captures:
+                first_size, first = next(iter(self.captures.items()))
+                _same_shape(first.graph.dag, first_size, graph.dag, size, self.dim)
+            self.captures[size] = Captured(made, graph)
+        return self.captures[size]
+
+    def __call__(self, size: int) -> nx.DiGraph:
+        """The DAG at `size` with the reference costs: captured where it was (or where bytes
+        are not affine), else the affine prediction."""
+        if size in self.captures or not self.affine:
+            graph = self.capture(size).graph.dag.copy()
+        else:
+            graph = self.predicted(size)
+        nx.set_node_attributes(graph, self.costs, "cost")
+        return graph
+
+    def predicted(self, size: int) -> nx.DiGraph:
+        """The affine prediction at `size` from the first two captured sizes (affine only)."""
+        a, b = self.sizes[0], self.sizes[1]
+        low, high = self.captures[a].graph.dag, self.captures[b].graph.dag
+        graph = low.copy()
+        for v, attrs in graph.nodes(data=True):
+            for key in BYTES:
+                if key in attrs:
+                    slope = (high.nodes[v][key] - attrs[key]) // (b - a)
+                    attrs[key] = attrs[key] + slope * (size - a)
+        return graph
+
+    def refute(self, size: int) -> bool:
+        """Capture at `size` and compare with the affine prediction; where they differ, every
+        size is captured from now on (`affine` False, `not_affine` the differences). Whether
+        the prediction was refuted."""
+        wrong = self.mismatches(size)
+        if wrong:
+            self.affine = False
+            self.not_affine = [f"at {self.dim} {size}: {m}" for m in wrong]
+        return bool(wrong)
+
+    def mismatches(self, size: int) -> list[str]:
+        """Where the capture at `size` differs from the affine prediction: "node key: predicted
+        != captured" (empty where they agree or where nothing is predicted)."""
+        if not self.affine:
+            return []
+        captured, predicted = self.capture(size).graph.dag, self.predicted(size)
+        return [
+            f"{v} {key}: {predicted.nodes[v].get(key, 0)} != {attrs.get(key, 0)}"
+            for v, attrs in captured.nodes(data=True)
+            for key in BYTES
+            if predicted.nodes[v].get(key, 0) != attrs.get(key, 0)
+        ]
+
+
+def _same_shape(a: nx.DiGraph, size_a: int, b: nx.DiGraph, size_b: int, dim: str) -> None:
+    if set(a.nodes) != set(b.nodes) or set(a.edges) != set(b.edges):
+        raise FitError(
+            f"the captured graph changes shape with the {dim}: {a.number_of_nodes()} nodes and "
+            f"{a.number_of_edges()} edges at {size_a}, {b.number_of_nodes()} and "
+            f"{b.number_of_edges()} at {size_b}; remat fit needs one graph at every size "
+            "(fix the shapes that depend on the size, or fit a range where the graph is fixed)"
+        )
+
+
+def _not_affine(graphs: dict[int, nx.DiGraph]) -> list[str]:
+    """The nodes whose bytes are not affine with a whole slope across the captured sizes."""
+    sizes = sorted(graphs)
+    a, b = sizes[0], sizes[1]
+    bad = []
+    for v, attrs in graphs[a].nodes(data=True):
+        for key in BYTES:
+            step = graphs[b].nodes[v].get(key, 0) - attrs.get(key, 0)
+            if step % (b - a):
+                bad.append(f"{v}.{key}")
+                continue
+            slope = step // (b - a)
+            for s in sizes[2:]:
+                if graphs[s].nodes[v].get(key, 0) != attrs.get(key, 0) + slope * (s - a):
+                    bad.append(f"{v}.{key}")
+                    break
+    return bad

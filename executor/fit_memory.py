@@ -1,0 +1,129 @@
+"""Memory as the device counts it for one training step: what exists before the step, and the
+measured peak of a whole step (forward, backward and the optimizer's step).
+
+What exists before a step (`StaticBytes`), each counted once per storage: the parameters,
+their `.grad` tensors, the optimizer's state (measured after one real step: AdamW's two moments,
+SGD's momentum buffers), the buffers, and the inputs. The step then allocates its activations,
+temporaries and incoming gradients (the byte budget `rematerialize` takes, docs/executor.md) and,
+once the backward is done, the optimizer step's own temporaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from executor.errors import FitError
+from executor.memory import measure_peak
+
+OPTIMIZERS = ("adamw", "sgd", "none")
+"""The optimizers a fit accounts for: AdamW (torch defaults), SGD with momentum 0.9, none."""
+
+
+def make_optimizer(name: str, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer | None:
+    """The optimizer `name` (one of `OPTIMIZERS`) over `params`; None for "none"."""
+    if name == "adamw":
+        return torch.optim.AdamW(params)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+    if name == "none":
+        return None
+    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {name!r}")
+
+
+@dataclass(frozen=True)
+class StaticBytes:
+    """Bytes that exist before a training step, by part (unique storages)."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    buffers: int
+    inputs: int
+
+    @property
+    def model(self) -> int:
+        """Parameters, gradients, optimizer state and buffers: what does not depend on the
+        inputs."""
+        return self.parameters + self.gradients + self.optimizer_state + self.buffers
+
+    @property
+    def total(self) -> int:
+        return self.model + self.inputs
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind `tensors` (a view adds nothing)."""
+    seen: dict[tuple[str, int], int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[(str(t.device), storage.data_ptr())] = storage.nbytes()
+    return sum(seen.values())
+
+
+class TrainingStep:
+    """One model, its inputs and its optimizer, ready to run whole training steps: after
+    `prepare` (one real step, then `.grad` zeroed in place and kept) everything a step reads
+    exists, so a step's measured peak is what it allocates above `static`."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        inputs: Sequence[torch.Tensor],
+        kwargs: Mapping[str, torch.Tensor],
+        optimizer: str,
+        forward: Callable[..., object] | None = None,
+    ) -> None:
+        self.model, self.inputs, self.kwargs = model, tuple(inputs), dict(kwargs)
+        self.forward = forward or model
+        self.optimizer = make_optimizer(optimizer, model.parameters())
+
+    def __call__(self) -> None:
+        """Forward (the loss), backward, the optimizer's step."""
+        loss = self.forward(*self.inputs, **self.kwargs)
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+            raise FitError(
+                "the model's forward must return the loss (a one-element tensor), not "
+                f"{type(loss).__name__}; wrap the model so that forward computes its loss"
+            )
+        loss.backward()
+        del loss
+        if self.optimizer is not None:
+            self.optimizer.step()
+
+    def prepare(self) -> StaticBytes:
+        """Run one step (gradients and optimizer state come into being), zero `.grad` in place
+        and count what exists before the next step."""
+        self()
+        self.model.zero_grad(set_to_none=False)
+        return self.static()
+
+    def static(self) -> StaticBytes:
+        params = list(self.model.parameters())
+        state = [] if self.optimizer is None else list(self.optimizer.state.values())
+        return StaticBytes(
+            parameters=storage_bytes(params),
+            gradients=storage_bytes(p.grad for p in params if p.grad is not None),
+            optimizer_state=storage_bytes(
+                v for s in state for v in s.values() if isinstance(v, torch.Tensor)
+            ),
+            buffers=storage_bytes(self.model.buffers()),
+            inputs=storage_bytes([*self.inputs, *self.kwargs.values()]),
+        )
+
+    def measured_peak(self) -> int:
+        """The whole step's measured peak in bytes: what exists before it plus the most it
+        allocates above that (`executor.measure_peak`), the optimizer step included."""
+        device = next(self.model.parameters()).device
+        return self.static().total + measure_peak(self, device).peak_bytes
+
+    def optimizer_temporaries(self) -> int:
+        """Bytes the optimizer's step allocates above its start (0 without an optimizer), with
+        `.grad` and the optimizer state in place."""
+        if self.optimizer is None:
+            return 0
+        device = next(self.model.parameters()).device
+        return measure_peak(self.optimizer.step, device).peak_bytes

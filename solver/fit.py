@@ -1,0 +1,272 @@
+"""The largest size (batch, sequence length) whose training step fits a memory, with its proof.
+
+    largest_fitting(graph_at, memory, compute_budget=..., time_limit=...)
+      probe(graph_at(s), memory, cap)      one size: "fits", "does not fit" or "open"
+        solve(objective="memory")          least peak within the cap: a schedule at or under
+                                           the memory fits; a proven bound above it does not
+        solve(budget=memory)               where that leaves it open: least cost within the
+                                           memory, against the cap
+      doubling from `low`, then bisection  between the largest size that fits and the least
+                                           that does not (in the widest gap left by open
+                                           sizes), until they are adjacent or the time is
+                                           spent (the sizes between are then open)
+
+NOTE [fit proofs]: "fits" rests only on a schedule that the simulator replays at or under
+`memory` bytes and within the compute cap. "Does not fit" rests only on a proven bound over the
+solver's schedule space (Checkmate's stage schedules, `docs/solver.md`): the least peak within
+the cap proven above `memory`, the least cost within `memory` proven above the cap, or no
+schedule within `memory` at all (`InfeasibleBudgetError`). An incumbent never proves that a size
+does not fit.
+
+NOTE [monotone sizes]: that a size is the largest rests on the least peak within the cap never
+falling as the size grows. It holds when the graphs at every size have the same nodes, edges and
+costs and each node's bytes (`mem`, `transient`) never fall as the size grows: every schedule's
+peak then never falls and the schedules within the cap are the same. `largest_fitting` checks
+exactly that between the graphs it probes and raises ValueError where it fails.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+import networkx as nx
+
+from solver.core.budget import checkpoint_all_peak, parse_compute_budget
+from solver.core.graph import prepare
+from solver.core.schedule import Schedule
+from solver.core.simulate import simulate
+from solver.deadline import Deadline
+from solver.errors import InfeasibleBudgetError, SolverTimeoutError
+from solver.exact import solve
+
+FITS, DOES_NOT_FIT, OPEN = "fits", "does not fit", "open"
+
+
+@dataclass
+class Probe:
+    """What was proven at one size. `verdict` is FITS, DOES_NOT_FIT or OPEN; `schedule` is the
+    schedule that fits (FITS only); `peak` is the least peak found within the cap and `bound` a
+    proven lower bound on it (bytes; `bound` is None where only the cost solve decided);
+    `reason` says what decided; `seconds` the wall time of the probe."""
+
+    size: int
+    verdict: str
+    reason: str
+    seconds: float
+    peak: int | None = None
+    bound: int | None = None
+    schedule: Schedule | None = field(default=None, repr=False)
+
+
+@dataclass
+class FitResult:
+    """The outcome of `largest_fitting`.
+
+    `size`: the largest size proven to fit (None: not even `low` was shown to fit);
+    `upper`: the least size proven not to fit (None: none was); `proven`: `upper == size + 1`
+    (NOTE [monotone sizes]); `schedule`: the schedule at `size`; `probes`: every size tried, in
+    order; `seconds`: wall time. The sizes strictly between `size` and `upper` are open."""
+
+    size: int | None
+    upper: int | None
+    proven: bool
+    schedule: Schedule | None
+    probes: list[Probe]
+    seconds: float
+
+    @property
+    def interval(self) -> tuple[int | None, int | None]:
+        """(largest size that fits, least size that does not): the maximum lies in [a, b)."""
+        return self.size, self.upper
+
+
+def probe(
+    graph: nx.DiGraph,
+    memory: int,
+    compute_budget: float | str | None,
+    deadline: Deadline,
+    *,
+    size: int = 0,
+    workers: int = 8,
+) -> Probe:
+    """Decide whether a schedule of `graph` peaks at or under `memory` bytes within the compute
+    budget (graph units, or text like "1.3x"; None: unlimited), by `deadline` (NOTE [fit
+    proofs]). The one-line bound above `memory`, or checkpoint-all within it, decides at once;
+    else a quarter of the time goes to the least peak within the cap (it closes at once on
+    chains and small graphs) and, where that leaves it open, the rest to the least cost within
+    `memory` against the cap."""
+    started = time.perf_counter()
+    problem = prepare(graph)
+    cap = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
+    peak: int | None = None
+    bound: int | None = problem.memory_lower_bound
+
+    def done(verdict: str, reason: str, schedule: Schedule | None = None) -> Probe:
+        seconds = time.perf_counter() - started
+        return Probe(size, verdict, reason, seconds, peak, bound, schedule)
+
+    if bound > memory:
+        return done(DOES_NOT_FIT, f"some node needs {bound} B at once (the one-line bound)")
+    if checkpoint_all_peak(problem) <= memory:  # no recomputation: within every cap
+        plain = solve(graph, memory, time_limit=max(deadline.remaining(), 0.05), workers=workers)
+        peak = plain.peak
+        reason = f"computing every node once peaks at {peak} B"
+        return done(FITS, reason, _checked(graph, plain, memory, cap))
+    limit = max(deadline.remaining() / 4, 0.05)
+    least = solve(graph, objective="memory", compute_budget=cap, time_limit=limit, workers=workers)
+    peak, bound = least.peak, int(least.bound) if least.bound is not None else bound
+    if peak <= memory:
+        return done(FITS, f"a schedule peaks at {peak} B", _checked(graph, least, memory, cap))
+    if bound is not None and bound > memory:
+        return done(DOES_NOT_FIT, f"the least peak within the cap is proven >= {bound} B")
+    limit = max(deadline.remaining(), 0.05)
+    try:
+        cheapest = solve(graph, memory, time_limit=limit, workers=workers)
+    except InfeasibleBudgetError as error:
+        return done(DOES_NOT_FIT, f"no schedule peaks within {memory} B ({error})")
+    except SolverTimeoutError as error:
+        if cap is not None and error.cost_bound is not None and error.cost_bound > cap:
+            return done(DOES_NOT_FIT, _over_cap(error.cost_bound, cap, memory))
+        cost = "nothing within the memory found"
+    else:
+        if cap is None or cheapest.cost <= cap * (1 + 1e-12):
+            peak = min(peak, cheapest.peak)
+            checked = _checked(graph, cheapest, memory, cap)
+            return done(FITS, f"a schedule within {memory} B costs {cheapest.cost:g}", checked)
+        if cheapest.bound is not None and cheapest.bound > cap:
+            return done(DOES_NOT_FIT, _over_cap(cheapest.bound, cap, memory))
+        cost = f"least cost within the memory in [{cheapest.bound:g}, {cheapest.cost:g}]"
+    return done(OPEN, f"least peak within the cap in [{bound}, {peak}] B; {cost}")
+
+
+def _over_cap(cost_bound: float, cap: float, memory: int) -> str:
+    return f"every schedule within {memory} B costs >= {cost_bound:g} > the cap {cap:g}"
+
+
+def _checked(graph: nx.DiGraph, schedule: Schedule, memory: int, cap: float | None) -> Schedule:
+    """The schedule, after the simulator replays it within `memory` and the cap (NOTE [fit
+    proofs]); an internal error otherwise."""
+    run = simulate(graph, schedule.ops)
+    if run.peak > memory or (cap is not None and run.cost > cap * (1 + 1e-12)):
+        raise AssertionError(
+            f"internal error: a schedule replays at {run.peak} B, cost {run.cost:g}, outside "
+            f"{memory} B and the cap {cap}; please report this"
+        )
+    return schedule
+
+
+def largest_fitting(
+    graph_at: Callable[[int], nx.DiGraph],
+    memory: int | Callable[[int], int],
+    *,
+    compute_budget: float | str | None = None,
+    low: int = 1,
+    high: int | None = None,
+    time_limit: float = 60.0,
+    workers: int = 8,
+    progress: Callable[[Probe], None] | None = None,
+) -> FitResult:
+    """The largest size s in [low, high] whose graph `graph_at(s)` has a schedule peaking at or
+    under `memory` bytes within `compute_budget` (graph units, or text like "1.3x" of computing
+    every node once; None: unlimited), with a proof that s + 1 does not fit. `memory` may be a
+    function of the size (bytes left to the step once what exists before it is counted); it
+    must not grow with the size (NOTE [monotone sizes]).
+
+    Doubling from `low` finds a size that does not fit (or reaches `high`); bisection then closes
+    the interval. Each probe gets a quarter of the time left (`probe`); `progress` sees each
+    probe as it ends. Returns a `FitResult` within about `time_limit` seconds: `proven` where the
+    size after the answer is proven not to fit, else the interval the time left open.
+
+    Raises ValueError for `low` < 0, `high` < `low`, or graphs that break NOTE [monotone sizes].
+    """
+    if low < 0 or (high is not None and high < low):
+        raise ValueError(f"sizes must satisfy 0 <= low <= high, not low={low}, high={high}")
+    started = time.perf_counter()
+    deadline = Deadline(started + time_limit)
+    probes: dict[int, Probe] = {}
+    graphs: dict[int, nx.DiGraph] = {}
+
+    memories: dict[int, int] = {}
+
+    def run(size: int) -> Probe:
+        graph = graph_at(size)
+        _check_monotone(graphs, size, graph)
+        graphs[size] = graph
+        memories[size] = memory(size) if callable(memory) else memory
+        _check_memory(memories, size)
+        share = deadline.share(0.25)
+        found = probe(graph, memories[size], compute_budget, share, size=size, workers=workers)
+        probes[size] = found
+        if progress is not None:
+            progress(found)
+        return found
+
+    best: int | None = None
+    upper: int | None = None
+    size = low
+    while not deadline.passed():
+        verdict = run(size).verdict
+        if verdict == DOES_NOT_FIT:
+            upper = size
+            break
+        if verdict == FITS:
+            best = size
+        if high is not None and size >= high:
+            break
+        size = max(size * 2, size + 1) if high is None else min(max(size * 2, size + 1), high)
+    while upper is not None and not deadline.passed():
+        # the middle of the widest gap between the sizes decided or left open: an open size
+        # narrows nothing, so the search goes on both sides of it
+        floor = low - 1 if best is None else best
+        marks = [floor, *sorted(s for s in probes if floor < s < upper), upper]
+        a, b = max(pairwise(marks), key=lambda pair: pair[1] - pair[0])
+        if b - a < 2:
+            break
+        middle = (a + b) // 2
+        verdict = run(middle).verdict
+        if verdict == FITS:
+            best = middle
+        elif verdict == DOES_NOT_FIT:
+            upper = middle
+    schedule = None if best is None else probes[best].schedule
+    proven = upper is not None and upper == (low if best is None else best + 1)
+    seconds = time.perf_counter() - started
+    return FitResult(best, upper, proven, schedule, list(probes.values()), seconds)
+
+
+def _check_memory(memories: dict[int, int], size: int) -> None:
+    """NOTE [monotone sizes]: the memory left to the step never grows with the size."""
+    for other, bytes_ in memories.items():
+        if (other < size and bytes_ < memories[size]) or (other > size and bytes_ > memories[size]):
+            raise ValueError(
+                f"the memory left to the step grows from {min(bytes_, memories[size])} B to "
+                f"{max(bytes_, memories[size])} B between sizes {min(other, size)} and "
+                f"{max(other, size)}: it must not grow with the size"
+            )
+
+
+def _check_monotone(graphs: dict[int, nx.DiGraph], size: int, graph: nx.DiGraph) -> None:
+    """NOTE [monotone sizes] between `graph` (at `size`) and the nearest graphs probed below and
+    above it: the same nodes, edges and costs, and no node's bytes falling as the size grows."""
+    below = [s for s in graphs if s < size]
+    above = [s for s in graphs if s > size]
+    pairs = ([(max(below), size)] if below else []) + ([(size, min(above))] if above else [])
+    every = {**graphs, size: graph}
+    for small, large in pairs:
+        a, b = every[small], every[large]
+        if set(a.nodes) != set(b.nodes) or set(a.edges) != set(b.edges):
+            raise ValueError(f"the graphs at sizes {small} and {large} differ in nodes or edges")
+        for v, attrs in a.nodes(data=True):
+            other = b.nodes[v]
+            if attrs["cost"] != other["cost"]:
+                raise ValueError(f"node {v!r}'s cost differs between sizes {small} and {large}")
+            for key in ("mem", "transient"):
+                if attrs.get(key, 0) > other.get(key, 0):
+                    raise ValueError(
+                        f"node {v!r}'s {key} falls from {attrs.get(key, 0)} B at size {small} "
+                        f"to {other.get(key, 0)} B at size {large}: the least peak must not fall "
+                        "as the size grows"
+                    )
