@@ -36,6 +36,7 @@ import argparse
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -157,18 +158,23 @@ def _ratios(times: dict[str, list[float]], key: str, other: str) -> list[float]:
 
 
 def rounds_until_resolved(
-    steps: dict[str, Step], key: str, rounds: int, max_rounds: int
+    steps: dict[str, Step],
+    key: str,
+    rounds: int,
+    max_rounds: int,
+    timer: Callable[[dict[str, Step], int], dict[str, list[float]]] = interleaved_times,
 ) -> dict[str, list[float]]:
     """Interleaved rounds of `key`'s step and remat's 100% step alone, `rounds` at a time until
     the 95% interval of the median overhead (`median_interval`) is `resolved` or `max_rounds`
     rounds are taken: a burst of load from other processes widens the interval, and more
-    rounds then settle the median instead of leaving it to the burst."""
+    rounds then settle the median instead of leaving it to the burst. `timer` times a block of
+    rounds (seconds per step and round; `interleaved_times`)."""
     pair = {REMAT_FULL: steps[REMAT_FULL], key: steps[key]}
-    times = interleaved_times(pair, rounds)
+    times = timer(pair, rounds)
     while len(times[key]) + rounds <= max_rounds:
         if resolved(*median_interval(_ratios(times, key, REMAT_FULL))):
             break
-        for name, more in interleaved_times(pair, rounds).items():
+        for name, more in timer(pair, rounds).items():
             times[name] += more
     return times
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import itertools
-import time
 from pathlib import Path
 
 import pytest
@@ -84,12 +83,18 @@ def test_overhead_rounds_stop_once_resolved_and_at_the_cap_otherwise() -> None:
     from benchmarks.real_models import REMAT_FULL, rounds_until_resolved
 
     calls = itertools.count()
-    steps = {
-        REMAT_FULL: lambda: time.sleep(0.01),
-        "steady": lambda: time.sleep(0.02),  # +100%, a tight interval after one block
-        "bursty": lambda: time.sleep(0.01 if next(calls) % 2 else 0.04),  # +0% or +300%
+    seconds = {
+        REMAT_FULL: lambda: 0.01,
+        "steady": lambda: 0.02,  # +100%, a tight interval after one block
+        "bursty": lambda: 0.01 if next(calls) % 2 else 0.04,  # +0% or +300%
     }
-    steady = rounds_until_resolved(steps, "steady", rounds=6, max_rounds=24)
+
+    def timer(pair: dict, rounds: int) -> dict[str, list[float]]:
+        """Step times as the steps state them: the rule, not this machine's clock."""
+        return {name: [seconds[name]() for _ in range(rounds)] for name in pair}
+
+    steps = {name: lambda: None for name in seconds}
+    steady = rounds_until_resolved(steps, "steady", rounds=6, max_rounds=24, timer=timer)
     assert len(steady["steady"]) == len(steady[REMAT_FULL]) == 6
-    bursty = rounds_until_resolved(steps, "bursty", rounds=6, max_rounds=15)
+    bursty = rounds_until_resolved(steps, "bursty", rounds=6, max_rounds=15, timer=timer)
     assert len(bursty["bursty"]) == len(bursty[REMAT_FULL]) == 12  # whole blocks, up to the cap
