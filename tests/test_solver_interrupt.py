@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+from solver_checks import GRAPHS
 
 import solver
 from executor.cli import main
 from solver.deadline import Stop
 from solver.interrupt import first_sigint_stops
 from solver.io import load_graph
-from tests.solver_checks import GRAPHS
 
 RANDOM_1000 = GRAPHS / "random_layered_n1000_w0.31_nlv0.75_ed0.2_scd0.14.json"
 needs_random_1000 = pytest.mark.skipif(not RANDOM_1000.exists(), reason="published graphs absent")
