@@ -140,7 +140,8 @@ def solve(
             steps = COST_STEPS if options.steps is None else tuple(options.steps)
             search = run_steps(warm_start.begin(search), steps)
         else:
-            search = run_steps(least_peak.begin(search), least_peak.STEPS)
+            steps = least_peak.STEPS if options.steps is None else tuple(options.steps)
+            search = run_steps(least_peak.begin(search), steps)
         return finish(search)
 
 
