@@ -25,6 +25,21 @@ from solver.io import load_graph
 RANDOM_1000 = GRAPHS / "random_layered_n1000_w0.31_nlv0.75_ed0.2_scd0.14.json"
 needs_random_1000 = pytest.mark.skipif(not RANDOM_1000.exists(), reason="published graphs absent")
 
+
+@pytest.fixture(autouse=True)
+def python_handles_sigint():
+    """SIGINT with Python's default handler for the test, as in a terminal (a shell starts
+    background jobs with SIGINT ignored, and the solver then leaves it so)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _sigint_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT's default action, so that Python installs its handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 PROMPT = 10.0
 """Seconds from the SIGINT to the answer at most (the stop itself takes well under one; the
 rest is the replay and, on 2 shared cores, the load)."""
@@ -111,7 +126,12 @@ def test_remat_solve_prints_its_table_after_the_first_sigint(tmp_path):
     command += ["--budget", "90%", "--time-limit", "120", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_sigint_as_in_a_terminal,
     )
     assert process.stderr is not None
     for line in process.stderr:  # the search is running once it reports
