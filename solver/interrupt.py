@@ -29,7 +29,8 @@ _QUIT = 0
 @contextlib.contextmanager
 def first_sigint_stops(stop: Stop, notice: Callable[[], None] | None = None) -> Iterator[None]:
     """Within the block, the first SIGINT requests `stop` (and calls `notice`, from the watcher
-    thread); any later one raises KeyboardInterrupt in the main thread. Nothing changes when
+    thread); any later one raises KeyboardInterrupt in the main thread, at once or, where two
+    arrived during one engine call, when the block ends. Nothing changes when
     called outside the main thread or when SIGINT has a handler other than Python's default
     (the caller's own handling is left alone)."""
     if (
@@ -41,6 +42,8 @@ def first_sigint_stops(stop: Stop, notice: Callable[[], None] | None = None) -> 
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     seen = [0]  # SIGINTs the handler has run for
+    received = [0]  # SIGINTs the watcher has read: signals arriving while the main thread is in
+    # an engine call run the handler once, however many there were
     lock = threading.Lock()
 
     def request() -> None:
@@ -56,10 +59,11 @@ def first_sigint_stops(stop: Stop, notice: Callable[[], None] | None = None) -> 
     def watch() -> None:
         while True:
             data = os.read(read_fd, 64)
+            received[0] += data.count(signal.SIGINT)
+            if received[0]:
+                request()
             if not data or _QUIT in data:
                 return
-            if signal.SIGINT in data:
-                request()
 
     def handler(signum: int, frame: object) -> None:
         seen[0] += 1
@@ -80,3 +84,5 @@ def first_sigint_stops(stop: Stop, notice: Callable[[], None] | None = None) -> 
         watcher.join()
         os.close(read_fd)
         os.close(write_fd)
+    if received[0] > 1:  # a second SIGINT whose handler run merged with the first's
+        raise KeyboardInterrupt

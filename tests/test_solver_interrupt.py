@@ -55,6 +55,22 @@ def test_first_sigint_requests_the_stop_and_the_second_raises():
     assert notices == [1]
 
 
+def test_two_sigints_during_one_engine_call_still_abort():
+    # Both arrive while the main thread runs no Python (it joins a thread that signals itself
+    # twice), so Python runs the handler once; the block still ends in KeyboardInterrupt.
+    stop = Stop()
+
+    def signal_twice() -> None:
+        for _ in range(2):
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt), first_sigint_stops(stop):
+        thread = threading.Thread(target=signal_twice)
+        thread.start()
+        thread.join()
+        assert stop.requested()
+
+
 def test_outside_the_main_thread_sigint_is_left_alone():
     seen = []
 
