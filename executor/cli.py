@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         message = "; ".join(line for line in str(exc).splitlines() if line.strip())
         print(f"remat: error: {message or type(exc).__name__}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("remat: interrupted: aborted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,43 +1,108 @@
 """The one deadline a solve passes down to every step, heuristic and engine it runs.
 
-A `Deadline` is an instant on `time.perf_counter()`'s clock, in seconds. Work is cut into
-shares of it (`share`, `within`), never given a clock of its own, so that a solve given
-`time_limit` seconds ends when they are spent whatever it is doing then.
+A `Deadline` is an instant on `time.perf_counter()`'s clock, in seconds, and optionally a `Stop`:
+a request to end now (the first Ctrl-C, `solver.interrupt`) that every share of the deadline
+sees. Work is cut into shares of it (`share`, `within`, `until`), never given a clock of its
+own, so that a solve given `time_limit` seconds ends when they are spent or when it is stopped,
+whatever it is doing then. Python loops poll `passed` or `leaves`; an engine running outside
+Python registers how to stop it for as long as it runs (`on_stop`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+
+class Stop:
+    """A request to end work now, made once from any thread (`request`) and seen by every
+    deadline holding it. The callbacks registered by running engines (`on_stop`) are called
+    when it is made, or at once if it was made before they registered."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: dict[int, Callable[[], None]] = {}
+        self._next = 0
+
+    def requested(self) -> bool:
+        """Whether the stop has been requested."""
+        return self._event.is_set()
+
+    def request(self) -> None:
+        """Request the stop and call every registered callback (idempotent)."""
+        with self._lock:
+            self._event.set()
+            callbacks = list(self._callbacks.values())
+        for callback in callbacks:
+            callback()
+
+    @contextlib.contextmanager
+    def calling(self, callback: Callable[[], None]) -> Iterator[None]:
+        """Call `callback` (from the requesting thread) if the stop is requested while the
+        block runs, or at once if it already was."""
+        with self._lock:
+            key, self._next = self._next, self._next + 1
+            self._callbacks[key] = callback
+            already = self._event.is_set()
+        try:
+            if already:
+                callback()
+            yield
+        finally:
+            with self._lock:
+                del self._callbacks[key]
 
 
 @dataclass(frozen=True)
 class Deadline:
-    """The instant `at` (seconds on `time.perf_counter()`) by which work must end."""
+    """The instant `at` (seconds on `time.perf_counter()`) by which work must end, and the
+    `stop` (None: none) that ends it sooner."""
 
     at: float
+    stop: Stop | None = field(default=None, compare=False)
 
     @classmethod
-    def after(cls, seconds: float) -> Deadline:
+    def after(cls, seconds: float, stop: Stop | None = None) -> Deadline:
         """The deadline `seconds` from now."""
-        return cls(time.perf_counter() + seconds)
+        return cls(time.perf_counter() + seconds, stop)
+
+    def stopped(self) -> bool:
+        """Whether its stop has been requested."""
+        return self.stop is not None and self.stop.requested()
 
     def remaining(self) -> float:
-        """Seconds left, 0.0 once it has passed."""
-        return max(0.0, self.at - time.perf_counter())
+        """Seconds left, 0.0 once it has passed or been stopped."""
+        return 0.0 if self.stopped() else max(0.0, self.at - time.perf_counter())
 
     def passed(self) -> bool:
-        """Whether the instant has come."""
-        return time.perf_counter() >= self.at
+        """Whether the instant has come or the stop has been requested."""
+        return self.stopped() or time.perf_counter() >= self.at
+
+    def leaves(self, seconds: float) -> bool:
+        """Whether `seconds` more of work would end by the deadline (False once stopped)."""
+        return not self.stopped() and time.perf_counter() + seconds <= self.at
+
+    def until(self, at: float) -> Deadline:
+        """The earlier of this deadline and the instant `at`, with the same stop."""
+        return Deadline(min(self.at, at), self.stop)
 
     def within(self, seconds: float) -> Deadline:
         """The earlier of this deadline and `seconds` from now."""
-        return Deadline(min(self.at, time.perf_counter() + seconds))
+        return self.until(time.perf_counter() + seconds)
 
     def share(self, fraction: float) -> Deadline:
         """The instant when `fraction` (0..1) of the time remaining now will have passed."""
         return self.within(fraction * self.remaining())
+
+    def on_stop(self, callback: Callable[[], None]) -> contextlib.AbstractContextManager:
+        """A context in which a stop request calls `callback` (an engine's cancel), at once if
+        it was requested already; nothing where the deadline has no stop."""
+        return contextlib.nullcontext() if self.stop is None else self.stop.calling(callback)
 
 
 NEVER = Deadline(math.inf)

@@ -4,8 +4,9 @@
   computes node t for the first time plus any subset of earlier nodes; any subset of live values is
   carried to the next stage; values are freed right after their last use in a stage). Returns the
   Pareto set of (cost, peak) pairs, so it answers both objectives.
-- `general_space_min_cost`: Dijkstra over every compute/free op sequence (not only staged ones):
-  a lower bound on the stage-space optimum.
+- `general_space_min_cost`: Dijkstra over every compute/free op sequence (not only staged ones),
+  optionally only those computing the nodes for the first time in a given order: a lower bound
+  on the stage-space optimum.
 Both count a compute's peak as the bytes live just after it plus the node's `transient` bytes.
 Both enumerate exponentially many plans: use them on graphs of at most about 6 nodes.
 """
@@ -102,9 +103,13 @@ def min_cost_within(frontier: set[tuple[float, int]], budget: int) -> float | No
     return min(fits) if fits else None
 
 
-def general_space_min_cost(graph: nx.DiGraph, budget: int) -> float | None:
-    """Least cost over all valid op sequences with peak <= budget (Dijkstra), or None."""
+def general_space_min_cost(
+    graph: nx.DiGraph, budget: int, first_order: list | None = None
+) -> float | None:
+    """Least cost over all valid op sequences with peak <= budget (Dijkstra), or None. With
+    `first_order`, only the sequences whose first computes of the nodes come in that order."""
     nodes = list(graph.nodes)
+    rank = None if first_order is None else {v: i for i, v in enumerate(first_order)}
     mem = {v: graph.nodes[v]["mem"] for v in nodes}
     start = (frozenset(), frozenset())
     heap = [(0.0, 0, start)]
@@ -120,8 +125,10 @@ def general_space_min_cost(graph: nx.DiGraph, budget: int) -> float | None:
         for v in nodes:
             if v in live:
                 moves.append((c, (live - {v}, done)))
-            elif all(u in live for u in graph.predecessors(v)) and (
-                sum(mem[u] for u in live) + mem[v] + _transient(graph, v) <= budget
+            elif (
+                all(u in live for u in graph.predecessors(v))
+                and sum(mem[u] for u in live) + mem[v] + _transient(graph, v) <= budget
+                and (rank is None or v in done or rank[v] == len(done))
             ):
                 moves.append((c + graph.nodes[v]["cost"], (live | {v}, done | {v})))
         for nc, state in moves:

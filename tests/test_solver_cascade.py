@@ -1,9 +1,9 @@
-"""The cascade cover (solver.cascade) against the exhaustive stage-space optimum: its bound (LP,
-certified from the duals, and CP-SAT's) never exceeds the optimum's recompute cost, at every
-budget where the optimum changes; where a recompute needs a dead input it is above the read-gap
-cover; its LP bound is certified (solver.milp.lp) whatever the duals; and the exact search
-through the cascade step and the lifetime polish never claims more than the exhaustive optimum
-allows."""
+"""The cascade cover (solver.milp.cascade) against the exhaustive stage-space optimum: its bound
+(LP, certified from the duals, and CP-SAT's) never exceeds the optimum's recompute cost, at
+every budget where the optimum changes; where a recompute needs a dead input it is above the
+read-gap cover; its LP bound is certified (solver.milp.lp) whatever the duals; and the exact
+search through the cascade step and the lifetime polish never claims more than the exhaustive
+optimum allows."""
 
 from __future__ import annotations
 

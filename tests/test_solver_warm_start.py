@@ -210,3 +210,14 @@ def test_pending_warm_starts_run_in_order_and_each_is_offered_as_it_finishes():
         ("backward", best),
     ]
     assert search.pending == {}
+
+
+def test_the_steps_option_sets_the_least_peak_pipeline_too():
+    from solver.exact.least_peak import checkpoint_policies
+    from solver.examples import uniform_training_chain
+
+    graph = uniform_training_chain(6)
+    options = SolveOptions(steps=(checkpoint_policies,))
+    schedule = solver.minimum_peak(graph, time_limit=10, options=options)
+    assert steps_run(schedule) == ["checkpoint_policies"]
+    solver.simulate(graph, schedule.ops).raise_if_invalid()

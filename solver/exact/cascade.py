@@ -63,7 +63,9 @@ def cascade_cover(search: Search) -> Search:
         problem,
         budget,
         units.int_cost,
-        deadline=search.share_of_limit(options.cascade_first_share),
+        deadline=search.deadline.until(
+            search.started + options.cascade_first_share * search.time_limit
+        ),
         cap=_cap(search),
         cpsat_workers=search.workers,
         progress=progress,
@@ -77,7 +79,7 @@ def cascade_cover(search: Search) -> Search:
         # Where the moment relaxation runs next, it finds the plans (random_layered n=250 at
         # 90%: the optimum); the lifetime search would only delay it.
         return search
-    deadline = search.share_of_limit(_share(search))
+    deadline = search.deadline.until(search.started + _share(search) * search.time_limit)
     away = None if first.values is None else away_stages(first.model, first.values)
     rows = first.model.rows
     last_change = [time.perf_counter()]

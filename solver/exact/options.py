@@ -92,8 +92,9 @@ class SolveOptions:
         minimise_share: where the stage model's LP bound is under the floor the covers proved
             and the lifetime search has run (op-level graphs), CP-SAT's run from the incumbent
             takes this share of the remaining time and leaves the rest to `lifetime_polish`.
-    steps: the cost pipeline's steps in order (None: `solver.exact.pipeline.COST_STEPS`); a step
-        is a function of the search state (`solver.exact.state.Search`) that returns it.
+    steps: the pipeline's steps in order (None: `solver.exact.pipeline.COST_STEPS` for objective
+        "cost", `solver.exact.least_peak.STEPS` for "memory"); a step is a function of the
+        search state (`solver.exact.state.Search`) that returns it.
     """
 
     warm_starts: Sequence[str] = ("eviction", "backward", "policies")

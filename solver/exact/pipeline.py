@@ -23,6 +23,7 @@ warm start) is writing one such function and listing it in COST_STEPS (or passin
 
 from __future__ import annotations
 
+import sys
 import time
 
 import networkx as nx
@@ -30,7 +31,7 @@ import networkx as nx
 from solver.core.budget import human_bytes, parse_budget, parse_compute_budget
 from solver.core.graph import prepare
 from solver.core.schedule import Schedule, make_schedule
-from solver.deadline import Deadline
+from solver.deadline import Deadline, Stop
 from solver.errors import InvalidScheduleError, SolverTimeoutError
 from solver.exact import least_peak, warm_start
 from solver.exact.cascade import cascade_cover, lifetime_polish
@@ -40,6 +41,7 @@ from solver.exact.options import DEFAULT, SolveOptions
 from solver.exact.probes import probes
 from solver.exact.stage_model import lp_relaxation, stage_model
 from solver.exact.state import Goal, Search, run_steps
+from solver.interrupt import first_sigint_stops
 from solver.milp.cpsat import ProgressFn, print_progress
 from solver.milp.units import CostUnits
 
@@ -92,6 +94,11 @@ def solve(
     "OPTIMAL" only with an exact certificate (NOTE [certificates] in `solver.exact.state`), its
     `extra["steps"]` the steps that ran with their seconds and findings.
 
+    Ctrl-C (`solver.interrupt`; from the main thread, where SIGINT has Python's default
+    handler): the first stops the search, and the call returns the best schedule found as at
+    the time limit ("FEASIBLE" with its proven bound, or "OPTIMAL" if proven by then) with
+    `extra["interrupted"]` True; a second raises KeyboardInterrupt.
+
     Raises:
         InfeasibleBudgetError: no schedule fits the budget (names the minimum when it is found).
         ComputeBudgetError: objective="memory" and the compute budget is below the total cost.
@@ -116,23 +123,33 @@ def solve(
     else:
         limit = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
         goal = Goal("memory", units, compute_budget=limit)
+    stop = Stop()
     search = Search(
         graph,
         problem,
         goal,
         options,
         workers,
-        Deadline(started + time_limit),
+        Deadline(started + time_limit, stop),
         time_limit,
         started,
         print_progress if progress is True else (progress or None),
     )
-    if objective == "cost":
-        steps = COST_STEPS if options.steps is None else tuple(options.steps)
-        search = run_steps(warm_start.begin(search), steps)
-    else:
-        search = run_steps(least_peak.begin(search), least_peak.STEPS)
-    return finish(search)
+    with first_sigint_stops(stop, _print_interrupted if progress is True else None):
+        if objective == "cost":
+            steps = COST_STEPS if options.steps is None else tuple(options.steps)
+            search = run_steps(warm_start.begin(search), steps)
+        else:
+            steps = least_peak.STEPS if options.steps is None else tuple(options.steps)
+            search = run_steps(least_peak.begin(search), steps)
+        return finish(search)
+
+
+def _print_interrupted() -> None:
+    print(
+        "  interrupted: returning the best schedule found (Ctrl-C again to abort)",
+        file=sys.stderr,
+    )
 
 
 def minimum_peak(
@@ -179,7 +196,12 @@ def finish(search: Search) -> Schedule:
         bound=None,
         budget=goal.budget,
         compute_budget=goal.compute_budget,
-        extra={"cost_unit": goal.units.unit, "found_by": incumbent.param, "steps": search.trace},
+        extra={
+            "cost_unit": goal.units.unit,
+            "found_by": incumbent.param,
+            "steps": search.trace,
+            "interrupted": search.deadline.stopped(),
+        },
     )
     value = schedule.cost if goal.objective == "cost" else float(schedule.peak)
     schedule.bound = value if optimal else min(value, goal.in_graph_units(search.floor))
@@ -207,8 +229,13 @@ def _nothing_fits(search: Search, budget: int) -> str:
         known.append(f"any schedule recomputes at least {proven:g} cost units")
     if search.no_model:
         known.append(search.no_model)
+    when = (
+        f"before the interrupt at {search.elapsed():.1f} s"
+        if search.deadline.stopped()
+        else f"in {search.time_limit:g} s"
+    )
     return (
-        f"no schedule within {human_bytes(budget)} was found in {search.time_limit:g} s and no "
+        f"no schedule within {human_bytes(budget)} was found {when} and no "
         "heuristic fits that budget" + "".join(f"; {fact}" for fact in known) + f"; {advice}"
     )
 

@@ -89,7 +89,7 @@ def _until(deadline: Deadline, make: Callable[[T], Member], params: Iterable[T])
     slowest = 0.0
     for param in params:
         began = time.perf_counter()
-        if began + 2 * slowest > deadline.at:
+        if not deadline.leaves(2 * slowest):
             break
         out.append(make(param))
         slowest = max(slowest, time.perf_counter() - began)

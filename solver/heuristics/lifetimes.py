@@ -11,7 +11,7 @@ A lifetime assignment says, for each value v (node index):
 
 A stage that needs a value none of whose copies is live recomputes it (and, recursively, its
 missing inputs): `plan_from_lifetimes` turns an assignment into a stage plan, and every plan it
-gives is valid (`solver.stages`). Checkpoint policies are assignments: `plan_from_keep` is end
+gives is valid (`solver.core.stages`). Checkpoint policies are assignments: `plan_from_keep` is end
 n - 1 for a kept value and its last forward reader otherwise, with retain LAST.
 
 `lifetime_search` looks for a cheap assignment whose plan fits a budget: from a start (a

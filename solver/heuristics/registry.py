@@ -104,7 +104,7 @@ def members(
     for h in chosen:
         if h.applies(problem) and (budget is not None or not h.at_budget):
             began = time.perf_counter()
-            if began + 2 * slowest > deadline.at:
+            if not deadline.leaves(2 * slowest):
                 found[h.name] = []
                 continue
             found[h.name] = h.runs(problem, budget, deadline)

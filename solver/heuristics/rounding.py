@@ -32,7 +32,7 @@ def rounded_members(
     slowest = 0.0
     for theta in THRESHOLDS:
         began = time.perf_counter()
-        if began + 2 * slowest > deadline.at:
+        if not deadline.leaves(2 * slowest):
             break
         wanted = [frozenset(i for i, x in stage.items() if x >= theta) for stage in keep_fraction]
         plan = plan_from_kept_sets(problem, wanted)

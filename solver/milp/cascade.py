@@ -1,4 +1,4 @@
-r"""The cascade cover: the read-gap cover (`solver.cover_bound`) with the inputs a recompute needs.
+r"""The cascade cover: the read-gap cover (`solver.milp.cover`) with the inputs a recompute needs.
 
 The read-gap cover lets a value i be away in a read gap for the cost of one recompute of i. But
 recomputing i needs i's inputs live at that moment, and at op level an input is often *dead* by

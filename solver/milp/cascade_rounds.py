@@ -170,7 +170,7 @@ def _solve_01(
 def away_stages(model: CascadeModel, values: Sequence[float]) -> tuple[dict[int, int], set[int]]:
     """What a solution says to drop and keep: the first stage at which each value is away (x or
     a above one half), and the dead values it keeps past their last read (K above one half at
-    some row), for `solver.lifetimes.start_from_away`."""
+    some row), for `solver.heuristics.lifetimes.start_from_away`."""
     gaps = model.crossings.gaps
     first: dict[int, int] = {}
     for (i, t), var in model.away.items():

@@ -71,9 +71,8 @@ class CpSatModel:
             """Whether the deadline has passed or will before the rest of the work (variables
             and rows, a row counted as a variable: rows cost more, so this errs late) and
             CP-SAT's overrun are done."""
-            now = time.perf_counter()
-            rest = (now - started) * (work - done) / done if done else 0.0
-            return now + rest + reserve > deadline.at
+            rest = (time.perf_counter() - started) * (work - done) / done if done else 0.0
+            return not deadline.leaves(rest + reserve)
 
         for count, (lo, hi, name) in enumerate(zip(lm.lower, lm.upper, lm.names, strict=True)):
             if count % 8192 == 0 and out_of_time(count):
@@ -140,8 +139,12 @@ class CpSatModel:
         solver.parameters.linearization_level = 2
         solver.parameters.max_presolve_iterations = 1
         solver.parameters.cp_model_probing_level = 0
+        # Ctrl-C is the solve's to handle (`solver.interrupt`): CP-SAT's own handler would end
+        # this call only, and the next step would run on.
+        solver.parameters.catch_sigint_signal = False
         callback = _Progress(progress) if progress else None
-        status = solver.solve(m, callback)
+        with deadline.on_stop(solver.stop_search):
+            status = solver.solve(m, callback)
         name = solver.status_name(status)
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             values = list(solver.response_proto.solution)

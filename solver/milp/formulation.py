@@ -298,11 +298,9 @@ class _Progress:
 
     def check(self, t: int) -> None:
         """Raise TimeoutError before stage t unless the rest can be built in time."""
-        now = time.perf_counter()
-        rest = (now - self.began) * (self.total - self.done) / self.done if self.done else 0.0
-        if now > self.deadline.at or (
-            self.done > 0.05 * self.total and now + rest > self.deadline.at
-        ):
+        done, left = self.done, self.total - self.done
+        rest = (time.perf_counter() - self.began) * left / done if done else 0.0
+        if self.deadline.passed() or (done > 0.05 * self.total and not self.deadline.leaves(rest)):
             raise TimeoutError(
                 f"the model would not be built by the deadline (stage {t} of {len(self.work)})"
             )

@@ -13,6 +13,7 @@ it runs is read through `solver.milp.units.safe_floor`, and its verdicts at the 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 
@@ -70,14 +71,18 @@ class HighsMip:
         """`solve` for each probe, all at once, one thread each (HiGHS runs outside Python's
         lock, so two probes on two cores take about as long as one)."""
         solvers = [self._prepare(fixed, cap, deadline.remaining()) for fixed, cap in probes]
-        if len(solvers) == 1:
-            solvers[0].run()
-        else:
-            threads = [threading.Thread(target=highs.run) for highs in solvers]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+        with contextlib.ExitStack() as cancels:
+            for highs in solvers:
+                highs.HandleUserInterrupt = True  # `cancelSolve` ends the run
+                cancels.enter_context(deadline.on_stop(highs.cancelSolve))
+            if len(solvers) == 1:
+                solvers[0].run()
+            else:
+                threads = [threading.Thread(target=highs.run) for highs in solvers]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
         return [self._result(highs, cap) for highs, (_, cap) in zip(solvers, probes, strict=True)]
 
     def _prepare(

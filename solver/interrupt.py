@@ -1,0 +1,88 @@
+"""Ctrl-C during a solve: the first asks for the answer, the second aborts.
+
+`first_sigint_stops(stop)` makes the first SIGINT request `stop` (every share of the solve's
+deadline sees it, and the engines running then are cancelled through their `Deadline.on_stop`
+callbacks), so that the solve returns its best schedule; the second raises KeyboardInterrupt as
+Python does by default.
+
+Python runs signal handlers only in the main thread and only between bytecodes, so a handler
+alone would wait for the engine call in progress (CP-SAT, HiGHS: minutes). The handler is
+therefore paired with `signal.set_wakeup_fd`: the interpreter's C-level handler writes each
+signal's number to a pipe at once, and a watcher thread reading it requests the stop, which
+cancels the engines and so brings the main thread back to Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+
+from solver.deadline import Stop
+
+_QUIT = 0
+"""The byte that ends the watcher (no signal has number 0)."""
+
+
+@contextlib.contextmanager
+def first_sigint_stops(stop: Stop, notice: Callable[[], None] | None = None) -> Iterator[None]:
+    """Within the block, the first SIGINT requests `stop` (and calls `notice`, from the watcher
+    thread); any later one raises KeyboardInterrupt in the main thread, at once or, where two
+    arrived during one engine call, when the block ends. Nothing changes when
+    called outside the main thread or when SIGINT has a handler other than Python's default
+    (the caller's own handling is left alone)."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    seen = [0]  # SIGINTs the handler has run for
+    received = [0]  # SIGINTs the watcher has read: signals arriving while the main thread is in
+    # an engine call run the handler once, however many there were
+    lock = threading.Lock()
+
+    def request() -> None:
+        """The stop and the notice, once, by whichever of the watcher and the handler is
+        first."""
+        with lock:
+            if stop.requested():
+                return
+            stop.request()
+        if notice is not None:
+            notice()
+
+    def watch() -> None:
+        while True:
+            data = os.read(read_fd, 64)
+            received[0] += data.count(signal.SIGINT)
+            if received[0]:
+                request()
+            if not data or _QUIT in data:
+                return
+
+    def handler(signum: int, frame: object) -> None:
+        seen[0] += 1
+        if seen[0] > 1:
+            raise KeyboardInterrupt
+        request()
+
+    watcher = threading.Thread(target=watch, name="remat-sigint", daemon=True)
+    watcher.start()
+    previous_fd = signal.set_wakeup_fd(write_fd)
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.set_wakeup_fd(previous_fd)
+        os.write(write_fd, bytes([_QUIT]))
+        watcher.join()
+        os.close(read_fd)
+        os.close(write_fd)
+    if received[0] > 1:  # a second SIGINT whose handler run merged with the first's
+        raise KeyboardInterrupt

@@ -1,0 +1,165 @@
+"""Ctrl-C during a solve: the first returns the best schedule found, the second aborts.
+
+Each test sends SIGINT on an event of the solve (a progress report, a line on stderr), never
+after a fixed sleep, and checks how soon the answer comes after it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from solver_checks import GRAPHS
+
+import solver
+from executor.cli import main
+from solver.deadline import Stop
+from solver.interrupt import first_sigint_stops
+from solver.io import load_graph
+
+RANDOM_1000 = GRAPHS / "random_layered_n1000_w0.31_nlv0.75_ed0.2_scd0.14.json"
+needs_random_1000 = pytest.mark.skipif(not RANDOM_1000.exists(), reason="published graphs absent")
+
+
+@pytest.fixture(autouse=True)
+def python_handles_sigint():
+    """SIGINT with Python's default handler for the test, as in a terminal (a shell starts
+    background jobs with SIGINT ignored, and the solver then leaves it so)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _sigint_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT's default action, so that Python installs its handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+PROMPT = 10.0
+"""Seconds from the SIGINT to the answer at most (the stop itself takes well under one; the
+rest is the replay and, on 2 shared cores, the load)."""
+
+
+def test_first_sigint_requests_the_stop_and_the_second_raises():
+    stop, notices = Stop(), []
+    with pytest.raises(KeyboardInterrupt), first_sigint_stops(stop, lambda: notices.append(1)):
+        signal.raise_signal(signal.SIGINT)
+        assert stop.requested() and notices == [1]
+        signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert notices == [1]
+
+
+def test_two_sigints_during_one_engine_call_still_abort():
+    # Both arrive while the main thread runs no Python (it joins a thread that signals itself
+    # twice), so Python runs the handler once; the block still ends in KeyboardInterrupt.
+    stop = Stop()
+
+    def signal_twice() -> None:
+        for _ in range(2):
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt), first_sigint_stops(stop):
+        thread = threading.Thread(target=signal_twice)
+        thread.start()
+        thread.join()
+        assert stop.requested()
+
+
+def test_outside_the_main_thread_sigint_is_left_alone():
+    seen = []
+
+    def run() -> None:
+        with first_sigint_stops(Stop()):
+            seen.append(signal.getsignal(signal.SIGINT))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert seen == [signal.default_int_handler]
+
+
+@needs_random_1000
+def test_sigint_during_an_engine_returns_the_best_schedule_with_its_bound():
+    graph = load_graph(RANDOM_1000)
+    sent: list[float] = []
+    bounds: list[float] = []
+
+    def progress(seconds: float, objective: float, bound: float) -> None:
+        bounds.append(bound)
+        if not sent and bound > bounds[0]:  # an engine raised the bound: one is running
+            sent.append(time.perf_counter())
+            os.kill(os.getpid(), signal.SIGINT)
+
+    schedule = solver.solve(graph, "90%", time_limit=120, progress=progress)
+    returned = time.perf_counter()
+    assert sent, "no engine reported a bound"
+    assert returned - sent[0] < PROMPT
+    assert schedule.extra["interrupted"] is True
+    assert schedule.status == "FEASIBLE" and schedule.bound <= schedule.cost
+    assert schedule.bound >= max(bounds) - 1e-6 * schedule.cost  # the proven bound comes back
+    solver.simulate(graph, schedule.ops).raise_if_invalid()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+class _SigintOn:
+    """A stderr that sends SIGINT to this process on the first line containing each of
+    `triggers`, in order (the CLI's progress, then its notice)."""
+
+    def __init__(self, *triggers: str) -> None:
+        self.triggers, self.text = list(triggers), ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        line = self.text.rstrip("\n").rpartition("\n")[2]
+        if text.endswith("\n") and self.triggers and self.triggers[0] in line:
+            self.triggers.pop(0)
+            os.kill(os.getpid(), signal.SIGINT)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@needs_random_1000
+def test_a_second_sigint_aborts_the_command_with_one_line(monkeypatch, capsys):
+    err = _SigintOn("incumbent", "interrupted")
+    monkeypatch.setattr(sys, "stderr", err)
+    assert main(["solve", str(RANDOM_1000), "--budget", "90%", "--time-limit", "120"]) == 130
+    assert err.text.splitlines()[-1] == "remat: interrupted: aborted"
+    assert "exact" not in capsys.readouterr().out
+
+
+@needs_random_1000
+def test_remat_solve_prints_its_table_after_the_first_sigint(tmp_path):
+    out = tmp_path / "s.json"
+    command = [sys.executable, "-m", "executor.cli", "solve", str(RANDOM_1000)]
+    command += ["--budget", "90%", "--time-limit", "120", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_sigint_as_in_a_terminal,
+    )
+    assert process.stderr is not None
+    for line in process.stderr:  # the search is running once it reports
+        if "incumbent" in line:
+            break
+    sent = time.perf_counter()
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert time.perf_counter() - sent < PROMPT
+    assert process.returncode == 0, stderr
+    exact = next(line for line in stdout.splitlines() if line.startswith("exact"))
+    assert "FEASIBLE" in exact
+    assert "(interrupted: no heuristic rows)" in stdout
+    assert "interrupted: returning the best schedule found" in stderr
+    assert solver.Schedule.load(out, load_graph(RANDOM_1000)).extra["interrupted"] is True
