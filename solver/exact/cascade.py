@@ -79,7 +79,7 @@ def cascade_cover(search: Search) -> Search:
         # Where the moment relaxation runs next, it finds the plans (random_layered n=250 at
         # 90%: the optimum); the lifetime search would only delay it.
         return search
-    deadline = search.deadline.until(search.started + _share(search) * search.time_limit)
+    deadline = search.share_of_limit(_share(search))
     away = None if first.values is None else away_stages(first.model, first.values)
     rows = first.model.rows
     last_change = [time.perf_counter()]

@@ -44,7 +44,7 @@ def heuristic_least_peak(search: Search) -> Search:
     share = search.options.heuristic_share
     if _model_size(search) > search.options.max_model_variables:
         share = 1 - share
-    deadline = search.deadline.until(search.started + share * search.time_limit)
+    deadline = search.share_of_limit(share)
     least_peak(search.problem, search.goal.compute_budget, deadline, found=search.offer)
     return search
 

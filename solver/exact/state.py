@@ -143,8 +143,8 @@ class Search:
 
     def share_of_limit(self, fraction: float) -> Deadline:
         """The deadline `fraction` of the time limit after the start (or the solve's, if
-        sooner)."""
-        return Deadline(min(self.deadline.at, self.started + fraction * self.time_limit))
+        sooner), with the solve's stop (Ctrl-C)."""
+        return self.deadline.until(self.started + fraction * self.time_limit)
 
     @property
     def value(self) -> int | None:

@@ -52,9 +52,7 @@ def warm_start(search: Search) -> Search:
     heuristics waits there too (`_least_peak_run`)."""
     problem, budget, names = search.problem, search.goal.budget, search.options.warm_starts
     assert budget is not None
-    deadline = search.deadline.until(
-        search.started + search.options.warm_start_share * search.time_limit
-    )
+    deadline = search.share_of_limit(search.options.warm_start_share)
     if "eviction" in names:
         search.offer(*eviction_runs(problem, budget, deadline))
     backward_now = "backward" in names and (search.incumbent is None or moment_first(search))

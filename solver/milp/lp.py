@@ -294,7 +294,9 @@ class GrowingLp:
         self._pass_columns()
         self._pass_rows()
         self.highs.setOptionValue("time_limit", max(0.01, deadline.remaining()))
-        self.highs.run()
+        self.highs.HandleUserInterrupt = True  # `cancelSolve` ends the run on a stop (Ctrl-C)
+        with deadline.on_stop(self.highs.cancelSolve):
+            self.highs.run()
         if self.highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return None
         solution = self.highs.getSolution()
@@ -322,7 +324,9 @@ def solve_relaxation(lm: LinearModel, deadline: Deadline) -> DualBound | None:
     # devex: steepest edge was 3x slower here
     highs.setOptionValue("simplex_dual_edge_weight_strategy", 1)
     highs.passModel(scaled.lp)
-    highs.run()
+    highs.HandleUserInterrupt = True  # `cancelSolve` ends the run on a stop (Ctrl-C)
+    with deadline.on_stop(highs.cancelSolve):
+        highs.run()
     if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None
     solution = highs.getSolution()
