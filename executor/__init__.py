@@ -12,20 +12,25 @@ from executor.errors import (
     AutocastMismatchError,
     ExecutorError,
     InputMismatchError,
+    OpStreamMismatchError,
     UnsupportedScheduleError,
     UnusedOutputGradientError,
 )
 from executor.memory import PeakMemory, measure_peak, median_seconds
 from executor.module import Rematerialized, rematerialize
+from executor.sac import CheckpointPlan, checkpoint_plan
 
 __all__ = [
     "AutocastMismatchError",
+    "CheckpointPlan",
     "ExecutorError",
     "InputMismatchError",
+    "OpStreamMismatchError",
     "PeakMemory",
     "Rematerialized",
     "UnsupportedScheduleError",
     "UnusedOutputGradientError",
+    "checkpoint_plan",
     "measure_peak",
     "median_seconds",
     "rematerialize",

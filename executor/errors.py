@@ -30,3 +30,9 @@ class UnusedOutputGradientError(ExecutorError):
     """A step backpropagated a nonzero gradient into an output that the graph was captured as
     unused by the loss (``capture(..., backward_from=...)``): the graph assumes that gradient is
     zero, so capture again with ``backward_from`` naming the output."""
+
+
+class OpStreamMismatchError(ExecutorError):
+    """A checkpointed block dispatched another op than its SAC plan has at that position
+    (changed code, another autocast or dtype): the plan's policy would save the wrong tensors,
+    so the step is refused; solve the plan again for the model as it runs now."""

@@ -43,6 +43,7 @@ def blocks(draw, name: str) -> SacBlock:
         f_peak=f_start + draw(st.integers(0, 150)),
         b_start=b_start,
         b_peak=b_start + draw(st.integers(0, 50)),
+        recompute_extra=draw(st.integers(0, 5)),
     )
 
 

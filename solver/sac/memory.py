@@ -12,7 +12,8 @@ NOTE [ SAC memory model ] (torch 2.13, docs/sac.md):
      after op `stop` (every saved tensor recomputed). Recomputed storages that autograd saves
      stay until their unpack (after the recompute); others die after their last reader; MUST_SAVE
      storages are already there. Once the recompute ends, the block holds what the plain block
-     holds, so the rest of its backward is the plain step's (`b_peak`).
+     holds, and the checkpoint still holds its extra bytes (`held_extra`): the rest of its
+     backward is the plain step's (`b_peak`) plus those.
   3. Everything else is the plain step's measured memory minus the savings of the blocks whose
      forward bytes are held at that moment.
 Units: bytes and seconds.
@@ -89,14 +90,17 @@ def plan_peak(problem: SacProblem, plan: SacPlan) -> int:
     for j, (block, ckpt, saved) in enumerate(
         zip(problem.blocks, plan.checkpointed, plan.saved, strict=True)
     ):
-        peaks.append(block.b_peak - before[j])
         if not ckpt:
+            peaks.append(block.b_peak - before[j])
             peaks.append(block.f_peak - before[j])
             continue
+        peaks.append(block.b_peak - before[j] + block.held_extra)
         forward = max((forward_live(block, saved, t) for t in range(len(block.ops))), default=0)
         peaks.append(block.f_start - before[j] + block.workspace + forward)
         recompute = max((recompute_live(block, saved, t) for t in range(block.stop + 1)), default=0)
-        peaks.append(block.b_start - before[j] - d[j] + block.workspace + recompute)
+        peaks.append(
+            block.b_start - before[j] - d[j] + block.workspace + block.recompute_extra + recompute
+        )
     return max(peaks)
 
 

@@ -45,9 +45,10 @@ class SacBlock:
 
     `stop`: the index of the op after which a recompute stops (every saved tensor recomputed:
     torch's early stop). `held_extra`: bytes a checkpoint holds that the plain block does not
-    (its tensor inputs the plain block does not save). `workspace`: bytes the plain forward's
+    (its tensor inputs the plain block does not save, and the RNG state it keeps). `workspace`: bytes the plain forward's
     measured peak exceeds the op-level liveness model by (kernel scratch), added to the
-    modelled forward and recompute.
+    modelled forward and recompute. `recompute_extra`: bytes a recompute allocates besides the
+    block's ops (the RNG state torch saves around it).
     """
 
     name: str
@@ -59,6 +60,7 @@ class SacBlock:
     f_peak: int
     b_start: int
     b_peak: int
+    recompute_extra: int = 0
 
     def to_json(self) -> dict:
         d = asdict(self)

@@ -10,11 +10,11 @@ bytes of op i's new storage and the savings of block j
 every term of NOTE [ SAC memory model ] (solver/sac/memory.py) is linear in (c, s):
 
     segment:             peak - D_held                                  <= P
-    backward (any j):    b_peak_j - D_j                                 <= P
+    backward (any j):    b_peak_j - D_j + c_j held_extra_j              <= P
     forward, c_j = 0:    f_peak_j - D_j                                 <= P
     forward, c_j = 1:    f_start_j - D_j + w_j
                          + sum_{i<=t} b_i [last_read_i >= t or s_i]     <= P  (every t)
-    recompute, c_j = 1:  b_start_j - D_j - d_j + w_j
+    recompute, c_j = 1:  b_start_j - D_j - d_j + w_j + r_j
                          + sum_{i<=t} b_i (1 - s_i) [saved_i or last_read_i >= t]
                                                                         <= P  (t <= stop)
 
@@ -88,7 +88,7 @@ class _Model:
             m.Add(seg.peak - before[seg.held] <= P)
         for j, block in enumerate(self.problem.blocks):
             c, s = self.c[j], self.s[j]
-            m.Add(block.b_peak - before[j] <= P)
+            m.Add(block.b_peak - before[j] + block.held_extra * c <= P)
             m.Add(block.f_peak - before[j] <= P).OnlyEnforceIf(c.Not())
             base = block.f_start - before[j] + block.workspace
             for t in range(len(block.ops)):
@@ -99,7 +99,7 @@ class _Model:
                     elif i in s:
                         live += op.new_bytes * s[i]
                 m.Add(base + live <= P).OnlyEnforceIf(c)
-            base = block.b_start - before[j] - d[j] + block.workspace
+            base = block.b_start - before[j] - d[j] + block.workspace + block.recompute_extra
             for t in range(block.stop + 1):
                 live = 0
                 for i, op in enumerate(block.ops[: t + 1]):
