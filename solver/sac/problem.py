@@ -47,8 +47,8 @@ class SacBlock:
     torch's early stop). `held_extra`: bytes a checkpoint holds that the plain block does not
     (its tensor inputs the plain block does not save, and the RNG state it keeps).
     `workspace`: bytes the plain forward's measured peak exceeds the op-level liveness model by
-    (kernel scratch), added to the modelled forward and recompute. `recompute_extra`: bytes a recompute allocates besides the
-    block's ops (the RNG state torch saves around it).
+    (kernel scratch), added to the modelled forward and recompute. `recompute_extra`: bytes
+    a recompute allocates besides the block's ops (the RNG state torch saves around it).
     """
 
     name: str
