@@ -5,6 +5,8 @@ remat profile --demo gpt | --model M:F                  where the activation byt
                                                         (graph_capture.cli)
 remat run --demo gpt | --model M:F --budget 50%         train under the schedule, measured
                                                         (executor.run_command)
+remat sac --model M:F --budget 50% [--out plan.json]    a SAC plan inside torch's checkpoint,
+                                                        run against eager (executor.sac_command)
 
 Every failure a user can cause (a malformed file, an impossible budget, a bad option) ends in
 one line on stderr and exit status 2.
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executor.run_command import add_run_arguments, run_run
+from executor.sac_command import add_sac_arguments, run_sac
 from graph_capture.cli import (
     add_graph_arguments,
     add_profile_arguments,
@@ -64,6 +67,12 @@ SUBCOMMANDS = (
         "train a demo or your model under a schedule; measured vs eager",
         add_run_arguments,
         run_run,
+    ),
+    Subcommand(
+        "sac",
+        "solve a selective-checkpoint plan for torch.utils.checkpoint; measured vs eager",
+        add_sac_arguments,
+        run_sac,
     ),
 )
 """Every subcommand of `remat`, in the order `remat --help` lists them."""

@@ -57,3 +57,8 @@ def transformer(layers: int = 3, d: int = 32, seed: int = 0) -> Net:
 def mlp_net(layers: int = 3, d: int = 32, hidden: int = 128, inplace: bool = False) -> Net:
     torch.manual_seed(0)
     return Net([MLP(d, hidden, 0.2, inplace) for _ in range(layers)], d).train()
+
+
+def small() -> tuple[Net, tuple[torch.Tensor]]:
+    """A `--model` factory: a 2-block transformer and its example input."""
+    return transformer(layers=2), (torch.randn(2, 8, 32),)
