@@ -1,10 +1,11 @@
 """SAC plans under FSDP2 and DDP on 2 gloo ranks (CPU), spawned as in test_executor_ddp.py.
 
-The plan is solved in the parent and saved; each rank loads it (`CheckpointPlan.load`), applies
-it, then wraps: FSDP2 as torchtitan does (checkpoint first, then `fully_shard` per block and on
-the root), DDP around the model. Per rank, different data and dropout streams; after each of 3
-AdamW steps the gradients (`full_tensor()` for FSDP2) are `torch.equal` to the same wrapper
-around the model without checkpointing."""
+The plans are solved in the parent and saved; each rank loads them (`CheckpointPlan.load`),
+applies them, then wraps: FSDP2 around HF GPT-2 (dropout on) as torchtitan does (checkpoint
+first, then `fully_shard` per block and on the root), DDP around a small transformer. Per rank,
+different data and dropout streams; after each of 3 AdamW steps the gradients (`full_tensor()`
+for FSDP2) are `torch.equal` to the same wrapper around the model without checkpointing.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch.multiprocessing as mp
 from sac_models import transformer
 
 import executor
+import executor.sac
 
 WORLD = 2
 STEPS = 3
@@ -33,25 +35,39 @@ def _grads(model) -> list[torch.Tensor]:
     return out
 
 
-def _train(runs, rank: int) -> list[list[list[torch.Tensor]]]:
-    """Each step's gradients of each run, on this rank's data and dropout stream."""
+def _train(runs, rank: int, batch) -> list[list[list[torch.Tensor]]]:
+    """Each step's gradients of each run, on this rank's data and dropout stream; `batch(g)`
+    draws a step's inputs from the generator `g`."""
     data = torch.Generator().manual_seed(100 + rank)
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in runs]
     record = []
     for step in range(STEPS):
-        x = torch.randn(4, 16, 32, generator=data)
+        args, kwargs = batch(data)
         grads = []
         for model, optimizer in zip(runs, optimizers, strict=True):
             torch.manual_seed(1000 * step + rank)
             optimizer.zero_grad(set_to_none=True)
-            model(x).square().mean().backward()
+            executor.sac.default_loss(model(*args, **kwargs)).square().backward()
             grads.append(_grads(model))
             optimizer.step()
         record.append(grads)
     return record
 
 
-def run_rank(rank: int, init_file: str, plan_file: str, results: str) -> None:
+def gpt2():
+    from graph_capture.hf_models import gpt2_lm
+
+    torch.manual_seed(0)
+    model, args, kwargs = gpt2_lm(batch=2, seq=16, layers=2, width=32)
+    return model, args, {**kwargs, "use_cache": False}
+
+
+def _tokens(g: torch.Generator):
+    ids = torch.randint(0, 128, (2, 16), generator=g)
+    return (ids,), {"labels": ids, "use_cache": False}
+
+
+def run_rank(rank: int, init_file: str, plan_dir: str, results: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
@@ -65,19 +81,24 @@ def run_rank(rank: int, init_file: str, plan_file: str, results: str) -> None:
         timeout=datetime.timedelta(seconds=60),
     )
     try:
-        net = transformer(layers=2)
-        plan = executor.CheckpointPlan.load(plan_file, net)
+        hf, _, _ = gpt2()
+        plan = executor.CheckpointPlan.load(os.path.join(plan_dir, "gpt2.json"), hf)
         mesh = init_device_mesh("cpu", (WORLD,))
         fsdp = []
-        for model in (copy.deepcopy(net), plan.apply(copy.deepcopy(net))):
-            for block in model.blocks:
+        for model in (copy.deepcopy(hf), plan.apply(copy.deepcopy(hf))):
+            for block in model.transformer.h:
                 fully_shard(block, mesh=mesh)
             fsdp.append(fully_shard(model, mesh=mesh))
+        net = transformer(layers=2)
+        plan = executor.CheckpointPlan.load(os.path.join(plan_dir, "net.json"), net)
         ddp = [
             DistributedDataParallel(copy.deepcopy(net)),
             DistributedDataParallel(plan.apply(copy.deepcopy(net))),
         ]
-        result = {"fsdp": _train(fsdp, rank), "ddp": _train(ddp, rank)}
+        result = {
+            "fsdp": _train(fsdp, rank, _tokens),
+            "ddp": _train(ddp, rank, lambda g: ((torch.randn(4, 16, 32, generator=g),), {})),
+        }
         del fsdp, ddp
         gc.collect()
         torch.save(result, os.path.join(results, f"{rank}.pt"))
@@ -87,11 +108,17 @@ def run_rank(rank: int, init_file: str, plan_file: str, results: str) -> None:
 
 @pytest.mark.usefixtures("one_thread")
 def test_fsdp2_and_ddp_with_a_plan_match_them_without(tmp_path):
-    net = transformer(layers=2)
-    plan = executor.checkpoint_plan(net, (torch.randn(4, 16, 32),), "min", time_limit=10)
+    pytest.importorskip("transformers")
+    model, args, kwargs = gpt2()
+    plan = executor.checkpoint_plan(model, args, "min", example_kwargs=kwargs, time_limit=10)
+    assert plan.checkpointed() and any(plan.plan.saved)
+    plan.save(tmp_path / "gpt2.json")
+    plan = executor.checkpoint_plan(
+        transformer(layers=2), (torch.randn(4, 16, 32),), "min", time_limit=10
+    )
     assert plan.checkpointed()
-    plan.save(tmp_path / "plan.json")
-    args = (str(tmp_path / "init"), str(tmp_path / "plan.json"), str(tmp_path))
+    plan.save(tmp_path / "net.json")
+    args = (str(tmp_path / "init"), str(tmp_path), str(tmp_path))
     mp.spawn(run_rank, args=args, nprocs=WORLD, join=True)
     for rank in range(WORLD):
         result = torch.load(tmp_path / f"{rank}.pt")
