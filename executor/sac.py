@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import (
     CheckpointPolicy,
+    _is_compiling,
     checkpoint,
     create_selective_checkpoint_contexts,
 )
@@ -73,13 +74,21 @@ class _Policy:
     def __init__(self, name: str, ops: Sequence[str], saved: frozenset[int]) -> None:
         self.name, self.ops, self.saved = name, tuple(ops), saved
         self.position = [0]
+        self.saved_occurrences = {(ops[i], ops[:i].count(ops[i])) for i in saved}
 
     def contexts(self):
         # NOTE [ SAC policy state ]: torch calls the policy in the forward only, and a recompute
         # finds values by op and occurrence index, so the counter lives per checkpoint call.
         position = self.position = [0]
+        occurrences: dict[str, int] = {}
 
         def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+            if _is_compiling(op, args, kwargs):
+                # NOTE [ SAC plans under compile ]: the partitioner sees traced ops, not eager's
+                # stream; the plan's saved ops are found by op and occurrence (SAC's own key).
+                k = occurrences[str(op)] = occurrences.get(str(op), -1) + 1
+                saved = (str(op), k) in self.saved_occurrences
+                return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.MUST_RECOMPUTE
             i = position[0]
             position[0] += 1
             if i >= len(self.ops) or str(op) != self.ops[i]:
@@ -96,6 +105,8 @@ class _Policy:
         return create_selective_checkpoint_contexts(policy)
 
     def check_complete(self) -> None:
+        if torch.compiler.is_compiling():
+            return  # NOTE [ SAC plans under compile ]
         if self.position[0] != len(self.ops):
             raise OpStreamMismatchError(
                 f"block {self.name} dispatched {self.position[0]} ops where its SAC plan has "

@@ -10,7 +10,8 @@ Steps (`record_problem`):
    that see what autograd saves: per op its new storage bytes (deduplicated by storage), the last
    op reading it, whether autograd saves it, whether it may be MUST_SAVE, and its median time in
    seconds (measured wall time, not FLOPs: pointwise ops count 0 FLOPs yet take real time on CPU,
-   and the objective is step time).
+   and the objective is step time); then once more under the profiler, each op in a window,
+   for its scratch bytes (`_measure_scratch`).
 The RNG state and the model's buffers are restored after each run, and `.grad` is left as found.
 """
 
@@ -52,6 +53,8 @@ class _OpFacts:
     seconds: list[float] = field(default_factory=list)
     saved: bool = False
     mutated: bool = False
+    scratch: int = 0
+    output: bool = False
 
 
 @dataclass
@@ -65,10 +68,12 @@ class _BlockFacts:
 class _Recorder(TorchDispatchMode):
     """Attributes each dispatched op to the block running (`block`, None outside blocks)."""
 
-    def __init__(self, blocks: list[_BlockFacts], first: bool) -> None:
+    def __init__(self, blocks: list[_BlockFacts], first: bool, mark_ops: bool = False) -> None:
         super().__init__()
         self.blocks = blocks
         self.first = first
+        self.mark_ops = mark_ops  # each op in a profiler window, in `marked` order
+        self.marked: list[tuple[int, int]] = []  # (block, op) of each window
         self.block: int | None = None
         self.position = 0
         self.creator: dict[int, int] = {}  # storage -> op index in the current block
@@ -89,6 +94,7 @@ class _Recorder(TorchDispatchMode):
             for t in outputs:
                 if (c := self.creator.get(_storage(t))) is not None:
                     ops[c].last_read = len(ops) - 1
+                    ops[c].output = True
         self.block = None
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -104,6 +110,14 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in SAC_IGNORED_OPS or self.block is None:
             return func(*args, **kwargs)
+        if self.mark_ops:
+            from torch._C._profiler import _RecordFunctionFast
+
+            self.marked.append((self.block, self.position))
+            with _RecordFunctionFast(f"remat.sacop:{len(self.marked) - 1}"):
+                out = func(*args, **kwargs)
+            self.position += 1
+            return out
         start = time.perf_counter()
         out = func(*args, **kwargs)
         seconds = time.perf_counter() - start
@@ -184,9 +198,40 @@ def record_ops(
                 for h in handles:
                     h.remove()
             snapshot.restore()
+        _measure_scratch(model, blocks, step, facts)
     finally:
         snapshot.restore()
     return facts
+
+
+def _measure_scratch(
+    model: nn.Module, blocks: Sequence[nn.Module], step: Step, facts: list[_BlockFacts]
+) -> None:
+    """Each op's scratch bytes: the most it held at once during its call beyond what it left
+    allocated at its end (its outputs), from the profiler's allocation events in a window
+    around the call."""
+    from graph_capture.peak import _windows
+
+    recorder = _Recorder(facts, first=False, mark_ops=True)
+    handles = _hooks(blocks, recorder.enter, lambda _j, _o: setattr(recorder, "block", None))
+    try:
+        with _memory_profile() as prof, recorder:
+            loss = step()
+            del loss
+    finally:
+        for h in handles:
+            h.remove()
+    events = _allocation_events(prof)
+    k = 0
+    for (j, i), (start, end) in zip(recorder.marked, _windows(prof, "remat.sacop:"), strict=True):
+        while k < len(events) and events[k][0] < start:
+            k += 1
+        live = peak = 0
+        while k < len(events) and events[k][0] <= end:
+            live += events[k][1]
+            peak = max(peak, live)
+            k += 1
+        facts[j].ops[i].scratch = max(facts[j].ops[i].scratch, peak - live)
 
 
 @dataclass(frozen=True)
@@ -309,6 +354,8 @@ def record_problem(
                 last_read=o.last_read,
                 saved=o.saved,
                 saveable=o.new_bytes > 0 and not o.mutated and not o.random,
+                scratch=o.scratch,
+                output=o.output,
             )
             for o in f.ops
         )

@@ -62,3 +62,19 @@ def mlp_net(layers: int = 3, d: int = 32, hidden: int = 128, inplace: bool = Fal
 def small() -> tuple[Net, tuple[torch.Tensor]]:
     """A `--model` factory: a 2-block transformer and its example input."""
     return transformer(layers=2), (torch.randn(2, 8, 32),)
+
+
+def assert_same_adamw_steps(runs: list[nn.Module], loss, steps: int = 3) -> None:
+    """Train the models side by side with AdamW, the same RNG seed per step (`loss(model,
+    step)` returns the step's loss), and assert their gradients `torch.equal` at every step."""
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in runs]
+    for step in range(steps):
+        grads = []
+        for model, optimizer in zip(runs, optimizers, strict=True):
+            torch.manual_seed(step)
+            optimizer.zero_grad(set_to_none=True)
+            loss(model, step).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+            optimizer.step()
+        for k, (a, b) in enumerate(zip(*grads, strict=True)):
+            assert torch.equal(a, b), f"step {step}: gradient {k} differs"

@@ -28,6 +28,8 @@ def blocks(draw, name: str) -> SacBlock:
                 last_read=draw(st.integers(i, n - 1)),
                 saved=draw(st.booleans()),
                 saveable=draw(st.booleans()),
+                scratch=draw(st.integers(0, 20)),
+                output=draw(st.booleans()),
             )
         )
     stop = max((i for i, op in enumerate(ops) if op.saved), default=-1)

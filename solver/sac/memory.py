@@ -7,7 +7,7 @@ NOTE [ SAC memory model ] (torch 2.13, docs/sac.md):
      block reading it, longer if its op is MUST_SAVE (held until the backward). After the block,
      it holds its MUST_SAVE storages and its inputs, where the plain block holds the storages
      autograd saves: the plan *saves* `savings` bytes for every later moment until the
-     block's backward.
+     block's backward. The block's output lives on either way (the next block's input).
   2. Backward of a checkpointed block: the first unpack reruns the block from its start and stops
      after op `stop` (every saved tensor recomputed). Recomputed storages that autograd saves
      stay until their unpack (after the recompute); others die after their last reader; MUST_SAVE
@@ -38,16 +38,18 @@ class SacPlan:
 
 def forward_live(block: SacBlock, keep: Collection[int], t: int) -> int:
     """Bytes of the block's own storages live while op `t` runs in a forward that holds the
-    storages of the ops in `keep` to its end (NOTE [ SAC memory model ] 1)."""
-    return sum(
+    storages of the ops in `keep` to its end, op `t`'s scratch included (NOTE [ SAC memory
+    model ] 1)."""
+    return block.ops[t].scratch + sum(
         op.new_bytes for i, op in enumerate(block.ops[: t + 1]) if op.last_read >= t or i in keep
     )
 
 
 def recompute_live(block: SacBlock, saved: Collection[int], t: int) -> int:
-    """Bytes a recompute has allocated and not yet freed while op `t` (<= stop) reruns
-    (NOTE [ SAC memory model ] 2)."""
-    return sum(
+    """Bytes a recompute has allocated and not yet freed while op `t` (<= stop) reruns, its
+    scratch included unless it is MUST_SAVE (not rerun) (NOTE [ SAC memory model ] 2)."""
+    scratch = 0 if t in saved else block.ops[t].scratch
+    return scratch + sum(
         op.new_bytes
         for i, op in enumerate(block.ops[: t + 1])
         if i not in saved and (op.saved or op.last_read >= t)
@@ -59,8 +61,8 @@ def savings(block: SacBlock, checkpointed: bool, saved: Collection[int]) -> int:
     (negative when the checkpoint holds more)."""
     if not checkpointed:
         return 0
-    plain = sum(op.new_bytes for op in block.ops if op.saved)
-    kept = sum(block.ops[i].new_bytes for i in saved)
+    plain = sum(op.new_bytes for op in block.ops if op.saved and not op.output)
+    kept = sum(block.ops[i].new_bytes for i in saved if not block.ops[i].output)
     return plain - kept - block.held_extra
 
 
@@ -95,12 +97,13 @@ def plan_peak(problem: SacProblem, plan: SacPlan) -> int:
             peaks.append(block.f_peak - before[j])
             continue
         peaks.append(block.b_peak - before[j] + block.held_extra)
-        forward = max((forward_live(block, saved, t) for t in range(len(block.ops))), default=0)
-        peaks.append(block.f_start - before[j] + block.workspace + forward)
-        recompute = max((recompute_live(block, saved, t) for t in range(block.stop + 1)), default=0)
-        peaks.append(
-            block.b_start - before[j] - d[j] + block.workspace + block.recompute_extra + recompute
-        )
+        for t in range(len(block.ops)):
+            peaks.append(
+                block.f_start - before[j] + block.workspace + forward_live(block, saved, t)
+            )
+        base = block.b_start - before[j] - d[j] + block.workspace + block.recompute_extra
+        for t in range(block.stop + 1):  # none when nothing is saved: no unpack, no recompute
+            peaks.append(base + recompute_live(block, saved, t))
     return max(peaks)
 
 

@@ -29,6 +29,9 @@ class SacOp:
     none; the block's output storage counts as read to the end). `saved`: whether the plain
     forward saves that storage for backward (autograd's saved tensors). `saveable`: whether
     MUST_SAVE is offered: a new storage that no later op mutates, from a non-random op.
+    `scratch`: bytes the op holds during its call beyond its output (kernel workspace).
+    `output`: whether its storage is (part of) the block's output, live after the block
+    whatever the plan (the next block's input).
     """
 
     name: str
@@ -37,6 +40,8 @@ class SacOp:
     last_read: int
     saved: bool
     saveable: bool
+    scratch: int = 0
+    output: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,8 @@ class SacBlock:
     `stop`: the index of the op after which a recompute stops (every saved tensor recomputed:
     torch's early stop). `held_extra`: bytes a checkpoint holds that the plain block does not
     (its tensor inputs the plain block does not save, and the RNG state it keeps).
-    `workspace`: bytes the plain forward's measured peak exceeds the op-level liveness model by
-    (kernel scratch), added to the modelled forward and recompute. `recompute_extra`: bytes
+    `workspace`: bytes the plain forward's measured peak exceeds the op-level model (liveness
+    and each op's scratch) by, added to the modelled forward and recompute. `recompute_extra`: bytes
     a recompute allocates besides the block's ops (the RNG state torch saves around it).
     """
 

@@ -4,7 +4,8 @@ Variables: c_j (block j is a checkpoint region), s_i (op i of block j is MUST_SA
 saveable ops up to the block's `stop`, s_i <= c_j), and the peak P <= budget. With b_i the
 bytes of op i's new storage and the savings of block j
 
-    d_j = c_j * (sum_{i saved by autograd} b_i - held_extra_j) - sum_i s_i * b_i,
+    d_j = c_j * (sum_{i saved by autograd} b_i - held_extra_j) - sum_i s_i * b_i
+          (both sums over ops whose storage is not the block's output, live anyway),
     D_j = sum_{k<j} d_k,
 
 every term of NOTE [ SAC memory model ] (solver/sac/memory.py) is linear in (c, s):
@@ -12,11 +13,13 @@ every term of NOTE [ SAC memory model ] (solver/sac/memory.py) is linear in (c, 
     segment:             peak - D_held                                  <= P
     backward (any j):    b_peak_j - D_j + c_j held_extra_j              <= P
     forward, c_j = 0:    f_peak_j - D_j                                 <= P
-    forward, c_j = 1:    f_start_j - D_j + w_j
+    forward, c_j = 1:    f_start_j - D_j + w_j + x_t
                          + sum_{i<=t} b_i [last_read_i >= t or s_i]     <= P  (every t)
-    recompute, c_j = 1:  b_start_j - D_j - d_j + w_j + r_j
+    recompute, c_j = 1:  b_start_j - D_j - d_j + w_j + r_j + x_t (1 - s_t)
                          + sum_{i<=t} b_i (1 - s_i) [saved_i or last_read_i >= t]
                                                                         <= P  (t <= stop)
+
+(x_t: op t's scratch bytes; s_t = 0 where op t is not saveable.)
 
 and the recompute seconds are sum_j sum_{i<=stop_j} seconds_i (c_j - s_i). Objective: the
 seconds (in whole nanoseconds), or P for the least peak. Every returned plan is evaluated by
@@ -77,8 +80,11 @@ class _Model:
 
     def _savings(self, j: int) -> cp_model.LinearExpr:
         block = self.problem.blocks[j]
-        plain = sum(op.new_bytes for op in block.ops if op.saved) - block.held_extra
-        return plain * self.c[j] - sum(block.ops[i].new_bytes * v for i, v in self.s[j].items())
+        plain = sum(op.new_bytes for op in block.ops if op.saved and not op.output)
+        kept = sum(
+            block.ops[i].new_bytes * v for i, v in self.s[j].items() if not block.ops[i].output
+        )
+        return (plain - block.held_extra) * self.c[j] - kept
 
     def _memory_terms(self) -> None:
         m, P = self.m, self.peak
@@ -92,7 +98,7 @@ class _Model:
             m.Add(block.f_peak - before[j] <= P).OnlyEnforceIf(c.Not())
             base = block.f_start - before[j] + block.workspace
             for t in range(len(block.ops)):
-                live = 0
+                live = block.ops[t].scratch
                 for i, op in enumerate(block.ops[: t + 1]):
                     if op.last_read >= t:
                         live += op.new_bytes
@@ -101,7 +107,8 @@ class _Model:
                 m.Add(base + live <= P).OnlyEnforceIf(c)
             base = block.b_start - before[j] - d[j] + block.workspace + block.recompute_extra
             for t in range(block.stop + 1):
-                live = 0
+                scratch = block.ops[t].scratch
+                live = scratch * (1 - s[t]) if t in s else scratch
                 for i, op in enumerate(block.ops[: t + 1]):
                     if op.saved or op.last_read >= t:
                         live += op.new_bytes * (1 - s[i]) if i in s else op.new_bytes
