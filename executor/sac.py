@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import (
     CheckpointPolicy,
@@ -83,7 +84,7 @@ class _Policy:
         occurrences: dict[str, int] = {}
 
         def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-            if _is_compiling(op, args, kwargs):
+            if _tracing(op, args, kwargs):
                 # NOTE [ SAC plans under compile ]: the partitioner sees traced ops, not eager's
                 # stream; the plan's saved ops are found by op and occurrence (SAC's own key).
                 k = occurrences[str(op)] = occurrences.get(str(op), -1) + 1
@@ -115,9 +116,22 @@ class _Policy:
             )
 
 
+def _tracing(op, args, kwargs) -> bool:
+    """Whether the op is being traced (torch.compile's AOT tracing or dynamo's fake-tensor
+    runs), not run eagerly."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if _is_compiling(op, args, kwargs) or torch.compiler.is_compiling():
+        return True
+    return any(isinstance(a, FakeTensor) for a in pytree.tree_leaves((args, kwargs)))
+
+
 def _checkpointed(forward: Callable, policy: _Policy) -> Callable:
+    def contexts():  # a plain function: dynamo calls a bound method's __func__ without self
+        return policy.contexts()
+
     def run(*args, **kwargs):
-        out = checkpoint(forward, *args, use_reentrant=False, context_fn=policy.contexts, **kwargs)
+        out = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
         policy.check_complete()
         return out
 
