@@ -10,6 +10,12 @@
 3. `record_problem`: measured windows and op streams (executor/sac_record.py);
 4. `solve_sac`: the least recompute seconds under the budget (solver/sac/solve.py).
 docs/sac.md gives the memory model and its measured accuracy.
+
+NOTE [ SAC plans under compile ]: while torch.compile traces a block (dynamo's fake-tensor runs,
+AOTAutograd's joint trace), the policy sees traced ops, not eager's dispatched stream (views
+differ, dropout is functional), so positions mean nothing there. It then marks the plan's
+MUST_SAVE ops by op and occurrence among ops of that name (SAC's own cache key) and every other
+op MUST_RECOMPUTE, which the min-cut partitioner honours; the op-stream check runs eagerly only.
 """
 
 from __future__ import annotations
