@@ -93,3 +93,15 @@ def test_applying_twice_is_refused(solved):
 def test_blocks_given_as_one_string_is_refused():
     with pytest.raises(ValueError, match="list of names or patterns"):
         executor.checkpoint_plan(transformer(1), (torch.randn(2, 4, 32),), "80%", blocks="blocks.0")
+
+
+def test_t5_without_decoder_start_token_raises_the_models_own_error():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.T5Config(
+        num_layers=1, d_model=16, d_kv=8, num_heads=2, d_ff=32, vocab_size=64, pad_token_id=0
+    )
+    config.decoder_start_token_id = None
+    model = transformers.T5ForConditionalGeneration(config).train()
+    ids = torch.randint(0, 64, (2, 8))
+    with pytest.raises(ValueError, match="decoder_start_token_id"):
+        executor.checkpoint_plan(model, (ids,), "80%", example_kwargs={"labels": ids})
