@@ -5,7 +5,7 @@ selective policy, remat's own executor and compile's activation_memory_budget.
 
 Per zoo model (`benchmarks.zoo`, one thread), each run on its own copy of the model, measured
 side by side in one process (peak: profiler allocation events above the step's start; time:
-median of `--steps` steps after a warm-up):
+median of `--steps` steps after a warm-up, the runs' steps interleaved):
 
 - eager; per-block full checkpoint (`checkpoint(use_reentrant=False)` around each block);
 - selective: per block, torchtitan's op-level policy (save mm/addmm/bmm and attention, of the
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,7 +39,8 @@ from torch.utils.checkpoint import (
 
 import executor
 from benchmarks.common import write_table
-from executor.sac_command import measure_step
+from executor.memory import measure_peak
+from executor.sac import default_loss
 from solver.errors import InfeasibleBudgetError
 
 _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
@@ -90,79 +93,99 @@ def _blocks_of(model: nn.Module, blocks: list[nn.Module]) -> tuple[list[str], Ca
 
 
 def price(name: str, steps: int, time_limit: float, use_executor: bool, compile_budget) -> dict:
+    """One row of the table: every run built first (plans solved at measured peaks), then all
+    measured together, their timed steps interleaved so that load on the machine falls on all
+    alike."""
     from benchmarks.zoo import ZOO
 
     bench = ZOO[name]()
     model, inputs = bench.model, bench.inputs
     paths, modules_of = _blocks_of(model, bench.blocks)
-    eager = measure_step(copy.deepcopy(model), inputs, {}, steps)
-    m = copy.deepcopy(model)
-    full = measure_step(per_block(m, modules_of(m), None), inputs, {}, steps)
-    m = copy.deepcopy(model)
-    selective = measure_step(per_block(m, modules_of(m), selective_contexts), inputs, {}, steps)
-    row = {"model": name, "eager MiB": _mib(eager[0])}
-    row |= {"full ckpt MiB": _mib(full[0]), "full ckpt x": _x(full, eager)}
-    row |= {"selective MiB": _mib(selective[0]), "selective x": _x(selective, eager)}
-    row |= _sac_row("SAC", model, inputs, paths, full[0], steps, time_limit, eager)
+
+    def wrapped(context_fn) -> nn.Module:
+        m = copy.deepcopy(model)
+        return per_block(m, modules_of(m), context_fn)
+
+    runs = {"eager": copy.deepcopy(model), "full ckpt": wrapped(None)}
+    runs["selective"] = wrapped(selective_contexts)
+    full_peak = _measure({"full ckpt": runs["full ckpt"]}, inputs, 0)["full ckpt"][0]
+    plans = {"SAC": _plan(model, inputs, paths, full_peak, time_limit)}
+    row: dict[str, object] = {"model": name}
     if use_executor:
-        row |= _executor_row(model, inputs, full[0], steps, time_limit, eager)
+        rm = executor.rematerialize(copy.deepcopy(model), inputs, full_peak, time_limit=time_limit)
+        dag = rm.captured.dag
+        once = sum(dag.nodes[n]["cost"] for n in dag.nodes)
+        row["executor recompute ms"] = f"{(rm.schedule.cost - once) * 1e3:.2f}"
+        runs["executor"] = rm
     if compile_budget is not None:
-        row |= _compile_row(model, inputs, paths, compile_budget, steps, time_limit, eager)
+        import torch._functorch.config as functorch_config
+
+        label = f"knapsack {compile_budget}"
+        with functorch_config.patch(activation_memory_budget=compile_budget):
+            runs[label] = torch.compile(copy.deepcopy(model))
+            knapsack_peak = _measure({label: runs[label]}, inputs, 0)[label][0]
+        plans["SAC@knapsack"] = _plan(model, inputs, paths, knapsack_peak, time_limit)
+    for label, plan in plans.items():
+        runs[label] = plan.apply(copy.deepcopy(model))
+    measured = _measure(runs, inputs, steps)
+    eager_seconds = measured["eager"][1]
+    for label, (peak, seconds) in measured.items():
+        row[f"{label} MiB"] = _mib(peak)
+        row[f"{label} x"] = f"{seconds / eager_seconds:.2f}"
+        if label in plans:
+            plan = plans[label]
+            row[f"{label} budget MiB"] = _mib(plan.budget)
+            row[f"{label} predicted MiB"] = _mib(plan.peak)
+            row[f"{label} over B"] = max(0, peak - plan.budget)
+            row[f"{label} meas/pred"] = f"{peak / plan.peak:.3f}"
+            row[f"{label} recompute ms"] = f"{plan.cost * 1e3:.2f}"
+            row[f"{label} status/gap"] = f"{plan.status} {plan.gap:.1%}"
     return row
 
 
-def _sac_row(label, model, inputs, paths, budget, steps, time_limit, eager) -> dict:
+def _plan(model, inputs, paths, budget: int, time_limit: float) -> executor.CheckpointPlan:
+    """The SAC plan at `budget`, or at the least budget SAC's model certifies if higher."""
     try:
-        plan = executor.checkpoint_plan(model, inputs, budget, blocks=paths, time_limit=time_limit)
+        return executor.checkpoint_plan(model, inputs, budget, blocks=paths, time_limit=time_limit)
     except InfeasibleBudgetError as e:
         if e.minimum_bytes is None:
-            return {f"{label} plan": f"none: {e}"}
-        plan = executor.checkpoint_plan(
+            raise
+        return executor.checkpoint_plan(
             model, inputs, e.minimum_bytes, blocks=paths, time_limit=time_limit
         )
-    measured = measure_step(plan.apply(copy.deepcopy(model)), inputs, {}, steps)
+
+
+def _measure(runs: dict[str, nn.Module], inputs, steps: int) -> dict[str, tuple[int, float]]:
+    """(measured peak bytes, median step seconds) of each model's training step (`.grad`
+    None before it, so its gradients count), after a warm-up step each; the `steps` timed
+    steps of the models interleaved."""
+    calls = {}
+    for label, m in runs.items():
+
+        def step(m=m) -> None:
+            default_loss(m(*inputs)).backward()
+
+        calls[label] = step
+    with torch.random.fork_rng():
+        peaks = {}
+        for label, step in calls.items():
+            step()
+            runs[label].zero_grad(set_to_none=True)
+            peaks[label] = measure_peak(step).peak_bytes
+        times: dict[str, list[float]] = {label: [] for label in calls}
+        for _ in range(steps):
+            for label, step in calls.items():
+                runs[label].zero_grad(set_to_none=True)
+                start = time.perf_counter()
+                step()
+                times[label].append(time.perf_counter() - start)
     return {
-        f"{label} budget MiB": _mib(plan.budget),
-        f"{label} predicted MiB": _mib(plan.peak),
-        f"{label} measured MiB": _mib(measured[0]),
-        f"{label} over B": max(0, measured[0] - plan.budget),
-        f"{label} meas/pred": f"{measured[0] / plan.peak:.3f}",
-        f"{label} recompute ms": f"{plan.cost * 1e3:.2f}",
-        f"{label} status/gap": f"{plan.status} {plan.gap:.1%}",
-        f"{label} x": _x(measured, eager),
+        label: (peaks[label], statistics.median(times[label]) if steps else 0.0) for label in calls
     }
-
-
-def _executor_row(model, inputs, budget, steps, time_limit, eager) -> dict:
-    rm = executor.rematerialize(copy.deepcopy(model), inputs, budget, time_limit=time_limit)
-    schedule, dag = rm.schedule, rm.captured.dag
-    once = sum(dag.nodes[n]["cost"] for n in dag.nodes)
-    measured = measure_step(rm, inputs, {}, steps)
-    return {
-        "executor recompute ms": f"{(schedule.cost - once) * 1e3:.2f}",
-        "executor MiB": _mib(measured[0]),
-        "executor x": _x(measured, eager),
-    }
-
-
-def _compile_row(model, inputs, paths, budget, steps, time_limit, eager) -> dict:
-    import torch._functorch.config as functorch_config
-
-    with functorch_config.patch(activation_memory_budget=budget):
-        compiled = torch.compile(copy.deepcopy(model))
-        measured = measure_step(compiled, inputs, {}, steps)
-    row = {f"knapsack {budget} MiB": _mib(measured[0]), "knapsack x": _x(measured, eager)}
-    return row | _sac_row(
-        "SAC@knapsack", model, inputs, paths, measured[0], steps, time_limit, eager
-    )
 
 
 def _mib(n: float) -> str:
     return f"{n / 2**20:.2f}"
-
-
-def _x(run: tuple[int, float], eager: tuple[int, float]) -> str:
-    return f"{run[1] / eager[1]:.2f}"
 
 
 def main(argv: list[str] | None = None) -> None:
