@@ -20,8 +20,10 @@ op MUST_RECOMPUTE, which the min-cut partitioner honours; the op-stream check ru
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,17 +134,21 @@ def _tracing(op, args, kwargs) -> bool:
     return any(isinstance(a, FakeTensor) for a in pytree.tree_leaves((args, kwargs)))
 
 
-def _checkpointed(forward: Callable, policy: _Policy) -> Callable:
-    def contexts():  # a plain function: dynamo calls a bound method's __func__ without self
-        return policy.contexts()
+def _contexts_of(policy: _Policy):
+    return policy.contexts()
 
-    def run(*args, **kwargs):
-        out = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
-        policy.check_complete()
-        return out
 
-    run.remat_sac_policy = policy
-    return run
+def _checkpointed_forward(module: nn.Module, *args, **kwargs):
+    """A planned block's `forward`: its class's forward inside `checkpoint(use_reentrant=False)`
+    with the block's policy. Bound to the module (`types.MethodType`), so a deep copy of the
+    model runs the copy's own forward and policy."""
+    policy: _Policy = module.remat_sac_policy
+    # a partial of a module-level function: what dynamo accepts as context_fn
+    contexts = functools.partial(_contexts_of, policy)
+    forward = type(module).forward.__get__(module)
+    out = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+    policy.check_complete()
+    return out
 
 
 @dataclass(frozen=True)
@@ -186,19 +192,20 @@ class CheckpointPlan:
                 )
 
     def apply(self, model: nn.Module) -> nn.Module:
-        """Wrap each checkpointed block's `forward` in `torch.utils.checkpoint(use_reentrant=
-        False)` with its SAC policy (module hooks, FSDP2's included, stay outside); in place,
-        returns `model`."""
+        """Wrap each checkpointed block's `forward` (its class's) in `torch.utils.checkpoint(
+        use_reentrant=False)` with its SAC policy (module hooks, FSDP2's included, stay
+        outside); in place, returns `model`. A deep copy of the model keeps the plan."""
         self.check_model(model)
         modules = dict(model.named_modules())
         for j, name in enumerate(self.blocks):
             if not self.plan.checkpointed[j]:
                 continue
             module = modules[name]
-            if hasattr(module.forward, "remat_sac_policy"):
+            if hasattr(module, "remat_sac_policy"):
                 raise ValueError(f"block {name} already runs under a SAC plan: apply it once")
             policy = _Policy(name, self.ops[j], self.plan.saved[j])
-            module.forward = _checkpointed(module.forward, policy)
+            module.remat_sac_policy = policy
+            module.forward = types.MethodType(_checkpointed_forward, module)
         return model
 
     def save(self, path: str | Path) -> None:

@@ -105,3 +105,19 @@ def test_t5_without_decoder_start_token_raises_the_models_own_error():
     ids = torch.randint(0, 64, (2, 8))
     with pytest.raises(ValueError, match="decoder_start_token_id"):
         executor.checkpoint_plan(model, (ids,), "80%", example_kwargs={"labels": ids})
+
+
+def test_a_deep_copy_of_a_planned_model_runs_its_own_weights(solved):
+    net, x, plan = solved
+    planned = copy.deepcopy(plan.apply(copy.deepcopy(net)))
+    with torch.no_grad():
+        for p in planned.parameters():
+            p.mul_(0.5)
+    plain = copy.deepcopy(net)
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.mul_(0.5)
+    torch.manual_seed(0)
+    a = planned(x)
+    torch.manual_seed(0)
+    assert torch.equal(a, plain(x))
