@@ -85,7 +85,7 @@ class _Recorder(TorchDispatchMode):
 
     def leave(self, outputs: Sequence[torch.Tensor]) -> None:
         if not self.first and self.position != len(self.blocks[self.block].ops):
-            raise RuntimeError(
+            raise ValueError(
                 f"the forward of block {self.block} dispatches {self.position} ops in one run "
                 f"and {len(self.blocks[self.block].ops)} in another: SAC cannot plan it"
             )
@@ -125,7 +125,7 @@ class _Recorder(TorchDispatchMode):
         i, self.position = self.position, self.position + 1
         if not self.first:
             if i >= len(facts.ops) or facts.ops[i].name != str(func):
-                raise RuntimeError(
+                raise ValueError(
                     f"the forward of block {self.block} dispatches {func} at op {i} in one run "
                     "and not in another: its op stream is not deterministic, SAC cannot plan it"
                 )
@@ -292,7 +292,7 @@ def _cut(prof, marks: list[str], n: int) -> _Windows:
     order += [f"bs{j}" for j in reversed(range(n))]
     timed = sorted(zip(times, marks, strict=True))
     if [label for _, label in timed] != order:
-        raise RuntimeError(
+        raise ValueError(
             "each block must run its forward once per step, in order and not nested, and "
             f"return a tensor that requires grad; the step ran {[m for _, m in timed]}"
         )
@@ -325,6 +325,30 @@ def _cut(prof, marks: list[str], n: int) -> _Windows:
         segments=segments,
         peak=max(peaks),
     )
+
+
+def in_call_order(
+    model: nn.Module, named: Sequence[tuple[str, nn.Module]], step: Step
+) -> list[tuple[str, nn.Module]]:
+    """The (name, module) pairs in the order a forward (without grad) first calls them; those
+    it never calls are left out."""
+    first: dict[int, int] = {}
+
+    def called(k: int) -> None:  # a pre-hook returning a value would replace the inputs
+        first.setdefault(k, len(first))
+
+    handles = [
+        m.register_forward_pre_hook(lambda _m, _a, k=k: called(k)) for k, (_, m) in enumerate(named)
+    ]
+    snapshot = _Snapshot(model)
+    try:
+        with torch.no_grad():
+            step()
+    finally:
+        for h in handles:
+            h.remove()
+        snapshot.restore()
+    return [named[k] for k in sorted(first, key=first.__getitem__)]
 
 
 def rng_state_bytes() -> int:

@@ -1,5 +1,6 @@
 """SAC plans on HuggingFace models (transformers 5.x, small configs), applied with remat's own
-wrapping (`plan.apply`): the default blocks are the `GradientCheckpointingLayer`s; gradients
+wrapping (`plan.apply`): the regions are the `GradientCheckpointingLayer`s or their children,
+whichever space's optimum costs less; gradients
 over 3 AdamW steps (GPT-2 with its dropout on) are `torch.equal` to the model without
 checkpointing, and the measured peak is within the budget and the prediction.
 
@@ -29,7 +30,8 @@ def test_hf_plan_is_exact_and_within_budget(make):
     model, args, kwargs = make(batch=2, seq=16, layers=3, width=32)
     kwargs["use_cache"] = False
     plan = executor.checkpoint_plan(model, args, "min", example_kwargs=kwargs, time_limit=10)
-    assert plan.blocks == tuple(f"{plan.blocks[0][:-1]}{i}" for i in range(3))
+    layers = [n for n, m in model.named_modules() if type(m).__name__.endswith(("Block", "Layer"))]
+    assert len(layers) == 3 and all(b.startswith(tuple(layers)) for b in plan.blocks)
     assert plan.checkpointed()
     runs = [copy.deepcopy(model), plan.apply(copy.deepcopy(model))]
 
