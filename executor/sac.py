@@ -43,7 +43,7 @@ from executor.sac_blocks import select_blocks
 from executor.sac_record import _Snapshot, in_call_order, record_problem
 from solver.core.budget import parse_bytes
 from solver.deadline import Deadline
-from solver.errors import InfeasibleBudgetError, ScheduleMismatchError
+from solver.errors import ScheduleMismatchError
 from solver.sac import SacPlan, SacProblem, solve_sac
 
 __all__ = ["CheckpointPlan", "checkpoint_plan", "default_loss"]
@@ -287,57 +287,23 @@ def checkpoint_plan(
     (`loss_fn(model(*example_inputs, **example_kwargs)).backward()`) whose predicted peak is at
     most `budget`: bytes, units ("512MiB"), a percentage of the step without checkpointing
     ("50%") or "min" (the least peak of any plan). `blocks`: module names or glob patterns of
-    the candidate regions; by default the model's repeated blocks, or their children (attention,
-    MLP, ...) where that space's optimum costs less (`_granularities`). `time_limit`: seconds
-    for the solves. InfeasibleBudgetError names the least budget when none fits."""
+    the candidate regions, run once each per step, in sequence (default: the model's repeated
+    blocks; `["transformer.h.*.attn", "transformer.h.*.mlp"]` gives finer regions).
+    `time_limit`: seconds for the solve. InfeasibleBudgetError names the least budget when
+    none fits."""
     kwargs = dict(example_kwargs or {})
 
     def step() -> torch.Tensor:
         return loss_fn(model(*example_inputs, **kwargs))
 
     _run_eagerly(model, step)
-    minimum = isinstance(budget, str) and budget.strip().lower() == "min"
-    spaces = _granularities(model, blocks)
-    deadline = Deadline.after(time_limit)
-    plans: list[CheckpointPlan] = []
-    failures: list[Exception] = []
-    for k, named in enumerate(spaces):
-        try:
-            named = in_call_order(model, named, step)
-            problem = record_problem(model, named, step)
-        except ValueError as e:  # children that do not run as a sequence of regions
-            if k == 0:
-                raise
-            failures.append(e)
-            continue
-        if not minimum:
-            budget = parse_bytes(budget, lambda p=problem: p.plain_peak)
-        share = deadline.share(1 / (len(spaces) - k))
-        try:
-            solution = solve_sac(problem, "min" if minimum else budget, share)
-        except InfeasibleBudgetError as e:
-            failures.append(e)
-            continue
-        plans.append(_plan(model, named, problem, solution))
-    if not plans:
-        raise min(
-            (e for e in failures if isinstance(e, InfeasibleBudgetError)),
-            key=lambda e: e.minimum_bytes if e.minimum_bytes is not None else 2**62,
-            default=failures[0],
-        )
-    return min(plans, key=lambda p: (p.peak, p.cost) if minimum else p.cost)
-
-
-def _granularities(
-    model: nn.Module, blocks: Sequence[str] | None
-) -> list[list[tuple[str, nn.Module]]]:
-    """The region spaces to solve: the given blocks; by default the repeated blocks and, where
-    they have two or more children, the children of every block."""
-    named = select_blocks(model, blocks)
-    if blocks is not None:
-        return [named]
-    children = [(f"{n}.{c}", m) for n, block in named for c, m in block.named_children()]
-    return [named, children] if len(children) >= 2 * len(named) else [named]
+    named = in_call_order(model, select_blocks(model, blocks), step)
+    problem = record_problem(model, named, step)
+    if not (isinstance(budget, str) and budget.strip().lower() == "min"):
+        budget = parse_bytes(budget, lambda: problem.plain_peak)
+    else:
+        budget = "min"
+    return _plan(model, named, problem, solve_sac(problem, budget, Deadline.after(time_limit)))
 
 
 def _plan(model: nn.Module, named, problem: SacProblem, solution) -> CheckpointPlan:

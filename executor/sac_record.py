@@ -30,7 +30,7 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from graph_capture.peak import _allocation_events, _memory_profile
 from solver.sac import SacBlock, SacOp, SacProblem, Segment
-from solver.sac.memory import forward_live
+from solver.sac.memory import plain_forward_live
 
 Step = Callable[[], torch.Tensor]
 """The forward of one training step: returns the scalar loss."""
@@ -47,14 +47,14 @@ def _tensors(tree: object) -> list[torch.Tensor]:
 @dataclass
 class _OpFacts:
     name: str
-    new_bytes: int
     last_read: int
     random: bool
     seconds: list[float] = field(default_factory=list)
-    saved: bool = False
+    storages: dict[int, int] = field(default_factory=dict)  # new storage -> bytes
+    saved: set[int] = field(default_factory=set)  # of those, the ones autograd saves
+    outputs: set[int] = field(default_factory=set)  # and the block's outputs
     mutated: bool = False
     scratch: int = 0
-    output: bool = False
 
 
 @dataclass
@@ -94,7 +94,7 @@ class _Recorder(TorchDispatchMode):
             for t in outputs:
                 if (c := self.creator.get(_storage(t))) is not None:
                     ops[c].last_read = len(ops) - 1
-                    ops[c].output = True
+                    ops[c].outputs.add(_storage(t))
         self.block = None
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -103,7 +103,7 @@ class _Recorder(TorchDispatchMode):
             facts.stop = self.position - 1
             facts.packed.add(_storage(t))
             if (c := self.creator.get(_storage(t))) is not None:
-                facts.ops[c].saved = True
+                facts.ops[c].saved.add(_storage(t))
         return t
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -135,7 +135,7 @@ class _Recorder(TorchDispatchMode):
         for s in read:
             if (c := self.creator.get(s)) is not None:
                 facts.ops[c].last_read = i
-        new_bytes = 0
+        storages: dict[int, int] = {}
         seen = set()
         for t in _tensors(out):
             s = _storage(t)
@@ -147,9 +147,9 @@ class _Recorder(TorchDispatchMode):
                     facts.ops[c].mutated = True
             else:  # a new storage, possibly where a freed one was
                 self.creator[s] = i
-                new_bytes += t.untyped_storage().nbytes()
+                storages[s] = t.untyped_storage().nbytes()
         random = torch.Tag.nondeterministic_seeded in func.tags
-        facts.ops.append(_OpFacts(str(func), new_bytes, i, random, [seconds]))
+        facts.ops.append(_OpFacts(str(func), i, random, [seconds], storages))
         return out
 
 
@@ -287,28 +287,33 @@ def _cut(prof, marks: list[str], n: int) -> _Windows:
     """Live bytes at each mark and the peak of each stretch between consecutive marks."""
     from graph_capture.peak import _windows
 
-    times = [start for start, _ in _windows(prof, "remat.sac:")]
+    times = [start for start, _ in _windows(prof, "remat.sac:")]  # in the order of `marks`
     order = [f"{k}{j}" for j in range(n) for k in ("fs", "fe")]
     order += [f"bs{j}" for j in reversed(range(n))]
-    timed = sorted(zip(times, marks, strict=True))
-    if [label for _, label in timed] != order:
+    if marks != order:
         raise ValueError(
             "each block must run its forward once per step, in order and not nested, and "
-            f"return a tensor that requires grad; the step ran {[m for _, m in timed]}"
+            f"return a tensor that requires grad; the step ran {marks}"
         )
     events = _allocation_events(prof)
     live = peak = 0
     starts: list[int] = []  # live bytes at each mark
     peaks: list[int] = []  # peak of the stretch before each mark, then the one after the last
     k = 0
-    for t, _label in timed:
+    for t in times:
         while k < len(events) and events[k][0] < t:
             live += events[k][1]
             peak = max(peak, live)
             k += 1
+        before = live
+        # an event stamped with the mark's own time may fall on either side: count it on both
+        while k < len(events) and events[k][0] == t:
+            live += events[k][1]
+            peak = max(peak, live)
+            k += 1
         peaks.append(peak)
-        starts.append(live)
-        peak = live
+        starts.append(max(before, live))
+        peak = max(before, live)
     for _, size in events[k:]:
         live += size
         peak = max(peak, live)
@@ -357,6 +362,21 @@ def rng_state_bytes() -> int:
     return torch.get_rng_state().untyped_storage().nbytes()
 
 
+def _op(o: _OpFacts) -> SacOp:
+    """The torch-free op: bytes per kind of storage, the median of its measured seconds."""
+    new_bytes = sum(o.storages.values())
+    return SacOp(
+        name=o.name,
+        new_bytes=new_bytes,
+        seconds=statistics.median(o.seconds),
+        last_read=o.last_read,
+        saved_bytes=sum(o.storages[s] for s in o.saved - o.outputs),
+        saveable=new_bytes > 0 and not o.mutated and not o.random,
+        scratch=o.scratch,
+        output_bytes=sum(o.storages[s] for s in o.outputs),
+    )
+
+
 def record_problem(
     model: nn.Module,
     blocks: Sequence[tuple[str, nn.Module]],
@@ -370,19 +390,7 @@ def record_problem(
     params = {_storage(p) for p in model.parameters()}
     out = []
     for j, ((name, _), f) in enumerate(zip(blocks, facts, strict=True)):
-        ops = tuple(
-            SacOp(
-                name=o.name,
-                new_bytes=o.new_bytes,
-                seconds=statistics.median(o.seconds),
-                last_read=o.last_read,
-                saved=o.saved,
-                saveable=o.new_bytes > 0 and not o.mutated and not o.random,
-                scratch=o.scratch,
-                output=o.output,
-            )
-            for o in f.ops
-        )
+        ops = tuple(_op(o) for o in f.ops)
         held_extra = rng_state_bytes() + sum(
             nbytes for s, nbytes in f.inputs.items() if s not in f.packed and s not in params
         )
@@ -397,8 +405,7 @@ def record_problem(
             windows.b_start[j],
             windows.b_peak[j],
         )
-        plain = {i for i, op in enumerate(ops) if op.saved}
-        modelled = max((forward_live(block, plain, t) for t in range(len(ops))), default=0)
+        modelled = max((plain_forward_live(block, t) for t in range(len(ops))), default=0)
         workspace = max(0, windows.f_peak[j] - windows.f_start[j] - modelled)
         out.append(replace(block, workspace=workspace, recompute_extra=rng_state_bytes()))
     return SacProblem(tuple(out), tuple(windows.segments), windows.peak)

@@ -20,19 +20,21 @@ def blocks(draw, name: str) -> SacBlock:
     n = draw(st.integers(1, 4))
     ops = []
     for i in range(n):
+        new_bytes = draw(st.integers(0, 50))
+        saved_bytes = draw(st.sampled_from([0, new_bytes, new_bytes // 3]))
         ops.append(
             SacOp(
                 name=f"op{i}",
-                new_bytes=draw(st.integers(0, 50)),
+                new_bytes=new_bytes,
                 seconds=draw(st.integers(0, 9)) * 1e-6,
                 last_read=draw(st.integers(i, n - 1)),
-                saved=draw(st.booleans()),
+                saved_bytes=saved_bytes,
                 saveable=draw(st.booleans()),
                 scratch=draw(st.integers(0, 20)),
-                output=draw(st.booleans()),
+                output_bytes=draw(st.integers(0, new_bytes - saved_bytes)),
             )
         )
-    stop = max((i for i, op in enumerate(ops) if op.saved), default=-1)
+    stop = max((i for i, op in enumerate(ops) if op.saved_bytes), default=-1)
     f_start = draw(st.integers(0, 100))
     b_start = draw(st.integers(0, 200))
     return SacBlock(

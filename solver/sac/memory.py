@@ -50,9 +50,18 @@ def recompute_live(block: SacBlock, saved: Collection[int], t: int) -> int:
     scratch included unless it is MUST_SAVE (not rerun) (NOTE [ SAC memory model ] 2)."""
     scratch = 0 if t in saved else block.ops[t].scratch
     return scratch + sum(
-        op.new_bytes
+        op.new_bytes if op.last_read >= t else op.saved_bytes
         for i, op in enumerate(block.ops[: t + 1])
-        if i not in saved and (op.saved or op.last_read >= t)
+        if i not in saved
+    )
+
+
+def plain_forward_live(block: SacBlock, t: int) -> int:
+    """Bytes of the block's own storages live while op `t` runs in the plain forward (a
+    storage autograd saves, or the block's output, is held to the end), its scratch included."""
+    return block.ops[t].scratch + sum(
+        op.new_bytes if op.last_read >= t else op.saved_bytes + op.output_bytes
+        for op in block.ops[: t + 1]
     )
 
 
@@ -61,8 +70,8 @@ def savings(block: SacBlock, checkpointed: bool, saved: Collection[int]) -> int:
     (negative when the checkpoint holds more)."""
     if not checkpointed:
         return 0
-    plain = sum(op.new_bytes for op in block.ops if op.saved and not op.output)
-    kept = sum(block.ops[i].new_bytes for i in saved if not block.ops[i].output)
+    plain = sum(op.saved_bytes for op in block.ops)
+    kept = sum(block.ops[i].new_bytes - block.ops[i].output_bytes for i in saved)
     return plain - kept - block.held_extra
 
 

@@ -23,25 +23,25 @@ class SacOp:
     """One dispatched op of a block's forward, as the SAC policy sees it (its position in the
     block's stream is its index).
 
-    `name`: the op (`aten.addmm.default`). `new_bytes`: bytes of the storage it creates (0 when
-    its output aliases an input or a tensor from outside the block). `seconds`: its measured
-    time. `last_read`: index of the last op of the block reading that storage (its own index if
-    none; the block's output storage counts as read to the end). `saved`: whether the plain
-    forward saves that storage for backward (autograd's saved tensors). `saveable`: whether
-    MUST_SAVE is offered: a new storage that no later op mutates, from a non-random op.
-    `scratch`: bytes the op holds during its call beyond its output (kernel workspace).
-    `output`: whether its storage is (part of) the block's output, live after the block
-    whatever the plan (the next block's input).
+    `name`: the op (`aten.addmm.default`). `new_bytes`: bytes of the storages it creates (0 when
+    its outputs alias inputs or tensors from outside the block). `seconds`: its measured time.
+    `last_read`: index of the last op of the block reading those storages (its own index if
+    none; the block's output counts as read to the end). `saved_bytes`: bytes of its storages
+    the plain forward saves for backward (autograd's saved tensors), the block's output left
+    out. `saveable`: whether MUST_SAVE is offered: new storage that no later op mutates, from a
+    non-random op. `scratch`: bytes the op holds during its call beyond its outputs (kernel
+    workspace). `output_bytes`: bytes of its storages that are the block's output, live after
+    the block whatever the plan (the next block's input).
     """
 
     name: str
     new_bytes: int
     seconds: float
     last_read: int
-    saved: bool
+    saved_bytes: int
     saveable: bool
     scratch: int = 0
-    output: bool = False
+    output_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,7 @@ Variables: c_j (block j is a checkpoint region), s_i (op i of block j is MUST_SA
 saveable ops up to the block's `stop`, s_i <= c_j), and the peak P <= budget. With b_i the
 bytes of op i's new storage and the savings of block j
 
-    d_j = c_j * (sum_{i saved by autograd} b_i - held_extra_j) - sum_i s_i * b_i
-          (both sums over ops whose storage is not the block's output, live anyway),
+    d_j = c_j * (sum_i a_i - held_extra_j) - sum_i s_i * (b_i - o_i),
     D_j = sum_{k<j} d_k,
 
 every term of NOTE [ SAC memory model ] (solver/sac/memory.py) is linear in (c, s):
@@ -16,10 +15,11 @@ every term of NOTE [ SAC memory model ] (solver/sac/memory.py) is linear in (c, 
     forward, c_j = 1:    f_start_j - D_j + w_j + x_t
                          + sum_{i<=t} b_i [last_read_i >= t or s_i]     <= P  (every t)
     recompute, c_j = 1:  b_start_j - D_j - d_j + w_j + r_j + x_t (1 - s_t)
-                         + sum_{i<=t} b_i (1 - s_i) [saved_i or last_read_i >= t]
+                         + sum_{i<=t} (1 - s_i) (b_i if last_read_i >= t else a_i)
                                                                         <= P  (t <= stop)
 
-(x_t: op t's scratch bytes; s_t = 0 where op t is not saveable.)
+(b_i: op i's new bytes, a_i: those autograd saves, o_i: those of the block's output, which
+live on whatever the plan; x_t: op t's scratch bytes; s_t = 0 where op t is not saveable.)
 
 and the recompute seconds are sum_j sum_{i<=stop_j} seconds_i (c_j - s_i). Objective: the
 seconds (in whole nanoseconds), or P for the least peak. Every returned plan is evaluated by
@@ -80,9 +80,9 @@ class _Model:
 
     def _savings(self, j: int) -> cp_model.LinearExpr:
         block = self.problem.blocks[j]
-        plain = sum(op.new_bytes for op in block.ops if op.saved and not op.output)
+        plain = sum(op.saved_bytes for op in block.ops)
         kept = sum(
-            block.ops[i].new_bytes * v for i, v in self.s[j].items() if not block.ops[i].output
+            (block.ops[i].new_bytes - block.ops[i].output_bytes) * v for i, v in self.s[j].items()
         )
         return (plain - block.held_extra) * self.c[j] - kept
 
@@ -110,8 +110,8 @@ class _Model:
                 scratch = block.ops[t].scratch
                 live = scratch * (1 - s[t]) if t in s else scratch
                 for i, op in enumerate(block.ops[: t + 1]):
-                    if op.saved or op.last_read >= t:
-                        live += op.new_bytes * (1 - s[i]) if i in s else op.new_bytes
+                    held = op.new_bytes if op.last_read >= t else op.saved_bytes
+                    live += held * (1 - s[i]) if i in s else held
                 m.Add(base + live <= P).OnlyEnforceIf(c)
 
     def cost(self) -> cp_model.LinearExpr:
