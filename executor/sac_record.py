@@ -210,7 +210,7 @@ def _measure_scratch(
     """Each op's scratch bytes: the most it held at once during its call beyond what it left
     allocated at its end (its outputs), from the profiler's allocation events in a window
     around the call."""
-    from graph_capture.peak import _windows
+    from graph_capture.peak import window_peaks
 
     recorder = _Recorder(facts, first=False, mark_ops=True)
     handles = _hooks(blocks, recorder.enter, lambda _j, _o: setattr(recorder, "block", None))
@@ -221,17 +221,10 @@ def _measure_scratch(
     finally:
         for h in handles:
             h.remove()
-    events = _allocation_events(prof)
-    k = 0
-    for (j, i), (start, end) in zip(recorder.marked, _windows(prof, "remat.sacop:"), strict=True):
-        while k < len(events) and events[k][0] < start:
-            k += 1
-        live = peak = 0
-        while k < len(events) and events[k][0] <= end:
-            live += events[k][1]
-            peak = max(peak, live)
-            k += 1
-        facts[j].ops[i].scratch = max(facts[j].ops[i].scratch, peak - live)
+    for (j, i), (peak, end) in zip(
+        recorder.marked, window_peaks(prof, "remat.sacop:"), strict=True
+    ):
+        facts[j].ops[i].scratch = max(facts[j].ops[i].scratch, peak - end)
 
 
 @dataclass(frozen=True)
