@@ -14,23 +14,28 @@ from executor.errors import (
     ExecutorError,
     FitError,
     InputMismatchError,
+    OpStreamMismatchError,
     UnsupportedScheduleError,
     UnusedOutputGradientError,
 )
 from executor.fitting import Fit, fit
 from executor.memory import PeakMemory, measure_peak, median_seconds
 from executor.module import Rematerialized, rematerialize
+from executor.sac import CheckpointPlan, checkpoint_plan
 
 __all__ = [
     "AutocastMismatchError",
+    "CheckpointPlan",
     "ExecutorError",
     "Fit",
     "FitError",
     "InputMismatchError",
+    "OpStreamMismatchError",
     "PeakMemory",
     "Rematerialized",
     "UnsupportedScheduleError",
     "UnusedOutputGradientError",
+    "checkpoint_plan",
     "fit",
     "measure_peak",
     "median_seconds",

@@ -7,6 +7,8 @@ remat run --demo gpt | --model M:F --budget 50%         train under the schedule
                                                         (executor.run_command)
 remat fit --model M:F --memory 24GiB --dim batch        the largest size that fits, proven
                                                         and run (executor.fit_command)
+remat sac --model M:F --budget 50% [--out plan.json]    a SAC plan inside torch's checkpoint,
+                                                        run against eager (executor.sac_command)
 
 Every failure a user can cause (a malformed file, an impossible budget, a bad option) ends in
 one line on stderr and exit status 2.
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from executor.fit_command import add_fit_arguments, run_fit
 from executor.run_command import add_run_arguments, run_run
+from executor.sac_command import add_sac_arguments, run_sac
 from graph_capture.cli import (
     add_graph_arguments,
     add_profile_arguments,
@@ -73,6 +76,12 @@ SUBCOMMANDS = (
         "the largest batch or sequence length whose training step fits a memory",
         add_fit_arguments,
         run_fit,
+    ),
+    Subcommand(
+        "sac",
+        "solve a selective-checkpoint plan for torch.utils.checkpoint; measured vs eager",
+        add_sac_arguments,
+        run_sac,
     ),
 )
 """Every subcommand of `remat`, in the order `remat --help` lists them."""

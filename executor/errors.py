@@ -36,3 +36,9 @@ class FitError(ExecutorError, ValueError):
     """`executor.fit` cannot answer: a factory that fails at a size (which, and why), a memory
     below what the parameters and optimizer state take alone, a graph that changes shape with
     the size, or a model whose forward does not return the loss."""
+
+
+class OpStreamMismatchError(ExecutorError):
+    """A checkpointed block dispatched another op than its SAC plan has at that position
+    (changed code, another autocast or dtype): the plan's policy would save the wrong tensors,
+    so the step is refused; solve the plan again for the model as it runs now."""

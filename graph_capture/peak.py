@@ -130,7 +130,16 @@ def measure_each(
             with _RecordFunctionFast(f"{prefix}{i}"):
                 result = call()
             del result
+    for peak, live in window_peaks(prof, prefix):
+        measured.append(PeakMemory(peak, live, "profiler-allocation-events"))
+    return measured
+
+
+def window_peaks(prof: torch.profiler.profile, prefix: str) -> list[tuple[int, int]]:
+    """(peak, end) bytes allocated within each window named ``prefix<i>`` (in order of i),
+    above the bytes live at its start."""
     events = _allocation_events(prof)
+    out = []
     k = 0
     for start, end in _windows(prof, prefix):
         while k < len(events) and events[k][0] < start:
@@ -140,8 +149,8 @@ def measure_each(
             live += events[k][1]
             peak = max(peak, live)
             k += 1
-        measured.append(PeakMemory(peak, live, "profiler-allocation-events"))
-    return measured
+        out.append((peak, live))
+    return out
 
 
 @contextlib.contextmanager

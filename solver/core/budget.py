@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 from solver.core.graph import Problem
 from solver.core.stages import checkpoint_all
@@ -32,6 +33,12 @@ def parse_budget(text: str | int | float, problem: Problem) -> int:
     A percentage is of the checkpoint-all peak (`checkpoint_all_peak`), rounded down; a count
     of bytes without a unit must be whole (`0.5` is refused rather than read as 0 bytes).
     """
+    return parse_bytes(text, lambda: checkpoint_all_peak(problem))
+
+
+def parse_bytes(text: str | int | float, hundred_percent: Callable[[], int]) -> int:
+    """`parse_budget` with the bytes of 100% given by `hundred_percent()` (called only for a
+    percentage)."""
     if isinstance(text, int | float) and not isinstance(text, bool):
         return _whole_bytes(text, text)
     s = str(text).strip().lower().replace(" ", "")
@@ -43,7 +50,7 @@ def parse_budget(text: str | int | float, problem: Problem) -> int:
         )
     value, unit = float(match.group(1)), match.group(2)
     if unit == "%":
-        return int(value / 100 * checkpoint_all_peak(problem))
+        return int(value / 100 * hundred_percent())
     if unit not in _UNITS:
         raise ValueError(f"unknown unit in memory budget {text!r}")
     if _UNITS[unit] == 1:

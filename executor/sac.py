@@ -1,0 +1,324 @@
+"""Exact selective-checkpoint plans that run inside `torch.utils.checkpoint`.
+
+    plan = executor.checkpoint_plan(model, (x,), "50%")   # record, solve (solver.sac)
+    plan.apply(model)                                     # checkpoint(use_reentrant=False, SAC)
+    plan.save("plan.json"); executor.CheckpointPlan.load("plan.json", model)
+
+`checkpoint_plan` steps:
+1. `_run_eagerly`: one plain step, so a model that fails with the inputs fails with its own error;
+2. `select_blocks`: the candidate regions (executor/sac_blocks.py);
+3. `record_problem`: measured windows and op streams (executor/sac_record.py);
+4. `solve_sac`: the least recompute seconds under the budget (solver/sac/solve.py).
+docs/sac.md gives the memory model and its measured accuracy.
+
+NOTE [ SAC plans under compile ]: while torch.compile traces a block (dynamo's fake-tensor runs,
+AOTAutograd's joint trace), the policy sees traced ops, not eager's dispatched stream (views
+differ, dropout is functional), so positions mean nothing there. It then marks the plan's
+MUST_SAVE ops by op and occurrence among ops of that name (SAC's own cache key) and every other
+op MUST_RECOMPUTE, which the min-cut partitioner honours; the op-stream check runs eagerly only.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    _is_compiling,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+from executor.errors import OpStreamMismatchError
+from executor.sac_blocks import select_blocks
+from executor.sac_record import _Snapshot, in_call_order, record_problem
+from solver.core.budget import parse_bytes
+from solver.deadline import Deadline
+from solver.errors import ScheduleMismatchError
+from solver.sac import SacPlan, SacProblem, solve_sac
+
+__all__ = ["CheckpointPlan", "checkpoint_plan", "default_loss"]
+
+FORMAT = "remat-sac-plan/1"
+
+
+def default_loss(output: object) -> torch.Tensor:
+    """The step's loss: `output.loss` when the output has one (HF models given labels), else
+    the sum of the output tensor (or of its first tensor)."""
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(output, Mapping):
+        output = list(output.values())
+    if isinstance(output, list | tuple):
+        output = next(t for t in output if isinstance(t, torch.Tensor))
+    return output.sum()
+
+
+def model_signature(model: nn.Module) -> str:
+    """A digest of the model's class and its parameters' names, shapes and dtypes."""
+    text = repr(
+        (
+            type(model).__name__,
+            [(n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()],
+        )
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class _Policy:
+    """A block's SAC policy: MUST_SAVE for its saved ops, MUST_RECOMPUTE for the others, looked
+    up by position in the block's forward op stream. `contexts` is the `context_fn`: it makes a
+    fresh position counter for each checkpoint call (NOTE [ SAC policy state ])."""
+
+    def __init__(self, name: str, ops: Sequence[str], saved: frozenset[int]) -> None:
+        self.name, self.ops, self.saved = name, tuple(ops), saved
+        self.position = [0]
+        self.saved_occurrences = {(ops[i], ops[:i].count(ops[i])) for i in saved}
+
+    def contexts(self):
+        # NOTE [ SAC policy state ]: torch calls the policy in the forward only, and a recompute
+        # finds values by op and occurrence index, so the counter lives per checkpoint call.
+        position = self.position = [0]
+        occurrences: dict[str, int] = {}
+
+        def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+            if _tracing(op, args, kwargs):
+                # NOTE [ SAC plans under compile ]: the partitioner sees traced ops, not eager's
+                # stream; the plan's saved ops are found by op and occurrence (SAC's own key).
+                k = occurrences[str(op)] = occurrences.get(str(op), -1) + 1
+                saved = (str(op), k) in self.saved_occurrences
+                return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.MUST_RECOMPUTE
+            i = position[0]
+            position[0] += 1
+            if i >= len(self.ops) or str(op) != self.ops[i]:
+                planned = self.ops[i] if i < len(self.ops) else "no op (its stream ended)"
+                raise OpStreamMismatchError(
+                    f"block {self.name} dispatched {op} at op {i} where its SAC plan has "
+                    f"{planned}: the block runs other ops than when the plan was solved "
+                    "(code, autocast or dtype changed); solve the plan again"
+                )
+            return (
+                CheckpointPolicy.MUST_SAVE if i in self.saved else CheckpointPolicy.MUST_RECOMPUTE
+            )
+
+        return create_selective_checkpoint_contexts(policy)
+
+    def check_complete(self) -> None:
+        if torch.compiler.is_compiling():
+            return  # NOTE [ SAC plans under compile ]
+        if self.position[0] != len(self.ops):
+            raise OpStreamMismatchError(
+                f"block {self.name} dispatched {self.position[0]} ops where its SAC plan has "
+                f"{len(self.ops)} (the next planned op is {self.ops[self.position[0]]}): solve "
+                "the plan again"
+            )
+
+
+def _tracing(op, args, kwargs) -> bool:
+    """Whether the op is being traced (torch.compile's AOT tracing or dynamo's fake-tensor
+    runs), not run eagerly."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if _is_compiling(op, args, kwargs) or torch.compiler.is_compiling():
+        return True
+    return any(isinstance(a, FakeTensor) for a in pytree.tree_leaves((args, kwargs)))
+
+
+def _contexts_of(policy: _Policy):
+    return policy.contexts()
+
+
+def _checkpointed_forward(module: nn.Module, *args, **kwargs):
+    """A planned block's `forward`: its class's forward inside `checkpoint(use_reentrant=False)`
+    with the block's policy. Bound to the module (`types.MethodType`), so a deep copy of the
+    model runs the copy's own forward and policy."""
+    policy: _Policy = module.remat_sac_policy
+    # a partial of a module-level function: what dynamo accepts as context_fn
+    contexts = functools.partial(_contexts_of, policy)
+    forward = type(module).forward.__get__(module)
+    out = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+    policy.check_complete()
+    return out
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """A solved SAC plan. `peak`: predicted step peak (bytes above what exists before the
+    step); `cost`: recompute seconds (measured per op); `bound`: proven lower bound on the cost;
+    `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE"; `budget`: bytes;
+    `plain_peak`: the measured peak of the step without checkpointing (100%)."""
+
+    model: str
+    blocks: tuple[str, ...]
+    block_types: tuple[str, ...]
+    ops: tuple[tuple[str, ...], ...]
+    plan: SacPlan
+    status: str
+    peak: int
+    cost: float
+    bound: float
+    gap: float
+    budget: int
+    plain_peak: int
+    problem: SacProblem
+
+    def checkpointed(self) -> list[str]:
+        """Names of the blocks that run inside a checkpoint."""
+        return [n for n, c in zip(self.blocks, self.plan.checkpointed, strict=True) if c]
+
+    def check_model(self, model: nn.Module) -> None:
+        """ScheduleMismatchError unless `model` is the model this plan was solved for."""
+        if model_signature(model) != self.model:
+            raise ScheduleMismatchError(
+                f"this SAC plan was solved for another model (parameters differ from "
+                f"{type(model).__name__}'s): solve a plan for this model"
+            )
+        modules = dict(model.named_modules())
+        for name, kind in zip(self.blocks, self.block_types, strict=True):
+            if name not in modules or type(modules[name]).__name__ != kind:
+                raise ScheduleMismatchError(
+                    f"the SAC plan's block {name} ({kind}) is not a module of this model: "
+                    "the plan was solved for other blocks; solve one for these"
+                )
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        """Wrap each checkpointed block's `forward` (its class's) in `torch.utils.checkpoint(
+        use_reentrant=False)` with its SAC policy (module hooks, FSDP2's included, stay
+        outside); in place, returns `model`. A deep copy of the model keeps the plan."""
+        self.check_model(model)
+        modules = dict(model.named_modules())
+        for j, name in enumerate(self.blocks):
+            if not self.plan.checkpointed[j]:
+                continue
+            module = modules[name]
+            if hasattr(module, "remat_sac_policy"):
+                raise ValueError(f"block {name} already runs under a SAC plan: apply it once")
+            policy = _Policy(name, self.ops[j], self.plan.saved[j])
+            module.remat_sac_policy = policy
+            module.forward = types.MethodType(_checkpointed_forward, module)
+        return model
+
+    def save(self, path: str | Path) -> None:
+        """Write the plan as JSON."""
+        data = {
+            "format": FORMAT,
+            "model": self.model,
+            "blocks": [
+                {"name": n, "type": t, "checkpointed": c, "saved": sorted(s), "ops": list(o)}
+                for n, t, c, s, o in zip(
+                    self.blocks,
+                    self.block_types,
+                    self.plan.checkpointed,
+                    self.plan.saved,
+                    self.ops,
+                    strict=True,
+                )
+            ],
+            **{k: getattr(self, k) for k in ("status", "peak", "cost", "bound", "gap")},
+            **{k: getattr(self, k) for k in ("budget", "plain_peak")},
+            "problem": self.problem.to_json(),
+        }
+        Path(path).write_text(json.dumps(data))
+
+    @classmethod
+    def load(cls, path: str | Path, model: nn.Module) -> CheckpointPlan:
+        """Read a plan written by `save`, checked against `model` (ScheduleMismatchError for a
+        plan of another model or other blocks, ValueError for a file that is not a plan)."""
+        try:
+            data = json.loads(Path(path).read_text())
+            if data.get("format") != FORMAT:
+                raise ValueError(f"format {data.get('format')!r}, not {FORMAT!r}")
+            blocks = data["blocks"]
+            plan = cls(
+                model=data["model"],
+                blocks=tuple(b["name"] for b in blocks),
+                block_types=tuple(b["type"] for b in blocks),
+                ops=tuple(tuple(b["ops"]) for b in blocks),
+                plan=SacPlan(
+                    tuple(bool(b["checkpointed"]) for b in blocks),
+                    tuple(frozenset(b["saved"]) for b in blocks),
+                ),
+                **{k: data[k] for k in ("status", "peak", "cost", "bound", "gap")},
+                **{k: data[k] for k in ("budget", "plain_peak")},
+                problem=SacProblem.from_json(data["problem"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(
+                f"{path} is not a SAC plan file ({e}): write one with plan.save"
+            ) from e
+        plan.check_model(model)
+        return plan
+
+
+def _run_eagerly(model: nn.Module, step: Callable[[], torch.Tensor]) -> None:
+    """One plain step (forward, loss, backward), leaving RNG, buffers and `.grad` as found: a
+    model that fails with the example inputs raises its own error here."""
+    snapshot = _Snapshot(model)
+    grads = {p: p.grad for p in model.parameters()}
+    try:
+        step().backward()
+    finally:
+        snapshot.restore()
+        for p, g in grads.items():
+            p.grad = g
+
+
+def checkpoint_plan(
+    model: nn.Module,
+    example_inputs: Sequence[object],
+    budget: str | int | float,
+    *,
+    example_kwargs: Mapping[str, object] | None = None,
+    blocks: Sequence[str] | None = None,
+    time_limit: float = 60,
+    loss_fn: Callable[[object], torch.Tensor] = default_loss,
+) -> CheckpointPlan:
+    """The SAC plan of least recompute for one training step of `model` on the example inputs
+    (`loss_fn(model(*example_inputs, **example_kwargs)).backward()`) whose predicted peak is at
+    most `budget`: bytes, units ("512MiB"), a percentage of the step without checkpointing
+    ("50%") or "min" (the least peak of any plan). `blocks`: module names or glob patterns of
+    the candidate regions, run once each per step, in sequence (default: the model's repeated
+    blocks; `["transformer.h.*.attn", "transformer.h.*.mlp"]` gives finer regions).
+    `time_limit`: seconds for the solve. InfeasibleBudgetError names the least budget when
+    none fits."""
+    kwargs = dict(example_kwargs or {})
+
+    def step() -> torch.Tensor:
+        return loss_fn(model(*example_inputs, **kwargs))
+
+    _run_eagerly(model, step)
+    named = in_call_order(model, select_blocks(model, blocks), step)
+    problem = record_problem(model, named, step)
+    if not (isinstance(budget, str) and budget.strip().lower() == "min"):
+        budget = parse_bytes(budget, lambda: problem.plain_peak)
+    else:
+        budget = "min"
+    return _plan(model, named, problem, solve_sac(problem, budget, Deadline.after(time_limit)))
+
+
+def _plan(model: nn.Module, named, problem: SacProblem, solution) -> CheckpointPlan:
+    return CheckpointPlan(
+        model=model_signature(model),
+        blocks=tuple(n for n, _ in named),
+        block_types=tuple(type(m).__name__ for _, m in named),
+        ops=tuple(tuple(op.name for op in b.ops) for b in problem.blocks),
+        plan=solution.plan,
+        status=solution.status,
+        peak=solution.peak,
+        cost=solution.cost,
+        bound=solution.bound,
+        gap=solution.gap,
+        budget=solution.budget,
+        plain_peak=problem.plain_peak,
+        problem=problem,
+    )

@@ -1,0 +1,129 @@
+"""The memory model of torch's eager non-reentrant checkpoint with a SAC policy, and a plan's
+predicted peak and recompute cost. This is the reference the CP-SAT model (`solver.sac.solve`)
+is tested against; it is written as plain loops over the facts, sharing no code with it.
+
+NOTE [ SAC memory model ] (torch 2.13, docs/sac.md):
+  1. Forward of a checkpointed block: ops run as usual; a storage lives until the last op of the
+     block reading it, longer if its op is MUST_SAVE (held until the backward). After the block,
+     it holds its MUST_SAVE storages and its inputs, where the plain block holds the storages
+     autograd saves: the plan *saves* `savings` bytes for every later moment until the
+     block's backward. The block's output lives on either way (the next block's input).
+  2. Backward of a checkpointed block: the first unpack reruns the block from its start and stops
+     after op `stop` (every saved tensor recomputed). Recomputed storages that autograd saves
+     stay until their unpack (after the recompute); others die after their last reader; MUST_SAVE
+     storages are already there. Once the recompute ends, the block holds what the plain block
+     holds, and the checkpoint still holds its extra bytes (`held_extra`): the rest of its
+     backward is the plain step's (`b_peak`) plus those.
+  3. Everything else is the plain step's measured memory minus the savings of the blocks whose
+     forward bytes are held at that moment.
+Units: bytes and seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from solver.sac.problem import SacBlock, SacProblem
+
+
+@dataclass(frozen=True)
+class SacPlan:
+    """Per block: whether it is a checkpoint region, and the indices of its MUST_SAVE ops (the
+    others are MUST_RECOMPUTE). A block that is not checkpointed has no saved ops."""
+
+    checkpointed: tuple[bool, ...]
+    saved: tuple[frozenset[int], ...]
+
+
+def forward_live(block: SacBlock, keep: Collection[int], t: int) -> int:
+    """Bytes of the block's own storages live while op `t` runs in a forward that holds the
+    storages of the ops in `keep` to its end, op `t`'s scratch included (NOTE [ SAC memory
+    model ] 1)."""
+    return block.ops[t].scratch + sum(
+        op.new_bytes for i, op in enumerate(block.ops[: t + 1]) if op.last_read >= t or i in keep
+    )
+
+
+def recompute_live(block: SacBlock, saved: Collection[int], t: int) -> int:
+    """Bytes a recompute has allocated and not yet freed while op `t` (<= stop) reruns, its
+    scratch included unless it is MUST_SAVE (not rerun) (NOTE [ SAC memory model ] 2)."""
+    scratch = 0 if t in saved else block.ops[t].scratch
+    return scratch + sum(
+        op.new_bytes if op.last_read >= t else op.saved_bytes
+        for i, op in enumerate(block.ops[: t + 1])
+        if i not in saved
+    )
+
+
+def plain_forward_live(block: SacBlock, t: int) -> int:
+    """Bytes of the block's own storages live while op `t` runs in the plain forward (a
+    storage autograd saves, or the block's output, is held to the end), its scratch included."""
+    return block.ops[t].scratch + sum(
+        op.new_bytes if op.last_read >= t else op.saved_bytes + op.output_bytes
+        for op in block.ops[: t + 1]
+    )
+
+
+def savings(block: SacBlock, checkpointed: bool, saved: Collection[int]) -> int:
+    """Bytes the block holds between its forward and its backward less than the plain block
+    (negative when the checkpoint holds more)."""
+    if not checkpointed:
+        return 0
+    plain = sum(op.saved_bytes for op in block.ops)
+    kept = sum(block.ops[i].new_bytes - block.ops[i].output_bytes for i in saved)
+    return plain - kept - block.held_extra
+
+
+def check_plan(problem: SacProblem, plan: SacPlan) -> None:
+    """ValueError unless the plan fits the problem: one entry per block, saved ops saveable,
+    at most `stop`, and only in checkpointed blocks."""
+    n = len(problem.blocks)
+    if len(plan.checkpointed) != n or len(plan.saved) != n:
+        raise ValueError(f"plan has {len(plan.checkpointed)} blocks, the problem {n}")
+    for block, ckpt, saved in zip(problem.blocks, plan.checkpointed, plan.saved, strict=True):
+        if saved and not ckpt:
+            raise ValueError(f"block {block.name} saves ops but is not checkpointed")
+        for i in saved:
+            if not (0 <= i <= block.stop and block.ops[i].saveable):
+                raise ValueError(f"op {i} of block {block.name} cannot be MUST_SAVE")
+
+
+def plan_peak(problem: SacProblem, plan: SacPlan) -> int:
+    """Predicted peak bytes of the step under the plan, above the bytes live before it."""
+    check_plan(problem, plan)
+    d = [
+        savings(b, c, s)
+        for b, c, s in zip(problem.blocks, plan.checkpointed, plan.saved, strict=True)
+    ]
+    before = [sum(d[:j]) for j in range(len(d) + 1)]  # savings held by blocks 0..j-1
+    peaks = [seg.peak - before[seg.held] for seg in problem.segments]
+    for j, (block, ckpt, saved) in enumerate(
+        zip(problem.blocks, plan.checkpointed, plan.saved, strict=True)
+    ):
+        if not ckpt:
+            peaks.append(block.b_peak - before[j])
+            peaks.append(block.f_peak - before[j])
+            continue
+        peaks.append(block.b_peak - before[j] + block.held_extra)
+        for t in range(len(block.ops)):
+            peaks.append(
+                block.f_start - before[j] + block.workspace + forward_live(block, saved, t)
+            )
+        base = block.b_start - before[j] - d[j] + block.workspace + block.recompute_extra
+        for t in range(block.stop + 1):  # none when nothing is saved: no unpack, no recompute
+            peaks.append(base + recompute_live(block, saved, t))
+    return max(peaks)
+
+
+def plan_cost(problem: SacProblem, plan: SacPlan) -> float:
+    """Recompute seconds of the plan: every op up to `stop` of a checkpointed block that is not
+    MUST_SAVE reruns once."""
+    check_plan(problem, plan)
+    return sum(
+        op.seconds
+        for block, ckpt, saved in zip(problem.blocks, plan.checkpointed, plan.saved, strict=True)
+        if ckpt
+        for i, op in enumerate(block.ops[: block.stop + 1])
+        if i not in saved
+    )

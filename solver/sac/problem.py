@@ -1,0 +1,110 @@
+"""What a SAC plan is solved over: each block's dispatched forward ops and the plain step's
+measured memory around the blocks. Bytes are bytes, costs are seconds (measured per op).
+
+The plain step is the training step without checkpointing. Blocks run their forwards in order
+0..n-1 and their backwards in reverse. Its measured memory (bytes above the step's start) is
+cut at the blocks' boundaries:
+
+- a block's forward window (`f_start`, `f_peak`): live bytes when it starts and the most inside;
+- its backward window (`b_start`, `b_peak`): from the moment the gradient of its output is
+  complete (its first backward op is next) until the next block's backward window starts (for
+  block 0, until the step ends);
+- `segments`: every other stretch of the step, each with its peak and how many leading blocks
+  (`held`) hold their forward bytes during it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class SacOp:
+    """One dispatched op of a block's forward, as the SAC policy sees it (its position in the
+    block's stream is its index).
+
+    `name`: the op (`aten.addmm.default`). `new_bytes`: bytes of the storages it creates (0 when
+    its outputs alias inputs or tensors from outside the block). `seconds`: its measured time.
+    `last_read`: index of the last op of the block reading those storages (its own index if
+    none; the block's output counts as read to the end). `saved_bytes`: bytes of its storages
+    the plain forward saves for backward (autograd's saved tensors), the block's output left
+    out. `saveable`: whether MUST_SAVE is offered: new storage that no later op mutates, from a
+    non-random op. `scratch`: bytes the op holds during its call beyond its outputs (kernel
+    workspace). `output_bytes`: bytes of its storages that are the block's output, live after
+    the block whatever the plan (the next block's input).
+    """
+
+    name: str
+    new_bytes: int
+    seconds: float
+    last_read: int
+    saved_bytes: int
+    saveable: bool
+    scratch: int = 0
+    output_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class SacBlock:
+    """A block (a candidate checkpoint region) and its plain step's measured windows.
+
+    `stop`: the index of the op after which a recompute stops (every saved tensor recomputed:
+    torch's early stop). `held_extra`: bytes a checkpoint holds that the plain block does not
+    (its tensor inputs the plain block does not save, and the RNG state it keeps).
+    `workspace`: bytes the plain forward's measured peak exceeds the op-level model (liveness
+    and each op's scratch) by, added to the modelled forward and recompute. `recompute_extra`: bytes
+    a recompute allocates besides the block's ops (the RNG state torch saves around it).
+    """
+
+    name: str
+    ops: tuple[SacOp, ...]
+    stop: int
+    held_extra: int
+    workspace: int
+    f_start: int
+    f_peak: int
+    b_start: int
+    b_peak: int
+    recompute_extra: int = 0
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["ops"] = [asdict(op) for op in self.ops]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> SacBlock:
+        return cls(**{**d, "ops": tuple(SacOp(**op) for op in d["ops"])})
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of the plain step outside the blocks' windows: its peak bytes, with blocks
+    0..held-1 holding their forward bytes."""
+
+    peak: int
+    held: int
+
+
+@dataclass(frozen=True)
+class SacProblem:
+    """Blocks in forward order, the other stretches, and the plain step's measured peak."""
+
+    blocks: tuple[SacBlock, ...]
+    segments: tuple[Segment, ...]
+    plain_peak: int
+
+    def to_json(self) -> dict:
+        return {
+            "blocks": [b.to_json() for b in self.blocks],
+            "segments": [asdict(s) for s in self.segments],
+            "plain_peak": self.plain_peak,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> SacProblem:
+        return cls(
+            tuple(SacBlock.from_json(b) for b in d["blocks"]),
+            tuple(Segment(**s) for s in d["segments"]),
+            int(d["plain_peak"]),
+        )

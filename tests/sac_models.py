@@ -1,0 +1,80 @@
+"""Small models with repeated blocks for the SAC plan tests: a transformer-style net (attention
+and MLP, LayerNorm, dropout) and an MLP net (GELU or in-place ReLU, dropout)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int, hidden: int, p: float = 0.1, inplace: bool = False) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, hidden)
+        self.act = nn.ReLU(inplace=True) if inplace else nn.GELU()
+        self.fc2 = nn.Linear(hidden, d)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.fc2(self.act(self.fc1(self.ln(x)))))
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int, p: float = 0.1) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.drop = nn.Dropout(p)
+        self.mlp = MLP(d, 4 * d, p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.ln(x)).chunk(3, -1)
+        a = self.drop(torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, -1))
+        return self.mlp(x + self.out(a @ v))
+
+
+class Net(nn.Module):
+    def __init__(self, blocks: list[nn.Module], d: int) -> None:
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(d, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def transformer(layers: int = 3, d: int = 32, seed: int = 0) -> Net:
+    torch.manual_seed(seed)
+    return Net([Attention(d) for _ in range(layers)], d).train()
+
+
+def mlp_net(layers: int = 3, d: int = 32, hidden: int = 128, inplace: bool = False) -> Net:
+    torch.manual_seed(0)
+    return Net([MLP(d, hidden, 0.2, inplace) for _ in range(layers)], d).train()
+
+
+def small() -> tuple[Net, tuple[torch.Tensor]]:
+    """A `--model` factory: a 2-block transformer and its example input."""
+    return transformer(layers=2), (torch.randn(2, 8, 32),)
+
+
+def assert_same_adamw_steps(runs: list[nn.Module], loss, steps: int = 3) -> None:
+    """Train the models side by side with AdamW, the same RNG seed per step (`loss(model,
+    step)` returns the step's loss), and assert their gradients `torch.equal` at every step."""
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in runs]
+    for step in range(steps):
+        grads = []
+        for model, optimizer in zip(runs, optimizers, strict=True):
+            torch.manual_seed(step)
+            optimizer.zero_grad(set_to_none=True)
+            loss(model, step).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+            optimizer.step()
+        for k, (a, b) in enumerate(zip(*grads, strict=True)):
+            assert torch.equal(a, b), f"step {step}: gradient {k} differs"

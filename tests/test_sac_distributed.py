@@ -1,0 +1,130 @@
+"""SAC plans under FSDP2 and DDP on 2 gloo ranks (CPU), spawned as in test_executor_ddp.py.
+
+The plans are solved in the parent and saved; each rank loads them (`CheckpointPlan.load`),
+applies them, then wraps: FSDP2 around HF GPT-2 (dropout on) as torchtitan does (checkpoint
+first, then `fully_shard` per block and on the root), DDP around a small transformer. Per rank,
+different data and dropout streams; after each of 3 AdamW steps the gradients (`full_tensor()`
+for FSDP2) are `torch.equal` to the same wrapper around the model without checkpointing.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import gc
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from sac_models import transformer
+
+import executor
+import executor.sac
+
+WORLD = 2
+STEPS = 3
+
+
+def _grads(model) -> list[torch.Tensor]:
+    out = []
+    for p in model.parameters():
+        g = p.grad
+        out.append(g.full_tensor() if hasattr(g, "full_tensor") else g.clone())
+    return out
+
+
+def _train(runs, rank: int, batch) -> list[list[list[torch.Tensor]]]:
+    """Each step's gradients of each run, on this rank's data and dropout stream; `batch(g)`
+    draws a step's inputs from the generator `g`."""
+    data = torch.Generator().manual_seed(100 + rank)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in runs]
+    record = []
+    for step in range(STEPS):
+        args, kwargs = batch(data)
+        grads = []
+        for model, optimizer in zip(runs, optimizers, strict=True):
+            torch.manual_seed(1000 * step + rank)
+            optimizer.zero_grad(set_to_none=True)
+            executor.sac.default_loss(model(*args, **kwargs)).square().backward()
+            grads.append(_grads(model))
+            optimizer.step()
+        record.append(grads)
+    return record
+
+
+def gpt2():
+    from graph_capture.hf_models import gpt2_lm
+
+    torch.manual_seed(0)
+    model, args, kwargs = gpt2_lm(batch=2, seq=16, layers=2, width=32)
+    return model, args, {**kwargs, "use_cache": False}
+
+
+def _tokens(g: torch.Generator):
+    ids = torch.randint(0, 128, (2, 16), generator=g)
+    return (ids,), {"labels": ids, "use_cache": False}
+
+
+def run_rank(rank: int, init_file: str, plan_dir: str, results: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        hf, _, _ = gpt2()
+        plan = executor.CheckpointPlan.load(os.path.join(plan_dir, "gpt2.json"), hf)
+        mesh = init_device_mesh("cpu", (WORLD,))
+        fsdp = []
+        for model in (copy.deepcopy(hf), plan.apply(copy.deepcopy(hf))):
+            for block in model.transformer.h:
+                fully_shard(block, mesh=mesh)
+            fsdp.append(fully_shard(model, mesh=mesh))
+        net = transformer(layers=2)
+        plan = executor.CheckpointPlan.load(os.path.join(plan_dir, "net.json"), net)
+        ddp = [
+            DistributedDataParallel(copy.deepcopy(net)),
+            DistributedDataParallel(plan.apply(copy.deepcopy(net))),
+        ]
+        result = {
+            "fsdp": _train(fsdp, rank, _tokens),
+            "ddp": _train(ddp, rank, lambda g: ((torch.randn(4, 16, 32, generator=g),), {})),
+        }
+        del fsdp, ddp
+        gc.collect()
+        torch.save(result, os.path.join(results, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_fsdp2_and_ddp_with_a_plan_match_them_without(tmp_path):
+    pytest.importorskip("transformers")
+    model, args, kwargs = gpt2()
+    plan = executor.checkpoint_plan(
+        model, args, "min", example_kwargs=kwargs, blocks=["transformer.h.*"], time_limit=10
+    )
+    assert plan.checkpointed() and any(plan.plan.saved)
+    plan.save(tmp_path / "gpt2.json")
+    plan = executor.checkpoint_plan(
+        transformer(layers=2), (torch.randn(4, 16, 32),), "min", time_limit=10
+    )
+    assert plan.checkpointed()
+    plan.save(tmp_path / "net.json")
+    args = (str(tmp_path / "init"), str(tmp_path), str(tmp_path))
+    mp.spawn(run_rank, args=args, nprocs=WORLD, join=True)
+    for rank in range(WORLD):
+        result = torch.load(tmp_path / f"{rank}.pt")
+        for wrapper, record in result.items():
+            for step, (plain, planned) in enumerate(record):
+                for k, (a, b) in enumerate(zip(plain, planned, strict=True)):
+                    assert torch.equal(a, b), f"{wrapper} rank {rank} step {step}: grad {k}"

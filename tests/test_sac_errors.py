@@ -1,0 +1,123 @@
+"""Bad input to SAC plans gets a clear error: budgets, block patterns, plan files for another
+model or other blocks, a block whose op stream changed, a model that fails eagerly."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from sac_models import mlp_net, transformer
+
+import executor
+from solver.errors import InfeasibleBudgetError, ScheduleMismatchError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def solved():
+    net = mlp_net(layers=2)
+    x = torch.randn(32, 32)
+    return net, x, executor.checkpoint_plan(net, (x,), "min", time_limit=10)
+
+
+def test_budget_below_the_least_names_it(solved):
+    net, x, plan = solved
+    with pytest.raises(InfeasibleBudgetError, match=f"least predicted peak .* is {plan.peak}"):
+        executor.checkpoint_plan(net, (x,), plan.peak - 1, time_limit=10)
+
+
+@pytest.mark.parametrize("budget", ["lots", "0.5", "-3%x"])
+def test_unreadable_budget(solved, budget):
+    net, x, _ = solved
+    with pytest.raises(ValueError, match=r"cannot read memory budget|whole number of bytes"):
+        executor.checkpoint_plan(net, (x,), budget)
+
+
+def test_block_pattern_matching_nothing(solved):
+    net, x, _ = solved
+    with pytest.raises(ValueError, match=r"no module of Net matches block 'layers\.\*'"):
+        executor.checkpoint_plan(net, (x,), "80%", blocks=["layers.*"])
+
+
+def test_model_failing_eagerly_raises_its_own_error(solved):
+    net, _, _ = solved
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
+        executor.checkpoint_plan(net, (torch.randn(4, 7),), "80%")
+
+
+def test_plan_file_round_trips_and_refuses_another_model(solved, tmp_path):
+    net, _, plan = solved
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = executor.CheckpointPlan.load(path, net)
+    assert loaded.plan == plan.plan and loaded.peak == plan.peak and loaded.ops == plan.ops
+    with pytest.raises(ScheduleMismatchError, match="solved for another model"):
+        executor.CheckpointPlan.load(path, mlp_net(layers=3))
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="is not a SAC plan file"):
+        executor.CheckpointPlan.load(tmp_path / "bad.json", net)
+
+
+def test_plan_for_other_blocks_is_refused(solved):
+    net, x, _ = solved
+    plan = executor.checkpoint_plan(net, (x,), "100%", blocks=["blocks.*.fc1"], time_limit=5)
+    changed = copy.deepcopy(net)
+    changed.blocks[0].fc1.__class__ = type("OtherLinear", (torch.nn.Linear,), {})
+    with pytest.raises(
+        ScheduleMismatchError, match=r"block blocks\.0\.fc1 .* not a module of this"
+    ):
+        plan.apply(changed)
+
+
+def test_changed_op_stream_is_refused_at_its_first_step(solved):
+    net, x, plan = solved
+    model = plan.apply(copy.deepcopy(net))
+    with (
+        torch.autocast("cpu", dtype=torch.bfloat16),
+        pytest.raises(
+            executor.OpStreamMismatchError, match=r"block blocks\.0 dispatched .* at op \d+"
+        ),
+    ):
+        model(x)
+
+
+def test_applying_twice_is_refused(solved):
+    net, _, plan = solved
+    model = plan.apply(copy.deepcopy(net))
+    with pytest.raises(ValueError, match="apply it once"):
+        plan.apply(model)
+
+
+def test_blocks_given_as_one_string_is_refused():
+    with pytest.raises(ValueError, match="list of names or patterns"):
+        executor.checkpoint_plan(transformer(1), (torch.randn(2, 4, 32),), "80%", blocks="blocks.0")
+
+
+def test_t5_without_decoder_start_token_raises_the_models_own_error():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.T5Config(
+        num_layers=1, d_model=16, d_kv=8, num_heads=2, d_ff=32, vocab_size=64, pad_token_id=0
+    )
+    config.decoder_start_token_id = None
+    model = transformers.T5ForConditionalGeneration(config).train()
+    ids = torch.randint(0, 64, (2, 8))
+    with pytest.raises(ValueError, match="decoder_start_token_id"):
+        executor.checkpoint_plan(model, (ids,), "80%", example_kwargs={"labels": ids})
+
+
+def test_a_deep_copy_of_a_planned_model_runs_its_own_weights(solved):
+    net, x, plan = solved
+    planned = copy.deepcopy(plan.apply(copy.deepcopy(net)))
+    with torch.no_grad():
+        for p in planned.parameters():
+            p.mul_(0.5)
+    plain = copy.deepcopy(net)
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.mul_(0.5)
+    torch.manual_seed(0)
+    a = planned(x)
+    torch.manual_seed(0)
+    assert torch.equal(a, plain(x))
