@@ -11,17 +11,12 @@ still runs each parameter's AccumulateGrad node, whose hooks (DDP's included) th
 from __future__ import annotations
 
 import copy
-import datetime
-import gc
-import os
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import on_gloo_ranks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-WORLD = 2
 STEPS = 3
 
 
@@ -70,36 +65,8 @@ def train(rank: int) -> dict:
     return {"record": record, "recomputes": recomputes}
 
 
-def train_rank(rank: int, init_file: str, results: str) -> None:
-    """One rank: `train`, then its results saved for the parent.
-
-    The DDP wrappers are freed (`train` returns, `gc.collect`) before the process group is
-    destroyed. Otherwise a wrapper's reducer may hold the group's last reference, and the
-    group's destructor then runs inside the reducer's with the GIL held and joins gloo's worker
-    threads; a worker freeing an all-reduce launched in a backward needs the GIL (torch 2.13
-    keeps a Python object in that work's thread-local state), so the rank deadlocks at exit
-    (seen in about 1 of 15 runs). Destroyed from `destroy_process_group`, the group releases
-    the GIL first.
-    """
-    torch.set_num_threads(1)
-    dist.init_process_group(  # a rank that fails makes the other time out, not hang
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        result = train(rank)
-        gc.collect()
-        torch.save(result, os.path.join(results, f"{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 def test_ddp_around_rematerialized_model_matches_ddp_around_the_model(tmp_path):
-    mp.spawn(train_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    ranks = [torch.load(tmp_path / f"{r}.pt") for r in range(WORLD)]
+    ranks = on_gloo_ranks(train, tmp_path)
     for rank, result in enumerate(ranks):
         assert result["recomputes"] > 0, f"rank {rank}: the 75% schedule recomputes nothing"
         for step, entry in enumerate(result["record"]):

@@ -1,4 +1,4 @@
-"""SAC plans under FSDP2 and DDP on 2 gloo ranks (CPU), spawned as in test_executor_ddp.py.
+"""SAC plans under FSDP2 and DDP on 2 gloo ranks (CPU), spawned by `gloo_ranks`.
 
 The plans are solved in the parent and saved; each rank loads them (`CheckpointPlan.load`),
 applies them, then wraps: FSDP2 around HF GPT-2 (dropout on) as torchtitan does (checkpoint
@@ -10,20 +10,17 @@ for FSDP2) are `torch.equal` to the same wrapper around the model without checkp
 from __future__ import annotations
 
 import copy
-import datetime
-import gc
 import os
+from functools import partial
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import WORLD, on_gloo_ranks
 from sac_models import transformer
 
 import executor
 import executor.sac
 
-WORLD = 2
 STEPS = 3
 
 
@@ -67,43 +64,31 @@ def _tokens(g: torch.Generator):
     return (ids,), {"labels": ids, "use_cache": False}
 
 
-def run_rank(rank: int, init_file: str, plan_dir: str, results: str) -> None:
+def train(plan_dir: str, rank: int) -> dict:
+    """FSDP2 around GPT-2 and DDP around a small transformer, each without and with its plan:
+    every step's gradients."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        hf, _, _ = gpt2()
-        plan = executor.CheckpointPlan.load(os.path.join(plan_dir, "gpt2.json"), hf)
-        mesh = init_device_mesh("cpu", (WORLD,))
-        fsdp = []
-        for model in (copy.deepcopy(hf), plan.apply(copy.deepcopy(hf))):
-            for block in model.transformer.h:
-                fully_shard(block, mesh=mesh)
-            fsdp.append(fully_shard(model, mesh=mesh))
-        net = transformer(layers=2)
-        plan = executor.CheckpointPlan.load(os.path.join(plan_dir, "net.json"), net)
-        ddp = [
-            DistributedDataParallel(copy.deepcopy(net)),
-            DistributedDataParallel(plan.apply(copy.deepcopy(net))),
-        ]
-        result = {
-            "fsdp": _train(fsdp, rank, _tokens),
-            "ddp": _train(ddp, rank, lambda g: ((torch.randn(4, 16, 32, generator=g),), {})),
-        }
-        del fsdp, ddp
-        gc.collect()
-        torch.save(result, os.path.join(results, f"{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    hf, _, _ = gpt2()
+    plan = executor.CheckpointPlan.load(os.path.join(plan_dir, "gpt2.json"), hf)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    fsdp = []
+    for model in (copy.deepcopy(hf), plan.apply(copy.deepcopy(hf))):
+        for block in model.transformer.h:
+            fully_shard(block, mesh=mesh)
+        fsdp.append(fully_shard(model, mesh=mesh))
+    net = transformer(layers=2)
+    plan = executor.CheckpointPlan.load(os.path.join(plan_dir, "net.json"), net)
+    ddp = [
+        DistributedDataParallel(copy.deepcopy(net)),
+        DistributedDataParallel(plan.apply(copy.deepcopy(net))),
+    ]
+    return {
+        "fsdp": _train(fsdp, rank, _tokens),
+        "ddp": _train(ddp, rank, lambda g: ((torch.randn(4, 16, 32, generator=g),), {})),
+    }
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -120,10 +105,7 @@ def test_fsdp2_and_ddp_with_a_plan_match_them_without(tmp_path):
     )
     assert plan.checkpointed()
     plan.save(tmp_path / "net.json")
-    args = (str(tmp_path / "init"), str(tmp_path), str(tmp_path))
-    mp.spawn(run_rank, args=args, nprocs=WORLD, join=True)
-    for rank in range(WORLD):
-        result = torch.load(tmp_path / f"{rank}.pt")
+    for rank, result in enumerate(on_gloo_ranks(partial(train, str(tmp_path)), tmp_path)):
         for wrapper, record in result.items():
             for step, (plain, planned) in enumerate(record):
                 for k, (a, b) in enumerate(zip(plain, planned, strict=True)):
