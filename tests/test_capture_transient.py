@@ -3,6 +3,8 @@ and times each op where a step runs it."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from torch import nn
@@ -22,6 +24,35 @@ def test_measure_each_sees_a_temporary_freed_before_the_call_returns():
     (scratch,) = measure_each([scratch_then_small])
     assert scratch.end_bytes == 100
     assert scratch.peak_bytes == 4096 + 100
+
+
+def test_garbage_of_earlier_work_is_not_freed_inside_a_measurement():
+    """A tensor allocated in an earlier measurement and then held only by a reference cycle
+    (as a compiled model's copies hold their gradients) is collected before the next window
+    opens: a collection inside the window (forced here by the call itself) finds nothing of it,
+    so its free (which the profiler knows the size of) never lowers the call's peak."""
+    held: list = []
+
+    def leave_a_cycle() -> None:
+        cycle: list = [torch.zeros(4096, dtype=torch.uint8)]
+        cycle.append(cycle)
+        held.append(cycle)
+
+    def call() -> list[torch.Tensor]:
+        gc.collect()
+        return [torch.ones(1000, dtype=torch.uint8) for _ in range(3)]
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        measure_peak(leave_a_cycle)
+        held.clear()  # only the cycle holds the tensor now
+        measured = measure_peak(call)
+    finally:
+        if enabled:
+            gc.enable()
+    assert measured.peak_bytes == 3000
+    assert measured.end_bytes == 0
 
 
 def test_a_measurement_writes_nothing_to_stderr(capfd):
