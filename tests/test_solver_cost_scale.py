@@ -77,7 +77,7 @@ def large_cost_graphs(draw) -> tuple:
     return graph, factor
 
 
-@settings(max_examples=30)
+@settings(max_examples=20)
 @given(large_cost_graphs())
 def test_large_cost_scales_solve_to_the_exhaustive_optimum(drawn):
     graph, factor = drawn
