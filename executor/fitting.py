@@ -95,7 +95,7 @@ class Fit:
         if self.schedule is not None:
             lines.append(
                 f"schedule at {d} {self.size}: peak {self.schedule.peak} B, cost "
-                f"{self.schedule.cost:.6g} ({self.schedule.status})"
+                f"{self.schedule.cost:.6g} s ({self.schedule.status})"
             )
         if self.measured_peak is not None:
             verdict = "within" if self.measured_peak <= self.memory else "OVER"
