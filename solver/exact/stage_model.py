@@ -26,21 +26,22 @@ def stage_model(search: Search) -> Search:
     deadline (`Search.no_model` then says why, and the later steps have nothing to solve)."""
     problem, budget, units = search.problem, search.goal.budget, search.units
     limit = search.value
-    size = variable_count(problem, units.int_cost, limit)
-    search.note(variables=size)
     options, left = search.options, search.deadline.remaining()
+    room = min(options.max_model_variables, int(options.model_variables_per_second * left))
+    size = variable_count(problem, units.int_cost, limit, above=room)
+    search.note(variables=size)  # counted up to `room` only: more than that when over it
     if size > options.max_model_variables:
         search.no_model = (
-            f"the exact model of this graph would have {size} variables (the limit is "
-            f"{options.max_model_variables}); raise the budget, or capture the model "
-            "coarser (graph_capture granularity='module')"
+            f"the exact model of this graph would have more than {options.max_model_variables} "
+            "variables (SolveOptions.max_model_variables); raise the budget, or capture the "
+            "model coarser (graph_capture granularity='module')"
         )
         return search
-    if size > options.model_variables_per_second * left:
+    if size > room:
         search.no_model = (
-            f"the exact model would have {size} variables, too many for the {left:.1f} s left "
-            f"(SolveOptions.model_variables_per_second = {options.model_variables_per_second}); "
-            "raise the time limit"
+            f"the exact model would have more than {room} variables, too many for the "
+            f"{left:.1f} s left (SolveOptions.model_variables_per_second = "
+            f"{options.model_variables_per_second}); raise the time limit"
         )
         return search
     try:
