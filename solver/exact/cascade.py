@@ -63,9 +63,7 @@ def cascade_cover(search: Search) -> Search:
         problem,
         budget,
         units.int_cost,
-        deadline=search.deadline.until(
-            search.started + options.cascade_first_share * search.time_limit
-        ),
+        deadline=search.deadline.within(options.cascade_first_share * search.time_limit),
         cap=_cap(search),
         cpsat_workers=search.workers,
         progress=progress,

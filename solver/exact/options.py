@@ -40,7 +40,8 @@ class SolveOptions:
         cascade: solve the cascade cover and run the lifetime search from its solution
             (`solver.exact.cascade`), where recomputes need dead inputs (op-level graphs).
         cascade_first_share: share of the limit its first bound (LP rounds until no row is
-            broken, then one CP-SAT round) may take...
+            broken, then one CP-SAT round) may take, counted from the step's start (where the
+            warm starts take half the limit, on 10,000-node graphs, it still gets its time)...
         cascade_share: ...and the step as a whole (the bound rising on one thread, the lifetime
             search on the other)...
         cascade_small_share, cascade_small_model: ...or this share where the stage model has at
