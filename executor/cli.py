@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from graph_capture.cli import (
 )
 from graph_capture.errors import CaptureError
 from solver.cli import add_solve_arguments, run_solve
+from solver.deadline import process_start
 from solver.errors import RematError
 
 
@@ -54,7 +56,10 @@ def _add_solve(parser: argparse.ArgumentParser) -> None:
 
 
 def _solve(args: argparse.Namespace) -> int:
-    return run_solve(args, graph_from_args(args))
+    """`remat solve`: the time limit counts from the command's start for a graph file (imports
+    and loading included) and from the end of the capture for a captured model."""
+    graph = graph_from_args(args)
+    return run_solve(args, graph, args.began if args.graph else None)
 
 
 SUBCOMMANDS = (
@@ -119,8 +124,12 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `remat` console script; returns the exit status."""
+    """Entry point of the `remat` console script; returns the exit status. Run as the command
+    (`argv` None), time limits count from the process's start (`process_start`: the imports
+    take seconds); called with `argv`, from the call."""
+    started = process_start() if argv is None else None
     args = build_parser().parse_args(argv)
+    args.began = time.perf_counter() if started is None else started
     try:
         _check_outputs(args)
         return args.handler(args)

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
+import pytest
+
 import solver
-from executor.cli import main
+from executor.cli import build_parser, main
+from solver.cli import run_solve
 from solver.examples import residual_demo
 from solver.io import save_graph
 
@@ -100,3 +107,27 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_solving(tmp_pat
     out, err = capsys.readouterr()
     assert f"cannot write --out {missing}: no directory" in err and err.count("\n") == 1
     assert out == ""
+
+
+def test_the_time_limit_counts_from_the_command_start(tmp_path):
+    """Run as the command, `remat solve` counts its limit from the process's start (imports
+    and loading included): a start that has spent the exact solve's share is refused with a
+    message, and one that leaves time solves in it."""
+    graph = residual_demo(blocks=2)
+    args = build_parser().parse_args(["solve", "--demo", "--time-limit", "10", "--quiet"])
+    spent = time.perf_counter() - 9.0  # 90% of the limit gone: past the exact solve's 80%
+    with pytest.raises(ValueError, match=r"--time-limit 10 s was spent before the solve began"):
+        run_solve(args, graph, spent)
+    assert run_solve(args, graph, time.perf_counter() - 5.0) == 0
+
+
+def test_process_start_is_the_interpreter_start():
+    """`process_start` is before the first statement of a fresh interpreter, by less than its
+    start-up takes."""
+    code = (
+        "import time; first = time.perf_counter(); time.sleep(0.3)\n"
+        "from solver.deadline import process_start\n"
+        "print(first - process_start())"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert 0.0 <= float(ran.stdout) < 5.0
