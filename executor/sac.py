@@ -44,9 +44,10 @@ from executor.sac_record import _Snapshot, in_call_order, record_problem
 from solver.core.budget import parse_bytes
 from solver.deadline import Deadline
 from solver.errors import ScheduleMismatchError
-from solver.sac import SacPlan, SacProblem, solve_sac
+from solver.sac import SacPlan, SacProblem
+from solver.sac.spaces import solve_spaces
 
-__all__ = ["CheckpointPlan", "checkpoint_plan", "default_loss"]
+__all__ = ["REGIONS", "CheckpointPlan", "checkpoint_plan", "default_loss"]
 
 FORMAT = "remat-sac-plan/1"
 
@@ -273,6 +274,10 @@ def _run_eagerly(model: nn.Module, step: Callable[[], torch.Tensor]) -> None:
             p.grad = g
 
 
+REGIONS = ("choose", "blocks", "children")
+"""The region spaces `checkpoint_plan` solves over (its `regions` argument)."""
+
+
 def checkpoint_plan(
     model: nn.Module,
     example_inputs: Sequence[object],
@@ -280,6 +285,7 @@ def checkpoint_plan(
     *,
     example_kwargs: Mapping[str, object] | None = None,
     blocks: Sequence[str] | None = None,
+    regions: str = "choose",
     time_limit: float = 60,
     loss_fn: Callable[[object], torch.Tensor] = default_loss,
 ) -> CheckpointPlan:
@@ -287,23 +293,56 @@ def checkpoint_plan(
     (`loss_fn(model(*example_inputs, **example_kwargs)).backward()`) whose predicted peak is at
     most `budget`: bytes, units ("512MiB"), a percentage of the step without checkpointing
     ("50%") or "min" (the least peak of any plan). `blocks`: module names or glob patterns of
-    the candidate regions, run once each per step, in sequence (default: the model's repeated
-    blocks; `["transformer.h.*.attn", "transformer.h.*.mlp"]` gives finer regions).
-    `time_limit`: seconds for the solve. InfeasibleBudgetError names the least budget when
+    the blocks, run once each per step, in sequence (default: the model's repeated blocks).
+    `regions`: "blocks" (the blocks are the candidate regions), "children" (each block's
+    children are, a block with fewer than two the block itself) or "choose" (both spaces
+    solved, the cheaper plan returned: `solver.sac.spaces`; status and gap are over both).
+    `time_limit`: seconds for the solves. InfeasibleBudgetError names the least budget when
     none fits."""
+    if regions not in REGIONS:
+        raise ValueError(f"regions must be one of {REGIONS}, not {regions!r}")
+    minimum = isinstance(budget, str) and budget.strip().lower() == "min"
+    if not minimum:
+        parse_bytes(budget, lambda: 1)  # an unreadable budget fails before any recording
     kwargs = dict(example_kwargs or {})
 
     def step() -> torch.Tensor:
         return loss_fn(model(*example_inputs, **kwargs))
 
     _run_eagerly(model, step)
-    named = in_call_order(model, select_blocks(model, blocks), step)
-    problem = record_problem(model, named, step)
-    if not (isinstance(budget, str) and budget.strip().lower() == "min"):
-        budget = parse_bytes(budget, lambda: problem.plain_peak)
-    else:
+    deadline = Deadline.after(time_limit)
+    spaces: list[tuple[list[tuple[str, nn.Module]], SacProblem]] = []
+    for named in _spaces(model, select_blocks(model, blocks), regions):
+        try:
+            named = in_call_order(model, named, step)
+            spaces.append((named, record_problem(model, named, step)))
+        except ValueError:  # children that do not run as a sequence of regions
+            if regions != "choose" or not spaces:
+                raise
+    if minimum:
         budget = "min"
-    return _plan(model, named, problem, solve_sac(problem, budget, Deadline.after(time_limit)))
+    else:
+        plain = spaces[0][1].plain_peak
+        budget = parse_bytes(budget, lambda: plain)
+    choice = solve_spaces([p for _, p in spaces], budget, deadline)
+    named, problem = spaces[choice.space]
+    return _plan(model, named, problem, choice.solution)
+
+
+def _spaces(
+    model: nn.Module, named: list[tuple[str, nn.Module]], regions: str
+) -> list[list[tuple[str, nn.Module]]]:
+    """The region spaces of `regions` over the blocks `named`, the blocks' own first; the
+    children's space only where it differs from the blocks'."""
+    children: list[tuple[str, nn.Module]] = []
+    for name, block in named:
+        kids = [(f"{name}.{c}", m) for c, m in block.named_children()]
+        children += kids if len(kids) >= 2 else [(name, block)]
+    if regions == "blocks":
+        return [named]
+    if regions == "children":
+        return [children]
+    return [named] if children == named else [named, children]
 
 
 def _plan(model: nn.Module, named, problem: SacProblem, solution) -> CheckpointPlan:

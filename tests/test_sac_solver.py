@@ -13,6 +13,7 @@ from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError
 from solver.sac import SacBlock, SacOp, SacPlan, SacProblem, Segment, plan_cost, plan_peak
 from solver.sac.solve import solve_sac
+from solver.sac.spaces import solve_spaces
 
 
 @st.composite
@@ -101,3 +102,28 @@ def test_min_budget_is_the_least_peak_and_below_it_is_refused(problem):
         InfeasibleBudgetError, match=f"least predicted peak in SAC's space is {least}"
     ):
         solve_sac(problem, least - 1, Deadline.after(20))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(problems(), min_size=2, max_size=2), st.floats(0, 1) | st.just("min"))
+def test_space_choice_is_the_brute_force_optimum_over_both_spaces(spaces, where):
+    plans = [
+        (k, plan_peak(problem, p), plan_cost(problem, p))
+        for k, problem in enumerate(spaces)
+        for p in all_plans(problem)
+    ]
+    low, high = min(p for _, p, _ in plans), max(p for _, p, _ in plans)
+    budget = low if where == "min" else int(low + where * (high - low))
+    best = min(c for _, p, c in plans if p <= budget)
+    choice = solve_spaces(spaces, "min" if where == "min" else budget, Deadline.after(20))
+    solution = choice.solution
+    assert solution.status == "OPTIMAL" and solution.gap == 0.0
+    assert solution.budget == budget and solution.peak <= budget
+    assert solution.cost == pytest.approx(best, abs=1e-12)
+    assert plan_peak(spaces[choice.space], solution.plan) == solution.peak
+    for k, cost in enumerate(choice.costs):
+        fits = [c for j, p, c in plans if j == k and p <= budget]
+        assert cost == pytest.approx(min(fits, default=float("inf")), abs=1e-12)
+    least = f"least predicted peak in SAC's space is {low}"
+    with pytest.raises(InfeasibleBudgetError, match=least):
+        solve_spaces(spaces, low - 1, Deadline.after(20))
