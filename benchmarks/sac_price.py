@@ -12,11 +12,11 @@ median of `--steps` steps after a warm-up, the runs' steps interleaved):
   matmuls only every second one);
 - SAC optimum: `executor.checkpoint_plan` at per-block checkpoint's measured peak, or at the
   least budget SAC's model certifies where that is higher ("least MiB": that least peak, or
-  "fits"), its regions chosen between the blocks and their children ("regions": the chosen
-  space); budget, predicted and measured peak, bytes over, recompute seconds, status and gap
-  (over both spaces), step time over full checkpoint's ("/ full") and the space's certified
-  floor of that ratio ("floor / full": eager's step plus the proven lower bound on the
-  recompute seconds, over full checkpoint's step);
+  "fits"); per block no region, the whole block or some of its children ("regions": how many
+  blocks and children it checkpoints); budget, predicted and measured peak, bytes over,
+  recompute seconds, status and gap, step time over full checkpoint's ("/ full") and the
+  space's certified floor of that ratio ("floor / full": eager's step plus the proven lower
+  bound on the recompute seconds, over full checkpoint's step);
 - `--executor`: remat's executor optimum (`executor.rematerialize`) at the same budget, its
   recompute seconds (schedule cost over computing every node once) and step time;
 - `--compile B`: `torch.compile` with `activation_memory_budget = B` (its knapsack), its
@@ -146,7 +146,8 @@ def price(name: str, steps: int, time_limit: float, use_executor: bool, compile_
             row[f"{label} meas/pred"] = f"{peak / plan.peak:.3f}"
             row[f"{label} recompute ms"] = f"{plan.cost * 1e3:.2f}"
             row[f"{label} status/gap"] = f"{plan.status} {plan.gap:.1%}"
-            row[f"{label} regions"] = "blocks" if list(plan.blocks) == paths else "children"
+            whole = sum(n in paths for n in plan.checkpointed())
+            row[f"{label} regions"] = f"{whole} blocks, {len(plan.checkpointed()) - whole} children"
             row[f"{label} / full"] = f"{seconds / full_seconds:.2f}"
             row[f"{label} floor / full"] = f"{(eager_seconds + plan.bound) / full_seconds:.2f}"
     return row
