@@ -1,17 +1,22 @@
-"""Record what a SAC plan is solved over (`solver.sac.SacProblem`) from a model and its inputs.
+"""Record what a SAC plan is solved over (`solver.sac.SacUnion`) from a model and its inputs.
 
-Steps (`record_problem`):
+Steps (`record_union`):
 1. `measure_windows`: one plain training step (forward, loss, backward) under the profiler's
    allocation events, with instants marked where each block's forward starts and ends and where
-   the gradient of its output is complete (its backward starts): live and peak bytes of every
-   window (solver/sac/problem.py).
-2. `record_ops`: the forward again, `repeats` times, under a TorchDispatchMode that sees the ops
-   the SAC policy sees (every dispatched op but `SAC_IGNORED_OPS`) and under saved-tensor hooks
-   that see what autograd saves: per op its new storage bytes (deduplicated by storage), the last
-   op reading it, whether autograd saves it, whether it may be MUST_SAVE, and its median time in
-   seconds (measured wall time, not FLOPs: pointwise ops count 0 FLOPs yet take real time on CPU,
-   and the objective is step time); then once more under the profiler, each op in a window,
-   for its scratch bytes (`_measure_scratch`).
+   the gradient of its output is complete (its backward starts), and the same for each block's
+   children: live and peak bytes of every window (solver/sac/problem.py). A block's children
+   are a split (solver/sac/union.py) only where their marks nest in the block's in order: each
+   child runs its forward once, after the previous one, and its output's gradient completes
+   before the previous child's (a child called twice, such as one ReLU module used twice, or
+   an in-place child whose output is its input, is not).
+2. `record_ops`: for the blocks, then for the split blocks' children: the forward again,
+   `repeats` times, under a TorchDispatchMode that sees the ops the SAC policy sees (every
+   dispatched op but `SAC_IGNORED_OPS`) and under saved-tensor hooks that see what autograd
+   saves: per op its new storage bytes (deduplicated by storage), the last op reading it,
+   whether autograd saves it, whether it may be MUST_SAVE, and its median time in seconds
+   (measured wall time, not FLOPs: pointwise ops count 0 FLOPs yet take real time on CPU, and
+   the objective is step time); then once more under the profiler, each op in a window, for its
+   scratch bytes (`_measure_scratch`).
 The RNG state and the model's buffers are restored after each run, and `.grad` is left as found.
 """
 

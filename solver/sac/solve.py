@@ -22,8 +22,16 @@ every term of NOTE [ SAC memory model ] (solver/sac/memory.py) is linear in (c, 
 live on whatever the plan; x_t: op t's scratch bytes; s_t = 0 where op t is not saveable.)
 
 and the recompute seconds are sum_j sum_{i<=stop_j} seconds_i (c_j - s_i). Objective: the
-seconds (in whole nanoseconds), or P for the least peak. Every returned plan is evaluated by
-`solver.sac.memory` (the reference), whose peak and cost are the ones reported.
+seconds (in whole nanoseconds), or P for the least peak.
+
+Over a union of granularities (solver/sac/union.py) a block j with a split also has its
+children's c_{j,l}, s_{j,l,i} with c_j + c_{j,l} <= 1; d_j becomes the block's own savings plus
+its children's; the block's checkpointed terms are enforced where c_j = 1, and its children's
+terms (with D_{j,l} = D_j + the savings of children 0..l-1) and its inner stretches
+(peak - D_{j,held} <= P) where c_j = 0, replacing the block's not-checkpointed terms.
+
+Every returned plan is evaluated by the reference (`solver.sac.union.union_peak`, which runs
+`solver.sac.memory`), whose peak and cost are the ones reported.
 """
 
 from __future__ import annotations
