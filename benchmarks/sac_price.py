@@ -10,6 +10,8 @@ median of `--steps` steps after a warm-up, the runs' steps interleaved):
 - eager; per-block full checkpoint (`checkpoint(use_reentrant=False)` around each block);
 - selective: per block, torchtitan's op-level policy (save mm/addmm/bmm and attention, of the
   matmuls only every second one);
+- SAC runtime: per block, a SAC policy recomputing every op (full checkpoint's recompute through
+  SAC's dispatch modes: the price of the runtime itself);
 - SAC optimum: `executor.checkpoint_plan` at per-block checkpoint's measured peak, or at the
   least budget SAC's model certifies where that is higher ("least MiB": that least peak, or
   "fits"); per block no region, the whole block or some of its children ("regions": how many
@@ -72,6 +74,14 @@ def selective_contexts():
     return create_selective_checkpoint_contexts(policy)
 
 
+def recompute_all_contexts():
+    """A SAC policy recomputing every op: per-block full checkpoint's recompute, run through
+    SAC's dispatch modes (their own price)."""
+    return create_selective_checkpoint_contexts(
+        lambda ctx, op, *args, **kwargs: CheckpointPolicy.MUST_RECOMPUTE
+    )
+
+
 def per_block(model: nn.Module, blocks: list[nn.Module], context_fn: Callable | None) -> nn.Module:
     """`model` with each block's forward inside `checkpoint(use_reentrant=False)` (in place)."""
     for block in blocks:
@@ -112,6 +122,7 @@ def price(name: str, steps: int, time_limit: float, use_executor: bool, compile_
 
     runs = {"eager": copy.deepcopy(model), "full ckpt": wrapped(None)}
     runs["selective"] = wrapped(selective_contexts)
+    runs["SAC runtime"] = wrapped(recompute_all_contexts)
     full_peak = _measure({"full ckpt": runs["full ckpt"]}, inputs, 0)["full ckpt"][0]
     row: dict[str, object] = {"model": name}
     plans = {"SAC": _plan(model, inputs, paths, full_peak, time_limit, row, "SAC")}
