@@ -279,7 +279,7 @@ def _run_eagerly(model: nn.Module, step: Callable[[], torch.Tensor]) -> None:
 
 
 REGIONS = ("choose", "blocks", "children")
-"""The region spaces `checkpoint_plan` solves over (its `regions` argument)."""
+"""The candidate regions `checkpoint_plan` solves over (its `regions` argument)."""
 
 
 def checkpoint_plan(

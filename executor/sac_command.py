@@ -51,8 +51,8 @@ def add_sac_arguments(parser: argparse.ArgumentParser) -> None:
         "--regions",
         choices=REGIONS,
         default="choose",
-        help="the candidate regions: the blocks, their children, or the cheaper of both "
-        "spaces (default choose)",
+        help="the candidate regions: per block the whole block or some of its children "
+        "(choose, the default), whole blocks only, or children only",
     )
     parser.add_argument("--plan", metavar="FILE", help="run this saved plan instead of solving")
     parser.add_argument("--out", metavar="FILE", help="save the solved plan here")
