@@ -10,9 +10,15 @@ median of `--steps` steps after a warm-up, the runs' steps interleaved):
 - eager; per-block full checkpoint (`checkpoint(use_reentrant=False)` around each block);
 - selective: per block, torchtitan's op-level policy (save mm/addmm/bmm and attention, of the
   matmuls only every second one);
+- SAC runtime: per block, a SAC policy recomputing every op (full checkpoint's recompute through
+  SAC's dispatch modes: the price of the runtime itself);
 - SAC optimum: `executor.checkpoint_plan` at per-block checkpoint's measured peak, or at the
-  least budget SAC's model certifies where that is higher (budget, predicted and measured peak,
-  bytes over, recompute seconds, status and gap);
+  least budget SAC's model certifies where that is higher ("least MiB": that least peak, or
+  "fits"); per block no region, the whole block or some of its children ("regions": how many
+  blocks and children it checkpoints); budget, predicted and measured peak, bytes over,
+  recompute seconds, status and gap, step time over full checkpoint's ("/ full") and the
+  space's certified floor of that ratio ("floor / full": eager's step plus the proven lower
+  bound on the recompute seconds, over full checkpoint's step);
 - `--executor`: remat's executor optimum (`executor.rematerialize`) at the same budget, its
   recompute seconds (schedule cost over computing every node once) and step time;
 - `--compile B`: `torch.compile` with `activation_memory_budget = B` (its knapsack), its
@@ -68,6 +74,14 @@ def selective_contexts():
     return create_selective_checkpoint_contexts(policy)
 
 
+def recompute_all_contexts():
+    """A SAC policy recomputing every op: per-block full checkpoint's recompute, run through
+    SAC's dispatch modes (their own price)."""
+    return create_selective_checkpoint_contexts(
+        lambda ctx, op, *args, **kwargs: CheckpointPolicy.MUST_RECOMPUTE
+    )
+
+
 def per_block(model: nn.Module, blocks: list[nn.Module], context_fn: Callable | None) -> nn.Module:
     """`model` with each block's forward inside `checkpoint(use_reentrant=False)` (in place)."""
     for block in blocks:
@@ -108,9 +122,10 @@ def price(name: str, steps: int, time_limit: float, use_executor: bool, compile_
 
     runs = {"eager": copy.deepcopy(model), "full ckpt": wrapped(None)}
     runs["selective"] = wrapped(selective_contexts)
+    runs["SAC runtime"] = wrapped(recompute_all_contexts)
     full_peak = _measure({"full ckpt": runs["full ckpt"]}, inputs, 0)["full ckpt"][0]
-    plans = {"SAC": _plan(model, inputs, paths, full_peak, time_limit)}
     row: dict[str, object] = {"model": name}
+    plans = {"SAC": _plan(model, inputs, paths, full_peak, time_limit, row, "SAC")}
     if use_executor:
         rm = executor.rematerialize(copy.deepcopy(model), inputs, full_peak, time_limit=time_limit)
         dag = rm.captured.dag
@@ -124,11 +139,13 @@ def price(name: str, steps: int, time_limit: float, use_executor: bool, compile_
         with functorch_config.patch(activation_memory_budget=compile_budget):
             runs[label] = torch.compile(copy.deepcopy(model))
             knapsack_peak = _measure({label: runs[label]}, inputs, 0)[label][0]
-        plans["SAC@knapsack"] = _plan(model, inputs, paths, knapsack_peak, time_limit)
+        plans["SAC@knapsack"] = _plan(
+            model, inputs, paths, knapsack_peak, time_limit, row, "SAC@knapsack"
+        )
     for label, plan in plans.items():
         runs[label] = plan.apply(copy.deepcopy(model))
     measured = _measure(runs, inputs, steps)
-    eager_seconds = measured["eager"][1]
+    eager_seconds, full_seconds = measured["eager"][1], measured["full ckpt"][1]
     for label, (peak, seconds) in measured.items():
         row[f"{label} MiB"] = _mib(peak)
         row[f"{label} x"] = f"{seconds / eager_seconds:.2f}"
@@ -140,16 +157,26 @@ def price(name: str, steps: int, time_limit: float, use_executor: bool, compile_
             row[f"{label} meas/pred"] = f"{peak / plan.peak:.3f}"
             row[f"{label} recompute ms"] = f"{plan.cost * 1e3:.2f}"
             row[f"{label} status/gap"] = f"{plan.status} {plan.gap:.1%}"
+            whole = sum(n in paths for n in plan.checkpointed())
+            row[f"{label} regions"] = f"{whole} blocks, {len(plan.checkpointed()) - whole} children"
+            row[f"{label} / full"] = f"{seconds / full_seconds:.2f}"
+            row[f"{label} floor / full"] = f"{(eager_seconds + plan.bound) / full_seconds:.2f}"
     return row
 
 
-def _plan(model, inputs, paths, budget: int, time_limit: float) -> executor.CheckpointPlan:
-    """The SAC plan at `budget`, or at the least budget SAC's model certifies if higher."""
+def _plan(
+    model, inputs, paths, budget: int, time_limit: float, row: dict, label: str
+) -> executor.CheckpointPlan:
+    """The SAC plan at `budget` (regions chosen between the blocks and their children), or at
+    the least budget SAC's model certifies if higher; `row[label + " least MiB"]` is that least
+    peak, or "fits" where the budget fits."""
+    row[f"{label} least MiB"] = "fits"
     try:
         return executor.checkpoint_plan(model, inputs, budget, blocks=paths, time_limit=time_limit)
     except InfeasibleBudgetError as e:
         if e.minimum_bytes is None:
             raise
+        row[f"{label} least MiB"] = _mib(e.minimum_bytes)
         return executor.checkpoint_plan(
             model, inputs, e.minimum_bytes, blocks=paths, time_limit=time_limit
         )

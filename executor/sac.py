@@ -6,9 +6,10 @@
 
 `checkpoint_plan` steps:
 1. `_run_eagerly`: one plain step, so a model that fails with the inputs fails with its own error;
-2. `select_blocks`: the candidate regions (executor/sac_blocks.py);
-3. `record_problem`: measured windows and op streams (executor/sac_record.py);
-4. `solve_sac`: the least recompute seconds under the budget (solver/sac/solve.py).
+2. `select_blocks`: the blocks (executor/sac_blocks.py), and `_children`: each block's children;
+3. `record_union`: measured windows and op streams of both (executor/sac_record.py);
+4. `solve_sac`: the least recompute seconds under the budget over every granularity
+   (solver/sac/solve.py, solver/sac/union.py).
 docs/sac.md gives the memory model and its measured accuracy.
 
 NOTE [ SAC plans under compile ]: while torch.compile traces a block (dynamo's fake-tensor runs,
@@ -40,15 +41,17 @@ from torch.utils.checkpoint import (
 
 from executor.errors import OpStreamMismatchError
 from executor.sac_blocks import select_blocks
-from executor.sac_record import _Snapshot, in_call_order, record_problem
+from executor.sac_record import _Snapshot, in_call_order, record_union
 from solver.core.budget import parse_bytes
 from solver.deadline import Deadline
 from solver.errors import ScheduleMismatchError
-from solver.sac import SacPlan, SacProblem, solve_sac
+from solver.sac import SacPlan
+from solver.sac.solve import solve_sac
+from solver.sac.union import SacUnion, UnionPlan
 
-__all__ = ["CheckpointPlan", "checkpoint_plan", "default_loss"]
+__all__ = ["REGIONS", "CheckpointPlan", "checkpoint_plan", "default_loss"]
 
-FORMAT = "remat-sac-plan/1"
+FORMAT = "remat-sac-plan/2"
 
 
 def default_loss(output: object) -> torch.Tensor:
@@ -153,7 +156,9 @@ def _checkpointed_forward(module: nn.Module, *args, **kwargs):
 
 @dataclass(frozen=True)
 class CheckpointPlan:
-    """A solved SAC plan. `peak`: predicted step peak (bytes above what exists before the
+    """A solved SAC plan. `blocks`: its candidate regions in order, each block followed by its
+    children where it can be split (at most one of a block and its children is checkpointed);
+    `peak`: predicted step peak (bytes above what exists before the
     step); `cost`: recompute seconds (measured per op); `bound`: proven lower bound on the cost;
     `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE"; `budget`: bytes;
     `plain_peak`: the measured peak of the step without checkpointing (100%)."""
@@ -170,7 +175,7 @@ class CheckpointPlan:
     gap: float
     budget: int
     plain_peak: int
-    problem: SacProblem
+    problem: SacUnion
 
     def checkpointed(self) -> list[str]:
         """Names of the blocks that run inside a checkpoint."""
@@ -250,7 +255,7 @@ class CheckpointPlan:
                 ),
                 **{k: data[k] for k in ("status", "peak", "cost", "bound", "gap")},
                 **{k: data[k] for k in ("budget", "plain_peak")},
-                problem=SacProblem.from_json(data["problem"]),
+                problem=SacUnion.from_json(data["problem"]),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(
@@ -273,6 +278,10 @@ def _run_eagerly(model: nn.Module, step: Callable[[], torch.Tensor]) -> None:
             p.grad = g
 
 
+REGIONS = ("choose", "blocks", "children")
+"""The candidate regions `checkpoint_plan` solves over (its `regions` argument)."""
+
+
 def checkpoint_plan(
     model: nn.Module,
     example_inputs: Sequence[object],
@@ -280,6 +289,7 @@ def checkpoint_plan(
     *,
     example_kwargs: Mapping[str, object] | None = None,
     blocks: Sequence[str] | None = None,
+    regions: str = "choose",
     time_limit: float = 60,
     loss_fn: Callable[[object], torch.Tensor] = default_loss,
 ) -> CheckpointPlan:
@@ -287,10 +297,17 @@ def checkpoint_plan(
     (`loss_fn(model(*example_inputs, **example_kwargs)).backward()`) whose predicted peak is at
     most `budget`: bytes, units ("512MiB"), a percentage of the step without checkpointing
     ("50%") or "min" (the least peak of any plan). `blocks`: module names or glob patterns of
-    the candidate regions, run once each per step, in sequence (default: the model's repeated
-    blocks; `["transformer.h.*.attn", "transformer.h.*.mlp"]` gives finer regions).
-    `time_limit`: seconds for the solve. InfeasibleBudgetError names the least budget when
-    none fits."""
+    the blocks, run once each per step, in sequence (default: the model's repeated blocks).
+    `regions`: "choose" (per block: no region, the whole block, or some of its children; one
+    exact solve over all of these), "blocks" (whole blocks only) or "children" (children only,
+    where a block's children run once each in sequence; a block with fewer than two children,
+    or whose children do not, stays whole). `time_limit`: seconds for the solve.
+    InfeasibleBudgetError names the least budget when none fits."""
+    if regions not in REGIONS:
+        raise ValueError(f"regions must be one of {REGIONS}, not {regions!r}")
+    minimum = isinstance(budget, str) and budget.strip().lower() == "min"
+    if not minimum:
+        parse_bytes(budget, lambda: 1)  # an unreadable budget fails before any recording
     kwargs = dict(example_kwargs or {})
 
     def step() -> torch.Tensor:
@@ -298,27 +315,66 @@ def checkpoint_plan(
 
     _run_eagerly(model, step)
     named = in_call_order(model, select_blocks(model, blocks), step)
-    problem = record_problem(model, named, step)
-    if not (isinstance(budget, str) and budget.strip().lower() == "min"):
-        budget = parse_bytes(budget, lambda: problem.plain_peak)
-    else:
-        budget = "min"
-    return _plan(model, named, problem, solve_sac(problem, budget, Deadline.after(time_limit)))
+    children = [None] * len(named) if regions == "blocks" else _children(model, named, step)
+    union, kept = record_union(model, named, children, step)
+    budget = "min" if minimum else parse_bytes(budget, lambda: union.plain_peak)
+    solution = solve_sac(union, budget, Deadline.after(time_limit), whole=regions != "children")
+    return _plan(model, named, kept, union, solution)
 
 
-def _plan(model: nn.Module, named, problem: SacProblem, solution) -> CheckpointPlan:
+def _children(
+    model: nn.Module, named: list[tuple[str, nn.Module]], step
+) -> list[list[tuple[str, nn.Module]] | None]:
+    """Per block, its children in the order a forward first calls them (None for a block with
+    fewer than two)."""
+    out: list[list[tuple[str, nn.Module]] | None] = []
+    for name, block in named:
+        kids = [(f"{name}.{c}", m) for c, m in block.named_children()]
+        out.append(kids if len(kids) >= 2 else None)
+    flat = [kid for kids in out if kids is not None for kid in kids]
+    order = {id(m): k for k, (_, m) in enumerate(in_call_order(model, flat, step))}
+    return [
+        None
+        if kids is None
+        else sorted((k for k in kids if id(k[1]) in order), key=lambda k: order[id(k[1])])
+        for kids in out
+    ]
+
+
+def _plan(model: nn.Module, named, kept, union: SacUnion, solution) -> CheckpointPlan:
+    """The plan's regions in order: each block, then its children where it has a split."""
+    names, types_, ops, checkpointed, saved = [], [], [], [], []
+    plan: UnionPlan = solution.plan
+    for j, (name, module) in enumerate(named):
+        block = union.blocks.blocks[j]
+        names.append(name)
+        types_.append(type(module).__name__)
+        ops.append(tuple(op.name for op in block.ops))
+        checkpointed.append(plan.blocks.checkpointed[j])
+        saved.append(plan.blocks.saved[j])
+        if kept[j] is None:
+            continue
+        split, sub = union.splits[j], plan.children[j]
+        for (kid, m), child, c, s in zip(
+            kept[j], split.children, sub.checkpointed, sub.saved, strict=True
+        ):
+            names.append(kid)
+            types_.append(type(m).__name__)
+            ops.append(tuple(op.name for op in child.ops))
+            checkpointed.append(c)
+            saved.append(s)
     return CheckpointPlan(
         model=model_signature(model),
-        blocks=tuple(n for n, _ in named),
-        block_types=tuple(type(m).__name__ for _, m in named),
-        ops=tuple(tuple(op.name for op in b.ops) for b in problem.blocks),
-        plan=solution.plan,
+        blocks=tuple(names),
+        block_types=tuple(types_),
+        ops=tuple(ops),
+        plan=SacPlan(tuple(checkpointed), tuple(saved)),
         status=solution.status,
         peak=solution.peak,
         cost=solution.cost,
         bound=solution.bound,
         gap=solution.gap,
         budget=solution.budget,
-        plain_peak=problem.plain_peak,
-        problem=problem,
+        plain_peak=union.plain_peak,
+        problem=union,
     )

@@ -5,7 +5,7 @@
 
 The factory returns ``(model, example_inputs[, example_kwargs])`` as for `remat run`; the
 step's loss is `executor.sac.default_loss` (``.loss``, else the sum of the output). Printed: the
-plan (status, predicted peak, recompute seconds, gap, checkpointed blocks), then for eager and
+plan (status, predicted peak, recompute seconds, gap, checkpointed regions), then for eager and
 the plan, each on its own copy of the model: the measured peak (profiler allocation events,
 bytes above the step's start, `.grad` created in the step) and the median step time. Exit
 status 0 only when the plan's measured peak is within its budget.
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from executor.memory import measure_peak, median_seconds
-from executor.sac import CheckpointPlan, checkpoint_plan, default_loss
+from executor.sac import REGIONS, CheckpointPlan, checkpoint_plan, default_loss
 from graph_capture.cli import load_model_from_args
 
 __all__ = ["add_sac_arguments", "measure_step", "run_sac"]
@@ -45,8 +45,14 @@ def add_sac_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="PATTERN",
         default=None,
-        help="module names or glob patterns of the candidate regions "
-        "(default: the model's repeated blocks)",
+        help="module names or glob patterns of the blocks (default: the model's repeated blocks)",
+    )
+    parser.add_argument(
+        "--regions",
+        choices=REGIONS,
+        default="choose",
+        help="the candidate regions: per block the whole block or some of its children "
+        "(choose, the default), whole blocks only, or children only",
     )
     parser.add_argument("--plan", metavar="FILE", help="run this saved plan instead of solving")
     parser.add_argument("--out", metavar="FILE", help="save the solved plan here")
@@ -94,6 +100,7 @@ def run_sac(args: argparse.Namespace) -> int:
                 args.budget,
                 example_kwargs=kwargs,
                 blocks=args.blocks,
+                regions=args.regions,
                 time_limit=args.time_limit,
             )
         if args.out:
@@ -102,7 +109,7 @@ def run_sac(args: argparse.Namespace) -> int:
             f"plan: {plan.status}, predicted peak {_mib(plan.peak)} within {_mib(plan.budget)} "
             f"(100% = {_mib(plan.plain_peak)}), recompute {plan.cost * 1e3:.2f} ms, gap "
             f"{plan.gap:.2%}; checkpointed {len(plan.checkpointed())} of {len(plan.blocks)} "
-            f"blocks, {sum(map(len, plan.plan.saved))} ops saved"
+            f"regions, {sum(map(len, plan.plan.saved))} ops saved"
         )
         eager = measure_step(copy.deepcopy(model), inputs, kwargs, args.steps)
         planned = measure_step(plan.apply(copy.deepcopy(model)), inputs, kwargs, args.steps)

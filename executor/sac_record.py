@@ -1,22 +1,28 @@
-"""Record what a SAC plan is solved over (`solver.sac.SacProblem`) from a model and its inputs.
+"""Record what a SAC plan is solved over (`solver.sac.SacUnion`) from a model and its inputs.
 
-Steps (`record_problem`):
+Steps (`record_union`):
 1. `measure_windows`: one plain training step (forward, loss, backward) under the profiler's
    allocation events, with instants marked where each block's forward starts and ends and where
-   the gradient of its output is complete (its backward starts): live and peak bytes of every
-   window (solver/sac/problem.py).
-2. `record_ops`: the forward again, `repeats` times, under a TorchDispatchMode that sees the ops
-   the SAC policy sees (every dispatched op but `SAC_IGNORED_OPS`) and under saved-tensor hooks
-   that see what autograd saves: per op its new storage bytes (deduplicated by storage), the last
-   op reading it, whether autograd saves it, whether it may be MUST_SAVE, and its median time in
-   seconds (measured wall time, not FLOPs: pointwise ops count 0 FLOPs yet take real time on CPU,
-   and the objective is step time); then once more under the profiler, each op in a window,
-   for its scratch bytes (`_measure_scratch`).
+   the gradient of its output is complete (its backward starts), and the same for each block's
+   children: live and peak bytes of every window (solver/sac/problem.py). A block's children
+   are a split (solver/sac/union.py) only where their marks nest in the block's in order: each
+   child runs its forward once, after the previous one, and its output's gradient completes
+   before the previous child's (a child called twice, such as one ReLU module used twice, or
+   an in-place child whose output is its input, is not).
+2. `record_ops`: for the blocks, then for the split blocks' children: the forward again,
+   `repeats` times, under a TorchDispatchMode that sees the ops the SAC policy sees (every
+   dispatched op but `SAC_IGNORED_OPS`) and under saved-tensor hooks that see what autograd
+   saves: per op its new storage bytes (deduplicated by storage), the last op reading it,
+   whether autograd saves it, whether it may be MUST_SAVE, and its median time in seconds
+   (measured wall time, not FLOPs: pointwise ops count 0 FLOPs yet take real time on CPU, and
+   the objective is step time); then once more under the profiler, each op in a window, for its
+   scratch bytes (`_measure_scratch`).
 The RNG state and the model's buffers are restored after each run, and `.grad` is left as found.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +37,7 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 from graph_capture.peak import _allocation_events, _memory_profile
 from solver.sac import SacBlock, SacOp, SacProblem, Segment
 from solver.sac.memory import plain_forward_live
+from solver.sac.union import SacSplit, SacUnion
 
 Step = Callable[[], torch.Tensor]
 """The forward of one training step: returns the scalar loss."""
@@ -235,35 +242,70 @@ class _Windows:
     b_peak: list[int]
     segments: list[Segment]
     peak: int
+    splits: list[list[tuple[int, int, int, int]] | None] = field(default_factory=list)
+    inner: list[list[Segment] | None] = field(default_factory=list)
 
 
-def measure_windows(model: nn.Module, blocks: Sequence[nn.Module], step: Step) -> _Windows:
-    """The plain step's live and peak bytes per window (module docstring, step 1)."""
+def _labels(j: int, children: int | None) -> tuple[list[str], list[str]]:
+    """Block j's marks in forward and backward order, its children's (if any) nested."""
+    kids = range(children or 0)
+    forward = [f"fs{j}", *(f"{k}{j}.{c}" for c in kids for k in ("fs", "fe")), f"fe{j}"]
+    return forward, [f"bs{j}", *(f"bs{j}.{c}" for c in reversed(kids))]
+
+
+def _canonical(counts: Sequence[int | None]) -> list[str]:
+    forward: list[str] = []
+    backward: list[str] = []
+    for j, n in enumerate(counts):
+        f, b = _labels(j, n)
+        forward += f
+        backward = b + backward
+    return forward + backward
+
+
+def measure_windows(
+    model: nn.Module,
+    blocks: Sequence[nn.Module],
+    step: Step,
+    children: Sequence[Sequence[nn.Module] | None] | None = None,
+) -> _Windows:
+    """The plain step's live and peak bytes per window (module docstring, step 1); with
+    `children` (per block, its children in call order, or None), the children's windows and
+    the block's stretches outside them too, from the same step, for each block whose children
+    run once each, in sequence (`splits[j]`: (f_start, f_peak, b_start, b_peak) per child, or
+    None; `inner[j]`: the block's stretches outside its children)."""
     from torch._C._profiler import _RecordFunctionFast
 
+    children = list(children) if children is not None else [None] * len(blocks)
     marks: list[str] = []
 
     def mark(label: str) -> None:
         with _RecordFunctionFast(f"remat.sac:{len(marks)}"):
             marks.append(label)
 
-    def on_leave(j: int, out: object) -> None:
-        mark(f"fe{j}")
+    def on_leave(label: str, out: object) -> None:
+        mark(f"fe{label}")
         fired = []
 
         def hook(grad: torch.Tensor) -> None:
             if not fired:
                 fired.append(True)
-                mark(f"bs{j}")
+                mark(f"bs{label}")
 
         for t in _tensors(out):
             if t.requires_grad:
                 t.register_hook(hook)
 
+    regions = [(str(j), b) for j, b in enumerate(blocks)]
+    for j, kids in enumerate(children):
+        regions += [(f"{j}.{c}", m) for c, m in enumerate(kids or [])]
     snapshot = _Snapshot(model)
     grads = {p: p.grad for p in model.parameters()}
     model.zero_grad(set_to_none=True)
-    handles = _hooks(blocks, lambda j, _i: mark(f"fs{j}"), on_leave)
+    handles = []
+    for label, module in regions:
+        handles.append(module.register_forward_pre_hook(lambda _m, _a, x=label: mark(f"fs{x}")))
+        handles.append(module.register_forward_hook(lambda _m, _a, o, x=label: on_leave(x, o)))
     try:
         with _memory_profile() as prof:
             step().backward()
@@ -273,25 +315,111 @@ def measure_windows(model: nn.Module, blocks: Sequence[nn.Module], step: Step) -
         snapshot.restore()
         for p, g in grads.items():
             p.grad = g
-    return _cut(prof, marks, len(blocks))
+    return _cut(prof, marks, [None if not k or len(k) < 2 else len(k) for k in children])
 
 
-def _cut(prof, marks: list[str], n: int) -> _Windows:
-    """Live bytes at each mark and the peak of each stretch between consecutive marks."""
+def _cut(prof, marks: list[str], counts: list[int | None]) -> _Windows:
+    """Live bytes at each mark and the peak of each stretch between consecutive marks: the
+    blocks' windows, and where a block's children ran in sequence, theirs."""
     from graph_capture.peak import _windows
 
     times = [start for start, _ in _windows(prof, "remat.sac:")]  # in the order of `marks`
-    order = [f"{k}{j}" for j in range(n) for k in ("fs", "fe")]
-    order += [f"bs{j}" for j in reversed(range(n))]
-    if marks != order:
+    events = _allocation_events(prof)
+    timed = sorted(zip(times, marks, strict=True))
+    times = [t for t, _ in timed]
+    n = len(counts)
+    blocks_only = _canonical([None] * n)
+    observed = _untie([label for _, label in timed], times, events, _canonical(counts))
+    for j, count in enumerate(counts):
+        if count is None:
+            continue
+        own = {x for part in _labels(j, count) for x in part}
+        if [x for x in observed if x in own] != [x for x in _canonical(counts) if x in own]:
+            counts[j] = None  # its children do not run once each, in sequence
+    keep = set(_canonical(counts))
+    kept = [(t, x) for t, x in zip(times, observed, strict=True) if x in keep]
+    if [x for _, x in kept] != _canonical(counts):
+        counts = [None] * n
+        kept = [(t, x) for t, x in zip(times, observed, strict=True) if x in blocks_only]
+    if [x for _, x in kept if x in blocks_only] != blocks_only:
         raise ValueError(
             "each block must run its forward once per step, in order and not nested, and "
-            f"return a tensor that requires grad; the step ran {marks}"
+            f"return a tensor that requires grad; the step ran {[x for _, x in timed]}"
         )
-    events = _allocation_events(prof)
+    coarse = [(t, x) for t, x in kept if x in blocks_only]
+    starts, first, after = _stretches(events, [t for t, _ in coarse])
+    at = {label: m for m, (_, label) in enumerate(coarse)}
+    segments = [Segment(first, 0)]
+    segments += [Segment(after[at[f"fe{j}"]], j + 1) for j in range(n)]
+    fine_starts, _, fine_after = _stretches(events, [t for t, _ in kept])
+    fat = {label: m for m, (_, label) in enumerate(kept)}
+    splits: list[list[tuple[int, int, int, int]] | None] = []
+    inner: list[list[Segment] | None] = []
+    for j, count in enumerate(counts):
+        if count is None:
+            splits.append(None)
+            inner.append(None)
+            continue
+        splits.append(
+            [
+                tuple(
+                    v[fat[f"{k}{j}.{c}"]]
+                    for k, v in (
+                        ("fs", fine_starts),
+                        ("fs", fine_after),
+                        ("bs", fine_starts),
+                        ("bs", fine_after),
+                    )
+                )
+                for c in range(count)
+            ]
+        )
+        inner.append(
+            [Segment(fine_after[fat[f"fs{j}"]], 0)]
+            + [Segment(fine_after[fat[f"fe{j}.{c}"]], c + 1) for c in range(count)]
+            + [Segment(fine_after[fat[f"bs{j}"]], count)]
+        )
+    return _Windows(
+        f_start=[starts[at[f"fs{j}"]] for j in range(n)],
+        f_peak=[after[at[f"fs{j}"]] for j in range(n)],
+        b_start=[starts[at[f"bs{j}"]] for j in range(n)],
+        b_peak=[after[at[f"bs{j}"]] for j in range(n)],
+        segments=segments,
+        peak=max([first, *after]),
+        splits=splits,
+        inner=inner,
+    )
+
+
+def _untie(
+    labels: list[str], times: list[int], events: list[tuple[int, int]], canonical: list[str]
+) -> list[str]:
+    """The marks in time order, with adjacent marks put in canonical order where no allocation
+    event lies between them (hooks firing together, such as a block's and its last child's on
+    one output tensor, run in registration order, not nesting order)."""
+    rank = {label: k for k, label in enumerate(canonical)}
+    stamps = [t for t, _ in events]
+    labels = list(labels)
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(labels) - 1):
+            a, b = rank.get(labels[i], -1), rank.get(labels[i + 1], -1)
+            if a > b >= 0 and bisect.bisect_left(stamps, times[i]) == bisect.bisect_right(
+                stamps, times[i + 1]
+            ):
+                labels[i], labels[i + 1] = labels[i + 1], labels[i]
+                changed = True
+    return labels
+
+
+def _stretches(events: list[tuple[int, int]], times: list[int]) -> tuple[list[int], int, list[int]]:
+    """Live bytes at each mark time, the peak before the first, and the peak of the stretch
+    from each mark to the next (the last: to the end). An event stamped with a mark's own time
+    may fall on either side: it counts on both."""
     live = peak = 0
-    starts: list[int] = []  # live bytes at each mark
-    peaks: list[int] = []  # peak of the stretch before each mark, then the one after the last
+    starts: list[int] = []
+    peaks: list[int] = []  # peak of the stretch before each mark
     k = 0
     for t in times:
         while k < len(events) and events[k][0] < t:
@@ -299,7 +427,6 @@ def _cut(prof, marks: list[str], n: int) -> _Windows:
             peak = max(peak, live)
             k += 1
         before = live
-        # an event stamped with the mark's own time may fall on either side: count it on both
         while k < len(events) and events[k][0] == t:
             live += events[k][1]
             peak = max(peak, live)
@@ -311,18 +438,7 @@ def _cut(prof, marks: list[str], n: int) -> _Windows:
         live += size
         peak = max(peak, live)
     peaks.append(peak)
-    at = {label: m for m, label in enumerate(order)}
-    after = peaks[1:]  # the stretch that starts at mark m
-    segments = [Segment(peaks[0], 0)]
-    segments += [Segment(after[at[f"fe{j}"]], j + 1) for j in range(n)]
-    return _Windows(
-        f_start=[starts[at[f"fs{j}"]] for j in range(n)],
-        f_peak=[after[at[f"fs{j}"]] for j in range(n)],
-        b_start=[starts[at[f"bs{j}"]] for j in range(n)],
-        b_peak=[after[at[f"bs{j}"]] for j in range(n)],
-        segments=segments,
-        peak=max(peaks),
-    )
+    return starts, peaks[0], peaks[1:]
 
 
 def in_call_order(
@@ -370,6 +486,19 @@ def _op(o: _OpFacts) -> SacOp:
     )
 
 
+def _block(name: str, f: _BlockFacts, window: tuple[int, int, int, int], params: set[int]):
+    """The torch-free block of recorded facts and its plain windows (f_start, f_peak, b_start,
+    b_peak), its `workspace` the plain forward's measured peak beyond the op-level model."""
+    ops = tuple(_op(o) for o in f.ops)
+    held_extra = rng_state_bytes() + sum(
+        nbytes for s, nbytes in f.inputs.items() if s not in f.packed and s not in params
+    )
+    block = SacBlock(name, ops, f.stop, held_extra, 0, *window)
+    modelled = max((plain_forward_live(block, t) for t in range(len(ops))), default=0)
+    workspace = max(0, window[1] - window[0] - modelled)
+    return replace(block, workspace=workspace, recompute_extra=rng_state_bytes())
+
+
 def record_problem(
     model: nn.Module,
     blocks: Sequence[tuple[str, nn.Module]],
@@ -377,28 +506,44 @@ def record_problem(
     repeats: int = 3,
 ) -> SacProblem:
     """The SacProblem of `model`'s step over `blocks` (name, module), in forward order."""
+    return record_union(model, blocks, [None] * len(blocks), step, repeats)[0].blocks
+
+
+def record_union(
+    model: nn.Module,
+    blocks: Sequence[tuple[str, nn.Module]],
+    children: Sequence[Sequence[tuple[str, nn.Module]] | None],
+    step: Step,
+    repeats: int = 3,
+) -> tuple[SacUnion, list[list[tuple[str, nn.Module]] | None]]:
+    """The SacUnion of `model`'s step over `blocks` (name, module), in forward order, split
+    into `children` (per block, its children in call order, or None) where those run once
+    each, in sequence; with the children kept per block (None where the block is not split)."""
     modules = [m for _, m in blocks]
-    windows = measure_windows(model, modules, step)
+    windows = measure_windows(
+        model, modules, step, [None if k is None else [m for _, m in k] for k in children]
+    )
+    kept = [
+        None if split is None else list(kids)
+        for split, kids in zip(windows.splits, children, strict=True)
+    ]
+    flat = [kid for kids in kept if kids is not None for kid in kids]
     facts = record_ops(model, modules, step, repeats)
+    kid_facts = iter(record_ops(model, [m for _, m in flat], step, repeats) if flat else [])
     params = {_storage(p) for p in model.parameters()}
     out = []
     for j, ((name, _), f) in enumerate(zip(blocks, facts, strict=True)):
-        ops = tuple(_op(o) for o in f.ops)
-        held_extra = rng_state_bytes() + sum(
-            nbytes for s, nbytes in f.inputs.items() if s not in f.packed and s not in params
-        )
-        block = SacBlock(
-            name,
-            ops,
-            f.stop,
-            held_extra,
-            0,
-            windows.f_start[j],
-            windows.f_peak[j],
-            windows.b_start[j],
-            windows.b_peak[j],
-        )
-        modelled = max((plain_forward_live(block, t) for t in range(len(ops))), default=0)
-        workspace = max(0, windows.f_peak[j] - windows.f_start[j] - modelled)
-        out.append(replace(block, workspace=workspace, recompute_extra=rng_state_bytes()))
-    return SacProblem(tuple(out), tuple(windows.segments), windows.peak)
+        window = (windows.f_start[j], windows.f_peak[j], windows.b_start[j], windows.b_peak[j])
+        out.append(_block(name, f, window, params))
+    splits: list[SacSplit | None] = []
+    for j, kids in enumerate(kept):
+        if kids is None:
+            splits.append(None)
+            continue
+        made = [
+            _block(n, next(kid_facts), w, params)
+            for (n, _), w in zip(kids, windows.splits[j], strict=True)
+        ]
+        splits.append(SacSplit(tuple(made), tuple(windows.inner[j])))
+    problem = SacProblem(tuple(out), tuple(windows.segments), windows.peak)
+    return SacUnion(problem, tuple(splits)), kept

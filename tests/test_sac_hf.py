@@ -1,5 +1,6 @@
 """SAC plans on HuggingFace models (transformers 5.x, small configs), applied with remat's own
-wrapping (`plan.apply`): the default blocks are the `GradientCheckpointingLayer`s; gradients
+wrapping (`plan.apply`): the default blocks are the `GradientCheckpointingLayer`s, the regions
+those or their children (whichever space's optimum costs less); gradients
 over 3 AdamW steps (GPT-2 with its dropout on) are `torch.equal` to the model without
 checkpointing, and the measured peak is within the budget and the prediction.
 
@@ -30,7 +31,7 @@ def test_hf_plan_is_exact_and_within_budget(make):
     kwargs["use_cache"] = False
     plan = executor.checkpoint_plan(model, args, "min", example_kwargs=kwargs, time_limit=10)
     layers = [n for n, m in model.named_modules() if type(m).__name__.endswith(("Block", "Layer"))]
-    assert plan.blocks == tuple(layers) and len(layers) == 3
+    assert len(layers) == 3 and all(b.startswith(tuple(layers)) for b in plan.blocks)
     assert plan.checkpointed()
     runs = [copy.deepcopy(model), plan.apply(copy.deepcopy(model))]
 

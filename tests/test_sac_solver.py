@@ -13,11 +13,12 @@ from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError
 from solver.sac import SacBlock, SacOp, SacPlan, SacProblem, Segment, plan_cost, plan_peak
 from solver.sac.solve import solve_sac
+from solver.sac.union import SacSplit, SacUnion, UnionPlan, flatten, union_cost, union_peak
 
 
 @st.composite
-def blocks(draw, name: str) -> SacBlock:
-    n = draw(st.integers(1, 4))
+def blocks(draw, name: str, most: int = 4) -> SacBlock:
+    n = draw(st.integers(1, most))
     ops = []
     for i in range(n):
         new_bytes = draw(st.integers(0, 50))
@@ -101,3 +102,94 @@ def test_min_budget_is_the_least_peak_and_below_it_is_refused(problem):
         InfeasibleBudgetError, match=f"least predicted peak in SAC's space is {least}"
     ):
         solve_sac(problem, least - 1, Deadline.after(20))
+
+
+@st.composite
+def unions(draw) -> SacUnion:
+    n = draw(st.integers(1, 2))
+    whole = tuple(draw(blocks(f"b{j}", 3)) for j in range(n))
+    segs = tuple(Segment(draw(st.integers(0, 300)), draw(st.integers(0, n))) for _ in range(2))
+    splits = []
+    for j in range(n):
+        if not draw(st.booleans()):
+            splits.append(None)
+            continue
+        k = draw(st.integers(1, 2))
+        children = tuple(draw(blocks(f"b{j}.{c}", 2)) for c in range(k))
+        inner = tuple(Segment(draw(st.integers(0, 300)), draw(st.integers(0, k))) for _ in range(2))
+        splits.append(SacSplit(children, inner))
+    return SacUnion(SacProblem(whole, segs, plain_peak=300), tuple(splits))
+
+
+def all_union_plans(union: SacUnion):
+    off = SacPlan((False,), (frozenset(),))
+    per_block = []
+    for j, block in enumerate(union.blocks.blocks):
+        single = SacProblem((block,), (), 0)
+        options = []
+        for whole in all_plans(single):
+            split = union.splits[j]
+            if split is None:
+                options.append((whole, None))
+            elif whole.checkpointed[0]:
+                options.append(
+                    (
+                        whole,
+                        SacPlan(
+                            (False,) * len(split.children), (frozenset(),) * len(split.children)
+                        ),
+                    )
+                )
+            else:
+                for sub in all_plans(SacProblem(split.children, (), 0)):
+                    options.append((off, sub))
+        per_block.append(options)
+    for combo in itertools.product(*per_block):
+        blocks_plan = SacPlan(
+            tuple(w.checkpointed[0] for w, _ in combo), tuple(w.saved[0] for w, _ in combo)
+        )
+        yield UnionPlan(blocks_plan, tuple(sub for _, sub in combo))
+
+
+@settings(max_examples=25, deadline=None)
+@given(unions(), st.floats(0, 1) | st.just("min"))
+def test_union_optimum_is_the_brute_force_optimum_over_every_granularity(union, where):
+    plans = [(union_peak(union, p), union_cost(union, p)) for p in all_union_plans(union)]
+    low, high = min(p for p, _ in plans), max(p for p, _ in plans)
+    budget = low if where == "min" else int(low + where * (high - low))
+    best = min(c for p, c in plans if p <= budget)
+    solution = solve_sac(union, "min" if where == "min" else budget, Deadline.after(20))
+    assert solution.status == "OPTIMAL" and solution.gap == 0.0
+    assert solution.budget == budget and solution.peak <= budget
+    assert solution.cost == pytest.approx(best, abs=1e-12)
+    assert union_peak(union, solution.plan) == solution.peak
+    with pytest.raises(
+        InfeasibleBudgetError, match=f"least predicted peak in SAC's space is {low}"
+    ):
+        solve_sac(union, low - 1, Deadline.after(20))
+
+
+def test_a_union_without_splits_is_its_blocks_problem():
+    block = SacBlock("b", (SacOp("op", 8, 1e-6, 0, 8, True),), 0, 1, 0, 0, 8, 8, 16)
+    problem = SacProblem((block, block), (Segment(20, 1),), 40)
+    plan = SacPlan((True, False), (frozenset({0}), frozenset()))
+    union, union_plan = SacUnion.whole(problem), UnionPlan(plan, (None, None))
+    assert flatten(union, union_plan) == (problem, plan)
+    assert union_peak(union, union_plan) == plan_peak(problem, plan)
+
+
+def test_a_child_region_fits_where_the_whole_block_and_no_region_do_not():
+    """The block's plain forward peaks at 150 while its second child runs; checkpointing its
+    first child frees 100 bytes by then, while the whole block would hold 1,000 bytes of
+    inputs: only the child region fits 120."""
+    op0 = SacOp("op0", 100, 1e-6, 0, 100, True)
+    op1 = SacOp("op1", 50, 1e-6, 0, 0, True)
+    child0 = SacBlock("b.0", (op0,), 0, 0, 0, 0, 100, 100, 100)
+    child1 = SacBlock("b.1", (op1,), -1, 0, 0, 100, 150, 150, 150)
+    block = SacBlock("b", (op0, op1), 0, 1000, 0, 0, 150, 150, 150)
+    union = SacUnion(
+        SacProblem((block,), (Segment(150, 1),), 150), (SacSplit((child0, child1), ()),)
+    )
+    solution = solve_sac(union, 120, Deadline.after(20))
+    assert solution.plan.children[0].checkpointed == (True, False)
+    assert not solution.plan.blocks.checkpointed[0] and solution.peak <= 120

@@ -22,8 +22,16 @@ every term of NOTE [ SAC memory model ] (solver/sac/memory.py) is linear in (c, 
 live on whatever the plan; x_t: op t's scratch bytes; s_t = 0 where op t is not saveable.)
 
 and the recompute seconds are sum_j sum_{i<=stop_j} seconds_i (c_j - s_i). Objective: the
-seconds (in whole nanoseconds), or P for the least peak. Every returned plan is evaluated by
-`solver.sac.memory` (the reference), whose peak and cost are the ones reported.
+seconds (in whole nanoseconds), or P for the least peak.
+
+Over a union of granularities (solver/sac/union.py) a block j with a split also has its
+children's c_{j,l}, s_{j,l,i} with c_j + c_{j,l} <= 1; d_j becomes the block's own savings plus
+its children's; the block's checkpointed terms are enforced where c_j = 1, and its children's
+terms (with D_{j,l} = D_j + the savings of children 0..l-1) and its inner stretches
+(peak - D_{j,held} <= P) where c_j = 0, replacing the block's not-checkpointed terms.
+
+Every returned plan is evaluated by the reference (`solver.sac.union.union_peak`, which runs
+`solver.sac.memory`), whose peak and cost are the ones reported.
 """
 
 from __future__ import annotations
@@ -34,8 +42,9 @@ from ortools.sat.python import cp_model
 
 from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
-from solver.sac.memory import SacPlan, plan_cost, plan_peak
-from solver.sac.problem import SacProblem
+from solver.sac.memory import SacPlan
+from solver.sac.problem import SacBlock, SacProblem
+from solver.sac.union import SacUnion, UnionPlan, union_cost, union_peak
 
 NS = 1e9
 """Cost units per second in the 0/1 model (whole nanoseconds)."""
@@ -51,7 +60,7 @@ class SacSolution:
     model, `status` ("OPTIMAL" or "FEASIBLE"), `bound` (proven lower bound on the cost, seconds),
     `gap` ((cost - bound) / cost, 0 when cost is 0) and `budget` (bytes)."""
 
-    plan: SacPlan
+    plan: SacPlan | UnionPlan
     peak: int
     cost: float
     status: str
@@ -61,65 +70,120 @@ class SacSolution:
 
 
 class _Model:
-    """The CP-SAT model of the docstring for one problem; `peak` is P."""
+    """The CP-SAT model of the docstring for one union of region granularities; `peak` is P.
+    Per block: `c[j]`, `s[j]` (the whole block), and where it has a split, `cc[j]`, `cs[j]`
+    (its children, each `c_{j,l} + c_j <= 1`). A split block's own terms hold where `c_j` is
+    set, its children's and its inner stretches' where it is not (solver/sac/union.py).
+    `whole=False` forbids whole-block regions where a split exists."""
 
-    def __init__(self, problem: SacProblem, budget: int) -> None:
-        self.problem = problem
+    def __init__(self, union: SacUnion, budget: int, whole: bool = True) -> None:
+        self.union = union
         m = self.m = cp_model.CpModel()
         self.peak = m.NewIntVar(-(2**50), budget, "P")
-        self.c = [m.NewBoolVar(f"c{j}") for j in range(len(problem.blocks))]
-        self.s: list[dict[int, cp_model.IntVar]] = []
-        for j, block in enumerate(problem.blocks):
+        self.c, self.s = self._regions(union.blocks.blocks, "b")
+        self.cc: list[list[cp_model.IntVar] | None] = []
+        self.cs: list[list[dict[int, cp_model.IntVar]] | None] = []
+        for j, split in enumerate(union.splits):
+            if split is None:
+                self.cc.append(None)
+                self.cs.append(None)
+                continue
+            cc, cs = self._regions(split.children, f"b{j}_")
+            for v in cc:
+                m.Add(v + self.c[j] <= 1)
+            if not whole:
+                m.Add(self.c[j] == 0)
+            self.cc.append(cc)
+            self.cs.append(cs)
+        self._memory_terms()
+
+    def _regions(self, blocks, prefix: str):
+        c = [self.m.NewBoolVar(f"c{prefix}{j}") for j in range(len(blocks))]
+        s: list[dict[int, cp_model.IntVar]] = []
+        for j, block in enumerate(blocks):
             choices = {}
             for i, op in enumerate(block.ops[: block.stop + 1]):
                 if op.saveable:
-                    choices[i] = m.NewBoolVar(f"s{j}_{i}")
-                    m.AddImplication(choices[i], self.c[j])
-            self.s.append(choices)
-        self._memory_terms()
+                    choices[i] = self.m.NewBoolVar(f"s{prefix}{j}_{i}")
+                    self.m.AddImplication(choices[i], c[j])
+            s.append(choices)
+        return c, s
 
-    def _savings(self, j: int) -> cp_model.LinearExpr:
-        block = self.problem.blocks[j]
+    @staticmethod
+    def _savings(block: SacBlock, c, s: dict) -> cp_model.LinearExpr:
         plain = sum(op.saved_bytes for op in block.ops)
-        kept = sum(
-            (block.ops[i].new_bytes - block.ops[i].output_bytes) * v for i, v in self.s[j].items()
-        )
-        return (plain - block.held_extra) * self.c[j] - kept
+        kept = sum((block.ops[i].new_bytes - block.ops[i].output_bytes) * v for i, v in s.items())
+        return (plain - block.held_extra) * c - kept
 
     def _memory_terms(self) -> None:
-        m, P = self.m, self.peak
-        d = [self._savings(j) for j in range(len(self.problem.blocks))]
+        m, P, union = self.m, self.peak, self.union
+        d = []
+        for j, block in enumerate(union.blocks.blocks):
+            total = self._savings(block, self.c[j], self.s[j])
+            if union.splits[j] is not None:
+                kids = zip(union.splits[j].children, self.cc[j], self.cs[j], strict=True)
+                total += sum(self._savings(child, c, s) for child, c, s in kids)
+            d.append(total)
         before = [sum(d[:j]) for j in range(len(d) + 1)]
-        for seg in self.problem.segments:
+        for seg in union.blocks.segments:
             m.Add(seg.peak - before[seg.held] <= P)
-        for j, block in enumerate(self.problem.blocks):
-            c, s = self.c[j], self.s[j]
-            m.Add(block.b_peak - before[j] + block.held_extra * c <= P)
-            m.Add(block.f_peak - before[j] <= P).OnlyEnforceIf(c.Not())
-            base = block.f_start - before[j] + block.workspace
-            for t in range(len(block.ops)):
-                live = block.ops[t].scratch
-                for i, op in enumerate(block.ops[: t + 1]):
-                    if op.last_read >= t:
-                        live += op.new_bytes
-                    elif i in s:
-                        live += op.new_bytes * s[i]
-                m.Add(base + live <= P).OnlyEnforceIf(c)
-            base = block.b_start - before[j] - d[j] + block.workspace + block.recompute_extra
-            for t in range(block.stop + 1):
-                scratch = block.ops[t].scratch
-                live = scratch * (1 - s[t]) if t in s else scratch
-                for i, op in enumerate(block.ops[: t + 1]):
-                    held = op.new_bytes if op.last_read >= t else op.saved_bytes
-                    live += held * (1 - s[i]) if i in s else held
-                m.Add(base + live <= P).OnlyEnforceIf(c)
+        for j, block in enumerate(union.blocks.blocks):
+            split, c = union.splits[j], self.c[j]
+            own = self._savings(block, c, self.s[j])
+            if split is None:
+                self._region(block, c, self.s[j], before[j], own, [], when_off=True)
+                continue
+            self._region(block, c, self.s[j], before[j], own, [], when_off=False)
+            off = [c.Not()]
+            kids = [
+                self._savings(k, v, s)
+                for k, v, s in zip(split.children, self.cc[j], self.cs[j], strict=True)
+            ]
+            inner = [before[j] + sum(kids[:k]) for k in range(len(kids) + 1)]
+            for seg in split.segments:
+                m.Add(seg.peak - inner[seg.held] <= P).OnlyEnforceIf(off)
+            for k, child in enumerate(split.children):
+                cc, cs = self.cc[j][k], self.cs[j][k]
+                self._region(child, cc, cs, inner[k], kids[k], off, when_off=True)
+
+    def _region(self, block: SacBlock, c, s: dict, before, d, enforce: list, when_off: bool):
+        """The terms of one region (NOTE [ SAC memory model ]) under the literals `enforce`;
+        its not-checkpointed terms only if `when_off`."""
+        m, P = self.m, self.peak
+        if when_off:
+            m.Add(block.b_peak - before + block.held_extra * c <= P).OnlyEnforceIf(enforce)
+            m.Add(block.f_peak - before <= P).OnlyEnforceIf([c.Not(), *enforce])
+        else:
+            m.Add(block.b_peak - before + block.held_extra <= P).OnlyEnforceIf([c, *enforce])
+        base = block.f_start - before + block.workspace
+        for t in range(len(block.ops)):
+            live = block.ops[t].scratch
+            for i, op in enumerate(block.ops[: t + 1]):
+                if op.last_read >= t:
+                    live += op.new_bytes
+                elif i in s:
+                    live += op.new_bytes * s[i]
+            m.Add(base + live <= P).OnlyEnforceIf([c, *enforce])
+        base = block.b_start - before - d + block.workspace + block.recompute_extra
+        for t in range(block.stop + 1):
+            scratch = block.ops[t].scratch
+            live = scratch * (1 - s[t]) if t in s else scratch
+            for i, op in enumerate(block.ops[: t + 1]):
+                held = op.new_bytes if op.last_read >= t else op.saved_bytes
+                live += held * (1 - s[i]) if i in s else held
+            m.Add(base + live <= P).OnlyEnforceIf([c, *enforce])
 
     def cost(self) -> cp_model.LinearExpr:
         terms = 0
-        for j, block in enumerate(self.problem.blocks):
-            for i, op in enumerate(block.ops[: block.stop + 1]):
-                ns = round(op.seconds * NS)
-                terms += ns * (self.c[j] - self.s[j][i]) if i in self.s[j] else ns * self.c[j]
+        regions = [(self.union.blocks.blocks, self.c, self.s)]
+        for split, cc, cs in zip(self.union.splits, self.cc, self.cs, strict=True):
+            if split is not None:
+                regions.append((split.children, cc, cs))
+        for blocks, cs_, ss in regions:
+            for block, c, s in zip(blocks, cs_, ss, strict=True):
+                for i, op in enumerate(block.ops[: block.stop + 1]):
+                    ns = round(op.seconds * NS)
+                    terms += ns * (c - s[i]) if i in s else ns * c
         return terms
 
     def solve(self, deadline: Deadline) -> tuple[cp_model.CpSolver, int]:
@@ -128,44 +192,58 @@ class _Model:
         solver.parameters.num_workers = WORKERS
         return solver, solver.Solve(self.m)
 
-    def plan(self, solver: cp_model.CpSolver) -> SacPlan:
-        return SacPlan(
-            tuple(bool(solver.Value(c)) for c in self.c),
-            tuple(frozenset(i for i, v in s.items() if solver.Value(v)) for s in self.s),
+    def plan(self, solver: cp_model.CpSolver) -> UnionPlan:
+        def sub(c, s) -> SacPlan:
+            return SacPlan(
+                tuple(bool(solver.Value(v)) for v in c),
+                tuple(frozenset(i for i, v in x.items() if solver.Value(v)) for x in s),
+            )
+
+        children = tuple(
+            None if cc is None else sub(cc, cs) for cc, cs in zip(self.cc, self.cs, strict=True)
         )
+        return UnionPlan(sub(self.c, self.s), children)
 
 
-def least_peak(problem: SacProblem, deadline: Deadline) -> tuple[SacPlan, int, bool]:
+def least_peak(
+    union: SacUnion, deadline: Deadline, whole: bool = True
+) -> tuple[UnionPlan, int, bool]:
     """The plan of least predicted peak (bytes), whether that is proven, ties broken by nothing."""
-    model = _Model(problem, problem.plain_peak + _upper_slack(problem))
+    model = _Model(union, union.plain_peak + _upper_slack(union), whole)
     model.m.Minimize(model.peak)
     solver, status = model.solve(deadline)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise SolverTimeoutError("no SAC plan found within the time limit: give more time")
     plan = model.plan(solver)
-    return plan, plan_peak(problem, plan), status == cp_model.OPTIMAL
+    return plan, union_peak(union, plan), status == cp_model.OPTIMAL
 
 
-def _upper_slack(problem: SacProblem) -> int:
+def _upper_slack(union: SacUnion) -> int:
     """Bytes by which a plan's peak may exceed the plain step's (a checkpoint holding inputs the
     plain block frees): bounds P's domain for the least-peak search."""
-    return sum(max(b.held_extra, 0) + b.workspace for b in problem.blocks) + sum(
-        op.new_bytes for b in problem.blocks for op in b.ops
+    regions = list(union.blocks.blocks)
+    regions += [c for split in union.splits if split is not None for c in split.children]
+    return sum(max(b.held_extra, 0) + b.workspace for b in regions) + sum(
+        op.new_bytes for b in regions for op in b.ops
     )
 
 
-def solve_sac(problem: SacProblem, budget: int | str, deadline: Deadline) -> SacSolution:
+def solve_sac(
+    problem: SacProblem | SacUnion, budget: int | str, deadline: Deadline, whole: bool = True
+) -> SacSolution:
     """The plan of least recompute seconds whose predicted peak is at most `budget` bytes;
-    `"min"`: at the least peak any plan reaches. InfeasibleBudgetError names that least peak
-    when the budget is below it; SolverTimeoutError when no plan is found in time."""
+    `"min"`: at the least peak any plan reaches. Over a `SacUnion` the plan is a `UnionPlan`
+    (per block: none, whole, or children; `whole=False`: never whole where a split exists),
+    over a `SacProblem` a `SacPlan`. InfeasibleBudgetError names that least peak when the
+    budget is below it; SolverTimeoutError when no plan is found in time."""
+    union = problem if isinstance(problem, SacUnion) else SacUnion.whole(problem)
     if budget == "min":
-        plan, least, _ = least_peak(problem, deadline.share(0.5))
-        budget = least
-    model = _Model(problem, int(budget))
+        _, budget, _ = least_peak(union, deadline.share(0.5), whole)
+    model = _Model(union, int(budget), whole)
     model.m.Minimize(model.cost())
     solver, status = model.solve(deadline)
     if status == cp_model.INFEASIBLE:
-        _, least, proven = least_peak(problem, Deadline.after(max(deadline.remaining(), 5.0)))
+        _, least, proven = least_peak(union, Deadline.after(max(deadline.remaining(), 5.0)), whole)
         raise InfeasibleBudgetError(
             f"no SAC plan fits {budget} bytes: the least predicted peak in SAC's space is "
             f"{least} bytes{'' if proven else ' (found, not proven least)'}; give at least that",
@@ -175,10 +253,11 @@ def solve_sac(problem: SacProblem, budget: int | str, deadline: Deadline) -> Sac
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise SolverTimeoutError(f"no SAC plan within {budget} bytes found in time: give more time")
     plan = model.plan(solver)
-    peak, cost = plan_peak(problem, plan), plan_cost(problem, plan)
+    peak, cost = union_peak(union, plan), union_cost(union, plan)
     if peak > budget:
         raise AssertionError(f"CP-SAT's plan peaks at {peak} > {budget} bytes in the reference")
     bound = min(solver.BestObjectiveBound() / NS, cost)
     optimal = status == cp_model.OPTIMAL
     gap = 0.0 if optimal or cost <= 0 else (cost - bound) / cost
-    return SacSolution(plan, peak, cost, "OPTIMAL" if optimal else "FEASIBLE", bound, gap, budget)
+    result = plan if isinstance(problem, SacUnion) else plan.blocks
+    return SacSolution(result, peak, cost, "OPTIMAL" if optimal else "FEASIBLE", bound, gap, budget)
