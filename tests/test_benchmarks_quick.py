@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+import solver
 from benchmarks import frontier, published, seeds
 from benchmarks.common import GRAPHS_DIR, Settings, plot_frontier, write_table
+from solver.io import load_graph
 
 
 def _settings(tmp_path: Path) -> Settings:
@@ -98,3 +100,17 @@ def test_overhead_rounds_stop_once_resolved_and_at_the_cap_otherwise() -> None:
     assert len(steady["steady"]) == len(steady[REMAT_FULL]) == 6
     bursty = rounds_until_resolved(steps, "bursty", rounds=6, max_rounds=15, timer=timer)
     assert len(bursty["bursty"]) == len(bursty[REMAT_FULL]) == 12  # whole blocks, up to the cap
+
+
+def test_cover_ceiling_is_under_a_schedule_it_bounds() -> None:
+    from benchmarks.cover_ceiling import ceiling_row
+
+    path = GRAPHS_DIR / "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    row = ceiling_row(path, "90%", time_limit=20, least_time_limit=0)
+    assert row["proven"] and row["rows"] > 0 and row["bound"] > 0
+    graph = load_graph(path)
+    schedule = solver.solve(graph, row["bytes"], time_limit=5)
+    first = sum(graph.nodes[v]["cost"] for v in graph)
+    assert row["bound"] <= (schedule.cost - first) / first + 1e-4  # rounded to 4 places
