@@ -6,6 +6,7 @@ solved at the largest batch and sequence within its budget on smaller ones."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from hypothesis import strategies as st
 from sac_models import MLP, Attention, Net, assert_same_adamw_steps, mlp_net, transformer
 
 import executor
+from solver.sac import SacPlan
+from solver.sac.union import UnionPlan, union_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -60,12 +63,33 @@ def test_drawn_models_stay_within_budget(layers, d, inplace, attention, where):
     check_peak(net, x, int(least.peak + where * (least.plain_peak - least.peak)))
 
 
+def without_saves(plan: executor.CheckpointPlan, k: int) -> tuple[executor.CheckpointPlan, int]:
+    """The plan with its region `k` (in `plan.blocks` order) saving nothing, and that plan's
+    predicted peak (bytes) from the reference model."""
+    saved = tuple(frozenset() if i == k else s for i, s in enumerate(plan.plan.saved))
+    flat = iter(zip(plan.plan.checkpointed, saved, strict=True))
+    blocks, children = [], []
+    for split in plan.problem.splits:
+        blocks.append(next(flat))
+        kids = [] if split is None else [next(flat) for _ in split.children]
+        children.append(None if split is None else SacPlan(*map(tuple, zip(*kids, strict=True))))
+    union_plan = UnionPlan(SacPlan(*map(tuple, zip(*blocks, strict=True))), tuple(children))
+    changed = dataclasses.replace(plan, plan=SacPlan(plan.plan.checkpointed, saved))
+    return changed, union_peak(plan.problem, union_plan)
+
+
 def test_gradients_bit_identical_over_three_adamw_steps():
+    """Also a region that saves nothing, which runs as plain checkpoint (no SAC policy): its
+    measured peak is within the memory model's prediction for an all-recompute SAC region."""
     net = transformer()
     x = torch.randn(4, 32, 32)
     plan = executor.checkpoint_plan(net, (x,), "min", time_limit=10)
     assert plan.checkpointed() and any(plan.plan.saved), "the plan should checkpoint and save"
+    first = next(k for k, s in enumerate(plan.plan.saved) if s)
+    plain_region, predicted = without_saves(plan, first)
+    assert measured_peak(plain_region.apply(copy.deepcopy(net)), x) <= predicted
     runs = [copy.deepcopy(net), plan.apply(copy.deepcopy(net))]
+    runs.append(plain_region.apply(copy.deepcopy(net)))
     assert_same_adamw_steps(runs, lambda model, step: model(x + step).square().mean())
 
 
