@@ -6,17 +6,23 @@ solved at the largest batch and sequence within its budget on smaller ones."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sac_models import MLP, Attention, Net, assert_same_adamw_steps, mlp_net, transformer
+from sac_models import (
+    MLP,
+    Attention,
+    Net,
+    assert_same_adamw_steps,
+    every_saveable,
+    mlp_net,
+    replanned,
+    transformer,
+)
 
 import executor
-from solver.sac import SacPlan
-from solver.sac.union import UnionPlan, union_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -63,33 +69,26 @@ def test_drawn_models_stay_within_budget(layers, d, inplace, attention, where):
     check_peak(net, x, int(least.peak + where * (least.plain_peak - least.peak)))
 
 
-def without_saves(plan: executor.CheckpointPlan, k: int) -> tuple[executor.CheckpointPlan, int]:
-    """The plan with its region `k` (in `plan.blocks` order) saving nothing, and that plan's
-    predicted peak (bytes) from the reference model."""
-    saved = tuple(frozenset() if i == k else s for i, s in enumerate(plan.plan.saved))
-    flat = iter(zip(plan.plan.checkpointed, saved, strict=True))
-    blocks, children = [], []
-    for split in plan.problem.splits:
-        blocks.append(next(flat))
-        kids = [] if split is None else [next(flat) for _ in split.children]
-        children.append(None if split is None else SacPlan(*map(tuple, zip(*kids, strict=True))))
-    union_plan = UnionPlan(SacPlan(*map(tuple, zip(*blocks, strict=True))), tuple(children))
-    changed = dataclasses.replace(plan, plan=SacPlan(plan.plan.checkpointed, saved))
-    return changed, union_peak(plan.problem, union_plan)
+def with_variants(net, x, plan: executor.CheckpointPlan) -> list:
+    """The model without checkpointing, the plan applied, and the plan's regions saving every
+    op they may (run under SAC policies) and saving none (run as plain checkpoint), each
+    variant's measured peak asserted within its predicted one."""
+    every = every_saveable(plan)
+    assert any(every), "some region should have an op to save"
+    runs = [copy.deepcopy(net), plan.apply(copy.deepcopy(net))]
+    for saved in (every, tuple(frozenset() for _ in every)):
+        variant, predicted = replanned(plan, saved)
+        assert measured_peak(variant.apply(copy.deepcopy(net)), x) <= predicted
+        runs.append(variant.apply(copy.deepcopy(net)))
+    return runs
 
 
 def test_gradients_bit_identical_over_three_adamw_steps():
-    """Also a region that saves nothing, which runs as plain checkpoint (no SAC policy): its
-    measured peak is within the memory model's prediction for an all-recompute SAC region."""
     net = transformer()
     x = torch.randn(4, 32, 32)
     plan = executor.checkpoint_plan(net, (x,), "min", time_limit=10)
-    assert plan.checkpointed() and any(plan.plan.saved), "the plan should checkpoint and save"
-    first = next(k for k, s in enumerate(plan.plan.saved) if s)
-    plain_region, predicted = without_saves(plan, first)
-    assert measured_peak(plain_region.apply(copy.deepcopy(net)), x) <= predicted
-    runs = [copy.deepcopy(net), plan.apply(copy.deepcopy(net))]
-    runs.append(plain_region.apply(copy.deepcopy(net)))
+    assert plan.checkpointed(), "the plan should checkpoint"
+    runs = with_variants(net, x, plan)
     assert_same_adamw_steps(runs, lambda model, step: model(x + step).square().mean())
 
 
@@ -119,6 +118,6 @@ def test_child_regions_are_exact_and_within_budget():
     least = check_peak(net, x, "min", regions="children")
     plan = check_peak(net, x, int(least.peak + 0.3 * (least.plain_peak - least.peak)), "children")
     assert all(name.count(".") == 2 for name in plan.checkpointed()), plan.checkpointed()
-    assert plan.checkpointed() and any(plan.plan.saved)
-    runs = [copy.deepcopy(net), plan.apply(copy.deepcopy(net))]
+    assert plan.checkpointed()
+    runs = with_variants(net, x, plan)
     assert_same_adamw_steps(runs, lambda model, step: model(x + step).square().mean())

@@ -4,13 +4,15 @@ model or other blocks, a block whose op stream changed, a model that fails eager
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
-from sac_models import mlp_net, transformer
+from sac_models import every_saveable, mlp_net, replanned, transformer
 
 import executor
 from solver.errors import InfeasibleBudgetError, ScheduleMismatchError
+from solver.sac import SacPlan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,8 +74,15 @@ def test_plan_for_other_blocks_is_refused(solved):
 
 
 def test_changed_op_stream_is_refused_at_its_first_step(solved):
+    """A region saving an op runs under its policy, which checks the op stream; one saving none
+    runs as plain checkpoint, which has no per-op decision to get wrong, and runs."""
     net, x, plan = solved
-    model = plan.apply(copy.deepcopy(net))
+    only = tuple(name == "blocks.0" for name in plan.blocks)
+    plain = dataclasses.replace(plan, plan=SacPlan(only, (frozenset(),) * len(only)))
+    saving, _ = replanned(plain, every_saveable(plain))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain.apply(copy.deepcopy(net))(x).sum().backward()
+    model = saving.apply(copy.deepcopy(net))
     with (
         torch.autocast("cpu", dtype=torch.bfloat16),
         pytest.raises(
