@@ -7,9 +7,9 @@
 `checkpoint_plan` steps:
 1. `_run_eagerly`: one plain step, so a model that fails with the inputs fails with its own error;
 2. `select_blocks`: the blocks (executor/sac_blocks.py), and `_children`: each block's children;
-3. `record_union`: measured windows and op streams of both (executor/sac_record.py);
-4. `solve_sac`: the least recompute seconds under the budget over every granularity
-   (solver/sac/solve.py, solver/sac/union.py).
+3. `record_union`: measured windows, op streams and SAC overhead of both (executor/sac_record.py);
+4. `solve_sac`: the least recompute seconds plus SAC overhead under the budget over every
+   granularity (solver/sac/solve.py, solver/sac/union.py).
 docs/sac.md gives the memory model and its measured accuracy.
 
 NOTE [ SAC plans under compile ]: while torch.compile traces a block (dynamo's fake-tensor runs,
