@@ -94,8 +94,10 @@ def _checkpointed_forward(module: nn.Module, *args, **kwargs):
 class CheckpointPlan:
     """A solved SAC plan. `blocks`: its candidate regions in order, each block followed by its
     children where it can be split (at most one of a block and its children is checkpointed);
-    `peak`: predicted step peak (bytes above what exists before the
-    step); `cost`: recompute seconds (measured per op); `bound`: proven lower bound on the cost;
+    `peak`: predicted step peak (bytes above what exists before the step); `cost`: seconds,
+    the recompute (measured per op) plus the SAC overhead of each region saving an op (measured
+    per region; a region saving nothing runs as plain checkpoint); `bound`: proven lower bound
+    on the cost;
     `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE"; `budget`: bytes;
     `plain_peak`: the measured peak of the step without checkpointing (100%)."""
 
@@ -229,7 +231,8 @@ def checkpoint_plan(
     time_limit: float = 60,
     loss_fn: Callable[[object], torch.Tensor] = default_loss,
 ) -> CheckpointPlan:
-    """The SAC plan of least recompute for one training step of `model` on the example inputs
+    """The SAC plan of least cost (recompute seconds plus SAC overhead) for one training step
+    of `model` on the example inputs
     (`loss_fn(model(*example_inputs, **example_kwargs)).backward()`) whose predicted peak is at
     most `budget`: bytes, units ("512MiB"), a percentage of the step without checkpointing
     ("50%") or "min" (the least peak of any plan). `blocks`: module names or glob patterns of
