@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from sac_models import every_saveable, mlp_net, replanned, transformer
+from sac_models import Net, every_saveable, mlp_net, replanned, transformer
 
 import executor
 from solver.errors import InfeasibleBudgetError, ScheduleMismatchError
@@ -130,3 +130,20 @@ def test_a_deep_copy_of_a_planned_model_runs_its_own_weights(solved):
     a = planned(x)
     torch.manual_seed(0)
     assert torch.equal(a, plain(x))
+
+
+class _WritesItsInput(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.relu_())
+
+
+def test_block_that_fails_inside_checkpoint_is_refused():
+    """A block writing its input in place runs plainly but not inside checkpoint, which keeps
+    that input for the recompute."""
+    net = Net([_WritesItsInput(32), _WritesItsInput(32)], 32)
+    with pytest.raises(ValueError, match=r"block blocks\.0 fails inside torch\.utils\.checkpoint"):
+        executor.checkpoint_plan(net, (torch.randn(4, 32),), "80%", regions="blocks", time_limit=5)
