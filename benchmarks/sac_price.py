@@ -15,10 +15,12 @@ median of `--steps` steps after a warm-up, the runs' steps interleaved):
 - SAC optimum: `executor.checkpoint_plan` at per-block checkpoint's measured peak, or at the
   least budget SAC's model certifies where that is higher ("least MiB": that least peak, or
   "fits"); per block no region, the whole block or some of its children ("regions": how many
-  blocks and children it checkpoints); budget, predicted and measured peak, bytes over,
-  recompute seconds, status and gap, step time over full checkpoint's ("/ full") and the
-  space's certified floor of that ratio ("floor / full": eager's step plus the proven lower
-  bound on the recompute seconds, over full checkpoint's step);
+  blocks and children it checkpoints, and how many of those save no op and run as plain
+  checkpoint); budget, predicted and measured peak, bytes over, its cost ("recompute ms":
+  recompute seconds plus the SAC runtime overhead of the regions that save an op, measured
+  when recorded; "runtime ms": that overhead alone), status and gap, step time over full
+  checkpoint's ("/ full") and the space's certified floor of that ratio ("floor / full":
+  eager's step plus the proven lower bound on the cost, over full checkpoint's step);
 - `--executor`: remat's executor optimum (`executor.rematerialize`) at the same budget, its
   recompute seconds (schedule cost over computing every node once) and step time;
 - `--compile B`: `torch.compile` with `activation_memory_budget = B` (its knapsack), its
@@ -158,10 +160,26 @@ def price(name: str, steps: int, time_limit: float, use_executor: bool, compile_
             row[f"{label} recompute ms"] = f"{plan.cost * 1e3:.2f}"
             row[f"{label} status/gap"] = f"{plan.status} {plan.gap:.1%}"
             whole = sum(n in paths for n in plan.checkpointed())
-            row[f"{label} regions"] = f"{whole} blocks, {len(plan.checkpointed()) - whole} children"
+            plain, overhead = _plain_regions(plan)
+            row[f"{label} regions"] = (
+                f"{whole} blocks, {len(plan.checkpointed()) - whole} children, {plain} plain"
+            )
+            row[f"{label} runtime ms"] = f"{overhead * 1e3:.2f}"
             row[f"{label} / full"] = f"{seconds / full_seconds:.2f}"
             row[f"{label} floor / full"] = f"{(eager_seconds + plan.bound) / full_seconds:.2f}"
     return row
+
+
+def _plain_regions(plan: executor.CheckpointPlan) -> tuple[int, float]:
+    """How many of the plan's regions save no op (run as plain checkpoint), and the seconds of
+    SAC runtime overhead the others pay in the plan's cost."""
+    union = plan.problem
+    regions = []
+    for block, split in zip(union.blocks.blocks, union.splits, strict=True):
+        regions += [block, *(split.children if split is not None else ())]
+    flags = zip(regions, plan.plan.checkpointed, plan.plan.saved, strict=True)
+    chosen = [(region, saved) for region, c, saved in flags if c]
+    return sum(not saved for _, saved in chosen), sum(r.overhead for r, s in chosen if s)
 
 
 def _plan(

@@ -7,9 +7,9 @@
 `checkpoint_plan` steps:
 1. `_run_eagerly`: one plain step, so a model that fails with the inputs fails with its own error;
 2. `select_blocks`: the blocks (executor/sac_blocks.py), and `_children`: each block's children;
-3. `record_union`: measured windows and op streams of both (executor/sac_record.py);
-4. `solve_sac`: the least recompute seconds under the budget over every granularity
-   (solver/sac/solve.py, solver/sac/union.py).
+3. `record_union`: measured windows, op streams and SAC overhead of both (executor/sac_record.py);
+4. `solve_sac`: the least recompute seconds plus SAC overhead under the budget over every
+   granularity (solver/sac/solve.py, solver/sac/union.py).
 docs/sac.md gives the memory model and its measured accuracy.
 
 NOTE [ SAC plans under compile ]: while torch.compile traces a block (dynamo's fake-tensor runs,
@@ -30,17 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.utils._pytree as pytree
 from torch import nn
-from torch.utils.checkpoint import (
-    CheckpointPolicy,
-    _is_compiling,
-    checkpoint,
-    create_selective_checkpoint_contexts,
-)
+from torch.utils.checkpoint import checkpoint
 
-from executor.errors import OpStreamMismatchError
 from executor.sac_blocks import select_blocks
+from executor.sac_policy import Policy, contexts_of
 from executor.sac_record import _Snapshot, in_call_order, record_union
 from solver.core.budget import parse_bytes
 from solver.deadline import Deadline
@@ -78,77 +72,19 @@ def model_signature(model: nn.Module) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class _Policy:
-    """A block's SAC policy: MUST_SAVE for its saved ops, MUST_RECOMPUTE for the others, looked
-    up by position in the block's forward op stream. `contexts` is the `context_fn`: it makes a
-    fresh position counter for each checkpoint call (NOTE [ SAC policy state ])."""
-
-    def __init__(self, name: str, ops: Sequence[str], saved: frozenset[int]) -> None:
-        self.name, self.ops, self.saved = name, tuple(ops), saved
-        self.position = [0]
-        self.saved_occurrences = {(ops[i], ops[:i].count(ops[i])) for i in saved}
-
-    def contexts(self):
-        # NOTE [ SAC policy state ]: torch calls the policy in the forward only, and a recompute
-        # finds values by op and occurrence index, so the counter lives per checkpoint call.
-        position = self.position = [0]
-        occurrences: dict[str, int] = {}
-
-        def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-            if _tracing(op, args, kwargs):
-                # NOTE [ SAC plans under compile ]: the partitioner sees traced ops, not eager's
-                # stream; the plan's saved ops are found by op and occurrence (SAC's own key).
-                k = occurrences[str(op)] = occurrences.get(str(op), -1) + 1
-                saved = (str(op), k) in self.saved_occurrences
-                return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.MUST_RECOMPUTE
-            i = position[0]
-            position[0] += 1
-            if i >= len(self.ops) or str(op) != self.ops[i]:
-                planned = self.ops[i] if i < len(self.ops) else "no op (its stream ended)"
-                raise OpStreamMismatchError(
-                    f"block {self.name} dispatched {op} at op {i} where its SAC plan has "
-                    f"{planned}: the block runs other ops than when the plan was solved "
-                    "(code, autocast or dtype changed); solve the plan again"
-                )
-            return (
-                CheckpointPolicy.MUST_SAVE if i in self.saved else CheckpointPolicy.MUST_RECOMPUTE
-            )
-
-        return create_selective_checkpoint_contexts(policy)
-
-    def check_complete(self) -> None:
-        if torch.compiler.is_compiling():
-            return  # NOTE [ SAC plans under compile ]
-        if self.position[0] != len(self.ops):
-            raise OpStreamMismatchError(
-                f"block {self.name} dispatched {self.position[0]} ops where its SAC plan has "
-                f"{len(self.ops)} (the next planned op is {self.ops[self.position[0]]}): solve "
-                "the plan again"
-            )
-
-
-def _tracing(op, args, kwargs) -> bool:
-    """Whether the op is being traced (torch.compile's AOT tracing or dynamo's fake-tensor
-    runs), not run eagerly."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if _is_compiling(op, args, kwargs) or torch.compiler.is_compiling():
-        return True
-    return any(isinstance(a, FakeTensor) for a in pytree.tree_leaves((args, kwargs)))
-
-
-def _contexts_of(policy: _Policy):
-    return policy.contexts()
-
-
 def _checkpointed_forward(module: nn.Module, *args, **kwargs):
     """A planned block's `forward`: its class's forward inside `checkpoint(use_reentrant=False)`
-    with the block's policy. Bound to the module (`types.MethodType`), so a deep copy of the
-    model runs the copy's own forward and policy."""
-    policy: _Policy = module.remat_sac_policy
-    # a partial of a module-level function: what dynamo accepts as context_fn
-    contexts = functools.partial(_contexts_of, policy)
+    with the block's policy; a region that saves no op runs without one (plain checkpoint: no
+    dispatch modes, no op-stream check, the same recompute and early stop), except while
+    torch.compile traces it, where the policy marks every op MUST_RECOMPUTE for the
+    partitioner. Bound to the module (`types.MethodType`), so a deep copy of the model runs the
+    copy's own forward and policy."""
+    policy: Policy = module.remat_sac_policy
     forward = type(module).forward.__get__(module)
+    if not policy.saved and not torch.compiler.is_compiling():
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    # a partial of a module-level function: what dynamo accepts as context_fn
+    contexts = functools.partial(contexts_of, policy)
     out = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
     policy.check_complete()
     return out
@@ -158,8 +94,10 @@ def _checkpointed_forward(module: nn.Module, *args, **kwargs):
 class CheckpointPlan:
     """A solved SAC plan. `blocks`: its candidate regions in order, each block followed by its
     children where it can be split (at most one of a block and its children is checkpointed);
-    `peak`: predicted step peak (bytes above what exists before the
-    step); `cost`: recompute seconds (measured per op); `bound`: proven lower bound on the cost;
+    `peak`: predicted step peak (bytes above what exists before the step); `cost`: seconds,
+    the recompute (measured per op) plus the SAC overhead of each region saving an op (measured
+    per region; a region saving nothing runs as plain checkpoint); `bound`: proven lower bound
+    on the cost;
     `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE"; `budget`: bytes;
     `plain_peak`: the measured peak of the step without checkpointing (100%)."""
 
@@ -208,7 +146,7 @@ class CheckpointPlan:
             module = modules[name]
             if hasattr(module, "remat_sac_policy"):
                 raise ValueError(f"block {name} already runs under a SAC plan: apply it once")
-            policy = _Policy(name, self.ops[j], self.plan.saved[j])
+            policy = Policy(name, self.ops[j], self.plan.saved[j])
             module.remat_sac_policy = policy
             module.forward = types.MethodType(_checkpointed_forward, module)
         return model
@@ -293,7 +231,8 @@ def checkpoint_plan(
     time_limit: float = 60,
     loss_fn: Callable[[object], torch.Tensor] = default_loss,
 ) -> CheckpointPlan:
-    """The SAC plan of least recompute for one training step of `model` on the example inputs
+    """The SAC plan of least cost (recompute seconds plus SAC overhead) for one training step
+    of `model` on the example inputs
     (`loss_fn(model(*example_inputs, **example_kwargs)).backward()`) whose predicted peak is at
     most `budget`: bytes, units ("512MiB"), a percentage of the step without checkpointing
     ("50%") or "min" (the least peak of any plan). `blocks`: module names or glob patterns of

@@ -1,10 +1,17 @@
 """Small models with repeated blocks for the SAC plan tests: a transformer-style net (attention
-and MLP, LayerNorm, dropout) and an MLP net (GELU or in-place ReLU, dropout)."""
+and MLP, LayerNorm, dropout) and an MLP net (GELU or in-place ReLU, dropout); and a plan's
+regions with other MUST_SAVE ops (`replanned`, `every_saveable`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
+
+import executor
+from solver.sac import SacPlan
+from solver.sac.union import UnionPlan, union_peak
 
 
 class MLP(nn.Module):
@@ -66,7 +73,8 @@ def small() -> tuple[Net, tuple[torch.Tensor]]:
 
 def assert_same_adamw_steps(runs: list[nn.Module], loss, steps: int = 3) -> None:
     """Train the models side by side with AdamW, the same RNG seed per step (`loss(model,
-    step)` returns the step's loss), and assert their gradients `torch.equal` at every step."""
+    step)` returns the step's loss), and assert every run's gradients `torch.equal` to the
+    first run's at every step."""
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in runs]
     for step in range(steps):
         grads = []
@@ -76,5 +84,33 @@ def assert_same_adamw_steps(runs: list[nn.Module], loss, steps: int = 3) -> None
             loss(model, step).backward()
             grads.append([p.grad.clone() for p in model.parameters()])
             optimizer.step()
-        for k, (a, b) in enumerate(zip(*grads, strict=True)):
-            assert torch.equal(a, b), f"step {step}: gradient {k} differs"
+        for k, (a, *others) in enumerate(zip(*grads, strict=True)):
+            assert all(torch.equal(a, b) for b in others), f"step {step}: gradient {k} differs"
+
+
+def replanned(
+    plan: executor.CheckpointPlan, saved: tuple[frozenset[int], ...]
+) -> tuple[executor.CheckpointPlan, int]:
+    """The plan's regions with `saved` as their MUST_SAVE ops (per region in `plan.blocks`
+    order), and that plan's predicted peak (bytes) from the reference model."""
+    flat = iter(zip(plan.plan.checkpointed, saved, strict=True))
+    blocks, children = [], []
+    for split in plan.problem.splits:
+        blocks.append(next(flat))
+        kids = [] if split is None else [next(flat) for _ in split.children]
+        children.append(None if split is None else SacPlan(*map(tuple, zip(*kids, strict=True))))
+    union_plan = UnionPlan(SacPlan(*map(tuple, zip(*blocks, strict=True))), tuple(children))
+    changed = dataclasses.replace(plan, plan=SacPlan(plan.plan.checkpointed, saved))
+    return changed, union_peak(plan.problem, union_plan)
+
+
+def every_saveable(plan: executor.CheckpointPlan) -> tuple[frozenset[int], ...]:
+    """Per region of the plan (`plan.blocks` order): every op it may save where the plan
+    checkpoints it, none elsewhere (the regions then run under SAC policies)."""
+    regions = []
+    for block, split in zip(plan.problem.blocks.blocks, plan.problem.splits, strict=True):
+        regions += [block, *(split.children if split is not None else ())]
+    return tuple(
+        frozenset(i for i, op in enumerate(r.ops[: r.stop + 1]) if op.saveable and c)
+        for r, c in zip(regions, plan.plan.checkpointed, strict=True)
+    )

@@ -4,13 +4,15 @@ model or other blocks, a block whose op stream changed, a model that fails eager
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
-from sac_models import mlp_net, transformer
+from sac_models import Net, every_saveable, mlp_net, replanned, transformer
 
 import executor
 from solver.errors import InfeasibleBudgetError, ScheduleMismatchError
+from solver.sac import SacPlan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,8 +74,15 @@ def test_plan_for_other_blocks_is_refused(solved):
 
 
 def test_changed_op_stream_is_refused_at_its_first_step(solved):
+    """A region saving an op runs under its policy, which checks the op stream; one saving none
+    runs as plain checkpoint, which has no per-op decision to get wrong, and runs."""
     net, x, plan = solved
-    model = plan.apply(copy.deepcopy(net))
+    only = tuple(name == "blocks.0" for name in plan.blocks)
+    plain = dataclasses.replace(plan, plan=SacPlan(only, (frozenset(),) * len(only)))
+    saving, _ = replanned(plain, every_saveable(plain))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain.apply(copy.deepcopy(net))(x).sum().backward()
+    model = saving.apply(copy.deepcopy(net))
     with (
         torch.autocast("cpu", dtype=torch.bfloat16),
         pytest.raises(
@@ -121,3 +130,20 @@ def test_a_deep_copy_of_a_planned_model_runs_its_own_weights(solved):
     a = planned(x)
     torch.manual_seed(0)
     assert torch.equal(a, plain(x))
+
+
+class _WritesItsInput(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.relu_())
+
+
+def test_block_that_fails_inside_checkpoint_is_refused():
+    """A block writing its input in place runs plainly but not inside checkpoint, which keeps
+    that input for the recompute."""
+    net = Net([_WritesItsInput(32), _WritesItsInput(32)], 32)
+    with pytest.raises(ValueError, match=r"block blocks\.0 fails inside torch\.utils\.checkpoint"):
+        executor.checkpoint_plan(net, (torch.randn(4, 32),), "80%", regions="blocks", time_limit=5)

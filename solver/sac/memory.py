@@ -16,6 +16,8 @@ NOTE [ SAC memory model ] (torch 2.13, docs/sac.md):
      backward is the plain step's (`b_peak`) plus those.
   3. Everything else is the plain step's measured memory minus the savings of the blocks whose
      forward bytes are held at that moment.
+A plan's cost (seconds) is its recompute plus the SAC runtime's `overhead` of each region that
+saves an op (`plan_cost`).
 Units: bytes and seconds.
 """
 
@@ -117,13 +119,20 @@ def plan_peak(problem: SacProblem, plan: SacPlan) -> int:
 
 
 def plan_cost(problem: SacProblem, plan: SacPlan) -> float:
-    """Recompute seconds of the plan: every op up to `stop` of a checkpointed block that is not
-    MUST_SAVE reruns once."""
+    """Modelled seconds the plan adds to the step: every op up to `stop` of a checkpointed block
+    that is not MUST_SAVE reruns once, and a checkpointed block with a MUST_SAVE op pays its
+    `overhead` (the SAC runtime; a block saving nothing runs as plain checkpoint)."""
     check_plan(problem, plan)
-    return sum(
+    recompute = sum(
         op.seconds
         for block, ckpt, saved in zip(problem.blocks, plan.checkpointed, plan.saved, strict=True)
         if ckpt
         for i, op in enumerate(block.ops[: block.stop + 1])
         if i not in saved
     )
+    runtime = sum(
+        block.overhead
+        for block, ckpt, saved in zip(problem.blocks, plan.checkpointed, plan.saved, strict=True)
+        if ckpt and saved
+    )
+    return recompute + runtime

@@ -54,6 +54,10 @@ class SacBlock:
     `workspace`: bytes the plain forward's measured peak exceeds the op-level model (liveness
     and each op's scratch) by, added to the modelled forward and recompute. `recompute_extra`: bytes
     a recompute allocates besides the block's ops (the RNG state torch saves around it).
+    `overhead`: seconds a step pays for running the block under a SAC policy rather than plain
+    checkpoint (the policy's dispatch modes in its forward and recompute, its op-stream check),
+    measured; paid by a region that saves at least one op, not by one that saves none (it runs
+    as plain checkpoint).
     """
 
     name: str
@@ -66,6 +70,7 @@ class SacBlock:
     b_start: int
     b_peak: int
     recompute_extra: int = 0
+    overhead: float = 0.0
 
     def to_json(self) -> dict:
         d = asdict(self)

@@ -21,8 +21,11 @@ every term of NOTE [ SAC memory model ] (solver/sac/memory.py) is linear in (c, 
 (b_i: op i's new bytes, a_i: those autograd saves, o_i: those of the block's output, which
 live on whatever the plan; x_t: op t's scratch bytes; s_t = 0 where op t is not saveable.)
 
-and the recompute seconds are sum_j sum_{i<=stop_j} seconds_i (c_j - s_i). Objective: the
-seconds (in whole nanoseconds), or P for the least peak.
+and the cost in seconds is the recompute sum_j sum_{i<=stop_j} seconds_i (c_j - s_i) plus
+sum_j overhead_j u_j, with u_j >= s_i for every op i of block j: a region that saves an op pays
+the SAC runtime's overhead, one that saves none runs as plain checkpoint and does not (u_j is
+only bounded below; minimising sets it to max_i s_i). Objective: that cost (in whole
+nanoseconds), or P for the least peak.
 
 Over a union of granularities (solver/sac/union.py) a block j with a split also has its
 children's c_{j,l}, s_{j,l,i} with c_j + c_{j,l} <= 1; d_j becomes the block's own savings plus
@@ -56,7 +59,8 @@ workers)."""
 
 @dataclass(frozen=True)
 class SacSolution:
-    """A solved plan: `peak` (predicted bytes) and `cost` (recompute seconds) from the reference
+    """A solved plan: `peak` (predicted bytes) and `cost` (recompute seconds plus the SAC
+    runtime's overhead of the regions that save an op) from the reference
     model, `status` ("OPTIMAL" or "FEASIBLE"), `bound` (proven lower bound on the cost, seconds),
     `gap` ((cost - bound) / cost, 0 when cost is 0) and `budget` (bytes)."""
 
@@ -80,6 +84,7 @@ class _Model:
         self.union = union
         m = self.m = cp_model.CpModel()
         self.peak = m.NewIntVar(-(2**50), budget, "P")
+        self.runtime: cp_model.LinearExpr = 0  # nanoseconds of the SAC runtime's overhead
         self.c, self.s = self._regions(union.blocks.blocks, "b")
         self.cc: list[list[cp_model.IntVar] | None] = []
         self.cs: list[list[dict[int, cp_model.IntVar]] | None] = []
@@ -107,6 +112,12 @@ class _Model:
                     choices[i] = self.m.NewBoolVar(f"s{prefix}{j}_{i}")
                     self.m.AddImplication(choices[i], c[j])
             s.append(choices)
+            ns = round(block.overhead * NS)
+            if ns > 0 and choices:
+                u = self.m.NewBoolVar(f"u{prefix}{j}")
+                for v in choices.values():
+                    self.m.AddImplication(v, u)
+                self.runtime += ns * u
         return c, s
 
     @staticmethod
@@ -184,7 +195,7 @@ class _Model:
                 for i, op in enumerate(block.ops[: block.stop + 1]):
                     ns = round(op.seconds * NS)
                     terms += ns * (c - s[i]) if i in s else ns * c
-        return terms
+        return terms + self.runtime
 
     def solve(self, deadline: Deadline) -> tuple[cp_model.CpSolver, int]:
         solver = cp_model.CpSolver()
@@ -231,7 +242,8 @@ def _upper_slack(union: SacUnion) -> int:
 def solve_sac(
     problem: SacProblem | SacUnion, budget: int | str, deadline: Deadline, whole: bool = True
 ) -> SacSolution:
-    """The plan of least recompute seconds whose predicted peak is at most `budget` bytes;
+    """The plan of least cost (recompute seconds plus the SAC runtime's overhead of each region
+    saving an op) whose predicted peak is at most `budget` bytes;
     `"min"`: at the least peak any plan reaches. Over a `SacUnion` the plan is a `UnionPlan`
     (per block: none, whole, or children; `whole=False`: never whole where a split exists),
     over a `SacProblem` a `SacPlan`. InfeasibleBudgetError names that least peak when the
