@@ -35,7 +35,8 @@ from torch.utils.checkpoint import checkpoint
 
 from executor.sac_blocks import select_blocks
 from executor.sac_policy import Policy, contexts_of
-from executor.sac_record import _Snapshot, in_call_order, record_union
+from executor.sac_record import in_call_order, record_union
+from executor.sac_step import Snapshot
 from solver.core.budget import parse_bytes
 from solver.deadline import Deadline
 from solver.errors import ScheduleMismatchError
@@ -206,7 +207,7 @@ class CheckpointPlan:
 def _run_eagerly(model: nn.Module, step: Callable[[], torch.Tensor]) -> None:
     """One plain step (forward, loss, backward), leaving RNG, buffers and `.grad` as found: a
     model that fails with the example inputs raises its own error here."""
-    snapshot = _Snapshot(model)
+    snapshot = Snapshot(model)
     grads = {p: p.grad for p in model.parameters()}
     try:
         step().backward()
