@@ -1,6 +1,7 @@
 """The SAC plan solver against brute force over every plan on small drawn problems: the CP-SAT
-plan's cost (recompute plus the SAC runtime's overhead of each region saving an op) is the
-least of all plans whose reference peak (`solver.sac.plan_peak`) fits."""
+plan's cost (recompute, plus each checkpointed region's price, negative ones included, plus
+the SAC runtime's overhead of each region saving an op) is the least of all plans whose
+reference peak (`solver.sac.plan_peak`) fits."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def blocks(draw, name: str, most: int = 4) -> SacBlock:
         b_peak=b_start + draw(st.integers(0, 50)),
         recompute_extra=draw(st.integers(0, 5)),
         overhead=draw(st.integers(0, 12)) * 1e-6,
+        price=draw(st.integers(-12, 12)) * 1e-6,
     )
 
 
@@ -195,3 +197,18 @@ def test_a_child_region_fits_where_the_whole_block_and_no_region_do_not():
     solution = solve_sac(union, 120, Deadline.after(20))
     assert solution.plan.children[0].checkpointed == (True, False)
     assert not solution.plan.blocks.checkpointed[0] and solution.peak <= 120
+
+
+def test_a_region_whose_price_exceeds_its_savings_is_not_chosen():
+    """The step peaks at 200 after both blocks; checkpointing either one saves its 100 bytes.
+    Block 1's recompute is the cheaper by the recorded seconds; its checkpoint price makes it
+    the dearer region (4 us against 1.5 us, block 0's price negative)."""
+    op = SacOp("op", 100, 2e-6, 0, 100, False)
+    cheap = SacOp("op", 100, 1e-6, 0, 100, False)
+    first = SacBlock("b0", (op,), 0, 0, 0, 0, 100, 100, 100, price=-0.5e-6)
+    second = SacBlock("b1", (cheap,), 0, 0, 0, 0, 100, 100, 100, price=3e-6)
+    problem = SacProblem((first, second), (Segment(200, 2),), 200)
+    solution = solve_sac(problem, 150, Deadline.after(20))
+    plan = SacPlan((True, False), (frozenset(), frozenset()))
+    assert solution.plan == plan
+    assert solution.cost == pytest.approx(1.5e-6, abs=1e-12) == plan_cost(problem, plan)

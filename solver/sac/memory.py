@@ -16,8 +16,9 @@ NOTE [ SAC memory model ] (torch 2.13, docs/sac.md):
      backward is the plain step's (`b_peak`) plus those.
   3. Everything else is the plain step's measured memory minus the savings of the blocks whose
      forward bytes are held at that moment.
-A plan's cost (seconds) is its recompute plus the SAC runtime's `overhead` of each region that
-saves an op (`plan_cost`).
+A plan's cost (seconds) is its recompute, plus each checkpointed region's `price` (what
+checkpoint costs beyond the recorded seconds of the ops it reruns), plus the SAC runtime's
+`overhead` of each region that saves an op (`plan_cost`).
 Units: bytes and seconds.
 """
 
@@ -120,8 +121,9 @@ def plan_peak(problem: SacProblem, plan: SacPlan) -> int:
 
 def plan_cost(problem: SacProblem, plan: SacPlan) -> float:
     """Modelled seconds the plan adds to the step: every op up to `stop` of a checkpointed block
-    that is not MUST_SAVE reruns once, and a checkpointed block with a MUST_SAVE op pays its
-    `overhead` (the SAC runtime; a block saving nothing runs as plain checkpoint)."""
+    that is not MUST_SAVE reruns once, a checkpointed block pays its `price`, and one with a
+    MUST_SAVE op its `overhead` (the SAC runtime; a block saving nothing runs as plain
+    checkpoint)."""
     check_plan(problem, plan)
     recompute = sum(
         op.seconds
@@ -135,4 +137,7 @@ def plan_cost(problem: SacProblem, plan: SacPlan) -> float:
         for block, ckpt, saved in zip(problem.blocks, plan.checkpointed, plan.saved, strict=True)
         if ckpt and saved
     )
-    return recompute + runtime
+    price = sum(
+        block.price for block, ckpt in zip(problem.blocks, plan.checkpointed, strict=True) if ckpt
+    )
+    return recompute + price + runtime

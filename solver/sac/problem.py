@@ -57,7 +57,12 @@ class SacBlock:
     `overhead`: seconds a step pays for running the block under a SAC policy rather than plain
     checkpoint (the policy's dispatch modes in its forward and recompute, its op-stream check),
     measured; paid by a region that saves at least one op, not by one that saves none (it runs
-    as plain checkpoint).
+    as plain checkpoint). `price`: seconds a checkpointed region pays beyond the recorded
+    `seconds` of the ops it reruns (checkpoint's own machinery: saving inputs and RNG state, the
+    recompute's Python code, the unpack hooks; and the recorded seconds' error): the region's
+    step under plain checkpoint minus without checkpoint, run alone and measured, less the
+    recorded seconds of every op up to `stop`. Paid by every checkpointed region; negative
+    where the recorded seconds overestimate the recompute.
     """
 
     name: str
@@ -71,6 +76,7 @@ class SacBlock:
     b_peak: int
     recompute_extra: int = 0
     overhead: float = 0.0
+    price: float = 0.0
 
     def to_json(self) -> dict:
         d = asdict(self)

@@ -21,7 +21,8 @@ every term of NOTE [ SAC memory model ] (solver/sac/memory.py) is linear in (c, 
 (b_i: op i's new bytes, a_i: those autograd saves, o_i: those of the block's output, which
 live on whatever the plan; x_t: op t's scratch bytes; s_t = 0 where op t is not saveable.)
 
-and the cost in seconds is the recompute sum_j sum_{i<=stop_j} seconds_i (c_j - s_i) plus
+and the cost in seconds is the recompute sum_j sum_{i<=stop_j} seconds_i (c_j - s_i), plus
+sum_j price_j c_j (checkpoint's own price per region, possibly negative), plus
 sum_j overhead_j u_j, with u_j >= s_i for every op i of block j: a region that saves an op pays
 the SAC runtime's overhead, one that saves none runs as plain checkpoint and does not (u_j is
 only bounded below; minimising sets it to max_i s_i). Objective: that cost (in whole
@@ -59,8 +60,9 @@ workers)."""
 
 @dataclass(frozen=True)
 class SacSolution:
-    """A solved plan: `peak` (predicted bytes) and `cost` (recompute seconds plus the SAC
-    runtime's overhead of the regions that save an op) from the reference
+    """A solved plan: `peak` (predicted bytes) and `cost` (recompute seconds plus each region's
+    checkpoint price plus the SAC runtime's overhead of the regions that save an op) from the
+    reference
     model, `status` ("OPTIMAL" or "FEASIBLE"), `bound` (proven lower bound on the cost, seconds),
     `gap` ((cost - bound) / cost, 0 when cost is 0) and `budget` (bytes)."""
 
@@ -195,6 +197,7 @@ class _Model:
                 for i, op in enumerate(block.ops[: block.stop + 1]):
                     ns = round(op.seconds * NS)
                     terms += ns * (c - s[i]) if i in s else ns * c
+                terms += round(block.price * NS) * c
         return terms + self.runtime
 
     def solve(self, deadline: Deadline) -> tuple[cp_model.CpSolver, int]:
@@ -242,8 +245,8 @@ def _upper_slack(union: SacUnion) -> int:
 def solve_sac(
     problem: SacProblem | SacUnion, budget: int | str, deadline: Deadline, whole: bool = True
 ) -> SacSolution:
-    """The plan of least cost (recompute seconds plus the SAC runtime's overhead of each region
-    saving an op) whose predicted peak is at most `budget` bytes;
+    """The plan of least cost (recompute seconds plus each region's checkpoint price plus the SAC
+    runtime's overhead of each region saving an op) whose predicted peak is at most `budget` bytes;
     `"min"`: at the least peak any plan reaches. Over a `SacUnion` the plan is a `UnionPlan`
     (per block: none, whole, or children; `whole=False`: never whole where a split exists),
     over a `SacProblem` a `SacPlan`. InfeasibleBudgetError names that least peak when the

@@ -133,5 +133,5 @@ def union_peak(union: SacUnion, plan: UnionPlan) -> int:
 
 
 def union_cost(union: SacUnion, plan: UnionPlan) -> float:
-    """Recompute seconds of the union plan."""
+    """Modelled seconds the union plan adds to the step (`solver.sac.memory.plan_cost`)."""
     return plan_cost(*flatten(union, plan))
