@@ -7,8 +7,9 @@
 `checkpoint_plan` steps:
 1. `_run_eagerly`: one plain step, so a model that fails with the inputs fails with its own error;
 2. `select_blocks`: the blocks (executor/sac_blocks.py), and `_children`: each block's children;
-3. `record_union`: measured windows, op streams and SAC overhead of both (executor/sac_record.py);
-4. `solve_sac`: the least recompute seconds plus SAC overhead under the budget over every
+3. `record_union`: measured windows, op streams, checkpoint price and SAC overhead of both
+   (executor/sac_record.py);
+4. `solve_sac`: the least recompute seconds plus price and overhead under the budget over every
    granularity (solver/sac/solve.py, solver/sac/union.py).
 docs/sac.md gives the memory model and its measured accuracy.
 
@@ -46,7 +47,7 @@ from solver.sac.union import SacUnion, UnionPlan
 
 __all__ = ["REGIONS", "CheckpointPlan", "checkpoint_plan", "default_loss"]
 
-FORMAT = "remat-sac-plan/2"
+FORMAT = "remat-sac-plan/3"
 
 
 def default_loss(output: object) -> torch.Tensor:
@@ -96,8 +97,9 @@ class CheckpointPlan:
     """A solved SAC plan. `blocks`: its candidate regions in order, each block followed by its
     children where it can be split (at most one of a block and its children is checkpointed);
     `peak`: predicted step peak (bytes above what exists before the step); `cost`: seconds,
-    the recompute (measured per op) plus the SAC overhead of each region saving an op (measured
-    per region; a region saving nothing runs as plain checkpoint); `bound`: proven lower bound
+    the recompute (measured per op) plus each region's checkpoint price (measured per region)
+    plus the SAC overhead of each region saving an op (measured per region; a region saving
+    nothing runs as plain checkpoint); `bound`: proven lower bound
     on the cost;
     `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE"; `budget`: bytes;
     `plain_peak`: the measured peak of the step without checkpointing (100%)."""
@@ -180,7 +182,18 @@ class CheckpointPlan:
         plan of another model or other blocks, ValueError for a file that is not a plan)."""
         try:
             data = json.loads(Path(path).read_text())
-            if data.get("format") != FORMAT:
+        except (OSError, ValueError) as e:
+            raise ValueError(
+                f"{path} is not a SAC plan file ({e}): write one with plan.save"
+            ) from e
+        found = data.get("format") if isinstance(data, dict) else None
+        if isinstance(found, str) and found.startswith("remat-sac-plan/") and found != FORMAT:
+            raise ValueError(
+                f"{path} is a SAC plan of format {found!r}, not {FORMAT!r} (its problem lacks "
+                "the regions' checkpoint prices): solve it again with checkpoint_plan"
+            )
+        try:
+            if found != FORMAT:
                 raise ValueError(f"format {data.get('format')!r}, not {FORMAT!r}")
             blocks = data["blocks"]
             plan = cls(
@@ -232,7 +245,8 @@ def checkpoint_plan(
     time_limit: float = 60,
     loss_fn: Callable[[object], torch.Tensor] = default_loss,
 ) -> CheckpointPlan:
-    """The SAC plan of least cost (recompute seconds plus SAC overhead) for one training step
+    """The SAC plan of least cost (recompute seconds plus checkpoint's price per region plus SAC
+    overhead) for one training step
     of `model` on the example inputs
     (`loss_fn(model(*example_inputs, **example_kwargs)).backward()`) whose predicted peak is at
     most `budget`: bytes, units ("512MiB"), a percentage of the step without checkpointing

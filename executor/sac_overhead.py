@@ -1,11 +1,13 @@
-"""The SAC runtime's own price per region (`measure_overhead`): seconds a training step pays
-for running a region under a SAC policy rather than under plain checkpoint."""
+"""Per region, the prices of running it inside checkpoint (`measure_overhead`): seconds a
+training step pays for running a region under a SAC policy rather than under plain checkpoint,
+and under plain checkpoint rather than without."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -44,9 +46,12 @@ def _region_inputs(model: nn.Module, regions: Sequence[nn.Module], step: Step) -
     return calls
 
 
-def _region_step(module: nn.Module, call, policy: Policy | None) -> float:
+def _region_step(
+    module: nn.Module, call, policy: Policy | None, checkpointed: bool = True
+) -> float:
     """Seconds of one forward and backward of the region alone inside `checkpoint(
-    use_reentrant=False)`, under `policy` (None: plain checkpoint); the backward reruns it."""
+    use_reentrant=False)`, under `policy` (None: plain checkpoint), the backward rerunning it;
+    `checkpointed=False`: without checkpoint."""
     args, kwargs = pytree.tree_map_only(
         torch.Tensor, lambda t: t.clone() if t.requires_grad else t, call
     )  # a non-leaf copy: the region may write its inputs in place
@@ -55,7 +60,10 @@ def _region_step(module: nn.Module, call, policy: Policy | None) -> float:
     forward = type(module).forward.__get__(module)
     extra = {} if policy is None else {"context_fn": policy.contexts}
     start = time.perf_counter()
-    out = checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
+    if checkpointed:
+        out = checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
+    else:
+        out = forward(*args, **kwargs)
     if policy is not None:
         policy.check_complete()
     outs = [t for t in leaf_tensors(out) if t.requires_grad]
@@ -63,25 +71,39 @@ def _region_step(module: nn.Module, call, policy: Policy | None) -> float:
     return time.perf_counter() - start
 
 
-def _paired_overhead(module: nn.Module, call, name: str, ops: Sequence[str], repeats: int) -> float:
-    """Median over `repeats` pairs of the region's step under its all-recompute policy minus
-    its step under plain checkpoint (seconds, at least 0), after one warm-up of each."""
+class RegionTimes(NamedTuple):
+    """A region's measured prices, seconds: `overhead`, its step under its all-recompute SAC
+    policy minus under plain checkpoint (at least 0); `checkpoint`, its step under plain
+    checkpoint minus without checkpoint (full recompute and checkpoint's own machinery; may be
+    negative within the timing's noise)."""
 
-    def sac() -> float:
-        return _region_step(module, call, Policy(name, ops, frozenset()))
+    overhead: float
+    checkpoint: float
 
-    def plain() -> float:
-        return _region_step(module, call, None)
 
-    sac(), plain()
-    differences = []
+def _region_times(
+    module: nn.Module, call, name: str, ops: Sequence[str], repeats: int
+) -> RegionTimes:
+    """The region's step without checkpoint, under plain checkpoint and under its all-recompute
+    policy, one warm-up of each, then `repeats` rounds of the three side by side, the order
+    rotated each round; the medians of the rounds' differences."""
+    runs = (
+        lambda: _region_step(module, call, None, checkpointed=False),
+        lambda: _region_step(module, call, None),
+        lambda: _region_step(module, call, Policy(name, ops, frozenset())),
+    )
+    for run in runs:
+        run()
+    overheads, checkpoints = [], []
     for r in range(repeats):
-        if r % 2:
-            with_policy, without = sac(), plain()
-        else:
-            without, with_policy = plain(), sac()
-        differences.append(with_policy - without)
-    return max(0.0, statistics.median(differences))
+        seconds = [0.0] * 3
+        for k in range(3):
+            which = (k + r) % 3
+            seconds[which] = runs[which]()
+        bare, plain, sac = seconds
+        overheads.append(sac - plain)
+        checkpoints.append(plain - bare)
+    return RegionTimes(max(0.0, statistics.median(overheads)), statistics.median(checkpoints))
 
 
 def measure_overhead(
@@ -90,28 +112,31 @@ def measure_overhead(
     ops: Sequence[Sequence[str]],
     step: Step,
     repeats: int = 5,
-) -> list[float | None]:
-    """Per region, the seconds a training step pays for running it under a SAC policy rather
-    than under plain checkpoint: the policy's dispatch modes in its forward and its recompute
-    and the op-stream check (`executor.sac_policy.Policy`, recomputing every op: the same
-    recompute as plain checkpoint's). Each region runs alone, forward and backward, on the
-    inputs it gets in the step (`ops`: its recorded op stream, which the policy checks), under
-    both, side by side: after one warm-up of each, `repeats` pairs, alternating which runs
-    first; the median of the pairs' differences, at least 0. The thread count is the caller's.
-    None for a region that fails inside checkpoint (autograd's RuntimeError: a module that
-    writes its input in place, such as an in-place ReLU, invalidates the input checkpoint keeps).
+) -> list[RegionTimes | None]:
+    """Per region, the seconds a training step pays (`RegionTimes`) for running it under a SAC
+    policy rather than under plain checkpoint (`overhead`: the policy's dispatch modes in its
+    forward and its recompute and the op-stream check, `executor.sac_policy.Policy`
+    recomputing every op, the same recompute as plain checkpoint's), and for running it under
+    plain checkpoint rather than without (`checkpoint`: the recompute and checkpoint's own
+    machinery: saving inputs and RNG state, the recompute's Python, the unpack hooks). Each
+    region runs alone, forward and backward, on the inputs it gets in the step (`ops`: its
+    recorded op stream, which the policy checks), the three ways side by side: after one
+    warm-up of each, `repeats` rounds, the order rotated each round; the medians of the
+    rounds' differences. The thread count is the caller's. None for a region that fails inside
+    checkpoint (autograd's RuntimeError: a module that writes its input in place, such as an
+    in-place ReLU, invalidates the input checkpoint keeps).
     """
     calls = _region_inputs(model, regions, step)
     snapshot = Snapshot(model)
     grads = {p: p.grad for p in model.parameters()}
-    out: list[float | None] = []
+    out: list[RegionTimes | None] = []
     try:
         for j, (module, call) in enumerate(zip(regions, calls, strict=True)):
             if call is None:
                 raise ValueError(f"region {j} ({type(module).__name__}) is not called by the step")
 
             try:
-                out.append(_paired_overhead(module, call, f"region {j}", ops[j], repeats))
+                out.append(_region_times(module, call, f"region {j}", ops[j], repeats))
             except RuntimeError:  # e.g. it writes its own input in place: autograd refuses
                 out.append(None)
     finally:

@@ -19,7 +19,8 @@ Steps (`record_union`):
    the objective is step time); then once more under the profiler, each op in a window, for its
    scratch bytes (`_measure_scratch`).
 3. `measure_overhead` (`executor.sac_overhead`): per region, the seconds its SAC policy costs
-   beyond plain checkpoint.
+   beyond plain checkpoint, and plain checkpoint beyond none; the latter less the recorded
+   seconds of the ops a full recompute reruns is the region's `price`.
 The RNG state and the model's buffers are restored after each run, and `.grad` is left as found.
 """
 
@@ -35,7 +36,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
-from executor.sac_overhead import measure_overhead
+from executor.sac_overhead import RegionTimes, measure_overhead
 from executor.sac_step import Snapshot, Step, leaf_tensors
 from executor.sac_windows import measure_windows
 from graph_capture.peak import _memory_profile
@@ -276,6 +277,31 @@ def _block(name: str, f: _BlockFacts, window: tuple[int, int, int, int], params:
     return replace(block, workspace=workspace, recompute_extra=rng_state_bytes())
 
 
+def _pooled(times: list[RegionTimes | None], kinds: list) -> list[RegionTimes | None]:
+    """`times` with each region's `checkpoint` the median over the regions of its kind (module
+    class and op stream: the same work, timed alone several times over), which halves or more
+    the spread of one region's median on a shared machine."""
+    groups: dict = {}
+    for t, kind in zip(times, kinds, strict=True):
+        if t is not None:
+            groups.setdefault(kind, []).append(t.checkpoint)
+    return [
+        None if t is None else t._replace(checkpoint=statistics.median(groups[kind]))
+        for t, kind in zip(times, kinds, strict=True)
+    ]
+
+
+def _priced(block: SacBlock, times: RegionTimes | None) -> SacBlock | None:
+    """The block with its measured `overhead` and `price`: plain checkpoint's measured price
+    less the recorded seconds of the ops its full recompute reruns (up to `stop`), so that the
+    modelled cost of the region recomputing every op is the measured one. None where the
+    region fails inside checkpoint."""
+    if times is None:
+        return None
+    recompute = sum(op.seconds for op in block.ops[: block.stop + 1])
+    return replace(block, overhead=times.overhead, price=times.checkpoint - recompute)
+
+
 def record_problem(
     model: nn.Module,
     blocks: Sequence[tuple[str, nn.Module]],
@@ -307,14 +333,14 @@ def record_union(
     flat = [kid for kids in kept if kids is not None for kid in kids]
     facts = record_ops(model, modules, step, repeats)
     flat_facts = record_ops(model, [m for _, m in flat], step, repeats) if flat else []
-    overheads = measure_overhead(
-        model,
-        modules + [m for _, m in flat],
-        [[o.name for o in f.ops] for f in facts + flat_facts],
-        step,
+    regions = modules + [m for _, m in flat]
+    streams = [tuple(o.name for o in f.ops) for f in facts + flat_facts]
+    overheads = _pooled(
+        measure_overhead(model, regions, streams, step),
+        [(type(m), ops) for m, ops in zip(regions, streams, strict=True)],
     )
-    for (name, _), seconds in zip(blocks, overheads, strict=False):
-        if seconds is None:
+    for (name, _), times in zip(blocks, overheads, strict=False):
+        if times is None:
             raise ValueError(
                 f"block {name} fails inside torch.utils.checkpoint (run alone, forward and "
                 "backward): it cannot be a checkpoint region; choose other blocks"
@@ -325,17 +351,17 @@ def record_union(
     out = []
     for j, ((name, _), f) in enumerate(zip(blocks, facts, strict=True)):
         window = (windows.f_start[j], windows.f_peak[j], windows.b_start[j], windows.b_peak[j])
-        out.append(replace(_block(name, f, window, params), overhead=overheads[j]))
+        out.append(_priced(_block(name, f, window, params), overheads[j]))
     splits: list[SacSplit | None] = []
     for j, kids in enumerate(kept):
         if kids is None:
             splits.append(None)
             continue
         made = [
-            replace(_block(n, next(kid_facts), w, params), overhead=next(kid_overheads))
+            _priced(_block(n, next(kid_facts), w, params), next(kid_overheads))
             for (n, _), w in zip(kids, windows.splits[j], strict=True)
         ]
-        if any(child.overhead is None for child in made):
+        if any(child is None for child in made):
             kept[j] = None  # a child that cannot be a checkpoint region: the block has no split
             splits.append(None)
             continue

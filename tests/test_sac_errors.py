@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -60,6 +61,11 @@ def test_plan_file_round_trips_and_refuses_another_model(solved, tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="is not a SAC plan file"):
         executor.CheckpointPlan.load(tmp_path / "bad.json", net)
+    old = json.loads(path.read_text()) | {"format": "remat-sac-plan/2"}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=r"format 'remat-sac-plan/2'.*solve it again"):
+        executor.CheckpointPlan.load(tmp_path / "old.json", net)
+    assert all("price" in b for b in json.loads(path.read_text())["problem"]["blocks"]["blocks"])
 
 
 def test_plan_for_other_blocks_is_refused(solved):
