@@ -17,8 +17,9 @@ median of `--steps` steps after a warm-up, the runs' steps interleaved):
   "fits"); per block no region, the whole block or some of its children ("regions": how many
   blocks and children it checkpoints, and how many of those save no op and run as plain
   checkpoint); budget, predicted and measured peak, bytes over, its cost ("recompute ms":
-  recompute seconds plus the SAC runtime overhead of the regions that save an op, measured
-  when recorded; "runtime ms": that overhead alone), status and gap, step time over full
+  recompute seconds plus each region's checkpoint price plus the SAC runtime overhead of the
+  regions that save an op, measured when recorded; "runtime ms": that overhead alone; "model
+  x": eager's step plus that cost, over eager's step), status and gap, step time over full
   checkpoint's ("/ full") and the space's certified floor of that ratio ("floor / full":
   eager's step plus the proven lower bound on the cost, over full checkpoint's step);
 - `--executor`: remat's executor optimum (`executor.rematerialize`) at the same budget, its
@@ -158,6 +159,7 @@ def price(name: str, steps: int, time_limit: float, use_executor: bool, compile_
             row[f"{label} over B"] = max(0, peak - plan.budget)
             row[f"{label} meas/pred"] = f"{peak / plan.peak:.3f}"
             row[f"{label} recompute ms"] = f"{plan.cost * 1e3:.2f}"
+            row[f"{label} model x"] = f"{(eager_seconds + plan.cost) / eager_seconds:.2f}"
             row[f"{label} status/gap"] = f"{plan.status} {plan.gap:.1%}"
             whole = sum(n in paths for n in plan.checkpointed())
             plain, overhead = _plain_regions(plan)
