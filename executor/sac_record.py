@@ -20,7 +20,8 @@ Steps (`record_union`):
    scratch bytes (`_measure_scratch`).
 3. `measure_overhead` (`executor.sac_overhead`): per region, the seconds its SAC policy costs
    beyond plain checkpoint, and plain checkpoint beyond none; the latter less the recorded
-   seconds of the ops a full recompute reruns is the region's `price`.
+   seconds of the ops a full recompute reruns is the region's `price` (where it is less, those
+   seconds are scaled down to it instead: `_priced`).
 The RNG state and the model's buffers are restored after each run, and `.grad` is left as found.
 """
 
@@ -292,14 +293,25 @@ def _pooled(times: list[RegionTimes | None], kinds: list) -> list[RegionTimes | 
 
 
 def _priced(block: SacBlock, times: RegionTimes | None) -> SacBlock | None:
-    """The block with its measured `overhead` and `price`: plain checkpoint's measured price
-    less the recorded seconds of the ops its full recompute reruns (up to `stop`), so that the
-    modelled cost of the region recomputing every op is the measured one. None where the
-    region fails inside checkpoint."""
+    """The block with its measured `overhead` and `price`, so that the modelled cost of the
+    region recomputing every op is plain checkpoint's measured price: where that exceeds the
+    recorded seconds of the ops a full recompute reruns (up to `stop`), `price` is the excess;
+    where it is less (the recorded seconds, timed one op at a time, overestimate the rerun),
+    those ops' seconds are scaled down to it and `price` is 0, so that a region saving some
+    ops never costs less than the ops it reruns. None where the region fails inside
+    checkpoint."""
     if times is None:
         return None
     recompute = sum(op.seconds for op in block.ops[: block.stop + 1])
-    return replace(block, overhead=times.overhead, price=times.checkpoint - recompute)
+    if times.checkpoint >= recompute or recompute <= 0:
+        price = max(times.checkpoint - recompute, 0.0)  # below 0 only within the timing's noise
+        return replace(block, overhead=times.overhead, price=price)
+    scale = max(times.checkpoint, 0.0) / recompute
+    ops = tuple(
+        replace(op, seconds=op.seconds * scale) if i <= block.stop else op
+        for i, op in enumerate(block.ops)
+    )
+    return replace(block, ops=ops, overhead=times.overhead, price=0.0)
 
 
 def record_problem(

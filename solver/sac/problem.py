@@ -24,7 +24,8 @@ class SacOp:
     block's stream is its index).
 
     `name`: the op (`aten.addmm.default`). `new_bytes`: bytes of the storages it creates (0 when
-    its outputs alias inputs or tensors from outside the block). `seconds`: its measured time.
+    its outputs alias inputs or tensors from outside the block). `seconds`: its measured time
+    (scaled down where the block's measured recompute is less: `SacBlock.price`).
     `last_read`: index of the last op of the block reading those storages (its own index if
     none; the block's output counts as read to the end). `saved_bytes`: bytes of its storages
     the plain forward saves for backward (autograd's saved tensors), the block's output left
@@ -61,8 +62,9 @@ class SacBlock:
     `seconds` of the ops it reruns (checkpoint's own machinery: saving inputs and RNG state, the
     recompute's Python code, the unpack hooks; and the recorded seconds' error): the region's
     step under plain checkpoint minus without checkpoint, run alone and measured, less the
-    recorded seconds of every op up to `stop`. Paid by every checkpointed region; negative
-    where the recorded seconds overestimate the recompute.
+    recorded seconds of every op up to `stop`. Paid by every checkpointed region. Recorded at
+    least 0: where the measured price is less than those seconds, the ops' `seconds` up to
+    `stop` are scaled down to it instead (executor/sac_record.py); the solver takes any sign.
     """
 
     name: str
