@@ -5,10 +5,11 @@
 
 The factory returns ``(model, example_inputs[, example_kwargs])`` as for `remat run`; the
 step's loss is `executor.sac.default_loss` (``.loss``, else the sum of the output). Printed: the
-plan (status, predicted peak, recompute seconds, gap, checkpointed regions), then for eager and
-the plan, each on its own copy of the model: the measured peak (profiler allocation events,
-bytes above the step's start, `.grad` created in the step) and the median step time. Exit
-status 0 only when the plan's measured peak is within its budget.
+plan (status, predicted peak, cost: recompute seconds plus checkpoint price and SAC overhead,
+gap, checkpointed regions), then for eager and the plan, each on its own copy of the model:
+the measured peak (profiler allocation events, bytes above the step's start, `.grad` created
+in the step) and the median step time. Exit status 0 only when the plan's measured peak is
+within its budget.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def run_sac(args: argparse.Namespace) -> int:
             plan.save(args.out)
         print(
             f"plan: {plan.status}, predicted peak {_mib(plan.peak)} within {_mib(plan.budget)} "
-            f"(100% = {_mib(plan.plain_peak)}), recompute {plan.cost * 1e3:.2f} ms, gap "
+            f"(100% = {_mib(plan.plain_peak)}), cost {plan.cost * 1e3:.2f} ms, gap "
             f"{plan.gap:.2%}; checkpointed {len(plan.checkpointed())} of {len(plan.blocks)} "
             f"regions, {sum(map(len, plan.plan.saved))} ops saved"
         )
