@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from executor.sac_policy import Policy
-from executor.sac_step import Snapshot, Step, leaf_tensors
+from executor.sac_step import Snapshot, Step, hooked, leaf_tensors
 
 
 def _region_inputs(model: nn.Module, regions: Sequence[nn.Module], step: Step) -> list:
@@ -37,11 +37,10 @@ def _region_inputs(model: nn.Module, regions: Sequence[nn.Module], step: Step) -
     ]
     snapshot = Snapshot(model)
     try:
-        loss = step()
+        with hooked(handles):
+            loss = step()
         del loss
     finally:
-        for h in handles:
-            h.remove()
         snapshot.restore()
     return calls
 
@@ -128,7 +127,6 @@ def measure_overhead(
     """
     calls = _region_inputs(model, regions, step)
     snapshot = Snapshot(model)
-    grads = {p: p.grad for p in model.parameters()}
     out: list[RegionTimes | None] = []
     try:
         for j, (module, call) in enumerate(zip(regions, calls, strict=True)):
@@ -141,6 +139,4 @@ def measure_overhead(
                 out.append(None)
     finally:
         snapshot.restore()
-        for p, g in grads.items():
-            p.grad = g
     return out

@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from executor.sac_overhead import RegionTimes, measure_overhead
-from executor.sac_step import Snapshot, Step, leaf_tensors
+from executor.sac_step import Snapshot, Step, hooked, leaf_tensors
 from executor.sac_windows import measure_windows
 from graph_capture.peak import _memory_profile
 from solver.sac import SacBlock, SacOp, SacProblem
@@ -183,13 +183,10 @@ def record_ops(
             handles = _hooks(
                 blocks, recorder.enter, lambda _j, o, r=recorder: r.leave(leaf_tensors(o))
             )
-            try:
-                with recorder, torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
-                    loss = step()
-                del loss
-            finally:
-                for h in handles:
-                    h.remove()
+            saves = torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t)
+            with hooked(handles), recorder, saves:
+                loss = step()
+            del loss
             snapshot.restore()
         _measure_scratch(model, blocks, step, facts)
     finally:
@@ -207,13 +204,9 @@ def _measure_scratch(
 
     recorder = _Recorder(facts, first=False, mark_ops=True)
     handles = _hooks(blocks, recorder.enter, lambda _j, _o: setattr(recorder, "block", None))
-    try:
-        with _memory_profile() as prof, recorder:
-            loss = step()
-            del loss
-    finally:
-        for h in handles:
-            h.remove()
+    with hooked(handles), _memory_profile() as prof, recorder:
+        loss = step()
+        del loss
     for (j, i), (peak, end) in zip(
         recorder.marked, window_peaks(prof, "remat.sacop:"), strict=True
     ):
@@ -235,11 +228,9 @@ def in_call_order(
     ]
     snapshot = Snapshot(model)
     try:
-        with torch.no_grad():
+        with hooked(handles), torch.no_grad():
             step()
     finally:
-        for h in handles:
-            h.remove()
         snapshot.restore()
     return [named[k] for k in sorted(first, key=first.__getitem__)]
 

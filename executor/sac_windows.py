@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from executor.sac_step import Snapshot, Step, leaf_tensors
+from executor.sac_step import Snapshot, Step, hooked, leaf_tensors
 from graph_capture.peak import _allocation_events, _memory_profile
 from solver.sac import Segment
 
@@ -81,21 +81,16 @@ def measure_windows(
     for j, kids in enumerate(children):
         regions += [(f"{j}.{c}", m) for c, m in enumerate(kids or [])]
     snapshot = Snapshot(model)
-    grads = {p: p.grad for p in model.parameters()}
     model.zero_grad(set_to_none=True)
     handles = []
     for label, module in regions:
         handles.append(module.register_forward_pre_hook(lambda _m, _a, x=label: mark(f"fs{x}")))
         handles.append(module.register_forward_hook(lambda _m, _a, o, x=label: on_leave(x, o)))
     try:
-        with _memory_profile() as prof:
+        with hooked(handles), _memory_profile() as prof:
             step().backward()
     finally:
-        for h in handles:
-            h.remove()
         snapshot.restore()
-        for p, g in grads.items():
-            p.grad = g
     return _cut(prof, marks, [None if not k or len(k) < 2 else len(k) for k in children])
 
 
