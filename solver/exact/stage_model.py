@@ -96,7 +96,8 @@ def lp_relaxation(search: Search) -> Search:
             break
         if search.elapsed() - began > options.lp_repeat_share * search.deadline.remaining():
             break
-        if variable_count(problem, units.int_cost, limit) == len(model.names):
+        size = len(model.names)
+        if variable_count(problem, units.int_cost, limit, above=size) == size:
             break  # the same model less a slack limit row: the same LP optimum and rounding
         try:
             search.model = build(problem, budget, units.int_cost, limit, search.deadline)
