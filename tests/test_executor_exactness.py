@@ -315,7 +315,7 @@ def measured_step_peak(model: nn.Module, captured, schedule: Schedule, x: torch.
         return measure_peak(step, x.device).peak_bytes
 
 
-@settings(max_examples=20)
+@settings(max_examples=10)
 @given(
     family=st.sampled_from(["seq", "conv"]),
     data=st.data(),

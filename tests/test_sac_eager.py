@@ -53,7 +53,7 @@ def test_measured_peak_within_budget_and_prediction(budget):
     check_peak(transformer(), torch.randn(4, 32, 32), budget)
 
 
-@settings(max_examples=6)
+@settings(max_examples=4)
 @given(
     layers=st.integers(2, 3),
     d=st.sampled_from([16, 32]),

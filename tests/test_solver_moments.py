@@ -125,6 +125,7 @@ def test_after_a_weak_lp_the_moment_phase_runs_and_the_answer_is_the_exhaustive_
     assert solver.simulate(graph, schedule.ops).peak <= budget
 
 
+@pytest.mark.long
 def test_random_layered_250_at_90_percent_is_proven_through_the_moment_phase():
     """Issue 6's random_layered n=250 row: first tight stage 213 of 250, where the relaxation
     (17k variables) is small beside the stage model (190k) and its optimal plan fits: the proof

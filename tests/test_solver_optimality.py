@@ -65,7 +65,7 @@ def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
     exhaustive optimum."""
     statuses: dict[str, list[str]] = {"highs": [], "cpsat": []}
 
-    @settings(max_examples=10)
+    @settings(max_examples=6)
     @given(training_graphs(forward_nodes=4))
     def check(graph):
         for v in graph.nodes:  # free recomputes would make the worst incumbent optimal
