@@ -94,7 +94,7 @@ def probe(
 ) -> Probe:
     """Decide whether a schedule of `graph` peaks at or under `memory` bytes within the compute
     budget (graph units, or text like "1.3x"; None: unlimited), by `deadline` (NOTE [fit
-    proofs]). The one-line bound above `memory`, or checkpoint-all within it, decides at once;
+    proofs]). The peak floor above `memory`, or checkpoint-all within it, decides at once;
     else a quarter of the time goes to the least peak within the cap (it closes at once on
     chains and small graphs) and, where that leaves it open, the rest to the least cost within
     `memory` against the cap."""
@@ -109,7 +109,7 @@ def probe(
         return Probe(size, verdict, reason, seconds, peak, bound, schedule)
 
     if bound > memory:
-        return done(DOES_NOT_FIT, f"some node needs {bound} B at once (the one-line bound)")
+        return done(DOES_NOT_FIT, f"no schedule peaks below {bound} B (the peak floor)")
     if checkpoint_all_peak(problem) <= memory:  # no recomputation: within every cap
         plain = solve(graph, memory, time_limit=max(deadline.remaining(), 0.05), workers=workers)
         peak = plain.peak

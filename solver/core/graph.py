@@ -29,6 +29,7 @@ from functools import cached_property
 
 import networkx as nx
 
+from solver.core.peak_floor import pending_inputs_floor
 from solver.errors import GraphError
 
 
@@ -112,8 +113,9 @@ class Problem:
     @cached_property
     def memory_lower_bound(self) -> int:
         """Bytes no schedule can go below: computing a node needs its output, all of its inputs
-        and its transient bytes at once."""
-        return max((self.compute_floor(v) for v in range(self.n)), default=0)
+        and its transient bytes at once (the one-line bound), raised where the input computed
+        last was computed beside the others (`solver.core.peak_floor`)."""
+        return pending_inputs_floor(self)
 
     def compute_floor(self, v: int) -> int:
         """Bytes computing node v needs whatever else is live: its output, its inputs and its

@@ -1,7 +1,8 @@
 """Steps of objective "memory": the schedule of least peak within a compute budget.
 
-The floor starts at the one-line bound (`Problem.memory_lower_bound`: computing some node needs
-its output, its inputs and its transient bytes at once), so a heuristic that peaks there closes
+The floor starts at the peak floor (`Problem.memory_lower_bound`: computing some node needs
+its output, its inputs and its transient bytes at once, and the input computed last was
+computed beside the others, `solver.core.peak_floor`), so a heuristic that peaks there closes
 the search at once. The model is the stage model with the peak as its objective and the compute
 budget as its recompute limit, solved by CP-SAT from the best heuristic.
 """
@@ -21,7 +22,7 @@ from solver.milp.plans import hint_values, plan_from_values
 
 def begin(search: Search) -> Search:
     """Refuse a compute budget below computing every node once; offer checkpoint-all (which
-    fits every other); the floor is the one-line bound."""
+    fits every other); the floor is the peak floor."""
     problem, limit = search.problem, search.goal.compute_budget
     if limit is not None and limit < problem.total_cost * (1 - 1e-12):
         raise ComputeBudgetError(

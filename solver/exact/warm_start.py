@@ -2,7 +2,7 @@
 
 `begin` settles the trivial cases: checkpoint-all is the first incumbent, and where it fits
 the search is closed at once (no schedule costs less than computing every node once); a budget
-below the one-line bound (`Problem.memory_lower_bound`) fits no schedule. `warm_start` then
+below the peak floor (`Problem.memory_lower_bound`) fits no schedule. `warm_start` then
 offers the heuristics run at the budget (NOTE [incumbent] in `solver.exact.state`).
 """
 
@@ -20,7 +20,7 @@ from solver.heuristics.registry import HEURISTICS, cheapest_policy
 
 def begin(search: Search) -> Search:
     """Offer checkpoint-all (every node once, each freed after its last user), which closes the
-    search where it fits; raise `InfeasibleBudgetError` for a budget below the one-line bound;
+    search where it fits; raise `InfeasibleBudgetError` for a budget below the peak floor;
     record the first stage over the budget (`Search.first_tight`)."""
     problem, budget = search.problem, search.goal.budget
     plan = plan_from_keep(problem, range(problem.n))

@@ -23,7 +23,7 @@ def least_peak(
     found: Callable[[Member], object] | None = None,
 ) -> Member | None:
     """The heuristic run of least peak among runs whose cost is within `compute_budget` (None:
-    any), or None when none qualifies: an eviction run at the one-line bound when it fits (VGG),
+    any), or None when none qualifies: an eviction run at the peak floor when it fits (VGG),
     else eviction runs counting direct reads bisecting the byte budget between that bound and
     the checkpoint-all peak (to a thousandth of that peak), then, below the best of those, runs
     counting recomputations' reads (`EvictionKey.recompute_reads`), then backward searches. The
@@ -50,7 +50,7 @@ def least_peak(
         return within(backward_runs(problem, budget, deadline), budget)
 
     best = evicted(False)(low)
-    if best is not None:  # nothing peaks lower than the one-line bound
+    if best is not None:  # nothing peaks lower than the peak floor
         return best
     for fitting in (evicted(False), evicted(True), backward):
         top = high if best is None else best.schedule.peak

@@ -101,7 +101,7 @@ def read_gap_cover(
 ) -> ReadGapCover:
     """Solve the covering model with CP-SAT by `deadline`: its optimum (or the bound proven in
     time; 0 when nothing is) and the plan of its best solution. Requires
-    budget >= the one-line bound (`Problem.memory_lower_bound`), which makes every row
+    budget >= the peak floor (`Problem.memory_lower_bound`), which makes every row
     coverable."""
     model = _build(problem, budget, int_cost)
     if not model.lm.rows:
