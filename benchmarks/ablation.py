@@ -4,14 +4,14 @@
         [--budgets 80% ...] [--zoo-dir results/graphs] [--out results]
 
 For every row of `benchmarks.solver_scale` named (published graphs at their budgets, zoo graph
-files at 50%, per-block and least + 10%; "min" budgets are the least-peak rows), one solve with
-every step (`solver.exact.pipeline.COST_STEPS`, or `solver.exact.least_peak.STEPS` for the
-least-peak rows: `solver.minimum_peak`) and one with each step left out
-(`SolveOptions(steps=...)`), one solve at a time. Each cell is "OPTIMAL" or the certified gap
-(least-peak rows: the least peak's over its proven floor) and the wall time of the solve; a cell
-that differs from the full pipeline's by more than the spread between runs of the same code
-(the local searches vary with timing: rerun before reading a small difference) says the step
-matters on that row.
+files at 50%, per-block and least + 10%, and at "min" where `--budgets` names it; "min" budgets
+are the least-peak rows), one solve with every step (`solver.exact.pipeline.COST_STEPS`, or
+`solver.exact.least_peak.STEPS` for the least-peak rows: `solver.minimum_peak`) and one with
+each step left out (`SolveOptions(steps=...)`), one solve at a time. Each cell is "OPTIMAL" or
+the certified gap (least-peak rows: the least peak's over its proven floor) and the wall time of
+the solve; a cell that differs from the full pipeline's by more than the spread between runs of
+the same code (the local searches vary with timing: rerun before reading a small difference)
+says the step matters on that row.
 """
 
 from __future__ import annotations
@@ -85,7 +85,10 @@ def main(argv: list[str] | None = None) -> None:
         if graph is None:
             print(f"skip {label}: no graph file (see python -m benchmarks.solver_scale --help)")
             continue
-        for budget in every[label][1]:
+        budgets = every[label][1]
+        if label in ZOO_ROWS and args.budgets and "min" in args.budgets:
+            budgets = (*budgets, "min")  # the least-peak steps on a zoo graph, when asked for
+        for budget in budgets:
             if args.budgets and budget not in args.budgets:
                 continue
             rows.append(ablate_row(label, graph, budget, args.time_limit))
