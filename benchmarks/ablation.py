@@ -3,15 +3,14 @@
     python -m benchmarks.ablation [--time-limit 30] [--rows vgg19 mobilenet ...]
         [--budgets 80% ...] [--zoo-dir results/graphs] [--out results]
 
-For every row of `benchmarks.solver_scale` named (published graphs at their budgets, zoo graph
-files at 50%, per-block and least + 10%; "min" budgets are the least-peak rows), one solve with
-every step (`solver.exact.pipeline.COST_STEPS`, or `solver.exact.least_peak.STEPS` for the
-least-peak rows: `solver.minimum_peak`) and one with each step left out
-(`SolveOptions(steps=...)`), one solve at a time. Each cell is "OPTIMAL" or the certified gap
-(least-peak rows: the least peak's over its proven floor) and the wall time of the solve; a cell
-that differs from the full pipeline's by more than the spread between runs of the same code
-(the local searches vary with timing: rerun before reading a small difference) says the step
-matters on that row.
+For every row of `benchmarks.solver_scale` named (published graphs and zoo graph files at their
+budgets; "min" budgets are the least-peak rows), one solve with every step
+(`solver.exact.pipeline.COST_STEPS`, or `solver.exact.least_peak.STEPS` for the least-peak rows:
+`solver.minimum_peak`) and one with each step left out (`SolveOptions(steps=...)`), one solve at a
+time. Each cell is "OPTIMAL" or the certified gap (least-peak rows: the least peak's over its proven
+floor) and the wall time of the solve; a cell that differs from the full pipeline's by more than the
+spread between runs of the same code (the local searches vary with timing: rerun before reading a
+small difference) says the step matters on that row.
 """
 
 from __future__ import annotations
