@@ -14,7 +14,7 @@ from collections.abc import Callable
 from solver.core.stages import Member
 from solver.deadline import Deadline
 from solver.exact.state import Search
-from solver.exact.warm_start import moment_first
+from solver.exact.warm_start import moment_first, small_model
 from solver.heuristics.eviction_search import eviction_search
 from solver.heuristics.lifetimes import (
     lifetime_search,
@@ -23,7 +23,6 @@ from solver.heuristics.lifetimes import (
     start_from_member,
 )
 from solver.milp.cascade_rounds import CascadeBound, away_stages, cascade_bound
-from solver.milp.formulation import variable_count
 
 
 def cascade_cover(search: Search) -> Search:
@@ -236,18 +235,9 @@ def _lifetimes_behind(search: Search) -> bool:
 def _share(search: Search) -> float:
     """The step's share of the limit: `cascade_share`, or `cascade_small_share` where the stage
     model is small enough for the steps after it (the moment relaxation, the stage model's
-    probes) to search it (at most `cascade_small_model` variables; counted only on graphs of at
-    most SMALL_GRAPH nodes, where counting is quick: larger ones are never that small)."""
-    options, problem = search.options, search.problem
-    if problem.n <= SMALL_GRAPH:
-        size = variable_count(problem, search.units.int_cost, search.value)
-        if size <= options.cascade_small_model:
-            return options.cascade_small_share
-    return options.cascade_share
-
-
-SMALL_GRAPH = 400
-"""Nodes above which `_share` does not count the stage model's variables."""
+    probes) to search it (`warm_start.small_model`)."""
+    options = search.options
+    return options.cascade_small_share if small_model(search) else options.cascade_share
 
 
 def _cap(search: Search) -> int | None:

@@ -16,6 +16,7 @@ from solver.heuristics.eviction import eviction_runs
 from solver.heuristics.eviction_search import peak_search
 from solver.heuristics.least_peak import least_peak
 from solver.heuristics.registry import HEURISTICS, cheapest_policy
+from solver.milp.formulation import variable_count
 
 
 def begin(search: Search) -> Search:
@@ -39,6 +40,22 @@ def moment_first(search: Search) -> bool:
     budget comes late (`SolveOptions.moment_late_share`), so the relaxation, which models the
     stages from there on only, is small (`solver.exact.moments`)."""
     return search.first_tight >= search.options.moment_late_share * search.problem.n
+
+
+def small_model(search: Search) -> bool:
+    """Whether the stage model at the incumbent's cost (every schedule's, without one) has at
+    most `SolveOptions.cascade_small_model` variables: small enough for the steps that search
+    it (the moment relaxation, the LP's roundings, the probes). Counted only on graphs of at
+    most SMALL_GRAPH nodes, where counting is quick: larger ones are never that small."""
+    problem = search.problem
+    if problem.n > SMALL_GRAPH:
+        return False
+    size = variable_count(problem, search.units.int_cost, search.value)
+    return size <= search.options.cascade_small_model
+
+
+SMALL_GRAPH = 400
+"""Nodes above which `small_model` does not count the stage model's variables."""
 
 
 def warm_start(search: Search) -> Search:
@@ -85,15 +102,19 @@ def _least_peak_run(search: Search) -> list[Member]:
     backward runs (`solver.heuristics.least_peak`, for `SolveOptions.heuristic_share` of the
     limit from when it starts, beside the next engine call), then, where its run is an eviction
     run over the budget, the eviction search for lower peaks from it until one fits
-    (`eviction_search.peak_search`, within `SolveOptions.warm_start_share` of the limit). Its
-    run is offered (a run at a lower byte budget may fit where the run at this one does not);
-    where it does not fit either, its peak is kept for the error that says which budget the
-    heuristics reach (`Search.heuristic_peak`)."""
-    budget = search.goal.budget
-    deadline = search.deadline.within(search.options.heuristic_share * search.time_limit)
+    (`eviction_search.peak_search`, within `SolveOptions.warm_start_share` of the limit, or
+    `peak_search_small_share` where the stage model is small (`small_model`): the steps after
+    the cascade cover wait for it, and there the moment relaxation and the LP's roundings give
+    schedules). Its run is offered (a run at a lower byte budget may fit where the run at this
+    one does not); where it does not fit either, its peak is kept for the error that says which
+    budget the heuristics reach (`Search.heuristic_peak`)."""
+    budget, options = search.goal.budget, search.options
+    deadline = search.deadline.within(options.heuristic_share * search.time_limit)
     run = least_peak(search.problem, None, deadline)
     if run is not None and run.eviction is not None and not search.goal.fits(run):
-        longer = search.deadline.within(search.options.warm_start_share * search.time_limit)
+        small = small_model(search)
+        share = options.peak_search_small_share if small else options.warm_start_share
+        longer = search.deadline.within(share * search.time_limit)
         run = peak_search(search.problem, run, deadline=longer, enough=budget)
     if run is not None and not search.goal.fits(run):
         search.heuristic_peak = run.schedule.peak
