@@ -17,7 +17,7 @@ runs are far apart, and the lifetime search, which repairs the peak stage one va
 ends above them. `solver.exact.cascade` runs it after the lifetime search where that search
 ends its starts behind the incumbent, and, where that search has gone quiet without being
 behind, as the start of a last lifetime search (at per-block memory its best run is a start
-the lifetime search's own do not reach); docs/solver.md has the rows it changed and the
+the lifetime search's own do not reach); docs/heuristics.md has the rows it changed and the
 command that measures them.
 
 Random rounds alternate with **pin** rounds while there are pins to try. A pin sets one value's
