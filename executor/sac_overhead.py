@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -18,17 +18,41 @@ from executor.sac_policy import Policy
 from executor.sac_step import Snapshot, Step, hooked, leaf_tensors
 
 
+def copy_tensors(tree: object, copy: Callable[[torch.Tensor], torch.Tensor]) -> object:
+    """`tree` with its tensors replaced by `copy` of them as the model sees them: one tensor
+    passed twice (``mha(x, x, x)``) stays one tensor, and views of one base stay views of one
+    copied base (`copy` is applied to bases only), so that a module that branches on identity
+    or aliasing (`nn.MultiheadAttention`'s ``query is key``) takes the path it takes in the
+    step."""
+    copies: dict[int, torch.Tensor] = {}
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in copies:
+            base = t if t._base is None else t._base
+            if id(base) not in copies:
+                copies[id(base)] = copy(base)
+            if base is not t:
+                copied = copies[id(base)]
+                copies[id(t)] = (
+                    t
+                    if copied is base
+                    else copied.as_strided(t.size(), t.stride(), t.storage_offset())
+                )
+        return copies[id(t)]
+
+    return pytree.tree_map_only(torch.Tensor, one, tree)
+
+
 def _region_inputs(model: nn.Module, regions: Sequence[nn.Module], step: Step) -> list:
     """Per region, the (args, kwargs) it is called with in one forward of the step: tensors
-    detached and cloned, each with its `requires_grad`."""
+    detached and cloned, each with its `requires_grad`, identity and aliasing kept
+    (`copy_tensors`)."""
     calls: list = [None] * len(regions)
 
     def keep(j: int, args, kwargs) -> None:
         if calls[j] is None:
-            calls[j] = pytree.tree_map_only(
-                torch.Tensor,
-                lambda t: t.detach().clone().requires_grad_(t.requires_grad),
-                (args, kwargs),
+            calls[j] = copy_tensors(
+                (args, kwargs), lambda t: t.detach().clone().requires_grad_(t.requires_grad)
             )
 
     handles = [
@@ -51,9 +75,8 @@ def _region_step(
     """Seconds of one forward and backward of the region alone inside `checkpoint(
     use_reentrant=False)`, under `policy` (None: plain checkpoint), the backward rerunning it;
     `checkpointed=False`: without checkpoint."""
-    args, kwargs = pytree.tree_map_only(
-        torch.Tensor, lambda t: t.clone() if t.requires_grad else t, call
-    )  # a non-leaf copy: the region may write its inputs in place
+    # a non-leaf copy: the region may write its inputs in place
+    args, kwargs = copy_tensors(call, lambda t: t.clone() if t.requires_grad else t)
     for p in module.parameters():
         p.grad = None
     forward = type(module).forward.__get__(module)
