@@ -25,39 +25,42 @@ from torch.utils._pytree import tree_leaves
 
 from graph_capture.errors import CaptureError, first_lines
 
-__all__ = ["module_stack", "recording_functions", "trace_with_functions"]
+__all__ = [
+    "failing_function",
+    "module_stack",
+    "qualified",
+    "recording_functions",
+    "trace_with_functions",
+]
 
 
 @contextlib.contextmanager
-def module_stack(model: nn.Module, node_meta: bool = False) -> Iterator[list[str]]:
-    """Keep the path of the modules of ``model`` currently running (innermost last, "(root)"
-    for the model itself). With ``node_meta``, also keep it as the ``nn_module_stack`` of the
-    fx nodes traced meanwhile under ``preserve_node_meta`` (``{path: (path, class)}``, outermost
-    first, as ``torch.export`` records it; absent outside the model's forward)."""
+def module_stack(model: nn.Module, node_meta: bool = False) -> Iterator[list[tuple[str, str]]]:
+    """Keep (path, qualified class) of the modules of ``model`` currently running, innermost
+    last (path "" for the model itself). With ``node_meta``, also keep them as the
+    ``nn_module_stack`` of the fx nodes traced meanwhile under ``preserve_node_meta``
+    (``{path: (path, class)}``, outermost first, as ``torch.export`` records it; absent outside
+    the model's forward)."""
     names = {id(m): name for name, m in model.named_modules()}
-    stack: list[str] = []
-    entries: list[tuple[str, str]] = []
+    stack: list[tuple[str, str]] = []
 
     def record() -> None:
         if not node_meta:
             return
         meta = fx_traceback.get_current_meta()
-        if entries:
-            meta["nn_module_stack"] = {path: (path, cls) for path, cls in entries}
+        if stack:
+            meta["nn_module_stack"] = {path: (path, cls) for path, cls in stack}
         else:
             meta.pop("nn_module_stack", None)
 
     def push(module: nn.Module, args: object) -> None:
         if id(module) in names:
-            path = names[id(module)]
-            stack.append(path or "(root)")
-            entries.append((path, f"{type(module).__module__}.{type(module).__qualname__}"))
+            stack.append((names[id(module)], qualified(type(module))))
             record()
 
     def pop(module: nn.Module, args: object, output: object) -> None:
         if id(module) in names and stack:
             stack.pop()
-            entries.pop()
             record()
 
     handles = [
@@ -71,7 +74,8 @@ def module_stack(model: nn.Module, node_meta: bool = False) -> Iterator[list[str
             handle.remove()
 
 
-def _qualified(cls: type) -> str:
+def qualified(cls: type) -> str:
+    """ "package.module.Class" """
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -136,7 +140,7 @@ class _TiedOnce(nn.Module):
         return torch.func.functional_call(model, tied, args, kwargs, tie_weights=False)
 
 
-def _failing_function(error: BaseException, functions: Sequence[type]) -> type | None:
+def failing_function(error: BaseException, functions: Sequence[type]) -> type | None:
     """The Function among ``functions`` whose forward, setup_context or backward was running
     where ``error`` (or an exception it chains) was raised, else None."""
     by_name = {(cls.__module__, cls.__qualname__): cls for cls in functions}
@@ -177,11 +181,11 @@ def trace_with_functions(
         try:
             return aot_export_joint_with_descriptors(stack, _TiedOnce(model), inputs, kwargs)
         except Exception as error:
-            culprit = _failing_function(error, functions)
+            culprit = failing_function(error, functions)
             if culprit is None:
                 raise
             raise CaptureError(
-                f"custom autograd.Function {_qualified(culprit)} cannot be traced: its forward "
+                f"custom autograd.Function {qualified(culprit)} cannot be traced: its forward "
                 "and backward must be torch operations on the tensors they get (no numpy round "
                 "trip, .item() or Python branch on tensor values), as capture runs both under "
                 "tracing and never substitutes the forward's derivative for its backward. "

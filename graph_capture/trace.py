@@ -24,7 +24,9 @@ from torch import nn
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
 from graph_capture.autograd_functions import (
+    failing_function,
     module_stack,
+    qualified,
     recording_functions,
     trace_with_functions,
 )
@@ -109,9 +111,11 @@ def _export(
         try:
             exported = torch.export.export(model, inputs, kwargs, strict=False)
         except Exception as error:
-            where = stack[-1] if stack else "(root)"
+            where = (stack[-1][0] if stack else "") or "(root)"
+            culprit = failing_function(error, functions)
+            inside = f" in custom autograd.Function {qualified(culprit)}" if culprit else ""
             raise CaptureError(
-                f"torch.export failed in module '{where}' "
+                f"torch.export failed in module '{where}'{inside} "
                 f"(data-dependent control flow or an op that cannot be traced):\n  "
                 f"{first_lines(error)}"
             ) from error

@@ -11,7 +11,9 @@ import re
 import numpy as np
 import pytest
 import torch
+from capture_checks import assert_exact_replay
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from executor.module import rematerialize
 from graph_capture import CaptureError, capture, hf_models
@@ -62,6 +64,21 @@ class Mix(torch.autograd.Function):
         return grad_product * w + 2 * grad_sum, grad_product * x * ctx.scale, None
 
 
+class SquareOnce(torch.autograd.Function):
+    """`SquareThrice` with a `once_differentiable` backward that reads a saved tensor."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * 3 + x
+
+
 class NumpyRound(torch.autograd.Function):
     """A backward through numpy: not traceable."""
 
@@ -72,6 +89,18 @@ class NumpyRound(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(np.round(grad.numpy()))
+
+
+class NumpyForward(torch.autograd.Function):
+    """A forward through numpy: the export cannot trace it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.round(x.detach().numpy()))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
 
 
 class Applied(nn.Module):
@@ -120,7 +149,7 @@ def assert_trains_like_eager(model, args, kwargs, budget, recomputes, loss=lambd
     eager, remat_model = copy.deepcopy(model), copy.deepcopy(model)
     options = {"repeats": 1, "backward_from": ["loss"] if kwargs else None}
     rm = rematerialize(
-        remat_model, args, budget, example_kwargs=kwargs, capture_options=options, time_limit=2
+        remat_model, args, budget, example_kwargs=kwargs, capture_options=options, time_limit=1
     )
     assert (rm.schedule.recomputes > 0) == recomputes, rm.schedule.recomputes
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, remat_model)]
@@ -155,6 +184,11 @@ def test_function_runs_its_own_backward_bit_for_bit(function, budget, recomputes
     assert_trains_like_eager(model, (x,), {}, budget, recomputes)
 
 
+def test_once_differentiable_backward_replays_exactly():
+    model, x = example(SquareOnce)
+    assert_exact_replay(model, (x,), capture(model, (x,), repeats=1))
+
+
 def test_function_ops_carry_the_module_applying_them():
     model, x = example(SquareThrice)
     graph = capture(model, (x,), granularity="module", repeats=1)
@@ -170,10 +204,18 @@ def test_function_ops_carry_the_module_applying_them():
     assert {"fc1", "act", "drop", "norm", "fc2", "fc3", "fc4"} <= modules
 
 
-def test_untraceable_backward_is_refused_by_name():
-    model, x = example(NumpyRound)
-    name = f"{NumpyRound.__module__}.{NumpyRound.__qualname__}"
-    with pytest.raises(CaptureError, match=re.escape(f"autograd.Function {name} cannot be traced")):
+@pytest.mark.parametrize(
+    ("function", "message"),
+    [
+        (NumpyRound, "custom autograd.Function {} cannot be traced"),
+        (NumpyForward, "torch.export failed in module 'act' in custom autograd.Function {} "),
+    ],
+    ids=["backward", "forward"],
+)
+def test_untraceable_function_is_refused_by_name(function, message):
+    model, x = example(function)
+    name = f"{function.__module__}.{function.__qualname__}"
+    with pytest.raises(CaptureError, match=re.escape(message.format(name))):
         capture(model, (x,), repeats=1)
 
 
