@@ -1,12 +1,12 @@
 """HuggingFace transformers models built from small configs with random init (nothing downloaded).
 
 Factories for ``--model graph_capture.hf_models:gpt2_lm`` (``llama_lm``, ``bert_mlm``,
-``vit_classifier``, ``t5_lm``); each returns ``(model, example_inputs, example_kwargs)``: the
-model with its task head and its default config (``use_cache`` left as it is), called the way
-training loops call it, ``model(*example_inputs, **example_kwargs)`` with ``labels=`` (and
-``attention_mask=``), so that the output's ``loss`` is the training loss. Needs transformers
-(the ``hf`` extra; the ``test`` extra has it too). The benchmark models at real sizes are
-`benchmarks.zoo`.
+``vit_classifier``, ``t5_lm``, ``bloom_lm``); each returns ``(model, example_inputs,
+example_kwargs)``: the model with its task head and its default config (``use_cache`` left as it
+is), called the way training loops call it, ``model(*example_inputs, **example_kwargs)`` with
+``labels=`` (and ``attention_mask=``), so that the output's ``loss`` is the training loss. Needs
+transformers (the ``hf`` extra; the ``test`` extra has it too). The benchmark models at real
+sizes are `benchmarks.zoo`.
 """
 
 from __future__ import annotations
@@ -114,3 +114,19 @@ def t5_lm(batch: int = 2, seq: int = 16, layers: int = 1, width: int = 32) -> Ca
     )
     ids, labels = _tokens(batch, seq), _tokens(batch, seq // 2, seed=1)
     return t.T5ForConditionalGeneration(config).train(), (ids,), {"labels": labels}
+
+
+def bloom_lm(batch: int = 2, seq: int = 8, layers: int = 2, width: int = 32) -> Call:
+    """BloomForCausalLM with dropout 0.1 (its config's default is none), ``labels=``; its MLP's
+    GeLU is a custom autograd.Function (``GeLUFunction``) in training mode."""
+    t = _transformers()
+    config = t.BloomConfig(
+        n_layer=layers,
+        hidden_size=width,
+        n_head=4,
+        vocab_size=VOCAB,
+        hidden_dropout=0.1,
+        attention_dropout=0.1,
+    )
+    ids = _tokens(batch, seq)
+    return t.BloomForCausalLM(config).train(), (ids,), {"labels": ids}

@@ -3,7 +3,9 @@
 Path: ``torch.export.export(strict=False)`` (handles HF transformers models and records
 ``nn_module_stack``), then AOTAutograd's ``aot_export_joint_with_descriptors`` on the exported
 module, which functionalizes (BatchNorm running stats become outputs), keeps dropout as a
-traced ``native_dropout`` and tags every placeholder and output with a descriptor.
+traced ``native_dropout`` and tags every placeholder and output with a descriptor. Where the
+export applies a custom ``torch.autograd.Function``, whose backward it drops, the joint is traced
+from the model itself instead (`graph_capture.autograd_functions`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,15 @@ import torch.fx.traceback as fx_traceback
 from torch import nn
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
+from graph_capture.autograd_functions import (
+    failing_function,
+    module_stack,
+    qualified,
+    recording_functions,
+    trace_with_functions,
+)
 from graph_capture.dropout import dropout_as_eager_cpu
-from graph_capture.errors import CaptureError
+from graph_capture.errors import CaptureError, first_lines
 from graph_capture.fx_nodes import describe_op
 from graph_capture.lifted import LiftedConstant
 
@@ -35,36 +44,6 @@ class TracedJoint:
     input_descs: list[object]
     output_descs: list[object]
     output_treespec: object
-
-
-@contextlib.contextmanager
-def _module_stack_recorder(model: nn.Module) -> Iterator[list[str]]:
-    """Keep the path of the modules currently running (innermost last) while tracing."""
-    names = {id(m): name for name, m in model.named_modules()}
-    stack: list[str] = []
-
-    def push(module: nn.Module, args: object) -> None:
-        if id(module) in names:
-            stack.append(names[id(module)] or "(root)")
-
-    def pop(module: nn.Module, args: object, output: object) -> None:
-        if id(module) in names and stack:
-            stack.pop()
-
-    handles = [
-        nn.modules.module.register_module_forward_pre_hook(push),
-        nn.modules.module.register_module_forward_hook(pop),
-    ]
-    try:
-        yield stack
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def _first_lines(error: BaseException, count: int = 6) -> str:
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return "\n  ".join(lines[:count])
 
 
 def _check_model(model: nn.Module, inputs: Sequence[object], kwargs: Mapping[str, object]) -> None:
@@ -124,17 +103,21 @@ def _quiet_failures() -> Iterator[None]:
 
 def _export(
     model: nn.Module, inputs: tuple[torch.Tensor, ...], kwargs: dict[str, torch.Tensor]
-) -> torch.fx.GraphModule:
+) -> tuple[torch.fx.GraphModule, list[type]]:
+    """The exported module (sharing the model's state) and the custom autograd.Functions the
+    export applied to tensors that require grad (see `recording_functions`)."""
     _register_cache_outputs(model)
-    with _module_stack_recorder(model) as stack, _quiet_failures():
+    with module_stack(model) as stack, recording_functions() as functions, _quiet_failures():
         try:
             exported = torch.export.export(model, inputs, kwargs, strict=False)
         except Exception as error:
-            where = stack[-1] if stack else "(root)"
+            where = (stack[-1][0] if stack else "") or "(root)"
+            culprit = failing_function(error, functions)
+            inside = f" in custom autograd.Function {qualified(culprit)}" if culprit else ""
             raise CaptureError(
-                f"torch.export failed in module '{where}' "
+                f"torch.export failed in module '{where}'{inside} "
                 f"(data-dependent control flow or an op that cannot be traced):\n  "
-                f"{_first_lines(error)}"
+                f"{first_lines(error)}"
             ) from error
     for i, spec in enumerate(exported.graph_signature.output_specs):
         if spec.kind.name == "USER_OUTPUT" and not hasattr(spec.arg, "name"):
@@ -146,7 +129,7 @@ def _export(
                 f"the model mutates its input '{spec.target}' in place; the joint graph cannot "
                 "replay that exactly: clone the input first"
             )
-    return _share_state(exported.module(), model)
+    return _share_state(exported.module(), model), functions
 
 
 def _share_state(exported: torch.fx.GraphModule, model: nn.Module) -> torch.fx.GraphModule:
@@ -255,17 +238,22 @@ def trace_joint(
     inputs = tuple(inputs)
     kwargs = dict(kwargs or {})
     _check_model(model, inputs, kwargs)
-    exported = _export(model, inputs, kwargs)
+    exported, functions = _export(model, inputs, kwargs)
     with contextlib.ExitStack() as stack:
         stack.enter_context(fx_traceback.preserve_node_meta())
         try:
-            joint = aot_export_joint_with_descriptors(
-                stack, exported, inputs, kwargs, _record_nn_module_stack=True
-            )
+            if functions:
+                joint = trace_with_functions(stack, model, inputs, kwargs, functions)
+            else:
+                joint = aot_export_joint_with_descriptors(
+                    stack, exported, inputs, kwargs, _record_nn_module_stack=True
+                )
+        except CaptureError:
+            raise
         except Exception as error:
             raise CaptureError(
                 f"tracing the backward (AOTAutograd) failed{_modules_of_op(exported, error)}; "
-                f"unsupported or mutating op?\n  {_first_lines(error)}"
+                f"unsupported or mutating op?\n  {first_lines(error)}"
             ) from error
         gm = joint.graph_module
         treespec = joint.out_spec
