@@ -197,7 +197,8 @@ class CheckpointPlan:
         if isinstance(found, str) and found.startswith("remat-sac-plan/") and found != FORMAT:
             raise ValueError(
                 f"{path} is a SAC plan of format {found!r}, not {FORMAT!r} (its problem lacks "
-                "the regions' checkpoint prices): solve it again with checkpoint_plan"
+                "what this version records, such as the buffers each region mutates): solve it "
+                "again with checkpoint_plan"
             )
         try:
             if found != FORMAT:
