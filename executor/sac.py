@@ -22,7 +22,6 @@ op MUST_RECOMPUTE, which the min-cut partitioner honours; the op-stream check ru
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import types
@@ -32,11 +31,11 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from executor.sac_blocks import select_blocks
-from executor.sac_policy import Policy, contexts_of
+from executor.sac_policy import Policy
 from executor.sac_record import in_call_order, record_union
+from executor.sac_region import cache_off, run_checkpointed
 from executor.sac_step import Snapshot
 from solver.core.budget import parse_bytes
 from solver.deadline import Deadline
@@ -47,7 +46,7 @@ from solver.sac.union import SacUnion, UnionPlan
 
 __all__ = ["REGIONS", "CheckpointPlan", "checkpoint_plan", "default_loss"]
 
-FORMAT = "remat-sac-plan/3"
+FORMAT = "remat-sac-plan/4"
 
 
 def default_loss(output: object) -> torch.Tensor:
@@ -76,20 +75,25 @@ def model_signature(model: nn.Module) -> str:
 
 def _checkpointed_forward(module: nn.Module, *args, **kwargs):
     """A planned block's `forward`: its class's forward inside `checkpoint(use_reentrant=False)`
-    with the block's policy; a region that saves no op runs without one (plain checkpoint: no
+    with the block's policy (`executor.sac_region.run_checkpointed`: the KV cache off, the
+    recompute seeing the call's containers, the buffers its forward mutates restored around
+    the recompute). A region that saves no op runs without a policy (plain checkpoint: no
     dispatch modes, no op-stream check, the same recompute and early stop), except while
     torch.compile traces it, where the policy marks every op MUST_RECOMPUTE for the
-    partitioner. Bound to the module (`types.MethodType`), so a deep copy of the model runs the
-    copy's own forward and policy."""
-    policy: Policy = module.remat_sac_policy
+    partitioner; so does a region in eval mode (its op stream is training mode's in the plan:
+    BatchNorm and dropout dispatch other ops in eval). Without grad (`torch.no_grad`,
+    `torch.inference_mode`) there is no backward: the plain forward runs. Bound to the module
+    (`types.MethodType`), so a deep copy of the model runs the copy's own forward and
+    policy."""
     forward = type(module).forward.__get__(module)
-    if not policy.saved and not torch.compiler.is_compiling():
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-    # a partial of a module-level function: what dynamo accepts as context_fn
-    contexts = functools.partial(contexts_of, policy)
-    out = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
-    policy.check_complete()
-    return out
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    policy: Policy = module.remat_sac_policy
+    args, kwargs = cache_off(module, args, kwargs)
+    planned = module.training and (policy.saved or torch.compiler.is_compiling())
+    return run_checkpointed(
+        module, args, kwargs, policy if planned else None, module.remat_sac_buffers
+    )
 
 
 @dataclass(frozen=True)
@@ -140,17 +144,20 @@ class CheckpointPlan:
     def apply(self, model: nn.Module) -> nn.Module:
         """Wrap each checkpointed block's `forward` (its class's) in `torch.utils.checkpoint(
         use_reentrant=False)` with its SAC policy (module hooks, FSDP2's included, stay
-        outside); in place, returns `model`. A deep copy of the model keeps the plan."""
+        outside); in place, returns `model`. A deep copy of the model keeps the plan. The
+        buffers each region's forward mutates (recorded with the plan) are restored around its
+        recompute, so the step updates them once."""
         self.check_model(model)
         modules = dict(model.named_modules())
+        regions = self.problem.regions()
         for j, name in enumerate(self.blocks):
             if not self.plan.checkpointed[j]:
                 continue
             module = modules[name]
             if hasattr(module, "remat_sac_policy"):
                 raise ValueError(f"block {name} already runs under a SAC plan: apply it once")
-            policy = Policy(name, self.ops[j], self.plan.saved[j])
-            module.remat_sac_policy = policy
+            module.remat_sac_policy = Policy(name, self.ops[j], self.plan.saved[j])
+            module.remat_sac_buffers = regions[j].buffers
             module.forward = types.MethodType(_checkpointed_forward, module)
         return model
 
@@ -190,7 +197,8 @@ class CheckpointPlan:
         if isinstance(found, str) and found.startswith("remat-sac-plan/") and found != FORMAT:
             raise ValueError(
                 f"{path} is a SAC plan of format {found!r}, not {FORMAT!r} (its problem lacks "
-                "the regions' checkpoint prices): solve it again with checkpoint_plan"
+                "what this version records, such as the buffers each region mutates): solve it "
+                "again with checkpoint_plan"
             )
         try:
             if found != FORMAT:

@@ -12,9 +12,10 @@ from typing import NamedTuple
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointError
 
 from executor.sac_policy import Policy
+from executor.sac_region import run_checkpointed
 from executor.sac_step import Snapshot, Step, hooked, leaf_tensors
 
 
@@ -79,18 +80,22 @@ def _region_step(
     args, kwargs = copy_tensors(call, lambda t: t.clone() if t.requires_grad else t)
     for p in module.parameters():
         p.grad = None
-    forward = type(module).forward.__get__(module)
-    extra = {} if policy is None else {"context_fn": policy.contexts}
     start = time.perf_counter()
     if checkpointed:
-        out = checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
+        out = run_checkpointed(module, args, kwargs, policy)
     else:
-        out = forward(*args, **kwargs)
-    if policy is not None:
-        policy.check_complete()
+        out = type(module).forward(module, *args, **kwargs)
     outs = [t for t in leaf_tensors(out) if t.requires_grad]
     torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
     return time.perf_counter() - start
+
+
+def _refused_by_checkpoint(error: RuntimeError) -> bool:
+    """Whether `error` is autograd's or checkpoint's refusal of the region (an input or saved
+    tensor modified in place, a recompute saving other tensors), not out of memory or a bug."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return False
+    return isinstance(error, CheckpointError) or "modified by an inplace operation" in str(error)
 
 
 class RegionTimes(NamedTuple):
@@ -134,7 +139,7 @@ def measure_overhead(
     ops: Sequence[Sequence[str]],
     step: Step,
     repeats: int = 5,
-) -> list[RegionTimes | None]:
+) -> list[RegionTimes | RuntimeError]:
     """Per region, the seconds a training step pays (`RegionTimes`) for running it under a SAC
     policy rather than under plain checkpoint (`overhead`: the policy's dispatch modes in its
     forward and its recompute and the op-stream check, `executor.sac_policy.Policy`
@@ -144,9 +149,10 @@ def measure_overhead(
     region runs alone, forward and backward, on the inputs it gets in the step (`ops`: its
     recorded op stream, which the policy checks), the three ways side by side: after one
     warm-up of each, `repeats` rounds, the order rotated each round; the medians of the
-    rounds' differences. The thread count is the caller's. None for a region that fails inside
-    checkpoint (autograd's RuntimeError: a module that writes its input in place, such as an
-    in-place ReLU, invalidates the input checkpoint keeps).
+    rounds' differences. The thread count is the caller's. For a region that autograd or
+    checkpoint refuses inside checkpoint, its error (a module that writes its input in place,
+    such as an in-place ReLU, invalidates the input checkpoint keeps); any other error
+    (out of memory, a bug) propagates.
     """
     calls = _region_inputs(model, regions, step)
     snapshot = Snapshot(model)
@@ -158,8 +164,10 @@ def measure_overhead(
 
             try:
                 out.append(_region_times(module, call, f"region {j}", ops[j], repeats))
-            except RuntimeError:  # e.g. it writes its own input in place: autograd refuses
-                out.append(None)
+            except RuntimeError as e:
+                if not _refused_by_checkpoint(e):
+                    raise
+                out.append(e)
     finally:
         snapshot.restore()
     return out

@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from executor.sac_overhead import RegionTimes, measure_overhead
+from executor.sac_region import buffer_state, cache_off_hooks, mutated_buffers
 from executor.sac_step import Snapshot, Step, hooked, leaf_tensors
 from executor.sac_windows import measure_windows
 from graph_capture.peak import _memory_profile
@@ -69,6 +70,7 @@ class _BlockFacts:
     stop: int = -1
     inputs: dict[int, int] = field(default_factory=dict)  # storage -> bytes
     packed: set[int] = field(default_factory=set)  # storages autograd saved
+    buffers: dict[str, int] = field(default_factory=dict)  # mutated buffer -> bytes
 
 
 class _Recorder(TorchDispatchMode):
@@ -171,6 +173,28 @@ def _hooks(blocks: Sequence[nn.Module], on_enter, on_leave) -> list:
     return handles
 
 
+def _buffer_hooks(blocks: Sequence[nn.Module], facts: list[_BlockFacts]) -> list:
+    """Hooks recording, per block, the buffers its forward mutates and their bytes; registered
+    after `_hooks`, they run outside the recorder's block (the pre-hook first, the hook last),
+    so their copies and comparisons are not ops of the block."""
+    before: dict[int, dict] = {}
+
+    def leave(j: int, block: nn.Module) -> None:
+        named = dict(block.named_buffers())
+        for n in mutated_buffers(block, before.pop(j)):
+            facts[j].buffers[n] = named[n].untyped_storage().nbytes()
+
+    handles = []
+    for j, block in enumerate(blocks):
+        handles.append(
+            block.register_forward_pre_hook(
+                lambda m, _a, j=j: before.__setitem__(j, buffer_state(m)), prepend=True
+            )
+        )
+        handles.append(block.register_forward_hook(lambda m, _a, _o, j=j: leave(j, m)))
+    return handles
+
+
 def record_ops(
     model: nn.Module, blocks: Sequence[nn.Module], step: Step, repeats: int
 ) -> list[_BlockFacts]:
@@ -183,6 +207,8 @@ def record_ops(
             handles = _hooks(
                 blocks, recorder.enter, lambda _j, o, r=recorder: r.leave(leaf_tensors(o))
             )
+            if run == 0:
+                handles += _buffer_hooks(blocks, facts)
             saves = torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t)
             with hooked(handles), recorder, saves:
                 loss = step()
@@ -260,38 +286,43 @@ def _block(name: str, f: _BlockFacts, window: tuple[int, int, int, int], params:
     """The torch-free block of recorded facts and its plain windows (f_start, f_peak, b_start,
     b_peak), its `workspace` the plain forward's measured peak beyond the op-level model."""
     ops = tuple(_op(o) for o in f.ops)
-    held_extra = rng_state_bytes() + sum(
-        nbytes for s, nbytes in f.inputs.items() if s not in f.packed and s not in params
+    copies = sum(f.buffers.values())  # the mutated buffers' values from before the forward
+    held_extra = (
+        rng_state_bytes()
+        + copies
+        + sum(nbytes for s, nbytes in f.inputs.items() if s not in f.packed and s not in params)
     )
-    block = SacBlock(name, ops, f.stop, held_extra, 0, *window)
+    block = SacBlock(name, ops, f.stop, held_extra, 0, *window, buffers=tuple(sorted(f.buffers)))
     modelled = max((plain_forward_live(block, t) for t in range(len(ops))), default=0)
     workspace = max(0, window[1] - window[0] - modelled)
-    return replace(block, workspace=workspace, recompute_extra=rng_state_bytes())
+    return replace(block, workspace=workspace, recompute_extra=rng_state_bytes() + copies)
 
 
-def _pooled(times: list[RegionTimes | None], kinds: list) -> list[RegionTimes | None]:
+def _pooled(
+    times: list[RegionTimes | RuntimeError], kinds: list
+) -> list[RegionTimes | RuntimeError]:
     """`times` with each region's `checkpoint` the median over the regions of its kind (module
     class and op stream: the same work, timed alone several times over), which halves or more
     the spread of one region's median on a shared machine."""
     groups: dict = {}
     for t, kind in zip(times, kinds, strict=True):
-        if t is not None:
+        if isinstance(t, RegionTimes):
             groups.setdefault(kind, []).append(t.checkpoint)
     return [
-        None if t is None else t._replace(checkpoint=statistics.median(groups[kind]))
+        t if isinstance(t, RuntimeError) else t._replace(checkpoint=statistics.median(groups[kind]))
         for t, kind in zip(times, kinds, strict=True)
     ]
 
 
-def _priced(block: SacBlock, times: RegionTimes | None) -> SacBlock | None:
+def _priced(block: SacBlock, times: RegionTimes | RuntimeError) -> SacBlock | None:
     """The block with its measured `overhead` and `price`, so that the modelled cost of the
     region recomputing every op is plain checkpoint's measured price: where that exceeds the
     recorded seconds of the ops a full recompute reruns (up to `stop`), `price` is the excess;
     where it is less (the recorded seconds, timed one op at a time, overestimate the rerun),
     those ops' seconds are scaled down to it and `price` is 0, so that a region saving some
     ops never costs less than the ops it reruns. None where the region fails inside
-    checkpoint."""
-    if times is None:
+    checkpoint (`times` its error)."""
+    if isinstance(times, RuntimeError):
         return None
     recompute = sum(op.seconds for op in block.ops[: block.stop + 1])
     if times.checkpoint >= recompute or recompute <= 0:
@@ -324,7 +355,14 @@ def record_union(
 ) -> tuple[SacUnion, list[list[tuple[str, nn.Module]] | None]]:
     """The SacUnion of `model`'s step over `blocks` (name, module), in forward order, split
     into `children` (per block, its children in call order, or None) where those run once
-    each, in sequence; with the children kept per block (None where the block is not split)."""
+    each, in sequence; with the children kept per block (None where the block is not split).
+    Every candidate region runs with its arguments as under checkpoint (`cache_off`)."""
+    candidates = [m for _, m in blocks] + [m for kids in children for _, m in kids or ()]
+    with hooked(cache_off_hooks(candidates)):
+        return _record_union(model, blocks, children, step, repeats)
+
+
+def _record_union(model, blocks, children, step, repeats):
     modules = [m for _, m in blocks]
     windows = measure_windows(
         model, modules, step, [None if k is None else [m for _, m in k] for k in children]
@@ -343,11 +381,12 @@ def record_union(
         [(type(m), ops) for m, ops in zip(regions, streams, strict=True)],
     )
     for (name, _), times in zip(blocks, overheads, strict=False):
-        if times is None:
+        if isinstance(times, RuntimeError):
             raise ValueError(
                 f"block {name} fails inside torch.utils.checkpoint (run alone, forward and "
-                "backward): it cannot be a checkpoint region; choose other blocks"
-            )
+                f"backward: {type(times).__name__}: {times}): it cannot be a checkpoint region; "
+                "choose other blocks"
+            ) from times
     kid_overheads = iter(overheads[len(blocks) :])
     kid_facts = iter(flat_facts)
     params = {_storage(p) for p in model.parameters()}

@@ -73,19 +73,25 @@ def small() -> tuple[Net, tuple[torch.Tensor]]:
 
 def assert_same_adamw_steps(runs: list[nn.Module], loss, steps: int = 3) -> None:
     """Train the models side by side with AdamW, the same RNG seed per step (`loss(model,
-    step)` returns the step's loss), and assert every run's gradients `torch.equal` to the
-    first run's at every step."""
+    step)` returns the step's loss), and assert every run's loss, gradients and buffers
+    `torch.equal` to the first run's at every step."""
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in runs]
     for step in range(steps):
-        grads = []
+        losses, grads, buffers = [], [], []
         for model, optimizer in zip(runs, optimizers, strict=True):
             torch.manual_seed(step)
             optimizer.zero_grad(set_to_none=True)
-            loss(model, step).backward()
+            value = loss(model, step)
+            value.backward()
+            losses.append(value.detach())
             grads.append([p.grad.clone() for p in model.parameters()])
+            buffers.append([(n, b.clone()) for n, b in model.named_buffers()])
             optimizer.step()
+        assert all(torch.equal(losses[0], x) for x in losses[1:]), f"step {step}: loss differs"
         for k, (a, *others) in enumerate(zip(*grads, strict=True)):
             assert all(torch.equal(a, b) for b in others), f"step {step}: gradient {k} differs"
+        for (name, a), *others in zip(*buffers, strict=True):
+            assert all(torch.equal(a, b) for _, b in others), f"step {step}: buffer {name} differs"
 
 
 def replanned(

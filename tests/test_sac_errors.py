@@ -151,5 +151,20 @@ def test_block_that_fails_inside_checkpoint_is_refused():
     """A block writing its input in place runs plainly but not inside checkpoint, which keeps
     that input for the recompute."""
     net = Net([_WritesItsInput(32), _WritesItsInput(32)], 32)
-    with pytest.raises(ValueError, match=r"block blocks\.0 fails inside torch\.utils\.checkpoint"):
+    with pytest.raises(
+        ValueError, match=r"block blocks\.0 fails inside torch\.utils\.checkpoint .*inplace"
+    ) as info:
         executor.checkpoint_plan(net, (torch.randn(4, 32),), "80%", regions="blocks", time_limit=5)
+    assert isinstance(info.value.__cause__, RuntimeError), "the cause should be chained"
+
+
+def test_out_of_memory_while_pricing_propagates(solved, monkeypatch):
+    """Only autograd's and checkpoint's refusals of a region make it no region."""
+    net, x, _ = solved
+
+    def out_of_memory(*_args, **_kwargs):
+        raise torch.OutOfMemoryError("out of memory")
+
+    monkeypatch.setattr("executor.sac_overhead._region_times", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        executor.checkpoint_plan(net, (x,), "min", time_limit=5)

@@ -65,6 +65,9 @@ class SacBlock:
     recorded seconds of every op up to `stop`. Paid by every checkpointed region. Recorded at
     least 0: where the measured price is less than those seconds, the ops' `seconds` up to
     `stop` are scaled down to it instead (executor/sac_record.py); the solver takes any sign.
+    `buffers`: names (relative to the region) of the buffers its forward mutates (BatchNorm's
+    running statistics), restored around its recompute; their bytes are in `held_extra` (a
+    copy from before the forward) and in `recompute_extra` (a copy during the recompute).
     """
 
     name: str
@@ -79,15 +82,18 @@ class SacBlock:
     recompute_extra: int = 0
     overhead: float = 0.0
     price: float = 0.0
+    buffers: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["ops"] = [asdict(op) for op in self.ops]
+        d["buffers"] = list(self.buffers)
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> SacBlock:
-        return cls(**{**d, "ops": tuple(SacOp(**op) for op in d["ops"])})
+        ops = tuple(SacOp(**op) for op in d["ops"])
+        return cls(**{**d, "ops": ops, "buffers": tuple(d.get("buffers", ()))})
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,13 @@ class SacUnion:
     def plain_peak(self) -> int:
         return self.blocks.plain_peak
 
+    def regions(self) -> list[SacBlock]:
+        """Every candidate region: each block followed by its split's children, if any."""
+        out: list[SacBlock] = []
+        for block, split in zip(self.blocks.blocks, self.splits, strict=True):
+            out += [block, *(split.children if split is not None else ())]
+        return out
+
     @classmethod
     def whole(cls, problem: SacProblem) -> SacUnion:
         """The union of a problem whose blocks cannot be split."""
