@@ -36,7 +36,7 @@ from executor.sac_blocks import select_blocks
 from executor.sac_policy import Policy
 from executor.sac_record import in_call_order, record_union
 from executor.sac_region import cache_off, run_checkpointed
-from executor.sac_step import Snapshot
+from executor.sac_step import Snapshot, leaf_tensors
 from solver.core.budget import parse_bytes
 from solver.deadline import Deadline
 from solver.errors import ScheduleMismatchError
@@ -235,6 +235,20 @@ def _run_eagerly(model: nn.Module, step: Callable[[], torch.Tensor]) -> None:
         snapshot.restore()
 
 
+def _check_cpu(model: nn.Module, inputs: object) -> None:
+    """ValueError unless the model's parameters and buffers and the inputs are on the CPU: the
+    recording measures bytes from the CPU allocator's profiler events, seconds by wall clock
+    and replays the CPU generator, none of which sees a device's work."""
+    tensors = [*model.parameters(), *model.buffers(), *leaf_tensors(inputs)]
+    devices = sorted({str(t.device) for t in tensors if t.device.type != "cpu"})
+    if devices:
+        raise ValueError(
+            f"checkpoint_plan records on the CPU only, and the model or its inputs are on "
+            f"{', '.join(devices)}: measuring a device's bytes, seconds and RNG is not "
+            "supported; solve the plan with the model and inputs on the CPU"
+        )
+
+
 REGIONS = ("choose", "blocks", "children")
 """The candidate regions `checkpoint_plan` solves over (its `regions` argument)."""
 
@@ -268,6 +282,7 @@ def checkpoint_plan(
     if not minimum:
         parse_bytes(budget, lambda: 1)  # an unreadable budget fails before any recording
     kwargs = dict(example_kwargs or {})
+    _check_cpu(model, (example_inputs, kwargs))
 
     def step() -> torch.Tensor:
         return loss_fn(model(*example_inputs, **kwargs))

@@ -168,3 +168,10 @@ def test_out_of_memory_while_pricing_propagates(solved, monkeypatch):
     monkeypatch.setattr("executor.sac_overhead._region_times", out_of_memory)
     with pytest.raises(torch.OutOfMemoryError):
         executor.checkpoint_plan(net, (x,), "min", time_limit=5)
+
+
+def test_a_model_off_the_cpu_is_refused_before_recording():
+    """The recording measures the CPU allocator, wall time and the CPU generator only."""
+    net = transformer(layers=2).to("meta")
+    with pytest.raises(ValueError, match=r"records on the CPU only.*meta"):
+        executor.checkpoint_plan(net, (torch.randn(2, 8, 32, device="meta"),), "50%")
