@@ -4,20 +4,22 @@ random init, dropout on) trained in both runtimes against eager on an identical 
     python -m benchmarks.breadth                        # every architecture, both runtimes
     python -m benchmarks.breadth --only gpt2 tv_resnet18 --steps 3 --out breadth.md --json b.json
 
-Per architecture (`benchmarks.breadth_models`) and runtime:
+Per architecture (`benchmarks.breadth_models`), three cells:
 
+- ``eager``: the control, a second copy trained plainly: eager against itself;
 - ``remat``: remat's own executor (`executor.rematerialize`; HF models captured with
   ``backward_from=["loss"]``);
 - ``sac``: a SAC plan (`executor.checkpoint_plan`, `CheckpointPlan.apply`).
 
 The model is copied (`copy.deepcopy`) before anything runs; the runtime is built on the model
 itself, then both train ``--steps`` SGD steps, each step from the same seed, one thread. After
-every step, compared with `torch.equal`: the loss, every parameter's ``.grad``, every buffer
-(BatchNorm running statistics and ``num_batches_tracked``) and every parameter after the SGD
-step. Then one more step of the runtime is measured (`executor.measure_peak`: profiler
-allocation events, bytes above the step's start) the way each runtime states its budget: the
-own executor with ``.grad`` allocated before the step (`remat run`), the SAC plan with ``.grad``
-set to None before it (`remat sac`).
+every step, compared bit for bit (`same_bits`: `torch.equal`, NaNs included): the loss, every
+parameter's ``.grad``, every buffer (BatchNorm running statistics and ``num_batches_tracked``)
+and every parameter after the SGD step. Then one more step of the runtime is measured
+(`executor.measure_peak`: profiler allocation events, bytes above the step's start) the way
+each runtime states its budget: the own executor with ``.grad`` allocated before the step
+(`remat run`), the SAC plan and eager with ``.grad`` set to None before it (`remat sac`).
+``checkpointed``: the schedule's recomputes, or the plan's checkpointed regions.
 
 The budget (``--budget``, default ``mid``): ``mid`` is midway between the least peak found and
 100%: for the own executor between `solver.minimum_peak` and the checkpoint-all peak, for SAC
@@ -27,7 +29,9 @@ value goes to both APIs as it is (bytes, ``"60%"``, ``"min"``). The two runtimes
 
 Each cell is one of ``equal`` (bit-identical on every step and measured peak within the budget),
 ``WRONG: <tensor> differs at step k`` (exit status 1), ``over budget`` or ``refused: <error>``
-(the exception's type and first line). Each architecture runs in its own subprocess under
+(the exception's type and first line, and its cause's); the control is ``equal`` or ``NOT
+REPRODUCIBLE``, and a runtime that first differs at or after the step where the control did is
+``as eager`` rather than WRONG. Each architecture runs in its own subprocess under
 ``--row-timeout`` seconds; a failure there is recorded and the others go on. ``seconds`` is
 the cell's wall time: planning, the eager and runtime steps and the measured step.
 """
@@ -40,7 +44,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -49,10 +53,21 @@ from torch import nn
 
 from benchmarks.breadth_models import ARCHITECTURES, Case, TorchvisionMissing, hf_loss
 
-RUNTIMES = ("remat", "sac")
+RUNTIMES = ("eager", "remat", "sac")
+"""``eager``: the control, a second copy trained plainly against the first."""
 SEED = 1234
 LR = 0.01
-COLUMNS = ("architecture", "family", "runtime", "result", "measured peak", "budget", "seconds")
+COLUMNS = (
+    "architecture",
+    "family",
+    "runtime",
+    "result",
+    "checkpointed",
+    "measured peak",
+    "budget",
+    "seconds",
+)
+KINDS = ("equal", "WRONG", "over budget", "refused", "NOT REPRODUCIBLE", "as eager", "skipped")
 
 
 @dataclass
@@ -63,9 +78,11 @@ class Cell:
     family: str
     runtime: str
     result: str
+    checkpointed: str = "-"
     peak: int | None = None
     budget: int | None = None
     seconds: float = 0.0
+    differs_at: int | None = None
 
     def markdown(self) -> str:
         values = (
@@ -73,6 +90,7 @@ class Cell:
             self.family,
             self.runtime,
             self.result.replace("|", "\\|"),
+            self.checkpointed,
             _mib(self.peak),
             _mib(self.budget),
             f"{self.seconds:.1f}",
@@ -81,16 +99,26 @@ class Cell:
 
 
 class Mismatch(Exception):
-    """The runtime's step differs from eager's."""
+    """The runtime's step differs from eager's at step `step`."""
+
+    def __init__(self, difference: str, step: int) -> None:
+        super().__init__(f"{difference} at step {step}")
+        self.step = step
 
 
 def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.3f} MiB"
 
 
-def _refusal(error: BaseException) -> str:
+def _one_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
-    return f"refused: {type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _refusal(error: BaseException) -> str:
+    """``refused: Type: first line``, with the chained cause's where there is one."""
+    cause = f" (from {_one_line(error.__cause__)})" if error.__cause__ is not None else ""
+    return f"refused: {_one_line(error)}{cause}"
 
 
 def train_step(module: Callable, model: nn.Module, case: Case, opt, step: int) -> dict:
@@ -111,16 +139,27 @@ def train_step(module: Callable, model: nn.Module, case: Case, opt, step: int) -
     return state
 
 
+def same_bits(a: object, b: object) -> bool:
+    """`a` and `b` are both None, or tensors of one dtype and shape holding the same bits
+    (floating point compared as integers of its width: NaNs compare, and -0.0 is not 0.0)."""
+    if a is None or b is None:
+        return a is None and b is None
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
+
+
 def first_difference(want: dict, got: dict) -> str | None:
     """The first tensor of `want` that `got` does not hold bit for bit, with how many more
     differ; None when all are equal."""
     differ = []
     for key, a in want.items():
-        b = got.get(key, "missing")
-        same = (a is None and b is None) or (
-            isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
-        )
-        if not same:
+        if not same_bits(a, got.get(key, "missing")):
             differ.append(key)
     differ += [key for key in got if key not in want]
     if not differ:
@@ -133,8 +172,17 @@ def _capture_options(case: Case) -> dict:
     return {"repeats": 1, **({"backward_from": ["loss"]} if case.loss_fn is hf_loss else {})}
 
 
-def own_executor(case: Case, budget: str, time_limit: float) -> tuple[nn.Module, int]:
-    """remat's own executor on `case.model` at `budget`; (the module to call, budget bytes)."""
+Built = tuple[Callable, int | None, str]
+"""A runtime on a case's model: (the module to call, budget bytes, what it checkpoints)."""
+
+
+def plain(case: Case, budget: str, time_limit: float) -> Built:
+    """The control: the model itself, no budget."""
+    return case.model, None, "-"
+
+
+def own_executor(case: Case, budget: str, time_limit: float) -> Built:
+    """remat's own executor on `case.model` at `budget`."""
     import executor
     import solver
     from graph_capture import capture
@@ -148,16 +196,17 @@ def own_executor(case: Case, budget: str, time_limit: float) -> tuple[nn.Module,
             capture_options=_capture_options(case),
             time_limit=time_limit,
         )
-        return rm, rm.schedule.budget
+        return rm, rm.schedule.budget, f"{rm.schedule.recomputes} recomputes"
     captured = capture(case.model, case.inputs, case.kwargs, **_capture_options(case))
     least = solver.minimum_peak(captured.dag, time_limit=time_limit).peak
     full = solver.checkpoint_all_peak(solver.prepare(captured.dag))
     schedule = solver.solve(captured.dag, budget=(least + full) // 2, time_limit=time_limit)
-    return executor.Rematerialized(case.model, captured, schedule), schedule.budget
+    rm = executor.Rematerialized(case.model, captured, schedule)
+    return rm, schedule.budget, f"{schedule.recomputes} recomputes"
 
 
-def sac_plan(case: Case, budget: str, time_limit: float) -> tuple[nn.Module, int]:
-    """A SAC plan applied to `case.model` at `budget`; (the model, budget bytes)."""
+def sac_plan(case: Case, budget: str, time_limit: float) -> Built:
+    """A SAC plan applied to `case.model` at `budget`."""
     import executor
 
     def plan_at(value: str | int):
@@ -174,18 +223,19 @@ def sac_plan(case: Case, budget: str, time_limit: float) -> tuple[nn.Module, int
         least = plan_at("min")
         budget = (least.peak + least.plain_peak) // 2
     plan = plan_at(budget)
-    return plan.apply(case.model), plan.budget
+    regions = f"{len(plan.checkpointed())} of {len(plan.blocks)} regions"
+    return plan.apply(case.model), plan.budget, regions
 
 
-BUILD = {"remat": own_executor, "sac": sac_plan}
+BUILD = {"eager": plain, "remat": own_executor, "sac": sac_plan}
 
 
 def measured_peak(module: Callable, model: nn.Module, case: Case, runtime: str) -> int:
     """The measured peak (bytes above the step's start) of one step of `module`, `.grad`
-    allocated before it for the own executor and set to None for SAC; RNG restored after."""
+    allocated before it for the own executor and set to None otherwise; RNG restored after."""
     from executor import measure_peak
 
-    model.zero_grad(set_to_none=runtime == "sac")
+    model.zero_grad(set_to_none=runtime != "remat")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         return measure_peak(
@@ -193,8 +243,17 @@ def measured_peak(module: Callable, model: nn.Module, case: Case, runtime: str) 
         ).peak_bytes
 
 
-def run_cell(name: str, runtime: str, budget: str, steps: int, time_limit: float) -> Cell:
-    """One architecture in one runtime against eager; never raises."""
+def run_cell(
+    name: str,
+    runtime: str,
+    budget: str,
+    steps: int,
+    time_limit: float,
+    eager_differs_at: int | None = None,
+) -> Cell:
+    """One architecture in one runtime against eager; never raises. `eager_differs_at`: the
+    first step at which the control (eager against eager) differed; a runtime that first
+    differs there or later is reported ``as eager`` rather than WRONG."""
     family, make = ARCHITECTURES[name]
     cell = Cell(name, family, runtime, "")
     start = time.perf_counter()
@@ -202,7 +261,7 @@ def run_cell(name: str, runtime: str, budget: str, steps: int, time_limit: float
         torch.manual_seed(0)
         case = make()
         eager = copy.deepcopy(case.model)
-        module, cell.budget = BUILD[runtime](case, budget, time_limit)
+        module, cell.budget, cell.checkpointed = BUILD[runtime](case, budget, time_limit)
         runs = [(eager, eager), (module, case.model)]
         opts = [torch.optim.SGD(model.parameters(), lr=LR) for _, model in runs]
         for step in range(steps):
@@ -212,11 +271,20 @@ def run_cell(name: str, runtime: str, budget: str, steps: int, time_limit: float
             )
             difference = first_difference(want, got)
             if difference:
-                raise Mismatch(f"WRONG: {difference} at step {step}")
+                raise Mismatch(difference, step)
         cell.peak = measured_peak(module, case.model, case, runtime)
-        cell.result = "equal" if cell.peak <= cell.budget else "over budget"
+        within = cell.budget is None or cell.peak <= cell.budget
+        cell.result = "equal" if within else "over budget"
     except Mismatch as wrong:
-        cell.result = str(wrong)
+        cell.differs_at = wrong.step
+        if runtime == "eager":
+            cell.result = f"NOT REPRODUCIBLE: {wrong}"
+        elif eager_differs_at is not None and wrong.step >= eager_differs_at:
+            cell.result = (
+                f"as eager: {wrong} (eager against eager differs from step {eager_differs_at})"
+            )
+        else:
+            cell.result = f"WRONG: {wrong}"
     except TorchvisionMissing as missing:
         cell.result = f"skipped: {missing}"
     except Exception as error:
@@ -225,17 +293,23 @@ def run_cell(name: str, runtime: str, budget: str, steps: int, time_limit: float
     return cell
 
 
-def run_row(name: str, budget: str = "mid", steps: int = 3, time_limit: float = 10) -> list[Cell]:
-    """Both runtimes on one architecture, in this process."""
+def row_cells(name: str, budget: str, steps: int, time_limit: float) -> Iterator[Cell]:
+    """The control, then each runtime, on one architecture, in this process, one thread."""
     torch.set_num_threads(1)
-    return [run_cell(name, runtime, budget, steps, time_limit) for runtime in RUNTIMES]
+    control = run_cell(name, "eager", budget, steps, time_limit)
+    yield control
+    for runtime in RUNTIMES[1:]:
+        yield run_cell(name, runtime, budget, steps, time_limit, control.differs_at)
+
+
+def run_row(name: str, budget: str = "mid", steps: int = 3, time_limit: float = 10) -> list[Cell]:
+    """Every runtime on one architecture, in this process."""
+    return list(row_cells(name, budget, steps, time_limit))
 
 
 def _worker(args: argparse.Namespace) -> int:
     """One architecture's row: each cell printed as a JSON line when it ends."""
-    torch.set_num_threads(1)
-    for runtime in RUNTIMES:
-        cell = run_cell(args.worker, runtime, args.budget, args.steps, args.time_limit)
+    for cell in row_cells(args.worker, args.budget, args.steps, args.time_limit):
         print("CELL " + json.dumps(asdict(cell)), flush=True)
     return 0
 
@@ -274,8 +348,7 @@ def table(cells: Sequence[Cell]) -> str:
 
 
 def summary(cells: Sequence[Cell]) -> str:
-    kinds = ("equal", "WRONG", "over budget", "refused", "skipped")
-    counts = {k: sum(c.result.startswith(k) for c in cells) for k in kinds}
+    counts = {k: sum(c.result.startswith(k) for c in cells) for k in KINDS}
     return ", ".join(f"{n} {k}" for k, n in counts.items() if n) + f" of {len(cells)} cells"
 
 

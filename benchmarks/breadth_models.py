@@ -288,7 +288,7 @@ TORCHVISION: dict[str, Callable[[], Case]] = {
     "tv_resnet50": lambda: _vision(lambda m: m.resnet50(num_classes=CLASSES), size=32),
     "tv_mobilenet_v3_small": lambda: _vision(lambda m: m.mobilenet_v3_small(num_classes=CLASSES)),
     "tv_mobilenet_v2": lambda: _vision(
-        lambda m: m.MobileNetV2(num_classes=CLASSES, width_mult=0.5), size=32
+        lambda m: m.MobileNetV2(num_classes=CLASSES, width_mult=0.5)
     ),
     "tv_efficientnet_b0": lambda: _vision(_efficientnet, size=32),
     "tv_convnext": lambda: _vision(_convnext, size=32),
