@@ -348,8 +348,19 @@ def table(cells: Sequence[Cell]) -> str:
 
 
 def summary(cells: Sequence[Cell]) -> str:
+    """Cells per result; equal runtime cells whose schedule or plan checkpoints nothing (so that
+    they test little) are counted apart."""
     counts = {k: sum(c.result.startswith(k) for c in cells) for k in KINDS}
-    return ", ".join(f"{n} {k}" for k, n in counts.items() if n) + f" of {len(cells)} cells"
+    idle = sum(c.result == "equal" and c.checkpointed.startswith("0 ") for c in cells)
+    parts = [f"{n} {k}" for k, n in counts.items() if n]
+    if idle:
+        parts[0] += f" ({idle} of them checkpointing nothing)"
+    return ", ".join(parts) + f" of {len(cells)} cells"
+
+
+def report(cells: Sequence[Cell], command: str) -> str:
+    """The markdown report: the command, the summary, the table."""
+    return f"`{command}`: {summary(cells)}\n\n{table(cells)}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -388,10 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             cells.append(cell)
             print(cell.markdown(), flush=True)
     command = "python -m benchmarks.breadth " + " ".join(argv if argv is not None else sys.argv[1:])
-    report = f"`{command.strip()}`: {summary(cells)}\n\n{table(cells)}"
-    print("\n" + report)
+    text = report(cells, command.strip())
+    print("\n" + text)
     if args.out:
-        args.out.write_text(report)
+        args.out.write_text(text)
     if args.json:
         args.json.write_text(json.dumps([asdict(c) for c in cells], indent=1))
     return 1 if any(c.result.startswith("WRONG") for c in cells) else 0
