@@ -1,0 +1,412 @@
+"""Breadth: third-party architectures (HuggingFace transformers, torchvision; small configs,
+random init, dropout on) trained in both runtimes against eager on an identical copy.
+
+    python -m benchmarks.breadth                        # every architecture, both runtimes
+    python -m benchmarks.breadth --only gpt2 tv_resnet18 --steps 3 --out breadth.md --json b.json
+
+Per architecture (`benchmarks.breadth_models`), three cells:
+
+- ``eager``: the control, a second copy trained plainly: eager against itself;
+- ``remat``: remat's own executor (`executor.rematerialize`; HF models captured with
+  ``backward_from=["loss"]``);
+- ``sac``: a SAC plan (`executor.checkpoint_plan`, `CheckpointPlan.apply`).
+
+The model is copied (`copy.deepcopy`) before anything runs; the runtime is built on the model
+itself, then both train ``--steps`` SGD steps, each step from the same seed, one thread. After
+every step, compared bit for bit (`same_bits`: `torch.equal`, NaNs included): the loss, every
+parameter's ``.grad``, every buffer (BatchNorm running statistics and ``num_batches_tracked``)
+and every parameter after the SGD step. Then one more step of the runtime is measured
+(`executor.measure_peak`: profiler allocation events, bytes above the step's start) the way
+each runtime states its budget: the own executor with ``.grad`` allocated before the step
+(`remat run`), the SAC plan and eager with ``.grad`` set to None before it (`remat sac`).
+``checkpointed``: the schedule's recomputes, or the plan's checkpointed regions.
+
+The budget (``--budget``, default ``mid``): ``mid`` is midway between the least peak found and
+100%: for the own executor between `solver.minimum_peak` and the checkpoint-all peak, for SAC
+between the plan at ``"min"`` (its predicted peak) and the step without checkpointing. Any other
+value goes to both APIs as it is (bytes, ``"60%"``, ``"min"``). The two runtimes' 100% differ
+(checkpoint-all against the plain step), so their budgets differ in bytes.
+
+Each cell is one of ``equal`` (bit-identical on every step and measured peak within the budget),
+``WRONG: <tensor> differs at step k`` (exit status 1), ``over budget`` or ``refused: <error>``
+(the exception's type and first line, and its cause's); the control is ``equal`` or ``NOT
+REPRODUCIBLE``, and a runtime that first differs at or after the step where the control did is
+``as eager`` rather than WRONG. Each architecture runs in its own subprocess under
+``--row-timeout`` seconds; a failure there is recorded and the others go on. ``seconds`` is
+the cell's wall time: planning, the eager and runtime steps and the measured step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from benchmarks.breadth_models import ARCHITECTURES, Case, TorchvisionMissing, hf_loss
+
+RUNTIMES = ("eager", "remat", "sac")
+"""``eager``: the control, a second copy trained plainly against the first."""
+SEED = 1234
+LR = 0.01
+COLUMNS = (
+    "architecture",
+    "family",
+    "runtime",
+    "result",
+    "checkpointed",
+    "measured peak",
+    "budget",
+    "seconds",
+)
+KINDS = ("equal", "WRONG", "over budget", "refused", "NOT REPRODUCIBLE", "as eager", "skipped")
+
+
+@dataclass
+class Cell:
+    """One architecture in one runtime: the result and its numbers (bytes, seconds)."""
+
+    architecture: str
+    family: str
+    runtime: str
+    result: str
+    checkpointed: str = "-"
+    peak: int | None = None
+    budget: int | None = None
+    seconds: float = 0.0
+    differs_at: int | None = None
+
+    def markdown(self) -> str:
+        values = (
+            self.architecture,
+            self.family,
+            self.runtime,
+            self.result.replace("|", "\\|"),
+            self.checkpointed,
+            _mib(self.peak),
+            _mib(self.budget),
+            f"{self.seconds:.1f}",
+        )
+        return "| " + " | ".join(values) + " |"
+
+
+class Mismatch(Exception):
+    """The runtime's step differs from eager's at step `step`."""
+
+    def __init__(self, difference: str, step: int) -> None:
+        super().__init__(f"{difference} at step {step}")
+        self.step = step
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.3f} MiB"
+
+
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _refusal(error: BaseException) -> str:
+    """``refused: Type: first line``, with the chained cause's where there is one."""
+    cause = f" (from {_one_line(error.__cause__)})" if error.__cause__ is not None else ""
+    return f"refused: {_one_line(error)}{cause}"
+
+
+def train_step(module: Callable, model: nn.Module, case: Case, opt, step: int) -> dict:
+    """One step of `module` (training `model`'s parameters) from the step's seed; returns the
+    loss, every `.grad`, every buffer after the step and every parameter after the update."""
+    torch.manual_seed(SEED + step)
+    loss = case.loss_fn(module(*case.inputs, **case.kwargs))
+    loss.backward()
+    state = {"loss": loss.detach().clone()}
+    for name, p in model.named_parameters():
+        state[f".grad of {name}"] = None if p.grad is None else p.grad.clone()
+    for name, b in model.named_buffers():
+        state[f"buffer {name}"] = b.clone()
+    opt.step()
+    for name, p in model.named_parameters():
+        state[f"{name} after the SGD step"] = p.detach().clone()
+    opt.zero_grad(set_to_none=False)
+    return state
+
+
+def same_bits(a: object, b: object) -> bool:
+    """`a` and `b` are both None, or tensors of one dtype and shape holding the same bits
+    (floating point compared as integers of its width: NaNs compare, and -0.0 is not 0.0)."""
+    if a is None or b is None:
+        return a is None and b is None
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
+
+
+def first_difference(want: dict, got: dict) -> str | None:
+    """The first tensor of `want` that `got` does not hold bit for bit, with how many more
+    differ; None when all are equal."""
+    differ = []
+    for key, a in want.items():
+        if not same_bits(a, got.get(key, "missing")):
+            differ.append(key)
+    differ += [key for key in got if key not in want]
+    if not differ:
+        return None
+    more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+    return f"{differ[0]} differs{more}"
+
+
+def _capture_options(case: Case) -> dict:
+    return {"repeats": 1, **({"backward_from": ["loss"]} if case.loss_fn is hf_loss else {})}
+
+
+Built = tuple[Callable, int | None, str]
+"""A runtime on a case's model: (the module to call, budget bytes, what it checkpoints)."""
+
+
+def plain(case: Case, budget: str, time_limit: float) -> Built:
+    """The control: the model itself, no budget."""
+    return case.model, None, "-"
+
+
+def own_executor(case: Case, budget: str, time_limit: float) -> Built:
+    """remat's own executor on `case.model` at `budget`."""
+    import executor
+    import solver
+    from graph_capture import capture
+
+    if budget != "mid":
+        rm = executor.rematerialize(
+            case.model,
+            case.inputs,
+            budget,
+            example_kwargs=case.kwargs,
+            capture_options=_capture_options(case),
+            time_limit=time_limit,
+        )
+        return rm, rm.schedule.budget, f"{rm.schedule.recomputes} recomputes"
+    captured = capture(case.model, case.inputs, case.kwargs, **_capture_options(case))
+    least = solver.minimum_peak(captured.dag, time_limit=time_limit).peak
+    full = solver.checkpoint_all_peak(solver.prepare(captured.dag))
+    schedule = solver.solve(captured.dag, budget=(least + full) // 2, time_limit=time_limit)
+    rm = executor.Rematerialized(case.model, captured, schedule)
+    return rm, schedule.budget, f"{schedule.recomputes} recomputes"
+
+
+def sac_plan(case: Case, budget: str, time_limit: float) -> Built:
+    """A SAC plan applied to `case.model` at `budget`."""
+    import executor
+
+    def plan_at(value: str | int):
+        return executor.checkpoint_plan(
+            case.model,
+            case.inputs,
+            value,
+            example_kwargs=case.kwargs,
+            loss_fn=case.loss_fn,
+            time_limit=time_limit,
+        )
+
+    if budget == "mid":
+        least = plan_at("min")
+        budget = (least.peak + least.plain_peak) // 2
+    plan = plan_at(budget)
+    regions = f"{len(plan.checkpointed())} of {len(plan.blocks)} regions"
+    return plan.apply(case.model), plan.budget, regions
+
+
+BUILD = {"eager": plain, "remat": own_executor, "sac": sac_plan}
+
+
+def measured_peak(module: Callable, model: nn.Module, case: Case, runtime: str) -> int:
+    """The measured peak (bytes above the step's start) of one step of `module`, `.grad`
+    allocated before it for the own executor and set to None otherwise; RNG restored after."""
+    from executor import measure_peak
+
+    model.zero_grad(set_to_none=runtime != "remat")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        return measure_peak(
+            lambda: case.loss_fn(module(*case.inputs, **case.kwargs)).backward()
+        ).peak_bytes
+
+
+def run_cell(
+    name: str,
+    runtime: str,
+    budget: str,
+    steps: int,
+    time_limit: float,
+    eager_differs_at: int | None = None,
+) -> Cell:
+    """One architecture in one runtime against eager; never raises. `eager_differs_at`: the
+    first step at which the control (eager against eager) differed; a runtime that first
+    differs there or later is reported ``as eager`` rather than WRONG."""
+    family, make = ARCHITECTURES[name]
+    cell = Cell(name, family, runtime, "")
+    start = time.perf_counter()
+    try:
+        torch.manual_seed(0)
+        case = make()
+        eager = copy.deepcopy(case.model)
+        module, cell.budget, cell.checkpointed = BUILD[runtime](case, budget, time_limit)
+        runs = [(eager, eager), (module, case.model)]
+        opts = [torch.optim.SGD(model.parameters(), lr=LR) for _, model in runs]
+        for step in range(steps):
+            want, got = (
+                train_step(call, model, case, opt, step)
+                for (call, model), opt in zip(runs, opts, strict=True)
+            )
+            difference = first_difference(want, got)
+            if difference:
+                raise Mismatch(difference, step)
+        cell.peak = measured_peak(module, case.model, case, runtime)
+        within = cell.budget is None or cell.peak <= cell.budget
+        cell.result = "equal" if within else "over budget"
+    except Mismatch as wrong:
+        cell.differs_at = wrong.step
+        if runtime == "eager":
+            cell.result = f"NOT REPRODUCIBLE: {wrong}"
+        elif eager_differs_at is not None and wrong.step >= eager_differs_at:
+            cell.result = (
+                f"as eager: {wrong} (eager against eager differs from step {eager_differs_at})"
+            )
+        else:
+            cell.result = f"WRONG: {wrong}"
+    except TorchvisionMissing as missing:
+        cell.result = f"skipped: {missing}"
+    except Exception as error:
+        cell.result = _refusal(error)
+    cell.seconds = time.perf_counter() - start
+    return cell
+
+
+def row_cells(name: str, budget: str, steps: int, time_limit: float) -> Iterator[Cell]:
+    """The control, then each runtime, on one architecture, in this process, one thread."""
+    torch.set_num_threads(1)
+    control = run_cell(name, "eager", budget, steps, time_limit)
+    yield control
+    for runtime in RUNTIMES[1:]:
+        yield run_cell(name, runtime, budget, steps, time_limit, control.differs_at)
+
+
+def run_row(name: str, budget: str = "mid", steps: int = 3, time_limit: float = 10) -> list[Cell]:
+    """Every runtime on one architecture, in this process."""
+    return list(row_cells(name, budget, steps, time_limit))
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """One architecture's row: each cell printed as a JSON line when it ends."""
+    for cell in row_cells(args.worker, args.budget, args.steps, args.time_limit):
+        print("CELL " + json.dumps(asdict(cell)), flush=True)
+    return 0
+
+
+def run_subprocess(name: str, args: argparse.Namespace) -> list[Cell]:
+    """One architecture's row in a subprocess under `args.row_timeout` seconds; a cell it did
+    not report (a timeout or a crash) is refused with the reason."""
+    command = [sys.executable, "-m", "benchmarks.breadth", "--worker", name]
+    command += ["--budget", args.budget, "--steps", str(args.steps)]
+    command += ["--time-limit", str(args.time_limit)]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.row_timeout)
+        out, reason = done.stdout, f"refused: crashed: exit status {done.returncode}"
+        tail = done.stderr.strip().splitlines()[-1:] if done.returncode else []
+        reason += f": {tail[0]}" if tail else ""
+    except subprocess.TimeoutExpired as expired:
+        out = expired.stdout.decode() if isinstance(expired.stdout, bytes) else expired.stdout
+        reason = f"refused: timeout: no result within {args.row_timeout:g} s"
+    cells = [
+        Cell(**json.loads(line[5:]))
+        for line in (out or "").splitlines()
+        if line.startswith("CELL ")
+    ]
+    seconds = time.perf_counter() - start - sum(c.seconds for c in cells)
+    family = ARCHITECTURES[name][0]
+    for runtime in RUNTIMES[len(cells) :]:
+        cells.append(Cell(name, family, runtime, reason, seconds=seconds))
+        seconds = 0.0
+    return cells
+
+
+def table(cells: Sequence[Cell]) -> str:
+    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
+    return head + "\n".join(cell.markdown() for cell in cells) + "\n"
+
+
+def summary(cells: Sequence[Cell]) -> str:
+    """Cells per result; equal runtime cells whose schedule or plan checkpoints nothing (so that
+    they test little) are counted apart."""
+    counts = {k: sum(c.result.startswith(k) for c in cells) for k in KINDS}
+    idle = sum(c.result == "equal" and c.checkpointed.startswith("0 ") for c in cells)
+    parts = [f"{n} {k}" for k, n in counts.items() if n]
+    if idle:
+        parts[0] += f" ({idle} of them checkpointing nothing)"
+    return ", ".join(parts) + f" of {len(cells)} cells"
+
+
+def report(cells: Sequence[Cell], command: str) -> str:
+    """The markdown report: the command, the summary, the table."""
+    return f"`{command}`: {summary(cells)}\n\n{table(cells)}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.breadth", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        choices=list(ARCHITECTURES),
+        help="these architectures (default: all)",
+    )
+    parser.add_argument(
+        "--budget", default="mid", help="mid (default), bytes, 60%%, min: see the module docstring"
+    )
+    parser.add_argument("--steps", type=int, default=3, help="compared training steps (default 3)")
+    parser.add_argument(
+        "--time-limit", type=float, default=10, help="seconds per solve (default 10)"
+    )
+    parser.add_argument(
+        "--row-timeout", type=float, default=900, help="seconds per architecture (default 900)"
+    )
+    parser.add_argument("--out", type=Path, help="write the markdown table here")
+    parser.add_argument("--json", type=Path, help="write the cells as JSON here")
+    parser.add_argument("--worker", choices=list(ARCHITECTURES), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    if args.worker:
+        return _worker(args)
+    cells: list[Cell] = []
+    print("| " + " | ".join(COLUMNS) + " |", flush=True)
+    for name in args.only or ARCHITECTURES:
+        for cell in run_subprocess(name, args):
+            cells.append(cell)
+            print(cell.markdown(), flush=True)
+    command = "python -m benchmarks.breadth " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = report(cells, command.strip())
+    print("\n" + text)
+    if args.out:
+        args.out.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=1))
+    return 1 if any(c.result.startswith("WRONG") for c in cells) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

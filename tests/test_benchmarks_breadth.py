@@ -1,0 +1,67 @@
+"""The breadth benchmark's harness (`benchmarks.breadth`) on one small architecture: both
+runtimes trained against eager for one step, and a runtime that differs reported as WRONG
+unless eager against itself differs as early."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import breadth
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_a_row_trains_the_control_and_both_runtimes_against_eager() -> None:
+    cells = breadth.run_row("vit", budget="100%", steps=1, time_limit=1)
+    assert [c.runtime for c in cells] == list(breadth.RUNTIMES)
+    for cell in cells:
+        assert cell.result == "equal", cell
+    eager, remat, sac = cells
+    assert eager.budget is None and eager.peak > 0
+    assert 0 < remat.peak <= remat.budget and 0 < sac.peak <= sac.budget
+    assert remat.checkpointed == "0 recomputes"  # at 100%
+    assert "| vit | hf | remat | equal | 0 recomputes |" in breadth.table(cells)
+    assert breadth.summary(cells) == "3 equal (2 of them checkpointing nothing) of 3 cells"
+
+
+def test_a_runtime_that_differs_from_eager_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    def doubled(case: breadth.Case, budget: str, time_limit: float):
+        def call(*args, **kwargs):
+            out = case.model(*args, **kwargs)
+            out.loss = out.loss * 2
+            return out
+
+        return call, 1 << 30, "-"
+
+    monkeypatch.setitem(breadth.BUILD, "remat", doubled)
+    cell = breadth.run_cell("vit", "remat", "100%", steps=1, time_limit=1)
+    assert cell.result.startswith("WRONG: loss differs (and "), cell.result
+    assert cell.result.endswith("at step 0")
+
+
+def test_a_runtime_is_wrong_only_before_eager_against_itself_differs(monkeypatch) -> None:
+    def doubled_from_step_1(case: breadth.Case, budget: str, time_limit: float):
+        steps = iter(range(10))
+
+        def call(*args, **kwargs):
+            out = case.model(*args, **kwargs)
+            out.loss = out.loss * (2 if next(steps) >= 1 else 1)
+            return out
+
+        return call, 1 << 30, "-"
+
+    monkeypatch.setitem(breadth.BUILD, "remat", doubled_from_step_1)
+    run = lambda control: breadth.run_cell("vit", "remat", "100%", 2, 1, control)  # noqa: E731
+    assert run(None).result.startswith("WRONG: loss differs")
+    assert run(2).result.startswith("WRONG: loss differs")
+    assert run(1).result.startswith("as eager: loss differs")
+
+
+def test_first_difference_compares_bits() -> None:
+    a = torch.tensor([0.0, float("nan")])
+    assert breadth.first_difference({"loss": a, "g": None}, {"loss": a.clone(), "g": None}) is None
+    got = breadth.first_difference({"loss": a, "g": a}, {"loss": a + 1, "g": None})
+    assert got == "loss differs (and 1 more)"
+    assert not breadth.same_bits(a, torch.tensor([-0.0, float("nan")]))
