@@ -126,6 +126,19 @@ class CheckpointPlan:
         """Names of the blocks that run inside a checkpoint."""
         return [n for n, c in zip(self.blocks, self.plan.checkpointed, strict=True) if c]
 
+    def __repr__(self) -> str:
+        """One line: status, regions checkpointed and saving ops, peak against budget, cost."""
+        checkpointed = self.checkpointed()
+        saving = sum(
+            1 for c, s in zip(self.plan.checkpointed, self.plan.saved, strict=True) if c and s
+        )
+        return (
+            f"CheckpointPlan({self.status}, {len(checkpointed)} of {len(self.blocks)} regions "
+            f"checkpointed ({saving} saving ops), peak {self.peak:,} B of budget "
+            f"{self.budget:,} B (plain step {self.plain_peak:,} B), cost {self.cost:.6f} s, "
+            f"gap {self.gap:.2%})"
+        )
+
     def check_model(self, model: nn.Module) -> None:
         """ScheduleMismatchError unless `model` is the model this plan was solved for."""
         if model_signature(model) != self.model:

@@ -92,3 +92,15 @@ def test_attention_called_with_one_tensor_three_times_plans_and_trains_bit_ident
     assert any(".self_attn" in name for name in least.checkpointed())
     runs = [copy.deepcopy(net), least.apply(copy.deepcopy(net))]
     assert_same_adamw_steps(runs, lambda model, step: model(x).sum())
+
+
+def test_a_plan_prints_as_one_short_line():
+    """`repr(plan)` says what the plan does, not every op of every region."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        *(nn.TransformerEncoderLayer(32, 4, 64, batch_first=True) for _ in range(2))
+    )
+    plan = executor.checkpoint_plan(net.train(), (torch.randn(2, 8, 32),), "100%", time_limit=5)
+    text = repr(plan)
+    assert "\n" not in text and len(text) < 240, text
+    assert text.startswith(f"CheckpointPlan({plan.status}, ") and f"{plan.peak:,} B" in text
