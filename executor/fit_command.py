@@ -6,14 +6,19 @@
 ``--model MODULE:FACTORY`` names a function of the size returning ``(model, example_inputs[,
 example_kwargs])``, the model's forward returning the loss. Prints `executor.Fit.summary`: the
 size, the proof at size + 1, what exists before the step, the schedule, one real step's measured
-peak under remat's executor, and eager's and per-block checkpointing's largest sizes. Exit
-status 0 where a size fits and its real step (where run) measured within the memory, 1 where
-no size fits or the step measured over, 2 on bad input (one line on stderr).
+peak under remat's executor, and eager's and per-block checkpointing's largest sizes, with notes
+(what the time limit or Ctrl-C left open or undone) and warnings (an eager step that contradicts
+the proof). `--time-limit` bounds the whole command, counted from its start (imports
+included); the first Ctrl-C ends it with what is known, a second aborts. Exit status 0 where a
+size fits and its real step (where run) measured within the memory, 1 where no size fits, the
+step measured over or a warning contradicts the proof, 2 on bad input (one line on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 
 import torch
 
@@ -38,7 +43,12 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
         help="compute cap, a multiple of computing every node once (1.3x); default: unlimited",
     )
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    parser.add_argument("--time-limit", type=float, default=60.0, help="solver seconds")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=60.0,
+        help="seconds for the whole fit: captures, search and real steps",
+    )
     parser.add_argument("--low", type=int, default=1, help="the smallest size to try")
     parser.add_argument("--high", type=int, help="the largest size to try")
     parser.add_argument(
@@ -68,13 +78,18 @@ def run_fit(args: argparse.Namespace) -> int:
             dim=args.dim,
             max_overhead=args.max_overhead,
             optimizer=args.optimizer,
-            time_limit=args.time_limit,
+            time_limit=max(args.time_limit - (time.perf_counter() - args.began), 1e-3),
             low=args.low,
             high=args.high,
             run=args.run,
+            on_interrupt=_print_interrupted,
         )
     finally:
         torch.set_num_threads(threads)
     print(found.summary())
     over = found.measured_peak is not None and found.measured_peak > found.memory
-    return 1 if over or found.size is None else 0
+    return 1 if over or found.size is None or found.warnings else 0
+
+
+def _print_interrupted() -> None:
+    print("  interrupted: returning what is known (Ctrl-C again to abort)", file=sys.stderr)

@@ -6,7 +6,8 @@ whole slope, the same at every pair of captured sizes. Where they are, the graph
 is that affine function (`predicted`), until `capture` replaces it by a real capture. Where they
 are not, every size asked for is captured (`affine` is False, `not_affine` names the nodes).
 A graph whose nodes or edges change with the size is refused (`FitError`): the proof at size + 1
-would be about another graph.
+would be about another graph. Below the captured sizes, where a model's graph often differs (a
+language model at sequence length 1), `stable_from` finds the least size with the captured shape.
 
 Costs are the ones of the largest captured size at every size (NOTE [monotone sizes] in
 `solver.fit`: the schedules within a compute cap are then the same at every size).
@@ -14,6 +15,7 @@ Costs are the ones of the largest captured size at every size (NOTE [monotone si
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -69,6 +71,7 @@ class SizedGraphs:
         self.factory, self.dim = factory, dim
         self.options = dict(capture_options or {})
         self.captures: dict[int, Captured] = {}
+        self.seconds: dict[int, float] = {}  # each capture's wall time (build and capture)
         for size in sizes:
             self.capture(size)
         self.sizes = list(sizes)
@@ -81,16 +84,55 @@ class SizedGraphs:
         """The model built and captured at `size` (cached); FitError where its nodes or edges
         differ from the first capture's."""
         if size not in self.captures:
-            model, inputs, kwargs = made = build(self.factory, size, self.dim)
-            try:
-                graph = capture(model, inputs, kwargs, **self.options)
-            except CaptureError as error:
-                raise FitError(f"capture at {self.dim} {size}: {error}") from error
+            captured = self._capture(size)
             if self.captures:
                 first_size, first = next(iter(self.captures.items()))
-                _same_shape(first.graph.dag, first_size, graph.dag, size, self.dim)
-            self.captures[size] = Captured(made, graph)
+                different = _shape_difference(first.graph.dag, first_size, captured.graph.dag, size)
+                if different:
+                    raise FitError(
+                        f"the captured graph changes shape with the {self.dim}: {different}; "
+                        "remat fit needs one graph at every size (fix the shapes that depend "
+                        "on the size, or fit a range where the graph is fixed)"
+                    )
+            self.captures[size] = captured
         return self.captures[size]
+
+    def _capture(self, size: int) -> Captured:
+        started = time.perf_counter()
+        model, inputs, kwargs = made = build(self.factory, size, self.dim)
+        try:
+            graph = capture(model, inputs, kwargs, **self.options)
+        except CaptureError as error:
+            raise FitError(f"capture at {self.dim} {size}: {error}") from error
+        self.seconds[size] = time.perf_counter() - started
+        return Captured(made, graph)
+
+    def stable_from(self, low: int) -> tuple[int, str | None]:
+        """The least size from `low` whose graph has the captured sizes' nodes and edges,
+        capturing upward from `low` to the first captured size, and a note naming the sizes
+        skipped (None where none were)."""
+        first = self.sizes[0]
+        reference = self.captures[first].graph.dag
+        skipped: list[str] = []
+        for size in range(low, first):
+            captured = self._capture(size)
+            different = _shape_difference(reference, first, captured.graph.dag, size)
+            if not different:
+                self.captures[size] = captured
+                break
+            skipped.append(different)
+        else:
+            size = max(low, first)
+        if not skipped:
+            return size, None
+        return size, (
+            f"the graph changes shape below {self.dim} {size} ({'; '.join(skipped[:2])}): "
+            f"the search starts at {size}"
+        )
+
+    def expected_seconds(self, size: int) -> float:
+        """Seconds a capture at `size` is expected to take (0.0 where it is captured)."""
+        return 0.0 if size in self.captures else expected_seconds(self.seconds)
 
     def __call__(self, size: int) -> nx.DiGraph:
         """The DAG at `size` with the reference costs: captured where it was (or where bytes
@@ -138,14 +180,22 @@ class SizedGraphs:
         ]
 
 
-def _same_shape(a: nx.DiGraph, size_a: int, b: nx.DiGraph, size_b: int, dim: str) -> None:
-    if set(a.nodes) != set(b.nodes) or set(a.edges) != set(b.edges):
-        raise FitError(
-            f"the captured graph changes shape with the {dim}: {a.number_of_nodes()} nodes and "
-            f"{a.number_of_edges()} edges at {size_a}, {b.number_of_nodes()} and "
-            f"{b.number_of_edges()} at {size_b}; remat fit needs one graph at every size "
-            "(fix the shapes that depend on the size, or fit a range where the graph is fixed)"
-        )
+def expected_seconds(seconds: Mapping[int, float]) -> float:
+    """Seconds the next piece of work is expected to take, from the `seconds` the same work
+    took at other sizes: the longest of them (the first, slowed by warm-ups, among them). It
+    underestimates only where the time grows with the size well beyond the sizes done, which
+    on the models measured it does not: a capture's time is mostly tracing."""
+    return max(seconds.values(), default=0.0)
+
+
+def _shape_difference(a: nx.DiGraph, size_a: int, b: nx.DiGraph, size_b: int) -> str | None:
+    """How the graphs at two sizes differ in nodes or edges (None: they do not)."""
+    if set(a.nodes) == set(b.nodes) and set(a.edges) == set(b.edges):
+        return None
+    return (
+        f"{a.number_of_nodes()} nodes and {a.number_of_edges()} edges at {size_a}, "
+        f"{b.number_of_nodes()} and {b.number_of_edges()} at {size_b}"
+    )
 
 
 def _not_affine(graphs: dict[int, nx.DiGraph]) -> list[str]:

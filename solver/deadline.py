@@ -22,23 +22,32 @@ from dataclasses import dataclass, field
 class Stop:
     """A request to end work now, made once from any thread (`request`) and seen by every
     deadline holding it. The callbacks registered by running engines (`on_stop`) are called
-    when it is made, or at once if it was made before they registered."""
+    once: when it is requested, or at once if it was requested before they registered.
+
+    `mark` requests it without calling them and takes no lock, for a signal handler (it runs in
+    the main thread between two bytecodes, possibly inside one of this object's locks); another
+    thread then calls `request` to call them (`solver.interrupt`)."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._requested = False  # a plain attribute: read and written without a lock
         self._lock = threading.Lock()
         self._callbacks: dict[int, Callable[[], None]] = {}
         self._next = 0
 
     def requested(self) -> bool:
-        """Whether the stop has been requested."""
-        return self._event.is_set()
+        """Whether the stop has been requested (or marked)."""
+        return self._requested
+
+    def mark(self) -> None:
+        """Request the stop without calling the callbacks; lock-free (class docstring)."""
+        self._requested = True
 
     def request(self) -> None:
-        """Request the stop and call every registered callback (idempotent)."""
+        """Request the stop and call every registered callback not called yet (idempotent)."""
         with self._lock:
-            self._event.set()
+            self._requested = True
             callbacks = list(self._callbacks.values())
+            self._callbacks.clear()
         for callback in callbacks:
             callback()
 
@@ -48,15 +57,16 @@ class Stop:
         block runs, or at once if it already was."""
         with self._lock:
             key, self._next = self._next, self._next + 1
-            self._callbacks[key] = callback
-            already = self._event.is_set()
+            already = self._requested
+            if not already:
+                self._callbacks[key] = callback
         try:
             if already:
                 callback()
             yield
         finally:
             with self._lock:
-                del self._callbacks[key]
+                self._callbacks.pop(key, None)
 
 
 @dataclass(frozen=True)

@@ -111,12 +111,20 @@ def probe(
     if bound > memory:
         return done(DOES_NOT_FIT, f"no schedule peaks below {bound} B (the peak floor)")
     if checkpoint_all_peak(problem) <= memory:  # no recomputation: within every cap
-        plain = solve(graph, memory, time_limit=max(deadline.remaining(), 0.05), workers=workers)
+        limit = max(deadline.remaining(), 0.05)
+        plain = solve(graph, memory, time_limit=limit, workers=workers, deadline=deadline)
         peak = plain.peak
         reason = f"computing every node once peaks at {peak} B"
         return done(FITS, reason, _checked(graph, plain, memory, cap))
     limit = max(deadline.remaining() / 4, 0.05)
-    least = solve(graph, objective="memory", compute_budget=cap, time_limit=limit, workers=workers)
+    least = solve(
+        graph,
+        objective="memory",
+        compute_budget=cap,
+        time_limit=limit,
+        workers=workers,
+        deadline=deadline,
+    )
     peak, bound = least.peak, int(least.bound) if least.bound is not None else bound
     if peak <= memory:
         return done(FITS, f"a schedule peaks at {peak} B", _checked(graph, least, memory, cap))
@@ -124,7 +132,7 @@ def probe(
         return done(DOES_NOT_FIT, f"the least peak within the cap is proven >= {bound} B")
     limit = max(deadline.remaining(), 0.05)
     try:
-        cheapest = solve(graph, memory, time_limit=limit, workers=workers)
+        cheapest = solve(graph, memory, time_limit=limit, workers=workers, deadline=deadline)
     except InfeasibleBudgetError as error:
         return done(DOES_NOT_FIT, f"no schedule peaks within {memory} B ({error})")
     except SolverTimeoutError as error:
@@ -159,13 +167,14 @@ def _checked(graph: nx.DiGraph, schedule: Schedule, memory: int, cap: float | No
 
 
 def largest_fitting(
-    graph_at: Callable[[int], nx.DiGraph],
+    graph_at: Callable[[int], nx.DiGraph | None],
     memory: int | Callable[[int], int],
     *,
     compute_budget: float | str | None = None,
     low: int = 1,
     high: int | None = None,
     time_limit: float = 60.0,
+    deadline: Deadline | None = None,
     workers: int = 8,
     progress: Callable[[Probe], None] | None = None,
 ) -> FitResult:
@@ -177,22 +186,27 @@ def largest_fitting(
 
     Doubling from `low` finds a size that does not fit (or reaches `high`); bisection then closes
     the interval. Each probe gets a quarter of the time left (`probe`); `progress` sees each
-    probe as it ends. Returns a `FitResult` within about `time_limit` seconds: `proven` where the
-    size after the answer is proven not to fit, else the interval the time left open.
+    probe as it ends. `deadline`, where given, is used instead of `time_limit` (a search that
+    is one step of a longer piece of work: its stop ends the search too); `graph_at` may return
+    None where it cannot give the graph by then, which ends the search as the time limit does.
+    Returns a `FitResult` by the deadline: `proven` where the size after the answer is proven
+    not to fit, else the interval the time left open.
 
     Raises ValueError for `low` < 0, `high` < `low`, or graphs that break NOTE [monotone sizes].
     """
     if low < 0 or (high is not None and high < low):
         raise ValueError(f"sizes must satisfy 0 <= low <= high, not low={low}, high={high}")
     started = time.perf_counter()
-    deadline = Deadline(started + time_limit)
+    deadline = Deadline(started + time_limit) if deadline is None else deadline
     probes: dict[int, Probe] = {}
     graphs: dict[int, nx.DiGraph] = {}
 
     memories: dict[int, int] = {}
 
-    def run(size: int) -> Probe:
+    def run(size: int) -> Probe | None:
         graph = graph_at(size)
+        if graph is None:
+            return None
         _check_monotone(graphs, size, graph)
         graphs[size] = graph
         memories[size] = memory(size) if callable(memory) else memory
@@ -208,7 +222,10 @@ def largest_fitting(
     upper: int | None = None
     size = low
     while not deadline.passed():
-        verdict = run(size).verdict
+        found = run(size)
+        if found is None:
+            break
+        verdict = found.verdict
         if verdict == DOES_NOT_FIT:
             upper = size
             break
@@ -226,7 +243,10 @@ def largest_fitting(
         if b - a < 2:
             break
         middle = (a + b) // 2
-        verdict = run(middle).verdict
+        found = run(middle)
+        if found is None:
+            break
+        verdict = found.verdict
         if verdict == FITS:
             best = middle
         elif verdict == DOES_NOT_FIT:

@@ -3,7 +3,8 @@
 `first_sigint_stops(stop)` makes the first SIGINT request `stop` (every share of the solve's
 deadline sees it, and the engines running then are cancelled through their `Deadline.on_stop`
 callbacks), so that the solve returns its best schedule; the second raises KeyboardInterrupt as
-Python does by default.
+Python does by default. The handler takes no lock (NOTE [lock-free handler]): it marks the stop
+(`Stop.mark`), and the watcher thread below calls the callbacks and the notice.
 
 Python runs signal handlers only in the main thread and only between bytecodes, so a handler
 alone would wait for the engine call in progress (CP-SAT, HiGHS: minutes). The handler is
@@ -44,32 +45,26 @@ def first_sigint_stops(stop: Stop, notice: Callable[[], None] | None = None) -> 
     seen = [0]  # SIGINTs the handler has run for
     received = [0]  # SIGINTs the watcher has read: signals arriving while the main thread is in
     # an engine call run the handler once, however many there were
-    lock = threading.Lock()
-
-    def request() -> None:
-        """The stop and the notice, once, by whichever of the watcher and the handler is
-        first."""
-        with lock:
-            if stop.requested():
-                return
-            stop.request()
-        if notice is not None:
-            notice()
 
     def watch() -> None:
         while True:
             data = os.read(read_fd, 64)
+            first = not received[0]
             received[0] += data.count(signal.SIGINT)
-            if received[0]:
-                request()
+            if first and received[0]:  # the stop's callbacks and the notice, once
+                stop.request()
+                if notice is not None:
+                    notice()
             if not data or _QUIT in data:
                 return
 
     def handler(signum: int, frame: object) -> None:
+        # NOTE [lock-free handler]: the main thread may be inside any lock here (the stop's,
+        # a print's); the handler only counts and marks, and the watcher does the rest
         seen[0] += 1
         if seen[0] > 1:
             raise KeyboardInterrupt
-        request()
+        stop.mark()
 
     watcher = threading.Thread(target=watch, name="remat-sigint", daemon=True)
     watcher.start()

@@ -123,8 +123,10 @@ def test_fit_runs_one_step_within_the_memory_and_proves_the_next_size_on_its_cap
     assert found.measured_peak is not None and found.measured_peak <= MEMORY
     assert found.budget == MEMORY - found.static.total
     assert found.schedule.peak <= found.budget
-    # the proof at size + 1 is redone on the capture at size + 1, not the prediction
-    assert found.probes[-1].size == found.size + 1 and found.probes[-1].verdict == DOES_NOT_FIT
+    # the answer and size + 1 are captured, and equal the prediction the probes decided on
+    verdicts = {p.size: p.verdict for p in found.probes}
+    assert verdicts[found.size + 1] == DOES_NOT_FIT and found.stopped is None
+    assert "match the prediction" in found.bytes_model
     assert found.eager_size is not None and found.eager_size <= found.size
     assert found.eager_over is not None and found.eager_over > MEMORY
     assert found.static.optimizer_state >= 2 * found.static.parameters  # AdamW's two moments

@@ -68,6 +68,7 @@ def solve(
     workers: int = 8,
     progress: ProgressFn | bool | None = None,
     options: SolveOptions = DEFAULT,
+    deadline: Deadline | None = None,
 ) -> Schedule:
     """The optimal schedule in the Checkmate stage space, or the best found by `time_limit`.
 
@@ -89,6 +90,9 @@ def solve(
         progress: True to print each improvement to stderr, or a ProgressFn (seconds, objective,
             bound), in graph units (bytes for objective "memory").
         options: the search's tuning (`SolveOptions`).
+        deadline: the caller's deadline, for a solve that is one step of a longer piece of work
+            (`solver.fit`): the solve ends by the earlier of it and `time_limit`, and when its
+            stop is requested (the caller's Ctrl-C).
 
     Returns a `Schedule` replayed by the independent simulator, within the budgets; status
     "OPTIMAL" only with an exact certificate (NOTE [certificates] in `solver.exact.state`), its
@@ -123,14 +127,15 @@ def solve(
     else:
         limit = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
         goal = Goal("memory", units, compute_budget=limit)
-    stop = Stop()
+    stop = Stop() if deadline is None or deadline.stop is None else deadline.stop
+    at = started + time_limit if deadline is None else min(deadline.at, started + time_limit)
     search = Search(
         graph,
         problem,
         goal,
         options,
         workers,
-        Deadline(started + time_limit, stop),
+        Deadline(at, stop),
         time_limit,
         started,
         print_progress if progress is True else (progress or None),
