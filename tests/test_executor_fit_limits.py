@@ -19,6 +19,7 @@ import solver.fit
 from executor.fit_baselines import per_block_peak
 from executor.fit_graphs import SizedGraphs
 from executor.fit_memory import TrainingStep
+from solver.deadline import Deadline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,19 +36,26 @@ def python_handles_sigint():
 
 
 def test_every_solve_in_a_fit_gets_the_fits_one_deadline_and_stop(monkeypatch):
-    deadlines = []
-    solve = solver.fit.solve
+    """Every solve's deadline is the fit's own (the first `Deadline.after` of the call, the
+    one holding its Ctrl-C `Stop`) or a share of it: compared as instants, not timed."""
+    deadlines, made = [], []
+    solve, after = solver.fit.solve, Deadline.after.__func__
 
     def recording(*args, **kwargs):
         deadlines.append(kwargs.get("deadline"))
         return solve(*args, **kwargs)
 
+    def made_after(cls, seconds: float, stop=None) -> Deadline:
+        made.append(after(cls, seconds, stop))
+        return made[-1]
+
     monkeypatch.setattr(solver.fit, "solve", recording)
-    began = time.perf_counter()
+    monkeypatch.setattr(Deadline, "after", classmethod(made_after))
     executor.fit(attention, ATTENTION_MEMORY, dim="seq", time_limit=20, run=False)
     assert deadlines and all(d is not None for d in deadlines)
-    assert all(d.stop is deadlines[0].stop for d in deadlines)  # one Ctrl-C reaches them all
-    assert all(d.at <= began + 20 for d in deadlines)  # none gets time past the fit's limit
+    fits = made[0]
+    assert fits.stop is not None and all(d.stop is fits.stop for d in deadlines)  # one Ctrl-C
+    assert all(d.at <= fits.at for d in deadlines)  # none gets time past the fit's limit
 
 
 def at_seq_8(then):
@@ -61,13 +69,16 @@ def at_seq_8(then):
     return factory
 
 
-def test_the_time_limit_covers_captures_and_steps():
-    # the capture at seq 8 runs past the limit: the fit returns what is known, runs no step
-    began = time.perf_counter()
-    limit = 8.0
+def test_the_time_limit_covers_captures_and_steps(monkeypatch):
+    """The capture at seq 8 runs past the limit: the fit returns what is known, runs no step.
+    The clock every deadline reads (`time.perf_counter`) jumps past the limit there, so that
+    where the limit falls depends on no machine's speed."""
+    limit, shift = 60.0, [0.0]
+    clock = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: clock() + shift[0])
 
     def past_the_limit():
-        time.sleep(max(0.0, began + limit - time.perf_counter()) + 0.1)
+        shift[0] = limit
 
     found = executor.fit(at_seq_8(past_the_limit), ATTENTION_MEMORY, dim="seq", time_limit=limit)
     assert found.stopped == "time limit" and not found.proven
