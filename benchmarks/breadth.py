@@ -15,11 +15,14 @@ The model is copied (`copy.deepcopy`) before anything runs; the runtime is built
 itself, then both train ``--steps`` SGD steps, each step from the same seed, one thread. After
 every step, compared bit for bit (`same_bits`: `torch.equal`, NaNs included): the loss, every
 parameter's ``.grad``, every buffer (BatchNorm running statistics and ``num_batches_tracked``)
-and every parameter after the SGD step. Then one more step of the runtime is measured
-(`executor.measure_peak`: profiler allocation events, bytes above the step's start) the way
-each runtime states its budget: the own executor with ``.grad`` allocated before the step
-(`remat run`), the SAC plan and eager with ``.grad`` set to None before it (`remat sac`).
-``checkpointed``: the schedule's recomputes, or the plan's checkpointed regions.
+and every parameter after the SGD step. After the steps, one forward without gradients under
+`torch.no_grad` in training mode and one under `torch.inference_mode` in eval mode
+(`EVALUATIONS`), their losses and buffers compared the same way. Then one more step of the
+runtime is measured (`executor.measure_peak`: profiler allocation events, bytes above the
+step's start) the way each runtime states its budget: the own executor with ``.grad``
+allocated before the step (`remat run`), the SAC plan and eager with ``.grad`` set to None
+before it (`remat sac`). ``checkpointed``: the schedule's recomputes, or the plan's
+checkpointed regions.
 
 The budget (``--budget``, default ``mid``): ``mid`` is midway between the least peak found and
 100%: for the own executor between `solver.minimum_peak` and the checkpoint-all peak, for SAC
@@ -136,6 +139,31 @@ def train_step(module: Callable, model: nn.Module, case: Case, opt, step: int) -
     for name, p in model.named_parameters():
         state[f"{name} after the SGD step"] = p.detach().clone()
     opt.zero_grad(set_to_none=False)
+    return state
+
+
+EVALUATIONS = ("no_grad", "inference_mode")
+"""After the training steps, one forward without gradients each way: under `torch.no_grad` in
+training mode (dropout and BatchNorm statistics as in training) and under
+`torch.inference_mode` in eval mode (an evaluation loop)."""
+
+
+def evaluate(module: Callable, model: nn.Module, case: Case, mode: str) -> dict:
+    """The loss of one forward of `module` under `mode` (`EVALUATIONS`) from the seed, and
+    every buffer after it; `model` is left in training mode."""
+    context = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
+    for m in {id(module): module, id(model): model}.values():
+        if isinstance(m, nn.Module):
+            m.train(mode == "no_grad")
+    try:
+        torch.manual_seed(SEED - 1)
+        with context:
+            state = {"loss": case.loss_fn(module(*case.inputs, **case.kwargs)).clone()}
+            state |= {f"buffer {name}": b.clone() for name, b in model.named_buffers()}
+    finally:
+        for m in (module, model):
+            if isinstance(m, nn.Module):
+                m.train(True)
     return state
 
 
@@ -272,6 +300,11 @@ def run_cell(
             difference = first_difference(want, got)
             if difference:
                 raise Mismatch(difference, step)
+        for mode in EVALUATIONS:
+            want, got = (evaluate(call, model, case, mode) for call, model in runs)
+            difference = first_difference(want, got)
+            if difference:
+                raise Mismatch(f"{difference} under {mode}", steps)
         cell.peak = measured_peak(module, case.model, case, runtime)
         within = cell.budget is None or cell.peak <= cell.budget
         cell.result = "equal" if within else "over budget"
