@@ -86,7 +86,7 @@ def test_bytes_quadratic_in_the_sequence_are_not_affine_and_every_size_is_captur
 
 
 def test_a_fit_over_bytes_that_are_not_affine_captures_each_size_it_decides():
-    found = executor.fit(attention, 64 * 1024, dim="seq", time_limit=10, run=False)
+    found = executor.fit(attention, 64 * 1024, dim="seq", time_limit=120, run=False)
     assert found.bytes_model.startswith("not affine") and found.proven
     assert {p.size for p in found.probes} >= {found.size, found.size + 1}
 
@@ -118,7 +118,7 @@ def test_a_graph_that_changes_shape_with_the_size_is_refused():
 
 
 def test_fit_runs_one_step_within_the_memory_and_proves_the_next_size_on_its_capture():
-    found = executor.fit(blocks, MEMORY, dim="batch", optimizer="adamw", time_limit=10)
+    found = executor.fit(blocks, MEMORY, dim="batch", optimizer="adamw", time_limit=120)
     assert found.size is not None and found.proven and found.upper == found.size + 1
     assert found.measured_peak is not None and found.measured_peak <= MEMORY
     assert found.budget == MEMORY - found.static.total
@@ -133,8 +133,8 @@ def test_fit_runs_one_step_within_the_memory_and_proves_the_next_size_on_its_cap
 
 
 def test_the_optimizer_changes_what_exists_before_the_step():
-    adamw = executor.fit(blocks, MEMORY, optimizer="adamw", time_limit=5, run=False)
-    none = executor.fit(blocks, MEMORY, optimizer="none", time_limit=5, run=False)
+    adamw = executor.fit(blocks, MEMORY, optimizer="adamw", time_limit=120, run=False)
+    none = executor.fit(blocks, MEMORY, optimizer="none", time_limit=120, run=False)
     assert none.static.optimizer_state == 0 and none.size > adamw.size
 
 
