@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import solver
 from executor.memory import measure_peak
-from executor.module import Rematerialized
+from executor.traced.module import Rematerialized
 from graph_capture import capture, hf_models
 from graph_capture.demo_models import gpt
 

@@ -29,7 +29,7 @@ import solver
 from benchmarks.common import Row, write_table
 from benchmarks.measure import interleaved_times, measure_peaks
 from benchmarks.zoo import ZOO
-from executor.module import Rematerialized
+from executor.traced.module import Rematerialized
 from graph_capture import capture
 
 MODELS = ("gpt2_4", "bert_4", "vit_4", "llama_4")

@@ -22,9 +22,9 @@ import time
 
 import torch
 
-from executor.fit_memory import OPTIMIZERS
-from executor.fitting import fit
-from graph_capture.cli import import_factory
+from cli.profile import import_factory
+from executor.fit.memory import OPTIMIZERS
+from executor.fit.search import fit
 
 __all__ = ["add_fit_arguments", "run_fit"]
 

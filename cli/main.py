@@ -1,14 +1,14 @@
 """The `remat` command: every subcommand, assembled here from the three packages.
 
-remat solve GRAPH.json | --demo [NAME] | --model M:F   exact schedule vs heuristics (solver.cli)
+remat solve GRAPH.json | --demo [NAME] | --model M:F   exact schedule vs heuristics (cli.solve)
 remat profile --demo gpt | --model M:F                  where the activation bytes are
-                                                        (graph_capture.cli)
+                                                        (cli.profile)
 remat run --demo gpt | --model M:F --budget 50%         train under the schedule, measured
-                                                        (executor.run_command)
+                                                        (cli.run)
 remat fit --model M:F --memory 24GiB --dim batch        the largest size that fits, proven
-                                                        and run (executor.fit_command)
+                                                        and run (cli.fit)
 remat sac --model M:F --budget 50% [--out plan.json]    a SAC plan inside torch's checkpoint,
-                                                        run against eager (executor.sac_command)
+                                                        run against eager (cli.sac)
 
 Every failure a user can cause (a malformed file, an impossible budget, a bad option) ends in
 one line on stderr and exit status 2.
@@ -24,17 +24,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor.fit_command import add_fit_arguments, run_fit
-from executor.run_command import add_run_arguments, run_run
-from executor.sac_command import add_sac_arguments, run_sac
-from graph_capture.cli import (
+from cli.fit import add_fit_arguments, run_fit
+from cli.profile import (
     add_graph_arguments,
     add_profile_arguments,
     graph_from_args,
     run_profile,
 )
+from cli.run import add_run_arguments, run_run
+from cli.sac import add_sac_arguments, run_sac
+from cli.solve import add_solve_arguments, run_solve
 from graph_capture.errors import CaptureError
-from solver.cli import add_solve_arguments, run_solve
 from solver.deadline import process_start
 from solver.errors import RematError
 

@@ -38,14 +38,14 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
-from executor.memory import measure_peak
-from executor.module import Rematerialized, load_schedule
-from graph_capture.cli import (
+from cli.profile import (
     add_model_arguments,
     capture_with_args,
     load_model_from_args,
     output_names,
 )
+from executor.memory import measure_peak
+from executor.traced.module import Rematerialized, load_schedule
 from graph_capture.demos import demo_model
 from graph_capture.zero_tangents import selected_outputs
 

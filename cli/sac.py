@@ -4,12 +4,12 @@
     remat sac --model benchmarks.zoo:gpt2_4 --plan plan.json --steps 10
 
 The factory returns ``(model, example_inputs[, example_kwargs])`` as for `remat run`; the
-step's loss is `executor.sac.default_loss` (``.loss``, else the sum of the output). Printed: the
-plan (status, predicted peak, cost: recompute seconds plus checkpoint price and SAC overhead,
-gap, checkpointed regions), then for eager and the plan, each on its own copy of the model:
-the measured peak (profiler allocation events, bytes above the step's start, `.grad` created
-in the step) and the median step time. Exit status 0 only when the plan's measured peak is
-within its budget.
+step's loss is `executor.sac.plan.default_loss` (``.loss``, else the sum of the output).
+Printed: the plan (status, predicted peak, cost: recompute seconds plus checkpoint price and
+SAC overhead, gap, checkpointed regions), then for eager and the plan, each on its own copy of
+the model: the measured peak (profiler allocation events, bytes above the step's start, `.grad`
+created in the step) and the median step time. Exit status 0 only when the plan's measured peak
+is within its budget.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
+from cli.profile import load_model_from_args
 from executor.memory import measure_peak, median_seconds
-from executor.sac import REGIONS, CheckpointPlan, checkpoint_plan, default_loss
-from graph_capture.cli import load_model_from_args
+from executor.sac.plan import REGIONS, CheckpointPlan, checkpoint_plan, default_loss
 
 __all__ = ["add_sac_arguments", "measure_step", "run_sac"]
 

@@ -1,7 +1,7 @@
 """`remat solve`: arguments, the comparison table and the schedule file. No torch here.
 
 The graph comes from the caller (a file, a built-in example or a captured model), so this module
-only knows the solver; `executor.cli` assembles the `remat` command.
+only knows the solver; `cli.main` assembles the `remat` command.
 """
 
 from __future__ import annotations

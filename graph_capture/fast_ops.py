@@ -14,7 +14,7 @@ step (`torch.profiler`), and with these implementations the step is about 7.6 ms
 (docs/benchmarks.md, "Real models at equal measured memory").
 
 Capture times the ops it measures with these implementations (`graph_capture.measure`) and
-the executor's generated code calls them (`executor.codegen`), so the node costs are those of
+the executor's generated code calls them (`executor.traced.codegen`), so the node costs are those of
 what runs. Only nodes on the CPU use them (`implementation`); every input a kernel treats in
 another way (an empty tensor, evaluation mode, a mask that is not bool) goes to the aten op.
 """

@@ -12,7 +12,7 @@ from torch import nn
 import solver
 from executor.errors import InputMismatchError, UnsupportedScheduleError
 from executor.memory import measure_peak
-from executor.module import Rematerialized, rematerialize
+from executor.traced.module import Rematerialized, rematerialize
 from graph_capture import capture
 from graph_capture.device import fork_rng, generator
 from solver import prepare

@@ -20,7 +20,7 @@ from torch import nn
 
 import solver
 from executor.memory import measure_peak
-from executor.module import Rematerialized
+from executor.traced.module import Rematerialized
 from graph_capture import capture
 from graph_capture.device import fork_rng
 from solver import prepare, simulate

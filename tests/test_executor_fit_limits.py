@@ -16,9 +16,9 @@ from torch import nn
 
 import executor
 import solver.fit
-from executor.fit_baselines import per_block_peak
-from executor.fit_graphs import SizedGraphs
-from executor.fit_memory import TrainingStep
+from executor.fit.baselines import per_block_peak
+from executor.fit.graphs import SizedGraphs
+from executor.fit.memory import TrainingStep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -3,7 +3,7 @@ without the plan (inductor is not bit-identical to eager, FIELD-NOTES), and the 
 of both reported beside the plan's budget (the partitioner honours MUST_SAVE/MUST_RECOMPUTE,
 but inductor's fusions change what a step allocates, so the eager model's prediction is not
 asserted there). Under compile the policy finds the plan's saved ops by op and occurrence, as
-SAC's own cache does (NOTE [ SAC plans under compile ] in executor/sac.py)."""
+SAC's own cache does (NOTE [ SAC plans under compile ] in executor/sac/plan.py)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from gloo_ranks import WORLD, on_gloo_ranks
 from sac_models import every_saveable, replanned, transformer
 
 import executor
-import executor.sac
+import executor.sac.plan
 
 STEPS = 3
 
@@ -44,7 +44,7 @@ def _train(runs, rank: int, batch) -> list[list[list[torch.Tensor]]]:
         for model, optimizer in zip(runs, optimizers, strict=True):
             torch.manual_seed(1000 * step + rank)
             optimizer.zero_grad(set_to_none=True)
-            executor.sac.default_loss(model(*args, **kwargs)).square().backward()
+            executor.sac.plan.default_loss(model(*args, **kwargs)).square().backward()
             grads.append(_grads(model))
             optimizer.step()
         record.append(grads)

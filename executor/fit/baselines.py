@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import networkx as nx
 
 import solver
-from executor.fit_graphs import SizedGraphs, build, expected_seconds
-from executor.fit_memory import StaticBytes, TrainingStep
-from executor.module import Rematerialized
+from executor.fit.graphs import SizedGraphs, build, expected_seconds
+from executor.fit.memory import StaticBytes, TrainingStep
+from executor.traced.module import Rematerialized
 from solver.core.budget import parse_compute_budget
 from solver.deadline import Deadline
 from solver.heuristics.baselines import block_checkpoint

@@ -23,10 +23,10 @@ import networkx as nx
 import torch
 from torch import nn
 
+from cli.profile import unpack_model
 from executor.errors import FitError
 from graph_capture import capture
 from graph_capture.captured import CapturedGraph
-from graph_capture.cli import unpack_model
 from graph_capture.errors import CaptureError
 
 BYTES = ("mem", "transient")

@@ -14,9 +14,9 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import CheckpointError
 
-from executor.sac_policy import Policy
-from executor.sac_region import run_checkpointed
-from executor.sac_step import Snapshot, Step, hooked, leaf_tensors
+from executor.sac.policy import Policy
+from executor.sac.region import run_checkpointed
+from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
 
 
 def copy_tensors(tree: object, copy: Callable[[torch.Tensor], torch.Tensor]) -> object:
@@ -142,7 +142,7 @@ def measure_overhead(
 ) -> list[RegionTimes | RuntimeError]:
     """Per region, the seconds a training step pays (`RegionTimes`) for running it under a SAC
     policy rather than under plain checkpoint (`overhead`: the policy's dispatch modes in its
-    forward and its recompute and the op-stream check, `executor.sac_policy.Policy`
+    forward and its recompute and the op-stream check, `executor.sac.policy.Policy`
     recomputing every op, the same recompute as plain checkpoint's), and for running it under
     plain checkpoint rather than without (`checkpoint`: the recompute and checkpoint's own
     machinery: saving inputs and RNG state, the recompute's Python, the unpack hooks). Each

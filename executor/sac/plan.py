@@ -6,9 +6,9 @@
 
 `checkpoint_plan` steps:
 1. `_run_eagerly`: one plain step, so a model that fails with the inputs fails with its own error;
-2. `select_blocks`: the blocks (executor/sac_blocks.py), and `_children`: each block's children;
+2. `select_blocks`: the blocks (executor/sac/blocks.py), and `_children`: each block's children;
 3. `record_union`: measured windows, op streams, checkpoint price and SAC overhead of both
-   (executor/sac_record.py);
+   (executor/sac/record.py);
 4. `solve_sac`: the least recompute seconds plus price and overhead under the budget over every
    granularity (solver/sac/solve.py, solver/sac/union.py).
 docs/sac.md gives the memory model and its measured accuracy.
@@ -32,11 +32,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from executor.sac_blocks import select_blocks
-from executor.sac_policy import Policy
-from executor.sac_record import in_call_order, record_union
-from executor.sac_region import cache_off, run_checkpointed
-from executor.sac_step import Snapshot, leaf_tensors
+from executor.sac.blocks import select_blocks
+from executor.sac.policy import Policy
+from executor.sac.record import in_call_order, record_union
+from executor.sac.region import cache_off, run_checkpointed
+from executor.sac.step import Snapshot, leaf_tensors
 from solver.core.budget import parse_bytes
 from solver.deadline import Deadline
 from solver.errors import ScheduleMismatchError
@@ -75,7 +75,7 @@ def model_signature(model: nn.Module) -> str:
 
 def _checkpointed_forward(module: nn.Module, *args, **kwargs):
     """A planned block's `forward`: its class's forward inside `checkpoint(use_reentrant=False)`
-    with the block's policy (`executor.sac_region.run_checkpointed`: the KV cache off, the
+    with the block's policy (`executor.sac.region.run_checkpointed`: the KV cache off, the
     recompute seeing the call's containers, the buffers its forward mutates restored around
     the recompute). A region that saves no op runs without a policy (plain checkpoint: no
     dispatch modes, no op-stream check, the same recompute and early stop), except while

@@ -1,7 +1,7 @@
 """A region's SAC policy: MUST_SAVE for the plan's saved ops, MUST_RECOMPUTE for the others, with
 the op-stream check (NOTE [ SAC policy state ], NOTE [ SAC plans under compile ] in
-executor/sac.py). Used by `CheckpointPlan.apply` and by the recording, which times it
-(`executor.sac_overhead.measure_overhead`)."""
+executor/sac/plan.py). Used by `CheckpointPlan.apply` and by the recording, which times it
+(`executor.sac.overhead.measure_overhead`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Record what a SAC plan is solved over (`solver.sac.SacUnion`) from a model and its inputs.
 
 Steps (`record_union`):
-1. `measure_windows` (`executor.sac_windows`): one plain training step (forward, loss,
+1. `measure_windows` (`executor.sac.windows`): one plain training step (forward, loss,
    backward) under the profiler's allocation events, with instants marked where each block's
    forward starts and ends and where the gradient of its output is complete (its backward
    starts), and the same for each block's children: live and peak bytes of every window
@@ -18,7 +18,7 @@ Steps (`record_union`):
    (measured wall time, not FLOPs: pointwise ops count 0 FLOPs yet take real time on CPU, and
    the objective is step time); then once more under the profiler, each op in a window, for its
    scratch bytes (`_measure_scratch`).
-3. `measure_overhead` (`executor.sac_overhead`): per region, the seconds its SAC policy costs
+3. `measure_overhead` (`executor.sac.overhead`): per region, the seconds its SAC policy costs
    beyond plain checkpoint, and plain checkpoint beyond none; the latter less the recorded
    seconds of the ops a full recompute reruns is the region's `price` (where it is less, those
    seconds are scaled down to it instead: `_priced`).
@@ -37,10 +37,10 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
-from executor.sac_overhead import RegionTimes, measure_overhead
-from executor.sac_region import buffer_state, cache_off_hooks, mutated_buffers
-from executor.sac_step import Snapshot, Step, hooked, leaf_tensors
-from executor.sac_windows import measure_windows
+from executor.sac.overhead import RegionTimes, measure_overhead
+from executor.sac.region import buffer_state, cache_off_hooks, mutated_buffers
+from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
+from executor.sac.windows import measure_windows
 from graph_capture.peak import _memory_profile
 from solver.sac import SacBlock, SacOp, SacProblem
 from solver.sac.memory import plain_forward_live

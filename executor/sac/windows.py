@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from executor.sac_step import Snapshot, Step, hooked, leaf_tensors
+from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
 from graph_capture.peak import _allocation_events, _memory_profile
 from solver.sac import Segment
 

@@ -26,9 +26,9 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 import torch
 import torch.fx
 
-from executor.bindings import bindings
 from executor.errors import ExecutorError
-from executor.interpreter import ScheduleInterpreter, Step, has_node
+from executor.traced.bindings import bindings
+from executor.traced.interpreter import ScheduleInterpreter, Step, has_node
 from graph_capture.fast_ops import implementation
 
 __all__ = ["compile_ops"]
@@ -115,8 +115,8 @@ def compile_ops(
     lines.append("    return None")
     namespace: dict[str, object] = dict(src.constants)
     # the op's faster CPU implementation where it has one (`graph_capture.fast_ops`), else
-    # torch's own binding where it makes the node's exact call (`executor.bindings`), else the
-    # OpOverload's `_op`, the C++ callable its Python __call__ forwards to
+    # torch's own binding where it makes the node's exact call (`executor.traced.bindings`), else
+    # the OpOverload's `_op`, the C++ callable its Python __call__ forwards to
     called = {slot: interp.nodes[slot] for slot in sorted(src.called)}
     runs = {slot: implementation(n) for slot, n in called.items()}
     bound = bindings(n for slot, n in called.items() if runs[slot] is n.target)

@@ -14,7 +14,7 @@ inputs, tangents) are set by the caller and never freed; every other slot holds 
 while the schedule keeps its DAG node live, so the real memory follows the schedule. Graph
 results (forward outputs, gradients, new buffer values) are reported to `step.on_result` at
 their first compute (the schedule may free their DAG node before the step ends); the caller
-keeps what it needs. `executor.codegen` compiles the same semantics into straight-line code.
+keeps what it needs. `executor.traced.codegen` compiles the same semantics into straight-line code.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 import torch.fx
 
 from executor.errors import ExecutorError
-from executor.rng import RngReplay, is_random_op
+from executor.traced.rng import RngReplay, is_random_op
 from graph_capture.fx_nodes import device_of
 
 __all__ = ["ScheduleInterpreter", "Step", "has_node"]

@@ -30,10 +30,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from executor.checks import check_call
-from executor.codegen import compile_ops
 from executor.errors import UnsupportedScheduleError, UnusedOutputGradientError
-from executor.interpreter import ScheduleInterpreter, Step
+from executor.traced.checks import check_call
+from executor.traced.codegen import compile_ops
+from executor.traced.interpreter import ScheduleInterpreter, Step
 from graph_capture.captured import CapturedGraph
 from graph_capture.device import no_autocast
 from solver.core.schedule import Schedule
@@ -258,7 +258,7 @@ class Rematerialized(nn.Module):
     match the captured example in count, keyword names, shape, dtype and device, and a step
     must run under the autocast state the graph was captured under.
     In eval mode (``rm.eval()``) it calls the model directly: the schedule is for training.
-    ``compiled=True`` runs the schedule as generated straight-line code (`executor.codegen`);
+    ``compiled=True`` runs the schedule as generated straight-line code (`executor.traced.codegen`);
     ``compiled=False`` walks it with `ScheduleInterpreter` (same results, slower, debuggable).
     """
 
