@@ -22,9 +22,9 @@ import time
 
 import torch
 
-from cli.profile import import_factory
 from executor.fit.memory import OPTIMIZERS
 from executor.fit.search import fit
+from graph_capture.factories import import_factory
 
 __all__ = ["add_fit_arguments", "run_fit"]
 

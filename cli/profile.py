@@ -10,11 +10,8 @@ and must return ``(model, example_inputs)`` or ``(model, example_inputs, example
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import sys
 import time
-from collections.abc import Callable
 from typing import TextIO
 
 import networkx as nx
@@ -25,6 +22,7 @@ from graph_capture.capture import GRANULARITIES, capture
 from graph_capture.captured import CapturedGraph
 from graph_capture.demos import DEMOS, MODELS, demo_model
 from graph_capture.errors import CaptureError
+from graph_capture.factories import import_factory, unpack_model
 from graph_capture.profile import format_table, module_profile, plot_saved_bytes
 from solver.core.budget import human_bytes
 from solver.errors import RematError
@@ -132,46 +130,6 @@ def load_model_from_args(
     else:
         raise CaptureError(f"give --model MODULE:FACTORY or --demo {{{', '.join(MODELS)}}}")
     return unpack_model(made)
-
-
-def import_factory(spec: str) -> Callable[..., object]:
-    """The callable ``MODULE:FACTORY`` names (MODULE imported from the current directory or
-    the installed packages); CaptureError saying why where it cannot be loaded."""
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise CaptureError(f"--model wants MODULE:FACTORY, got {spec!r}")
-    try:
-        return getattr(_import_from_cwd(module_name), attr)
-    except (ImportError, AttributeError) as error:
-        raise CaptureError(
-            f"cannot load --model {spec}: {error} (MODULE is imported from the "
-            "current directory or the installed packages)"
-        ) from error
-
-
-def unpack_model(
-    made: object,
-) -> tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
-    """A factory's result as ``(model in train mode, example_inputs, example_kwargs)``;
-    CaptureError where it is not ``(model, example_inputs[, example_kwargs])``."""
-    if not (isinstance(made, tuple) and len(made) in (2, 3) and isinstance(made[0], nn.Module)):
-        raise CaptureError("the factory must return (model, example_inputs[, example_kwargs])")
-    model, inputs, kwargs = made if len(made) == 3 else (*made, {})
-    inputs = tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
-    return model.train(), inputs, dict(kwargs)
-
-
-def _import_from_cwd(module_name: str):
-    """`importlib.import_module`, with the current directory searched first as ``python -m``
-    searches it (a console script's ``sys.path`` starts at its own bin directory instead)."""
-    cwd = os.getcwd()
-    if cwd in sys.path or "" in sys.path:
-        return importlib.import_module(module_name)
-    sys.path.insert(0, cwd)
-    try:
-        return importlib.import_module(module_name)
-    finally:
-        sys.path.remove(cwd)
 
 
 def capture_from_args(args: argparse.Namespace) -> CapturedGraph:

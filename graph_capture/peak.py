@@ -25,7 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PeakMemory", "measure_each", "measure_peak"]
+__all__ = [
+    "PeakMemory",
+    "allocation_events",
+    "marked_windows",
+    "measure_each",
+    "measure_peak",
+    "memory_profile",
+]
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,7 @@ class PeakMemory:
     method: str
 
 
-def _allocation_events(prof: torch.profiler.profile) -> list[tuple[int, int]]:
+def allocation_events(prof: torch.profiler.profile) -> list[tuple[int, int]]:
     """(time ns, bytes) of every CPU allocation (+) and free (-) the profiler saw, in time order."""
     from torch._C._profiler import _EventType
 
@@ -57,7 +64,7 @@ def _allocation_events(prof: torch.profiler.profile) -> list[tuple[int, int]]:
     return events
 
 
-def _windows(prof: torch.profiler.profile, prefix: str) -> list[tuple[int, int]]:
+def marked_windows(prof: torch.profiler.profile, prefix: str) -> list[tuple[int, int]]:
     """(start ns, end ns) of the profiler's events named ``prefix<i>`` (at any depth), by i."""
     found: dict[int, tuple[int, int]] = {}
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
@@ -88,11 +95,11 @@ def measure_peak(fn: Callable[[], object], device: str | torch.device = "cpu") -
         end = torch.cuda.memory_allocated(device) - start
         return PeakMemory(peak, end, "cuda-max-memory-allocated")
 
-    with _memory_profile() as prof:
+    with memory_profile() as prof:
         result = fn()
         del result
     live = peak = 0
-    for _, size in _allocation_events(prof):
+    for _, size in allocation_events(prof):
         live += size
         peak = max(peak, live)
     return PeakMemory(peak, live, "profiler-allocation-events")
@@ -126,7 +133,7 @@ def measure_each(
     from torch._C._profiler import _RecordFunctionFast
 
     prefix = "remat.measure_each:"
-    with _memory_profile() as prof:
+    with memory_profile() as prof:
         for i, call in enumerate(calls):
             with _RecordFunctionFast(f"{prefix}{i}"):
                 result = call()
@@ -139,10 +146,10 @@ def measure_each(
 def window_peaks(prof: torch.profiler.profile, prefix: str) -> list[tuple[int, int]]:
     """(peak, end) bytes allocated within each window named ``prefix<i>`` (in order of i),
     above the bytes live at its start."""
-    events = _allocation_events(prof)
+    events = allocation_events(prof)
     out = []
     k = 0
-    for start, end in _windows(prof, prefix):
+    for start, end in marked_windows(prof, prefix):
         while k < len(events) and events[k][0] < start:
             k += 1
         live = peak = 0
@@ -155,7 +162,7 @@ def window_peaks(prof: torch.profiler.profile, prefix: str) -> list[tuple[int, i
 
 
 @contextlib.contextmanager
-def _memory_profile() -> Iterator[torch.profiler.profile]:
+def memory_profile() -> Iterator[torch.profiler.profile]:
     """A CPU profiler session recording allocations. Its start and stop, where torch's kineto
     writes a notice line to the process's stderr each time, run with file descriptor 2 on
     the null device, so a command that measures prints only its own lines.

@@ -23,11 +23,11 @@ import networkx as nx
 import torch
 from torch import nn
 
-from cli.profile import unpack_model
 from executor.errors import FitError
 from graph_capture import capture
 from graph_capture.captured import CapturedGraph
 from graph_capture.errors import CaptureError
+from graph_capture.factories import unpack_model
 
 BYTES = ("mem", "transient")
 """The node attributes that must be affine in the size."""

@@ -41,7 +41,7 @@ from executor.sac.overhead import RegionTimes, measure_overhead
 from executor.sac.region import buffer_state, cache_off_hooks, mutated_buffers
 from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
 from executor.sac.windows import measure_windows
-from graph_capture.peak import _memory_profile
+from graph_capture.peak import memory_profile
 from solver.sac import SacBlock, SacOp, SacProblem
 from solver.sac.memory import plain_forward_live
 from solver.sac.union import SacSplit, SacUnion
@@ -230,7 +230,7 @@ def _measure_scratch(
 
     recorder = _Recorder(facts, first=False, mark_ops=True)
     handles = _hooks(blocks, recorder.enter, lambda _j, _o: setattr(recorder, "block", None))
-    with hooked(handles), _memory_profile() as prof, recorder:
+    with hooked(handles), memory_profile() as prof, recorder:
         loss = step()
         del loss
     for (j, i), (peak, end) in zip(

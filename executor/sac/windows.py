@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
-from graph_capture.peak import _allocation_events, _memory_profile
+from graph_capture.peak import allocation_events, marked_windows, memory_profile
 from solver.sac import Segment
 
 
@@ -87,7 +87,7 @@ def measure_windows(
         handles.append(module.register_forward_pre_hook(lambda _m, _a, x=label: mark(f"fs{x}")))
         handles.append(module.register_forward_hook(lambda _m, _a, o, x=label: on_leave(x, o)))
     try:
-        with hooked(handles), _memory_profile() as prof:
+        with hooked(handles), memory_profile() as prof:
             step().backward()
     finally:
         snapshot.restore()
@@ -97,10 +97,8 @@ def measure_windows(
 def _cut(prof, marks: list[str], counts: list[int | None]) -> _Windows:
     """Live bytes at each mark and the peak of each stretch between consecutive marks: the
     blocks' windows, and where a block's children ran in sequence, theirs."""
-    from graph_capture.peak import _windows
-
-    times = [start for start, _ in _windows(prof, "remat.sac:")]  # in the order of `marks`
-    events = _allocation_events(prof)
+    times = [start for start, _ in marked_windows(prof, "remat.sac:")]  # in the order of `marks`
+    events = allocation_events(prof)
     timed = sorted(zip(times, marks, strict=True))
     times = [t for t, _ in timed]
     n = len(counts)
