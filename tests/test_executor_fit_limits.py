@@ -16,9 +16,9 @@ from torch import nn
 
 import executor
 import solver.fit
-from executor.fit.baselines import per_block_peak
 from executor.fit.graphs import SizedGraphs
 from executor.fit.memory import TrainingStep
+from solver.fit import per_block_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

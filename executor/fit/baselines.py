@@ -17,15 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import networkx as nx
-
 import solver
 from executor.fit.graphs import SizedGraphs, build, expected_seconds
 from executor.fit.memory import StaticBytes, TrainingStep
 from executor.traced.module import Rematerialized
-from solver.core.budget import parse_compute_budget
 from solver.deadline import Deadline
-from solver.heuristics.baselines import block_checkpoint
+from solver.fit import per_block_peak
+from solver.sizes import DOES_NOT_FIT, FITS, largest_between
 
 
 class Steps:
@@ -85,20 +83,16 @@ def eager(steps: Steps, memory: int, low: int, high: int, deadline: Deadline) ->
             measured[size] = step.measured_peak()
         return measured[size]
 
-    fits, top = low - 1, high  # fits: the largest that fits (low - 1: none), top does not
+    def decide(size: int) -> str | None:
+        at = peak(size)
+        return None if at is None else FITS if at <= memory else DOES_NOT_FIT
+
     at_high = peak(high)
     if at_high is not None and at_high <= memory:
         return Eager(high, at_high, None, False)
-    complete = at_high is not None
-    while complete and top - fits > 1:
-        middle = (fits + top) // 2
-        at = peak(middle)
-        if at is None:
-            complete = False
-        elif at <= memory:
-            fits = middle
-        else:
-            top = middle
+    if at_high is None:
+        return Eager(None, None, None, False)
+    fits, _, complete = largest_between(decide, low - 1, high)
     size = fits if fits >= low else None
     return Eager(size, measured.get(fits), measured.get(fits + 1), complete)
 
@@ -115,40 +109,13 @@ def per_block(
     the depth of least peak among those within the compute cap, `block_checkpoint`) peaks
     within the bytes left to the step (bisection: the peak never falls as the size grows, NOTE
     [monotone sizes]), and whether the bisection closed by the deadline."""
-    fits, top = low - 1, high + 1  # fits: the largest that fits (low - 1: none), top does not
-    while top - fits > 1:
-        middle = (fits + top) // 2
-        needs = 0.0 if graphs.affine else graphs.expected_seconds(middle)  # a capture
+
+    def decide(size: int) -> str | None:
+        needs = 0.0 if graphs.affine else graphs.expected_seconds(size)  # a capture
         if not deadline.leaves(needs):
-            return (fits if fits >= low else None), False
-        peak = per_block_peak(graphs(middle), cap)
-        if peak is not None and peak <= left(middle):
-            fits = middle
-        else:
-            top = middle
-    return (fits if fits >= low else None), True
+            return None
+        peak = per_block_peak(graphs(size), cap)
+        return FITS if peak is not None and peak <= left(size) else DOES_NOT_FIT
 
-
-def per_block_peak(graph: nx.DiGraph, cap: str | None) -> int | None:
-    """The least peak of checkpointing every module block of one depth, over the depths whose
-    cost is within the compute cap (`cap`: text like "1.3x", None: unlimited); None where no
-    depth is."""
-    problem = solver.prepare(graph)
-    limit = None if cap is None else parse_compute_budget(cap, problem)
-    modules = problem.module
-    depth = max((m.count(".") + 1 for m in modules if m), default=0)
-    peaks = []
-    for d in range(1, depth + 1):
-        schedule = block_checkpoint(problem, [_cut(m, d) for m in modules]).schedule
-        if limit is None or schedule.cost <= limit * (1 + 1e-12):
-            peaks.append(schedule.peak)
-    if depth == 0:  # no module blocks: nothing is checkpointed, within every cap
-        return solver.checkpoint_all_peak(problem)
-    return min(peaks, default=None)
-
-
-def _cut(module: str, depth: int) -> str | None:
-    """The module path cut to `depth` parts; None where it is shorter (no block)."""
-    if not module or module.count(".") < depth - 1:
-        return None
-    return ".".join(module.split(".")[:depth])
+    fits, _, complete = largest_between(decide, low - 1, high + 1)
+    return (fits if fits >= low else None), complete

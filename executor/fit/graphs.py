@@ -28,6 +28,7 @@ from graph_capture import capture
 from graph_capture.captured import CapturedGraph
 from graph_capture.errors import CaptureError
 from graph_capture.factories import unpack_model
+from solver.sizes import affine
 
 BYTES = ("mem", "transient")
 """The node attributes that must be affine in the size."""
@@ -152,8 +153,7 @@ class SizedGraphs:
         for v, attrs in graph.nodes(data=True):
             for key in BYTES:
                 if key in attrs:
-                    slope = (high.nodes[v][key] - attrs[key]) // (b - a)
-                    attrs[key] = attrs[key] + slope * (size - a)
+                    attrs[key] = affine({a: attrs[key], b: high.nodes[v][key]})(size)
         return graph
 
     def refute(self, size: int) -> bool:
@@ -200,18 +200,10 @@ def _shape_difference(a: nx.DiGraph, size_a: int, b: nx.DiGraph, size_b: int) ->
 
 def _not_affine(graphs: dict[int, nx.DiGraph]) -> list[str]:
     """The nodes whose bytes are not affine with a whole slope across the captured sizes."""
-    sizes = sorted(graphs)
-    a, b = sizes[0], sizes[1]
-    bad = []
-    for v, attrs in graphs[a].nodes(data=True):
-        for key in BYTES:
-            step = graphs[b].nodes[v].get(key, 0) - attrs.get(key, 0)
-            if step % (b - a):
-                bad.append(f"{v}.{key}")
-                continue
-            slope = step // (b - a)
-            for s in sizes[2:]:
-                if graphs[s].nodes[v].get(key, 0) != attrs.get(key, 0) + slope * (s - a):
-                    bad.append(f"{v}.{key}")
-                    break
-    return bad
+    first = graphs[min(graphs)]
+    return [
+        f"{v}.{key}"
+        for v in first.nodes
+        for key in BYTES
+        if affine({s: g.nodes[v].get(key, 0) for s, g in graphs.items()}) is None
+    ]

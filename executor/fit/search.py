@@ -44,6 +44,7 @@ from solver.core.budget import human_bytes, parse_budget
 from solver.deadline import Deadline, Stop
 from solver.fit import DOES_NOT_FIT, FITS, FitResult, Probe, largest_fitting
 from solver.interrupt import first_sigint_stops
+from solver.sizes import affine
 
 RUNTIME = "remat's executor (executor.Rematerialized)"
 
@@ -388,28 +389,17 @@ def _memory_bytes(memory: int | str) -> int:
 def _affine_static(statics: dict[int, StaticBytes]) -> Callable[[int], StaticBytes]:
     """The bytes before a step at any size: the model's the same at every captured size, the
     inputs' affine (FitError otherwise)."""
-    sizes = sorted(statics)
-    a, b = sizes[0], sizes[1]
-    slope, rest = divmod(statics[b].inputs - statics[a].inputs, b - a)
-    for s in sizes:
-        if (
-            statics[s].model != statics[a].model
-            or rest
-            or (statics[s].inputs != statics[a].inputs + slope * (s - a))
-        ):
-            raise FitError(
-                f"the bytes before a step are not the model's plus inputs affine in the size: "
-                f"{statics}; remat fit needs parameters that do not change with the size"
-            )
+    base = statics[min(statics)]
+    inputs = affine({s: static.inputs for s, static in statics.items()})
+    if inputs is None or any(static.model != base.model for static in statics.values()):
+        raise FitError(
+            f"the bytes before a step are not the model's plus inputs affine in the size: "
+            f"{statics}; remat fit needs parameters that do not change with the size"
+        )
 
     def at(size: int) -> StaticBytes:
-        base = statics[a]
         return StaticBytes(
-            base.parameters,
-            base.gradients,
-            base.optimizer_state,
-            base.buffers,
-            base.inputs + slope * (size - a),
+            base.parameters, base.gradients, base.optimizer_state, base.buffers, inputs(size)
         )
 
     return at
