@@ -24,7 +24,7 @@ import torch
 
 from executor.fit.memory import OPTIMIZERS
 from executor.fit.search import fit
-from graph_capture.factories import import_factory
+from graph_capture.models.factories import import_factory
 
 __all__ = ["add_fit_arguments", "run_fit"]
 

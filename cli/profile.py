@@ -1,6 +1,6 @@
 """Graph and model sources for the `remat` CLI, and the `remat profile` subcommand.
 
-A graph comes from a node-link JSON file, a built-in demo (`graph_capture.demos`: an example
+A graph comes from a node-link JSON file, a built-in demo (`graph_capture.models.demos`: an example
 graph, or a demo model that is captured), or ``--model pkg.module:factory``: ``factory`` is
 imported (from the current directory too, as ``python -m`` would) and called with no arguments
 and must return ``(model, example_inputs)`` or ``(model, example_inputs, example_kwargs)``
@@ -20,9 +20,9 @@ from torch import nn
 
 from graph_capture.capture import GRANULARITIES, capture
 from graph_capture.captured import CapturedGraph
-from graph_capture.demos import DEMOS, MODELS, demo_model
 from graph_capture.errors import CaptureError
-from graph_capture.factories import import_factory, unpack_model
+from graph_capture.models.demos import DEMOS, MODELS, demo_model
+from graph_capture.models.factories import import_factory, unpack_model
 from graph_capture.profile import format_table, module_profile, plot_saved_bytes
 from solver.core.budget import human_bytes
 from solver.errors import RematError

@@ -46,8 +46,8 @@ from cli.profile import (
 )
 from executor.memory import measure_peak
 from executor.traced.module import Rematerialized, load_schedule
-from graph_capture.demos import demo_model
-from graph_capture.zero_tangents import selected_outputs
+from graph_capture.models.demos import demo_model
+from graph_capture.trace.zero_tangents import selected_outputs
 
 __all__ = ["BUDGET_HELP", "add_run_arguments", "run_run", "sqrt_checkpointed"]
 

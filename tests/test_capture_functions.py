@@ -17,8 +17,8 @@ from torch.autograd.function import once_differentiable
 
 from executor.traced.module import rematerialize
 from graph_capture import CaptureError, capture, hf_models
-from graph_capture.autograd_functions import recording_functions
-from graph_capture.fx_nodes import module_of, phase_of
+from graph_capture.trace.autograd_functions import recording_functions
+from graph_capture.trace.fx_nodes import module_of, phase_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -52,7 +52,7 @@ def _train(runs, rank: int, batch) -> list[list[list[torch.Tensor]]]:
 
 
 def gpt2():
-    from graph_capture.hf_models import gpt2_lm
+    from graph_capture.models.hf_models import gpt2_lm
 
     torch.manual_seed(0)
     model, args, kwargs = gpt2_lm(batch=2, seq=16, layers=2, width=32)

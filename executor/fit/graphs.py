@@ -27,7 +27,7 @@ from executor.errors import FitError
 from graph_capture import capture
 from graph_capture.captured import CapturedGraph
 from graph_capture.errors import CaptureError
-from graph_capture.factories import unpack_model
+from graph_capture.models.factories import unpack_model
 from solver.sizes import affine
 
 BYTES = ("mem", "transient")

@@ -41,7 +41,7 @@ from executor.sac.overhead import RegionTimes, measure_overhead
 from executor.sac.region import buffer_state, cache_off_hooks, mutated_buffers
 from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
 from executor.sac.windows import measure_windows
-from graph_capture.peak import memory_profile
+from graph_capture.measurement.peak import memory_profile
 from solver.sac import SacBlock, SacOp, SacProblem
 from solver.sac.memory import plain_forward_live
 from solver.sac.union import SacSplit, SacUnion
@@ -226,7 +226,7 @@ def _measure_scratch(
     """Each op's scratch bytes: the most it held at once during its call beyond what it left
     allocated at its end (its outputs), from the profiler's allocation events in a window
     around the call."""
-    from graph_capture.peak import window_peaks
+    from graph_capture.measurement.peak import window_peaks
 
     recorder = _Recorder(facts, first=False, mark_ops=True)
     handles = _hooks(blocks, recorder.enter, lambda _j, _o: setattr(recorder, "block", None))

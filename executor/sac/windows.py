@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
-from graph_capture.peak import allocation_events, marked_windows, memory_profile
+from graph_capture.measurement.peak import allocation_events, marked_windows, memory_profile
 from solver.sac import Segment
 
 

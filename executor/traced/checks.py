@@ -14,7 +14,7 @@ import torch
 
 from executor.errors import AutocastMismatchError, InputMismatchError
 from graph_capture.captured import CapturedGraph
-from graph_capture.device import AutocastState
+from graph_capture.measurement.device import AutocastState
 
 __all__ = ["check_autocast", "check_call", "check_inputs"]
 

@@ -13,8 +13,8 @@ at run time is decided once at compile time:
   live-in values are moved out of ``step.env`` into locals so a free really releases them).
 
 Random nodes still go through ``step.rng.draw``, so replay is the interpreter's. An op with a
-faster CPU implementation (`graph_capture.fast_ops`) calls it, where the interpreter calls the
-aten op itself: the tests that hold the two to the same bits check one against the other.
+faster CPU implementation (`graph_capture.measurement.fast_ops`) calls it, where the interpreter
+calls the aten op itself: the tests that hold the two to the same bits check one against the other.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch.fx
 from executor.errors import ExecutorError
 from executor.traced.bindings import bindings
 from executor.traced.interpreter import ScheduleInterpreter, Step, has_node
-from graph_capture.fast_ops import implementation
+from graph_capture.measurement.fast_ops import implementation
 
 __all__ = ["compile_ops"]
 
@@ -114,9 +114,9 @@ def compile_ops(
     lines += [f"    env[{s}] = v{s}" for s in sorted(live)]
     lines.append("    return None")
     namespace: dict[str, object] = dict(src.constants)
-    # the op's faster CPU implementation where it has one (`graph_capture.fast_ops`), else
-    # torch's own binding where it makes the node's exact call (`executor.traced.bindings`), else
-    # the OpOverload's `_op`, the C++ callable its Python __call__ forwards to
+    # the op's faster CPU implementation where it has one (`graph_capture.measurement.fast_ops`),
+    # else torch's own binding where it makes the node's exact call (`executor.traced.bindings`),
+    # else the OpOverload's `_op`, the C++ callable its Python __call__ forwards to
     called = {slot: interp.nodes[slot] for slot in sorted(src.called)}
     runs = {slot: implementation(n) for slot, n in called.items()}
     bound = bindings(n for slot, n in called.items() if runs[slot] is n.target)

@@ -28,7 +28,7 @@ import torch.fx
 
 from executor.errors import ExecutorError
 from executor.traced.rng import RngReplay, is_random_op
-from graph_capture.fx_nodes import device_of
+from graph_capture.trace.fx_nodes import device_of
 
 __all__ = ["ScheduleInterpreter", "Step", "has_node"]
 

@@ -35,7 +35,7 @@ from executor.traced.checks import check_call
 from executor.traced.codegen import compile_ops
 from executor.traced.interpreter import ScheduleInterpreter, Step
 from graph_capture.captured import CapturedGraph
-from graph_capture.device import no_autocast
+from graph_capture.measurement.device import no_autocast
 from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
 from solver.errors import ScheduleMismatchError

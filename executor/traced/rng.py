@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from graph_capture.device import generator
+from graph_capture.measurement.device import generator
 
 __all__ = ["RngReplay", "is_random_op"]
 

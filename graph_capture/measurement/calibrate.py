@@ -1,7 +1,7 @@
 """What a training step spends for an op beyond the op itself, added to the op's seconds.
 
-`graph_capture.measure` times each op where a step runs it (the graph in order, each value
-dropped after its last use). A step also adds each parameter gradient into an existing
+`graph_capture.measurement.measure` times each op where a step runs it (the graph in order, each
+value dropped after its last use). A step also adds each parameter gradient into an existing
 ``.grad`` (autograd's AccumulateGrad, and the executor, do it once per step):
 `add_accumulation_seconds` charges that add to the op computing the gradient. So the node
 costs sum to the ops' share of one step (each the least of its samples); what a step spends
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
-from graph_capture.device import synchronize
-from graph_capture.measure import NodeMeasure
+from graph_capture.measurement.device import synchronize
+from graph_capture.measurement.measure import NodeMeasure
 
 __all__ = ["add_accumulation_seconds"]
 

@@ -13,10 +13,10 @@ On a captured ViT with 12 layers (37 dropouts) the conversions took about 9 ms o
 step (`torch.profiler`), and with these implementations the step is about 7.6 ms shorter
 (docs/benchmarks.md, "Real models at equal measured memory").
 
-Capture times the ops it measures with these implementations (`graph_capture.measure`) and
-the executor's generated code calls them (`executor.traced.codegen`), so the node costs are those of
-what runs. Only nodes on the CPU use them (`implementation`); every input a kernel treats in
-another way (an empty tensor, evaluation mode, a mask that is not bool) goes to the aten op.
+Capture times the ops it measures with these implementations (`graph_capture.measurement.measure`)
+and the executor's generated code calls them (`executor.traced.codegen`), so the node costs are
+those of what runs. Only nodes on the CPU use them (`implementation`); every input a kernel treats
+in another way (an empty tensor, evaluation mode, a mask that is not bool) goes to the aten op.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.fx
 
-from graph_capture.fx_nodes import device_of
+from graph_capture.trace.fx_nodes import device_of
 
 __all__ = ["FAST_CPU", "implementation"]
 

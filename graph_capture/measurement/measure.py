@@ -1,5 +1,6 @@
 """Run the joint graph node by node on real tensors: storages, seconds, FLOPs and scratch bytes
-per fx node. Each op runs as the executor runs it: `graph_capture.fast_ops.implementation`.
+per fx node. Each op runs as the executor runs it:
+`graph_capture.measurement.fast_ops.implementation`.
 
 Every value stays alive until the end of the run, so storage data pointers are unique and a
 storage is identified by its pointer (zero-byte storages get a private key).
@@ -18,12 +19,12 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
-from graph_capture.device import fork_rng, generator, synchronize
 from graph_capture.errors import CaptureError
-from graph_capture.fast_ops import implementation
-from graph_capture.fx_nodes import describe_op, device_of
-from graph_capture.lifted import LiftedConstant, lifted_constants
-from graph_capture.peak import measure_each
+from graph_capture.measurement.device import fork_rng, generator, synchronize
+from graph_capture.measurement.fast_ops import implementation
+from graph_capture.measurement.peak import measure_each
+from graph_capture.trace.fx_nodes import describe_op, device_of
+from graph_capture.trace.lifted import LiftedConstant, lifted_constants
 
 StorageKey = tuple[int, int]
 Call = Callable[[], object]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from graph_capture.measure import NodeMeasure, StorageKey
+from graph_capture.measurement.measure import NodeMeasure, StorageKey
 
 __all__ = ["group_transient"]
 

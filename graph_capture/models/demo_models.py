@@ -1,7 +1,7 @@
 """Built-in demo models, constructed in code with random init (nothing downloaded).
 
 Each factory returns ``(model, example_inputs)`` with the model in train mode; sizes are small
-enough that capture + solve take seconds on 2 CPU cores. `graph_capture.demos` names them.
+enough that capture + solve take seconds on 2 CPU cores. `graph_capture.models.demos` names them.
 """
 
 from __future__ import annotations

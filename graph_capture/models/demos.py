@@ -1,7 +1,7 @@
 """Every built-in demo by name: the one registry the `remat` command and the benchmarks read.
 
 A demo is either an example graph that needs no capture (`solver.examples`) or a PyTorch model
-that is captured first (`graph_capture.demo_models`, each factory returning ``(model,
+that is captured first (`graph_capture.models.demo_models`, each factory returning ``(model,
 example_inputs)``). `remat solve --demo NAME` takes either; `remat profile` and `remat run`
 take the models.
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import networkx as nx
 
 from graph_capture import demo_models
-from graph_capture.demo_models import Factory
 from graph_capture.errors import CaptureError
+from graph_capture.models.demo_models import Factory
 from solver.examples import residual_demo
 
 

@@ -1,6 +1,6 @@
 """HuggingFace transformers models built from small configs with random init (nothing downloaded).
 
-Factories for ``--model graph_capture.hf_models:gpt2_lm`` (``llama_lm``, ``bert_mlm``,
+Factories for ``--model graph_capture.models.hf_models:gpt2_lm`` (``llama_lm``, ``bert_mlm``,
 ``vit_classifier``, ``t5_lm``, ``bloom_lm``); each returns ``(model, example_inputs,
 example_kwargs)``: the model with its task head and its default config (``use_cache`` left as it
 is), called the way training loops call it, ``model(*example_inputs, **example_kwargs)`` with

@@ -5,7 +5,7 @@ Path: ``torch.export.export(strict=False)`` (handles HF transformers models and 
 module, which functionalizes (BatchNorm running stats become outputs), keeps dropout as a
 traced ``native_dropout`` and tags every placeholder and output with a descriptor. Where the
 export applies a custom ``torch.autograd.Function``, whose backward it drops, the joint is traced
-from the model itself instead (`graph_capture.autograd_functions`).
+from the model itself instead (`graph_capture.trace.autograd_functions`).
 """
 
 from __future__ import annotations
@@ -23,17 +23,17 @@ import torch.fx.traceback as fx_traceback
 from torch import nn
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-from graph_capture.autograd_functions import (
+from graph_capture.errors import CaptureError, first_lines
+from graph_capture.trace.autograd_functions import (
     failing_function,
     module_stack,
     qualified,
     recording_functions,
     trace_with_functions,
 )
-from graph_capture.dropout import dropout_as_eager_cpu
-from graph_capture.errors import CaptureError, first_lines
-from graph_capture.fx_nodes import describe_op
-from graph_capture.lifted import LiftedConstant
+from graph_capture.trace.dropout import dropout_as_eager_cpu
+from graph_capture.trace.fx_nodes import describe_op
+from graph_capture.trace.lifted import LiftedConstant
 
 
 @dataclass
