@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from graph_capture import hf_models
+from graph_capture.models import hf_models
 
 BATCH = 2
 SEQ = 16

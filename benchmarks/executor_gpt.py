@@ -21,11 +21,11 @@ from collections.abc import Callable
 import torch
 
 import solver
+from cli.run import sqrt_checkpointed
 from executor.memory import measure_peak
-from executor.module import Rematerialized
-from executor.run_command import sqrt_checkpointed
+from executor.traced.module import Rematerialized
 from graph_capture import capture
-from graph_capture.demo_models import gpt
+from graph_capture.models.demo_models import gpt
 
 
 def _timed(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, tuple[float, float]]:

@@ -36,7 +36,7 @@ from benchmarks.common import (
 from benchmarks.measure import Step, knapsack_forward, loss_step, measure
 from benchmarks.models import MODELS
 from benchmarks.zoo import Bench
-from executor.module import Rematerialized
+from executor.traced.module import Rematerialized
 from graph_capture import CapturedGraph, capture
 
 

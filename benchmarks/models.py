@@ -16,7 +16,7 @@ from torch import nn
 
 from benchmarks import zoo
 from benchmarks.zoo import ZOO, Bench
-from graph_capture.demos import demo_model
+from graph_capture.models.demos import demo_model
 
 
 def _demo(name: str, blocks: Callable[[nn.Module], list[nn.Module]]) -> Callable[[], Bench]:

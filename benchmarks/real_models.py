@@ -52,7 +52,7 @@ from benchmarks.measure import (
     measure_peaks,
 )
 from benchmarks.zoo import ZOO, Bench
-from executor.module import Rematerialized
+from executor.traced.module import Rematerialized
 from graph_capture import capture
 
 MODELS = (

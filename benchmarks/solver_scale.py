@@ -57,7 +57,7 @@ DEMO_ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
     "demo-resnet": ("resnet", ("50%",)),
     "demo-unet": ("unet", ("50%",)),
 }
-"""Demo model (`graph_capture.demos`) and budgets."""
+"""Demo model (`graph_capture.models.demos`) and budgets."""
 
 
 ZOO_SIZES = (
@@ -98,7 +98,7 @@ def load_row_graph(label: str, zoo_dir: Path = Path("results/graphs")) -> nx.DiG
     import torch  # only the demo rows need torch
 
     from graph_capture import capture
-    from graph_capture.demos import demo_model
+    from graph_capture.models.demos import demo_model
 
     torch.set_num_threads(1)
     model, inputs = demo_model(DEMO_ROWS[label][0])()

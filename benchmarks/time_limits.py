@@ -41,7 +41,7 @@ def solve_once(path: str, budget: str, time_limit: float, cli: bool = False) -> 
     """One solve of the graph file at `budget`, timed from the loaded graph to the result (with
     `cli`: `remat solve`, timed from the call, the graph's loading and the table included, its
     imports not: torch's alone took 5-40 s on a loaded 2-core machine)."""
-    from executor.cli import main  # noqa: F401  (imported here, not in the timed call)
+    from cli.main import main  # noqa: F401  (imported here, not in the timed call)
     from solver.io import load_graph
 
     graph = load_graph(path)
@@ -73,7 +73,7 @@ def _solve_outcome(graph, budget: str, time_limit: float) -> Row:
 def _command_outcome(path: str, budget: str, time_limit: float) -> Row:
     """`remat solve` on the graph file (progress off): its exit status and exact row, and how
     many heuristic rows the time limit cut short ("TIME")."""
-    from executor.cli import main as remat
+    from cli.main import main as remat
 
     table = io.StringIO()
     with contextlib.redirect_stdout(table):

@@ -8,9 +8,9 @@
   all-reduced gradients of DDP(remat) equal DDP(model)'s on every step.
 - ``autocast``: the demo GPT captured and run under ``torch.autocast("cpu", bfloat16)`` at 50%:
   bit-exactness over 3 AdamW steps.
-- ``hf``: each HF family of `graph_capture.hf_models` (called with ``labels=``): joint fx nodes,
-  DAG nodes (forward / all), capture seconds, the 50% schedule's recomputes, bit-exactness over
-  3 AdamW steps.
+- ``hf``: each HF family of `graph_capture.models.hf_models` (called with ``labels=``): joint fx
+  nodes, DAG nodes (forward / all), capture seconds, the 50% schedule's recomputes, bit-exactness
+  over 3 AdamW steps.
 
 One thread per process; the schedule of every part is solved at 50% of the checkpoint-all peak.
 """
@@ -33,9 +33,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 import solver
 from executor.memory import measure_peak
-from executor.module import Rematerialized
-from graph_capture import capture, hf_models
-from graph_capture.demo_models import gpt
+from executor.traced.module import Rematerialized
+from graph_capture import capture
+from graph_capture.models import hf_models
+from graph_capture.models.demo_models import gpt
 
 HF_FAMILIES = ("gpt2_lm", "llama_lm", "bert_mlm", "vit_classifier", "t5_lm")
 

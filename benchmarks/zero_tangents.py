@@ -8,7 +8,7 @@ which returns the loss and the logits, and trained with ``out.loss.backward()``:
 the logits a zero gradient. The model is captured twice: as before (``backward_from=None``:
 every output may get a gradient, so the executor materialises the logits' zero gradient and the
 graph adds it to the loss's) and with ``backward_from=["loss"]`` (the zero tangent is known at
-capture and the graph specialised, `graph_capture.zero_tangents`). For each: the no-recompute
+capture and the graph specialised, `graph_capture.trace.zero_tangents`). For each: the no-recompute
 schedule (100%) is run; measured are its step peak (profiler allocation events above the
 start of the step, ``.grad`` allocated before it) against the prediction, the bytes the
 executor holds for tangents, and step times in interleaved rounds (medians); remat's loss,
@@ -29,7 +29,7 @@ import solver
 from benchmarks.common import Row, write_table
 from benchmarks.measure import interleaved_times, measure_peaks
 from benchmarks.zoo import ZOO
-from executor.module import Rematerialized
+from executor.traced.module import Rematerialized
 from graph_capture import capture
 
 MODELS = ("gpt2_4", "bert_4", "vit_4", "llama_4")

@@ -18,10 +18,10 @@ from executor.errors import (
     UnsupportedScheduleError,
     UnusedOutputGradientError,
 )
-from executor.fitting import Fit, fit
+from executor.fit.search import Fit, fit
 from executor.memory import PeakMemory, measure_peak, median_seconds
-from executor.module import Rematerialized, rematerialize
-from executor.sac import CheckpointPlan, checkpoint_plan
+from executor.sac.plan import CheckpointPlan, checkpoint_plan
+from executor.traced.module import Rematerialized, rematerialize
 
 __all__ = [
     "AutocastMismatchError",

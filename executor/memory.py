@@ -1,5 +1,5 @@
-"""Measured peak memory and step time (`measure_peak` lives in `graph_capture.peak`, which
-capture uses to measure each op's transient bytes; it is re-exported here for the executor's
+"""Measured peak memory and step time (`measure_peak` lives in `graph_capture.measurement.peak`,
+which capture uses to measure each op's transient bytes; it is re-exported here for the executor's
 users)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from graph_capture.peak import PeakMemory, measure_peak
+from graph_capture.measurement.peak import PeakMemory, measure_peak
 
 __all__ = ["PeakMemory", "measure_peak", "median_seconds"]
 

@@ -7,23 +7,23 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from graph_capture.calibrate import add_accumulation_seconds
 from graph_capture.captured import CapturedGraph, TensorSpec
 from graph_capture.dag import build_dag
-from graph_capture.device import (
+from graph_capture.errors import CaptureError
+from graph_capture.grouping import group_modules, group_ops, op_group_order
+from graph_capture.measurement.calibrate import add_accumulation_seconds
+from graph_capture.measurement.device import (
     AutocastState,
     fork_rng,
     generator,
     model_device,
     no_autocast,
 )
-from graph_capture.errors import CaptureError
-from graph_capture.fx_nodes import device_of
-from graph_capture.grouping import group_modules, group_ops, op_group_order
-from graph_capture.lifted import lifted_constants
-from graph_capture.measure import StorageKey, is_random, measure_joint, storages_of
-from graph_capture.trace import TracedJoint, trace_joint
-from graph_capture.zero_tangents import (
+from graph_capture.measurement.measure import StorageKey, is_random, measure_joint, storages_of
+from graph_capture.trace.fx_nodes import device_of
+from graph_capture.trace.lifted import lifted_constants
+from graph_capture.trace.trace import TracedJoint, trace_joint
+from graph_capture.trace.zero_tangents import (
     OutputName,
     default_tangents,
     fold_zero_tangent_adds,
@@ -57,13 +57,13 @@ def capture(
     ``granularity``: "op" (one DAG node per allocating aten op, views folded in) or "module"
     (consecutive ops of one module and phase merged; ``module_depth`` truncates module paths).
     ``cost_model``: "time" (DAG ``cost`` in seconds, each op's least over ``repeats - 1``
-    passes over the graph in step order, `graph_capture.measure.measure_joint`; the graph
-    attribute ``step_cost``, seconds, is the least of those passes' whole wall times plus the
+    passes over the graph in step order, `graph_capture.measurement.measure.measure_joint`; the
+    graph attribute ``step_cost``, seconds, is the least of those passes' whole wall times plus the
     gradient accumulation: one plain step with what runs between ops) or "flops".
     ``backward_from``: the outputs the training step backpropagates from, by
     top-level name (``["loss"]`` for a HuggingFace ``ModelOutput``; a tuple's indices); the
     other outputs' incoming gradients are known zero and the graph is specialised for that
-    (`graph_capture.zero_tangents`: eager does not compute them, nor does the executor then).
+    (`graph_capture.trace.zero_tangents`: eager does not compute them, nor does the executor then).
     ``None``: every output that requires grad may get a gradient. Measurement runs the graph
     once on the example inputs with tangents of ones (zeros where known zero); the global RNG
     state and the model are left as they were. Raises `CaptureError`.

@@ -27,7 +27,7 @@ after the step (see `JointResult.apply_buffer_updates`). Random ops (``native_dr
 ``rand*``, ``bernoulli``) are fx nodes drawing from their device's default generator, listed
 in ``random_nodes``; an exact replay must restore the RNG state each one saw in the plain run.
 Tensors the model builds from Python data (``torch.export``'s lifted constants) are
-`graph_capture.lifted.LiftedConstant` calls: static memory, in ``static_bytes["constants"]``.
+`graph_capture.trace.lifted.LiftedConstant` calls: static memory, in ``static_bytes["constants"]``.
 
 The DAG (``networkx.DiGraph``; solver contract):
 
@@ -39,7 +39,7 @@ The DAG (``networkx.DiGraph``; solver contract):
   moment beyond its inputs and its output (workspaces, temporaries, members' intermediates);
   ``transient``: that plus the graph attr ``held_bytes`` total (what the executor holds beside
   the schedule's values during a step, by part). Computing v needs the live bytes plus
-  ``transient(v)`` (`graph_capture.transient`).
+  ``transient(v)`` (`graph_capture.measurement.transient`).
 - ``cost``: seconds (least of repeated runs, ``cost_model="time"``; a parameter gradient's
   node includes adding it into ``.grad``) or FLOPs
   (``cost_model="flops"``) to compute the whole group once. ``time`` (s) and ``flops`` are
@@ -67,9 +67,9 @@ import networkx as nx
 import torch
 from torch import nn
 
-from graph_capture.device import AutocastState, no_autocast
 from graph_capture.errors import CaptureError
-from graph_capture.zero_tangents import default_tangents, missing_gradient
+from graph_capture.measurement.device import AutocastState, no_autocast
+from graph_capture.trace.zero_tangents import default_tangents, missing_gradient
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class CapturedGraph:
     placeholders. ``autocast``: the autocast state the graph was traced under (its casts are
     in the graph), for the model's device type. ``zero_tangent_outputs``: forward output
     positions whose incoming gradient is known zero (capture's ``backward_from``; the graph is
-    specialised for it, `graph_capture.zero_tangents`).
+    specialised for it, `graph_capture.trace.zero_tangents`).
     """
 
     joint: torch.fx.GraphModule
@@ -241,7 +241,7 @@ class CapturedGraph:
 
     def default_tangents(self) -> list[torch.Tensor]:
         """One tangent per differentiable forward output: ones (``sum()`` as the loss), and
-        zeros for the known-zero ones (`graph_capture.zero_tangents.missing_gradient`)."""
+        zeros for the known-zero ones (`graph_capture.trace.zero_tangents.missing_gradient`)."""
         return default_tangents(
             self.joint,
             self.tangent_placeholders,

@@ -8,9 +8,9 @@ import networkx as nx
 import torch
 
 from graph_capture.errors import CaptureError
-from graph_capture.fx_nodes import module_of, phase_of
-from graph_capture.measure import NodeMeasure, is_random
-from graph_capture.transient import group_transient
+from graph_capture.measurement.measure import NodeMeasure, is_random
+from graph_capture.measurement.transient import group_transient
+from graph_capture.trace.fx_nodes import module_of, phase_of
 
 
 def build_dag(

@@ -24,8 +24,8 @@ import operator
 import torch
 
 from graph_capture.errors import CaptureError
-from graph_capture.fx_nodes import describe_op, module_of, phase_of
-from graph_capture.measure import NodeMeasure
+from graph_capture.measurement.measure import NodeMeasure
+from graph_capture.trace.fx_nodes import describe_op, module_of, phase_of
 
 
 def _reader_phases(node: torch.fx.Node, measures: dict[str, NodeMeasure]) -> set[str]:

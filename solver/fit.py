@@ -30,7 +30,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import pairwise
 
 import networkx as nx
 
@@ -41,8 +40,8 @@ from solver.core.simulate import simulate
 from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
-
-FITS, DOES_NOT_FIT, OPEN = "fits", "does not fit", "open"
+from solver.heuristics.baselines import block_checkpoint
+from solver.sizes import DOES_NOT_FIT, FITS, OPEN, largest_between
 
 
 @dataclass
@@ -234,23 +233,17 @@ def largest_fitting(
         if high is not None and size >= high:
             break
         size = max(size * 2, size + 1) if high is None else min(max(size * 2, size + 1), high)
-    while upper is not None and not deadline.passed():
-        # the middle of the widest gap between the sizes decided or left open: an open size
-        # narrows nothing, so the search goes on both sides of it
-        floor = low - 1 if best is None else best
-        marks = [floor, *sorted(s for s in probes if floor < s < upper), upper]
-        a, b = max(pairwise(marks), key=lambda pair: pair[1] - pair[0])
-        if b - a < 2:
-            break
-        middle = (a + b) // 2
-        found = run(middle)
-        if found is None:
-            break
-        verdict = found.verdict
-        if verdict == FITS:
-            best = middle
-        elif verdict == DOES_NOT_FIT:
-            upper = middle
+    if upper is not None:
+
+        def decide(size: int) -> str | None:
+            found = None if deadline.passed() else run(size)
+            return None if found is None else found.verdict
+
+        undecided = [s for s, found in probes.items() if found.verdict == OPEN]
+        fits, upper, _ = largest_between(
+            decide, low - 1 if best is None else best, upper, undecided
+        )
+        best = None if fits < low else fits
     schedule = None if best is None else probes[best].schedule
     proven = upper is not None and upper == (low if best is None else best + 1)
     seconds = time.perf_counter() - started
@@ -290,3 +283,28 @@ def _check_monotone(graphs: dict[int, nx.DiGraph], size: int, graph: nx.DiGraph)
                         f"to {other.get(key, 0)} B at size {large}: the least peak must not fall "
                         "as the size grows"
                     )
+
+
+def per_block_peak(graph: nx.DiGraph, cap: str | None) -> int | None:
+    """The least peak (bytes) of checkpointing every module block of one depth, over the depths
+    whose cost is within the compute cap (`cap`: text like "1.3x", None: unlimited); None where
+    no depth is."""
+    problem = prepare(graph)
+    limit = None if cap is None else parse_compute_budget(cap, problem)
+    modules = problem.module
+    depth = max((m.count(".") + 1 for m in modules if m), default=0)
+    peaks = []
+    for d in range(1, depth + 1):
+        schedule = block_checkpoint(problem, [_cut(m, d) for m in modules]).schedule
+        if limit is None or schedule.cost <= limit * (1 + 1e-12):
+            peaks.append(schedule.peak)
+    if depth == 0:  # no module blocks: nothing is checkpointed, within every cap
+        return checkpoint_all_peak(problem)
+    return min(peaks, default=None)
+
+
+def _cut(module: str, depth: int) -> str | None:
+    """The module path cut to `depth` parts; None where it is shorter (no block)."""
+    if not module or module.count(".") < depth - 1:
+        return None
+    return ".".join(module.split(".")[:depth])

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from executor.cli import main
+from cli.main import main
 
 
 def small_model() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:

@@ -6,12 +6,12 @@ import pytest
 from capture_checks import assert_exact_replay
 
 from graph_capture import capture
-from graph_capture.accounting import (
+from graph_capture.measurement.accounting import (
     eager_saved_bytes,
     expected_graph_saved_bytes,
     graph_saved_bytes,
 )
-from graph_capture.demos import MODELS, demo_model
+from graph_capture.models.demos import MODELS, demo_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # exactness holds at one thread
 

@@ -12,9 +12,13 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import solver
-from executor.module import Rematerialized
+from executor.traced.module import Rematerialized
 from graph_capture import capture
-from graph_capture.fast_ops import implementation, native_dropout, native_dropout_backward
+from graph_capture.measurement.fast_ops import (
+    implementation,
+    native_dropout,
+    native_dropout_backward,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,10 +15,11 @@ from capture_checks import assert_exact_replay
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from executor.module import rematerialize
-from graph_capture import CaptureError, capture, hf_models
-from graph_capture.autograd_functions import recording_functions
-from graph_capture.fx_nodes import module_of, phase_of
+from executor.traced.module import rematerialize
+from graph_capture import CaptureError, capture
+from graph_capture.models import hf_models
+from graph_capture.trace.autograd_functions import recording_functions
+from graph_capture.trace.fx_nodes import module_of, phase_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

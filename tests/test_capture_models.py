@@ -12,13 +12,13 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from graph_capture import CapturedGraph, capture, eager_reference
-from graph_capture.accounting import (
+from graph_capture.measurement.accounting import (
     eager_saved_bytes,
     expected_graph_saved_bytes,
     graph_saved_bytes,
 )
-from graph_capture.demo_models import Block, TinyUNet
-from graph_capture.lifted import LiftedConstant
+from graph_capture.models.demo_models import Block, TinyUNet
+from graph_capture.trace.lifted import LiftedConstant
 from solver import prepare
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # exactness holds at one thread

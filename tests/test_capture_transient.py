@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from graph_capture import capture
-from graph_capture.measure import step_drops
-from graph_capture.peak import measure_each, measure_peak
+from graph_capture.measurement.measure import step_drops
+from graph_capture.measurement.peak import measure_each, measure_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

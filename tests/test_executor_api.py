@@ -12,9 +12,9 @@ from torch import nn
 import solver
 from executor.errors import InputMismatchError, UnsupportedScheduleError
 from executor.memory import measure_peak
-from executor.module import Rematerialized, rematerialize
+from executor.traced.module import Rematerialized, rematerialize
 from graph_capture import capture
-from graph_capture.device import fork_rng, generator
+from graph_capture.measurement.device import fork_rng, generator
 from solver import prepare
 from solver.core.schedule import Schedule, make_schedule
 from solver.core.stages import plan_from_keep, plan_to_ops
@@ -214,7 +214,7 @@ def test_measured_peak_is_the_predicted_peak(keep_every, granularity, device):
 
 @pytest.fixture(scope="module")
 def gpt_captured():
-    from graph_capture.demo_models import gpt
+    from graph_capture.models.demo_models import gpt
 
     model, inputs = gpt()
     return model, inputs, capture(model, inputs)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from executor import AutocastMismatchError, rematerialize
-from graph_capture.device import AutocastState
+from graph_capture.measurement.device import AutocastState
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -19,7 +19,7 @@ class Block(nn.Module):
     """Attention-like mixing, LayerNorm, dropout and an MLP: the ops autocast treats
     differently (matmuls in low precision, softmax and norms in float32). Dropout p = 0.1:
     its scale 1 / 0.9 is no bfloat16 number, so eager CPU dropout rounds it (see
-    graph_capture.dropout)."""
+    graph_capture.trace.dropout)."""
 
     def __init__(self, width: int = 32) -> None:
         super().__init__()

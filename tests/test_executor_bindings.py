@@ -8,7 +8,7 @@ import torch.fx
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from executor.bindings import binding_for, bindings
+from executor.traced.bindings import binding_for, bindings
 from graph_capture import capture
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -7,7 +7,7 @@ import json
 import torch
 from torch import nn
 
-from executor.cli import main
+from cli.main import main
 
 
 class TwoOutputs(nn.Module):

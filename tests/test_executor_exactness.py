@@ -20,9 +20,9 @@ from torch import nn
 
 import solver
 from executor.memory import measure_peak
-from executor.module import Rematerialized
+from executor.traced.module import Rematerialized
 from graph_capture import capture
-from graph_capture.device import fork_rng
+from graph_capture.measurement.device import fork_rng
 from solver import prepare, simulate
 from solver.core.schedule import Schedule, make_schedule
 from solver.core.stages import plan_from_keep, plan_to_ops

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import executor
-from executor.cli import main
-from executor.fit_graphs import SizedGraphs
+from cli.main import main
+from executor.fit.graphs import SizedGraphs
 from solver.fit import DOES_NOT_FIT
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -16,10 +16,10 @@ from torch import nn
 
 import executor
 import solver.fit
-from executor.fit_baselines import per_block_peak
-from executor.fit_graphs import SizedGraphs
-from executor.fit_memory import TrainingStep
+from executor.fit.graphs import SizedGraphs
+from executor.fit.memory import TrainingStep
 from solver.deadline import Deadline
+from solver.fit import per_block_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -13,8 +13,9 @@ import torch
 import solver
 from executor.errors import InputMismatchError, UnusedOutputGradientError
 from executor.memory import measure_peak
-from executor.module import Rematerialized, rematerialize
-from graph_capture import CaptureError, capture, hf_models
+from executor.traced.module import Rematerialized, rematerialize
+from graph_capture import CaptureError, capture
+from graph_capture.models import hf_models
 from solver import prepare
 
 pytest.importorskip("transformers")

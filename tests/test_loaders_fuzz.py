@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import solver
-from executor.cli import main
+from cli.main import main
 from solver.examples import residual_demo
 from solver.io import graph_from_node_link, save_graph
 

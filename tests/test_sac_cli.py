@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from executor.cli import main
+from cli.main import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,7 +9,7 @@ everywhere inside), so it saves fewer bytes than the plain compiled model and th
 regions with every saveable op MUST_SAVE. The plan's peak is measured and asserted below the
 plain compiled model's; the eager model's predicted bytes are not asserted (inductor's fusions
 change what a step allocates). Under compile the policy finds the plan's saved ops by op and
-occurrence, as SAC's own cache does (NOTE [ SAC plans under compile ] in executor/sac.py)."""
+occurrence, as SAC's own cache does (NOTE [ SAC plans under compile ] in executor/sac/plan.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 from sac_models import every_saveable, replanned, transformer
 
 import executor
-from graph_capture.accounting import eager_saved_bytes
+from graph_capture.measurement.accounting import eager_saved_bytes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

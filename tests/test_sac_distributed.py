@@ -19,7 +19,7 @@ from gloo_ranks import WORLD, on_gloo_ranks
 from sac_models import every_saveable, replanned, transformer
 
 import executor
-import executor.sac
+import executor.sac.plan
 
 STEPS = 3
 
@@ -44,7 +44,7 @@ def _train(runs, rank: int, batch) -> list[list[list[torch.Tensor]]]:
         for model, optimizer in zip(runs, optimizers, strict=True):
             torch.manual_seed(1000 * step + rank)
             optimizer.zero_grad(set_to_none=True)
-            executor.sac.default_loss(model(*args, **kwargs)).square().backward()
+            executor.sac.plan.default_loss(model(*args, **kwargs)).square().backward()
             grads.append(_grads(model))
             optimizer.step()
         record.append(grads)
@@ -52,7 +52,7 @@ def _train(runs, rank: int, batch) -> list[list[list[torch.Tensor]]]:
 
 
 def gpt2():
-    from graph_capture.hf_models import gpt2_lm
+    from graph_capture.models.hf_models import gpt2_lm
 
     torch.manual_seed(0)
     model, args, kwargs = gpt2_lm(batch=2, seq=16, layers=2, width=32)

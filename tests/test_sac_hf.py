@@ -19,7 +19,7 @@ from sac_models import assert_same_adamw_steps
 import executor
 
 pytest.importorskip("transformers")
-from graph_capture.hf_models import gpt2_lm, llama_lm
+from graph_capture.models.hf_models import gpt2_lm, llama_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -99,7 +99,7 @@ def test_growing_list_argument_matches_eager():
 
 
 transformers = pytest.importorskip("transformers")
-from graph_capture.hf_models import gpt2_lm, llama_lm, t5_lm  # noqa: E402
+from graph_capture.models.hf_models import gpt2_lm, llama_lm, t5_lm  # noqa: E402
 
 
 @pytest.mark.parametrize("make", [gpt2_lm, llama_lm, t5_lm])

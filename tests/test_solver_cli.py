@@ -9,8 +9,8 @@ import time
 import pytest
 
 import solver
-from executor.cli import build_parser, main
-from solver.cli import run_solve
+from cli.main import build_parser, main
+from cli.solve import run_solve
 from solver.examples import residual_demo
 from solver.io import save_graph
 

@@ -17,7 +17,7 @@ import pytest
 from solver_checks import GRAPHS
 
 import solver
-from executor.cli import main
+from cli.main import main
 from solver.deadline import Stop
 from solver.interrupt import first_sigint_stops
 from solver.io import load_graph
@@ -169,7 +169,7 @@ def test_a_second_sigint_aborts_the_command_with_one_line(monkeypatch, capsys):
 @needs_random_1000
 def test_remat_solve_prints_its_table_after_the_first_sigint(tmp_path):
     out = tmp_path / "s.json"
-    command = [sys.executable, "-m", "executor.cli", "solve", str(RANDOM_1000)]
+    command = [sys.executable, "-m", "cli.main", "solve", str(RANDOM_1000)]
     command += ["--budget", "90%", "--time-limit", str(LIMIT), "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     process = subprocess.Popen(

@@ -21,8 +21,8 @@ from benchmarks.measure import checkpointed_blocks
 from benchmarks.zoo import ZOO, Bench, mobilenet_v3_small, resnet18, resnet50
 from benchmarks.zoo.mobilenet import InvertedResidual
 from benchmarks.zoo.resnet import BasicBlock, Bottleneck
+from cli.profile import load_model_from_args
 from graph_capture import capture
-from graph_capture.cli import load_model_from_args
 from solver.io import load_graph
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # exactness holds at one thread

@@ -64,7 +64,7 @@ class SacBlock:
     step under plain checkpoint minus without checkpoint, run alone and measured, less the
     recorded seconds of every op up to `stop`. Paid by every checkpointed region. Recorded at
     least 0: where the measured price is less than those seconds, the ops' `seconds` up to
-    `stop` are scaled down to it instead (executor/sac_record.py); the solver takes any sign.
+    `stop` are scaled down to it instead (executor/sac/record.py); the solver takes any sign.
     `buffers`: names (relative to the region) of the buffers its forward mutates (BatchNorm's
     running statistics), restored around its recompute; their bytes are in `held_extra` (a
     copy from before the forward) and in `recompute_extra` (a copy during the recompute).

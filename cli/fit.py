@@ -1,0 +1,95 @@
+"""`remat fit`: the largest batch or sequence length whose training step fits a memory.
+
+    remat fit --model mypkg.models:make --memory 24GiB --dim batch [--max-overhead 1.3x]
+              [--optimizer adamw|sgd|none] [--time-limit 60] [--low N] [--high N] [--no-run]
+
+``--model MODULE:FACTORY`` names a function of the size returning ``(model, example_inputs[,
+example_kwargs])``, the model's forward returning the loss. Prints `executor.Fit.summary`: the
+size, the proof at size + 1, what exists before the step, the schedule, one real step's measured
+peak under remat's executor, and eager's and per-block checkpointing's largest sizes, with notes
+(what the time limit or Ctrl-C left open or undone) and warnings (an eager step that contradicts
+the proof). `--time-limit` bounds the whole command, counted from its start (imports
+included); the first Ctrl-C ends it with what is known, a second aborts. Exit status 0 where a
+size fits and its real step (where run) measured within the memory, 1 where no size fits, the
+step measured over or a warning contradicts the proof, 2 on bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from executor.fit.memory import OPTIMIZERS
+from executor.fit.search import fit
+from graph_capture.models.factories import import_factory
+
+__all__ = ["add_fit_arguments", "run_fit"]
+
+
+def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="MODULE:FACTORY, a function of the size returning (model, example_inputs"
+        "[, example_kwargs]); the model's forward returns the loss",
+    )
+    parser.add_argument("--memory", required=True, help="the device's memory: bytes or 24GiB")
+    parser.add_argument("--dim", choices=("batch", "seq"), default="batch")
+    parser.add_argument(
+        "--max-overhead",
+        help="compute cap, a multiple of computing every node once (1.3x); default: unlimited",
+    )
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=60.0,
+        help="seconds for the whole fit: captures, search and real steps",
+    )
+    parser.add_argument("--low", type=int, default=1, help="the smallest size to try")
+    parser.add_argument("--high", type=int, help="the largest size to try")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads for captures and runs"
+    )
+    parser.add_argument(
+        "--no-run",
+        dest="run",
+        action="store_false",
+        help="skip the real steps (the answer's own and eager's)",
+    )
+
+
+def run_fit(args: argparse.Namespace) -> int:
+    """Fit, print the summary; the exit status (module docstring)."""
+    if args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, not {args.threads}")
+    if args.low < 1 or (args.high is not None and args.high < args.low):
+        raise ValueError(f"sizes must satisfy 1 <= --low <= --high, not {args.low}, {args.high}")
+    factory = import_factory(args.model)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        found = fit(
+            factory,
+            args.memory,
+            dim=args.dim,
+            max_overhead=args.max_overhead,
+            optimizer=args.optimizer,
+            time_limit=max(args.time_limit - (time.perf_counter() - args.began), 1e-3),
+            low=args.low,
+            high=args.high,
+            run=args.run,
+            on_interrupt=_print_interrupted,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    print(found.summary())
+    over = found.measured_peak is not None and found.measured_peak > found.memory
+    return 1 if over or found.size is None or found.warnings else 0
+
+
+def _print_interrupted() -> None:
+    print("  interrupted: returning what is known (Ctrl-C again to abort)", file=sys.stderr)

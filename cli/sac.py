@@ -1,0 +1,130 @@
+"""`remat sac`: solve (or load) a SAC plan for ``--model`` and run it against eager.
+
+    remat sac --model benchmarks.zoo:gpt2_4 --budget 50% --out plan.json
+    remat sac --model benchmarks.zoo:gpt2_4 --plan plan.json --steps 10
+
+The factory returns ``(model, example_inputs[, example_kwargs])`` as for `remat run`; the
+step's loss is `executor.sac.plan.default_loss` (``.loss``, else the sum of the output).
+Printed: the plan (status, predicted peak, cost: recompute seconds plus checkpoint price and
+SAC overhead, gap, checkpointed regions), then for eager and the plan, each on its own copy of
+the model: the measured peak (profiler allocation events, bytes above the step's start, `.grad`
+created in the step) and the median step time. Exit status 0 only when the plan's measured peak
+is within its budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from cli.profile import load_model_from_args
+from executor.memory import measure_peak, median_seconds
+from executor.sac.plan import REGIONS, CheckpointPlan, checkpoint_plan, default_loss
+
+__all__ = ["add_sac_arguments", "measure_step", "run_sac"]
+
+
+def add_sac_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        metavar="MODULE:FACTORY",
+        required=True,
+        help="a callable returning (model, example_inputs[, example_kwargs])",
+    )
+    parser.add_argument(
+        "--budget",
+        default="50%",
+        help="peak bytes of a step above what exists before it: bytes, 512MiB, a percentage "
+        "of the step without checkpointing (100%%), or 'min' (default 50%%)",
+    )
+    parser.add_argument(
+        "--blocks",
+        nargs="+",
+        metavar="PATTERN",
+        default=None,
+        help="module names or glob patterns of the blocks (default: the model's repeated blocks)",
+    )
+    parser.add_argument(
+        "--regions",
+        choices=REGIONS,
+        default="choose",
+        help="the candidate regions: per block the whole block or some of its children "
+        "(choose, the default), whole blocks only, or children only",
+    )
+    parser.add_argument("--plan", metavar="FILE", help="run this saved plan instead of solving")
+    parser.add_argument("--out", metavar="FILE", help="save the solved plan here")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps (median; default 5)")
+    parser.add_argument("--time-limit", type=float, default=60, help="solve seconds (default 60)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+
+
+def measure_step(
+    model: nn.Module,
+    inputs: Sequence[object],
+    kwargs: Mapping[str, object],
+    steps: int,
+    loss_fn: Callable[[object], torch.Tensor] = default_loss,
+) -> tuple[int, float]:
+    """(measured peak bytes, median seconds) of `model`'s training step (forward, loss,
+    backward; `.grad` set to None before each), after one warm-up step; RNG restored after."""
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        loss_fn(model(*inputs, **kwargs)).backward()
+
+    with torch.random.fork_rng():
+        step()
+        model.zero_grad(set_to_none=True)
+        peak = measure_peak(step).peak_bytes
+        seconds = median_seconds(step, repeats=steps, warmup=0)
+    model.zero_grad(set_to_none=True)
+    return peak, seconds
+
+
+def run_sac(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        raise ValueError("--steps must be at least 1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        model, inputs, kwargs = load_model_from_args(args)
+        if args.plan:
+            plan = CheckpointPlan.load(args.plan, model)
+        else:
+            plan = checkpoint_plan(
+                model,
+                inputs,
+                args.budget,
+                example_kwargs=kwargs,
+                blocks=args.blocks,
+                regions=args.regions,
+                time_limit=args.time_limit,
+            )
+        if args.out:
+            plan.save(args.out)
+        print(
+            f"plan: {plan.status}, predicted peak {_mib(plan.peak)} within {_mib(plan.budget)} "
+            f"(100% = {_mib(plan.plain_peak)}), cost {plan.cost * 1e3:.2f} ms, gap "
+            f"{plan.gap:.2%}; checkpointed {len(plan.checkpointed())} of {len(plan.blocks)} "
+            f"regions, {sum(map(len, plan.plan.saved))} ops saved"
+        )
+        eager = measure_step(copy.deepcopy(model), inputs, kwargs, args.steps)
+        planned = measure_step(plan.apply(copy.deepcopy(model)), inputs, kwargs, args.steps)
+    finally:
+        torch.set_num_threads(before)
+    print(f"{'run':<8}{'measured peak':>16}{'step':>12}{'x eager':>9}")
+    for name, (peak, seconds) in (("eager", eager), ("plan", planned)):
+        print(f"{name:<8}{_mib(peak):>16}{seconds * 1e3:>9.2f} ms{seconds / eager[1]:>9.2f}")
+    print(
+        f"plan measured / predicted peak: {planned[0] / plan.peak:.3f}; "
+        f"bytes over budget: {max(0, planned[0] - plan.budget)}"
+    )
+    return 0 if planned[0] <= plan.budget else 1
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"

@@ -1,0 +1,183 @@
+"""`remat solve`: arguments, the comparison table and the schedule file. No torch here.
+
+The graph comes from the caller (a file, a built-in example or a captured model), so this module
+only knows the solver; `cli.main` assembles the `remat` command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import networkx as nx
+
+from solver.core.budget import checkpoint_all_peak, human_bytes, parse_budget, parse_compute_budget
+from solver.core.graph import Problem, prepare
+from solver.core.stages import cheapest_within, smallest_within
+from solver.deadline import Deadline, Stop
+from solver.exact import solve
+from solver.heuristics.registry import HEURISTICS, members
+from solver.interrupt import first_sigint_stops
+
+TABLE_SHARE = 0.2
+"""Share of `--time-limit` left to the heuristic rows of the table: the exact solve gets the
+rest, so that the whole command returns within the limit (`python -m benchmarks.time_limits
+--cli` measures it)."""
+
+
+def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `remat solve` (the graph source options are added by the caller)."""
+    parser.add_argument(
+        "--budget",
+        default=None,
+        help="peak-memory budget: bytes, 512MiB, 1.5GiB or a percentage of the "
+        "checkpoint-all peak (100%%: every node computed once and freed after its last use, "
+        "with each node's transient bytes; on a captured model, what a training step without "
+        "recomputation measures above its parameters, buffers, inputs and .grad) (default 80%%)",
+    )
+    parser.add_argument(
+        "--objective",
+        choices=["cost", "memory"],
+        default="cost",
+        help="cost: least recompute under --budget; memory: least peak under --compute-budget",
+    )
+    parser.add_argument(
+        "--compute-budget",
+        default=None,
+        help="for --objective memory: 1.2x (of the checkpoint-all cost) or a cost",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=30.0,
+        help=f"seconds for the whole command (default 30; from its start for a graph file, "
+        f"from the end of the capture for --model): the exact solve ends by "
+        f"{100 * (1 - TABLE_SHARE):.0f}%% of them and the heuristic rows by the end (with "
+        "--no-baselines the solve gets all); Ctrl-C stops the search and prints what it "
+        "found, a second Ctrl-C aborts",
+    )
+    parser.add_argument("--workers", type=int, default=8, help="CP-SAT workers (default 8)")
+    parser.add_argument("--out", default=None, help="write the exact schedule to this JSON file")
+    parser.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="solve only; skip the heuristic rows of the table",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no solver progress on stderr")
+
+
+def _row(method: str, cost, total: float, peak, ref_peak: int, status: str, gap, seconds) -> str:
+    cost_s = "-" if cost is None else f"{cost:.6g}"
+    over = "-" if cost is None else f"{100 * (cost / total - 1):+.1f}%"
+    peak_s = "-" if peak is None else f"{human_bytes(peak)} ({100 * peak / ref_peak:.0f}%)"
+    gap_s = "-" if gap is None else f"{100 * gap:.2f}%"
+    time_s = "-" if seconds is None else f"{seconds:.2f}s"
+    return f"{method:<26} {cost_s:>12} {over:>9} {peak_s:>22} {status:>10} {gap_s:>7} {time_s:>8}"
+
+
+def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None = None) -> int:
+    """Solve `graph` as `args` say, print the table (stdout) and write --out, all within
+    `--time-limit` seconds of `began` (an instant on `time.perf_counter()`'s clock: the
+    command's start, its imports and the graph's loading counted; None: now). Returns 0."""
+    began = time.perf_counter() if began is None else began
+    deadline = Deadline(began + args.time_limit)
+    share = 1 if args.no_baselines else 1 - TABLE_SHARE
+    exact_limit = began + share * args.time_limit - time.perf_counter()
+    if exact_limit <= 0:
+        raise ValueError(
+            f"--time-limit {args.time_limit:g} s was spent before the solve began (starting, "
+            f"imports and loading the graph took {time.perf_counter() - began:.1f} s); raise it"
+        )
+    problem = prepare(graph)
+    ref_peak = checkpoint_all_peak(problem)
+    name = graph.graph.get("name", "graph")
+    print(
+        f"{name}: {problem.n} nodes, {graph.number_of_edges()} edges, checkpoint-all peak "
+        f"{human_bytes(ref_peak)}, cost {problem.total_cost:.6g}, memory lower bound "
+        f"{human_bytes(problem.memory_lower_bound)}"
+    )
+    if args.objective == "memory" and args.budget is not None:
+        raise ValueError(
+            "--budget is for --objective cost; --objective memory minimises the peak (bound "
+            "its recomputation with --compute-budget)"
+        )
+    if args.objective == "cost" and args.compute_budget is not None:
+        raise ValueError("--compute-budget is for --objective memory; give --budget instead")
+    if args.objective == "cost":
+        budget = parse_budget(args.budget or "80%", problem)
+        print(f"objective: least cost with peak <= {human_bytes(budget)} ({budget} bytes)")
+        schedule = solve(
+            graph, budget, time_limit=exact_limit, workers=args.workers, progress=not args.quiet
+        )
+    else:
+        limit = (
+            None
+            if args.compute_budget is None
+            else parse_compute_budget(args.compute_budget, problem)
+        )
+        print(f"objective: least peak with cost <= {limit if limit is not None else 'unlimited'}")
+        schedule = solve(
+            graph,
+            objective="memory",
+            compute_budget=limit,
+            time_limit=exact_limit,
+            workers=args.workers,
+            progress=not args.quiet,
+        )
+    print()
+    print(
+        f"{'method':<26} {'cost':>12} {'overhead':>9} {'peak (of ckpt-all)':>22} "
+        f"{'status':>10} {'gap':>7} {'time':>8}"
+    )
+    print(
+        _row(
+            "exact",
+            schedule.cost,
+            problem.total_cost,
+            schedule.peak,
+            ref_peak,
+            schedule.status,
+            schedule.gap,
+            schedule.solve_seconds,
+        )
+    )
+    if args.out:  # before the rows: a second Ctrl-C there loses nothing
+        schedule.save(args.out)
+        print(f"\nschedule written to {args.out}", file=sys.stderr)
+    if schedule.extra.get("interrupted"):
+        print("(interrupted: no heuristic rows)")
+    elif not args.no_baselines:
+        stop = Stop()
+        with first_sigint_stops(stop):
+            _heuristic_rows(args, problem, schedule, ref_peak, Deadline(deadline.at, stop))
+    return 0
+
+
+def _heuristic_rows(
+    args: argparse.Namespace, problem: Problem, schedule, ref_peak: int, deadline: Deadline
+) -> None:
+    """One row per heuristic of `solver.HEURISTICS` at the schedule's budget, all of them
+    by `deadline`; "TIME" where it (or Ctrl-C) cut a heuristic short, and none after that."""
+    budget = schedule.budget if args.objective == "cost" else None
+    for method in HEURISTICS:
+        heuristic = HEURISTICS[method]
+        if not heuristic.applies(problem) or (budget is None and heuristic.at_budget):
+            continue  # rotor off chains; eviction without a budget
+        if deadline.passed():
+            print(_row(method, None, problem.total_cost, None, ref_peak, "TIME", None, None))
+            continue
+        began = time.perf_counter()
+        family = members(problem, budget, [method], deadline)[method]
+        best = (
+            cheapest_within(family, schedule.budget)
+            if args.objective == "cost"
+            else smallest_within(family, schedule.compute_budget)
+        )
+        seconds = time.perf_counter() - began
+        status = "TIME" if deadline.passed() else "NO FIT"
+        if best is None:
+            print(_row(method, None, problem.total_cost, None, ref_peak, status, None, seconds))
+            continue
+        cost, peak = best.schedule.cost, best.schedule.peak
+        print(_row(method, cost, problem.total_cost, peak, ref_peak, "HEURISTIC", None, seconds))

@@ -1,0 +1,5 @@
+"""SAC plans: a solved plan run inside `torch.utils.checkpoint` (`checkpoint_plan`,
+`CheckpointPlan` in `plan`). `blocks` chooses the regions, `record`, `windows`, `overhead` and
+`step` measure one plain step into a `solver.sac.SacProblem`, `policy` and `region` run a region
+with its plan. The solving is torch-free, in solver/sac/.
+"""

@@ -1,0 +1,367 @@
+"""Exact selective-checkpoint plans that run inside `torch.utils.checkpoint`.
+
+    plan = executor.checkpoint_plan(model, (x,), "50%")   # record, solve (solver.sac)
+    plan.apply(model)                                     # checkpoint(use_reentrant=False, SAC)
+    plan.save("plan.json"); executor.CheckpointPlan.load("plan.json", model)
+
+`checkpoint_plan` steps:
+1. `_run_eagerly`: one plain step, so a model that fails with the inputs fails with its own error;
+2. `select_blocks`: the blocks (executor/sac/blocks.py), and `_children`: each block's children;
+3. `record_union`: measured windows, op streams, checkpoint price and SAC overhead of both
+   (executor/sac/record.py);
+4. `solve_sac`: the least recompute seconds plus price and overhead under the budget over every
+   granularity (solver/sac/solve.py, solver/sac/union.py).
+docs/sac.md gives the memory model and its measured accuracy.
+
+NOTE [ SAC plans under compile ]: while torch.compile traces a block (dynamo's fake-tensor runs,
+AOTAutograd's joint trace), the policy sees traced ops, not eager's dispatched stream (views
+differ, dropout is functional), so positions mean nothing there. It then marks the plan's
+MUST_SAVE ops by op and occurrence among ops of that name (SAC's own cache key) and every other
+op MUST_RECOMPUTE, which the min-cut partitioner honours; the op-stream check runs eagerly only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from executor.sac.blocks import select_blocks
+from executor.sac.policy import Policy
+from executor.sac.record import in_call_order, record_union
+from executor.sac.region import cache_off, run_checkpointed
+from executor.sac.step import Snapshot, leaf_tensors
+from solver.core.budget import parse_bytes
+from solver.deadline import Deadline
+from solver.errors import ScheduleMismatchError
+from solver.sac import SacPlan
+from solver.sac.solve import solve_sac
+from solver.sac.union import SacUnion, UnionPlan
+
+__all__ = ["REGIONS", "CheckpointPlan", "checkpoint_plan", "default_loss"]
+
+FORMAT = "remat-sac-plan/4"
+
+
+def default_loss(output: object) -> torch.Tensor:
+    """The step's loss: `output.loss` when the output has one (HF models given labels), else
+    the sum of the output tensor (or of its first tensor)."""
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(output, Mapping):
+        output = list(output.values())
+    if isinstance(output, list | tuple):
+        output = next(t for t in output if isinstance(t, torch.Tensor))
+    return output.sum()
+
+
+def model_signature(model: nn.Module) -> str:
+    """A digest of the model's class and its parameters' names, shapes and dtypes."""
+    text = repr(
+        (
+            type(model).__name__,
+            [(n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()],
+        )
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _checkpointed_forward(module: nn.Module, *args, **kwargs):
+    """A planned block's `forward`: its class's forward inside `checkpoint(use_reentrant=False)`
+    with the block's policy (`executor.sac.region.run_checkpointed`: the KV cache off, the
+    recompute seeing the call's containers, the buffers its forward mutates restored around
+    the recompute). A region that saves no op runs without a policy (plain checkpoint: no
+    dispatch modes, no op-stream check, the same recompute and early stop), except while
+    torch.compile traces it, where the policy marks every op MUST_RECOMPUTE for the
+    partitioner; so does a region in eval mode (its op stream is training mode's in the plan:
+    BatchNorm and dropout dispatch other ops in eval). Without grad (`torch.no_grad`,
+    `torch.inference_mode`) there is no backward: the plain forward runs. Bound to the module
+    (`types.MethodType`), so a deep copy of the model runs the copy's own forward and
+    policy."""
+    forward = type(module).forward.__get__(module)
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    policy: Policy = module.remat_sac_policy
+    args, kwargs = cache_off(module, args, kwargs)
+    planned = module.training and (policy.saved or torch.compiler.is_compiling())
+    return run_checkpointed(
+        module, args, kwargs, policy if planned else None, module.remat_sac_buffers
+    )
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """A solved SAC plan. `blocks`: its candidate regions in order, each block followed by its
+    children where it can be split (at most one of a block and its children is checkpointed);
+    `peak`: predicted step peak (bytes above what exists before the step); `cost`: seconds,
+    the recompute (measured per op) plus each region's checkpoint price (measured per region)
+    plus the SAC overhead of each region saving an op (measured per region; a region saving
+    nothing runs as plain checkpoint); `bound`: proven lower bound
+    on the cost;
+    `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE"; `budget`: bytes;
+    `plain_peak`: the measured peak of the step without checkpointing (100%)."""
+
+    model: str
+    blocks: tuple[str, ...]
+    block_types: tuple[str, ...]
+    ops: tuple[tuple[str, ...], ...]
+    plan: SacPlan
+    status: str
+    peak: int
+    cost: float
+    bound: float
+    gap: float
+    budget: int
+    plain_peak: int
+    problem: SacUnion
+
+    def checkpointed(self) -> list[str]:
+        """Names of the blocks that run inside a checkpoint."""
+        return [n for n, c in zip(self.blocks, self.plan.checkpointed, strict=True) if c]
+
+    def __repr__(self) -> str:
+        """One line: status, regions checkpointed and saving ops, peak against budget, cost."""
+        checkpointed = self.checkpointed()
+        saving = sum(
+            1 for c, s in zip(self.plan.checkpointed, self.plan.saved, strict=True) if c and s
+        )
+        return (
+            f"CheckpointPlan({self.status}, {len(checkpointed)} of {len(self.blocks)} regions "
+            f"checkpointed ({saving} saving ops), peak {self.peak:,} B of budget "
+            f"{self.budget:,} B (plain step {self.plain_peak:,} B), cost {self.cost:.6f} s, "
+            f"gap {self.gap:.2%})"
+        )
+
+    def check_model(self, model: nn.Module) -> None:
+        """ScheduleMismatchError unless `model` is the model this plan was solved for."""
+        if model_signature(model) != self.model:
+            raise ScheduleMismatchError(
+                f"this SAC plan was solved for another model (parameters differ from "
+                f"{type(model).__name__}'s): solve a plan for this model"
+            )
+        modules = dict(model.named_modules())
+        for name, kind in zip(self.blocks, self.block_types, strict=True):
+            if name not in modules or type(modules[name]).__name__ != kind:
+                raise ScheduleMismatchError(
+                    f"the SAC plan's block {name} ({kind}) is not a module of this model: "
+                    "the plan was solved for other blocks; solve one for these"
+                )
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        """Wrap each checkpointed block's `forward` (its class's) in `torch.utils.checkpoint(
+        use_reentrant=False)` with its SAC policy (module hooks, FSDP2's included, stay
+        outside); in place, returns `model`. A deep copy of the model keeps the plan. The
+        buffers each region's forward mutates (recorded with the plan) are restored around its
+        recompute, so the step updates them once."""
+        self.check_model(model)
+        modules = dict(model.named_modules())
+        regions = self.problem.regions()
+        for j, name in enumerate(self.blocks):
+            if not self.plan.checkpointed[j]:
+                continue
+            module = modules[name]
+            if hasattr(module, "remat_sac_policy"):
+                raise ValueError(f"block {name} already runs under a SAC plan: apply it once")
+            module.remat_sac_policy = Policy(name, self.ops[j], self.plan.saved[j])
+            module.remat_sac_buffers = regions[j].buffers
+            module.forward = types.MethodType(_checkpointed_forward, module)
+        return model
+
+    def save(self, path: str | Path) -> None:
+        """Write the plan as JSON."""
+        data = {
+            "format": FORMAT,
+            "model": self.model,
+            "blocks": [
+                {"name": n, "type": t, "checkpointed": c, "saved": sorted(s), "ops": list(o)}
+                for n, t, c, s, o in zip(
+                    self.blocks,
+                    self.block_types,
+                    self.plan.checkpointed,
+                    self.plan.saved,
+                    self.ops,
+                    strict=True,
+                )
+            ],
+            **{k: getattr(self, k) for k in ("status", "peak", "cost", "bound", "gap")},
+            **{k: getattr(self, k) for k in ("budget", "plain_peak")},
+            "problem": self.problem.to_json(),
+        }
+        Path(path).write_text(json.dumps(data))
+
+    @classmethod
+    def load(cls, path: str | Path, model: nn.Module) -> CheckpointPlan:
+        """Read a plan written by `save`, checked against `model` (ScheduleMismatchError for a
+        plan of another model or other blocks, ValueError for a file that is not a plan)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(
+                f"{path} is not a SAC plan file ({e}): write one with plan.save"
+            ) from e
+        found = data.get("format") if isinstance(data, dict) else None
+        if isinstance(found, str) and found.startswith("remat-sac-plan/") and found != FORMAT:
+            raise ValueError(
+                f"{path} is a SAC plan of format {found!r}, not {FORMAT!r} (its problem lacks "
+                "what this version records, such as the buffers each region mutates): solve it "
+                "again with checkpoint_plan"
+            )
+        try:
+            if found != FORMAT:
+                raise ValueError(f"format {data.get('format')!r}, not {FORMAT!r}")
+            blocks = data["blocks"]
+            plan = cls(
+                model=data["model"],
+                blocks=tuple(b["name"] for b in blocks),
+                block_types=tuple(b["type"] for b in blocks),
+                ops=tuple(tuple(b["ops"]) for b in blocks),
+                plan=SacPlan(
+                    tuple(bool(b["checkpointed"]) for b in blocks),
+                    tuple(frozenset(b["saved"]) for b in blocks),
+                ),
+                **{k: data[k] for k in ("status", "peak", "cost", "bound", "gap")},
+                **{k: data[k] for k in ("budget", "plain_peak")},
+                problem=SacUnion.from_json(data["problem"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(
+                f"{path} is not a SAC plan file ({e}): write one with plan.save"
+            ) from e
+        plan.check_model(model)
+        return plan
+
+
+def _run_eagerly(model: nn.Module, step: Callable[[], torch.Tensor]) -> None:
+    """One plain step (forward, loss, backward), leaving RNG, buffers and `.grad` as found: a
+    model that fails with the example inputs raises its own error here."""
+    snapshot = Snapshot(model)
+    try:
+        step().backward()
+    finally:
+        snapshot.restore()
+
+
+def _check_cpu(model: nn.Module, inputs: object) -> None:
+    """ValueError unless the model's parameters and buffers and the inputs are on the CPU: the
+    recording measures bytes from the CPU allocator's profiler events, seconds by wall clock
+    and replays the CPU generator, none of which sees a device's work."""
+    tensors = [*model.parameters(), *model.buffers(), *leaf_tensors(inputs)]
+    devices = sorted({str(t.device) for t in tensors if t.device.type != "cpu"})
+    if devices:
+        raise ValueError(
+            f"checkpoint_plan records on the CPU only, and the model or its inputs are on "
+            f"{', '.join(devices)}: measuring a device's bytes, seconds and RNG is not "
+            "supported; solve the plan with the model and inputs on the CPU"
+        )
+
+
+REGIONS = ("choose", "blocks", "children")
+"""The candidate regions `checkpoint_plan` solves over (its `regions` argument)."""
+
+
+def checkpoint_plan(
+    model: nn.Module,
+    example_inputs: Sequence[object],
+    budget: str | int | float,
+    *,
+    example_kwargs: Mapping[str, object] | None = None,
+    blocks: Sequence[str] | None = None,
+    regions: str = "choose",
+    time_limit: float = 60,
+    loss_fn: Callable[[object], torch.Tensor] = default_loss,
+) -> CheckpointPlan:
+    """The SAC plan of least cost (recompute seconds plus checkpoint's price per region plus SAC
+    overhead) for one training step
+    of `model` on the example inputs
+    (`loss_fn(model(*example_inputs, **example_kwargs)).backward()`) whose predicted peak is at
+    most `budget`: bytes, units ("512MiB"), a percentage of the step without checkpointing
+    ("50%") or "min" (the least peak of any plan). `blocks`: module names or glob patterns of
+    the blocks, run once each per step, in sequence (default: the model's repeated blocks).
+    `regions`: "choose" (per block: no region, the whole block, or some of its children; one
+    exact solve over all of these), "blocks" (whole blocks only) or "children" (children only,
+    where a block's children run once each in sequence; a block with fewer than two children,
+    or whose children do not, stays whole). `time_limit`: seconds for the solve.
+    InfeasibleBudgetError names the least budget when none fits."""
+    if regions not in REGIONS:
+        raise ValueError(f"regions must be one of {REGIONS}, not {regions!r}")
+    minimum = isinstance(budget, str) and budget.strip().lower() == "min"
+    if not minimum:
+        parse_bytes(budget, lambda: 1)  # an unreadable budget fails before any recording
+    kwargs = dict(example_kwargs or {})
+    _check_cpu(model, (example_inputs, kwargs))
+
+    def step() -> torch.Tensor:
+        return loss_fn(model(*example_inputs, **kwargs))
+
+    _run_eagerly(model, step)
+    named = in_call_order(model, select_blocks(model, blocks), step)
+    children = [None] * len(named) if regions == "blocks" else _children(model, named, step)
+    union, kept = record_union(model, named, children, step)
+    budget = "min" if minimum else parse_bytes(budget, lambda: union.plain_peak)
+    solution = solve_sac(union, budget, Deadline.after(time_limit), whole=regions != "children")
+    return _plan(model, named, kept, union, solution)
+
+
+def _children(
+    model: nn.Module, named: list[tuple[str, nn.Module]], step
+) -> list[list[tuple[str, nn.Module]] | None]:
+    """Per block, its children in the order a forward first calls them (None for a block with
+    fewer than two)."""
+    out: list[list[tuple[str, nn.Module]] | None] = []
+    for name, block in named:
+        kids = [(f"{name}.{c}", m) for c, m in block.named_children()]
+        out.append(kids if len(kids) >= 2 else None)
+    flat = [kid for kids in out if kids is not None for kid in kids]
+    order = {id(m): k for k, (_, m) in enumerate(in_call_order(model, flat, step))}
+    return [
+        None
+        if kids is None
+        else sorted((k for k in kids if id(k[1]) in order), key=lambda k: order[id(k[1])])
+        for kids in out
+    ]
+
+
+def _plan(model: nn.Module, named, kept, union: SacUnion, solution) -> CheckpointPlan:
+    """The plan's regions in order: each block, then its children where it has a split."""
+    names, types_, ops, checkpointed, saved = [], [], [], [], []
+    plan: UnionPlan = solution.plan
+    for j, (name, module) in enumerate(named):
+        block = union.blocks.blocks[j]
+        names.append(name)
+        types_.append(type(module).__name__)
+        ops.append(tuple(op.name for op in block.ops))
+        checkpointed.append(plan.blocks.checkpointed[j])
+        saved.append(plan.blocks.saved[j])
+        if kept[j] is None:
+            continue
+        split, sub = union.splits[j], plan.children[j]
+        for (kid, m), child, c, s in zip(
+            kept[j], split.children, sub.checkpointed, sub.saved, strict=True
+        ):
+            names.append(kid)
+            types_.append(type(m).__name__)
+            ops.append(tuple(op.name for op in child.ops))
+            checkpointed.append(c)
+            saved.append(s)
+    return CheckpointPlan(
+        model=model_signature(model),
+        blocks=tuple(names),
+        block_types=tuple(types_),
+        ops=tuple(ops),
+        plan=SacPlan(tuple(checkpointed), tuple(saved)),
+        status=solution.status,
+        peak=solution.peak,
+        cost=solution.cost,
+        bound=solution.bound,
+        gap=solution.gap,
+        budget=solution.budget,
+        plain_peak=union.plain_peak,
+        problem=union,
+    )

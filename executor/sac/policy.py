@@ -1,0 +1,81 @@
+"""A region's SAC policy: MUST_SAVE for the plan's saved ops, MUST_RECOMPUTE for the others, with
+the op-stream check (NOTE [ SAC policy state ], NOTE [ SAC plans under compile ] in
+executor/sac/plan.py). Used by `CheckpointPlan.apply` and by the recording, which times it
+(`executor.sac.overhead.measure_overhead`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    _is_compiling,
+    create_selective_checkpoint_contexts,
+)
+
+from executor.errors import OpStreamMismatchError
+
+
+class Policy:
+    """A block's SAC policy: MUST_SAVE for its saved ops, MUST_RECOMPUTE for the others, looked
+    up by position in the block's forward op stream. `contexts` is the `context_fn`: it makes a
+    fresh position counter for each checkpoint call (NOTE [ SAC policy state ])."""
+
+    def __init__(self, name: str, ops: Sequence[str], saved: frozenset[int]) -> None:
+        self.name, self.ops, self.saved = name, tuple(ops), saved
+        self.position = [0]
+        self.saved_occurrences = {(ops[i], ops[:i].count(ops[i])) for i in saved}
+
+    def contexts(self):
+        # NOTE [ SAC policy state ]: torch calls the policy in the forward only, and a recompute
+        # finds values by op and occurrence index, so the counter lives per checkpoint call.
+        position = self.position = [0]
+        occurrences: dict[str, int] = {}
+
+        def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+            if _tracing(op, args, kwargs):
+                # NOTE [ SAC plans under compile ]: the partitioner sees traced ops, not eager's
+                # stream; the plan's saved ops are found by op and occurrence (SAC's own key).
+                k = occurrences[str(op)] = occurrences.get(str(op), -1) + 1
+                saved = (str(op), k) in self.saved_occurrences
+                return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.MUST_RECOMPUTE
+            i = position[0]
+            position[0] += 1
+            if i >= len(self.ops) or str(op) != self.ops[i]:
+                planned = self.ops[i] if i < len(self.ops) else "no op (its stream ended)"
+                raise OpStreamMismatchError(
+                    f"block {self.name} dispatched {op} at op {i} where its SAC plan has "
+                    f"{planned}: the block runs other ops than when the plan was solved "
+                    "(code, autocast or dtype changed); solve the plan again"
+                )
+            return (
+                CheckpointPolicy.MUST_SAVE if i in self.saved else CheckpointPolicy.MUST_RECOMPUTE
+            )
+
+        return create_selective_checkpoint_contexts(policy)
+
+    def check_complete(self) -> None:
+        if torch.compiler.is_compiling():
+            return  # NOTE [ SAC plans under compile ]
+        if self.position[0] != len(self.ops):
+            raise OpStreamMismatchError(
+                f"block {self.name} dispatched {self.position[0]} ops where its SAC plan has "
+                f"{len(self.ops)} (the next planned op is {self.ops[self.position[0]]}): solve "
+                "the plan again"
+            )
+
+
+def _tracing(op, args, kwargs) -> bool:
+    """Whether the op is being traced (torch.compile's AOT tracing or dynamo's fake-tensor
+    runs), not run eagerly."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if _is_compiling(op, args, kwargs) or torch.compiler.is_compiling():
+        return True
+    return any(isinstance(a, FakeTensor) for a in pytree.tree_leaves((args, kwargs)))
+
+
+def contexts_of(policy: Policy):
+    return policy.contexts()

@@ -1,0 +1,412 @@
+"""Record what a SAC plan is solved over (`solver.sac.SacUnion`) from a model and its inputs.
+
+Steps (`record_union`):
+1. `measure_windows` (`executor.sac.windows`): one plain training step (forward, loss,
+   backward) under the profiler's allocation events, with instants marked where each block's
+   forward starts and ends and where the gradient of its output is complete (its backward
+   starts), and the same for each block's children: live and peak bytes of every window
+   (solver/sac/problem.py). A block's children are a split (solver/sac/union.py) only where
+   their marks nest in the block's in order: each child runs its forward once, after the
+   previous one, and its output's gradient completes before the previous child's (a child
+   called twice, such as one ReLU module used twice, or an in-place child whose output is its
+   input, is not).
+2. `record_ops`: for the blocks, then for the split blocks' children: the forward again,
+   `repeats` times, under a TorchDispatchMode that sees the ops the SAC policy sees (every
+   dispatched op but `SAC_IGNORED_OPS`) and under saved-tensor hooks that see what autograd
+   saves: per op its new storage bytes (deduplicated by storage), the last op reading it,
+   whether autograd saves it, whether it may be MUST_SAVE, and its median time in seconds
+   (measured wall time, not FLOPs: pointwise ops count 0 FLOPs yet take real time on CPU, and
+   the objective is step time); then once more under the profiler, each op in a window, for its
+   scratch bytes (`_measure_scratch`).
+3. `measure_overhead` (`executor.sac.overhead`): per region, the seconds its SAC policy costs
+   beyond plain checkpoint, and plain checkpoint beyond none; the latter less the recorded
+   seconds of the ops a full recompute reruns is the region's `price` (where it is less, those
+   seconds are scaled down to it instead: `_priced`).
+The RNG state and the model's buffers are restored after each run, and `.grad` is left as found.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+from executor.sac.overhead import RegionTimes, measure_overhead
+from executor.sac.region import buffer_state, cache_off_hooks, mutated_buffers
+from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
+from executor.sac.windows import measure_windows
+from graph_capture.measurement.peak import memory_profile
+from solver.sac import SacBlock, SacOp, SacProblem
+from solver.sac.memory import plain_forward_live
+from solver.sac.union import SacSplit, SacUnion
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+@dataclass
+class _OpFacts:
+    name: str
+    last_read: int
+    random: bool
+    seconds: list[float] = field(default_factory=list)
+    storages: dict[int, int] = field(default_factory=dict)  # new storage -> bytes
+    saved: set[int] = field(default_factory=set)  # of those, the ones autograd saves
+    outputs: set[int] = field(default_factory=set)  # and the block's outputs
+    mutated: bool = False
+    scratch: int = 0
+
+
+@dataclass
+class _BlockFacts:
+    ops: list[_OpFacts] = field(default_factory=list)
+    stop: int = -1
+    inputs: dict[int, int] = field(default_factory=dict)  # storage -> bytes
+    packed: set[int] = field(default_factory=set)  # storages autograd saved
+    buffers: dict[str, int] = field(default_factory=dict)  # mutated buffer -> bytes
+
+
+class _Recorder(TorchDispatchMode):
+    """Attributes each dispatched op to the block running (`block`, None outside blocks)."""
+
+    def __init__(self, blocks: list[_BlockFacts], first: bool, mark_ops: bool = False) -> None:
+        super().__init__()
+        self.blocks = blocks
+        self.first = first
+        self.mark_ops = mark_ops  # each op in a profiler window, in `marked` order
+        self.marked: list[tuple[int, int]] = []  # (block, op) of each window
+        self.block: int | None = None
+        self.position = 0
+        self.creator: dict[int, int] = {}  # storage -> op index in the current block
+
+    def enter(self, j: int, inputs: Sequence[torch.Tensor]) -> None:
+        self.block, self.position, self.creator = j, 0, {}
+        if self.first:
+            self.blocks[j].inputs = {_storage(t): t.untyped_storage().nbytes() for t in inputs}
+
+    def leave(self, outputs: Sequence[torch.Tensor]) -> None:
+        if not self.first and self.position != len(self.blocks[self.block].ops):
+            raise ValueError(
+                f"the forward of block {self.block} dispatches {self.position} ops in one run "
+                f"and {len(self.blocks[self.block].ops)} in another: SAC cannot plan it"
+            )
+        if self.first:
+            ops = self.blocks[self.block].ops
+            for t in outputs:
+                if (c := self.creator.get(_storage(t))) is not None:
+                    ops[c].last_read = len(ops) - 1
+                    ops[c].outputs.add(_storage(t))
+        self.block = None
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self.block is not None and self.first:
+            facts = self.blocks[self.block]
+            facts.stop = self.position - 1
+            facts.packed.add(_storage(t))
+            if (c := self.creator.get(_storage(t))) is not None:
+                facts.ops[c].saved.add(_storage(t))
+        return t
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in SAC_IGNORED_OPS or self.block is None:
+            return func(*args, **kwargs)
+        if self.mark_ops:
+            from torch._C._profiler import _RecordFunctionFast
+
+            self.marked.append((self.block, self.position))
+            with _RecordFunctionFast(f"remat.sacop:{len(self.marked) - 1}"):
+                out = func(*args, **kwargs)
+            self.position += 1
+            return out
+        start = time.perf_counter()
+        out = func(*args, **kwargs)
+        seconds = time.perf_counter() - start
+        facts = self.blocks[self.block]
+        i, self.position = self.position, self.position + 1
+        if not self.first:
+            if i >= len(facts.ops) or facts.ops[i].name != str(func):
+                raise ValueError(
+                    f"the forward of block {self.block} dispatches {func} at op {i} in one run "
+                    "and not in another: its op stream is not deterministic, SAC cannot plan it"
+                )
+            facts.ops[i].seconds.append(seconds)
+            return out
+        read = {_storage(t) for t in leaf_tensors((args, kwargs))}
+        for s in read:
+            if (c := self.creator.get(s)) is not None:
+                facts.ops[c].last_read = i
+        storages: dict[int, int] = {}
+        seen = set()
+        for t in leaf_tensors(out):
+            s = _storage(t)
+            if s in seen:
+                continue
+            seen.add(s)
+            if s in read:
+                if func._schema.is_mutable and (c := self.creator.get(s)) is not None:
+                    facts.ops[c].mutated = True
+            else:  # a new storage, possibly where a freed one was
+                self.creator[s] = i
+                storages[s] = t.untyped_storage().nbytes()
+        random = torch.Tag.nondeterministic_seeded in func.tags
+        facts.ops.append(_OpFacts(str(func), i, random, [seconds], storages))
+        return out
+
+
+def _hooks(blocks: Sequence[nn.Module], on_enter, on_leave) -> list:
+    handles = []
+    for j, block in enumerate(blocks):
+        handles.append(
+            block.register_forward_pre_hook(
+                lambda _m, a, k, j=j: on_enter(j, leaf_tensors((a, k))), with_kwargs=True
+            )
+        )
+        handles.append(block.register_forward_hook(lambda _m, _a, o, j=j: on_leave(j, o)))
+    return handles
+
+
+def _buffer_hooks(blocks: Sequence[nn.Module], facts: list[_BlockFacts]) -> list:
+    """Hooks recording, per block, the buffers its forward mutates and their bytes; registered
+    after `_hooks`, they run outside the recorder's block (the pre-hook first, the hook last),
+    so their copies and comparisons are not ops of the block."""
+    before: dict[int, dict] = {}
+
+    def leave(j: int, block: nn.Module) -> None:
+        named = dict(block.named_buffers())
+        for n in mutated_buffers(block, before.pop(j)):
+            facts[j].buffers[n] = named[n].untyped_storage().nbytes()
+
+    handles = []
+    for j, block in enumerate(blocks):
+        handles.append(
+            block.register_forward_pre_hook(
+                lambda m, _a, j=j: before.__setitem__(j, buffer_state(m)), prepend=True
+            )
+        )
+        handles.append(block.register_forward_hook(lambda m, _a, _o, j=j: leave(j, m)))
+    return handles
+
+
+def record_ops(
+    model: nn.Module, blocks: Sequence[nn.Module], step: Step, repeats: int
+) -> list[_BlockFacts]:
+    """Each block's forward op stream over `repeats` forwards (module docstring, step 2)."""
+    facts = [_BlockFacts() for _ in blocks]
+    snapshot = Snapshot(model)
+    try:
+        for run in range(repeats):
+            recorder = _Recorder(facts, first=run == 0)
+            handles = _hooks(
+                blocks, recorder.enter, lambda _j, o, r=recorder: r.leave(leaf_tensors(o))
+            )
+            if run == 0:
+                handles += _buffer_hooks(blocks, facts)
+            saves = torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t)
+            with hooked(handles), recorder, saves:
+                loss = step()
+            del loss
+            snapshot.restore()
+        _measure_scratch(model, blocks, step, facts)
+    finally:
+        snapshot.restore()
+    return facts
+
+
+def _measure_scratch(
+    model: nn.Module, blocks: Sequence[nn.Module], step: Step, facts: list[_BlockFacts]
+) -> None:
+    """Each op's scratch bytes: the most it held at once during its call beyond what it left
+    allocated at its end (its outputs), from the profiler's allocation events in a window
+    around the call."""
+    from graph_capture.measurement.peak import window_peaks
+
+    recorder = _Recorder(facts, first=False, mark_ops=True)
+    handles = _hooks(blocks, recorder.enter, lambda _j, _o: setattr(recorder, "block", None))
+    with hooked(handles), memory_profile() as prof, recorder:
+        loss = step()
+        del loss
+    for (j, i), (peak, end) in zip(
+        recorder.marked, window_peaks(prof, "remat.sacop:"), strict=True
+    ):
+        facts[j].ops[i].scratch = max(facts[j].ops[i].scratch, peak - end)
+
+
+def in_call_order(
+    model: nn.Module, named: Sequence[tuple[str, nn.Module]], step: Step
+) -> list[tuple[str, nn.Module]]:
+    """The (name, module) pairs in the order a forward (without grad) first calls them; those
+    it never calls are left out."""
+    first: dict[int, int] = {}
+
+    def called(k: int) -> None:  # a pre-hook returning a value would replace the inputs
+        first.setdefault(k, len(first))
+
+    handles = [
+        m.register_forward_pre_hook(lambda _m, _a, k=k: called(k)) for k, (_, m) in enumerate(named)
+    ]
+    snapshot = Snapshot(model)
+    try:
+        with hooked(handles), torch.no_grad():
+            step()
+    finally:
+        snapshot.restore()
+    return [named[k] for k in sorted(first, key=first.__getitem__)]
+
+
+def rng_state_bytes() -> int:
+    """Bytes of the CPU RNG state a checkpoint keeps from its forward to its backward
+    (`preserve_rng_state=True`, the default)."""
+    return torch.get_rng_state().untyped_storage().nbytes()
+
+
+def _op(o: _OpFacts) -> SacOp:
+    """The torch-free op: bytes per kind of storage, the median of its measured seconds."""
+    new_bytes = sum(o.storages.values())
+    return SacOp(
+        name=o.name,
+        new_bytes=new_bytes,
+        seconds=statistics.median(o.seconds),
+        last_read=o.last_read,
+        saved_bytes=sum(o.storages[s] for s in o.saved - o.outputs),
+        saveable=new_bytes > 0 and not o.mutated and not o.random,
+        scratch=o.scratch,
+        output_bytes=sum(o.storages[s] for s in o.outputs),
+    )
+
+
+def _block(name: str, f: _BlockFacts, window: tuple[int, int, int, int], params: set[int]):
+    """The torch-free block of recorded facts and its plain windows (f_start, f_peak, b_start,
+    b_peak), its `workspace` the plain forward's measured peak beyond the op-level model."""
+    ops = tuple(_op(o) for o in f.ops)
+    copies = sum(f.buffers.values())  # the mutated buffers' values from before the forward
+    held_extra = (
+        rng_state_bytes()
+        + copies
+        + sum(nbytes for s, nbytes in f.inputs.items() if s not in f.packed and s not in params)
+    )
+    block = SacBlock(name, ops, f.stop, held_extra, 0, *window, buffers=tuple(sorted(f.buffers)))
+    modelled = max((plain_forward_live(block, t) for t in range(len(ops))), default=0)
+    workspace = max(0, window[1] - window[0] - modelled)
+    return replace(block, workspace=workspace, recompute_extra=rng_state_bytes() + copies)
+
+
+def _pooled(
+    times: list[RegionTimes | RuntimeError], kinds: list
+) -> list[RegionTimes | RuntimeError]:
+    """`times` with each region's `checkpoint` the median over the regions of its kind (module
+    class and op stream: the same work, timed alone several times over), which halves or more
+    the spread of one region's median on a shared machine."""
+    groups: dict = {}
+    for t, kind in zip(times, kinds, strict=True):
+        if isinstance(t, RegionTimes):
+            groups.setdefault(kind, []).append(t.checkpoint)
+    return [
+        t if isinstance(t, RuntimeError) else t._replace(checkpoint=statistics.median(groups[kind]))
+        for t, kind in zip(times, kinds, strict=True)
+    ]
+
+
+def _priced(block: SacBlock, times: RegionTimes | RuntimeError) -> SacBlock | None:
+    """The block with its measured `overhead` and `price`, so that the modelled cost of the
+    region recomputing every op is plain checkpoint's measured price: where that exceeds the
+    recorded seconds of the ops a full recompute reruns (up to `stop`), `price` is the excess;
+    where it is less (the recorded seconds, timed one op at a time, overestimate the rerun),
+    those ops' seconds are scaled down to it and `price` is 0, so that a region saving some
+    ops never costs less than the ops it reruns. None where the region fails inside
+    checkpoint (`times` its error)."""
+    if isinstance(times, RuntimeError):
+        return None
+    recompute = sum(op.seconds for op in block.ops[: block.stop + 1])
+    if times.checkpoint >= recompute or recompute <= 0:
+        price = max(times.checkpoint - recompute, 0.0)  # below 0 only within the timing's noise
+        return replace(block, overhead=times.overhead, price=price)
+    scale = max(times.checkpoint, 0.0) / recompute
+    ops = tuple(
+        replace(op, seconds=op.seconds * scale) if i <= block.stop else op
+        for i, op in enumerate(block.ops)
+    )
+    return replace(block, ops=ops, overhead=times.overhead, price=0.0)
+
+
+def record_problem(
+    model: nn.Module,
+    blocks: Sequence[tuple[str, nn.Module]],
+    step: Step,
+    repeats: int = 3,
+) -> SacProblem:
+    """The SacProblem of `model`'s step over `blocks` (name, module), in forward order."""
+    return record_union(model, blocks, [None] * len(blocks), step, repeats)[0].blocks
+
+
+def record_union(
+    model: nn.Module,
+    blocks: Sequence[tuple[str, nn.Module]],
+    children: Sequence[Sequence[tuple[str, nn.Module]] | None],
+    step: Step,
+    repeats: int = 3,
+) -> tuple[SacUnion, list[list[tuple[str, nn.Module]] | None]]:
+    """The SacUnion of `model`'s step over `blocks` (name, module), in forward order, split
+    into `children` (per block, its children in call order, or None) where those run once
+    each, in sequence; with the children kept per block (None where the block is not split).
+    Every candidate region runs with its arguments as under checkpoint (`cache_off`)."""
+    candidates = [m for _, m in blocks] + [m for kids in children for _, m in kids or ()]
+    with hooked(cache_off_hooks(candidates)):
+        return _record_union(model, blocks, children, step, repeats)
+
+
+def _record_union(model, blocks, children, step, repeats):
+    modules = [m for _, m in blocks]
+    windows = measure_windows(
+        model, modules, step, [None if k is None else [m for _, m in k] for k in children]
+    )
+    kept = [
+        None if split is None else list(kids)
+        for split, kids in zip(windows.splits, children, strict=True)
+    ]
+    flat = [kid for kids in kept if kids is not None for kid in kids]
+    facts = record_ops(model, modules, step, repeats)
+    flat_facts = record_ops(model, [m for _, m in flat], step, repeats) if flat else []
+    regions = modules + [m for _, m in flat]
+    streams = [tuple(o.name for o in f.ops) for f in facts + flat_facts]
+    overheads = _pooled(
+        measure_overhead(model, regions, streams, step),
+        [(type(m), ops) for m, ops in zip(regions, streams, strict=True)],
+    )
+    for (name, _), times in zip(blocks, overheads, strict=False):
+        if isinstance(times, RuntimeError):
+            raise ValueError(
+                f"block {name} fails inside torch.utils.checkpoint (run alone, forward and "
+                f"backward: {type(times).__name__}: {times}): it cannot be a checkpoint region; "
+                "choose other blocks"
+            ) from times
+    kid_overheads = iter(overheads[len(blocks) :])
+    kid_facts = iter(flat_facts)
+    params = {_storage(p) for p in model.parameters()}
+    out = []
+    for j, ((name, _), f) in enumerate(zip(blocks, facts, strict=True)):
+        window = (windows.f_start[j], windows.f_peak[j], windows.b_start[j], windows.b_peak[j])
+        out.append(_priced(_block(name, f, window, params), overheads[j]))
+    splits: list[SacSplit | None] = []
+    for j, kids in enumerate(kept):
+        if kids is None:
+            splits.append(None)
+            continue
+        made = [
+            _priced(_block(n, next(kid_facts), w, params), next(kid_overheads))
+            for (n, _), w in zip(kids, windows.splits[j], strict=True)
+        ]
+        if any(child is None for child in made):
+            kept[j] = None  # a child that cannot be a checkpoint region: the block has no split
+            splits.append(None)
+            continue
+        splits.append(SacSplit(tuple(made), tuple(windows.inner[j])))
+    problem = SacProblem(tuple(out), tuple(windows.segments), windows.peak)
+    return SacUnion(problem, tuple(splits)), kept

@@ -1,0 +1,361 @@
+"""`Rematerialized`: a model wrapped to train under a solved rematerialization schedule.
+
+One training step is one `torch.autograd.Function`:
+
+- forward: the schedule's ops up to (not including) the first compute of a node that reads a
+  tangent (an incoming output gradient) run in `forward`; the values live at that point stay in
+  the step's environment (held by the autograd context), everything else is already freed;
+- backward: the rest of the ops (recomputes, backward ops, frees) run in `backward` once the
+  output gradients are known.
+
+Parameter gradients go straight into `param.grad` when the schedule computes them (exactly what
+autograd's AccumulateGrad does: a new tensor with the parameter's strides when `.grad` is None,
+an in-place add otherwise), so a gradient the schedule frees is released like in eager. The
+Function returns ``None`` for the parameters; autograd still runs each parameter's
+AccumulateGrad node with that undefined gradient, which fires its post hooks (DDP's all-reduce)
+and post-accumulate-grad hooks once per step, after `.grad` holds the step's gradient
+(docs/training.md, "How DDP sees the gradients"). Input
+gradients are returned to autograd. New buffer values (BatchNorm running statistics) are copied
+into the model the first time the schedule computes them; recomputes read a snapshot of the
+buffer taken at the start of the step, so every recompute sees what the first compute saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+
+import networkx as nx
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from executor.errors import UnsupportedScheduleError, UnusedOutputGradientError
+from executor.traced.checks import check_call
+from executor.traced.codegen import compile_ops
+from executor.traced.interpreter import ScheduleInterpreter, Step
+from graph_capture.captured import CapturedGraph
+from graph_capture.measurement.device import no_autocast
+from solver.core.schedule import Schedule
+from solver.core.simulate import simulate
+from solver.errors import ScheduleMismatchError
+
+__all__ = ["Rematerialized", "load_schedule", "rematerialize", "split_ops"]
+
+Op = tuple[str, Hashable]
+
+
+def split_ops(captured: CapturedGraph, ops: Sequence[Op]) -> int:
+    """Index of the first op that computes a DAG node reading a tangent (len(ops) if none).
+
+    Ops before it can run in the autograd forward; the rest need the output gradients.
+    Raises UnsupportedScheduleError if a forward output is first computed after that point.
+    """
+    graph = captured.joint.graph
+    needs_tangent: set[str] = set(captured.tangent_placeholders)
+    for node in graph.nodes:
+        if node.op != "placeholder" and any(a.name in needs_tangent for a in node.all_input_nodes):
+            needs_tangent.add(node.name)
+    split = next(
+        (
+            i
+            for i, (kind, v) in enumerate(ops)
+            if kind == "compute" and any(m in needs_tangent for m in captured.members[v])
+        ),
+        len(ops),
+    )
+    output = next(n for n in graph.nodes if n.op == "output").args[0]
+    before = {m for kind, v in ops[:split] if kind == "compute" for m in captured.members[v]}
+    placeholders = {n.name for n in graph.nodes if n.op == "placeholder"}
+    for k, position in enumerate(captured.forward_output_indices):
+        name = output[position].name
+        if name not in before and name not in placeholders:
+            raise UnsupportedScheduleError(
+                f"forward output {k} (fx node {name}) is first computed at op "
+                f"{_first_compute(captured, ops, name)}, after op {split} already needs output "
+                "gradients; compute every forward output before the first backward op"
+            )
+    return split
+
+
+def _first_compute(captured: CapturedGraph, ops: Sequence[Op], name: str) -> int | None:
+    for i, (kind, v) in enumerate(ops):
+        if kind == "compute" and name in captured.members[v]:
+            return i
+    return None
+
+
+class _Program:
+    """A captured graph and one schedule, prepared to run steps on one model."""
+
+    def __init__(
+        self, model: nn.Module, captured: CapturedGraph, schedule: Schedule, compiled: bool
+    ) -> None:
+        self.model = model
+        self.captured = captured
+        self.schedule = schedule
+        # resolved once: a parameter or buffer *object* replaced later is not seen (in-place
+        # updates, load_state_dict and .to() keep the objects)
+        self.params = [model.get_parameter(n) for n in captured.param_names]
+        self.buffers = {n: model.get_buffer(n) for n in captured.buffer_names}
+        self.interpreter = ScheduleInterpreter(
+            captured.joint, captured.members, captured.random_nodes
+        )
+        split = split_ops(captured, schedule.ops)
+        self.forward_ops = list(schedule.ops[:split])
+        self.backward_ops = list(schedule.ops[split:])
+        self.run_forward = lambda step: self.interpreter.run(self.forward_ops, step)
+        self.run_backward = lambda step: self.interpreter.run(self.backward_ops, step)
+        if compiled:
+            slots = self.interpreter.slot
+            primals = [
+                slots[n]
+                for n in captured.param_placeholders
+                + captured.buffer_placeholders
+                + captured.input_placeholders
+            ]
+            reported: set[int] = set()
+            self.run_forward, live = compile_ops(
+                self.interpreter, self.forward_ops, primals, reported
+            )
+            tangents = [slots[n] for n in captured.tangent_placeholders]
+            self.run_backward, _ = compile_ops(
+                self.interpreter, self.backward_ops, live | set(tangents), reported
+            )
+        output = next(n for n in captured.joint.graph.nodes if n.op == "output").args[0]
+        self.placeholder_results = [
+            (position, self.interpreter.slot[node.name])
+            for position, node in enumerate(output)
+            if isinstance(node, torch.fx.Node) and node.op == "placeholder"
+        ]
+        index = {n: k for k, n in enumerate(captured.param_names)}
+        self.grad_position_to_param = {i: index[n] for n, i in captured.param_grad_indices.items()}
+        self.buffer_of_position = {i: n for n, i in captured.buffer_update_indices.items()}
+        self.mutated_buffers = set(captured.buffer_update_indices)
+        self.kept_positions = set(captured.forward_output_indices) | set(
+            captured.input_grad_indices.values()
+        )
+
+    def start(self, params: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Step:
+        """A new step with parameters, buffers (mutated ones snapshotted) and inputs bound."""
+        c = self.captured
+        step = self.interpreter.new_step()
+        buffers = self.buffers
+        buffer_values = [
+            buffers[n].clone() if n in self.mutated_buffers else buffers[n] for n in c.buffer_names
+        ]
+        self.interpreter.set_placeholders(step, c.param_placeholders, params)
+        self.interpreter.set_placeholders(step, c.buffer_placeholders, buffer_values)
+        self.interpreter.set_placeholders(step, c.input_placeholders, inputs)
+        step.on_result = self._on_result
+        self._record_placeholder_results(step)
+        return step
+
+    def forward(self, step: Step) -> list[torch.Tensor]:
+        """Run the forward part; returns the forward outputs. Leaves the RNG where eager would."""
+        self.run_forward(step)
+        step.rng.finish()
+        return [step.results.pop(i) for i in self.captured.forward_output_indices]
+
+    def backward(self, step: Step, tangents: Sequence[torch.Tensor]) -> dict[int, object]:
+        """Run the rest with the output gradients; returns the results (input grads etc.)."""
+        self.interpreter.set_placeholders(step, self.captured.tangent_placeholders, tangents)
+        self._record_placeholder_results(step)
+        self.run_backward(step)
+        results = step.results
+        step.env.clear()
+        return results
+
+    def tangents(self, grad_outputs: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        """The tangents to bind from autograd's output gradients (None where an output got no
+        gradient: `CapturedGraph.missing_tangent`). Raises `UnusedOutputGradientError` when an
+        output captured as unused by the loss (``backward_from``) got a nonzero gradient."""
+        c = self.captured
+        tangents = []
+        for i, k in enumerate(c.tangent_output_indices):
+            grad = grad_outputs[k]
+            if grad is None:
+                grad = c.missing_tangent(i)
+            elif k in c.zero_tangent_outputs and grad.any():
+                raise UnusedOutputGradientError(
+                    f"the step backpropagated a nonzero gradient into forward output {k}, "
+                    "which the capture was told the loss does not use (backward_from): "
+                    "capture with backward_from naming it too"
+                )
+            tangents.append(grad)
+        return tangents
+
+    def _record_placeholder_results(self, step: Step) -> None:
+        for position, slot in self.placeholder_results:
+            if position not in step.seen and step.env[slot] is not None:
+                step.seen.add(position)
+                self._on_result(step, position, step.env[slot])
+
+    def _on_result(self, step: Step, position: int, value: object) -> None:
+        """A graph output was computed for the first time this step: use it, keep only what
+        is returned later (forward outputs, input gradients)."""
+        name = self.grad_position_to_param.get(position)
+        if name is not None:
+            _accumulate_grad(self.params[name], value)
+            return
+        name = self.buffer_of_position.get(position)
+        if name is not None:
+            self.buffers[name].copy_(value)
+            return
+        if position in self.kept_positions:
+            step.results[position] = value
+
+
+def _accumulate_grad(param: torch.Tensor, grad: torch.Tensor) -> None:
+    """What autograd's AccumulateGrad does: adopt (with the param's strides) or add in place."""
+    if param.grad is None:
+        if grad.stride() != param.stride() or grad.data_ptr() == param.data_ptr():
+            grad = torch.empty_like(param).copy_(grad)
+        param.grad = grad
+    else:
+        param.grad.add_(grad)
+
+
+class _RematFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, program: _Program, n_params: int, *flat: torch.Tensor):  # type: ignore[override]
+        step = program.start(flat[:n_params], flat[n_params:])
+        with no_autocast(program.captured.autocast.device_type):
+            outputs = program.forward(step)
+        ctx.program, ctx.step, ctx.n_params = program, step, n_params
+        tangent_outputs = set(program.captured.tangent_output_indices)
+        ctx.mark_non_differentiable(*(o for k, o in enumerate(outputs) if k not in tangent_outputs))
+        ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs: torch.Tensor):  # type: ignore[override]
+        program: _Program = ctx.program
+        step: Step = ctx.step
+        ctx.step = None
+        if step is None:
+            raise RuntimeError(
+                "Rematerialized: backward ran twice through the same step; the schedule frees "
+                "its values, so retain_graph=True is not supported"
+            )
+        with torch.no_grad(), no_autocast(program.captured.autocast.device_type):
+            tangents = program.tangents(grad_outputs)
+            results = program.backward(step, tangents)
+        needs_input_grad = ctx.needs_input_grad[2 + ctx.n_params :]
+        input_grads: list[torch.Tensor | None] = [None] * len(needs_input_grad)
+        for k, position in program.captured.input_grad_indices.items():
+            if needs_input_grad[k]:
+                input_grads[k] = results.get(position)
+        return (None, None, *([None] * ctx.n_params), *input_grads)
+
+
+class Rematerialized(nn.Module):
+    """`model` trained under `schedule`: same outputs, bit-identical gradients, less memory.
+
+    Use it like the model: ``out = rm(*inputs, **kwargs); loss(out).backward();
+    optimizer.step()``. Parameters are the model's own (``rm.parameters()`` yields them), so an
+    optimizer built on either works, and so does ``DistributedDataParallel(rm)``. Inputs must
+    match the captured example in count, keyword names, shape, dtype and device, and a step
+    must run under the autocast state the graph was captured under.
+    In eval mode (``rm.eval()``) it calls the model directly: the schedule is for training.
+    ``compiled=True`` runs the schedule as generated straight-line code (`executor.traced.codegen`);
+    ``compiled=False`` walks it with `ScheduleInterpreter` (same results, slower, debuggable).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        captured: CapturedGraph,
+        schedule: Schedule,
+        *,
+        compiled: bool = True,
+    ) -> None:
+        super().__init__()
+        schedule.check_graph(captured.dag)
+        simulate(captured.dag, schedule.ops).raise_if_invalid()
+        self.model = model
+        self.captured = captured
+        self.schedule = schedule
+        self._program = _Program(model, captured, schedule, compiled)
+
+    @classmethod
+    def from_file(
+        cls,
+        model: nn.Module,
+        example_inputs: Sequence[torch.Tensor],
+        path: str | Path,
+        example_kwargs: Mapping[str, torch.Tensor] | None = None,
+        *,
+        capture_options: Mapping[str, object] | None = None,
+    ) -> Rematerialized:
+        """Capture `model` on the example inputs and load the schedule solved offline at `path`
+        (`load_schedule`). `capture_options` go to `graph_capture.capture` and must be those
+        the schedule's graph was captured with (``backward_from``, ``granularity``, ...), as
+        must torch's thread count.
+
+        Raises solver.errors.ScheduleMismatchError when the file was solved for another graph.
+        """
+        from graph_capture import capture
+
+        captured = capture(model, example_inputs, example_kwargs, **(capture_options or {}))
+        return cls(model, captured, load_schedule(path, captured.dag))
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """The schedule's peak (`solver.simulate`): live values plus the transient bytes of the
+        op running. With capture's transients (each op's measured workspace and the bytes this
+        executor holds beside the values) it is what the step measures above its start, with
+        ``.grad`` allocated before the step (docs/executor.md, "The byte budget")."""
+        return self.schedule.peak
+
+    def forward(self, *inputs: torch.Tensor, **kwargs: torch.Tensor) -> object:
+        if not self.training:
+            return self.model(*inputs, **kwargs)
+        check_call(self.captured, self._program.params[0].device, inputs, kwargs)
+        flat = self.captured.flat_inputs(inputs, kwargs)
+        params = self._program.params
+        outputs = _RematFunction.apply(self._program, len(params), *params, *flat)
+        return pytree.tree_unflatten(list(outputs), self.captured.output_treespec)
+
+
+def load_schedule(path: str | Path, dag: nx.DiGraph) -> Schedule:
+    """The schedule file at `path`, checked against the captured `dag` (`Schedule.load`). Where
+    it belongs to another graph and the two captures ran with different torch thread counts
+    (graph attribute ``threads``, `extra["threads"]` of the schedule), the error says so: an
+    op's workspace bytes depend on that count."""
+    try:
+        return Schedule.load(path, dag)
+    except ScheduleMismatchError as error:
+        solved, here = Schedule.load(path).extra.get("threads"), dag.graph.get("threads")
+        if solved is None or here is None or solved == here:
+            raise
+        raise ScheduleMismatchError(
+            f"{error} The schedule was solved on a capture with {solved} thread(s) and this "
+            f"capture ran with {here}: an op's workspace bytes depend on the thread count, so "
+            f"capture with {solved} (torch.set_num_threads, or remat run --threads {solved})."
+        ) from error
+
+
+def rematerialize(
+    model: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    budget: int | float | str,
+    *,
+    example_kwargs: Mapping[str, torch.Tensor] | None = None,
+    capture_options: Mapping[str, object] | None = None,
+    **solve_options: object,
+) -> Rematerialized:
+    """Capture `model`, solve for `budget` (bytes, "512MiB" or "50%" of the checkpoint-all
+    peak) and wrap: the one call for the common case.
+
+    The model is captured as called with ``model(*example_inputs, **example_kwargs)``, under
+    the autocast state in force (train under the same one). `capture_options` go to
+    `graph_capture.capture` (``granularity``, ``cost_model``, ...), `solve_options` to
+    `solver.solve` (``time_limit``, ...).
+    """
+    import solver
+    from graph_capture import capture
+
+    captured = capture(model, example_inputs, example_kwargs, **(capture_options or {}))
+    schedule = solver.solve(captured.dag, budget=budget, **solve_options)
+    return Rematerialized(model, captured, schedule)

@@ -1,0 +1,78 @@
+"""Arithmetic over sizes (batch, sequence length), torch-free: the one bisection every search
+for a largest size runs, and the one affine fit of bytes against the size.
+
+    largest_between(decide, fits, fails)  bisection between a size that fits and one that does
+                                          not, around sizes left undecided
+    affine({size: bytes, ...})            bytes = base + slope * size with a whole slope
+                                          through every point, or None
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from itertools import pairwise
+
+FITS, DOES_NOT_FIT, OPEN = "fits", "does not fit", "open"
+
+
+def largest_between(
+    decide: Callable[[int], str | None],
+    fits: int,
+    fails: int,
+    undecided: Iterable[int] = (),
+) -> tuple[int, int, bool]:
+    """Bisection for the largest size that fits, where whether a size fits never changes from
+    "does not fit" back to "fits" as the size grows.
+
+    `fits` is a size known to fit (or the size below the range: none known), `fails` a larger
+    size known not to. Each step calls `decide` on the middle of the widest gap between `fits`,
+    the sizes left undecided (`undecided`, and those `decide` answers OPEN) and `fails`:
+    FITS and DOES_NOT_FIT move `fits` and `fails`, OPEN leaves the size undecided and the search
+    goes on both sides of it, None (no time left) ends the search. Ends where every gap is one
+    size wide. Returns ``(fits, fails, closed)``: `closed` where they are adjacent, so that
+    `fits` is the largest size that fits."""
+    left_open = set(undecided)
+    while True:
+        marks = [fits, *sorted(s for s in left_open if fits < s < fails), fails]
+        a, b = max(pairwise(marks), key=lambda pair: pair[1] - pair[0])
+        if b - a < 2:
+            break
+        middle = (a + b) // 2
+        verdict = decide(middle)
+        if verdict is None:
+            break
+        if verdict == FITS:
+            fits = middle
+        elif verdict == DOES_NOT_FIT:
+            fails = middle
+        elif verdict == OPEN:
+            left_open.add(middle)
+        else:
+            raise ValueError(f"decide returned {verdict!r}: give FITS, DOES_NOT_FIT, OPEN or None")
+    return fits, fails, fails - fits == 1
+
+
+@dataclass(frozen=True)
+class Affine:
+    """Bytes at any size: ``base + slope * size`` (bytes, bytes per unit of size)."""
+
+    base: int
+    slope: int
+
+    def __call__(self, size: int) -> int:
+        return self.base + self.slope * size
+
+
+def affine(values: Mapping[int, int]) -> Affine | None:
+    """The affine function of the size, with a whole slope, through every ``size: bytes`` of
+    `values` (two sizes or more); None where there is none."""
+    if len(values) < 2:
+        raise ValueError(f"an affine fit needs two sizes or more, got {sorted(values)}")
+    sizes = sorted(values)
+    a, b = sizes[0], sizes[1]
+    slope, rest = divmod(values[b] - values[a], b - a)
+    fitted = Affine(values[a] - slope * a, slope)
+    if rest or any(values[s] != fitted(s) for s in sizes[2:]):
+        return None
+    return fitted
