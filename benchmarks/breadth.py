@@ -223,7 +223,7 @@ def sac_plan(case: Case, budget: str, time_limit: float) -> Built:
         least = plan_at("min")
         budget = (least.peak + least.plain_peak) // 2
     plan = plan_at(budget)
-    regions = f"{len(plan.checkpointed())} of {len(plan.blocks)} regions"
+    regions = f"{len(plan.checkpointed_regions())} of {len(plan.regions)} regions"
     return plan.apply(case.model), plan.budget, regions
 
 

@@ -15,6 +15,7 @@ from executor.errors import (
     FitError,
     InputMismatchError,
     OpStreamMismatchError,
+    PlanError,
     UnsupportedScheduleError,
     UnusedOutputGradientError,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "InputMismatchError",
     "OpStreamMismatchError",
     "PeakMemory",
+    "PlanError",
     "Rematerialized",
     "UnsupportedScheduleError",
     "UnusedOutputGradientError",

@@ -109,8 +109,8 @@ def run_sac(args: argparse.Namespace) -> int:
         print(
             f"plan: {plan.status}, predicted peak {_mib(plan.peak)} within {_mib(plan.budget)} "
             f"(100% = {_mib(plan.plain_peak)}), cost {plan.cost * 1e3:.2f} ms, gap "
-            f"{plan.gap:.2%}; checkpointed {len(plan.checkpointed())} of {len(plan.blocks)} "
-            f"regions, {sum(map(len, plan.plan.saved))} ops saved"
+            f"{plan.gap:.2%}; checkpointed {len(plan.checkpointed_regions())} of "
+            f"{len(plan.regions)} regions, {sum(map(len, plan.saved))} ops saved"
         )
         eager = measure_step(copy.deepcopy(model), inputs, kwargs, args.steps)
         planned = measure_step(plan.apply(copy.deepcopy(model)), inputs, kwargs, args.steps)

@@ -14,6 +14,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import CheckpointError
 
+from executor.errors import PlanError
 from executor.sac_policy import Policy
 from executor.sac_region import run_checkpointed
 from executor.sac_step import Snapshot, Step, hooked, leaf_tensors
@@ -160,7 +161,7 @@ def measure_overhead(
     try:
         for j, (module, call) in enumerate(zip(regions, calls, strict=True)):
             if call is None:
-                raise ValueError(f"region {j} ({type(module).__name__}) is not called by the step")
+                raise PlanError(f"region {j} ({type(module).__name__}) is not called by the step")
 
             try:
                 out.append(_region_times(module, call, f"region {j}", ops[j], repeats))

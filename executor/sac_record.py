@@ -37,6 +37,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
+from executor.errors import PlanError
 from executor.sac_overhead import RegionTimes, measure_overhead
 from executor.sac_region import buffer_state, cache_off_hooks, mutated_buffers
 from executor.sac_step import Snapshot, Step, hooked, leaf_tensors
@@ -93,7 +94,7 @@ class _Recorder(TorchDispatchMode):
 
     def leave(self, outputs: Sequence[torch.Tensor]) -> None:
         if not self.first and self.position != len(self.blocks[self.block].ops):
-            raise ValueError(
+            raise PlanError(
                 f"the forward of block {self.block} dispatches {self.position} ops in one run "
                 f"and {len(self.blocks[self.block].ops)} in another: SAC cannot plan it"
             )
@@ -133,7 +134,7 @@ class _Recorder(TorchDispatchMode):
         i, self.position = self.position, self.position + 1
         if not self.first:
             if i >= len(facts.ops) or facts.ops[i].name != str(func):
-                raise ValueError(
+                raise PlanError(
                     f"the forward of block {self.block} dispatches {func} at op {i} in one run "
                     "and not in another: its op stream is not deterministic, SAC cannot plan it"
                 )
@@ -382,7 +383,7 @@ def _record_union(model, blocks, children, step, repeats):
     )
     for (name, _), times in zip(blocks, overheads, strict=False):
         if isinstance(times, RuntimeError):
-            raise ValueError(
+            raise PlanError(
                 f"block {name} fails inside torch.utils.checkpoint (run alone, forward and "
                 f"backward: {type(times).__name__}: {times}): it cannot be a checkpoint region; "
                 "choose other blocks"

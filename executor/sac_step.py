@@ -8,8 +8,11 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.utils._pytree as pytree
-from torch import nn
 from torch.utils.hooks import RemovableHandle
+
+from graph_capture.peak import Snapshot
+
+__all__ = ["Snapshot", "Step", "hooked", "leaf_tensors"]
 
 Step = Callable[[], torch.Tensor]
 """The forward of one training step: returns the scalar loss."""
@@ -28,22 +31,3 @@ def hooked(handles: Iterable[RemovableHandle]) -> Iterator[None]:
     finally:
         for handle in handles:
             handle.remove()
-
-
-class Snapshot:
-    """RNG state, buffers and parameters' `.grad` taken now, restored by `restore` (recording
-    leaves no trace)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.rng = torch.get_rng_state()
-        self.buffers = {k: v.clone() for k, v in model.named_buffers()}
-        self.grads = {p: p.grad for p in model.parameters()}
-
-    def restore(self) -> None:
-        torch.set_rng_state(self.rng)
-        with torch.no_grad():
-            for k, v in self.model.named_buffers():
-                v.copy_(self.buffers[k])
-        for p, g in self.grads.items():
-            p.grad = g

@@ -16,7 +16,7 @@ from functools import partial
 import pytest
 import torch
 from gloo_ranks import WORLD, on_gloo_ranks
-from sac_models import every_saveable, replanned, transformer
+from sac_models import every_saveable, replanned, sum_loss, transformer
 
 import executor
 import executor.sac
@@ -98,14 +98,14 @@ def test_fsdp2_and_ddp_with_a_plan_match_them_without(tmp_path):
     plan = executor.checkpoint_plan(
         model, args, "80%", example_kwargs=kwargs, blocks=["transformer.h.*"], time_limit=10
     )
-    assert plan.checkpointed()
+    assert plan.checkpointed_regions()
     plan, _ = replanned(plan, every_saveable(plan))  # its regions under SAC policies
-    assert any(plan.plan.saved)
+    assert any(plan.saved)
     plan.save(tmp_path / "gpt2.json")
     plan = executor.checkpoint_plan(
-        transformer(layers=2), (torch.randn(4, 16, 32),), "min", time_limit=10
+        transformer(layers=2), (torch.randn(4, 16, 32),), "min", time_limit=10, loss_fn=sum_loss
     )
-    assert plan.checkpointed()
+    assert plan.checkpointed_regions()
     plan.save(tmp_path / "net.json")
     for rank, result in enumerate(on_gloo_ranks(partial(train, str(tmp_path)), tmp_path)):
         for wrapper, record in result.items():
