@@ -78,7 +78,7 @@ def test_plan_for_other_blocks_is_refused(solved):
     changed = copy.deepcopy(net)
     changed.blocks[0].fc1.__class__ = type("OtherLinear", (torch.nn.Linear,), {})
     with pytest.raises(
-        ScheduleMismatchError, match=r"block blocks\.0\.fc1 .* not a module of this"
+        ScheduleMismatchError, match=r"region blocks\.0\.fc1 .* not a module of this"
     ):
         plan.apply(changed)
 
