@@ -53,6 +53,17 @@ def hundred_percent(problem: Problem) -> tuple[int, str]:
     return checkpoint_all_peak(problem), CHECKPOINT_ALL
 
 
+def percent_of(n: int, problem: Problem) -> str:
+    """`n` bytes as a percentage budget of `problem`, naming its basis (`as_percent`)."""
+    return as_percent(n, *hundred_percent(problem))
+
+
+def as_percent(n: int, hundred: int, basis: str) -> str:
+    """`n` bytes as a percentage of `hundred` bytes, naming `basis`: "316.5% of the measured
+    plain step", rounded up at 0.1% so that the percentage fits where `n` does."""
+    return f"{math.ceil(n * 1000 / hundred) / 10:g}% of {basis}"
+
+
 def parse_budget(text: str | int | float, problem: Problem) -> int:
     """Memory budget in bytes from `123456`, `512MiB`, `1.5 GiB`, `2GB` or `80%`.
 

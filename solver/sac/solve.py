@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from solver.core.budget import PLAIN_STEP, as_percent
 from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.sac.memory import SacPlan
@@ -261,7 +262,8 @@ def solve_sac(
         _, least, proven = least_peak(union, Deadline.after(max(deadline.remaining(), 5.0)), whole)
         raise InfeasibleBudgetError(
             f"no SAC plan fits {budget} bytes: the least predicted peak in SAC's space is "
-            f"{least} bytes{'' if proven else ' (found, not proven least)'}; give at least that",
+            f"{least} bytes ({as_percent(least, union.plain_peak, PLAIN_STEP)})"
+            f"{'' if proven else ' (found, not proven least)'}; give at least that",
             least if proven else None,
             int(budget) + 1,
         )
