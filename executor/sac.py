@@ -35,9 +35,9 @@ from torch import nn
 from executor.errors import PlanError
 from executor.sac_blocks import select_blocks
 from executor.sac_policy import Policy
-from executor.sac_record import in_call_order, record_union
+from executor.sac_record import RECORDING_STEPS, in_call_order, record_union
 from executor.sac_region import cache_off, run_checkpointed
-from executor.sac_step import Snapshot, leaf_tensors
+from executor.sac_step import RecordingTime, Snapshot, leaf_tensors
 from solver.core.budget import parse_bytes
 from solver.deadline import Deadline
 from solver.errors import ScheduleMismatchError
@@ -291,8 +291,12 @@ def checkpoint_plan(
     `regions`: "choose" (per block: no region, the whole block, or some of its children; one
     exact solve over all of these), "blocks" (whole blocks only) or "children" (children only,
     where a block's children run once each in sequence; a block with fewer than two children,
-    or whose children do not, stays whole). `time_limit`: seconds for the solve.
-    InfeasibleBudgetError names the least budget when none fits."""
+    or whose children do not, stays whole). `time_limit`: seconds for the whole call, the
+    recording and the solve: the recording repeats its measurements (op times thrice, region
+    prices five times) only within half of it, the solve gets what is left; PlanError where the
+    recording, each measurement run once, does not finish within it (naming what it recorded
+    and about how long it needs). InfeasibleBudgetError names the least budget when none
+    fits."""
     if regions not in REGIONS:
         raise PlanError(f"regions must be one of {REGIONS}, not {regions!r}")
     minimum = isinstance(budget, str) and budget.strip().lower() == "min"
@@ -300,16 +304,27 @@ def checkpoint_plan(
         parse_bytes(budget, lambda: 1)  # an unreadable budget fails before any recording
     kwargs = dict(example_kwargs or {})
     _check_cpu(model, (example_inputs, kwargs))
+    deadline = Deadline.after(time_limit)
+    sets = 1 if regions == "blocks" else 2  # the blocks, and their children
+    clock = RecordingTime(
+        time_limit,
+        deadline,
+        deadline.share(0.5),
+        sum(RECORDING_STEPS[k] for k in ("eager", "windows"))
+        + sets * sum(RECORDING_STEPS[k] for k in ("order", "ops", "prices")),
+    )
 
     def step() -> torch.Tensor:
         return loss_fn(model(*example_inputs, **kwargs))
 
     _run_eagerly(model, step)
+    clock.finished("a plain step", RECORDING_STEPS["eager"])
     named = in_call_order(model, select_blocks(model, blocks), step)
     children = [None] * len(named) if regions == "blocks" else _children(model, named, step)
-    union, kept = record_union(model, named, children, step)
+    clock.finished("the call order", sets * RECORDING_STEPS["order"])
+    union, kept = record_union(model, named, children, step, clock=clock)
     budget = "min" if minimum else parse_bytes(budget, lambda: union.plain_peak)
-    solution = solve_sac(union, budget, Deadline.after(time_limit), whole=regions != "children")
+    solution = solve_sac(union, budget, deadline, whole=regions != "children")
     return _plan(model, named, kept, union, solution)
 
 

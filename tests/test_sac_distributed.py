@@ -32,9 +32,9 @@ def _grads(model) -> list[torch.Tensor]:
     return out
 
 
-def _train(runs, rank: int, batch) -> list[list[list[torch.Tensor]]]:
+def _train(runs, rank: int, batch, loss_fn) -> list[list[list[torch.Tensor]]]:
     """Each step's gradients of each run, on this rank's data and dropout stream; `batch(g)`
-    draws a step's inputs from the generator `g`."""
+    draws a step's inputs from the generator `g`, `loss_fn(output)` is the step's loss."""
     data = torch.Generator().manual_seed(100 + rank)
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in runs]
     record = []
@@ -44,7 +44,7 @@ def _train(runs, rank: int, batch) -> list[list[list[torch.Tensor]]]:
         for model, optimizer in zip(runs, optimizers, strict=True):
             torch.manual_seed(1000 * step + rank)
             optimizer.zero_grad(set_to_none=True)
-            executor.sac.default_loss(model(*args, **kwargs)).square().backward()
+            loss_fn(model(*args, **kwargs)).square().backward()
             grads.append(_grads(model))
             optimizer.step()
         record.append(grads)
@@ -86,8 +86,8 @@ def train(plan_dir: str, rank: int) -> dict:
         DistributedDataParallel(plan.apply(copy.deepcopy(net))),
     ]
     return {
-        "fsdp": _train(fsdp, rank, _tokens),
-        "ddp": _train(ddp, rank, lambda g: ((torch.randn(4, 16, 32, generator=g),), {})),
+        "fsdp": _train(fsdp, rank, _tokens, executor.sac.default_loss),  # output.loss
+        "ddp": _train(ddp, rank, lambda g: ((torch.randn(4, 16, 32, generator=g),), {}), sum_loss),
     }
 
 

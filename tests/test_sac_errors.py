@@ -6,10 +6,20 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
+import time
 
 import pytest
 import torch
-from sac_models import Net, every_saveable, mlp_net, replanned, sum_loss, transformer
+from sac_models import (
+    Net,
+    assert_same_adamw_steps,
+    every_saveable,
+    mlp_net,
+    replanned,
+    sum_loss,
+    transformer,
+)
 
 import executor
 from executor import PlanError
@@ -185,3 +195,33 @@ def test_a_model_off_the_cpu_is_refused_before_recording():
         executor.checkpoint_plan(
             net, (torch.randn(2, 8, 32, device="meta"),), "50%", loss_fn=sum_loss
         )
+
+
+def test_the_time_limit_bounds_the_recording_and_names_what_it_needs():
+    """`time_limit` covers the whole call: a limit the first plain step alone exceeds ends the
+    recording there with what it recorded and the time it needs."""
+    net, x = transformer(layers=2), torch.randn(4, 16, 32)
+    began = time.perf_counter()
+    with pytest.raises(
+        PlanError, match=r"out of time_limit=0.01 s .* recorded a plain step.*"
+    ) as info:
+        executor.checkpoint_plan(net, (x,), "min", time_limit=0.01, loss_fn=sum_loss)
+    assert time.perf_counter() - began < 0.01 * 1.05 + 0.5 + 10  # generous: a shared machine
+    assert re.search(r"needs about \d+ s.*give time_limit=\d+", str(info.value)), info.value
+
+
+@pytest.mark.parametrize("limit", [0.5, 2.0])
+def test_a_short_time_limit_returns_a_plan_in_time_or_says_what_it_needs(limit):
+    """Measurements repeat only while time is left: the call returns within its limit (with
+    the solver's margin and a generous one for a loaded machine) or raises the recording's
+    PlanError; the plan it returns is exact."""
+    net, x = transformer(layers=2), torch.randn(4, 16, 32)
+    began = time.perf_counter()
+    try:
+        plan = executor.checkpoint_plan(net, (x,), "min", time_limit=limit, loss_fn=sum_loss)
+    except PlanError as error:
+        assert "give time_limit=" in str(error)
+    else:
+        runs = [copy.deepcopy(net), plan.apply(copy.deepcopy(net))]
+        assert_same_adamw_steps(runs, lambda model, step: model(x + step).sum())
+    assert time.perf_counter() - began < limit * 1.05 + 0.5 + 10

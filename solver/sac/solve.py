@@ -259,7 +259,15 @@ def solve_sac(
     model.m.Minimize(model.cost())
     solver, status = model.solve(deadline)
     if status == cp_model.INFEASIBLE:
-        _, least, proven = least_peak(union, Deadline.after(max(deadline.remaining(), 5.0)), whole)
+        try:
+            _, least, proven = least_peak(union, deadline, whole)
+        except SolverTimeoutError as e:
+            raise InfeasibleBudgetError(
+                f"no SAC plan fits {budget} bytes, and the least predicted peak was not found "
+                "in the time left: raise the budget or time_limit, or ask for 'min'",
+                None,
+                int(budget) + 1,
+            ) from e
         raise InfeasibleBudgetError(
             f"no SAC plan fits {budget} bytes: the least predicted peak in SAC's space is "
             f"{least} bytes ({as_percent(least, union.plain_peak, PLAIN_STEP)})"
