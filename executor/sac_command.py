@@ -3,14 +3,13 @@
     remat sac --model benchmarks.zoo:gpt2_4 --budget 50% --out plan.json
     remat sac --model benchmarks.zoo:gpt2_4 --plan plan.json --steps 10
 
-The factory returns ``(model, example_inputs[, example_kwargs])`` as for `remat run`; the
-step's loss is `executor.sac.default_loss` (``.loss``, else the sum of the output). Printed: the
-plan (status, predicted peak, cost: recompute seconds plus checkpoint price and SAC overhead,
-gap, checkpointed regions), then for eager and the plan, each on its own copy of the model:
-the measured peak (profiler allocation events, bytes above the step's start, `.grad` created
-in the step) and the median step time. Exit status 0 only when the plan's measured peak is
-within its budget.
-"""
+The factory returns ``(model, example_inputs[, example_kwargs])`` as for `remat run`; the step's
+loss is `executor.sac.default_loss` (``.loss``, or the output where it is a scalar). Printed:
+the plan (status, predicted peak, cost: recompute seconds plus checkpoint price and SAC
+overhead, gap, checkpointed regions), then for eager and the plan, each on its own copy of the
+model: the measured peak (profiler allocation events, bytes above the step's start, `.grad`
+created in the step) and the median step time. Exit status 0 only when the plan's measured peak
+is within its budget."""
 
 from __future__ import annotations
 
