@@ -9,7 +9,7 @@
 One interface: a percentage is of the measured plain step's peak; a bare memory number is
 bytes, a bare compute number a factor of computing every node once; `time_limit` bounds the
 whole call; `X.load(path, what it belongs to...)`; `loss_fn(output) -> scalar` with
-`default_loss` (`output.loss`, or a scalar output) where a step is planned.
+`executor.sac.default_loss` (`output.loss`, or a scalar output) where a step is planned.
 
 See docs/executor.md for the forward/backward split, RNG replay, BatchNorm statistics and how
 peak memory is measured.
