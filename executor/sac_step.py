@@ -78,7 +78,7 @@ class RecordingTime:
         need = elapsed * self.total / self.steps
         raise PlanError(
             f"checkpoint_plan ran out of time_limit={self.time_limit:g} s while recording: in "
-            f"{elapsed:.1f} s it recorded {', '.join(self.done)} (each measurement run once), "
-            f"and the whole recording needs about {need:.0f} s, the solve more: give "
+            f"{elapsed:.1f} s it recorded {', '.join(self.done)}, and the whole recording, each "
+            f"measurement run once, needs about {need:.0f} s, the solve more: give "
             f"time_limit={max(2 * need, self.time_limit + 1):.0f} or more"
         )
