@@ -45,6 +45,7 @@ def capture(
     module_depth: int | None = None,
     repeats: int = 5,
     backward_from: Sequence[OutputName] | None = None,
+    plain_peak: bool = True,
 ) -> CapturedGraph:
     """Capture ``model(*example_inputs, **example_kwargs)`` forward + backward as a
     `CapturedGraph`.
@@ -69,7 +70,8 @@ def capture(
     ``None``: every output that requires grad may get a gradient. Measurement runs the graph
     once on the example inputs with tangents of ones (zeros where known zero); the graph
     attribute ``plain_peak`` is the measured peak bytes of the plain eager step with those
-    gradients (`graph_capture.peak.plain_step_peak`: 100% of a percentage budget). The global
+    gradients (`graph_capture.peak.plain_step_peak`: 100% of a percentage budget), measured
+    unless ``plain_peak=False`` (one more eager step: callers giving bytes skip it). The global
     RNG state and the model are left as they were. Raises `CaptureError`.
     """
     if granularity not in GRANULARITIES:
@@ -108,7 +110,11 @@ def capture(
         measures, flat_outputs = measured.nodes, measured.outputs
         grad_positions = list(layout["param_grad_indices"].values())
         accumulation = add_accumulation_seconds(gm, grad_positions, flat_outputs, measures, repeats)
-        plain_peak = _plain_peak(model, example_inputs, kwargs, layout, tangents, zero_outputs)
+        plain_peak = (
+            _plain_peak(model, example_inputs, kwargs, layout, tangents, zero_outputs)
+            if plain_peak
+            else None
+        )
     group = group_ops(gm, measures)
     order = op_group_order(gm, group)
     modules = None
