@@ -60,7 +60,10 @@ def percent_of(n: int, problem: Problem) -> str:
 
 def as_percent(n: int, hundred: int, basis: str) -> str:
     """`n` bytes as a percentage of `hundred` bytes, naming `basis`: "316.5% of the measured
-    plain step", rounded up at 0.1% so that the percentage fits where `n` does."""
+    plain step", rounded up at 0.1% so that the percentage fits where `n` does; where `hundred`
+    is 0 (a graph of no bytes) no percentage says more than the bytes."""
+    if hundred <= 0:
+        return f"no percentage: {basis} is 0 bytes"
     return f"{math.ceil(n * 1000 / hundred) / 10:g}% of {basis}"
 
 
