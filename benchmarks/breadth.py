@@ -27,8 +27,8 @@ checkpointed regions.
 The budget (``--budget``, default ``mid``): ``mid`` is midway between the least peak found and
 100%: for the own executor between `solver.minimum_peak` and the checkpoint-all peak, for SAC
 between the plan at ``"min"`` (its predicted peak) and the step without checkpointing. Any other
-value goes to both APIs as it is (bytes, ``"60%"``, ``"min"``). The two runtimes' 100% differ
-(checkpoint-all against the plain step), so their budgets differ in bytes.
+value goes to both APIs as it is (bytes, ``"60%"``, ``"min"``); 100% is the measured plain step
+for both (their steps differ by the loss's few bytes).
 
 Each cell is one of ``equal`` (bit-identical on every step and measured peak within the budget),
 ``WRONG: <tensor> differs at step k`` (exit status 1), ``over budget`` or ``refused: <error>``
@@ -251,7 +251,7 @@ def sac_plan(case: Case, budget: str, time_limit: float) -> Built:
         least = plan_at("min")
         budget = (least.peak + least.plain_peak) // 2
     plan = plan_at(budget)
-    regions = f"{len(plan.checkpointed())} of {len(plan.blocks)} regions"
+    regions = f"{len(plan.checkpointed_regions())} of {len(plan.regions)} regions"
     return plan.apply(case.model), plan.budget, regions
 
 

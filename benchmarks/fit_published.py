@@ -93,7 +93,7 @@ def fit_row(label: str, time_limit: float) -> Row:
     fit = largest_fitting(
         lambda b: at_batch(one, b),
         memory,
-        compute_budget=total + forward,
+        compute_budget=f"{total + forward}units",
         time_limit=time_limit,
         progress=lambda p: print(f"  {label} batch {p.size}: {p.verdict} ({p.reason})", flush=True),
     )

@@ -161,10 +161,11 @@ def price(name: str, steps: int, time_limit: float, use_executor: bool, compile_
             row[f"{label} recompute ms"] = f"{plan.cost * 1e3:.2f}"
             row[f"{label} model x"] = f"{(eager_seconds + plan.cost) / eager_seconds:.2f}"
             row[f"{label} status/gap"] = f"{plan.status} {plan.gap:.1%}"
-            whole = sum(n in paths for n in plan.checkpointed())
+            whole = sum(n in paths for n in plan.checkpointed_regions())
             plain, overhead = _plain_regions(plan)
             row[f"{label} regions"] = (
-                f"{whole} blocks, {len(plan.checkpointed()) - whole} children, {plain} plain"
+                f"{whole} blocks, {len(plan.checkpointed_regions()) - whole} children, "
+                f"{plain} plain"
             )
             row[f"{label} runtime ms"] = f"{overhead * 1e3:.2f}"
             row[f"{label} / full"] = f"{seconds / full_seconds:.2f}"
@@ -179,7 +180,7 @@ def _plain_regions(plan: executor.CheckpointPlan) -> tuple[int, float]:
     regions = []
     for block, split in zip(union.blocks.blocks, union.splits, strict=True):
         regions += [block, *(split.children if split is not None else ())]
-    flags = zip(regions, plan.plan.checkpointed, plan.plan.saved, strict=True)
+    flags = zip(regions, plan.checkpointed, plan.saved, strict=True)
     chosen = [(region, saved) for region, c, saved in flags if c]
     return sum(not saved for _, saved in chosen), sum(r.overhead for r, s in chosen if s)
 

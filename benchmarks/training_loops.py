@@ -95,7 +95,7 @@ def _ddp_measure(rank: int, schedule_file: str, time_limit: float) -> None:
         captured = capture(copy.deepcopy(model), (idx, targets))
         solver.solve(captured.dag, "50%", time_limit=time_limit).save(schedule_file)
     dist.barrier()
-    rm = Rematerialized.from_file(copy.deepcopy(model), (idx, targets), schedule_file)
+    rm = Rematerialized.load(schedule_file, copy.deepcopy(model), (idx, targets))
     plain_single = copy.deepcopy(model)
     remat_single = Rematerialized(copy.deepcopy(model), rm.captured, rm.schedule)
     ddp_plain, ddp_remat = DistributedDataParallel(model), DistributedDataParallel(rm)

@@ -4,15 +4,15 @@
               [--optimizer adamw|sgd|none] [--time-limit 60] [--low N] [--high N] [--no-run]
 
 ``--model MODULE:FACTORY`` names a function of the size returning ``(model, example_inputs[,
-example_kwargs])``, the model's forward returning the loss. Prints `executor.Fit.summary`: the
-size, the proof at size + 1, what exists before the step, the schedule, one real step's measured
-peak under remat's executor, and eager's and per-block checkpointing's largest sizes, with notes
-(what the time limit or Ctrl-C left open or undone) and warnings (an eager step that contradicts
-the proof). `--time-limit` bounds the whole command, counted from its start (imports
-included); the first Ctrl-C ends it with what is known, a second aborts. Exit status 0 where a
-size fits and its real step (where run) measured within the memory, 1 where no size fits, the
-step measured over or a warning contradicts the proof, 2 on bad input (one line on stderr).
-"""
+example_kwargs])``; the step's loss is `executor.sac.default_loss` of the output. Prints
+`executor.Fit.summary`: the size, the proof at size + 1, what exists before the step, the
+schedule, one real step's measured peak under remat's executor, and eager's and per-block
+checkpointing's largest sizes, with notes (what the time limit or Ctrl-C left open or undone)
+and warnings (an eager step that contradicts the proof). `--time-limit` bounds the whole
+command, counted from its start (imports included); the first Ctrl-C ends it with what is known,
+a second aborts. Exit status 0 where a size fits and its real step (where run) measured within
+the memory, 1 where no size fits, the step measured over or a warning contradicts the proof, 2
+on bad input (one line on stderr)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         required=True,
         help="MODULE:FACTORY, a function of the size returning (model, example_inputs"
-        "[, example_kwargs]); the model's forward returns the loss",
+        "[, example_kwargs]); the loss is the output's .loss, or the output where it is a "
+        "scalar",
     )
     parser.add_argument("--memory", required=True, help="the device's memory: bytes or 24GiB")
     parser.add_argument("--dim", choices=("batch", "seq"), default="batch")

@@ -3,14 +3,13 @@
     remat sac --model benchmarks.zoo:gpt2_4 --budget 50% --out plan.json
     remat sac --model benchmarks.zoo:gpt2_4 --plan plan.json --steps 10
 
-The factory returns ``(model, example_inputs[, example_kwargs])`` as for `remat run`; the
-step's loss is `executor.sac.plan.default_loss` (``.loss``, else the sum of the output).
-Printed: the plan (status, predicted peak, cost: recompute seconds plus checkpoint price and
-SAC overhead, gap, checkpointed regions), then for eager and the plan, each on its own copy of
-the model: the measured peak (profiler allocation events, bytes above the step's start, `.grad`
+The factory returns ``(model, example_inputs[, example_kwargs])`` as for `remat run`; the step's
+loss is `executor.sac.plan.default_loss` (``.loss``, or the output where it is a scalar). Printed:
+the plan (status, predicted peak, cost: recompute seconds plus checkpoint price and SAC
+overhead, gap, checkpointed regions), then for eager and the plan, each on its own copy of the
+model: the measured peak (profiler allocation events, bytes above the step's start, `.grad`
 created in the step) and the median step time. Exit status 0 only when the plan's measured peak
-is within its budget.
-"""
+is within its budget."""
 
 from __future__ import annotations
 
@@ -109,8 +108,8 @@ def run_sac(args: argparse.Namespace) -> int:
         print(
             f"plan: {plan.status}, predicted peak {_mib(plan.peak)} within {_mib(plan.budget)} "
             f"(100% = {_mib(plan.plain_peak)}), cost {plan.cost * 1e3:.2f} ms, gap "
-            f"{plan.gap:.2%}; checkpointed {len(plan.checkpointed())} of {len(plan.blocks)} "
-            f"regions, {sum(map(len, plan.plan.saved))} ops saved"
+            f"{plan.gap:.2%}; checkpointed {len(plan.checkpointed_regions())} of "
+            f"{len(plan.regions)} regions, {sum(map(len, plan.saved))} ops saved"
         )
         eager = measure_step(copy.deepcopy(model), inputs, kwargs, args.steps)
         planned = measure_step(plan.apply(copy.deepcopy(model)), inputs, kwargs, args.steps)

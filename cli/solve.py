@@ -12,7 +12,13 @@ import time
 
 import networkx as nx
 
-from solver.core.budget import checkpoint_all_peak, human_bytes, parse_budget, parse_compute_budget
+from solver.core.budget import (
+    checkpoint_all_peak,
+    human_bytes,
+    hundred_percent,
+    parse_budget,
+    parse_compute_budget,
+)
 from solver.core.graph import Problem, prepare
 from solver.core.stages import cheapest_within, smallest_within
 from solver.deadline import Deadline, Stop
@@ -31,10 +37,10 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--budget",
         default=None,
-        help="peak-memory budget: bytes, 512MiB, 1.5GiB or a percentage of the "
-        "checkpoint-all peak (100%%: every node computed once and freed after its last use, "
-        "with each node's transient bytes; on a captured model, what a training step without "
-        "recomputation measures above its parameters, buffers, inputs and .grad) (default 80%%)",
+        help="peak-memory budget: bytes, 512MiB, 1.5GiB or a percentage (default 80%%) of the "
+        "measured peak of the plain training step (captured models: --model, --demo, and graph "
+        "files saved from them), or, for a graph without that measurement (the published "
+        "graphs), of the modelled checkpoint-all peak; the first line printed names the basis",
     )
     parser.add_argument(
         "--objective",
@@ -45,7 +51,8 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compute-budget",
         default=None,
-        help="for --objective memory: 1.2x (of the checkpoint-all cost) or a cost",
+        help="for --objective memory: 1.2 or 1.2x (times computing every node once) or an "
+        "absolute cost in the graph's units, 0.02units",
     )
     parser.add_argument(
         "--time-limit",
@@ -90,12 +97,13 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
             f"imports and loading the graph took {time.perf_counter() - began:.1f} s); raise it"
         )
     problem = prepare(graph)
-    ref_peak = checkpoint_all_peak(problem)
+    ref_peak, basis = hundred_percent(problem)
     name = graph.graph.get("name", "graph")
     print(
         f"{name}: {problem.n} nodes, {graph.number_of_edges()} edges, checkpoint-all peak "
-        f"{human_bytes(ref_peak)}, cost {problem.total_cost:.6g}, memory lower bound "
-        f"{human_bytes(problem.memory_lower_bound)}"
+        f"{human_bytes(checkpoint_all_peak(problem))}, cost {problem.total_cost:.6g}, memory "
+        f"lower bound {human_bytes(problem.memory_lower_bound)}; 100% = {basis}, "
+        f"{human_bytes(ref_peak)}"
     )
     if args.objective == "memory" and args.budget is not None:
         raise ValueError(
@@ -120,14 +128,14 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
         schedule = solve(
             graph,
             objective="memory",
-            compute_budget=limit,
+            compute_budget=args.compute_budget,
             time_limit=exact_limit,
             workers=args.workers,
             progress=not args.quiet,
         )
     print()
     print(
-        f"{'method':<26} {'cost':>12} {'overhead':>9} {'peak (of ckpt-all)':>22} "
+        f"{'method':<26} {'cost':>12} {'overhead':>9} {'peak (% of 100%)':>22} "
         f"{'status':>10} {'gap':>7} {'time':>8}"
     )
     print(

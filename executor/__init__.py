@@ -1,9 +1,15 @@
 """Run a traced training step under a solved rematerialization schedule.
 
-    rm = executor.rematerialize(model, example_inputs, budget="50%")   # capture, solve, wrap
-    rm = executor.Rematerialized.from_file(model, example_inputs, "schedule.json")
+    rm = executor.rematerialize(model, example_inputs, "50%", time_limit=60)  # capture, solve
+    rm = executor.Rematerialized.load("schedule.json", model, example_inputs)  # solved offline
+    loss_fn(rm(*inputs)).backward(); optimizer.step()                  # bit-identical to eager
+    plan = executor.checkpoint_plan(model, example_inputs, "50%", loss_fn=loss_fn, time_limit=60)
     found = executor.fit(factory, "24GiB", dim="batch", max_overhead=1.3)  # the largest batch
-    loss = rm(*inputs); loss.backward(); optimizer.step()              # bit-identical to eager
+
+One interface: a percentage is of the measured plain step's peak; a bare memory number is
+bytes, a bare compute number a factor of computing every node once; `time_limit` bounds the
+whole call; `X.load(path, what it belongs to...)`; `loss_fn(output) -> scalar` with
+`executor.sac.default_loss` (`output.loss`, or a scalar output) where a step is planned.
 
 See docs/executor.md for the forward/backward split, RNG replay, BatchNorm statistics and how
 peak memory is measured.
@@ -15,6 +21,7 @@ from executor.errors import (
     FitError,
     InputMismatchError,
     OpStreamMismatchError,
+    PlanError,
     UnsupportedScheduleError,
     UnusedOutputGradientError,
 )
@@ -32,6 +39,7 @@ __all__ = [
     "InputMismatchError",
     "OpStreamMismatchError",
     "PeakMemory",
+    "PlanError",
     "Rematerialized",
     "UnsupportedScheduleError",
     "UnusedOutputGradientError",

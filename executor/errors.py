@@ -32,6 +32,13 @@ class UnusedOutputGradientError(ExecutorError):
     zero, so capture again with ``backward_from`` naming the output."""
 
 
+class PlanError(ExecutorError, ValueError):
+    """`executor.checkpoint_plan` or `CheckpointPlan` cannot plan or load: inputs off the CPU,
+    blocks that do not run once each per step, a recording that cannot finish within the time
+    limit, a plan file that is not one (or of an older format); each message says what to
+    change."""
+
+
 class FitError(ExecutorError, ValueError):
     """`executor.fit` cannot answer: a factory that fails at a size (which, and why), a memory
     below what the parameters and optimizer state take alone, a graph that changes shape with

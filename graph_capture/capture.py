@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from graph_capture.captured import CapturedGraph, TensorSpec
@@ -20,6 +21,7 @@ from graph_capture.measurement.device import (
     no_autocast,
 )
 from graph_capture.measurement.measure import StorageKey, is_random, measure_joint, storages_of
+from graph_capture.measurement.peak import plain_step_peak
 from graph_capture.trace.fx_nodes import device_of
 from graph_capture.trace.lifted import lifted_constants
 from graph_capture.trace.trace import TracedJoint, trace_joint
@@ -43,6 +45,7 @@ def capture(
     module_depth: int | None = None,
     repeats: int = 5,
     backward_from: Sequence[OutputName] | None = None,
+    plain_peak: bool = True,
 ) -> CapturedGraph:
     """Capture ``model(*example_inputs, **example_kwargs)`` forward + backward as a
     `CapturedGraph`.
@@ -65,8 +68,11 @@ def capture(
     other outputs' incoming gradients are known zero and the graph is specialised for that
     (`graph_capture.trace.zero_tangents`: eager does not compute them, nor does the executor then).
     ``None``: every output that requires grad may get a gradient. Measurement runs the graph
-    once on the example inputs with tangents of ones (zeros where known zero); the global RNG
-    state and the model are left as they were. Raises `CaptureError`.
+    once on the example inputs with tangents of ones (zeros where known zero); the graph
+    attribute ``plain_peak`` is the measured peak bytes of the plain eager step with those
+    gradients (`graph_capture.measurement.peak.plain_step_peak`: 100% of a percentage budget),
+    measured unless ``plain_peak=False`` (one more eager step: callers giving bytes skip it).
+    The global RNG state and the model are left as they were. Raises `CaptureError`.
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")
@@ -104,6 +110,11 @@ def capture(
         measures, flat_outputs = measured.nodes, measured.outputs
         grad_positions = list(layout["param_grad_indices"].values())
         accumulation = add_accumulation_seconds(gm, grad_positions, flat_outputs, measures, repeats)
+        plain_peak = (
+            _plain_peak(model, example_inputs, kwargs, layout, tangents, zero_outputs)
+            if plain_peak
+            else None
+        )
     group = group_ops(gm, measures)
     order = op_group_order(gm, group)
     modules = None
@@ -117,6 +128,8 @@ def capture(
     dag.graph["granularity"] = granularity
     dag.graph["threads"] = torch.get_num_threads()
     dag.graph["name"] = f"{type(model).__name__} ({granularity})"
+    if plain_peak is not None:
+        dag.graph["plain_peak"] = plain_peak
     if cost_model == "time" and measured.pass_seconds is not None:
         dag.graph["step_cost"] = measured.pass_seconds + accumulation
     return CapturedGraph(
@@ -304,3 +317,36 @@ def _static_bytes(
     grads = storages_of([outputs[i] for i in grad_positions])
     static["grads"] = sum(grads.values())
     return static
+
+
+def _plain_peak(
+    model: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    kwargs: Mapping[str, torch.Tensor],
+    layout: dict,
+    tangents: Sequence[torch.Tensor],
+    zero_outputs: Sequence[int],
+) -> int | None:
+    """Measured peak bytes of the eager step the graph stands for: the forward, then backward
+    from the outputs the graph gives tangents (ones), known-zero ones left out. None where the
+    model's outputs do not flatten to the graph's forward outputs."""
+    given = [
+        (k, t)
+        for k, t in zip(layout["tangent_output_indices"], tangents, strict=True)
+        if k not in zero_outputs
+    ]
+
+    def step() -> None:
+        outputs = pytree.tree_leaves(model(*example_inputs, **kwargs))
+        if len(outputs) != len(layout["forward_output_indices"]):
+            raise _Unflattened
+        torch.autograd.backward([outputs[k] for k, _ in given], [t for _, t in given])
+
+    try:
+        return plain_step_peak(model, step, model_device(model))
+    except _Unflattened:
+        return None
+
+
+class _Unflattened(Exception):
+    """The model's outputs do not flatten to the captured forward outputs."""

@@ -92,7 +92,8 @@ def probe(
     workers: int = 8,
 ) -> Probe:
     """Decide whether a schedule of `graph` peaks at or under `memory` bytes within the compute
-    budget (graph units, or text like "1.3x"; None: unlimited), by `deadline` (NOTE [fit
+    budget (a factor of computing every node once, 1.3 or "1.3x", or "0.02units": the
+    spellings of `solver.core.budget`; None: unlimited), by `deadline` (NOTE [fit
     proofs]). The peak floor above `memory`, or checkpoint-all within it, decides at once;
     else a quarter of the time goes to the least peak within the cap (it closes at once on
     chains and small graphs) and, where that leaves it open, the rest to the least cost within
@@ -119,7 +120,7 @@ def probe(
     least = solve(
         graph,
         objective="memory",
-        compute_budget=cap,
+        compute_budget=compute_budget,
         time_limit=limit,
         workers=workers,
         deadline=deadline,
@@ -178,7 +179,7 @@ def largest_fitting(
     progress: Callable[[Probe], None] | None = None,
 ) -> FitResult:
     """The largest size s in [low, high] whose graph `graph_at(s)` has a schedule peaking at or
-    under `memory` bytes within `compute_budget` (graph units, or text like "1.3x" of computing
+    under `memory` bytes within `compute_budget` (a factor like 1.3 or "1.3x" of computing
     every node once; None: unlimited), with a proof that s + 1 does not fit. `memory` may be a
     function of the size (bytes left to the step once what exists before it is counted); it
     must not grow with the size (NOTE [monotone sizes]).

@@ -84,8 +84,9 @@ def graph_from_node_link(data: object) -> nx.DiGraph:
         graph.graph["order"] = [_node_id(v, "graph attribute 'order'") for v in order]
     if isinstance(attributes.get("name"), str):
         graph.graph["name"] = attributes["name"]
-    if "step_cost" in attributes:  # checked by prepare, as for a graph built in Python
-        graph.graph["step_cost"] = attributes["step_cost"]
+    for key in ("step_cost", "plain_peak"):  # checked by prepare, as for a graph built in Python
+        if key in attributes:
+            graph.graph[key] = attributes[key]
     if "threads" in attributes:
         threads = attributes["threads"]
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -115,9 +116,9 @@ def load_graph(path: str | Path) -> nx.DiGraph:
 
 
 def save_graph(graph: nx.DiGraph, path: str | Path) -> None:
-    """Write a solver graph as node-link JSON with its `order`, `name`, `step_cost` and
-    `threads`, readable by `load_graph`."""
+    """Write a solver graph as node-link JSON with its `order`, `name`, `step_cost`,
+    `plain_peak` and `threads`, readable by `load_graph`."""
     data = nx.node_link_data(graph, edges="links")
-    kept = ("order", "name", "step_cost", "threads")
+    kept = ("order", "name", "step_cost", "plain_peak", "threads")
     data["graph"] = {k: v for k, v in graph.graph.items() if k in kept}
     Path(path).write_text(json.dumps(data))

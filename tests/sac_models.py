@@ -56,6 +56,11 @@ class Net(nn.Module):
         return self.head(x)
 
 
+def sum_loss(output: torch.Tensor) -> torch.Tensor:
+    """The loss the tests train their plain nets with: the sum of the output tensor."""
+    return output.sum()
+
+
 def transformer(layers: int = 3, d: int = 32, seed: int = 0) -> Net:
     torch.manual_seed(seed)
     return Net([Attention(d) for _ in range(layers)], d).train()
@@ -66,9 +71,21 @@ def mlp_net(layers: int = 3, d: int = 32, hidden: int = 128, inplace: bool = Fal
     return Net([MLP(d, hidden, 0.2, inplace) for _ in range(layers)], d).train()
 
 
-def small() -> tuple[Net, tuple[torch.Tensor]]:
-    """A `--model` factory: a 2-block transformer and its example input."""
-    return transformer(layers=2), (torch.randn(2, 8, 32),)
+class Summed(nn.Module):
+    """`net` whose forward returns its loss, the sum of its output (the step `remat sac` and
+    `remat fit` train: `executor.sac.default_loss`)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).sum()
+
+
+def small() -> tuple[Summed, tuple[torch.Tensor]]:
+    """A `--model` factory: a 2-block transformer returning its loss, and its example input."""
+    return Summed(transformer(layers=2)).train(), (torch.randn(2, 8, 32),)
 
 
 def assert_same_adamw_steps(runs: list[nn.Module], loss, steps: int = 3) -> None:
@@ -97,26 +114,26 @@ def assert_same_adamw_steps(runs: list[nn.Module], loss, steps: int = 3) -> None
 def replanned(
     plan: executor.CheckpointPlan, saved: tuple[frozenset[int], ...]
 ) -> tuple[executor.CheckpointPlan, int]:
-    """The plan's regions with `saved` as their MUST_SAVE ops (per region in `plan.blocks`
+    """The plan's regions with `saved` as their MUST_SAVE ops (per region in `plan.regions`
     order), and that plan's predicted peak (bytes) from the reference model."""
-    flat = iter(zip(plan.plan.checkpointed, saved, strict=True))
+    flat = iter(zip(plan.checkpointed, saved, strict=True))
     blocks, children = [], []
     for split in plan.problem.splits:
         blocks.append(next(flat))
         kids = [] if split is None else [next(flat) for _ in split.children]
         children.append(None if split is None else SacPlan(*map(tuple, zip(*kids, strict=True))))
     union_plan = UnionPlan(SacPlan(*map(tuple, zip(*blocks, strict=True))), tuple(children))
-    changed = dataclasses.replace(plan, plan=SacPlan(plan.plan.checkpointed, saved))
+    changed = dataclasses.replace(plan, saved=saved)
     return changed, union_peak(plan.problem, union_plan)
 
 
 def every_saveable(plan: executor.CheckpointPlan) -> tuple[frozenset[int], ...]:
-    """Per region of the plan (`plan.blocks` order): every op it may save where the plan
+    """Per region of the plan (`plan.regions` order): every op it may save where the plan
     checkpoints it, none elsewhere (the regions then run under SAC policies)."""
     regions = []
     for block, split in zip(plan.problem.blocks.blocks, plan.problem.splits, strict=True):
         regions += [block, *(split.children if split is not None else ())]
     return tuple(
         frozenset(i for i, op in enumerate(r.ops[: r.stop + 1]) if op.saveable and c)
-        for r, c in zip(regions, plan.plan.checkpointed, strict=True)
+        for r, c in zip(regions, plan.checkpointed, strict=True)
     )

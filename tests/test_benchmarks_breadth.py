@@ -14,16 +14,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_a_row_trains_the_control_and_both_runtimes_against_eager() -> None:
-    cells = breadth.run_row("vit", budget="100%", steps=1, time_limit=1)
+    cells = breadth.run_row("vit", budget="100%", steps=1, time_limit=20)
     assert [c.runtime for c in cells] == list(breadth.RUNTIMES)
     for cell in cells:
         assert cell.result == "equal", cell
     eager, remat, sac = cells
     assert eager.budget is None and eager.peak > 0
     assert 0 < remat.peak <= remat.budget and 0 < sac.peak <= sac.budget
-    assert remat.checkpointed == "0 recomputes"  # at 100%
-    assert "| vit | hf | remat | equal | 0 recomputes |" in breadth.table(cells)
-    assert breadth.summary(cells) == "3 equal (2 of them checkpointing nothing) of 3 cells"
+    # one percent basis: 100% is the measured plain step for both runtimes (their steps differ
+    # by the loss's few bytes), where the own executor's checkpoint-all peaks above it on ViT
+    assert abs(remat.budget - sac.budget) <= 0.001 * sac.budget, (remat.budget, sac.budget)
+    assert sac.checkpointed.startswith("0 of ") and not remat.checkpointed.startswith("0 ")
+    assert f"| vit | hf | remat | equal | {remat.checkpointed} |" in breadth.table(cells)
+    assert breadth.summary(cells) == "3 equal (1 of them checkpointing nothing) of 3 cells"
 
 
 def test_a_runtime_that_differs_from_eager_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,8 @@ def keyword_model() -> tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torc
 
 
 def test_factory_may_return_keyword_inputs(capsys) -> None:
-    args = ["solve", "--model", f"{__name__}:keyword_model", "--budget", "100%"]
+    # 200%: on a model this small the executor's held bytes exceed the plain step (100%)
+    args = ["solve", "--model", f"{__name__}:keyword_model", "--budget", "200%"]
     assert main([*args, "--time-limit", "5", "--quiet", "--no-baselines"]) == 0
     assert "exact" in capsys.readouterr().out
 

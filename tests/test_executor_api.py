@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import re
+import time
 
 import networkx as nx
 import pytest
@@ -15,10 +17,11 @@ from executor.memory import measure_peak
 from executor.traced.module import Rematerialized, rematerialize
 from graph_capture import capture
 from graph_capture.measurement.device import fork_rng, generator
+from graph_capture.measurement.peak import plain_step_peak
 from solver import prepare
 from solver.core.schedule import Schedule, make_schedule
 from solver.core.stages import plan_from_keep, plan_to_ops
-from solver.errors import InvalidScheduleError, ScheduleMismatchError
+from solver.errors import InvalidScheduleError, ScheduleMismatchError, SolverTimeoutError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -102,7 +105,7 @@ def test_schedule_file_round_trip_and_refusal_of_another_graph(tmp_path):
     path = tmp_path / "schedule.json"
     keep_schedule(captured, 2).save(path)
     eager_model, remat_model = copy.deepcopy(model), copy.deepcopy(model)
-    rm = Rematerialized.from_file(remat_model, [x], path)
+    rm = Rematerialized.load(path, remat_model, [x])
     torch.manual_seed(3)
     eager_model(x).sum().backward()
     torch.manual_seed(3)
@@ -111,7 +114,47 @@ def test_schedule_file_round_trip_and_refusal_of_another_graph(tmp_path):
         assert torch.equal(a.grad, b.grad)
     other_model, other_x = small_model(width=8)
     with pytest.raises(ScheduleMismatchError):
-        Rematerialized.from_file(other_model, [other_x], path)
+        Rematerialized.load(path, other_model, [other_x])
+
+
+def test_the_old_loading_spelling_names_the_new_one():
+    with pytest.raises(TypeError, match=r"Rematerialized\.load\(path, model, example_inputs"):
+        Rematerialized.from_file(nn.Linear(2, 2), [torch.randn(1, 2)], "s.json")
+
+
+def test_rematerialize_returns_within_its_time_limit_or_says_what_it_needs():
+    """`time_limit` bounds capture and solve together: either the call returns within it (with
+    the solver's margin and a generous one for a loaded machine) or the capture ran past it
+    and the error says so."""
+    model, x = small_model()
+    began = time.perf_counter()
+    try:
+        rematerialize(model, [x], "60%", time_limit=0.2, workers=1)
+    except SolverTimeoutError as error:
+        assert "time_limit" in str(error)
+    assert time.perf_counter() - began < 0.2 * 1.05 + 0.5 + 10
+
+
+def test_a_percentage_is_of_the_measured_plain_step():
+    """100% is the plain step's peak that capture measures (graph attribute plain_peak)."""
+    model, x = small_model()
+    captured = capture(model, [x])
+    plain = captured.dag.graph["plain_peak"]
+    summed = plain_step_peak(model, lambda: model(x).sum().backward())
+    assert abs(plain - summed) <= 0.05 * summed, (plain, summed)  # a loss's few bytes apart
+    assert solver.parse_budget("50%", solver.prepare(captured.dag)) == plain // 2
+
+
+def test_a_budget_below_the_least_names_the_least_as_a_percentage_that_fits():
+    """On a model this small the least peak is above the plain step (100%): the error gives
+    it in percent too, and that percentage solves."""
+    model, x = small_model()
+    graph = capture(model, [x]).dag
+    with pytest.raises(solver.InfeasibleBudgetError) as info:
+        solver.solve(graph, "100%", time_limit=10)
+    least = re.search(r"([0-9.]+)% of the measured plain step", str(info.value))
+    assert least, str(info.value)
+    assert solver.solve(graph, f"{least.group(1)}%", time_limit=10).peak == info.value.minimum_bytes
 
 
 class _LossAndHidden(nn.Module):
@@ -127,7 +170,7 @@ class _LossAndHidden(nn.Module):
 
 
 def test_a_schedule_file_loads_with_the_capture_options_it_was_solved_with(tmp_path):
-    """`from_file` takes `capture_options` as `rematerialize` does: a schedule solved on a
+    """`load` takes `capture_options` as `rematerialize` does: a schedule solved on a
     capture that backpropagates from the loss alone belongs to that capture only."""
     torch.manual_seed(0)
     model, x = _LossAndHidden(), torch.randn(4, 8)
@@ -136,9 +179,9 @@ def test_a_schedule_file_loads_with_the_capture_options_it_was_solved_with(tmp_p
     path = tmp_path / "loss_only.json"
     solver.solve(captured.dag, "100%", time_limit=5).save(path)
     with pytest.raises(ScheduleMismatchError):
-        Rematerialized.from_file(copy.deepcopy(model), [x], path)
+        Rematerialized.load(path, copy.deepcopy(model), [x])
     remat_model, eager_model = copy.deepcopy(model), copy.deepcopy(model)
-    rm = Rematerialized.from_file(remat_model, [x], path, capture_options=options)
+    rm = Rematerialized.load(path, remat_model, [x], capture_options=options)
     rm(x)[0].backward()
     eager_model(x)[0].backward()
     for a, b in zip(eager_model.parameters(), remat_model.parameters(), strict=True):
@@ -148,7 +191,10 @@ def test_a_schedule_file_loads_with_the_capture_options_it_was_solved_with(tmp_p
 def test_rematerialize_one_call_and_grad_accumulation_over_micro_batches():
     model, x = small_model()
     eager_model = copy.deepcopy(model)
-    rm = rematerialize(model, [x], budget="100%", time_limit=20)
+    # bytes: on a model this small the executor's own held bytes put its checkpoint-all above
+    # the measured plain step (100%)
+    full = solver.checkpoint_all_peak(solver.prepare(capture(copy.deepcopy(model), [x]).dag))
+    rm = rematerialize(model, [x], full, time_limit=20)
     torch.manual_seed(5)
     for _ in range(2):
         eager_model(x).square().sum().backward()

@@ -9,7 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+import solver
 from executor import AutocastMismatchError, rematerialize
+from graph_capture import capture
 from graph_capture.measurement.device import AutocastState
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -46,7 +48,7 @@ def test_training_under_autocast_is_bit_identical_to_eager_autocast(device, dtyp
     model, x = model_and_input(device)
     eager, remat_model = copy.deepcopy(model), copy.deepcopy(model)
     with torch.autocast(device, dtype=dtype):
-        rm = rematerialize(remat_model, [x], "70%", time_limit=1)
+        rm = rematerialize(remat_model, [x], midway(copy.deepcopy(model), x), time_limit=20)
     assert rm.captured.autocast == AutocastState(device, True, dtype)
     assert any(str(d).endswith(str(dtype).removeprefix("torch.")) for d in _dtypes(rm))
     assert len(rm.schedule.ops) > 2 * rm.captured.dag.number_of_nodes(), "no recomputation"
@@ -66,13 +68,21 @@ def test_training_under_autocast_is_bit_identical_to_eager_autocast(device, dtyp
             assert torch.equal(a, b), f"step {step}: {name} differs after the update"
 
 
+def midway(model: nn.Module, x: torch.Tensor) -> int:
+    """Bytes midway between the least peak of the model's graph (captured under the autocast
+    in force) and its checkpoint-all peak: a budget that makes the schedule recompute."""
+    graph = capture(model, [x]).dag
+    least = solver.minimum_peak(graph, time_limit=10).peak
+    return (least + solver.checkpoint_all_peak(solver.prepare(graph))) // 2
+
+
 def _dtypes(rm) -> set[str]:
     return {d for v in rm.captured.dag for d in rm.captured.dag.nodes[v]["dtypes"]}
 
 
 def test_step_under_another_autocast_state_than_the_capture_is_refused(device):
     model, x = model_and_input(device)
-    plain = rematerialize(copy.deepcopy(model), [x], "100%", time_limit=1)
+    plain = rematerialize(copy.deepcopy(model), [x], "100%", time_limit=20)
     with (
         torch.autocast(device, dtype=torch.bfloat16),
         pytest.raises(
@@ -83,7 +93,7 @@ def test_step_under_another_autocast_state_than_the_capture_is_refused(device):
     ):
         plain(x)
     with torch.autocast(device, dtype=torch.bfloat16):
-        mixed = rematerialize(copy.deepcopy(model), [x], "100%", time_limit=1)
+        mixed = rematerialize(copy.deepcopy(model), [x], "100%", time_limit=20)
     with pytest.raises(AutocastMismatchError, match=rf"runs under no autocast on {device}"):
         mixed(x)
     with (

@@ -132,6 +132,31 @@ def test_fit_runs_one_step_within_the_memory_and_proves_the_next_size_on_its_cap
     assert found.static.optimizer_state >= 2 * found.static.parameters  # AdamW's two moments
 
 
+class Hidden(Blocks):
+    """`Blocks` returning its last activations: the loss is the caller's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_loss_fn_is_the_step_s_loss_as_in_checkpoint_plan():
+    """`loss_fn(output)` makes the step `blocks` trains: the same size; the default loss
+    refuses an output that is no loss and asks for loss_fn."""
+
+    def hidden(batch: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+        torch.manual_seed(0)
+        return Hidden(), (torch.randn(batch, 64),)
+
+    found = executor.fit(
+        hidden, MEMORY, time_limit=10, run=False, loss_fn=lambda out: out.square().mean()
+    )
+    assert found.size == executor.fit(blocks, MEMORY, time_limit=10, run=False).size
+    with pytest.raises(executor.FitError, match=r"shape \(2, 64\).*pass loss_fn="):
+        executor.fit(hidden, MEMORY, time_limit=10, run=False)
+
+
 def test_the_optimizer_changes_what_exists_before_the_step():
     adamw = executor.fit(blocks, MEMORY, optimizer="adamw", time_limit=120, run=False)
     none = executor.fit(blocks, MEMORY, optimizer="none", time_limit=120, run=False)

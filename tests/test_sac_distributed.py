@@ -16,7 +16,7 @@ from functools import partial
 import pytest
 import torch
 from gloo_ranks import WORLD, on_gloo_ranks
-from sac_models import every_saveable, replanned, transformer
+from sac_models import every_saveable, replanned, sum_loss, transformer
 
 import executor
 import executor.sac.plan
@@ -32,9 +32,9 @@ def _grads(model) -> list[torch.Tensor]:
     return out
 
 
-def _train(runs, rank: int, batch) -> list[list[list[torch.Tensor]]]:
+def _train(runs, rank: int, batch, loss_fn) -> list[list[list[torch.Tensor]]]:
     """Each step's gradients of each run, on this rank's data and dropout stream; `batch(g)`
-    draws a step's inputs from the generator `g`."""
+    draws a step's inputs from the generator `g`, `loss_fn(output)` is the step's loss."""
     data = torch.Generator().manual_seed(100 + rank)
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in runs]
     record = []
@@ -44,7 +44,7 @@ def _train(runs, rank: int, batch) -> list[list[list[torch.Tensor]]]:
         for model, optimizer in zip(runs, optimizers, strict=True):
             torch.manual_seed(1000 * step + rank)
             optimizer.zero_grad(set_to_none=True)
-            executor.sac.plan.default_loss(model(*args, **kwargs)).square().backward()
+            loss_fn(model(*args, **kwargs)).square().backward()
             grads.append(_grads(model))
             optimizer.step()
         record.append(grads)
@@ -86,8 +86,8 @@ def train(plan_dir: str, rank: int) -> dict:
         DistributedDataParallel(plan.apply(copy.deepcopy(net))),
     ]
     return {
-        "fsdp": _train(fsdp, rank, _tokens),
-        "ddp": _train(ddp, rank, lambda g: ((torch.randn(4, 16, 32, generator=g),), {})),
+        "fsdp": _train(fsdp, rank, _tokens, executor.sac.default_loss),  # output.loss
+        "ddp": _train(ddp, rank, lambda g: ((torch.randn(4, 16, 32, generator=g),), {}), sum_loss),
     }
 
 
@@ -98,14 +98,14 @@ def test_fsdp2_and_ddp_with_a_plan_match_them_without(tmp_path):
     plan = executor.checkpoint_plan(
         model, args, "80%", example_kwargs=kwargs, blocks=["transformer.h.*"], time_limit=10
     )
-    assert plan.checkpointed()
+    assert plan.checkpointed_regions()
     plan, _ = replanned(plan, every_saveable(plan))  # its regions under SAC policies
-    assert any(plan.plan.saved)
+    assert any(plan.saved)
     plan.save(tmp_path / "gpt2.json")
     plan = executor.checkpoint_plan(
-        transformer(layers=2), (torch.randn(4, 16, 32),), "min", time_limit=10
+        transformer(layers=2), (torch.randn(4, 16, 32),), "min", time_limit=10, loss_fn=sum_loss
     )
-    assert plan.checkpointed()
+    assert plan.checkpointed_regions()
     plan.save(tmp_path / "net.json")
     for rank, result in enumerate(on_gloo_ranks(partial(train, str(tmp_path)), tmp_path)):
         for wrapper, record in result.items():

@@ -19,6 +19,7 @@ from sac_models import (
     every_saveable,
     mlp_net,
     replanned,
+    sum_loss,
     transformer,
 )
 
@@ -41,7 +42,9 @@ def measured_peak(model, x) -> int:
 
 
 def check_peak(net, x, budget, regions: str = "choose") -> executor.CheckpointPlan:
-    plan = executor.checkpoint_plan(net, (x,), budget, regions=regions, time_limit=10)
+    plan = executor.checkpoint_plan(
+        net, (x,), budget, regions=regions, time_limit=10, loss_fn=sum_loss
+    )
     measured = measured_peak(plan.apply(copy.deepcopy(net)), x)
     assert measured <= plan.budget, (measured, plan.budget)
     assert measured <= 1.03 * plan.peak, (measured, plan.peak)
@@ -86,8 +89,8 @@ def with_variants(net, x, plan: executor.CheckpointPlan) -> list:
 def test_gradients_bit_identical_over_three_adamw_steps():
     net = transformer()
     x = torch.randn(4, 32, 32)
-    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=10)
-    assert plan.checkpointed(), "the plan should checkpoint"
+    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=10, loss_fn=sum_loss)
+    assert plan.checkpointed_regions(), "the plan should checkpoint"
     runs = with_variants(net, x, plan)
     assert_same_adamw_steps(runs, lambda model, step: model(x + step).square().mean())
 
@@ -119,7 +122,9 @@ def test_child_regions_are_exact_and_within_budget():
     net, x = transformer(layers=2), torch.randn(4, 32, 32)
     least = check_peak(net, x, "min", regions="children")
     plan = check_peak(net, x, int(least.peak + 0.3 * (least.plain_peak - least.peak)), "children")
-    assert all(name.count(".") == 2 for name in plan.checkpointed()), plan.checkpointed()
-    assert plan.checkpointed()
+    assert all(name.count(".") == 2 for name in plan.checkpointed_regions()), (
+        plan.checkpointed_regions()
+    )
+    assert plan.checkpointed_regions()
     runs = with_variants(net, x, plan)
     assert_same_adamw_steps(runs, lambda model, step: model(x + step).square().mean())

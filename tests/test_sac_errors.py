@@ -6,14 +6,24 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
+import time
 
 import pytest
 import torch
-from sac_models import Net, every_saveable, mlp_net, replanned, transformer
+from sac_models import (
+    Net,
+    assert_same_adamw_steps,
+    every_saveable,
+    mlp_net,
+    replanned,
+    sum_loss,
+    transformer,
+)
 
 import executor
+from executor import PlanError
 from solver.errors import InfeasibleBudgetError, ScheduleMismatchError
-from solver.sac import SacPlan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,32 +32,32 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def solved():
     net = mlp_net(layers=2)
     x = torch.randn(32, 32)
-    return net, x, executor.checkpoint_plan(net, (x,), "min", time_limit=10)
+    return net, x, executor.checkpoint_plan(net, (x,), "min", time_limit=10, loss_fn=sum_loss)
 
 
 def test_budget_below_the_least_names_it(solved):
     net, x, plan = solved
     with pytest.raises(InfeasibleBudgetError, match=f"least predicted peak .* is {plan.peak}"):
-        executor.checkpoint_plan(net, (x,), plan.peak - 1, time_limit=10)
+        executor.checkpoint_plan(net, (x,), plan.peak - 1, time_limit=10, loss_fn=sum_loss)
 
 
 @pytest.mark.parametrize("budget", ["lots", "0.5", "-3%x"])
 def test_unreadable_budget(solved, budget):
     net, x, _ = solved
     with pytest.raises(ValueError, match=r"cannot read memory budget|whole number of bytes"):
-        executor.checkpoint_plan(net, (x,), budget)
+        executor.checkpoint_plan(net, (x,), budget, loss_fn=sum_loss)
 
 
 def test_block_pattern_matching_nothing(solved):
     net, x, _ = solved
-    with pytest.raises(ValueError, match=r"no module of Net matches block 'layers\.\*'"):
-        executor.checkpoint_plan(net, (x,), "80%", blocks=["layers.*"])
+    with pytest.raises(PlanError, match=r"no module of Net matches block 'layers\.\*'"):
+        executor.checkpoint_plan(net, (x,), "80%", blocks=["layers.*"], loss_fn=sum_loss)
 
 
 def test_model_failing_eagerly_raises_its_own_error(solved):
     net, _, _ = solved
     with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
-        executor.checkpoint_plan(net, (torch.randn(4, 7),), "80%")
+        executor.checkpoint_plan(net, (torch.randn(4, 7),), "80%", loss_fn=sum_loss)
 
 
 def test_plan_file_round_trips_and_refuses_another_model(solved, tmp_path):
@@ -55,26 +65,30 @@ def test_plan_file_round_trips_and_refuses_another_model(solved, tmp_path):
     path = tmp_path / "plan.json"
     plan.save(path)
     loaded = executor.CheckpointPlan.load(path, net)
-    assert loaded.plan == plan.plan and loaded.peak == plan.peak and loaded.ops == plan.ops
+    assert (loaded.checkpointed, loaded.saved) == (plan.checkpointed, plan.saved)
+    assert loaded.peak == plan.peak and loaded.ops == plan.ops
+    assert loaded.model_signature == plan.model_signature and loaded.regions == plan.regions
     with pytest.raises(ScheduleMismatchError, match="solved for another model"):
         executor.CheckpointPlan.load(path, mlp_net(layers=3))
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(ValueError, match="is not a SAC plan file"):
+    with pytest.raises(PlanError, match="is not a SAC plan file"):
         executor.CheckpointPlan.load(tmp_path / "bad.json", net)
-    old = json.loads(path.read_text()) | {"format": "remat-sac-plan/2"}
+    old = json.loads(path.read_text()) | {"format": "remat-sac-plan/4"}
     (tmp_path / "old.json").write_text(json.dumps(old))
-    with pytest.raises(ValueError, match=r"format 'remat-sac-plan/2'.*solve it again"):
+    with pytest.raises(PlanError, match=r"format 'remat-sac-plan/4'.*solve it again"):
         executor.CheckpointPlan.load(tmp_path / "old.json", net)
     assert all("price" in b for b in json.loads(path.read_text())["problem"]["blocks"]["blocks"])
 
 
 def test_plan_for_other_blocks_is_refused(solved):
     net, x, _ = solved
-    plan = executor.checkpoint_plan(net, (x,), "100%", blocks=["blocks.*.fc1"], time_limit=5)
+    plan = executor.checkpoint_plan(
+        net, (x,), "100%", blocks=["blocks.*.fc1"], time_limit=5, loss_fn=sum_loss
+    )
     changed = copy.deepcopy(net)
     changed.blocks[0].fc1.__class__ = type("OtherLinear", (torch.nn.Linear,), {})
     with pytest.raises(
-        ScheduleMismatchError, match=r"block blocks\.0\.fc1 .* not a module of this"
+        ScheduleMismatchError, match=r"region blocks\.0\.fc1 .* not a module of this"
     ):
         plan.apply(changed)
 
@@ -83,8 +97,8 @@ def test_changed_op_stream_is_refused_at_its_first_step(solved):
     """A region saving an op runs under its policy, which checks the op stream; one saving none
     runs as plain checkpoint, which has no per-op decision to get wrong, and runs."""
     net, x, plan = solved
-    only = tuple(name == "blocks.0" for name in plan.blocks)
-    plain = dataclasses.replace(plan, plan=SacPlan(only, (frozenset(),) * len(only)))
+    only = tuple(name == "blocks.0" for name in plan.regions)
+    plain = dataclasses.replace(plan, checkpointed=only, saved=(frozenset(),) * len(only))
     saving, _ = replanned(plain, every_saveable(plain))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         plain.apply(copy.deepcopy(net))(x).sum().backward()
@@ -101,13 +115,15 @@ def test_changed_op_stream_is_refused_at_its_first_step(solved):
 def test_applying_twice_is_refused(solved):
     net, _, plan = solved
     model = plan.apply(copy.deepcopy(net))
-    with pytest.raises(ValueError, match="apply it once"):
+    with pytest.raises(PlanError, match="apply it once"):
         plan.apply(model)
 
 
 def test_blocks_given_as_one_string_is_refused():
-    with pytest.raises(ValueError, match="list of names or patterns"):
-        executor.checkpoint_plan(transformer(1), (torch.randn(2, 4, 32),), "80%", blocks="blocks.0")
+    with pytest.raises(PlanError, match="list of names or patterns"):
+        executor.checkpoint_plan(
+            transformer(1), (torch.randn(2, 4, 32),), "80%", blocks="blocks.0", loss_fn=sum_loss
+        )
 
 
 def test_t5_without_decoder_start_token_raises_the_models_own_error():
@@ -152,9 +168,11 @@ def test_block_that_fails_inside_checkpoint_is_refused():
     that input for the recompute."""
     net = Net([_WritesItsInput(32), _WritesItsInput(32)], 32)
     with pytest.raises(
-        ValueError, match=r"block blocks\.0 fails inside torch\.utils\.checkpoint .*inplace"
+        PlanError, match=r"block blocks\.0 fails inside torch\.utils\.checkpoint .*inplace"
     ) as info:
-        executor.checkpoint_plan(net, (torch.randn(4, 32),), "80%", regions="blocks", time_limit=5)
+        executor.checkpoint_plan(
+            net, (torch.randn(4, 32),), "80%", regions="blocks", time_limit=5, loss_fn=sum_loss
+        )
     assert isinstance(info.value.__cause__, RuntimeError), "the cause should be chained"
 
 
@@ -167,11 +185,43 @@ def test_out_of_memory_while_pricing_propagates(solved, monkeypatch):
 
     monkeypatch.setattr("executor.sac.overhead._region_times", out_of_memory)
     with pytest.raises(torch.OutOfMemoryError):
-        executor.checkpoint_plan(net, (x,), "min", time_limit=5)
+        executor.checkpoint_plan(net, (x,), "min", time_limit=5, loss_fn=sum_loss)
 
 
 def test_a_model_off_the_cpu_is_refused_before_recording():
     """The recording measures the CPU allocator, wall time and the CPU generator only."""
     net = transformer(layers=2).to("meta")
-    with pytest.raises(ValueError, match=r"records on the CPU only.*meta"):
-        executor.checkpoint_plan(net, (torch.randn(2, 8, 32, device="meta"),), "50%")
+    with pytest.raises(PlanError, match=r"records on the CPU only.*meta"):
+        executor.checkpoint_plan(
+            net, (torch.randn(2, 8, 32, device="meta"),), "50%", loss_fn=sum_loss
+        )
+
+
+def test_the_time_limit_bounds_the_recording_and_names_what_it_needs():
+    """`time_limit` covers the whole call: a limit the first plain step alone exceeds ends the
+    recording there with what it recorded and the time it needs."""
+    net, x = transformer(layers=2), torch.randn(4, 16, 32)
+    began = time.perf_counter()
+    with pytest.raises(
+        PlanError, match=r"out of time_limit=0.01 s .* recorded a plain step.*"
+    ) as info:
+        executor.checkpoint_plan(net, (x,), "min", time_limit=0.01, loss_fn=sum_loss)
+    assert time.perf_counter() - began < 0.01 * 1.05 + 0.5 + 10  # generous: a shared machine
+    assert re.search(r"needs about \d+ s.*give time_limit=\d+", str(info.value)), info.value
+
+
+@pytest.mark.parametrize("limit", [0.5, 2.0])
+def test_a_short_time_limit_returns_a_plan_in_time_or_says_what_it_needs(limit):
+    """Measurements repeat only while time is left: the call returns within its limit (with
+    the solver's margin and a generous one for a loaded machine) or raises the recording's
+    PlanError; the plan it returns is exact."""
+    net, x = transformer(layers=2), torch.randn(4, 16, 32)
+    began = time.perf_counter()
+    try:
+        plan = executor.checkpoint_plan(net, (x,), "min", time_limit=limit, loss_fn=sum_loss)
+    except PlanError as error:
+        assert "give time_limit=" in str(error)
+    else:
+        runs = [copy.deepcopy(net), plan.apply(copy.deepcopy(net))]
+        assert_same_adamw_steps(runs, lambda model, step: model(x + step).sum())
+    assert time.perf_counter() - began < limit * 1.05 + 0.5 + 10

@@ -31,8 +31,8 @@ def test_hf_plan_is_exact_and_within_budget(make):
     kwargs["use_cache"] = False
     plan = executor.checkpoint_plan(model, args, "min", example_kwargs=kwargs, time_limit=10)
     layers = [n for n, m in model.named_modules() if type(m).__name__.endswith(("Block", "Layer"))]
-    assert len(layers) == 3 and all(b.startswith(tuple(layers)) for b in plan.blocks)
-    assert plan.checkpointed()
+    assert len(layers) == 3 and all(b.startswith(tuple(layers)) for b in plan.regions)
+    assert plan.checkpointed_regions()
     runs = [copy.deepcopy(model), plan.apply(copy.deepcopy(model))]
 
     def step(m):

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from sac_models import assert_same_adamw_steps, every_saveable, replanned
+from sac_models import assert_same_adamw_steps, every_saveable, replanned, sum_loss
 from torch import nn
 
 import executor
@@ -43,8 +43,11 @@ def cnn(momentum: float | None, layers: int = 3, c: int = 8) -> nn.Module:
 
 def plan_variants(model, args, kwargs=None, budget="min") -> list:
     """The model, the plan applied, and the plan's regions saving every op they may and none."""
-    plan = executor.checkpoint_plan(model, args, budget, example_kwargs=kwargs, time_limit=10)
-    assert plan.checkpointed(), "the plan should checkpoint"
+    loss_fn = sum_loss if kwargs is None else executor.sac.default_loss  # HF: output.loss
+    plan = executor.checkpoint_plan(
+        model, args, budget, example_kwargs=kwargs, time_limit=10, loss_fn=loss_fn
+    )
+    assert plan.checkpointed_regions(), "the plan should checkpoint"
     every = every_saveable(plan)
     runs = [copy.deepcopy(model), plan.apply(copy.deepcopy(model))]
     for saved in (every, tuple(frozenset() for _ in every)):

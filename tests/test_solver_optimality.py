@@ -120,7 +120,9 @@ def test_memory_objective_matches_exhaustive_search_and_cost_objective(graph, ra
     limit = problem.total_cost * ratio
     frontier = stage_space_frontier(graph)
     least_peak = min(p for c, p in frontier if c <= limit + 1e-9)
-    schedule = solver.solve(graph, objective="memory", compute_budget=limit, time_limit=TIME_LIMIT)
+    schedule = solver.solve(
+        graph, objective="memory", compute_budget=f"{limit!r}units", time_limit=TIME_LIMIT
+    )
     assert schedule.status == "OPTIMAL"
     assert schedule.peak == least_peak
     assert schedule.cost <= limit + 1e-9

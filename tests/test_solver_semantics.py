@@ -13,6 +13,7 @@ from solver_strategies import uniform_chain
 
 import solver
 from solver import SolveOptions
+from solver.core.budget import CHECKPOINT_ALL, PLAIN_STEP, as_percent
 from solver.deadline import Deadline
 from solver.examples import chain, residual_demo, training_graph, uniform_training_chain
 from solver.heuristics.eviction import eviction_runs
@@ -376,3 +377,8 @@ def test_every_engine_returns_at_once_past_its_deadline():
     assert CpSatModel(lm).solve(deadline=passed, workers=1).status == "UNKNOWN"
     assert solve_relaxation(lm, passed) is None
     assert eviction_runs(problem, budget, passed) == []
+
+
+def test_a_percentage_of_a_basis_of_no_bytes_is_named_not_divided():
+    assert as_percent(0, 0, CHECKPOINT_ALL) == f"no percentage: {CHECKPOINT_ALL} is 0 bytes"
+    assert as_percent(18432, 5824, PLAIN_STEP) == f"316.5% of {PLAIN_STEP}"

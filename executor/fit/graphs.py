@@ -16,6 +16,7 @@ Costs are the ones of the largest captured size at every size (NOTE [monotone si
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ import networkx as nx
 import torch
 from torch import nn
 
-from executor.errors import FitError
+from executor.errors import FitError, PlanError
 from graph_capture import capture
 from graph_capture.captured import CapturedGraph
 from graph_capture.errors import CaptureError
@@ -34,6 +35,28 @@ BYTES = ("mem", "transient")
 """The node attributes that must be affine in the size."""
 
 Made = tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]
+
+
+def with_loss(
+    factory: Callable[[int], object], loss_fn: Callable[[object], torch.Tensor]
+) -> Callable[[int], Made]:
+    """`factory` whose models' forward returns `loss_fn` of their output (set on each model
+    it builds, so that module names, and what capture attributes to them, stay the model's)."""
+
+    def made(size: int) -> Made:
+        model, inputs, kwargs = unpack_model(factory(size))
+        model.remat_loss_fn = loss_fn
+        model.forward = types.MethodType(_loss_forward, model)
+        return model, inputs, kwargs
+
+    return made
+
+
+def _loss_forward(model: nn.Module, *args: object, **kwargs: object) -> torch.Tensor:
+    try:
+        return model.remat_loss_fn(type(model).forward(model, *args, **kwargs))
+    except PlanError as error:  # default_loss: an output without a loss
+        raise FitError(str(error)) from error
 
 
 def build(factory: Callable[[int], object], size: int, dim: str) -> Made:
@@ -70,7 +93,8 @@ class SizedGraphs:
         if len(sizes) < 3 or sorted(set(sizes)) != list(sizes) or sizes[0] < 1:
             raise ValueError(f"capture sizes must be 3 or more increasing sizes >= 1: {sizes}")
         self.factory, self.dim = factory, dim
-        self.options = dict(capture_options or {})
+        # fit's budgets are bytes: no plain step's peak (a percentage's basis) to measure
+        self.options = {"plain_peak": False, **(capture_options or {})}
         self.captures: dict[int, Captured] = {}
         self.seconds: dict[int, float] = {}  # each capture's wall time (build and capture)
         for size in sizes:

@@ -82,12 +82,13 @@ class TrainingStep:
         self.optimizer = make_optimizer(optimizer, model.parameters())
 
     def __call__(self) -> None:
-        """Forward (the loss), backward, the optimizer's step."""
+        """Forward (to the loss: `forward` returns it, `executor.fit.graphs.with_loss`),
+        backward, the optimizer's step."""
         loss = self.forward(*self.inputs, **self.kwargs)
         if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
             raise FitError(
-                "the model's forward must return the loss (a one-element tensor), not "
-                f"{type(loss).__name__}; wrap the model so that forward computes its loss"
+                "the step's loss (loss_fn of the model's output) must be a one-element "
+                f"tensor, not {type(loss).__name__}: pass a loss_fn that returns the loss"
             )
         loss.backward()
         del loss

@@ -34,12 +34,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
+import torch
 
 import solver
 from executor.errors import FitError
 from executor.fit.baselines import Steps, eager, per_block, run_step
-from executor.fit.graphs import SizedGraphs
+from executor.fit.graphs import SizedGraphs, with_loss
 from executor.fit.memory import OPTIMIZERS, StaticBytes
+from executor.sac.plan import default_loss
 from solver.core.budget import human_bytes, parse_budget
 from solver.deadline import Deadline, Stop
 from solver.fit import DOES_NOT_FIT, FITS, FitResult, Probe, largest_fitting
@@ -154,6 +156,7 @@ def fit(
     optimizer: str = "adamw",
     time_limit: float = 60.0,
     *,
+    loss_fn: Callable[[object], torch.Tensor] = default_loss,
     capture_sizes: Sequence[int] = (2, 3, 4),
     low: int = 1,
     high: int | None = None,
@@ -163,8 +166,10 @@ def fit(
 ) -> Fit:
     """The largest size whose training step fits `memory` (bytes or "24GiB").
 
-    `factory(size)` returns ``(model, example_inputs[, example_kwargs])`` at that size, the
-    model's forward returning the loss. `max_overhead`: the compute cap, a multiple of computing
+    `factory(size)` returns ``(model, example_inputs[, example_kwargs])`` at that size;
+    `loss_fn(output)` is the step's scalar loss, as in `checkpoint_plan` (default
+    `default_loss`: ``output.loss``, or the output itself where the forward returns the
+    loss). `max_overhead`: the compute cap, a multiple of computing
     every node once (1.3 or "1.3x"; None: unlimited). `optimizer`: "adamw", "sgd" or "none".
     `time_limit`: seconds for the whole call, captures and real steps included (NOTE [one
     deadline]); at the limit the best proven answer comes back with what is open (`stopped`).
@@ -191,7 +196,7 @@ def fit(
     deadline = Deadline.after(time_limit, stop)
     with first_sigint_stops(stop, on_interrupt):
         return _fit(
-            factory,
+            with_loss(factory, loss_fn),
             memory,
             dim,
             cap,

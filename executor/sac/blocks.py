@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from executor.errors import PlanError
+
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 
 
@@ -36,7 +38,7 @@ def default_blocks(model: nn.Module) -> list[str]:
         if isinstance(m, _CONTAINERS) and len(m) >= 2 and (best is None or len(m) > best[0]):
             best = (len(m), name)
     if best is None:
-        raise ValueError(
+        raise PlanError(
             f"{type(model).__name__} has no repeated blocks (GradientCheckpointingLayer, "
             "ModuleList, Sequential or ModuleDict children): pass blocks=[module names or glob "
             "patterns]"
@@ -77,12 +79,12 @@ def select_blocks(model: nn.Module, blocks: Sequence[str] | None) -> list[tuple[
         names = default_blocks(model)
     else:
         if isinstance(blocks, str):
-            raise ValueError(f"blocks must be a list of names or patterns, not {blocks!r}")
+            raise PlanError(f"blocks must be a list of names or patterns, not {blocks!r}")
         names = []
         for pattern in blocks:
             found = [n for n in modules if n and fnmatch.fnmatchcase(n, pattern)]
             if not found:
-                raise ValueError(
+                raise PlanError(
                     f"no module of {type(model).__name__} matches block {pattern!r}; its "
                     f"top-level modules are {[n for n, _ in model.named_children()]}"
                 )

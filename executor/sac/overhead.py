@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -14,9 +14,10 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import CheckpointError
 
+from executor.errors import PlanError
 from executor.sac.policy import Policy
 from executor.sac.region import run_checkpointed
-from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
+from executor.sac.step import RecordingTime, Snapshot, Step, hooked, leaf_tensors
 
 
 def copy_tensors(tree: object, copy: Callable[[torch.Tensor], torch.Tensor]) -> object:
@@ -109,11 +110,11 @@ class RegionTimes(NamedTuple):
 
 
 def _region_times(
-    module: nn.Module, call, name: str, ops: Sequence[str], repeats: int
+    module: nn.Module, call, name: str, ops: Sequence[str], rounds: Iterable[int]
 ) -> RegionTimes:
     """The region's step without checkpoint, under plain checkpoint and under its all-recompute
-    policy, one warm-up of each, then `repeats` rounds of the three side by side, the order
-    rotated each round; the medians of the rounds' differences."""
+    policy, one warm-up of each, then the `rounds` (0, 1, ...) of the three side by side, the
+    order rotated each round; the medians of the rounds' differences."""
     runs = (
         lambda: _region_step(module, call, None, checkpointed=False),
         lambda: _region_step(module, call, None),
@@ -122,7 +123,7 @@ def _region_times(
     for run in runs:
         run()
     overheads, checkpoints = [], []
-    for r in range(repeats):
+    for r in rounds:
         seconds = [0.0] * 3
         for k in range(3):
             which = (k + r) % 3
@@ -139,6 +140,7 @@ def measure_overhead(
     ops: Sequence[Sequence[str]],
     step: Step,
     repeats: int = 5,
+    clock: RecordingTime | None = None,
 ) -> list[RegionTimes | RuntimeError]:
     """Per region, the seconds a training step pays (`RegionTimes`) for running it under a SAC
     policy rather than under plain checkpoint (`overhead`: the policy's dispatch modes in its
@@ -149,21 +151,25 @@ def measure_overhead(
     region runs alone, forward and backward, on the inputs it gets in the step (`ops`: its
     recorded op stream, which the policy checks), the three ways side by side: after one
     warm-up of each, `repeats` rounds, the order rotated each round; the medians of the
-    rounds' differences. The thread count is the caller's. For a region that autograd or
+    rounds' differences; fewer rounds (at least one) where `clock` leaves no time for more,
+    its spare time shared evenly by the regions still to time. The thread count is the
+    caller's. For a region that autograd or
     checkpoint refuses inside checkpoint, its error (a module that writes its input in place,
     such as an in-place ReLU, invalidates the input checkpoint keeps); any other error
     (out of memory, a bug) propagates.
     """
+    clock = clock or RecordingTime()
     calls = _region_inputs(model, regions, step)
     snapshot = Snapshot(model)
     out: list[RegionTimes | None] = []
     try:
         for j, (module, call) in enumerate(zip(regions, calls, strict=True)):
             if call is None:
-                raise ValueError(f"region {j} ({type(module).__name__}) is not called by the step")
+                raise PlanError(f"region {j} ({type(module).__name__}) is not called by the step")
 
             try:
-                out.append(_region_times(module, call, f"region {j}", ops[j], repeats))
+                rounds = clock.repeats(repeats, clock.spare.share(1 / (len(regions) - j)))
+                out.append(_region_times(module, call, f"region {j}", ops[j], rounds))
             except RuntimeError as e:
                 if not _refused_by_checkpoint(e):
                     raise

@@ -32,34 +32,43 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from executor.errors import PlanError
 from executor.sac.blocks import select_blocks
 from executor.sac.policy import Policy
-from executor.sac.record import in_call_order, record_union
+from executor.sac.record import RECORDING_STEPS, in_call_order, record_union
 from executor.sac.region import cache_off, run_checkpointed
-from executor.sac.step import Snapshot, leaf_tensors
+from executor.sac.step import RecordingTime, Snapshot, leaf_tensors
 from solver.core.budget import parse_bytes
 from solver.deadline import Deadline
 from solver.errors import ScheduleMismatchError
-from solver.sac import SacPlan
 from solver.sac.solve import solve_sac
 from solver.sac.union import SacUnion, UnionPlan
 
 __all__ = ["REGIONS", "CheckpointPlan", "checkpoint_plan", "default_loss"]
 
-FORMAT = "remat-sac-plan/4"
+FORMAT = "remat-sac-plan/5"
 
 
 def default_loss(output: object) -> torch.Tensor:
-    """The step's loss: `output.loss` when the output has one (HF models given labels), else
-    the sum of the output tensor (or of its first tensor)."""
+    """The step's loss, the default `loss_fn` of `checkpoint_plan` and `fit`: `output.loss`
+    when the output has one (HF models given labels), else the output itself when it is a
+    scalar tensor (a forward that returns its loss). Any other output raises `PlanError`
+    asking for `loss_fn`: no loss is made up from it."""
     loss = getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor):
         return loss
-    if isinstance(output, Mapping):
-        output = list(output.values())
-    if isinstance(output, list | tuple):
-        output = next(t for t in output if isinstance(t, torch.Tensor))
-    return output.sum()
+    if isinstance(output, torch.Tensor) and output.dim() == 0:
+        return output
+    shape = (
+        f"a tensor of shape {tuple(output.shape)}"
+        if isinstance(output, torch.Tensor)
+        else (type(output).__name__)
+    )
+    raise PlanError(
+        f"the model's output is {shape}, neither a scalar loss nor an object with `.loss`: "
+        "pass loss_fn=, a function from the output to the scalar loss (e.g. "
+        "loss_fn=lambda out: F.cross_entropy(out, targets))"
+    )
 
 
 def model_signature(model: nn.Module) -> str:
@@ -98,21 +107,24 @@ def _checkpointed_forward(module: nn.Module, *args, **kwargs):
 
 @dataclass(frozen=True)
 class CheckpointPlan:
-    """A solved SAC plan. `blocks`: its candidate regions in order, each block followed by its
-    children where it can be split (at most one of a block and its children is checkpointed);
-    `peak`: predicted step peak (bytes above what exists before the step); `cost`: seconds,
-    the recompute (measured per op) plus each region's checkpoint price (measured per region)
-    plus the SAC overhead of each region saving an op (measured per region; a region saving
-    nothing runs as plain checkpoint); `bound`: proven lower bound
-    on the cost;
-    `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE"; `budget`: bytes;
-    `plain_peak`: the measured peak of the step without checkpointing (100%)."""
+    """A solved SAC plan. `model_signature`: a digest of the model it was solved for
+    (`model_signature`); `regions`: its candidate regions (module names) in order, each block
+    followed by its children where it can be split (at most one of a block and its children
+    is checkpointed); per region, `region_types` (class names), `ops` (the recorded op stream),
+    `checkpointed` (whether it runs inside a checkpoint) and `saved` (the op positions it saves
+    rather than recomputes). `peak`: predicted step peak (bytes above what exists before the
+    step); `cost`: seconds, the recompute (measured per op) plus each region's checkpoint price
+    (measured per region) plus the SAC overhead of each region saving an op (measured per
+    region; a region saving nothing runs as plain checkpoint); `bound`: proven lower bound on
+    the cost; `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE"; `budget`:
+    bytes; `plain_peak`: the measured peak of the step without checkpointing (100%)."""
 
-    model: str
-    blocks: tuple[str, ...]
-    block_types: tuple[str, ...]
+    model_signature: str
+    regions: tuple[str, ...]
+    region_types: tuple[str, ...]
     ops: tuple[tuple[str, ...], ...]
-    plan: SacPlan
+    checkpointed: tuple[bool, ...]
+    saved: tuple[frozenset[int], ...]
     status: str
     peak: int
     cost: float
@@ -122,18 +134,16 @@ class CheckpointPlan:
     plain_peak: int
     problem: SacUnion
 
-    def checkpointed(self) -> list[str]:
-        """Names of the blocks that run inside a checkpoint."""
-        return [n for n, c in zip(self.blocks, self.plan.checkpointed, strict=True) if c]
+    def checkpointed_regions(self) -> list[str]:
+        """Names of the regions that run inside a checkpoint."""
+        return [n for n, c in zip(self.regions, self.checkpointed, strict=True) if c]
 
     def __repr__(self) -> str:
         """One line: status, regions checkpointed and saving ops, peak against budget, cost."""
-        checkpointed = self.checkpointed()
-        saving = sum(
-            1 for c, s in zip(self.plan.checkpointed, self.plan.saved, strict=True) if c and s
-        )
+        checkpointed = self.checkpointed_regions()
+        saving = sum(1 for c, s in zip(self.checkpointed, self.saved, strict=True) if c and s)
         return (
-            f"CheckpointPlan({self.status}, {len(checkpointed)} of {len(self.blocks)} regions "
+            f"CheckpointPlan({self.status}, {len(checkpointed)} of {len(self.regions)} regions "
             f"checkpointed ({saving} saving ops), peak {self.peak:,} B of budget "
             f"{self.budget:,} B (plain step {self.plain_peak:,} B), cost {self.cost:.6f} s, "
             f"gap {self.gap:.2%})"
@@ -141,17 +151,17 @@ class CheckpointPlan:
 
     def check_model(self, model: nn.Module) -> None:
         """ScheduleMismatchError unless `model` is the model this plan was solved for."""
-        if model_signature(model) != self.model:
+        if model_signature(model) != self.model_signature:
             raise ScheduleMismatchError(
                 f"this SAC plan was solved for another model (parameters differ from "
                 f"{type(model).__name__}'s): solve a plan for this model"
             )
         modules = dict(model.named_modules())
-        for name, kind in zip(self.blocks, self.block_types, strict=True):
+        for name, kind in zip(self.regions, self.region_types, strict=True):
             if name not in modules or type(modules[name]).__name__ != kind:
                 raise ScheduleMismatchError(
-                    f"the SAC plan's block {name} ({kind}) is not a module of this model: "
-                    "the plan was solved for other blocks; solve one for these"
+                    f"the SAC plan's region {name} ({kind}) is not a module of this model: "
+                    "the plan was solved for other modules; solve one for these"
                 )
 
     def apply(self, model: nn.Module) -> nn.Module:
@@ -163,13 +173,13 @@ class CheckpointPlan:
         self.check_model(model)
         modules = dict(model.named_modules())
         regions = self.problem.regions()
-        for j, name in enumerate(self.blocks):
-            if not self.plan.checkpointed[j]:
+        for j, name in enumerate(self.regions):
+            if not self.checkpointed[j]:
                 continue
             module = modules[name]
             if hasattr(module, "remat_sac_policy"):
-                raise ValueError(f"block {name} already runs under a SAC plan: apply it once")
-            module.remat_sac_policy = Policy(name, self.ops[j], self.plan.saved[j])
+                raise PlanError(f"block {name} already runs under a SAC plan: apply it once")
+            module.remat_sac_policy = Policy(name, self.ops[j], self.saved[j])
             module.remat_sac_buffers = regions[j].buffers
             module.forward = types.MethodType(_checkpointed_forward, module)
         return model
@@ -178,14 +188,14 @@ class CheckpointPlan:
         """Write the plan as JSON."""
         data = {
             "format": FORMAT,
-            "model": self.model,
-            "blocks": [
+            "model_signature": self.model_signature,
+            "regions": [
                 {"name": n, "type": t, "checkpointed": c, "saved": sorted(s), "ops": list(o)}
                 for n, t, c, s, o in zip(
-                    self.blocks,
-                    self.block_types,
-                    self.plan.checkpointed,
-                    self.plan.saved,
+                    self.regions,
+                    self.region_types,
+                    self.checkpointed,
+                    self.saved,
                     self.ops,
                     strict=True,
                 )
@@ -203,37 +213,31 @@ class CheckpointPlan:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
-            raise ValueError(
-                f"{path} is not a SAC plan file ({e}): write one with plan.save"
-            ) from e
+            raise PlanError(f"{path} is not a SAC plan file ({e}): write one with plan.save") from e
         found = data.get("format") if isinstance(data, dict) else None
         if isinstance(found, str) and found.startswith("remat-sac-plan/") and found != FORMAT:
-            raise ValueError(
+            raise PlanError(
                 f"{path} is a SAC plan of format {found!r}, not {FORMAT!r} (its problem lacks "
-                "what this version records, such as the buffers each region mutates): solve it "
-                "again with checkpoint_plan"
+                "what this version records, or names it otherwise): solve it again with "
+                "checkpoint_plan"
             )
         try:
             if found != FORMAT:
-                raise ValueError(f"format {data.get('format')!r}, not {FORMAT!r}")
-            blocks = data["blocks"]
+                raise PlanError(f"format {data.get('format')!r}, not {FORMAT!r}")
+            regions = data["regions"]
             plan = cls(
-                model=data["model"],
-                blocks=tuple(b["name"] for b in blocks),
-                block_types=tuple(b["type"] for b in blocks),
-                ops=tuple(tuple(b["ops"]) for b in blocks),
-                plan=SacPlan(
-                    tuple(bool(b["checkpointed"]) for b in blocks),
-                    tuple(frozenset(b["saved"]) for b in blocks),
-                ),
+                model_signature=data["model_signature"],
+                regions=tuple(r["name"] for r in regions),
+                region_types=tuple(r["type"] for r in regions),
+                ops=tuple(tuple(r["ops"]) for r in regions),
+                checkpointed=tuple(bool(r["checkpointed"]) for r in regions),
+                saved=tuple(frozenset(r["saved"]) for r in regions),
                 **{k: data[k] for k in ("status", "peak", "cost", "bound", "gap")},
                 **{k: data[k] for k in ("budget", "plain_peak")},
                 problem=SacUnion.from_json(data["problem"]),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(
-                f"{path} is not a SAC plan file ({e}): write one with plan.save"
-            ) from e
+            raise PlanError(f"{path} is not a SAC plan file ({e}): write one with plan.save") from e
         plan.check_model(model)
         return plan
 
@@ -255,7 +259,7 @@ def _check_cpu(model: nn.Module, inputs: object) -> None:
     tensors = [*model.parameters(), *model.buffers(), *leaf_tensors(inputs)]
     devices = sorted({str(t.device) for t in tensors if t.device.type != "cpu"})
     if devices:
-        raise ValueError(
+        raise PlanError(
             f"checkpoint_plan records on the CPU only, and the model or its inputs are on "
             f"{', '.join(devices)}: measuring a device's bytes, seconds and RNG is not "
             "supported; solve the plan with the model and inputs on the CPU"
@@ -287,25 +291,40 @@ def checkpoint_plan(
     `regions`: "choose" (per block: no region, the whole block, or some of its children; one
     exact solve over all of these), "blocks" (whole blocks only) or "children" (children only,
     where a block's children run once each in sequence; a block with fewer than two children,
-    or whose children do not, stays whole). `time_limit`: seconds for the solve.
-    InfeasibleBudgetError names the least budget when none fits."""
+    or whose children do not, stays whole). `time_limit`: seconds for the whole call, the
+    recording and the solve: the recording repeats its measurements (op times thrice, region
+    prices five times) only within half of it, the solve gets what is left; PlanError where the
+    recording, each measurement run once, does not finish within it (naming what it recorded
+    and about how long it needs). InfeasibleBudgetError names the least budget when none
+    fits."""
     if regions not in REGIONS:
-        raise ValueError(f"regions must be one of {REGIONS}, not {regions!r}")
+        raise PlanError(f"regions must be one of {REGIONS}, not {regions!r}")
     minimum = isinstance(budget, str) and budget.strip().lower() == "min"
     if not minimum:
         parse_bytes(budget, lambda: 1)  # an unreadable budget fails before any recording
     kwargs = dict(example_kwargs or {})
     _check_cpu(model, (example_inputs, kwargs))
+    deadline = Deadline.after(time_limit)
+    sets = 1 if regions == "blocks" else 2  # the blocks, and their children
+    clock = RecordingTime(
+        time_limit,
+        deadline,
+        deadline.share(0.5),
+        sum(RECORDING_STEPS[k] for k in ("eager", "windows"))
+        + sets * sum(RECORDING_STEPS[k] for k in ("order", "ops", "prices")),
+    )
 
     def step() -> torch.Tensor:
         return loss_fn(model(*example_inputs, **kwargs))
 
     _run_eagerly(model, step)
+    clock.finished("a plain step", RECORDING_STEPS["eager"])
     named = in_call_order(model, select_blocks(model, blocks), step)
     children = [None] * len(named) if regions == "blocks" else _children(model, named, step)
-    union, kept = record_union(model, named, children, step)
+    clock.finished("the call order", sets * RECORDING_STEPS["order"])
+    union, kept = record_union(model, named, children, step, clock=clock)
     budget = "min" if minimum else parse_bytes(budget, lambda: union.plain_peak)
-    solution = solve_sac(union, budget, Deadline.after(time_limit), whole=regions != "children")
+    solution = solve_sac(union, budget, deadline, whole=regions != "children")
     return _plan(model, named, kept, union, solution)
 
 
@@ -351,11 +370,12 @@ def _plan(model: nn.Module, named, kept, union: SacUnion, solution) -> Checkpoin
             checkpointed.append(c)
             saved.append(s)
     return CheckpointPlan(
-        model=model_signature(model),
-        blocks=tuple(names),
-        block_types=tuple(types_),
+        model_signature=model_signature(model),
+        regions=tuple(names),
+        region_types=tuple(types_),
         ops=tuple(ops),
-        plan=SacPlan(tuple(checkpointed), tuple(saved)),
+        checkpointed=tuple(checkpointed),
+        saved=tuple(saved),
         status=solution.status,
         peak=solution.peak,
         cost=solution.cost,

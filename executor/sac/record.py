@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -37,9 +37,10 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
+from executor.errors import PlanError
 from executor.sac.overhead import RegionTimes, measure_overhead
 from executor.sac.region import buffer_state, cache_off_hooks, mutated_buffers
-from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
+from executor.sac.step import RecordingTime, Snapshot, Step, hooked, leaf_tensors
 from executor.sac.windows import measure_windows
 from graph_capture.measurement.peak import memory_profile
 from solver.sac import SacBlock, SacOp, SacProblem
@@ -93,7 +94,7 @@ class _Recorder(TorchDispatchMode):
 
     def leave(self, outputs: Sequence[torch.Tensor]) -> None:
         if not self.first and self.position != len(self.blocks[self.block].ops):
-            raise ValueError(
+            raise PlanError(
                 f"the forward of block {self.block} dispatches {self.position} ops in one run "
                 f"and {len(self.blocks[self.block].ops)} in another: SAC cannot plan it"
             )
@@ -133,7 +134,7 @@ class _Recorder(TorchDispatchMode):
         i, self.position = self.position, self.position + 1
         if not self.first:
             if i >= len(facts.ops) or facts.ops[i].name != str(func):
-                raise ValueError(
+                raise PlanError(
                     f"the forward of block {self.block} dispatches {func} at op {i} in one run "
                     "and not in another: its op stream is not deterministic, SAC cannot plan it"
                 )
@@ -196,13 +197,14 @@ def _buffer_hooks(blocks: Sequence[nn.Module], facts: list[_BlockFacts]) -> list
 
 
 def record_ops(
-    model: nn.Module, blocks: Sequence[nn.Module], step: Step, repeats: int
+    model: nn.Module, blocks: Sequence[nn.Module], step: Step, runs: Iterable[int] = range(3)
 ) -> list[_BlockFacts]:
-    """Each block's forward op stream over `repeats` forwards (module docstring, step 2)."""
+    """Each block's forward op stream over the forwards `runs` (0, 1, ...; module docstring,
+    step 2)."""
     facts = [_BlockFacts() for _ in blocks]
     snapshot = Snapshot(model)
     try:
-        for run in range(repeats):
+        for run in runs:
             recorder = _Recorder(facts, first=run == 0)
             handles = _hooks(
                 blocks, recorder.enter, lambda _j, o, r=recorder: r.leave(leaf_tensors(o))
@@ -259,6 +261,14 @@ def in_call_order(
     finally:
         snapshot.restore()
     return [named[k] for k in sorted(first, key=first.__getitem__)]
+
+
+RECORDING_STEPS = {"eager": 1, "order": 1, "windows": 2, "ops": 3, "prices": 7}
+"""Plain steps' worth of each part of a recording at one run per measurement (`RecordingTime`):
+a plain step, a forward finding the call order (per set of regions), the profiled step of the
+windows, an op-stream recording (a forward with a backward, then one under the profiler), the
+prices of a set of regions (their inputs, then each region alone six times). Estimates, for
+the time a recording needs."""
 
 
 def rng_state_bytes() -> int:
@@ -352,37 +362,49 @@ def record_union(
     children: Sequence[Sequence[tuple[str, nn.Module]] | None],
     step: Step,
     repeats: int = 3,
+    clock: RecordingTime | None = None,
 ) -> tuple[SacUnion, list[list[tuple[str, nn.Module]] | None]]:
     """The SacUnion of `model`'s step over `blocks` (name, module), in forward order, split
     into `children` (per block, its children in call order, or None) where those run once
     each, in sequence; with the children kept per block (None where the block is not split).
-    Every candidate region runs with its arguments as under checkpoint (`cache_off`)."""
+    Every candidate region runs with its arguments as under checkpoint (`cache_off`). Each
+    op stream is recorded `repeats` times and each region's prices over 5 rounds, fewer where
+    `clock` leaves no time for more (a third of its spare time to the blocks' op streams,
+    half the rest to the children's, the rest to the prices); `clock` raises PlanError once
+    its deadline has passed (`RecordingTime`)."""
     candidates = [m for _, m in blocks] + [m for kids in children for _, m in kids or ()]
     with hooked(cache_off_hooks(candidates)):
-        return _record_union(model, blocks, children, step, repeats)
+        return _record_union(model, blocks, children, step, repeats, clock or RecordingTime())
 
 
-def _record_union(model, blocks, children, step, repeats):
+def _record_union(model, blocks, children, step, repeats, clock: RecordingTime):
     modules = [m for _, m in blocks]
     windows = measure_windows(
         model, modules, step, [None if k is None else [m for _, m in k] for k in children]
     )
+    clock.finished("the memory windows", RECORDING_STEPS["windows"])
     kept = [
         None if split is None else list(kids)
         for split, kids in zip(windows.splits, children, strict=True)
     ]
     flat = [kid for kids in kept if kids is not None for kid in kids]
-    facts = record_ops(model, modules, step, repeats)
-    flat_facts = record_ops(model, [m for _, m in flat], step, repeats) if flat else []
+    facts = record_ops(model, modules, step, clock.repeats(repeats, clock.spare.share(1 / 3)))
+    clock.finished("the blocks' op streams", RECORDING_STEPS["ops"])
+    flat_facts = []
+    if flat:
+        runs = clock.repeats(repeats, clock.spare.share(1 / 2))
+        flat_facts = record_ops(model, [m for _, m in flat], step, runs)
+        clock.finished("the children's op streams", RECORDING_STEPS["ops"])
     regions = modules + [m for _, m in flat]
     streams = [tuple(o.name for o in f.ops) for f in facts + flat_facts]
     overheads = _pooled(
-        measure_overhead(model, regions, streams, step),
+        measure_overhead(model, regions, streams, step, clock=clock),
         [(type(m), ops) for m, ops in zip(regions, streams, strict=True)],
     )
+    clock.finished("the regions' prices", RECORDING_STEPS["prices"] * (1 + bool(flat)))
     for (name, _), times in zip(blocks, overheads, strict=False):
         if isinstance(times, RuntimeError):
-            raise ValueError(
+            raise PlanError(
                 f"block {name} fails inside torch.utils.checkpoint (run alone, forward and "
                 f"backward: {type(times).__name__}: {times}): it cannot be a checkpoint region; "
                 "choose other blocks"

@@ -1,15 +1,23 @@
-"""What recording a training step needs: the step, the tensors in a value, and a snapshot of
-the state a run changes (RNG, buffers), so that recording leaves no trace."""
+"""What recording a training step needs: the step, the tensors in a value, a snapshot of the
+state a run changes (RNG, buffers), so that recording leaves no trace, and the time it may
+take (`RecordingTime`)."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 import torch.utils._pytree as pytree
-from torch import nn
 from torch.utils.hooks import RemovableHandle
+
+from executor.errors import PlanError
+from graph_capture.measurement.peak import Snapshot
+from solver.deadline import NEVER, Deadline
+
+__all__ = ["RecordingTime", "Snapshot", "Step", "hooked", "leaf_tensors"]
 
 Step = Callable[[], torch.Tensor]
 """The forward of one training step: returns the scalar loss."""
@@ -30,20 +38,47 @@ def hooked(handles: Iterable[RemovableHandle]) -> Iterator[None]:
             handle.remove()
 
 
-class Snapshot:
-    """RNG state, buffers and parameters' `.grad` taken now, restored by `restore` (recording
-    leaves no trace)."""
+@dataclass
+class RecordingTime:
+    """The time a recording may take, in plain steps and seconds (`time.perf_counter()`).
 
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.rng = torch.get_rng_state()
-        self.buffers = {k: v.clone() for k, v in model.named_buffers()}
-        self.grads = {p: p.grad for p in model.parameters()}
+    `deadline` ends the whole call (`time_limit` seconds from its start); `spare` is when the
+    recording stops repeating measurements, leaving the rest to the solve. A measurement's
+    first run is taken whatever the time (`repeats`); `finished` notes each part recorded,
+    with its weight in plain steps at one run per measurement of the `total` the recording
+    makes, and raises `PlanError` once `deadline` has passed, naming what was recorded and
+    about how long the whole recording needs."""
 
-    def restore(self) -> None:
-        torch.set_rng_state(self.rng)
-        with torch.no_grad():
-            for k, v in self.model.named_buffers():
-                v.copy_(self.buffers[k])
-        for p, g in self.grads.items():
-            p.grad = g
+    time_limit: float = float("inf")
+    deadline: Deadline = NEVER
+    spare: Deadline = NEVER
+    total: float = 1.0
+    began: float = field(default_factory=time.perf_counter)
+    done: list[str] = field(default_factory=list)
+    steps: float = 0.0
+
+    def repeats(self, most: int, until: Deadline | None = None) -> Iterator[int]:
+        """0, 1, ... below `most`: the first always, each further one while `until` (default
+        `spare`) leaves time for as long as the longest run so far took."""
+        longest = 0.0
+        for k in range(most):
+            if k and not (until or self.spare).leaves(longest):
+                return
+            start = time.perf_counter()
+            yield k
+            longest = max(longest, time.perf_counter() - start)
+
+    def finished(self, what: str, steps: float) -> None:
+        """Note `what` as recorded (`steps` plain steps' worth); PlanError if time is out."""
+        self.done.append(what)
+        self.steps += steps
+        if not self.deadline.passed():
+            return
+        elapsed = time.perf_counter() - self.began
+        need = elapsed * self.total / self.steps
+        raise PlanError(
+            f"checkpoint_plan ran out of time_limit={self.time_limit:g} s while recording: in "
+            f"{elapsed:.1f} s it recorded {', '.join(self.done)}, and the whole recording, each "
+            f"measurement run once, needs about {need:.0f} s, the solve more: give "
+            f"time_limit={max(2 * need, self.time_limit + 1):.0f} or more"
+        )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from executor.errors import PlanError
 from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
 from graph_capture.measurement.peak import allocation_events, marked_windows, memory_profile
 from solver.sac import Segment
@@ -116,7 +117,7 @@ def _cut(prof, marks: list[str], counts: list[int | None]) -> _Windows:
         counts = [None] * n
         kept = [(t, x) for t, x in zip(times, observed, strict=True) if x in blocks_only]
     if [x for _, x in kept if x in blocks_only] != blocks_only:
-        raise ValueError(
+        raise PlanError(
             "each block must run its forward once per step, in order and not nested, and "
             f"return a tensor that requires grad; the step ran {[x for _, x in timed]}"
         )

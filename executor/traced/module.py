@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import networkx as nx
 import torch
@@ -38,7 +39,8 @@ from graph_capture.captured import CapturedGraph
 from graph_capture.measurement.device import no_autocast
 from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
-from solver.errors import ScheduleMismatchError
+from solver.deadline import Deadline
+from solver.errors import ScheduleMismatchError, SolverTimeoutError
 
 __all__ = ["Rematerialized", "load_schedule", "rematerialize", "split_ops"]
 
@@ -279,11 +281,11 @@ class Rematerialized(nn.Module):
         self._program = _Program(model, captured, schedule, compiled)
 
     @classmethod
-    def from_file(
+    def load(
         cls,
+        path: str | Path,
         model: nn.Module,
         example_inputs: Sequence[torch.Tensor],
-        path: str | Path,
         example_kwargs: Mapping[str, torch.Tensor] | None = None,
         *,
         capture_options: Mapping[str, object] | None = None,
@@ -299,6 +301,14 @@ class Rematerialized(nn.Module):
 
         captured = capture(model, example_inputs, example_kwargs, **(capture_options or {}))
         return cls(model, captured, load_schedule(path, captured.dag))
+
+    @classmethod
+    def from_file(cls, *_args: object, **_kwargs: object) -> NoReturn:
+        """Refused: loading is `Rematerialized.load(path, model, example_inputs, ...)`."""
+        raise TypeError(
+            "Rematerialized.from_file is not the spelling: use Rematerialized.load(path, "
+            "model, example_inputs, example_kwargs=None, *, capture_options=None)"
+        )
 
     @property
     def predicted_peak_bytes(self) -> int:
@@ -342,20 +352,31 @@ def rematerialize(
     budget: int | float | str,
     *,
     example_kwargs: Mapping[str, torch.Tensor] | None = None,
+    time_limit: float = 60.0,
     capture_options: Mapping[str, object] | None = None,
     **solve_options: object,
 ) -> Rematerialized:
-    """Capture `model`, solve for `budget` (bytes, "512MiB" or "50%" of the checkpoint-all
-    peak) and wrap: the one call for the common case.
+    """Capture `model`, solve for `budget` and wrap: the one call for the common case.
 
-    The model is captured as called with ``model(*example_inputs, **example_kwargs)``, under
-    the autocast state in force (train under the same one). `capture_options` go to
+    `budget`: bytes, "512MiB", or "50%" of the measured peak of the plain training step
+    (capture measures it: graph attribute ``plain_peak``). The model is captured as called
+    with ``model(*example_inputs, **example_kwargs)``, under the autocast state in force
+    (train under the same one); the wrapped model returns the model's outputs, the loss is
+    the caller's. `time_limit`: seconds for the whole call, capture and solve: the solve gets
+    what the capture leaves (`solver.solve`'s bound). `capture_options` go to
     `graph_capture.capture` (``granularity``, ``cost_model``, ...), `solve_options` to
-    `solver.solve` (``time_limit``, ...).
+    `solver.solve` (``workers``, ...).
     """
     import solver
     from graph_capture import capture
 
+    deadline = Deadline.after(time_limit)
     captured = capture(model, example_inputs, example_kwargs, **(capture_options or {}))
-    schedule = solver.solve(captured.dag, budget=budget, **solve_options)
+    left = deadline.remaining()
+    if left <= 0:
+        raise SolverTimeoutError(
+            f"the capture took all of time_limit={time_limit:g} s "
+            f"({time_limit - left:.1f} s): raise time_limit to leave the solve some"
+        )
+    schedule = solver.solve(captured.dag, budget=budget, time_limit=left, **solve_options)
     return Rematerialized(model, captured, schedule)

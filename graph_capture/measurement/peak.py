@@ -24,14 +24,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 __all__ = [
     "PeakMemory",
+    "Snapshot",
     "allocation_events",
     "marked_windows",
     "measure_each",
     "measure_peak",
     "memory_profile",
+    "plain_step_peak",
 ]
 
 
@@ -103,6 +106,41 @@ def measure_peak(fn: Callable[[], object], device: str | torch.device = "cpu") -
         live += size
         peak = max(peak, live)
     return PeakMemory(peak, live, "profiler-allocation-events")
+
+
+class Snapshot:
+    """RNG state, buffers and parameters' `.grad` taken now, restored by `restore` (a
+    measured or recorded step leaves no trace)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.rng = torch.get_rng_state()
+        self.buffers = {k: v.clone() for k, v in model.named_buffers()}
+        self.grads = {p: p.grad for p in model.parameters()}
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.rng)
+        with torch.no_grad():
+            for k, v in self.model.named_buffers():
+                v.copy_(self.buffers[k])
+        for p, g in self.grads.items():
+            p.grad = g
+
+
+def plain_step_peak(
+    model: nn.Module, step: Callable[[], object], device: str | torch.device = "cpu"
+) -> int:
+    """Measured peak bytes of one plain training step ``step()`` (forward and backward, eager,
+    nothing checkpointed) above what exists before it, with every ``.grad`` None at its start
+    (as after ``optimizer.zero_grad()``), so the gradients it creates count: the 100% of a
+    percentage budget. The model's buffers, ``.grad`` and the CPU generator are left as found.
+    """
+    snapshot = Snapshot(model)
+    model.zero_grad(set_to_none=True)
+    try:
+        return measure_peak(step, device).peak_bytes
+    finally:
+        snapshot.restore()
 
 
 def measure_each(

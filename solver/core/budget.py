@@ -1,4 +1,18 @@
-"""Parsing of memory budgets (bytes) and compute budgets (cost units) given as text."""
+"""Budgets as the user gives them, the one place their spellings are defined.
+
+Memory budgets (`parse_budget`, `parse_bytes`): a bare number is bytes (whole); text is bytes
+with a unit (`512MiB`, `1.5GiB`, `2GB`) or a percentage (`50%`). 100% is the measured peak of
+the plain training step (forward and backward without checkpointing, bytes above what exists
+before the step, its gradients created in it) where the graph carries one (the graph attribute
+`plain_peak`, which capture measures; `checkpoint_plan` measures its own), and the modelled
+checkpoint-all peak (`checkpoint_all_peak`) for a graph without (the published graphs):
+`hundred_percent` says which.
+
+Compute budgets and overhead caps (`parse_compute_budget`; `fit`'s `max_overhead`): a bare
+number, or one with an `x` (`1.3`, `"1.3x"`), is a factor of computing every node once;
+an absolute cost in the graph's units (seconds for captured graphs) is spelled with the unit
+`units` (`"0.02units"`).
+"""
 
 from __future__ import annotations
 
@@ -27,13 +41,39 @@ def checkpoint_all_peak(problem: Problem) -> int:
     return checkpoint_all(problem).peak
 
 
+PLAIN_STEP = "the measured plain step"
+CHECKPOINT_ALL = "the modelled checkpoint-all peak"
+
+
+def hundred_percent(problem: Problem) -> tuple[int, str]:
+    """(bytes, basis) of 100% for `problem`: its measured plain step (`Problem.plain_peak`)
+    where it has one, else its modelled checkpoint-all peak; `basis` names which."""
+    if problem.plain_peak is not None:
+        return problem.plain_peak, PLAIN_STEP
+    return checkpoint_all_peak(problem), CHECKPOINT_ALL
+
+
+def percent_of(n: int, problem: Problem) -> str:
+    """`n` bytes as a percentage budget of `problem`, naming its basis (`as_percent`)."""
+    return as_percent(n, *hundred_percent(problem))
+
+
+def as_percent(n: int, hundred: int, basis: str) -> str:
+    """`n` bytes as a percentage of `hundred` bytes, naming `basis`: "316.5% of the measured
+    plain step", rounded up at 0.1% so that the percentage fits where `n` does; where `hundred`
+    is 0 (a graph of no bytes) no percentage says more than the bytes."""
+    if hundred <= 0:
+        return f"no percentage: {basis} is 0 bytes"
+    return f"{math.ceil(n * 1000 / hundred) / 10:g}% of {basis}"
+
+
 def parse_budget(text: str | int | float, problem: Problem) -> int:
     """Memory budget in bytes from `123456`, `512MiB`, `1.5 GiB`, `2GB` or `80%`.
 
-    A percentage is of the checkpoint-all peak (`checkpoint_all_peak`), rounded down; a count
-    of bytes without a unit must be whole (`0.5` is refused rather than read as 0 bytes).
+    A percentage is of `hundred_percent(problem)`, rounded down; a count of bytes without a
+    unit must be whole (`0.5` is refused rather than read as 0 bytes).
     """
-    return parse_bytes(text, lambda: checkpoint_all_peak(problem))
+    return parse_bytes(text, lambda: hundred_percent(problem)[0])
 
 
 def parse_bytes(text: str | int | float, hundred_percent: Callable[[], int]) -> int:
@@ -46,7 +86,7 @@ def parse_bytes(text: str | int | float, hundred_percent: Callable[[], int]) -> 
     if not match:
         raise ValueError(
             f"cannot read memory budget {text!r}: use bytes (1048576), units (512MiB, 1.5GiB, "
-            "2GB) or a percentage of the checkpoint-all peak (80%)"
+            "2GB) or a percentage of the plain step's peak (80%)"
         )
     value, unit = float(match.group(1)), match.group(2)
     if unit == "%":
@@ -63,25 +103,24 @@ def _whole_bytes(value: float, text: object) -> int:
     if not math.isfinite(value) or value != int(value):
         raise ValueError(
             f"memory budget {text!r} is not a whole number of bytes: give bytes (1048576), "
-            "units (512MiB) or a percentage of the checkpoint-all peak (50%)"
+            "units (512MiB) or a percentage of the plain step's peak (50%)"
         )
     return int(value)
 
 
 def parse_compute_budget(text: str | int | float, problem: Problem) -> float:
-    """Compute budget in cost units from `1.25x` (times the checkpoint-all cost) or a number."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        return float(text)
+    """Compute budget in cost units: `1.3` or `"1.3x"` is 1.3 times the cost of computing every
+    node once (`Problem.total_cost`); `"0.02units"` is that absolute cost in the graph's
+    units."""
     s = str(text).strip().lower()
-    try:
-        if s.endswith("x"):
-            return float(s[:-1]) * problem.total_cost
-        return float(s)
-    except ValueError:
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(x|units)?", s)
+    if isinstance(text, bool) or not match:
         raise ValueError(
-            f"cannot read compute budget {text!r}: use a multiple of the checkpoint-all cost "
-            "(1.2x) or an absolute cost in the graph's unit"
-        ) from None
+            f"cannot read compute budget {text!r}: give a factor of computing every node once "
+            "(1.2 or 1.2x) or an absolute cost in the graph's units (0.02units)"
+        )
+    value = float(match.group(1))
+    return value if match.group(2) == "units" else value * problem.total_cost
 
 
 def human_bytes(n: float) -> str:

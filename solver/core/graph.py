@@ -13,7 +13,10 @@ Contract (what every graph handed to the solver must satisfy):
   deterministic for a given graph;
 - the graph attribute `step_cost` (number > 0, optional; graph units) is the measured cost of one
   plain step, what runs between the ops included (captures with the time cost model set it):
-  the denominator of a schedule's predicted step-time overhead (`Problem.overhead`).
+  the denominator of a schedule's predicted step-time overhead (`Problem.overhead`);
+- the graph attribute `plain_peak` (whole number > 0, optional; bytes) is the measured peak of
+  one plain training step (captures set it): 100% of a percentage budget
+  (`solver.core.budget.hundred_percent`).
 
 `Problem` is the validated, index-based form the solvers work on: node i is `order[i]`.
 """
@@ -49,6 +52,8 @@ class Problem:
             the node attribute `module` of captured graphs).
         step_cost: measured cost of one plain step (graph units; the graph attribute
             `step_cost`), or None where the graph has none.
+        plain_peak: measured peak bytes of one plain step (the graph attribute `plain_peak`),
+            or None where the graph has none.
     """
 
     ids: tuple[Hashable, ...]
@@ -60,6 +65,7 @@ class Problem:
     transient: tuple[int, ...] = ()
     module: tuple[str, ...] = ()
     step_cost: float | None = None
+    plain_peak: int | None = None
 
     def __post_init__(self) -> None:
         if not self.transient:  # no transient bytes given: 0 for every node
@@ -235,6 +241,7 @@ def prepare(graph: nx.DiGraph) -> Problem:
         tuple(transient),
         module,
         _step_cost(graph),
+        _plain_peak(graph),
     )
 
 
@@ -245,6 +252,15 @@ def _step_cost(graph: nx.DiGraph) -> float | None:
     if not _is_finite_number(value) or value <= 0:
         raise GraphError(f"graph attribute `step_cost`={value!r} is not a finite number > 0")
     return float(value)
+
+
+def _plain_peak(graph: nx.DiGraph) -> int | None:
+    value = graph.graph.get("plain_peak")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise GraphError(f"graph attribute `plain_peak`={value!r} is not a whole number > 0")
+    return value
 
 
 def _is_finite_number(value: object) -> bool:

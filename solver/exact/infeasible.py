@@ -6,7 +6,7 @@ import threading
 from dataclasses import replace
 from typing import NoReturn
 
-from solver.core.budget import human_bytes
+from solver.core.budget import human_bytes, percent_of
 from solver.errors import InfeasibleBudgetError
 from solver.exact import least_peak
 from solver.exact.state import Goal, Search, run_steps
@@ -46,7 +46,8 @@ def raise_infeasible(search: Search) -> NoReturn:
         )
     raise InfeasibleBudgetError(
         f"no schedule fits a budget of {budget} bytes ({human_bytes(budget)}): {what} "
-        f"({human_bytes(peak)}); raise the budget to at least that",
+        f"({human_bytes(peak)}, {percent_of(peak, search.problem)}); raise the budget to at "
+        "least that",
         minimum_bytes=minimum,
         lower_bound_bytes=max(lower, memory.floor),
     )

@@ -76,12 +76,15 @@ def solve(
         graph: DAG with `mem` (bytes), `cost` and optionally `transient` (bytes) on every node
             (see `solver.core.graph`).
         budget: peak-memory budget for objective="cost": bytes, or text like "512MiB" / "80%"
-            (of the checkpoint-all peak). None means unconstrained. With objective="memory"
-            it must be None (ValueError), as compute_budget must be with objective="cost".
+            (of the measured plain step where the graph has `plain_peak`, else of the
+            checkpoint-all peak: `solver.core.budget`). None means unconstrained. With
+            objective="memory" it must be None (ValueError), as compute_budget must be with
+            objective="cost".
         objective: "cost" (least total cost with peak <= budget) or "memory" (least peak with
             total cost <= compute_budget).
-        compute_budget: for objective="memory": cost units, or text like "1.2x" (of the
-            checkpoint-all cost). None means unlimited.
+        compute_budget: for objective="memory": a factor of computing every node once (1.2
+            or "1.2x"), or an absolute cost "0.02units" (`solver.core.budget`). None means
+            unlimited.
         time_limit: seconds, for everything (heuristics, bounds, models, the error paths): the
             call returns by then plus what one engine call overruns its own limit (`python -m
             benchmarks.time_limits` measures it). At the limit the best schedule found comes

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from solver.core.budget import PLAIN_STEP, as_percent
 from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.sac.memory import SacPlan
@@ -258,10 +259,19 @@ def solve_sac(
     model.m.Minimize(model.cost())
     solver, status = model.solve(deadline)
     if status == cp_model.INFEASIBLE:
-        _, least, proven = least_peak(union, Deadline.after(max(deadline.remaining(), 5.0)), whole)
+        try:
+            _, least, proven = least_peak(union, deadline, whole)
+        except SolverTimeoutError as e:
+            raise InfeasibleBudgetError(
+                f"no SAC plan fits {budget} bytes, and the least predicted peak was not found "
+                "in the time left: raise the budget or time_limit, or ask for 'min'",
+                None,
+                int(budget) + 1,
+            ) from e
         raise InfeasibleBudgetError(
             f"no SAC plan fits {budget} bytes: the least predicted peak in SAC's space is "
-            f"{least} bytes{'' if proven else ' (found, not proven least)'}; give at least that",
+            f"{least} bytes ({as_percent(least, union.plain_peak, PLAIN_STEP)})"
+            f"{'' if proven else ' (found, not proven least)'}; give at least that",
             least if proven else None,
             int(budget) + 1,
         )
