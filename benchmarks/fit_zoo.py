@@ -6,7 +6,7 @@ proves and runs (its whole step measured within the memory under remat's executo
 largest size whose eager step measures within the memory (with the size after it measured
 over), and the largest size at which checkpointing every block of one module depth fits, as the
 solver's simulator predicts it (`block_checkpoint`, the depth of least peak). AdamW state,
-gradients, parameters and inputs are counted (`executor.fit.memory`).
+gradients, parameters and inputs are counted (`executor.fitting.memory`).
 
 Run: nice -n 5 python -m benchmarks.fit_zoo [--time-limit 60] [--max-overhead 1.3x]
      [--out results]

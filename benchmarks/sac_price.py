@@ -48,8 +48,8 @@ from torch.utils.checkpoint import (
 
 import executor
 from benchmarks.common import write_table
+from executor.loss import default_loss
 from executor.memory import measure_peak
-from executor.sac.plan import default_loss
 from solver.errors import InfeasibleBudgetError
 
 _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}

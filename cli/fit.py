@@ -4,7 +4,7 @@
               [--optimizer adamw|sgd|none] [--time-limit 60] [--low N] [--high N] [--no-run]
 
 ``--model MODULE:FACTORY`` names a function of the size returning ``(model, example_inputs[,
-example_kwargs])``; the step's loss is `executor.sac.default_loss` of the output. Prints
+example_kwargs])``; the step's loss is `executor.default_loss` of the output. Prints
 `executor.Fit.summary`: the size, the proof at size + 1, what exists before the step, the
 schedule, one real step's measured peak under remat's executor, and eager's and per-block
 checkpointing's largest sizes, with notes (what the time limit or Ctrl-C left open or undone)
@@ -22,8 +22,8 @@ import time
 
 import torch
 
-from executor.fit.memory import OPTIMIZERS
-from executor.fit.search import fit
+from executor.fitting.memory import OPTIMIZERS
+from executor.fitting.search import fit
 from graph_capture.models.factories import import_factory
 
 __all__ = ["add_fit_arguments", "run_fit"]

@@ -166,6 +166,7 @@ def capture_with_args(
         cost_model=args.cost_model,
         module_depth=args.module_depth,
         backward_from=output_names(args),
+        plain_peak=True,
     )
     dag = graph.dag
     forward = graph.first_backward_index

@@ -4,7 +4,7 @@
     remat sac --model benchmarks.zoo:gpt2_4 --plan plan.json --steps 10
 
 The factory returns ``(model, example_inputs[, example_kwargs])`` as for `remat run`; the step's
-loss is `executor.sac.plan.default_loss` (``.loss``, or the output where it is a scalar). Printed:
+loss is `executor.default_loss` (``.loss``, or the output where it is a scalar). Printed:
 the plan (status, predicted peak, cost: recompute seconds plus checkpoint price and SAC
 overhead, gap, checkpointed regions), then for eager and the plan, each on its own copy of the
 model: the measured peak (profiler allocation events, bytes above the step's start, `.grad`
@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from cli.profile import load_model_from_args
+from executor.loss import default_loss
 from executor.memory import measure_peak, median_seconds
-from executor.sac.plan import REGIONS, CheckpointPlan, checkpoint_plan, default_loss
+from executor.sac.plan import REGIONS, CheckpointPlan, checkpoint_plan
 
 __all__ = ["add_sac_arguments", "measure_step", "run_sac"]
 

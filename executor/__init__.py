@@ -9,7 +9,7 @@
 One interface: a percentage is of the measured plain step's peak; a bare memory number is
 bytes, a bare compute number a factor of computing every node once; `time_limit` bounds the
 whole call; `X.load(path, what it belongs to...)`; `loss_fn(output) -> scalar` with
-`executor.sac.default_loss` (`output.loss`, or a scalar output) where a step is planned.
+`executor.default_loss` (`output.loss`, or a scalar output) where a step is planned.
 
 See docs/executor.md for the forward/backward split, RNG replay, BatchNorm statistics and how
 peak memory is measured.
@@ -25,7 +25,8 @@ from executor.errors import (
     UnsupportedScheduleError,
     UnusedOutputGradientError,
 )
-from executor.fit.search import Fit, fit
+from executor.fitting.search import Fit, fit
+from executor.loss import default_loss
 from executor.memory import PeakMemory, measure_peak, median_seconds
 from executor.sac.plan import CheckpointPlan, checkpoint_plan
 from executor.traced.module import Rematerialized, rematerialize
@@ -44,6 +45,7 @@ __all__ = [
     "UnsupportedScheduleError",
     "UnusedOutputGradientError",
     "checkpoint_plan",
+    "default_loss",
     "fit",
     "measure_peak",
     "median_seconds",

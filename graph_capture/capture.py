@@ -45,7 +45,7 @@ def capture(
     module_depth: int | None = None,
     repeats: int = 5,
     backward_from: Sequence[OutputName] | None = None,
-    plain_peak: bool = True,
+    plain_peak: bool = False,
 ) -> CapturedGraph:
     """Capture ``model(*example_inputs, **example_kwargs)`` forward + backward as a
     `CapturedGraph`.
@@ -71,7 +71,8 @@ def capture(
     once on the example inputs with tangents of ones (zeros where known zero); the graph
     attribute ``plain_peak`` is the measured peak bytes of the plain eager step with those
     gradients (`graph_capture.measurement.peak.plain_step_peak`: 100% of a percentage budget),
-    measured unless ``plain_peak=False`` (one more eager step: callers giving bytes skip it).
+    measured where ``plain_peak=True`` (one more eager step: `rematerialize` asks for it with a
+    percentage budget, the CLI for every capture, so that a saved graph carries it).
     The global RNG state and the model are left as they were. Raises `CaptureError`.
     """
     if granularity not in GRANULARITIES:

@@ -73,7 +73,7 @@ def mlp_net(layers: int = 3, d: int = 32, hidden: int = 128, inplace: bool = Fal
 
 class Summed(nn.Module):
     """`net` whose forward returns its loss, the sum of its output (the step `remat sac` and
-    `remat fit` train: `executor.sac.default_loss`)."""
+    `remat fit` train: `executor.default_loss`)."""
 
     def __init__(self, net: nn.Module) -> None:
         super().__init__()

@@ -16,8 +16,8 @@ from torch import nn
 
 import executor
 import solver.fit
-from executor.fit.graphs import SizedGraphs
-from executor.fit.memory import TrainingStep
+from executor.fitting.graphs import SizedGraphs
+from executor.fitting.memory import TrainingStep
 from solver.deadline import Deadline
 from solver.fit import per_block_peak
 

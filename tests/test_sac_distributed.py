@@ -86,7 +86,7 @@ def train(plan_dir: str, rank: int) -> dict:
         DistributedDataParallel(plan.apply(copy.deepcopy(net))),
     ]
     return {
-        "fsdp": _train(fsdp, rank, _tokens, executor.sac.default_loss),  # output.loss
+        "fsdp": _train(fsdp, rank, _tokens, executor.default_loss),  # output.loss
         "ddp": _train(ddp, rank, lambda g: ((torch.randn(4, 16, 32, generator=g),), {}), sum_loss),
     }
 

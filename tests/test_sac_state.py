@@ -43,7 +43,7 @@ def cnn(momentum: float | None, layers: int = 3, c: int = 8) -> nn.Module:
 
 def plan_variants(model, args, kwargs=None, budget="min") -> list:
     """The model, the plan applied, and the plan's regions saving every op they may and none."""
-    loss_fn = sum_loss if kwargs is None else executor.sac.default_loss  # HF: output.loss
+    loss_fn = sum_loss if kwargs is None else executor.default_loss  # HF: output.loss
     plan = executor.checkpoint_plan(
         model, args, budget, example_kwargs=kwargs, time_limit=10, loss_fn=loss_fn
     )

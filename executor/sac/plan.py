@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from executor.errors import PlanError
+from executor.loss import default_loss
 from executor.sac.blocks import select_blocks
 from executor.sac.policy import Policy
 from executor.sac.record import RECORDING_STEPS, in_call_order, record_union
@@ -44,31 +45,9 @@ from solver.errors import ScheduleMismatchError
 from solver.sac.solve import solve_sac
 from solver.sac.union import SacUnion, UnionPlan
 
-__all__ = ["REGIONS", "CheckpointPlan", "checkpoint_plan", "default_loss"]
+__all__ = ["REGIONS", "CheckpointPlan", "checkpoint_plan"]
 
 FORMAT = "remat-sac-plan/5"
-
-
-def default_loss(output: object) -> torch.Tensor:
-    """The step's loss, the default `loss_fn` of `checkpoint_plan` and `fit`: `output.loss`
-    when the output has one (HF models given labels), else the output itself when it is a
-    scalar tensor (a forward that returns its loss). Any other output raises `PlanError`
-    asking for `loss_fn`: no loss is made up from it."""
-    loss = getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor):
-        return loss
-    if isinstance(output, torch.Tensor) and output.dim() == 0:
-        return output
-    shape = (
-        f"a tensor of shape {tuple(output.shape)}"
-        if isinstance(output, torch.Tensor)
-        else (type(output).__name__)
-    )
-    raise PlanError(
-        f"the model's output is {shape}, neither a scalar loss nor an object with `.loss`: "
-        "pass loss_fn=, a function from the output to the scalar loss (e.g. "
-        "loss_fn=lambda out: F.cross_entropy(out, targets))"
-    )
 
 
 def model_signature(model: nn.Module) -> str:

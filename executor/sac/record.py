@@ -346,16 +346,6 @@ def _priced(block: SacBlock, times: RegionTimes | RuntimeError) -> SacBlock | No
     return replace(block, ops=ops, overhead=times.overhead, price=0.0)
 
 
-def record_problem(
-    model: nn.Module,
-    blocks: Sequence[tuple[str, nn.Module]],
-    step: Step,
-    repeats: int = 3,
-) -> SacProblem:
-    """The SacProblem of `model`'s step over `blocks` (name, module), in forward order."""
-    return record_union(model, blocks, [None] * len(blocks), step, repeats)[0].blocks
-
-
 def record_union(
     model: nn.Module,
     blocks: Sequence[tuple[str, nn.Module]],

@@ -358,20 +358,21 @@ def rematerialize(
 ) -> Rematerialized:
     """Capture `model`, solve for `budget` and wrap: the one call for the common case.
 
-    `budget`: bytes, "512MiB", or "50%" of the measured peak of the plain training step
-    (capture measures it: graph attribute ``plain_peak``). The model is captured as called
-    with ``model(*example_inputs, **example_kwargs)``, under the autocast state in force
-    (train under the same one); the wrapped model returns the model's outputs, the loss is
-    the caller's. `time_limit`: seconds for the whole call, capture and solve: the solve gets
-    what the capture leaves (`solver.solve`'s bound). `capture_options` go to
-    `graph_capture.capture` (``granularity``, ``cost_model``, ...), `solve_options` to
-    `solver.solve` (``workers``, ...).
+    `budget`: bytes, "512MiB", or "50%" of the measured peak of the plain training step (capture
+    measures it for a percentage: graph attribute ``plain_peak``). The model is captured as
+    called with ``model(*example_inputs, **example_kwargs)``, under the autocast state in force
+    (train under the same one); the wrapped model returns the model's outputs, the loss is the
+    caller's. `time_limit`: seconds for the whole call, capture and solve: the solve gets what
+    the capture leaves (`solver.solve`'s bound). `capture_options` go to `graph_capture.capture`
+    (``granularity``, ``cost_model``, ...), `solve_options` to `solver.solve` (``workers``,
+    ...).
     """
     import solver
     from graph_capture import capture
 
     deadline = Deadline.after(time_limit)
-    captured = capture(model, example_inputs, example_kwargs, **(capture_options or {}))
+    options = {"plain_peak": "%" in str(budget), **(capture_options or {})}
+    captured = capture(model, example_inputs, example_kwargs, **options)
     left = deadline.remaining()
     if left <= 0:
         raise SolverTimeoutError(

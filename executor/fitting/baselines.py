@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import solver
-from executor.fit.graphs import SizedGraphs, build, expected_seconds
-from executor.fit.memory import StaticBytes, TrainingStep
+from executor.fitting.graphs import SizedGraphs, build, expected_seconds
+from executor.fitting.memory import StaticBytes, TrainingStep
 from executor.traced.module import Rematerialized
 from solver.deadline import Deadline
 from solver.fit import per_block_peak

@@ -82,7 +82,7 @@ class TrainingStep:
         self.optimizer = make_optimizer(optimizer, model.parameters())
 
     def __call__(self) -> None:
-        """Forward (to the loss: `forward` returns it, `executor.fit.graphs.with_loss`),
+        """Forward (to the loss: `forward` returns it, `executor.fitting.graphs.with_loss`),
         backward, the optimizer's step."""
         loss = self.forward(*self.inputs, **self.kwargs)
         if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):

@@ -22,7 +22,7 @@ passed down; the search and its second run take shares of it, the solves inside 
 and each capture and real step starts only where the time left holds it (`expected_seconds`).
 When it passes, the call returns what is proven by then and names what is open or not done.
 
-Memory as the device counts it (`executor.fit.memory`): parameters, gradients, optimizer state
+Memory as the device counts it (`executor.fitting.memory`): parameters, gradients, optimizer state
 (after one real step), buffers and inputs exist before the step; the step's budget is the memory
 less those, and the optimizer step's own temporaries must fit in it too.
 """
@@ -38,10 +38,10 @@ import torch
 
 import solver
 from executor.errors import FitError
-from executor.fit.baselines import Steps, eager, per_block, run_step
-from executor.fit.graphs import SizedGraphs, with_loss
-from executor.fit.memory import OPTIMIZERS, StaticBytes
-from executor.sac.plan import default_loss
+from executor.fitting.baselines import Steps, eager, per_block, run_step
+from executor.fitting.graphs import SizedGraphs, with_loss
+from executor.fitting.memory import OPTIMIZERS, StaticBytes
+from executor.loss import default_loss
 from solver.core.budget import human_bytes, parse_budget
 from solver.deadline import Deadline, Stop
 from solver.fit import DOES_NOT_FIT, FITS, FitResult, Probe, largest_fitting

@@ -94,7 +94,7 @@ class SizedGraphs:
             raise ValueError(f"capture sizes must be 3 or more increasing sizes >= 1: {sizes}")
         self.factory, self.dim = factory, dim
         # fit's budgets are bytes: no plain step's peak (a percentage's basis) to measure
-        self.options = {"plain_peak": False, **(capture_options or {})}
+        self.options = dict(capture_options or {})
         self.captures: dict[int, Captured] = {}
         self.seconds: dict[int, float] = {}  # each capture's wall time (build and capture)
         for size in sizes:
