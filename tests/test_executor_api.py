@@ -149,7 +149,7 @@ def test_a_budget_below_the_least_names_the_least_as_a_percentage_that_fits():
     """On a model this small the least peak is above the plain step (100%): the error gives
     it in percent too, and that percentage solves."""
     model, x = small_model()
-    graph = capture(model, [x]).dag
+    graph = capture(model, [x], plain_peak=True).dag
     with pytest.raises(solver.InfeasibleBudgetError) as info:
         solver.solve(graph, "100%", time_limit=10)
     least = re.search(r"([0-9.]+)% of the measured plain step", str(info.value))
