@@ -143,14 +143,22 @@ class MixNet(nn.Module):
         return self.last(torch.tanh(self.mid(product)) * total).sum()
 
 
-def assert_trains_like_eager(model, args, kwargs, budget, recomputes, loss=lambda out: out):
+def assert_trains_like_eager(
+    model, args, kwargs, budget, recomputes, loss=lambda out: out, time_limit=20
+):
     """Two SGD steps of `model` and of its copy rematerialized at `budget` give equal losses,
     gradients and buffers (`torch.equal`); the schedule recomputes some node iff
-    `recomputes`."""
+    `recomputes`. `time_limit`: capture and solve, seconds (any schedule within the budget
+    serves: the test is of the executor, not of the solve's optimality)."""
     eager, remat_model = copy.deepcopy(model), copy.deepcopy(model)
     options = {"repeats": 1, "backward_from": ["loss"] if kwargs else None}
     rm = rematerialize(
-        remat_model, args, budget, example_kwargs=kwargs, capture_options=options, time_limit=20
+        remat_model,
+        args,
+        budget,
+        example_kwargs=kwargs,
+        capture_options=options,
+        time_limit=time_limit,
     )
     assert (rm.schedule.recomputes > 0) == recomputes, rm.schedule.recomputes
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, remat_model)]
@@ -236,4 +244,4 @@ def test_hf_bloom_gelu_function_trains_bit_for_bit_with_dropout():
     pytest.importorskip("transformers")
     torch.manual_seed(0)
     model, args, kwargs = hf_models.bloom_lm()
-    assert_trains_like_eager(model, args, kwargs, "60%", True, loss=lambda out: out.loss)
+    assert_trains_like_eager(model, args, kwargs, "60%", True, lambda out: out.loss, time_limit=8)

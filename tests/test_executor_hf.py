@@ -69,8 +69,8 @@ def test_hf_training_call_is_bit_identical_at_half_the_checkpoint_all_peak(famil
 def test_keyword_inputs_may_come_in_any_order_and_are_checked_by_name():
     torch.manual_seed(0)
     model, args, kwargs = hf_models.bert_mlm(layers=1)
-    rm = rematerialize(
-        model, args, "100%", example_kwargs=kwargs, capture_options={"repeats": 1}, time_limit=20
+    rm = rematerialize(  # a budget every schedule fits: the test is of the call, not the solve
+        model, args, "1GiB", example_kwargs=kwargs, capture_options={"repeats": 1}, time_limit=20
     )
     reordered = dict(reversed(list(kwargs.items())))
     torch.manual_seed(1)
@@ -123,10 +123,10 @@ def test_outputs_the_loss_does_not_use_cost_no_tangent_and_train_bit_identically
 def test_a_gradient_into_an_output_captured_as_unused_is_refused():
     torch.manual_seed(0)
     model, args, kwargs = hf_models.vit_classifier(layers=1)
-    rm = rematerialize(
+    rm = rematerialize(  # a budget every schedule fits: the test is of the call, not the solve
         model,
         args,
-        "100%",
+        "1GiB",
         example_kwargs=kwargs,
         capture_options={"repeats": 1, "backward_from": ["loss"]},
         time_limit=20,
