@@ -1,0 +1,114 @@
+"""An op's predicted seconds on a target device (`solver.target.Device`), from the op itself.
+
+FLOPs come from ``torch.utils.flop_counter``'s registry (matmuls, convolutions, attention; every
+other op counts 0 FLOPs and is bound by the bytes it moves). Bytes moved are the bytes of the
+op's distinct tensor inputs and outputs (each storage counted once). Both work on fake tensors,
+so a step that never ran here gets seconds. ``cpu_device`` measures this processor's matmul rate
+and copy bandwidth once per process, so that target ``cpu`` is a device like the others.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.flop_counter import flop_registry
+
+from solver.target import Device, builtin_device, load_device, op_key
+from solver.target.devices import is_device_file
+
+__all__ = ["bytes_moved", "cpu_device", "op_flops", "op_seconds", "resolve_target", "target_key"]
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def op_flops(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -> int:
+    """FLOPs of one call of ``func`` (0 where torch's flop counter has no formula)."""
+    count = flop_registry.get(func.overloadpacket)
+    if count is None:
+        return 0
+    return int(count(*args, **kwargs, out_val=out))
+
+
+def bytes_moved(args: tuple, kwargs: dict, out: Any) -> int:
+    """Bytes the op reads and writes: its distinct input and output tensors' bytes."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for t in _tensors((args, kwargs, out)):
+        key = (StorageWeakRef(t.untyped_storage()).cdata, t.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
+
+
+def target_key(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str:
+    """The op's key in a device's measured table (`solver.target.op_key`)."""
+    inputs = _tensors((args, kwargs))
+    return op_key(str(func), [tuple(t.shape) for t in inputs], [str(t.dtype)[6:] for t in inputs])
+
+
+def op_dtype(args: tuple, kwargs: dict, out: Any) -> str:
+    """The dtype an op computes in: its first floating input's (else its output's)."""
+    for t in _tensors((args, kwargs, out)):
+        if t.is_floating_point():
+            return str(t.dtype)[6:]
+    return "float32"
+
+
+def op_seconds(
+    device: Device, func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any
+) -> float:
+    """Predicted seconds of one call of ``func`` on ``device``."""
+    return device.seconds(
+        target_key(func, args, kwargs),
+        op_flops(func, args, kwargs, out),
+        bytes_moved(args, kwargs, out),
+        op_dtype(args, kwargs, out),
+    )
+
+
+def _median_seconds(fn, repeats: int = 5) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+@functools.cache
+def cpu_device() -> Device:
+    """This processor as a device: matmul FLOP/s per dtype and copy bandwidth, measured once
+    (median of 5 runs of a 512x512 matmul and a 64 MiB copy, at torch's current thread count);
+    memory is unbounded for the model (bytes are what a plan budgets), rounding 1 byte."""
+    flops = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        a = torch.randn(512, 512, dtype=dtype)
+        seconds = _median_seconds(lambda a=a: a @ a)
+        flops[str(dtype)[6:]] = 2 * 512**3 / seconds
+    src = torch.empty(1 << 24, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    seconds = _median_seconds(lambda: dst.copy_(src))
+    bandwidth = 2 * src.numel() * src.element_size() / seconds
+    return Device("cpu", flops, bandwidth=bandwidth, memory=1 << 62, rounding=1)
+
+
+def resolve_target(target: str | Device) -> Device:
+    """A `Device` from a built-in name, ``"cpu"``, a device file's path, or a `Device`."""
+    if isinstance(target, Device):
+        return target
+    if target.lower() == "cpu":
+        return cpu_device()
+    if is_device_file(target):
+        return load_device(target)
+    return builtin_device(target)

@@ -1,0 +1,167 @@
+"""The device a plan is made for, as a model: what an op costs there and how its allocator rounds.
+
+A `Device` holds peak arithmetic rates (FLOP/s per dtype), memory bandwidth (bytes/s), memory
+(bytes) and the allocator's rounding (bytes). An op's predicted seconds are its roofline, the
+larger of its FLOPs over the peak rate of its dtype and the bytes it reads and writes over the
+bandwidth, unless a measured table (`Device.op_seconds`, written by ``remat calibrate`` on the
+device itself) holds the op: then the measured seconds are used.
+
+The built-in figures are the vendors' published dense peaks (no structured sparsity) and the
+memory ``nvidia-smi`` reports; they are upper bounds that no kernel reaches, so predicted seconds
+are lower bounds unless calibrated. ``cpu`` is this processor and is measured, not listed: its
+`Device` comes from ``graph_capture.measurement.roofline.cpu_device``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from solver.errors import RematError
+
+FORMAT = "remat-device/1"
+CUDA_BLOCK_BYTES = 512
+TERA = 1e12
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+class UnknownTargetError(RematError, ValueError):
+    """A target that is neither a built-in device nor a readable device file."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device a plan is made for.
+
+    - ``flops``: peak FLOP/s per dtype name (``"float32"``, ``"bfloat16"``, ...); a dtype not
+      listed runs at the ``"float32"`` rate.
+    - ``bandwidth``: memory bandwidth, bytes/s.
+    - ``memory``: device memory, bytes.
+    - ``rounding``: the allocator rounds each block up to a multiple of this many bytes (512 for
+      the CUDA caching allocator, 1 where blocks are as requested).
+    - ``op_seconds``: measured seconds per op key (`op_key`), from ``remat calibrate``.
+    """
+
+    name: str
+    flops: Mapping[str, float]
+    bandwidth: float
+    memory: int
+    rounding: int = CUDA_BLOCK_BYTES
+    op_seconds: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if "float32" not in self.flops:
+            raise ValueError(f"device {self.name!r}: flops needs a 'float32' rate")
+        if min(self.flops.values()) <= 0 or self.bandwidth <= 0 or self.rounding < 1:
+            raise ValueError(f"device {self.name!r}: rates and rounding must be positive")
+
+    def round_bytes(self, nbytes: int) -> int:
+        """Bytes the allocator holds for a block of ``nbytes`` bytes (0 stays 0)."""
+        return -(-nbytes // self.rounding) * self.rounding
+
+    def roofline_seconds(self, flops: float, bytes_moved: float, dtype: str) -> float:
+        """Seconds of an op doing ``flops`` FLOPs in ``dtype`` and moving ``bytes_moved`` bytes."""
+        rate = self.flops.get(dtype, self.flops["float32"])
+        return max(flops / rate, bytes_moved / self.bandwidth)
+
+    def seconds(self, key: str, flops: float, bytes_moved: float, dtype: str) -> float:
+        """Predicted seconds of the op ``key``: measured if calibrated, else its roofline."""
+        measured = self.op_seconds.get(key)
+        if measured is not None:
+            return measured
+        return self.roofline_seconds(flops, bytes_moved, dtype)
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT,
+            "name": self.name,
+            "flops": dict(self.flops),
+            "bandwidth": self.bandwidth,
+            "memory": self.memory,
+            "rounding": self.rounding,
+            "op_seconds": dict(self.op_seconds),
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1, sort_keys=True))
+
+    @classmethod
+    def from_json(cls, data: Mapping, source: str = "device file") -> Device:
+        if data.get("format") != FORMAT:
+            raise UnknownTargetError(
+                f"{source} is not a remat device file (format {data.get('format')!r}, "
+                f"expected {FORMAT!r}); write one with `remat calibrate`"
+            )
+        return cls(
+            name=str(data["name"]),
+            flops={str(k): float(v) for k, v in data["flops"].items()},
+            bandwidth=float(data["bandwidth"]),
+            memory=int(data["memory"]),
+            rounding=int(data["rounding"]),
+            op_seconds={str(k): float(v) for k, v in data.get("op_seconds", {}).items()},
+        )
+
+
+def op_key(op: str, shapes: list[tuple[int, ...]], dtypes: list[str]) -> str:
+    """The key of an op in a measured table: its name and its tensor inputs' shapes and dtypes."""
+    parts = [f"{dtype}{list(shape)}" for shape, dtype in zip(shapes, dtypes, strict=True)]
+    return f"{op}({', '.join(parts)})"
+
+
+def _gpu(name: str, fp32: float, tf32: float, bf16: float, fp64: float, tbs: float, mib: int):
+    flops = {
+        "float32": fp32 * TERA,
+        "tf32": tf32 * TERA,
+        "bfloat16": bf16 * TERA,
+        "float16": bf16 * TERA,
+        "float64": fp64 * TERA,
+    }
+    return Device(name, flops, bandwidth=tbs * TERA, memory=mib * MIB)
+
+
+# Published dense peaks in TFLOP/s (FP32, TF32 tensor, BF16/FP16 tensor, FP64), bandwidth in
+# TB/s, memory in MiB as nvidia-smi reports it.
+BUILT_IN: dict[str, Device] = {
+    d.name: d
+    for d in (
+        _gpu("h100", 66.9, 494.7, 989.4, 66.9, 3.35, 81_559),
+        _gpu("a100-80gb", 19.5, 156.0, 312.0, 19.5, 2.039, 81_920),
+        _gpu("a100-40gb", 19.5, 156.0, 312.0, 19.5, 1.555, 40_960),
+        _gpu("l4", 30.3, 60.0, 121.0, 0.49, 0.300, 23_034),
+        _gpu("rtx4090", 82.6, 82.6, 165.2, 1.29, 1.008, 24_564),
+    )
+}
+ALIASES = {"h100-sxm": "h100", "h100-80gb": "h100", "a100": "a100-80gb", "4090": "rtx4090"}
+TARGET_NAMES = (*BUILT_IN, "cpu")
+
+
+def builtin_device(name: str) -> Device:
+    """The built-in GPU called ``name`` (case-insensitive, aliases allowed).
+
+    ``cpu`` is measured, not built in: torch-side callers get it from
+    ``graph_capture.measurement.roofline.cpu_device``."""
+    key = ALIASES.get(name.lower(), name.lower())
+    if key in BUILT_IN:
+        return BUILT_IN[key]
+    raise UnknownTargetError(
+        f"unknown target {name!r}: use one of {', '.join(TARGET_NAMES)}, "
+        "or a device file written by `remat calibrate`"
+    )
+
+
+def load_device(path: str | os.PathLike) -> Device:
+    """A device file written by ``remat calibrate`` (`Device.save`)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UnknownTargetError(f"cannot read device file {os.fspath(path)!r}: {e}") from e
+    return Device.from_json(data, source=repr(os.fspath(path)))
+
+
+def is_device_file(target: str) -> bool:
+    """Whether ``target`` names a file rather than a built-in device."""
+    return os.sep in target or target.endswith(".json") or Path(target).is_file()

@@ -1,0 +1,56 @@
+"""The device model: built-in targets, rounding, roofline seconds, device files, op costs."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from graph_capture.measurement.roofline import bytes_moved, op_flops, op_seconds, resolve_target
+from solver.target import Device, UnknownTargetError, builtin_device, load_device
+
+
+def test_builtin_names_and_rounding():
+    h100 = builtin_device("H100")
+    assert builtin_device("h100-sxm") is h100
+    assert [h100.round_bytes(n) for n in (0, 1, 512, 513)] == [0, 512, 512, 1024]
+    with pytest.raises(UnknownTargetError, match=r"unknown target 'tpu'.*h100"):
+        builtin_device("tpu")
+
+
+def test_roofline_is_the_larger_bound_and_a_measured_op_wins():
+    d = Device("toy", {"float32": 100.0, "bfloat16": 400.0}, bandwidth=10.0, memory=1 << 30)
+    assert d.roofline_seconds(1000, 10, "float32") == 10.0  # compute bound
+    assert d.roofline_seconds(1000, 10, "bfloat16") == 2.5
+    assert d.roofline_seconds(10, 1000, "bfloat16") == 100.0  # memory bound
+    assert d.roofline_seconds(1000, 0, "int64") == 10.0  # unlisted dtype: the float32 rate
+    measured = Device("toy", d.flops, 10.0, 1 << 30, op_seconds={"op(x)": 0.5})
+    assert measured.seconds("op(x)", 1000, 10, "float32") == 0.5
+    assert measured.seconds("other(x)", 1000, 10, "float32") == 10.0
+
+
+def test_device_file_round_trip(tmp_path):
+    d = Device("mine", {"float32": 1e12}, 1e11, 1 << 34, rounding=256, op_seconds={"k": 1e-3})
+    d.save(tmp_path / "mine.json")
+    assert load_device(tmp_path / "mine.json") == d
+    assert resolve_target(str(tmp_path / "mine.json")) == d
+    (tmp_path / "bad.json").write_text('{"format": "other"}')
+    with pytest.raises(UnknownTargetError, match="not a remat device file"):
+        load_device(tmp_path / "bad.json")
+
+
+def test_op_costs_on_fake_tensors():
+    mm = torch.ops.aten.mm.default
+    with FakeTensorMode():
+        a, b = torch.empty(64, 128), torch.empty(128, 32)
+        out = mm(a, b)
+        flops, moved = op_flops(mm, (a, b), {}, out), bytes_moved((a, b), {}, out)
+        add = torch.ops.aten.add.Tensor
+        same = add(a, a)
+        assert bytes_moved((a, a), {}, same) == 2 * a.numel() * 4  # one input storage, one output
+        assert op_flops(add, (a, a), {}, same) == 0
+    assert flops == 2 * 64 * 128 * 32
+    assert moved == (64 * 128 + 128 * 32 + 64 * 32) * 4
+    h100 = builtin_device("h100")
+    with FakeTensorMode():
+        a, b = torch.empty(64, 128), torch.empty(128, 32)
+        seconds = op_seconds(h100, mm, (a, b), {}, mm(a, b))
+    assert seconds == max(flops / h100.flops["float32"], moved / h100.bandwidth)
