@@ -17,7 +17,7 @@ parameter bytes, so the Keras applications' parameter counts are used (Keras's p
 figures: VGG16 138,357,544; VGG19 143,667,240; MobileNet 4,253,864; ResNet50 25,636,712) and
 the segmentation graphs get the whole 16e9 bytes, with the fixed bytes up to which the answer
 stands ("holds while fixed <="). The proof is over Checkmate's stage schedules, the space its
-ILP searched (`solver.fit`, NOTE [fit proofs]).
+ILP searched (`solver.fitting.search`, NOTE [fit proofs]).
 
 Run: nice -n 5 python -m benchmarks.fit_published [--time-limit 600] [--graphs VGG16 ...]
      [--out results]
@@ -33,7 +33,7 @@ from pathlib import Path
 import networkx as nx
 
 from benchmarks.common import GRAPHS_DIR, Row, write_table
-from solver.fit import largest_fitting
+from solver.fitting.search import largest_fitting
 from solver.io import load_graph
 
 DEVICE_BYTES = 16 * 1000**3

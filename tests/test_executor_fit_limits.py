@@ -15,11 +15,11 @@ from test_executor_fit import MEMORY, attention, blocks
 from torch import nn
 
 import executor
-import solver.fit
+import solver.fitting.search
 from executor.fitting.graphs import SizedGraphs
 from executor.fitting.memory import TrainingStep
 from solver.deadline import Deadline
-from solver.fit import per_block_peak
+from solver.fitting.search import per_block_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,7 +39,7 @@ def test_every_solve_in_a_fit_gets_the_fits_one_deadline_and_stop(monkeypatch):
     """Every solve's deadline is the fit's own (the first `Deadline.after` of the call, the
     one holding its Ctrl-C `Stop`) or a share of it: compared as instants, not timed."""
     deadlines, made = [], []
-    solve, after = solver.fit.solve, Deadline.after.__func__
+    solve, after = solver.fitting.search.solve, Deadline.after.__func__
 
     def recording(*args, **kwargs):
         deadlines.append(kwargs.get("deadline"))
@@ -49,7 +49,7 @@ def test_every_solve_in_a_fit_gets_the_fits_one_deadline_and_stop(monkeypatch):
         made.append(after(cls, seconds, stop))
         return made[-1]
 
-    monkeypatch.setattr(solver.fit, "solve", recording)
+    monkeypatch.setattr(solver.fitting.search, "solve", recording)
     monkeypatch.setattr(Deadline, "after", classmethod(made_after))
     executor.fit(attention, ATTENTION_MEMORY, dim="seq", time_limit=20, run=False)
     assert deadlines and all(d is not None for d in deadlines)

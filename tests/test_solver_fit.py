@@ -1,5 +1,6 @@
-"""`solver.fit.largest_fitting` against an exhaustive reference: the largest size whose least
-peak within a compute cap fits a memory, on small graphs with bytes affine in the size."""
+"""`solver.fitting.search.largest_fitting` against an exhaustive reference: the largest size
+whose least peak within a compute cap fits a memory, on small graphs with bytes affine in the
+size."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import solver
 from solver.core.budget import parse_compute_budget
 from solver.core.graph import prepare
 from solver.examples import chain, training_graph
-from solver.fit import DOES_NOT_FIT, FITS, largest_fitting
+from solver.fitting.search import DOES_NOT_FIT, FITS, largest_fitting
 
 HIGH = 12
 """The largest size tried; a graph whose bytes do not grow fits every size up to it."""

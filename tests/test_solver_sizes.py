@@ -1,4 +1,4 @@
-"""`solver.sizes`: the one bisection and the one affine fit over sizes, each against a
+"""`solver.fitting.sizes`: the one bisection and the one affine fit over sizes, each against a
 brute-force reference on small cases (hypothesis, derandomized in conftest)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from solver.sizes import DOES_NOT_FIT, FITS, OPEN, affine, largest_between
+from solver.fitting.sizes import DOES_NOT_FIT, FITS, OPEN, affine, largest_between
 
 
 @given(

@@ -22,8 +22,8 @@ from executor.fitting.graphs import SizedGraphs, build, expected_seconds
 from executor.fitting.memory import StaticBytes, TrainingStep
 from executor.traced.module import Rematerialized
 from solver.deadline import Deadline
-from solver.fit import per_block_peak
-from solver.sizes import DOES_NOT_FIT, FITS, largest_between
+from solver.fitting.search import per_block_peak
+from solver.fitting.sizes import DOES_NOT_FIT, FITS, largest_between
 
 
 class Steps:

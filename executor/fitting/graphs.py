@@ -10,7 +10,7 @@ would be about another graph. Below the captured sizes, where a model's graph of
 language model at sequence length 1), `stable_from` finds the least size with the captured shape.
 
 Costs are the ones of the largest captured size at every size (NOTE [monotone sizes] in
-`solver.fit`: the schedules within a compute cap are then the same at every size).
+`solver.fitting.search`: the schedules within a compute cap are then the same at every size).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from graph_capture import capture
 from graph_capture.captured import CapturedGraph
 from graph_capture.errors import CaptureError
 from graph_capture.models.factories import unpack_model
-from solver.sizes import affine
+from solver.fitting.sizes import affine
 
 BYTES = ("mem", "transient")
 """The node attributes that must be affine in the size."""

@@ -5,7 +5,7 @@ proven in the solver's model and run, all within one deadline.
       SizedGraphs(factory, capture_sizes)   the DAG at any size: captures, affine between them;
                                             `stable_from` skips small sizes whose graph differs
       Steps.prepare                         what exists before a step, measured (StaticBytes)
-      solver.fit.largest_fitting            the largest size whose least peak within the cap
+      largest_fitting                       the largest size whose least peak within the cap
                                             fits the memory left to the step, proof at size + 1
       confirmation                          the answer and the least size proven not to fit,
                                             captured where they were predicted: equal to the
@@ -44,9 +44,9 @@ from executor.fitting.memory import OPTIMIZERS, StaticBytes
 from executor.loss import default_loss
 from solver.core.budget import human_bytes, parse_budget
 from solver.deadline import Deadline, Stop
-from solver.fit import DOES_NOT_FIT, FITS, FitResult, Probe, largest_fitting
+from solver.fitting.search import DOES_NOT_FIT, FITS, FitResult, Probe, largest_fitting
+from solver.fitting.sizes import affine
 from solver.interrupt import first_sigint_stops
-from solver.sizes import affine
 
 RUNTIME = "remat's executor (executor.Rematerialized)"
 

@@ -94,8 +94,8 @@ def solve(
             bound), in graph units (bytes for objective "memory").
         options: the search's tuning (`SolveOptions`).
         deadline: the caller's deadline, for a solve that is one step of a longer piece of work
-            (`solver.fit`): the solve ends by the earlier of it and `time_limit`, and when its
-            stop is requested (the caller's Ctrl-C).
+            (`solver.fitting.search`): the solve ends by the earlier of it and `time_limit`,
+            and when its stop is requested (the caller's Ctrl-C).
 
     Returns a `Schedule` replayed by the independent simulator, within the budgets; status
     "OPTIMAL" only with an exact certificate (NOTE [certificates] in `solver.exact.state`), its

@@ -40,8 +40,8 @@ from solver.core.simulate import simulate
 from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
+from solver.fitting.sizes import DOES_NOT_FIT, FITS, OPEN, largest_between
 from solver.heuristics.baselines import block_checkpoint
-from solver.sizes import DOES_NOT_FIT, FITS, OPEN, largest_between
 
 
 @dataclass
