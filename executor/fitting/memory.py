@@ -11,13 +11,13 @@ once the backward is done, the optimizer step's own temporaries.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from executor.errors import FitError
 from executor.memory import measure_peak
+from solver.fitting.result import StaticBytes
 
 OPTIMIZERS = ("adamw", "sgd", "none")
 """The optimizers a fit accounts for: AdamW (torch defaults), SGD with momentum 0.9, none."""
@@ -32,27 +32,6 @@ def make_optimizer(name: str, params: Iterable[nn.Parameter]) -> torch.optim.Opt
     if name == "none":
         return None
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {name!r}")
-
-
-@dataclass(frozen=True)
-class StaticBytes:
-    """Bytes that exist before a training step, by part (unique storages)."""
-
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    buffers: int
-    inputs: int
-
-    @property
-    def model(self) -> int:
-        """Parameters, gradients, optimizer state and buffers: what does not depend on the
-        inputs."""
-        return self.parameters + self.gradients + self.optimizer_state + self.buffers
-
-    @property
-    def total(self) -> int:
-        return self.model + self.inputs
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:

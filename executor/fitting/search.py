@@ -31,121 +31,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 import networkx as nx
 import torch
 
-import solver
 from executor.errors import FitError
 from executor.fitting.baselines import Steps, eager, per_block, run_step
 from executor.fitting.graphs import SizedGraphs, with_loss
-from executor.fitting.memory import OPTIMIZERS, StaticBytes
+from executor.fitting.memory import OPTIMIZERS
 from executor.loss import default_loss
-from solver.core.budget import human_bytes, parse_budget
+from solver.core.budget import parse_budget, parse_overhead
 from solver.deadline import Deadline, Stop
-from solver.fitting.search import DOES_NOT_FIT, FITS, FitResult, Probe, largest_fitting
-from solver.fitting.sizes import affine
+from solver.fitting.result import (
+    Fit,
+    StaticBytesError,
+    affine_static,
+    cut_short,
+    eager_above,
+)
+from solver.fitting.search import FitResult, confirmed, largest_fitting
 from solver.interrupt import first_sigint_stops
-
-RUNTIME = "remat's executor (executor.Rematerialized)"
 
 SEARCH_SHARE = 0.6
 """The share of the time left that a search gets; the rest is for the confirming captures, the
 real steps and the baselines (and, where a capture refutes the prediction, the second search)."""
-
-
-@dataclass
-class Fit:
-    """What `fit` found. Sizes are in `dim` units; bytes are whole-step bytes unless named.
-
-    `size`: the largest size proven to fit (None: none was); `proven`: the size after it (or
-    `low`) is proven not to fit; `upper`: the least size proven not to fit (None: none was; the
-    sizes between are open); `low`: where the search started; `budget`: the step's byte budget
-    at `size` as `rematerialize` takes it (the memory less `static`); `schedule`: the schedule
-    at `size`; `measured_peak`: one real step's whole-step peak at `size` under `runtime`;
-    `eager_size`, `eager_over`: eager's largest size, measured, and the measured whole-step
-    peak at eager_size + 1; `per_block_size`: per-block `torch.utils.checkpoint`'s largest size
-    within the cap, as the solver predicts it; `bytes_model`: how the bytes at each size were
-    obtained; `stopped`: "time limit" or "interrupted" where the call ended on its deadline
-    (None: it finished); `seconds`: its wall time; `notes`: what was skipped or not done;
-    `warnings`: measurements that contradict the proof; `probes`: the solver's probes."""
-
-    dim: str
-    memory: int
-    size: int | None
-    proven: bool
-    upper: int | None
-    budget: int | None
-    schedule: solver.Schedule | None
-    static: StaticBytes | None
-    optimizer_temporaries: int
-    measured_peak: int | None
-    eager_size: int | None
-    eager_over: int | None
-    per_block_size: int | None
-    bytes_model: str
-    low: int = 1
-    max_overhead: str | None = None
-    stopped: str | None = None
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    runtime: str = RUNTIME
-    probes: list[Probe] = field(default_factory=list, repr=False)
-
-    def summary(self) -> str:
-        """The result as lines for a terminal."""
-        d = self.dim
-        lines = [self._head(), f"bytes: {self.bytes_model}"]
-        if self.stopped is not None:
-            lines.append(
-                f"{'interrupted' if self.stopped == 'interrupted' else 'the time limit passed'}"
-                f" at {self.seconds:.1f} s: what follows is what was known then"
-            )
-        if self.static is not None and self.size is not None:
-            s = self.static
-            lines.append(
-                f"before the step at {d} {self.size}: parameters {s.parameters} B, gradients "
-                f"{s.gradients} B, optimizer state {s.optimizer_state} B, buffers {s.buffers} B, "
-                f"inputs {s.inputs} B; step budget {self.budget} B; optimizer step temporaries "
-                f"{self.optimizer_temporaries} B"
-            )
-        if self.schedule is not None:
-            lines.append(
-                f"schedule at {d} {self.size}: peak {self.schedule.peak} B, cost "
-                f"{self.schedule.cost:.6g} s ({self.schedule.status})"
-            )
-        if self.measured_peak is not None:
-            verdict = "within" if self.measured_peak <= self.memory else "OVER"
-            lines.append(
-                f"one real step at {d} {self.size} under {self.runtime}: whole-step peak "
-                f"{self.measured_peak} B, {verdict} {self.memory} B"
-            )
-        if self.eager_size is not None or self.eager_over is not None:
-            over = "" if self.eager_over is None else f"; measured {self.eager_over} B at +1"
-            lines.append(f"eager: largest {d} {self.eager_size}{over}")
-        cap = "unlimited compute" if self.max_overhead is None else f"within {self.max_overhead}"
-        lines.append(f"per-block checkpoint (predicted, {cap}): largest {d} {self.per_block_size}")
-        lines += [f"note: {n}" for n in self.notes]
-        lines += [f"WARNING: {w}" for w in self.warnings]
-        return "\n".join(lines)
-
-    def _head(self) -> str:
-        d, memory = self.dim, human_bytes(self.memory)
-        if self.size is None:
-            if self.proven:
-                return f"no {d} fits in {memory} ({d} {self.low} proven not to fit)"
-            return f"no {d} shown to fit in {memory} ({self._open(self.low)})"
-        if self.proven:
-            return f"largest {d}: {self.size} ({d} {self.size + 1} proven not to fit)"
-        return f"largest {d} proven: {self.size} ({self._open(self.size + 1)})"
-
-    def _open(self, first: int) -> str:
-        d = self.dim
-        if self.upper is None:
-            return f"{d} {first} and above open"
-        return f"{d} {first}..{self.upper - 1} open, {self.upper} proven not to fit"
 
 
 def fit(
@@ -190,7 +99,7 @@ def fit(
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
     if not time_limit > 0:
         raise ValueError(f"time_limit must be a positive number of seconds, not {time_limit!r}")
-    cap = _overhead(max_overhead)
+    cap = parse_overhead(max_overhead)
     memory = _memory_bytes(memory)
     stop = Stop()
     deadline = Deadline.after(time_limit, stop)
@@ -239,7 +148,10 @@ def _fit(
             f"({first.parameters} B), their gradients ({first.gradients} B), the optimizer state "
             f"({first.optimizer_state} B) and buffers ({first.buffers} B) take alone"
         )
-    static_at = _affine_static(statics)
+    try:
+        static_at = affine_static(statics)
+    except StaticBytesError as e:
+        raise FitError(str(e)) from e
 
     def left(size: int) -> int:
         """Bytes left to the step at `size`; -1 where the optimizer step's temporaries do not
@@ -259,31 +171,8 @@ def _fit(
             graph_at, left, compute_budget=cap, low=low, high=high, deadline=share
         )
 
-    found = search()
-    captured = {p.size for p in found.probes if p.size in graphs.captures}
-    for size in (found.size, found.upper):
-        if not graphs.affine or size is None or size in captured:
-            continue
-        if not deadline.leaves(graphs.expected_seconds(size)):
-            notes.append(
-                f"{dim} {size} was decided on the affine prediction and not captured by the "
-                "deadline: it is not counted"
-            )
-            continue
-        if graphs.refute(size):  # the prediction is wrong there: no answer rests on it
-            notes.append(
-                f"the capture at {dim} {size} differs from the affine prediction: searched "
-                "again over captures"
-            )
-            found = search()
-            captured = {p.size for p in found.probes}
-            break
-        captured.add(size)  # the capture is the predicted graph: the probe's proof holds on it
-    probes = [p for p in found.probes if p.size in captured]
-    size = max((p.size for p in probes if p.verdict == FITS), default=None)
-    upper = min(
-        (p.size for p in probes if p.verdict == DOES_NOT_FIT and p.size > (size or 0)), default=None
-    )
+    found = confirmed(search, graphs, dim, low, deadline, notes)
+    size, upper, proven, schedule = found.size, found.upper, found.proven, found.schedule
     if size is None and upper is None and deadline.passed():
         why = "interrupted" if deadline.stopped() else "the time limit passed"
         raise FitError(
@@ -291,8 +180,6 @@ def _fit(
             f"({time.perf_counter() - begun:.1f} s); "
             "nothing is known yet: raise the time limit (--time-limit)"
         )
-    proven = upper is not None and upper == (low if size is None else size + 1)
-    schedule = None if size is None else next(p.schedule for p in probes if p.size == size)
     measured = None
     if run and size is not None:
         needs = graphs.expected_seconds(size) + steps.expected_seconds()
@@ -306,12 +193,12 @@ def _fit(
         found_eager = eager(steps, memory, low, (size or low - 1) + 1, deadline)
         eager_size, eager_over = found_eager.size, found_eager.over
         if not found_eager.complete and found_eager.size != (size or low - 1) + 1:
-            notes.append(_cut_short("eager's bisection", eager_size))
+            notes.append(cut_short("eager's bisection", eager_size))
         if eager_size is not None and eager_size > (size or low - 1):
-            _eager_above(dim, eager_size, found_eager.peak, memory, upper, notes, warnings)
+            eager_above(dim, eager_size, found_eager.peak, memory, upper, notes, warnings)
     block_size, complete = per_block(graphs, left, cap, low, high or 2 * (size or low), deadline)
     if not complete:
-        notes.append(_cut_short("per-block checkpointing's bisection", block_size))
+        notes.append(cut_short("per-block checkpointing's bisection", block_size))
     stopped = "interrupted" if deadline.stopped() else "time limit" if deadline.passed() else None
     return Fit(
         dim=dim,
@@ -338,76 +225,10 @@ def _fit(
     )
 
 
-def _cut_short(what: str, largest: int | None) -> str:
-    shown = "" if largest is None else f"; the largest shown to fit: {largest}"
-    return f"{what} was cut short by the deadline{shown}"
-
-
-def _eager_above(
-    dim: str,
-    eager_size: int,
-    peak: int | None,
-    memory: int,
-    upper: int | None,
-    notes: list[str],
-    warnings: list[str],
-) -> None:
-    """Eager measured within the memory at `eager_size`, above remat's answer: a warning where
-    the solver proved that size does not fit (its bytes then overstate this step's), a note
-    where it was open."""
-    fact = f"eager trains at {dim} {eager_size} (measured {peak} B within {memory} B)"
-    if upper is not None and eager_size >= upper:
-        warnings.append(
-            f"{fact}, which the proof says does not fit: the captured bytes overstate this "
-            "step's (compare the graph's bytes with the measured ones); the answer is not the "
-            "largest"
-        )
-    else:
-        notes.append(f"{fact}, a size the search left open: larger sizes were not tried")
-
-
-def _overhead(max_overhead: float | str | None) -> str | None:
-    """The compute cap as solver text ("1.3x"); ValueError below 1.0."""
-    if max_overhead is None:
-        return None
-    text = str(max_overhead).strip().lower().removesuffix("x")
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(
-            f"max overhead {max_overhead!r} is not a number like 1.3 or 1.3x"
-        ) from None
-    if not value >= 1.0:
-        raise ValueError(
-            f"max overhead {max_overhead!r} is below 1.0: a step computes every node at least "
-            "once (1.0x is no recomputation; 1.3x allows 30% more)"
-        )
-    return f"{value}x"
-
-
 def _memory_bytes(memory: int | str) -> int:
     if isinstance(memory, str) and "%" in memory:
         raise ValueError(f"memory {memory!r}: give bytes or units (24GiB), not a percentage")
     return parse_budget(memory, None)  # type: ignore[arg-type]  # no problem needed without %
-
-
-def _affine_static(statics: dict[int, StaticBytes]) -> Callable[[int], StaticBytes]:
-    """The bytes before a step at any size: the model's the same at every captured size, the
-    inputs' affine (FitError otherwise)."""
-    base = statics[min(statics)]
-    inputs = affine({s: static.inputs for s, static in statics.items()})
-    if inputs is None or any(static.model != base.model for static in statics.values()):
-        raise FitError(
-            f"the bytes before a step are not the model's plus inputs affine in the size: "
-            f"{statics}; remat fit needs parameters that do not change with the size"
-        )
-
-    def at(size: int) -> StaticBytes:
-        return StaticBytes(
-            base.parameters, base.gradients, base.optimizer_state, base.buffers, inputs(size)
-        )
-
-    return at
 
 
 def _bytes_model(graphs: SizedGraphs) -> str:

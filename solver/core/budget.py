@@ -123,6 +123,26 @@ def parse_compute_budget(text: str | int | float, problem: Problem) -> float:
     return value if match.group(2) == "units" else value * problem.total_cost
 
 
+def parse_overhead(max_overhead: float | str | None) -> str | None:
+    """A compute cap, a factor of computing every node once (1.3 or "1.3x"), as the text
+    `parse_compute_budget` reads ("1.3x"); None stays None (no cap). ValueError below 1.0."""
+    if max_overhead is None:
+        return None
+    text = str(max_overhead).strip().lower().removesuffix("x")
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(
+            f"max overhead {max_overhead!r} is not a number like 1.3 or 1.3x"
+        ) from None
+    if not value >= 1.0:
+        raise ValueError(
+            f"max overhead {max_overhead!r} is below 1.0: a step computes every node at least "
+            "once (1.0x is no recomputation; 1.3x allows 30% more)"
+        )
+    return f"{value}x"
+
+
 def human_bytes(n: float) -> str:
     """Bytes as text with a binary unit, e.g. 1536 -> '1.50 KiB'."""
     for unit in ("B", "KiB", "MiB", "GiB"):
