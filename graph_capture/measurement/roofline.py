@@ -10,8 +10,6 @@ and copy bandwidth once per process, so that target ``cpu`` is a device like the
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 from typing import Any
 
 import torch
@@ -19,6 +17,7 @@ import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.flop_counter import flop_registry
 
+from graph_capture.measurement.timing import median_seconds
 from solver.target import Device, builtin_device, load_device, op_key
 from solver.target.devices import is_device_file
 
@@ -76,16 +75,6 @@ def op_seconds(
     )
 
 
-def _median_seconds(fn, repeats: int = 5) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
 @functools.cache
 def cpu_device() -> Device:
     """This processor as a device: matmul FLOP/s per dtype and copy bandwidth, measured once
@@ -94,11 +83,11 @@ def cpu_device() -> Device:
     flops = {}
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         a = torch.randn(512, 512, dtype=dtype)
-        seconds = _median_seconds(lambda a=a: a @ a)
+        seconds = median_seconds(lambda a=a: a @ a)
         flops[str(dtype)[6:]] = 2 * 512**3 / seconds
     src = torch.empty(1 << 24, dtype=torch.float32)
     dst = torch.empty_like(src)
-    seconds = _median_seconds(lambda: dst.copy_(src))
+    seconds = median_seconds(lambda: dst.copy_(src))
     bandwidth = 2 * src.numel() * src.element_size() / seconds
     return Device("cpu", flops, bandwidth=bandwidth, memory=1 << 62, rounding=1)
 
