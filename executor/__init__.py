@@ -4,6 +4,7 @@
     rm = executor.Rematerialized.load("schedule.json", model, example_inputs)  # solved offline
     loss_fn(rm(*inputs)).backward(); optimizer.step()                  # bit-identical to eager
     plan = executor.checkpoint_plan(model, example_inputs, "50%", loss_fn=loss_fn, time_limit=60)
+    cm = executor.compile(model, "50%", example_inputs=inputs)  # inductor, remat's partition
     found = executor.fit(factory, "24GiB", dim="batch", max_overhead=1.3)  # the largest batch
 
 One interface: a percentage is of the measured plain step's peak; a bare memory number is
@@ -15,8 +16,10 @@ See docs/executor.md for the forward/backward split, RNG replay, BatchNorm stati
 peak memory is measured.
 """
 
+from executor.compiled import CompiledModel, CompileReport, compile
 from executor.errors import (
     AutocastMismatchError,
+    CompileError,
     ExecutorError,
     FitError,
     InputMismatchError,
@@ -34,6 +37,9 @@ from executor.traced.module import Rematerialized, rematerialize
 __all__ = [
     "AutocastMismatchError",
     "CheckpointPlan",
+    "CompileError",
+    "CompileReport",
+    "CompiledModel",
     "ExecutorError",
     "Fit",
     "FitError",
@@ -45,6 +51,7 @@ __all__ = [
     "UnsupportedScheduleError",
     "UnusedOutputGradientError",
     "checkpoint_plan",
+    "compile",
     "default_loss",
     "fit",
     "measure_peak",

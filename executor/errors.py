@@ -49,3 +49,9 @@ class OpStreamMismatchError(ExecutorError):
     """A checkpointed block dispatched another op than its SAC plan has at that position
     (changed code, another autocast or dtype): the plan's policy would save the wrong tensors,
     so the step is refused; solve the plan again for the model as it runs now."""
+
+
+class CompileError(ExecutorError, ValueError):
+    """`executor.compile` cannot hold the budget under torch.compile: a graph break (named),
+    symbolic or data-dependent shapes, a budget below the least the compiled step reaches, or
+    a plan that would recompute a random or mutating op; each message says what to change."""

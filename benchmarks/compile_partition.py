@@ -1,0 +1,162 @@
+"""remat's partition under torch.compile (inductor, CPU, one thread) against compile's own
+knapsack (`activation_memory_budget`) and a SAC plan compiled: measured peaks and step times.
+
+    python -m benchmarks.compile_partition [--models gpt2_4 resnet18] [--ratios 0 0.5 1]
+
+Per model: the plain compiled step (torch's partition, budget 1.0); the knapsack sweep; remat's
+least budget that fits ("min") and three budgets between it and the plain peak, each with its
+measured peak, step time, the fastest knapsack setting that fits and the time ratio; gradients
+against the plain compiled model (allclose, rtol 1e-5) and, under aot_eager at the middle
+budget, against eager (torch.equal); the SAC plan at the middle budget, compiled. One line per
+measurement on stdout as it comes (partial output survives a timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+
+import executor
+from benchmarks.zoo import ZOO
+from graph_capture.measurement.peak import Snapshot, measure_peak
+
+
+def _step(call, inputs):
+    call(*inputs).backward()
+
+
+def measure(model, call, inputs, repeats: int = 3) -> tuple[int, float]:
+    """(peak bytes, median step seconds) of the compiled step, after its compile step."""
+    snapshot = Snapshot(model)
+    model.zero_grad(set_to_none=True)
+    _step(call, inputs)
+    model.zero_grad(set_to_none=True)
+    peak = measure_peak(lambda: _step(call, inputs)).peak_bytes
+    times = []
+    for _ in range(repeats):
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        _step(call, inputs)
+        times.append(time.perf_counter() - t0)
+    snapshot.restore()
+    return peak, statistics.median(times)
+
+
+def grads(model, call, inputs, seed: int = 0) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    _step(call, inputs)
+    out = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def knapsack(model, inputs, ratio: float) -> tuple[int, float]:
+    torch._dynamo.reset()
+    call = torch.compile(model, fullgraph=True, dynamic=False)
+    with torch._functorch.config.patch(activation_memory_budget=ratio):
+        return measure(model, call, inputs)
+
+
+def run(name: str, ratios: list[float]) -> None:
+    torch.manual_seed(0)
+    model, inputs = ZOO[name]()
+    mib = 2**20
+    sweep = {}
+    for ratio in ratios:
+        sweep[ratio] = knapsack(model, inputs, ratio)
+        print(
+            f"{name} knapsack {ratio:.1f}: {sweep[ratio][0] / mib:.2f} MiB "
+            f"{sweep[ratio][1] * 1e3:.1f} ms",
+            flush=True,
+        )
+    plain_peak = sweep.get(1.0, knapsack(model, inputs, 1.0))[0]
+    torch._dynamo.reset()
+    plain = torch.compile(model, fullgraph=True, dynamic=False)
+    plain_grads = grads(model, plain, inputs)
+    least = executor.compile(model, "min", example_inputs=inputs, time_limit=30)
+    low = least.remat.peak
+    print(
+        f"{name} remat min: {low / mib:.2f} MiB (compiles {least.remat.compiles}); "
+        f"knapsack least {min(p for p, _ in sweep.values()) / mib:.2f} MiB",
+        flush=True,
+    )
+    budgets = [int(low + f * (plain_peak - low)) for f in (0.1, 0.5, 0.9)]
+    for budget in budgets:
+        try:
+            cm = executor.compile(model, budget, example_inputs=inputs, time_limit=30)
+        except executor.CompileError as e:
+            print(f"{name} remat {budget / mib:.2f} MiB: refused: {e}", flush=True)
+            continue
+        peak, seconds = measure(model, cm, inputs)
+        close = all(
+            torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+            for a, b in zip(grads(model, cm, inputs), plain_grads, strict=True)
+        )
+        fits = [(t, r) for r, (p, t) in sweep.items() if p <= budget]
+        best = min(fits) if fits else None
+        versus = (
+            f"knapsack {best[1]:.1f} ratio {seconds / best[0]:.3f}" if best else "no knapsack fits"
+        )
+        print(
+            f"{name} remat {budget / mib:.2f} MiB: peak {peak / mib:.2f} MiB "
+            f"(within: {peak <= budget}) {seconds * 1e3:.1f} ms, compiles {cm.remat.compiles}, "
+            f"{versus}, grads allclose to plain compiled: {close}",
+            flush=True,
+        )
+    middle = budgets[1]
+    eager = copy.deepcopy(model)
+    try:
+        cm = executor.compile(
+            model, middle, example_inputs=inputs, backend="aot_eager", time_limit=30
+        )
+        same = all(
+            torch.equal(a, b)
+            for a, b in zip(grads(model, cm, inputs), grads(eager, eager, inputs), strict=True)
+        )
+        print(
+            f"{name} aot_eager at {middle / mib:.2f} MiB: grads equal to eager: {same}", flush=True
+        )
+    except executor.CompileError as e:
+        print(f"{name} aot_eager at {middle / mib:.2f} MiB: refused: {e}", flush=True)
+    try:
+        plan = executor.checkpoint_plan(eager, inputs, middle, time_limit=30)
+        applied = plan.apply(eager)
+        torch._dynamo.reset()
+        peak, seconds = measure(applied, torch.compile(applied, dynamic=False), inputs)
+        print(
+            f"{name} SAC plan at {middle / mib:.2f} MiB compiled: peak {peak / mib:.2f} MiB "
+            f"{seconds * 1e3:.1f} ms",
+            flush=True,
+        )
+    except Exception as e:
+        print(f"{name} SAC plan at {middle / mib:.2f} MiB: {type(e).__name__}: {e}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["gpt2_4", "resnet18", "llama_4", "bert_4", "vit_4", "mobilenet_v3_small"],
+    )
+    parser.add_argument(
+        "--ratios", nargs="+", type=float, default=[round(0.1 * i, 1) for i in range(11)]
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    import logging
+
+    import transformers  # noqa: F401 (attaches Logger.warning_once, which dynamo skips)
+
+    torch._dynamo.config.ignore_logging_functions.add(logging.Logger.warning_once)
+    for name in args.models:
+        run(name, args.ratios)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""A schedule as the forward and backward graphs of a compiled step.
+
+The joint graph is rewritten in the schedule's order: each ``compute v`` copies the fx nodes of
+DAG node v (a recompute is a new copy, so a value recomputed twice is two nodes), each
+``free v`` drops v's copies from the environment, so a later read can only reach a copy that
+the schedule keeps live. The forward slice is every op before the first compute of a backward
+node; what is live there and read after it is the saved set. torch's own
+``_extract_fwd_bwd_modules`` then cuts the rewritten joint graph at that saved set, so the
+graphs keep AOTAutograd's calling convention (saved values, then tangents). Liveness in an fx
+graph ends at a value's last reader, never later than the schedule's free.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.utils._pytree as pytree
+from torch._functorch.partitioners import _extract_fwd_bwd_modules
+from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+from executor.errors import CompileError
+from graph_capture.measurement.measure import is_random
+
+__all__ = ["Partition", "partition"]
+
+
+@dataclass
+class Partition:
+    """``forward``, ``backward``: the graph modules; ``saved``: joint fx node names the forward
+    saves for the backward (parameters and inputs included); ``recomputes``: DAG node ->
+    how many times the backward graph recomputes it (forward recomputes counted too)."""
+
+    forward: torch.fx.GraphModule
+    backward: torch.fx.GraphModule
+    saved: list[str]
+    recomputes: dict[Hashable, int]
+
+
+_STATE = ".rng_state"
+
+
+def _replay(
+    graph: torch.fx.Graph,
+    node: torch.fx.Node,
+    env: dict[str, torch.fx.Node],
+    read: Callable[[str], torch.fx.Node],
+    state_name: str,
+) -> torch.fx.Node:
+    """A copy of random ``node`` whose draw replays: the first records the generator state
+    (``env[state_name]``), later ones run from it."""
+    args, kwargs = torch.fx.map_arg((node.args, node.kwargs), lambda a: read(a.name))
+    if state_name not in env:
+        pair = graph.call_function(run_and_save_rng_state, (node.target, *args), kwargs)
+        state = graph.call_function(operator.getitem, (pair, 0))
+        copy = graph.call_function(operator.getitem, (pair, 1))
+        val = node.meta["val"]
+        fake = next(t for t in pytree.tree_leaves(val) if isinstance(t, torch.Tensor))
+        size = torch.get_rng_state().numel()
+        with fake.fake_mode:
+            state.meta["val"] = torch.empty(size, dtype=torch.uint8, device=fake.device)
+        pair.meta["val"] = (state.meta["val"], val)
+        env[state_name] = state
+    else:
+        copy = graph.call_function(
+            run_with_rng_state, (read(state_name), node.target, *args), kwargs
+        )
+    copy.meta = dict(node.meta)
+    return copy
+
+
+def _split(ops: Sequence[tuple[str, Hashable]], backward: set[Hashable]) -> int:
+    """Index of the first compute of a backward DAG node (len(ops) if none)."""
+    for i, (kind, v) in enumerate(ops):
+        if kind == "compute" and v in backward:
+            return i
+    return len(ops)
+
+
+def partition(
+    joint: torch.fx.GraphModule,
+    ops: Sequence[tuple[str, Hashable]],
+    members: dict[Hashable, list[str]],
+    backward: set[Hashable],
+    num_fwd_outputs: int,
+    replay_rng: bool,
+) -> Partition:
+    """Forward and backward graph modules realising ``ops`` (a checked schedule of the DAG
+    whose node -> fx members map is ``members``; ``backward`` its backward nodes).
+
+    ``replay_rng``: a random op the schedule computes more than once runs first under
+    ``run_and_save_rng_state`` (the generator's state before its draw becomes a value of the
+    graph, saved for the backward where a recompute is there) and each recompute under
+    ``run_with_rng_state`` from that state, so it draws the same numbers and leaves the
+    generator as it was. Without it the caller must not schedule such a recompute."""
+    graph = torch.fx.Graph()
+    env: dict[str, torch.fx.Node] = {}
+    first: dict[str, torch.fx.Node] = {}
+    static: set[str] = set()
+    for node in joint.graph.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            env[node.name] = first[node.name] = graph.node_copy(node)
+            if "tangents" not in str(node.target):
+                static.add(node.name)
+    joint_nodes = {n.name: n for n in joint.graph.nodes}
+    split = _split(ops, backward)
+    saved: dict[str, torch.fx.Node] = {}  # joint name -> the forward copy the backward reads
+    forward_side: set[str] = set()  # names whose current copy was made before the split
+    computes: Counter = Counter()
+    total = Counter(v for kind, v in ops if kind == "compute")
+    replayed = {
+        name
+        for v, count in total.items()
+        if count > 1 and replay_rng
+        for name in members.get(v, ())
+        if is_random(joint_nodes[name])
+    }
+
+    def read(name: str, reader: torch.fx.Node, in_backward: bool) -> torch.fx.Node:
+        if name not in env:
+            raise CompileError(
+                f"the schedule computes '{reader.name}' when its input '{name}' is not live; "
+                "this is a defect in remat: report it with the model"
+            )
+        if in_backward and (name in forward_side or name in static):
+            saved.setdefault(name, env[name])
+        return env[name]
+
+    for i, (kind, v) in enumerate(ops):
+        in_backward = i >= split
+        if kind == "free":
+            for name in members.get(v, ()):
+                env.pop(name, None)
+                forward_side.discard(name)
+            continue
+        computes[v] += 1
+        for name in members.get(v, ()):
+            node = joint_nodes[name]
+            if name in replayed:
+                fresh = name + _STATE not in env
+                lookup = functools.partial(read, reader=node, in_backward=in_backward)
+                copy = _replay(graph, node, env, lookup, name + _STATE)
+                if fresh and not in_backward:
+                    forward_side.add(name + _STATE)
+            else:
+                copy = graph.node_copy(node, lambda a, n=node, b=in_backward: read(a.name, n, b))
+            if in_backward and node.meta.get("partitioner_tag") != "is_backward":
+                copy.meta = dict(node.meta, partitioner_tag="is_backward")
+            env[name] = copy
+            first.setdefault(name, copy)
+            if in_backward:
+                forward_side.discard(name)
+            else:
+                forward_side.add(name)
+    (output,) = joint.graph.find_nodes(op="output")
+    flat = list(output.args[0])
+    for position, arg in enumerate(flat):
+        if isinstance(arg, torch.fx.Node):
+            if position < num_fwd_outputs:
+                flat[position] = first[arg.name]  # returned by the forward
+            elif arg.name in forward_side | static:
+                flat[position] = saved.setdefault(arg.name, env[arg.name])
+            else:
+                flat[position] = env.get(arg.name, first[arg.name])  # the copy live at the end
+    graph.output(type(output.args[0])(flat) if isinstance(output.args[0], tuple) else flat)
+    graph.output_node().meta = dict(output.meta)
+    rewritten = torch.fx.GraphModule(joint, graph)
+    forward, backward_module = _extract_fwd_bwd_modules(
+        rewritten, list(saved.values()), [], num_fwd_outputs=num_fwd_outputs
+    )
+    joint_name = {copy.name: name for name, copy in saved.items()}
+    kept = [
+        joint_name[p.name]
+        for p in backward_module.graph.find_nodes(op="placeholder")
+        if p.name in joint_name
+    ]
+    recomputes = {v: c - 1 for v, c in computes.items() if c > 1}
+    return Partition(forward, backward_module, kept, recomputes)

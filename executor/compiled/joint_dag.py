@@ -1,0 +1,172 @@
+"""The solver's DAG from the joint graph AOTAutograd hands a partitioner.
+
+The joint graph's nodes carry fake tensors (``meta["val"]``), not real ones, so each node's
+bytes are its fake outputs' storages (views share their base's storage: an op's ``mem`` is the
+storage it creates) and its seconds the roofline prediction on this processor
+(`graph_capture.measurement.roofline`). Grouping and DAG attributes are capture's
+(`graph_capture.grouping.group_ops`, `graph_capture.dag.build_dag`): one DAG node per op that
+allocates, views folded into their base's node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import torch
+import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from executor.errors import CompileError
+from graph_capture.dag import build_dag
+from graph_capture.errors import CaptureError
+from graph_capture.grouping import group_ops, op_group_order
+from graph_capture.measurement.measure import NodeMeasure, is_random
+from graph_capture.measurement.roofline import cpu_device, op_flops, op_seconds
+from graph_capture.trace.fx_nodes import describe_op, phase_of
+
+__all__ = ["END", "JointDag", "joint_dag", "tangent_bytes"]
+
+END = "__step_end__"
+"""The DAG's last node: it reads every graph output (the forward's outputs, the gradients),
+which the compiled graphs hand back only at their end, so each stays live from its compute to
+the end of the step."""
+
+
+@dataclass
+class JointDag:
+    """``dag``: the solver's graph (attributes of `graph_capture.dag.build_dag`; random nodes
+    flagged ``once``); ``members``: DAG node -> its fx node names in graph order."""
+
+    dag: nx.DiGraph
+    members: dict[str, list[str]]
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _storages(value: object) -> dict[tuple[int, int], int]:
+    found: dict[tuple[int, int], int] = {}
+    for tensor in _tensors(value):
+        storage = tensor.untyped_storage()
+        found[(StorageWeakRef(storage).cdata, 0)] = int(storage.nbytes())
+    return found
+
+
+def _check_static(node: torch.fx.Node) -> None:
+    """Refuse symbolic sizes (dynamic or data-dependent shapes): bytes must be numbers."""
+    for tensor in _tensors(node.meta.get("val")):
+        if any(not isinstance(s, int) for s in tensor.shape):
+            raise CompileError(
+                f"{describe_op(node)} has a symbolic shape {tuple(tensor.shape)} (dynamic or "
+                "data-dependent): remat budgets static shapes only; compile with "
+                "dynamic=False and keep shapes independent of tensor values"
+            )
+    val = node.meta.get("val")
+    if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
+        raise CompileError(
+            f"{describe_op(node)} yields a symbolic scalar (a data-dependent value): remat "
+            "budgets static graphs only; keep Python control flow off tensor values"
+        )
+
+
+def _measures(gm: torch.fx.GraphModule) -> dict[str, NodeMeasure]:
+    """Per computing fx node: storages and new storages of its fake outputs, predicted
+    seconds and FLOPs (no scratch bytes: fake tensors allocate nothing)."""
+    device = cpu_device()
+    seen: set[tuple[int, int]] = set()
+    measures: dict[str, NodeMeasure] = {}
+    for node in gm.graph.nodes:
+        _check_static(node)
+        storages = _storages(node.meta.get("val"))
+        if node.op != "call_function":
+            seen |= set(storages)
+            continue
+        new = set(storages) - seen
+        seen |= new
+        seconds, flops = 0.0, 0
+        if isinstance(node.target, torch._ops.OpOverload):
+            args, kwargs = pytree.tree_map_only(
+                torch.fx.Node, lambda n: n.meta.get("val"), (node.args, node.kwargs)
+            )
+            out = node.meta.get("val")
+            seconds = op_seconds(device, node.target, args, kwargs, out)
+            flops = op_flops(node.target, args, kwargs, out)
+        tensors = _tensors(node.meta.get("val"))
+        measures[node.name] = NodeMeasure(
+            storages=storages,
+            new_storages=new,
+            seconds=float(seconds),
+            flops_counted=int(flops),
+            flops=int(flops),
+            shapes=[tuple(t.shape) for t in tensors],
+            dtypes=[str(t.dtype)[6:] for t in tensors],
+        )
+    return measures
+
+
+def _tag_backward(gm: torch.fx.GraphModule) -> None:
+    """Tag as backward every untagged node that reads a tangent, directly or through others
+    (nodes a joint pass inserted carry no tag), so phases follow the data."""
+    backward: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            if "tangents" in str(node.target):
+                backward.add(node.name)
+            continue
+        if phase_of(node) == "backward":
+            backward.add(node.name)
+        elif any(a.name in backward for a in node.all_input_nodes):
+            backward.add(node.name)
+            if "partitioner_tag" not in node.meta:
+                node.meta["partitioner_tag"] = "is_backward"
+
+
+def _mutates(node: torch.fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+
+
+def _run_once(node: torch.fx.Node) -> bool:
+    """True for an op whose recompute differs from its first run: it draws or mutates."""
+    return is_random(node) or _mutates(node)
+
+
+def tangent_bytes(gm: torch.fx.GraphModule) -> int:
+    """Bytes of the incoming output gradients: allocated before the backward graph runs."""
+    return sum(
+        sum(_storages(n.meta.get("val")).values())
+        for n in gm.graph.find_nodes(op="placeholder")
+        if "tangents" in str(n.target)
+    )
+
+
+def joint_dag(gm: torch.fx.GraphModule, held_bytes: int = 0) -> JointDag:
+    """The DAG of ``gm`` (a joint forward+backward graph), costs in predicted seconds.
+
+    ``held_bytes`` is added to every node's ``transient`` (bytes held beside the DAG's values
+    throughout the step). DAG nodes get ``once``: a member draws random numbers or mutates,
+    so it may not be recomputed. Raises `CompileError` for symbolic shapes."""
+    _tag_backward(gm)
+    measures = _measures(gm)
+    group = group_ops(gm, measures)
+    order = op_group_order(gm, group)
+    try:
+        dag, members = build_dag(gm, measures, group, order, "time", held_bytes=held_bytes)
+    except CaptureError as e:
+        raise CompileError(f"cannot build remat's graph from the joint graph: {e}") from e
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for v in dag.nodes:
+        dag.nodes[v]["once"] = any(_run_once(nodes[m]) for m in members[v])
+        dag.nodes[v]["mutates"] = any(_mutates(nodes[m]) for m in members[v])
+    outputs = [v for v in dag.nodes if dag.nodes[v]["is_output"]]
+    dag.add_node(END, **{**dag.nodes[order[-1]], "name": END, "op": "end", "mem": 0})
+    dag.nodes[END].update(cost=0.0, time=0.0, flops=0, temp_mem=0, op_transient=0)
+    dag.nodes[END].update(
+        transient=held_bytes, once=False, mutates=False, is_output=False, module=""
+    )
+    dag.add_edges_from((v, END) for v in outputs)
+    dag.graph["order"] = [*order, END]
+    members[END] = []
+    return JointDag(dag, members)

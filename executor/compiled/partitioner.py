@@ -1,0 +1,155 @@
+"""remat's schedule as torch.compile's partition of each compiled region's joint graph.
+
+`RematPartitioner` is a `torch._inductor.custom_graph_pass.CustomPartitionerFn`: given the
+joint graph (after inductor's joint passes), it builds the solver's DAG (`joint_dag`), solves it
+under the byte budget it holds, and returns the forward and backward graphs of that schedule
+(`emit.partition`). `backend` turns it into a ``torch.compile`` backend: inductor with the
+partitioner patched into its config for that compile only (``options``), or ``aot_eager``'s
+graphs run as they are with it as AOTAutograd's ``partition_fn``.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+import torch
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+import solver
+from executor.compiled.emit import Partition, partition
+from executor.compiled.joint_dag import joint_dag, tangent_bytes
+from executor.errors import CompileError
+
+__all__ = ["RegionPlan", "RematPartitioner", "backend"]
+
+BACKENDS = ("inductor", "aot_eager")
+
+
+@dataclass
+class RegionPlan:
+    """What the partitioner did for one compiled region: its DAG, the schedule it solved, the
+    graphs (``partition.saved``: what the forward saves; ``partition.recomputes``: DAG node ->
+    extra computes), the schedule's cost with the ``once`` penalty taken out (seconds) and
+    ``member_ops``: DAG node -> the ops of its fx nodes."""
+
+    dag: nx.DiGraph
+    schedule: solver.Schedule
+    partition: Partition
+    cost: float
+    member_ops: dict[str, list[str]]
+
+
+class RematPartitioner(CustomPartitionerFn):
+    """Partition each joint graph by remat's schedule at ``budget`` bytes (solver budget:
+    activations and temporaries of the step) or, with ``budget="min"``, the least peak.
+
+    ``replay_rng`` (the graphs run as they are, ``aot_eager``): a recomputed random op replays
+    its draw (`emit.partition`). Ops that mutate, and random ops where draws do not replay
+    (inductor: its own seeded random ops recompute deterministically, only the seed op is
+    random), must not be recomputed: their cost carries a penalty larger than the whole
+    graph's, so the solver recomputes one only where no schedule without it fits, and then
+    the plan is refused (`CompileError`).
+    """
+
+    def __init__(self, budget: int | str, time_limit: float, replay_rng: bool) -> None:
+        self.budget = budget
+        self.replay_rng = replay_rng
+        self.time_limit = time_limit
+        self.regions: list[RegionPlan] = []
+        self._token = uuid.uuid4().hex  # one plan per instance: no compile cache is shared
+
+    def uuid(self) -> str:
+        return f"remat-{self._token}"
+
+    def __call__(
+        self, gm: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any
+    ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+        num_fwd_outputs = kwargs["num_fwd_outputs"]
+        joint = joint_dag(gm, held_bytes=tangent_bytes(gm))
+        dag = joint.dag
+        penalty = 10.0 * sum(float(dag.nodes[v]["cost"]) for v in dag.nodes) + 1.0
+        once = [v for v in dag.nodes if dag.nodes[v]["once"] and not self._replays(dag, v)]
+        for v in once:
+            dag.nodes[v]["cost"] = float(dag.nodes[v]["cost"]) + penalty
+        schedule = self._solve(dag)
+        computes: dict = {}
+        for kind, v in schedule.ops:
+            if kind == "compute":
+                computes[v] = computes.get(v, 0) + 1
+        again = [v for v in once if computes.get(v, 0) > 1]
+        if again:
+            raise CompileError(
+                f"at {self.budget} bytes the schedule recomputes {dag.nodes[again[0]]['op']} "
+                f"(fx node '{again[0]}'), which draws random numbers or mutates and must run "
+                "once: raise the budget"
+            )
+        backward = {v for v in dag.nodes if dag.nodes[v]["backward"]}
+        cut = partition(gm, schedule.ops, joint.members, backward, num_fwd_outputs, self.replay_rng)
+        for module in (cut.forward, cut.backward):
+            module.graph.eliminate_dead_code()
+            module.recompile()
+        nodes = {n.name: n for n in gm.graph.nodes}
+        ops = {v: [str(nodes[m].target) for m in names] for v, names in joint.members.items()}
+        cost = schedule.cost - penalty * len(once)
+        self.regions.append(RegionPlan(dag, schedule, cut, cost, ops))
+        return cut.forward, cut.backward
+
+    def _replays(self, dag: nx.DiGraph, v: str) -> bool:
+        """True where ``v`` may recompute: it draws but does not mutate, and draws replay."""
+        return self.replay_rng and not dag.nodes[v]["mutates"]
+
+    def _solve(self, dag: nx.DiGraph) -> solver.Schedule:
+        try:
+            if self.budget == "min":  # the least peak, then the least cost at it
+                least = solver.minimum_peak(dag, time_limit=self.time_limit / 2)
+                try:
+                    return solver.solve(dag, least.peak, time_limit=self.time_limit / 2)
+                except solver.SolverTimeoutError:
+                    return least
+            return solver.solve(dag, int(self.budget), time_limit=self.time_limit)
+        except solver.InfeasibleBudgetError as e:
+            raise _Infeasible(e) from e
+        except solver.SolverTimeoutError as e:
+            raise _Infeasible(e) from e
+
+
+class _Infeasible(Exception):
+    """The solver found no schedule within the budget (carries the solver's error)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def backend(name: str, partitioner: RematPartitioner, options: dict[str, Any]) -> Callable:
+    """A ``torch.compile`` backend compiling with ``partitioner`` as the partition: ``name``
+    is "inductor" (``options`` are inductor's, as ``torch.compile(options=...)``) or
+    "aot_eager" (no options)."""
+    if name == "inductor":
+        from torch._inductor.compile_fx import compile_fx
+
+        patches = {**options, "custom_partitioner_fn": partitioner}
+        return functools.partial(compile_fx, config_patches=patches)
+    if name == "aot_eager":
+        if options:
+            raise CompileError(f"backend 'aot_eager' takes no options, got {sorted(options)}")
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._dynamo.backends.debugging import boxed_nop
+
+        def partition_fn(gm: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any):
+            return partitioner(gm, joint_inputs, **kwargs)
+
+        return aot_autograd(
+            fw_compiler=boxed_nop,
+            bw_compiler=boxed_nop,
+            partition_fn=partition_fn,
+            keep_inference_input_mutations=True,
+        )
+    raise CompileError(
+        f"backend {name!r} is not supported by executor.compile: use one of {BACKENDS}"
+    )
