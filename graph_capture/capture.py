@@ -146,6 +146,9 @@ def capture(
         else:
             with no_autocast(device.type):
                 measured = measure_joint(gm, args, repeats=repeats)
+            for node in gm.graph.nodes:  # each op's own seconds (`remat calibrate`)
+                if node.name in measured.nodes:
+                    node.meta[SECONDS_KEY] = measured.nodes[node.name].seconds
             accumulation = add_accumulation_seconds(
                 gm, grad_positions, measured.outputs, measured.nodes, repeats
             )
@@ -160,9 +163,6 @@ def capture(
     modules = None
     if granularity == "module":
         group, order, modules = group_modules(gm, group, order, module_depth)
-    for node in gm.graph.nodes:
-        if node.name in measures:
-            node.meta[SECONDS_KEY] = measures[node.name].seconds
     rounding = 1 if target_device is None else target_device.rounding
     static = _static_bytes(args, layout, flat_outputs, lifted_constants(gm), rounding)
     held = _held_bytes(

@@ -11,11 +11,15 @@ import pytest
 import torch
 from torch import nn
 
+import executor
 import solver
+from cli.calibrate import op_table
+from cli.main import main
 from executor.traced.estimated import EstimatedPeakWarning
 from executor.traced.module import Rematerialized
 from graph_capture import CaptureError, capture
 from graph_capture.measurement.peak import measure_peak
+from graph_capture.measurement.roofline import target_key
 from solver.errors import ScheduleMismatchError
 from solver.target import Device
 
@@ -176,3 +180,33 @@ def test_estimated_schedule_for_other_shapes_is_refused(both, tmp_path):
     model, x = real_net(batch=8)
     with pytest.raises(ScheduleMismatchError, match=r"estimate mode.*other ops, shapes"):
         Rematerialized.load(tmp_path / "s.json", model, [x])
+
+
+def test_calibrated_table_gives_the_measured_op_seconds(both):
+    measured, _, _, _ = both
+    table = op_table(measured)
+    calibrated = Device("cpu", {"float32": 1e12}, 1e11, 1 << 30, rounding=1, op_seconds=table)
+    meta, mx = meta_net()
+    estimated = capture(meta, [mx], target=calibrated)
+    ops = [n for n in measured.joint.graph.nodes if n.meta.get("remat_seconds")]
+    assert ops and len(table) <= len(ops)
+    for node in ops:
+        if measured.members.get(node.name) == [node.name]:  # a node of one op
+            assert estimated.dag.nodes[node.name]["cost"] >= table[_key(node)]  # + a .grad add
+
+
+def _key(node):
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    return target_key(node.target, args, kwargs)
+
+
+def test_cli_refuses_an_unknown_target(capsys):
+    assert main(["solve", "--demo", "gpt", "--target", "tpu", "--budget", "50%"]) == 2
+    assert "unknown target 'tpu'" in capsys.readouterr().err
+
+
+def test_fit_in_estimate_mode_runs_nothing():
+    found = executor.fit(meta_net, "200KiB", dim="batch", target=TOY, time_limit=30)
+    assert found.size is not None and found.proven and found.measured_peak is None
+    assert found.eager_size is None and "estimate mode for target 'toy'" in found.notes[-1]
+    assert found.static.optimizer_state == 2 * found.static.gradients > 0
