@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from cli.profile import add_target_argument
 from executor.fitting.memory import OPTIMIZERS
 from executor.fitting.search import fit
 from graph_capture.models.factories import import_factory
@@ -51,6 +52,7 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds for the whole fit: captures, search and real steps",
     )
     parser.add_argument("--low", type=int, default=1, help="the smallest size to try")
+    add_target_argument(parser)
     parser.add_argument("--high", type=int, help="the largest size to try")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads for captures and runs"
@@ -84,6 +86,7 @@ def run_fit(args: argparse.Namespace) -> int:
             high=args.high,
             run=args.run,
             on_interrupt=_print_interrupted,
+            target=args.target,
         )
     finally:
         torch.set_num_threads(threads)

@@ -9,6 +9,8 @@ remat fit --model M:F --memory 24GiB --dim batch        the largest size that fi
                                                         and run (cli.fit)
 remat sac --model M:F --budget 50% [--out plan.json]    a SAC plan inside torch's checkpoint,
                                                         run against eager (cli.sac)
+remat calibrate --model M:F --out device.json           this device's measured op table for
+                                                        --target FILE (cli.calibrate)
 
 Every failure a user can cause (a malformed file, an impossible budget, a bad option) ends in
 one line on stderr and exit status 2.
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cli.calibrate import add_calibrate_arguments, run_calibrate
 from cli.fit import add_fit_arguments, run_fit
 from cli.profile import (
     add_graph_arguments,
@@ -87,6 +90,12 @@ SUBCOMMANDS = (
         "solve a selective-checkpoint plan for torch.utils.checkpoint; measured vs eager",
         add_sac_arguments,
         run_sac,
+    ),
+    Subcommand(
+        "calibrate",
+        "measure this device's op seconds into a device file for --target FILE",
+        add_calibrate_arguments,
+        run_calibrate,
     ),
 )
 """Every subcommand of `remat`, in the order `remat --help` lists them."""

@@ -27,6 +27,7 @@ from graph_capture.profile import format_table, module_profile, plot_saved_bytes
 from solver.core.budget import human_bytes
 from solver.errors import RematError
 from solver.io import load_graph, save_graph
+from solver.target import TARGET_NAMES
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, demo: bool = True) -> None:
@@ -100,6 +101,19 @@ def add_graph_arguments(parser: argparse.ArgumentParser) -> None:
         + "; ".join(f"{d.name}: {d.summary}" for d in DEMOS.values()),
     )
     add_model_arguments(parser, demo=False)
+    add_target_argument(parser)
+
+
+def add_target_argument(parser: argparse.ArgumentParser) -> None:
+    """``--target``: estimate mode (docs/estimate.md)."""
+    parser.add_argument(
+        "--target",
+        metavar="NAME|FILE",
+        default=None,
+        help="estimate mode: plan for this device without running a real step (a built-in "
+        f"name: {', '.join(TARGET_NAMES)}; or a device file written by remat calibrate); the "
+        "model may be built on the meta device",
+    )
 
 
 def graph_from_args(args: argparse.Namespace) -> nx.DiGraph:
@@ -166,16 +180,18 @@ def capture_with_args(
         cost_model=args.cost_model,
         module_depth=args.module_depth,
         backward_from=output_names(args),
-        plain_peak=True,
+        plain_peak=getattr(args, "target", None) is None,
+        target=getattr(args, "target", None),
     )
     dag = graph.dag
+    mode = f"estimated for target {dag.graph['target']!r} in" if "target" in dag.graph else "in"
     forward = graph.first_backward_index
     print(
         f"captured {type(model).__name__}: {len(graph.joint.graph.nodes)} fx nodes -> "
         f"{dag.number_of_nodes()} DAG nodes ({forward} forward, "
         f"{dag.number_of_nodes() - forward} backward) at {graph.granularity} granularity, "
         f"cost={graph.cost_model}, {dag.graph['threads']} thread(s), "
-        f"in {time.perf_counter() - started:.1f} s; static: "
+        f"{mode} {time.perf_counter() - started:.1f} s; static: "
         + ", ".join(f"{k} {human_bytes(v)}" for k, v in graph.static_bytes.items()),
         file=summary or sys.stderr,
     )

@@ -32,6 +32,7 @@ from executor.fitting.search import Fit, fit
 from executor.loss import default_loss
 from executor.memory import PeakMemory, measure_peak, median_seconds
 from executor.sac.plan import CheckpointPlan, checkpoint_plan
+from executor.traced.estimated import EstimateCheck, EstimatedPeakWarning
 from executor.traced.module import Rematerialized, rematerialize
 
 __all__ = [
@@ -40,6 +41,8 @@ __all__ = [
     "CompileError",
     "CompileReport",
     "CompiledModel",
+    "EstimateCheck",
+    "EstimatedPeakWarning",
     "ExecutorError",
     "Fit",
     "FitError",

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
 from graph_capture.captured import CapturedGraph, TensorSpec
-from graph_capture.dag import build_dag
+from graph_capture.dag import build_dag, structure_fingerprint
 from graph_capture.errors import CaptureError
 from graph_capture.grouping import group_modules, group_ops, op_group_order
 from graph_capture.measurement.calibrate import add_accumulation_seconds
@@ -20,8 +21,21 @@ from graph_capture.measurement.device import (
     model_device,
     no_autocast,
 )
-from graph_capture.measurement.measure import StorageKey, is_random, measure_joint, storages_of
+from graph_capture.measurement.estimate import (
+    CUDA_GENERATOR_STATE_BYTES,
+    FakeStep,
+    estimate_joint,
+    fake_step,
+)
+from graph_capture.measurement.measure import (
+    SECONDS_KEY,
+    StorageKey,
+    is_random,
+    measure_joint,
+    storages_of,
+)
 from graph_capture.measurement.peak import plain_step_peak
+from graph_capture.measurement.roofline import resolve_target
 from graph_capture.trace.fx_nodes import device_of
 from graph_capture.trace.lifted import lifted_constants
 from graph_capture.trace.trace import TracedJoint, trace_joint
@@ -31,6 +45,7 @@ from graph_capture.trace.zero_tangents import (
     fold_zero_tangent_adds,
     selected_outputs,
 )
+from solver.target import Device, UnknownTargetError
 
 GRANULARITIES = ("op", "module")
 
@@ -46,6 +61,7 @@ def capture(
     repeats: int = 5,
     backward_from: Sequence[OutputName] | None = None,
     plain_peak: bool = False,
+    target: str | Device | None = None,
 ) -> CapturedGraph:
     """Capture ``model(*example_inputs, **example_kwargs)`` forward + backward as a
     `CapturedGraph`.
@@ -73,15 +89,31 @@ def capture(
     gradients (`graph_capture.measurement.peak.plain_step_peak`: 100% of a percentage budget),
     measured where ``plain_peak=True`` (one more eager step: `rematerialize` asks for it with a
     percentage budget, the CLI for every capture, so that a saved graph carries it).
+    ``target`` (estimate mode; docs/estimate.md): a built-in device name (``"h100"``, ...),
+    ``"cpu"``, a device file (``remat calibrate``) or a `solver.target.Device`. No real step
+    runs: the model (built on the meta device, or real: its weights are never read) is traced
+    on fake tensors, bytes come from the fake storages rounded as the target's allocator rounds,
+    seconds from the target's model (`graph_capture.measurement.estimate`); ``plain_peak`` is
+    not measured (100% of a percentage is the modelled checkpoint-all peak), the graph
+    attributes ``target`` (the device's name) and ``step_cost`` (predicted seconds) say so.
     The global RNG state and the model are left as they were. Raises `CaptureError`.
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")
     kwargs = dict(example_kwargs or {})
-    device = model_device(model)
+    target_device = _target_device(target)
+    device = model_device(model) if target_device is None else torch.device("cpu")
     autocast = AutocastState.current(device)
-    with fork_rng(device):
-        traced = trace_joint(model, example_inputs, kwargs)
+    fake: FakeStep | None
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(fork_rng(device))
+        fake = (
+            None
+            if target is None
+            else stack.enter_context(fake_step(model, example_inputs, kwargs))
+        )
+        traced_inputs = example_inputs if fake is None else fake.inputs
+        traced = trace_joint(model, traced_inputs, kwargs if fake is None else fake.kwargs)
         layout = _layout(traced, model)
         gm = traced.graph_module
         output_specs = _output_specs(gm, layout["forward_output_indices"])
@@ -90,40 +122,56 @@ def capture(
             zip(layout["tangent_output_indices"], layout["tangent_placeholders"], strict=True)
         )
         fold_zero_tangent_adds(gm, [tangent_of[k] for k in zero_outputs])
-        tangents = default_tangents(
-            gm,
-            layout["tangent_placeholders"],
-            layout["tangent_output_indices"],
-            output_specs,
-            zero_outputs,
-        )
+        with fake.mode if fake is not None else contextlib.nullcontext():
+            tangents = default_tangents(
+                gm,
+                layout["tangent_placeholders"],
+                layout["tangent_output_indices"],
+                output_specs,
+                zero_outputs,
+            )
         params = dict(model.named_parameters())
         buffers = dict(model.named_buffers())
-        flat_inputs = [*example_inputs, *kwargs.values()]
+        flat_inputs = [*traced_inputs, *(kwargs if fake is None else fake.kwargs).values()]
         args = (
             [params[n] for n in layout["param_names"]]
             + [buffers[n] for n in layout["buffer_names"]]
             + [x.detach() for x in flat_inputs]
             + tangents
         )
-        with no_autocast(device.type):
-            measured = measure_joint(gm, args, repeats=repeats)
-        measures, flat_outputs = measured.nodes, measured.outputs
         grad_positions = list(layout["param_grad_indices"].values())
-        accumulation = add_accumulation_seconds(gm, grad_positions, flat_outputs, measures, repeats)
-        plain_peak = (
-            _plain_peak(model, example_inputs, kwargs, layout, tangents, zero_outputs)
-            if plain_peak
-            else None
-        )
+        if fake is not None:
+            measured = estimate_joint(gm, args, target_device, fake.mode, grad_positions)
+            accumulation, plain_peak = 0.0, None
+        else:
+            with no_autocast(device.type):
+                measured = measure_joint(gm, args, repeats=repeats)
+            for node in gm.graph.nodes:  # each op's own seconds (`remat calibrate`)
+                if node.name in measured.nodes:
+                    node.meta[SECONDS_KEY] = measured.nodes[node.name].seconds
+            accumulation = add_accumulation_seconds(
+                gm, grad_positions, measured.outputs, measured.nodes, repeats
+            )
+            plain_peak = (
+                _plain_peak(model, example_inputs, kwargs, layout, tangents, zero_outputs)
+                if plain_peak
+                else None
+            )
+        measures, flat_outputs = measured.nodes, measured.outputs
     group = group_ops(gm, measures)
     order = op_group_order(gm, group)
     modules = None
     if granularity == "module":
         group, order, modules = group_modules(gm, group, order, module_depth)
-    static = _static_bytes(args, layout, flat_outputs, lifted_constants(gm))
-    held = _held_bytes(gm, layout, args, flat_outputs, static)
+    rounding = 1 if target_device is None else target_device.rounding
+    static = _static_bytes(args, layout, flat_outputs, lifted_constants(gm), rounding)
+    held = _held_bytes(
+        gm, layout, args, flat_outputs, static, _state_bytes(target_device), rounding
+    )
     dag, members = build_dag(gm, measures, group, order, cost_model, modules, sum(held.values()))
+    dag.graph["structure"] = structure_fingerprint(dag)
+    if target_device is not None:
+        dag.graph["target"] = target_device.name
     dag.graph["held_bytes"] = held
     dag.graph["static_bytes"] = static
     dag.graph["granularity"] = granularity
@@ -141,7 +189,7 @@ def capture(
         cost_model=cost_model,
         random_nodes=[n.name for n in gm.graph.nodes if n.op == "call_function" and is_random(n)],
         static_bytes=static,
-        input_specs=[TensorSpec.of(x) for x in flat_inputs],
+        input_specs=[TensorSpec.of(x) for x in [*example_inputs, *kwargs.values()]],
         kwarg_names=tuple(kwargs),
         autocast=autocast,
         output_specs=output_specs,
@@ -150,6 +198,27 @@ def capture(
         zero_tangent_outputs=tuple(zero_outputs),
         **{k: v for k, v in layout.items() if k != "grad_indices"},
     )
+
+
+def _target_device(target: str | Device | None) -> Device | None:
+    """The target of an estimate (None: measured mode); `CaptureError` for an unknown one."""
+    if target is None:
+        return None
+    try:
+        return resolve_target(target)
+    except UnknownTargetError as error:
+        raise CaptureError(str(error)) from error
+
+
+def _state_bytes(target: Device | None) -> Callable[[torch.fx.Node], int]:
+    """Bytes of the saved generator state of a random node: its device's, measured; in
+    estimate mode the CPU's for target ``cpu``, else a CUDA generator's."""
+    if target is None:
+        return _generator_state_bytes
+    if target.name == "cpu":
+        cpu = torch.default_generator.get_state().nbytes
+        return lambda _node: cpu
+    return lambda _node: CUDA_GENERATOR_STATE_BYTES
 
 
 def _layout(traced: TracedJoint, model: nn.Module) -> dict:
@@ -258,6 +327,8 @@ def _held_bytes(
     args: list[torch.Tensor],
     outputs: list[object],
     static: dict[str, int],
+    state_bytes: Callable[[torch.fx.Node], int],
+    rounding: int,
 ) -> dict[str, int]:
     """Bytes a training step under `executor.Rematerialized` holds besides the DAG's values,
     by part (each at most this much, at any moment of the step):
@@ -270,14 +341,15 @@ def _held_bytes(
     - ``input_grads``: gradients of inputs, held until they are handed back to autograd.
 
     Capture adds their sum to every node's ``transient``, so a schedule's peak counts them.
+    ``state_bytes``: a random node's saved generator state; ``rounding``: the allocator's block.
     """
     random = [n for n in gm.graph.nodes if n.op == "call_function" and is_random(n)]
     buffers = dict(zip(layout["buffer_names"], args[len(layout["param_names"]) :], strict=False))
-    mutated = storages_of([buffers[name] for name in layout["buffer_update_indices"]])
-    forward = storages_of([outputs[i] for i in layout["forward_output_indices"]])
-    input_grads = storages_of([outputs[i] for i in layout["input_grad_indices"].values()])
+    mutated = storages_of([buffers[name] for name in layout["buffer_update_indices"]], rounding)
+    forward = storages_of([outputs[i] for i in layout["forward_output_indices"]], rounding)
+    input_grads = storages_of([outputs[i] for i in layout["input_grad_indices"].values()], rounding)
     return {
-        "rng_states": sum(_generator_state_bytes(n) for n in random[:1] + random),
+        "rng_states": sum(state_bytes(n) for n in random[:1] + random),
         "buffer_snapshots": sum(mutated.values()),
         "outputs": sum(forward.values()),
         "tangents": static["tangents"],
@@ -291,10 +363,14 @@ def _generator_state_bytes(node: torch.fx.Node) -> int:
 
 
 def _static_bytes(
-    args: list[torch.Tensor], layout: dict, outputs: list[object], constants: list[torch.Tensor]
+    args: list[torch.Tensor],
+    layout: dict,
+    outputs: list[object],
+    constants: list[torch.Tensor],
+    rounding: int,
 ) -> dict[str, int]:
     """Bytes of params, buffers, inputs, tangents, lifted constants (storage-deduplicated) and
-    of the grads."""
+    of the grads, each storage rounded up to a multiple of ``rounding``."""
     args = [*args, *constants]
     counts = [
         ("params", len(layout["param_names"])),
@@ -307,7 +383,7 @@ def _static_bytes(
     static: dict[str, int] = {}
     start = 0
     for name, count in counts:
-        storages = storages_of(args[start : start + count])
+        storages = storages_of(args[start : start + count], rounding)
         static[name] = sum(b for k, b in storages.items() if k not in seen)
         seen.update(storages)
         start += count
@@ -315,7 +391,7 @@ def _static_bytes(
         *layout["param_grad_indices"].values(),
         *layout["input_grad_indices"].values(),
     ]
-    grads = storages_of([outputs[i] for i in grad_positions])
+    grads = storages_of([outputs[i] for i in grad_positions], rounding)
     static["grads"] = sum(grads.values())
     return static
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import operator
 
 import networkx as nx
@@ -104,3 +106,22 @@ def _check_order(dag: nx.DiGraph, order: list[str]) -> None:
             seen_backward = True
         elif seen_backward:
             raise CaptureError(f"forward node '{v}' comes after a backward node in the order")
+
+
+def structure_fingerprint(dag: nx.DiGraph) -> str:
+    """SHA-256 (32 hex digits) of what a schedule's ops refer to and what the graph computes:
+    the node ids in ``order``, each node's op, output shapes and dtypes, and its predecessors.
+    Bytes and costs are left out: a capture measured here and one estimated for a target
+    (`graph_capture.capture`'s ``target``) of the same model and shapes share it."""
+    payload = [
+        [
+            str(v),
+            dag.nodes[v]["op"],
+            [list(s) for s in dag.nodes[v]["shapes"]],
+            dag.nodes[v]["dtypes"],
+            sorted(str(u) for u in dag.predecessors(v)),
+        ]
+        for v in dag.graph["order"]
+    ]
+    blob = json.dumps(payload, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]

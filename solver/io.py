@@ -87,6 +87,9 @@ def graph_from_node_link(data: object) -> nx.DiGraph:
     for key in ("step_cost", "plain_peak"):  # checked by prepare, as for a graph built in Python
         if key in attributes:
             graph.graph[key] = attributes[key]
+    for key in ("target", "structure"):  # estimate mode (graph_capture.capture's target)
+        if isinstance(attributes.get(key), str):
+            graph.graph[key] = attributes[key]
     if "threads" in attributes:
         threads = attributes["threads"]
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -117,8 +120,8 @@ def load_graph(path: str | Path) -> nx.DiGraph:
 
 def save_graph(graph: nx.DiGraph, path: str | Path) -> None:
     """Write a solver graph as node-link JSON with its `order`, `name`, `step_cost`,
-    `plain_peak` and `threads`, readable by `load_graph`."""
+    `plain_peak`, `threads`, `target` and `structure`, readable by `load_graph`."""
     data = nx.node_link_data(graph, edges="links")
-    kept = ("order", "name", "step_cost", "plain_peak", "threads")
+    kept = ("order", "name", "step_cost", "plain_peak", "threads", "target", "structure")
     data["graph"] = {k: v for k, v in graph.graph.items() if k in kept}
     Path(path).write_text(json.dumps(data))

@@ -107,3 +107,37 @@ class TrainingStep:
             return 0
         device = next(self.model.parameters()).device
         return measure_peak(self.optimizer.step, device).peak_bytes
+
+
+def predicted_static(
+    model: nn.Module,
+    inputs: Sequence[torch.Tensor],
+    kwargs: Mapping[str, torch.Tensor],
+    optimizer: str,
+    rounding: int,
+) -> tuple[StaticBytes, int]:
+    """Estimate mode (no real step): what exists before a step and the optimizer step's
+    temporaries, from shapes alone (a meta-built model works), each storage rounded up to a
+    multiple of `rounding` (the target's allocator). The optimizer's state is AdamW's two
+    moments or SGD's momentum buffer per trainable parameter; its step's temporaries are, for
+    AdamW, one tensor per trainable parameter (the foreach step's square roots of the second
+    moments), none for SGD. AdamW's per-parameter step counters (host scalars) are not counted."""
+
+    def nbytes(tensors: Iterable[torch.Tensor]) -> int:
+        seen: dict[int, int] = {}
+        for t in tensors:
+            storage = t.untyped_storage()
+            seen[id(t) if t.device.type == "meta" else storage.data_ptr()] = storage.nbytes()
+        return sum(-(-b // rounding) * rounding for b in seen.values())
+
+    params = list(dict.fromkeys(model.parameters()))
+    trainable = nbytes(p for p in params if p.requires_grad)
+    moments = {"adamw": 2, "sgd": 1, "none": 0}[optimizer]
+    static = StaticBytes(
+        parameters=nbytes(params),
+        gradients=trainable,
+        optimizer_state=moments * trainable,
+        buffers=nbytes(model.buffers()),
+        inputs=nbytes([*inputs, *kwargs.values()]),
+    )
+    return static, trainable if optimizer == "adamw" else 0

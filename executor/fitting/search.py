@@ -38,12 +38,14 @@ import torch
 from executor.errors import FitError
 from executor.fitting.baselines import Steps, eager, per_block, run_step
 from executor.fitting.graphs import SizedGraphs, with_loss
-from executor.fitting.memory import OPTIMIZERS
+from executor.fitting.memory import OPTIMIZERS, predicted_static
 from executor.loss import default_loss
+from graph_capture.measurement.roofline import resolve_target
 from solver.core.budget import parse_budget, parse_overhead
 from solver.deadline import Deadline, Stop
 from solver.fitting.result import (
     Fit,
+    StaticBytes,
     StaticBytesError,
     affine_static,
     cut_short,
@@ -51,6 +53,7 @@ from solver.fitting.result import (
 )
 from solver.fitting.search import FitResult, confirmed, largest_fitting
 from solver.interrupt import first_sigint_stops
+from solver.target import Device
 
 SEARCH_SHARE = 0.6
 """The share of the time left that a search gets; the rest is for the confirming captures, the
@@ -72,6 +75,7 @@ def fit(
     capture_options: Mapping[str, object] | None = None,
     run: bool = True,
     on_interrupt: Callable[[], None] | None = None,
+    target: str | Device | None = None,
 ) -> Fit:
     """The largest size whose training step fits `memory` (bytes or "24GiB").
 
@@ -88,6 +92,10 @@ def fit(
     machine). Ctrl-C (from the main thread, where SIGINT has Python's default handler): the
     first ends the fit as the time limit does (`on_interrupt` is called, from another thread),
     a second raises KeyboardInterrupt.
+    `target` (estimate mode, docs/estimate.md): the device the fit is for, as
+    `graph_capture.capture` takes it; the factory may build on the meta device. No real step
+    runs (`run` is then off): the graphs are estimated, and what exists before a step is
+    predicted from the shapes (`executor.fitting.memory.predicted_static`).
 
     Raises FitError (which size failed and why; a memory below the parameters, gradients and
     optimizer state; a graph that changes shape with the size; nothing known by the deadline)
@@ -103,6 +111,9 @@ def fit(
     memory = _memory_bytes(memory)
     stop = Stop()
     deadline = Deadline.after(time_limit, stop)
+    if target is not None:
+        capture_options = {**(capture_options or {}), "target": target}
+        run = False
     with first_sigint_stops(stop, on_interrupt):
         return _fit(
             with_loss(factory, loss_fn),
@@ -137,11 +148,11 @@ def _fit(
     low, note = graphs.stable_from(low)
     notes = [note] if note else []
     steps = Steps(graphs, optimizer)
-    prepared = {s: steps.prepare(s) for s in capture_sizes}
-    statics = {s: static for s, (_, static) in prepared.items()}
+    statics, opt_temp = _statics(graphs, steps, capture_sizes, optimizer)
     first = statics[capture_sizes[0]]
-    opt_temp = prepared[capture_sizes[0]][0].optimizer_temporaries()
-    del prepared
+    if "target" in graphs.options:
+        name = graphs.captures[capture_sizes[0]].graph.dag.graph["target"]
+        notes.append(f"estimate mode for target {name!r}: bytes predicted, no real step run")
     if memory < first.model:
         raise FitError(
             f"memory {memory} B is below the {first.model} B that the parameters "
@@ -223,6 +234,20 @@ def _fit(
         warnings=warnings,
         probes=found.probes,
     )
+
+
+def _statics(
+    graphs: SizedGraphs, steps: Steps, sizes: Sequence[int], optimizer: str
+) -> tuple[dict[int, StaticBytes], int]:
+    """What exists before a step at each captured size, and the optimizer step's temporaries:
+    measured after one real step, or predicted from the shapes in estimate mode."""
+    if "target" not in graphs.options:
+        prepared = {s: steps.prepare(s) for s in sizes}
+        temporaries = prepared[sizes[0]][0].optimizer_temporaries()
+        return {s: static for s, (_, static) in prepared.items()}, temporaries
+    rounding = resolve_target(graphs.options["target"]).rounding
+    predicted = {s: predicted_static(*graphs.captures[s].made, optimizer, rounding) for s in sizes}
+    return {s: static for s, (static, _) in predicted.items()}, predicted[sizes[0]][1]
 
 
 def _memory_bytes(memory: int | str) -> int:

@@ -34,6 +34,7 @@ from torch import nn
 from executor.errors import UnsupportedScheduleError, UnusedOutputGradientError
 from executor.traced.checks import check_call
 from executor.traced.codegen import compile_ops
+from executor.traced.estimated import EstimateCheck, FirstStepPeak, match_estimated
 from executor.traced.interpreter import ScheduleInterpreter, Step
 from graph_capture.captured import CapturedGraph
 from graph_capture.measurement.device import no_autocast
@@ -137,6 +138,10 @@ class _Program:
         self.kept_positions = set(captured.forward_output_indices) | set(
             captured.input_grad_indices.values()
         )
+        solved_in_estimate = "target" in schedule.extra and "target" not in captured.dag.graph
+        self.first_step = (
+            FirstStepPeak(schedule, self.params[0].device) if solved_in_estimate else None
+        )
 
     def start(self, params: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Step:
         """A new step with parameters, buffers (mutated ones snapshotted) and inputs bound."""
@@ -221,9 +226,14 @@ def _accumulate_grad(param: torch.Tensor, grad: torch.Tensor) -> None:
 class _RematFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, program: _Program, n_params: int, *flat: torch.Tensor):  # type: ignore[override]
+        first = program.first_step
+        if first is not None:
+            first.start()
         step = program.start(flat[:n_params], flat[n_params:])
         with no_autocast(program.captured.autocast.device_type):
             outputs = program.forward(step)
+        if first is not None:
+            first.end_forward()
         ctx.program, ctx.step, ctx.n_params = program, step, n_params
         tangent_outputs = set(program.captured.tangent_output_indices)
         ctx.mark_non_differentiable(*(o for k, o in enumerate(outputs) if k not in tangent_outputs))
@@ -240,9 +250,14 @@ class _RematFunction(torch.autograd.Function):
                 "Rematerialized: backward ran twice through the same step; the schedule frees "
                 "its values, so retain_graph=True is not supported"
             )
+        first = program.first_step
+        if first is not None:
+            first.start()
         with torch.no_grad(), no_autocast(program.captured.autocast.device_type):
             tangents = program.tangents(grad_outputs)
             results = program.backward(step, tangents)
+        if first is not None:
+            first.end()
         needs_input_grad = ctx.needs_input_grad[2 + ctx.n_params :]
         input_grads: list[torch.Tensor | None] = [None] * len(needs_input_grad)
         for k, position in program.captured.input_grad_indices.items():
@@ -259,6 +274,9 @@ class Rematerialized(nn.Module):
     optimizer built on either works, and so does ``DistributedDataParallel(rm)``. Inputs must
     match the captured example in count, keyword names, shape, dtype and device, and a step
     must run under the autocast state the graph was captured under.
+    A schedule solved in estimate mode (``schedule.extra["target"]``) is matched to ``captured``
+    by structure (`executor.traced.estimated`), and its first step measures its peak:
+    `estimate_check` and an `EstimatedPeakWarning` report it against the predicted one.
     In eval mode (``rm.eval()``) it calls the model directly: the schedule is for training.
     ``compiled=True`` runs the schedule as generated straight-line code (`executor.traced.codegen`);
     ``compiled=False`` walks it with `ScheduleInterpreter` (same results, slower, debuggable).
@@ -273,6 +291,8 @@ class Rematerialized(nn.Module):
         compiled: bool = True,
     ) -> None:
         super().__init__()
+        if _estimated_for_another(schedule, captured):
+            schedule = match_estimated(schedule, captured.dag, "given")
         schedule.check_graph(captured.dag)
         simulate(captured.dag, schedule.ops).raise_if_invalid()
         self.model = model
@@ -311,6 +331,13 @@ class Rematerialized(nn.Module):
         )
 
     @property
+    def estimate_check(self) -> EstimateCheck | None:
+        """For a schedule solved in estimate mode, its first step's measured peak against the
+        predicted one, once that step's backward has run; else None."""
+        first = self._program.first_step
+        return None if first is None else first.check
+
+    @property
     def predicted_peak_bytes(self) -> int:
         """The schedule's peak (`solver.simulate`): live values plus the transient bytes of the
         op running. With capture's transients (each op's measured workspace and the bytes this
@@ -332,7 +359,11 @@ def load_schedule(path: str | Path, dag: nx.DiGraph) -> Schedule:
     """The schedule file at `path`, checked against the captured `dag` (`Schedule.load`). Where
     it belongs to another graph and the two captures ran with different torch thread counts
     (graph attribute ``threads``, `extra["threads"]` of the schedule), the error says so: an
-    op's workspace bytes depend on that count."""
+    op's workspace bytes depend on that count. A schedule solved in estimate mode is matched
+    by structure (`executor.traced.estimated.match_estimated`)."""
+    schedule = Schedule.load(path)
+    if _estimated_for_another(schedule, dag):
+        return match_estimated(schedule, dag, path)
     try:
         return Schedule.load(path, dag)
     except ScheduleMismatchError as error:
@@ -344,6 +375,13 @@ def load_schedule(path: str | Path, dag: nx.DiGraph) -> Schedule:
             f"capture ran with {here}: an op's workspace bytes depend on the thread count, so "
             f"capture with {solved} (torch.set_num_threads, or remat run --threads {solved})."
         ) from error
+
+
+def _estimated_for_another(schedule: Schedule, captured: CapturedGraph | nx.DiGraph) -> bool:
+    """A schedule solved in estimate mode, not yet matched to ``captured``, a measured one."""
+    dag = captured.dag if isinstance(captured, CapturedGraph) else captured
+    extra = schedule.extra
+    return "target" in extra and "estimated_peak" not in extra and "target" not in dag.graph
 
 
 def rematerialize(

@@ -27,6 +27,9 @@ from graph_capture.trace.fx_nodes import describe_op, device_of
 from graph_capture.trace.lifted import LiftedConstant, lifted_constants
 
 StorageKey = tuple[int, int]
+SECONDS_KEY = "remat_seconds"
+"""fx node meta key of an op's seconds in a capture (measured, or predicted in estimate mode),
+which ``remat calibrate`` reads."""
 Call = Callable[[], object]
 
 
@@ -61,14 +64,19 @@ def _tensors(value: object) -> list[torch.Tensor]:
     return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
-def storages_of(value: object) -> dict[StorageKey, int]:
-    """Storage key -> bytes of every storage the tensors in ``value`` (a pytree) reference."""
+def storages_of(value: object, rounding: int = 1) -> dict[StorageKey, int]:
+    """Storage key -> bytes of every storage the tensors in ``value`` (a pytree) reference,
+    each rounded up to a multiple of ``rounding`` (an allocator's block size). A real storage
+    is keyed by its data pointer, a fake or meta one (no data) by its storage object."""
     found: dict[StorageKey, int] = {}
     for tensor in _tensors(value):
         storage = tensor.untyped_storage()
         nbytes = storage.nbytes()
-        key = (storage.data_ptr(), 0) if nbytes else (0, id(storage))
-        found[key] = nbytes
+        if storage.device.type == "meta":
+            key = (0, storage._cdata)
+        else:
+            key = (storage.data_ptr(), 0) if nbytes else (0, id(storage))
+        found[key] = -(-nbytes // rounding) * rounding
     return found
 
 
@@ -78,7 +86,7 @@ def is_random(node: torch.fx.Node) -> bool:
     return torch.Tag.nondeterministic_seeded in tags
 
 
-def _estimate_flops(args: Sequence[object], out: object) -> int:
+def estimate_flops(args: Sequence[object], out: object) -> int:
     largest_input = max((x.numel() for x in _tensors(args)), default=0)
     outputs = sum(x.numel() for x in _tensors(out))
     return max(largest_input, outputs)
@@ -262,7 +270,7 @@ def _run_node(node: torch.fx.Node, args: tuple, kwargs: dict) -> tuple[object, N
     target = node.target
     if target is operator.getitem or isinstance(target, LiftedConstant):
         value = target(*args, **kwargs)
-        return value, NodeMeasure(storages_of(value), set(), 0.0, 0, 0, *_shapes(value))
+        return value, NodeMeasure(storages_of(value), set(), 0.0, 0, 0, *shapes_of(value))
     device = device_of(node)
     run = implementation(node)
     rng = generator(device) if is_random(node) else None
@@ -279,10 +287,10 @@ def _run_node(node: torch.fx.Node, args: tuple, kwargs: dict) -> tuple[object, N
     counted = int(counter.get_total_flops())
     storages = storages_of(value)
     allocates = any(k not in storages_of((args, kwargs)) for k in storages)
-    flops = counted or (_estimate_flops((args, kwargs), value) if allocates else 0)
-    return value, NodeMeasure(storages, set(), seconds, counted, flops, *_shapes(value))
+    flops = counted or (estimate_flops((args, kwargs), value) if allocates else 0)
+    return value, NodeMeasure(storages, set(), seconds, counted, flops, *shapes_of(value))
 
 
-def _shapes(value: object) -> tuple[list[tuple[int, ...]], list[str]]:
+def shapes_of(value: object) -> tuple[list[tuple[int, ...]], list[str]]:
     tensors = _tensors(value)
     return [tuple(t.shape) for t in tensors], [str(t.dtype).removeprefix("torch.") for t in tensors]

@@ -28,6 +28,7 @@ from torch import nn
 
 __all__ = [
     "PeakMemory",
+    "PeakWindow",
     "Snapshot",
     "allocation_events",
     "marked_windows",
@@ -80,32 +81,46 @@ def marked_windows(prof: torch.profiler.profile, prefix: str) -> list[tuple[int,
     return [found[i] for i in range(len(found))]
 
 
+class PeakWindow:
+    """A measured peak over a window opened here and closed by `close`, possibly in another
+    call (a training step's forward, then the end of its backward). Same measurement as
+    `measure_peak`."""
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        self._stack = contextlib.ExitStack()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self._prof = self._stack.enter_context(memory_profile())
+
+    def close(self) -> PeakMemory:
+        """End the window: its peak bytes above the start, and the bytes left above it."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) - self._start
+            end = torch.cuda.memory_allocated(self.device) - self._start
+            return PeakMemory(peak, end, "cuda-max-memory-allocated")
+        self._stack.close()
+        live = peak = 0
+        for _, size in allocation_events(self._prof):
+            live += size
+            peak = max(peak, live)
+        return PeakMemory(peak, live, "profiler-allocation-events")
+
+
 def measure_peak(fn: Callable[[], object], device: str | torch.device = "cpu") -> PeakMemory:
     """Run ``fn()`` once and return its measured peak memory in bytes above the start.
 
     The result of ``fn`` is dropped before the end is read, so ``end_bytes`` counts only what
     ``fn`` left behind elsewhere (e.g. new ``.grad`` tensors).
     """
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        start = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        result = fn()
-        del result
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) - start
-        end = torch.cuda.memory_allocated(device) - start
-        return PeakMemory(peak, end, "cuda-max-memory-allocated")
-
-    with memory_profile() as prof:
-        result = fn()
-        del result
-    live = peak = 0
-    for _, size in allocation_events(prof):
-        live += size
-        peak = max(peak, live)
-    return PeakMemory(peak, live, "profiler-allocation-events")
+    window = PeakWindow(device)
+    result = fn()
+    del result
+    return window.close()
 
 
 class Snapshot:

@@ -265,6 +265,9 @@ def make_schedule(
     extra = dict(extra or {})
     if "threads" in graph.graph:  # bytes measured with this many intra-op threads
         extra.setdefault("threads", graph.graph["threads"])
+    for key in ("target", "structure"):  # estimate mode: the device, what the ops refer to
+        if key in graph.graph:
+            extra.setdefault(key, graph.graph[key])
     return Schedule(
         ops=ops,
         cost=checked.cost,
