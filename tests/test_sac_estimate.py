@@ -126,3 +126,10 @@ def test_unknown_target_and_several_ranks_are_refused(capsys):
     assert main(["sac", "--model", "sac_models:small", "--target", "tpu9"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("remat: error: unknown target 'tpu9'") and err.count("\n") == 1
+
+
+def test_remat_sac_plans_for_a_target_and_runs_the_plan(capsys):
+    args = ["sac", "--model", "sac_models:small", "--target", "cpu", "--budget", "min"]
+    assert main([*args, "--steps", "1", "--time-limit", "60"]) == 0
+    printed = capsys.readouterr().out
+    assert "(predicted for cpu)" in printed and "bytes over budget: 0" in printed
