@@ -2,6 +2,7 @@
 
     remat sac --model benchmarks.zoo:gpt2_4 --budget 50% --out plan.json
     remat sac --model benchmarks.zoo:gpt2_4 --plan plan.json --steps 10
+    remat sac --model mypkg:llama_on_meta --target h100 --budget 60GiB --out plan.json
 
 The factory returns ``(model, example_inputs[, example_kwargs])`` as for `remat run`; the step's
 loss is `executor.default_loss` (``.loss``, or the output where it is a scalar). Printed:
@@ -9,7 +10,9 @@ the plan (status, predicted peak, cost: recompute seconds plus checkpoint price 
 overhead, gap, checkpointed regions), then for eager and the plan, each on its own copy of the
 model: the measured peak (profiler allocation events, bytes above the step's start, `.grad`
 created in the step) and the median step time. Exit status 0 only when the plan's measured peak
-is within its budget."""
+is within its budget. With ``--target NAME|FILE`` the plan is solved in estimate mode (no real
+step; bytes and seconds predicted for the target, `executor.sac.estimate`); a model on the
+meta device is then only planned, not run."""
 
 from __future__ import annotations
 
@@ -54,6 +57,13 @@ def add_sac_arguments(parser: argparse.ArgumentParser) -> None:
         default="choose",
         help="the candidate regions: per block the whole block or some of its children "
         "(choose, the default), whole blocks only, or children only",
+    )
+    parser.add_argument(
+        "--target",
+        metavar="NAME|FILE",
+        help="plan in estimate mode for this device (a built-in name such as h100, cpu, or a "
+        "device file from remat calibrate): no real step runs; a meta-device model is only "
+        "planned",
     )
     parser.add_argument("--plan", metavar="FILE", help="run this saved plan instead of solving")
     parser.add_argument("--out", metavar="FILE", help="save the solved plan here")
@@ -103,15 +113,19 @@ def run_sac(args: argparse.Namespace) -> int:
                 blocks=args.blocks,
                 regions=args.regions,
                 time_limit=args.time_limit,
+                target=args.target,
             )
         if args.out:
             plan.save(args.out)
+        basis = "" if plan.target is None else f" (predicted for {plan.target})"
         print(
             f"plan: {plan.status}, predicted peak {_mib(plan.peak)} within {_mib(plan.budget)} "
             f"(100% = {_mib(plan.plain_peak)}), cost {plan.cost * 1e3:.2f} ms, gap "
             f"{plan.gap:.2%}; checkpointed {len(plan.checkpointed_regions())} of "
-            f"{len(plan.regions)} regions, {sum(map(len, plan.saved))} ops saved"
+            f"{len(plan.regions)} regions, {sum(map(len, plan.saved))} ops saved{basis}"
         )
+        if any(p.device.type == "meta" for p in model.parameters()):
+            return 0  # a meta model has no values to run
         eager = measure_step(copy.deepcopy(model), inputs, kwargs, args.steps)
         planned = measure_step(plan.apply(copy.deepcopy(model)), inputs, kwargs, args.steps)
     finally:

@@ -54,3 +54,14 @@ def test_op_costs_on_fake_tensors():
         a, b = torch.empty(64, 128), torch.empty(128, 32)
         seconds = op_seconds(h100, mm, (a, b), {}, mm(a, b))
     assert seconds == max(flops / h100.flops["float32"], moved / h100.bandwidth)
+
+
+def test_cpu_fused_attention_counts_the_flash_kernels_flops():
+    aten = torch.ops.aten
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 16, 8)
+        out = aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0, True)
+        flops = op_flops(
+            aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q), {}, out
+        )
+    assert flops == 4 * 2 * 16 * 16 * 8  # QK^T and PV: 2 matmuls of 2*16*16*8 multiply-adds

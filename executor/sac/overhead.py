@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointError
 
 from executor.errors import PlanError
+from executor.sac.measurer import Measured
 from executor.sac.policy import Policy
 from executor.sac.region import run_checkpointed
 from executor.sac.step import RecordingTime, Snapshot, Step, hooked, leaf_tensors
@@ -134,13 +135,23 @@ def _region_times(
     return RegionTimes(max(0.0, statistics.median(overheads)), statistics.median(checkpoints))
 
 
+class Stream(NamedTuple):
+    """A region's recorded forward op stream: op names, each op's seconds, and `stop` (the op
+    after which a recompute ends)."""
+
+    ops: tuple[str, ...]
+    seconds: tuple[float, ...]
+    stop: int
+
+
 def measure_overhead(
     model: nn.Module,
     regions: Sequence[nn.Module],
-    ops: Sequence[Sequence[str]],
+    streams: Sequence[Stream],
     step: Step,
     repeats: int = 5,
     clock: RecordingTime | None = None,
+    measurer: Measured | None = None,
 ) -> list[RegionTimes | RuntimeError]:
     """Per region, the seconds a training step pays (`RegionTimes`) for running it under a SAC
     policy rather than under plain checkpoint (`overhead`: the policy's dispatch modes in its
@@ -148,7 +159,7 @@ def measure_overhead(
     recomputing every op, the same recompute as plain checkpoint's), and for running it under
     plain checkpoint rather than without (`checkpoint`: the recompute and checkpoint's own
     machinery: saving inputs and RNG state, the recompute's Python, the unpack hooks). Each
-    region runs alone, forward and backward, on the inputs it gets in the step (`ops`: its
+    region runs alone, forward and backward, on the inputs it gets in the step (`streams`: its
     recorded op stream, which the policy checks), the three ways side by side: after one
     warm-up of each, `repeats` rounds, the order rotated each round; the medians of the
     rounds' differences; fewer rounds (at least one) where `clock` leaves no time for more,
@@ -156,9 +167,11 @@ def measure_overhead(
     caller's. For a region that autograd or
     checkpoint refuses inside checkpoint, its error (a module that writes its input in place,
     such as an in-place ReLU, invalidates the input checkpoint keeps); any other error
-    (out of memory, a bug) propagates.
+    (out of memory, a bug) propagates. `measurer` (default `Measured`) times each region;
+    in estimate mode it predicts them (`executor.sac.estimate.Estimate.region_times`).
     """
     clock = clock or RecordingTime()
+    measurer = measurer or Measured()
     calls = _region_inputs(model, regions, step)
     snapshot = Snapshot(model)
     out: list[RegionTimes | None] = []
@@ -169,7 +182,7 @@ def measure_overhead(
 
             try:
                 rounds = clock.repeats(repeats, clock.spare.share(1 / (len(regions) - j)))
-                out.append(_region_times(module, call, f"region {j}", ops[j], rounds))
+                out.append(measurer.region_times(module, call, f"region {j}", streams[j], rounds))
             except RuntimeError as e:
                 if not _refused_by_checkpoint(e):
                     raise

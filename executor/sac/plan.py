@@ -35,6 +35,7 @@ from torch import nn
 from executor.errors import PlanError
 from executor.loss import default_loss
 from executor.sac.blocks import select_blocks
+from executor.sac.measurer import Measured
 from executor.sac.policy import Policy
 from executor.sac.record import RECORDING_STEPS, in_call_order, record_union
 from executor.sac.region import cache_off, run_checkpointed
@@ -44,6 +45,7 @@ from solver.deadline import Deadline
 from solver.errors import ScheduleMismatchError
 from solver.sac.solve import solve_sac
 from solver.sac.union import SacUnion, UnionPlan
+from solver.target import Device, UnknownTargetError
 
 __all__ = ["REGIONS", "CheckpointPlan", "checkpoint_plan"]
 
@@ -96,7 +98,9 @@ class CheckpointPlan:
     (measured per region) plus the SAC overhead of each region saving an op (measured per
     region; a region saving nothing runs as plain checkpoint); `bound`: proven lower bound on
     the cost; `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE"; `budget`:
-    bytes; `plain_peak`: the measured peak of the step without checkpointing (100%)."""
+    bytes; `plain_peak`: the measured peak of the step without checkpointing (100%). `target`:
+    None where bytes and seconds were measured here; in estimate mode the target device's
+    name, and `plain_peak` and every second are predicted for it (executor/sac/estimate.py)."""
 
     model_signature: str
     regions: tuple[str, ...]
@@ -112,6 +116,7 @@ class CheckpointPlan:
     budget: int
     plain_peak: int
     problem: SacUnion
+    target: str | None = None
 
     def checkpointed_regions(self) -> list[str]:
         """Names of the regions that run inside a checkpoint."""
@@ -121,11 +126,12 @@ class CheckpointPlan:
         """One line: status, regions checkpointed and saving ops, peak against budget, cost."""
         checkpointed = self.checkpointed_regions()
         saving = sum(1 for c, s in zip(self.checkpointed, self.saved, strict=True) if c and s)
+        basis = "measured" if self.target is None else f"predicted for {self.target}"
         return (
             f"CheckpointPlan({self.status}, {len(checkpointed)} of {len(self.regions)} regions "
             f"checkpointed ({saving} saving ops), peak {self.peak:,} B of budget "
             f"{self.budget:,} B (plain step {self.plain_peak:,} B), cost {self.cost:.6f} s, "
-            f"gap {self.gap:.2%})"
+            f"gap {self.gap:.2%}, {basis})"
         )
 
     def check_model(self, model: nn.Module) -> None:
@@ -180,7 +186,7 @@ class CheckpointPlan:
                 )
             ],
             **{k: getattr(self, k) for k in ("status", "peak", "cost", "bound", "gap")},
-            **{k: getattr(self, k) for k in ("budget", "plain_peak")},
+            **{k: getattr(self, k) for k in ("budget", "plain_peak", "target")},
             "problem": self.problem.to_json(),
         }
         Path(path).write_text(json.dumps(data))
@@ -214,6 +220,7 @@ class CheckpointPlan:
                 **{k: data[k] for k in ("status", "peak", "cost", "bound", "gap")},
                 **{k: data[k] for k in ("budget", "plain_peak")},
                 problem=SacUnion.from_json(data["problem"]),
+                target=data.get("target"),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise PlanError(f"{path} is not a SAC plan file ({e}): write one with plan.save") from e
@@ -231,17 +238,54 @@ def _run_eagerly(model: nn.Module, step: Callable[[], torch.Tensor]) -> None:
         snapshot.restore()
 
 
-def _check_cpu(model: nn.Module, inputs: object) -> None:
-    """ValueError unless the model's parameters and buffers and the inputs are on the CPU: the
-    recording measures bytes from the CPU allocator's profiler events, seconds by wall clock
-    and replays the CPU generator, none of which sees a device's work."""
+def _check_device(model: nn.Module, inputs: object, estimate: bool) -> None:
+    """PlanError unless the model's parameters and buffers and the inputs are on the CPU (or,
+    in estimate mode, the meta device): the recording measures bytes from the CPU allocator's
+    profiler events, seconds by wall clock and replays the CPU generator, none of which sees a
+    device's work; estimate mode runs fake CPU tensors."""
     tensors = [*model.parameters(), *model.buffers(), *leaf_tensors(inputs)]
-    devices = sorted({str(t.device) for t in tensors if t.device.type != "cpu"})
+    allowed = ("cpu", "meta") if estimate else ("cpu",)
+    devices = sorted({str(t.device) for t in tensors if t.device.type not in allowed})
     if devices:
         raise PlanError(
-            f"checkpoint_plan records on the CPU only, and the model or its inputs are on "
-            f"{', '.join(devices)}: measuring a device's bytes, seconds and RNG is not "
-            "supported; solve the plan with the model and inputs on the CPU"
+            f"checkpoint_plan records on the CPU only (or the meta device with a target), and "
+            f"the model or its inputs are on {', '.join(devices)}: measuring a device's bytes, "
+            "seconds and RNG is not supported; solve the plan with the model and inputs on "
+            "the CPU, or on the meta device with target= the device (estimate mode)"
+        )
+
+
+def _measurer(target: str | Device | None) -> Measured:
+    """`Measured` without a target; `Estimate` for a device name, device file or `Device`."""
+    if target is None:
+        return Measured()
+    from executor.sac.estimate import Estimate
+    from graph_capture.measurement.roofline import resolve_target
+
+    try:
+        return Estimate(resolve_target(target))
+    except UnknownTargetError as e:
+        raise PlanError(str(e)) from e
+
+
+def _step_budget(budget: str | int | float, plain_peak: int, world_size: int) -> int:
+    """The step's budget in bytes: the given budget (bytes, units, or a percentage of
+    `plain_peak`) less what exists before the step and counts against it. With one process, a
+    budget counts bytes above what exists before the step, so nothing is taken off; with
+    `world_size` > 1, the FSDP2 memory model (parameters, gradients and optimizer state per
+    rank) is what takes it off."""
+    _check_world_size(world_size)
+    return parse_bytes(budget, lambda: plain_peak)
+
+
+def _check_world_size(world_size: int) -> None:
+    if not isinstance(world_size, int) or world_size < 1:
+        raise PlanError(f"world_size must be a positive integer, not {world_size!r}")
+    if world_size > 1:
+        raise PlanError(
+            f"world_size={world_size}: planning for more than one rank (world_size > 1) "
+            "needs the FSDP2 memory model, which checkpoint_plan does not have yet; plan for "
+            "one rank (world_size=1)"
         )
 
 
@@ -259,6 +303,8 @@ def checkpoint_plan(
     regions: str = "choose",
     time_limit: float = 60,
     loss_fn: Callable[[object], torch.Tensor] = default_loss,
+    target: str | Device | None = None,
+    world_size: int = 1,
 ) -> CheckpointPlan:
     """The SAC plan of least cost (recompute seconds plus checkpoint's price per region plus SAC
     overhead) for one training step
@@ -275,14 +321,21 @@ def checkpoint_plan(
     prices five times) only within half of it, the solve gets what is left; PlanError where the
     recording, each measurement run once, does not finish within it (naming what it recorded
     and about how long it needs). InfeasibleBudgetError names the least budget when none
-    fits."""
+    fits. `target`: None measures a real step here; a device name (`solver.target`), a
+    device file or a `Device` plans in estimate mode (executor/sac/estimate.py): no real step
+    runs, the model may be on the meta device, bytes and seconds (and `plain_peak`) are
+    predicted for the target, and `plan.target` names it. `world_size`: ranks the step is
+    sharded over (FSDP2); only 1 is supported yet. PlanError (one line) for an unknown
+    target, a model allocating real memory or with data-dependent shapes in estimate mode."""
     if regions not in REGIONS:
         raise PlanError(f"regions must be one of {REGIONS}, not {regions!r}")
     minimum = isinstance(budget, str) and budget.strip().lower() == "min"
     if not minimum:
         parse_bytes(budget, lambda: 1)  # an unreadable budget fails before any recording
     kwargs = dict(example_kwargs or {})
-    _check_cpu(model, (example_inputs, kwargs))
+    _check_world_size(world_size)
+    measurer = _measurer(target)
+    _check_device(model, (example_inputs, kwargs), measurer.target is not None)
     deadline = Deadline.after(time_limit)
     sets = 1 if regions == "blocks" else 2  # the blocks, and their children
     clock = RecordingTime(
@@ -293,18 +346,21 @@ def checkpoint_plan(
         + sets * sum(RECORDING_STEPS[k] for k in ("order", "ops", "prices")),
     )
 
-    def step() -> torch.Tensor:
-        return loss_fn(model(*example_inputs, **kwargs))
+    with measurer.running(model, (tuple(example_inputs), kwargs)) as (inputs, kw):
 
-    _run_eagerly(model, step)
-    clock.finished("a plain step", RECORDING_STEPS["eager"])
-    named = in_call_order(model, select_blocks(model, blocks), step)
-    children = [None] * len(named) if regions == "blocks" else _children(model, named, step)
-    clock.finished("the call order", sets * RECORDING_STEPS["order"])
-    union, kept = record_union(model, named, children, step, clock=clock)
-    budget = "min" if minimum else parse_bytes(budget, lambda: union.plain_peak)
+        def step() -> torch.Tensor:
+            return loss_fn(model(*inputs, **kw))
+
+        if measurer.runs_warmup:
+            _run_eagerly(model, step)
+        clock.finished("a plain step", RECORDING_STEPS["eager"])
+        named = in_call_order(model, select_blocks(model, blocks), step)
+        children = [None] * len(named) if regions == "blocks" else _children(model, named, step)
+        clock.finished("the call order", sets * RECORDING_STEPS["order"])
+        union, kept = record_union(model, named, children, step, clock=clock, measurer=measurer)
+    budget = "min" if minimum else _step_budget(budget, union.plain_peak, world_size)
     solution = solve_sac(union, budget, deadline, whole=regions != "children")
-    return _plan(model, named, kept, union, solution)
+    return _plan(model, named, kept, union, solution, measurer.target)
 
 
 def _children(
@@ -326,7 +382,9 @@ def _children(
     ]
 
 
-def _plan(model: nn.Module, named, kept, union: SacUnion, solution) -> CheckpointPlan:
+def _plan(
+    model: nn.Module, named, kept, union: SacUnion, solution, target: str | None
+) -> CheckpointPlan:
     """The plan's regions in order: each block, then its children where it has a split."""
     names, types_, ops, checkpointed, saved = [], [], [], [], []
     plan: UnionPlan = solution.plan
@@ -363,4 +421,5 @@ def _plan(model: nn.Module, named, kept, union: SacUnion, solution) -> Checkpoin
         budget=solution.budget,
         plain_peak=union.plain_peak,
         problem=union,
+        target=target,
     )

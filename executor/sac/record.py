@@ -14,21 +14,21 @@ Steps (`record_union`):
    `repeats` times, under a TorchDispatchMode that sees the ops the SAC policy sees (every
    dispatched op but `SAC_IGNORED_OPS`) and under saved-tensor hooks that see what autograd
    saves: per op its new storage bytes (deduplicated by storage), the last op reading it,
-   whether autograd saves it, whether it may be MUST_SAVE, and its median time in seconds
-   (measured wall time, not FLOPs: pointwise ops count 0 FLOPs yet take real time on CPU, and
-   the objective is step time); then once more under the profiler, each op in a window, for its
-   scratch bytes (`_measure_scratch`).
+   whether autograd saves it, whether it may be MUST_SAVE, and its median wall time (pointwise
+   ops count 0 FLOPs yet take real time on CPU); then once more under the profiler, each op in
+   a window, for its scratch bytes (`_measure_scratch`).
 3. `measure_overhead` (`executor.sac.overhead`): per region, the seconds its SAC policy costs
    beyond plain checkpoint, and plain checkpoint beyond none; the latter less the recorded
    seconds of the ops a full recompute reruns is the region's `price` (where it is less, those
    seconds are scaled down to it instead: `_priced`).
 The RNG state and the model's buffers are restored after each run, and `.grad` is left as found.
+Bytes and seconds come from a measurer (`executor.sac.measurer`): measured as above, or in
+estimate mode predicted for a target from a fake step (`executor.sac.estimate`, no scratch).
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -38,7 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from executor.errors import PlanError
-from executor.sac.overhead import RegionTimes, measure_overhead
+from executor.sac.measurer import Measured, storage_key
+from executor.sac.overhead import RegionTimes, Stream, measure_overhead
 from executor.sac.region import buffer_state, cache_off_hooks, mutated_buffers
 from executor.sac.step import RecordingTime, Snapshot, Step, hooked, leaf_tensors
 from executor.sac.windows import measure_windows
@@ -46,10 +47,6 @@ from graph_capture.measurement.peak import memory_profile
 from solver.sac import SacBlock, SacOp, SacProblem
 from solver.sac.memory import plain_forward_live
 from solver.sac.union import SacSplit, SacUnion
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
 
 
 @dataclass
@@ -77,9 +74,12 @@ class _BlockFacts:
 class _Recorder(TorchDispatchMode):
     """Attributes each dispatched op to the block running (`block`, None outside blocks)."""
 
-    def __init__(self, blocks: list[_BlockFacts], first: bool, mark_ops: bool = False) -> None:
+    def __init__(
+        self, blocks: list[_BlockFacts], first: bool, measurer: Measured, mark_ops: bool = False
+    ) -> None:
         super().__init__()
         self.blocks = blocks
+        self.measurer = measurer
         self.first = first
         self.mark_ops = mark_ops  # each op in a profiler window, in `marked` order
         self.marked: list[tuple[int, int]] = []  # (block, op) of each window
@@ -90,7 +90,7 @@ class _Recorder(TorchDispatchMode):
     def enter(self, j: int, inputs: Sequence[torch.Tensor]) -> None:
         self.block, self.position, self.creator = j, 0, {}
         if self.first:
-            self.blocks[j].inputs = {_storage(t): t.untyped_storage().nbytes() for t in inputs}
+            self.blocks[j].inputs = {storage_key(t): self.measurer.nbytes(t) for t in inputs}
 
     def leave(self, outputs: Sequence[torch.Tensor]) -> None:
         if not self.first and self.position != len(self.blocks[self.block].ops):
@@ -101,18 +101,18 @@ class _Recorder(TorchDispatchMode):
         if self.first:
             ops = self.blocks[self.block].ops
             for t in outputs:
-                if (c := self.creator.get(_storage(t))) is not None:
+                if (c := self.creator.get(storage_key(t))) is not None:
                     ops[c].last_read = len(ops) - 1
-                    ops[c].outputs.add(_storage(t))
+                    ops[c].outputs.add(storage_key(t))
         self.block = None
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         if self.block is not None and self.first:
             facts = self.blocks[self.block]
             facts.stop = self.position - 1
-            facts.packed.add(_storage(t))
-            if (c := self.creator.get(_storage(t))) is not None:
-                facts.ops[c].saved.add(_storage(t))
+            facts.packed.add(storage_key(t))
+            if (c := self.creator.get(storage_key(t))) is not None:
+                facts.ops[c].saved.add(storage_key(t))
         return t
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -127,9 +127,7 @@ class _Recorder(TorchDispatchMode):
                 out = func(*args, **kwargs)
             self.position += 1
             return out
-        start = time.perf_counter()
-        out = func(*args, **kwargs)
-        seconds = time.perf_counter() - start
+        out, seconds = self.measurer.call(func, args, kwargs)
         facts = self.blocks[self.block]
         i, self.position = self.position, self.position + 1
         if not self.first:
@@ -140,14 +138,14 @@ class _Recorder(TorchDispatchMode):
                 )
             facts.ops[i].seconds.append(seconds)
             return out
-        read = {_storage(t) for t in leaf_tensors((args, kwargs))}
+        read = {storage_key(t) for t in leaf_tensors((args, kwargs))}
         for s in read:
             if (c := self.creator.get(s)) is not None:
                 facts.ops[c].last_read = i
         storages: dict[int, int] = {}
         seen = set()
         for t in leaf_tensors(out):
-            s = _storage(t)
+            s = storage_key(t)
             if s in seen:
                 continue
             seen.add(s)
@@ -156,7 +154,7 @@ class _Recorder(TorchDispatchMode):
                     facts.ops[c].mutated = True
             else:  # a new storage, possibly where a freed one was
                 self.creator[s] = i
-                storages[s] = t.untyped_storage().nbytes()
+                storages[s] = self.measurer.nbytes(t)
         random = torch.Tag.nondeterministic_seeded in func.tags
         facts.ops.append(_OpFacts(str(func), i, random, [seconds], storages))
         return out
@@ -174,7 +172,9 @@ def _hooks(blocks: Sequence[nn.Module], on_enter, on_leave) -> list:
     return handles
 
 
-def _buffer_hooks(blocks: Sequence[nn.Module], facts: list[_BlockFacts]) -> list:
+def _buffer_hooks(
+    blocks: Sequence[nn.Module], facts: list[_BlockFacts], measurer: Measured
+) -> list:
     """Hooks recording, per block, the buffers its forward mutates and their bytes; registered
     after `_hooks`, they run outside the recorder's block (the pre-hook first, the hook last),
     so their copies and comparisons are not ops of the block."""
@@ -182,8 +182,8 @@ def _buffer_hooks(blocks: Sequence[nn.Module], facts: list[_BlockFacts]) -> list
 
     def leave(j: int, block: nn.Module) -> None:
         named = dict(block.named_buffers())
-        for n in mutated_buffers(block, before.pop(j)):
-            facts[j].buffers[n] = named[n].untyped_storage().nbytes()
+        for n in mutated_buffers(block, before.pop(j), measurer.changed):
+            facts[j].buffers[n] = measurer.nbytes(named[n])
 
     handles = []
     for j, block in enumerate(blocks):
@@ -197,40 +197,44 @@ def _buffer_hooks(blocks: Sequence[nn.Module], facts: list[_BlockFacts]) -> list
 
 
 def record_ops(
-    model: nn.Module, blocks: Sequence[nn.Module], step: Step, runs: Iterable[int] = range(3)
+    model: nn.Module,
+    blocks: Sequence[nn.Module],
+    step: Step,
+    runs: Iterable[int] = range(3),
+    measurer: Measured | None = None,
 ) -> list[_BlockFacts]:
     """Each block's forward op stream over the forwards `runs` (0, 1, ...; module docstring,
-    step 2)."""
+    step 2), its bytes and seconds from `measurer` (default `Measured`)."""
+    measurer = measurer or Measured()
     facts = [_BlockFacts() for _ in blocks]
     snapshot = Snapshot(model)
     try:
         for run in runs:
-            recorder = _Recorder(facts, first=run == 0)
+            recorder = _Recorder(facts, run == 0, measurer)
             handles = _hooks(
                 blocks, recorder.enter, lambda _j, o, r=recorder: r.leave(leaf_tensors(o))
             )
             if run == 0:
-                handles += _buffer_hooks(blocks, facts)
+                handles += _buffer_hooks(blocks, facts, measurer)
             saves = torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t)
             with hooked(handles), recorder, saves:
                 loss = step()
             del loss
             snapshot.restore()
-        _measure_scratch(model, blocks, step, facts)
+        if measurer.measures_scratch:
+            _measure_scratch(model, blocks, step, facts, measurer)
     finally:
         snapshot.restore()
     return facts
 
 
-def _measure_scratch(
-    model: nn.Module, blocks: Sequence[nn.Module], step: Step, facts: list[_BlockFacts]
-) -> None:
+def _measure_scratch(model, blocks, step: Step, facts: list[_BlockFacts], measurer) -> None:
     """Each op's scratch bytes: the most it held at once during its call beyond what it left
     allocated at its end (its outputs), from the profiler's allocation events in a window
     around the call."""
     from graph_capture.measurement.peak import window_peaks
 
-    recorder = _Recorder(facts, first=False, mark_ops=True)
+    recorder = _Recorder(facts, False, measurer, mark_ops=True)
     handles = _hooks(blocks, recorder.enter, lambda _j, _o: setattr(recorder, "block", None))
     with hooked(handles), memory_profile() as prof, recorder:
         loss = step()
@@ -271,12 +275,6 @@ prices of a set of regions (their inputs, then each region alone six times). Est
 the time a recording needs."""
 
 
-def rng_state_bytes() -> int:
-    """Bytes of the CPU RNG state a checkpoint keeps from its forward to its backward
-    (`preserve_rng_state=True`, the default)."""
-    return torch.get_rng_state().untyped_storage().nbytes()
-
-
 def _op(o: _OpFacts) -> SacOp:
     """The torch-free op: bytes per kind of storage, the median of its measured seconds."""
     new_bytes = sum(o.storages.values())
@@ -292,20 +290,27 @@ def _op(o: _OpFacts) -> SacOp:
     )
 
 
-def _block(name: str, f: _BlockFacts, window: tuple[int, int, int, int], params: set[int]):
+def _block(
+    name: str,
+    f: _BlockFacts,
+    window: tuple[int, int, int, int],
+    params: set[int],
+    rng_bytes: int,
+):
     """The torch-free block of recorded facts and its plain windows (f_start, f_peak, b_start,
-    b_peak), its `workspace` the plain forward's measured peak beyond the op-level model."""
+    b_peak), its `workspace` the plain forward's measured peak beyond the op-level model;
+    `rng_bytes` the RNG state a checkpoint keeps (`Measured.rng_state_bytes`)."""
     ops = tuple(_op(o) for o in f.ops)
     copies = sum(f.buffers.values())  # the mutated buffers' values from before the forward
     held_extra = (
-        rng_state_bytes()
+        rng_bytes
         + copies
         + sum(nbytes for s, nbytes in f.inputs.items() if s not in f.packed and s not in params)
     )
     block = SacBlock(name, ops, f.stop, held_extra, 0, *window, buffers=tuple(sorted(f.buffers)))
     modelled = max((plain_forward_live(block, t) for t in range(len(ops))), default=0)
     workspace = max(0, window[1] - window[0] - modelled)
-    return replace(block, workspace=workspace, recompute_extra=rng_state_bytes() + copies)
+    return replace(block, workspace=workspace, recompute_extra=rng_bytes + copies)
 
 
 def _pooled(
@@ -353,6 +358,7 @@ def record_union(
     step: Step,
     repeats: int = 3,
     clock: RecordingTime | None = None,
+    measurer: Measured | None = None,
 ) -> tuple[SacUnion, list[list[tuple[str, nn.Module]] | None]]:
     """The SacUnion of `model`'s step over `blocks` (name, module), in forward order, split
     into `children` (per block, its children in call order, or None) where those run once
@@ -361,16 +367,26 @@ def record_union(
     op stream is recorded `repeats` times and each region's prices over 5 rounds, fewer where
     `clock` leaves no time for more (a third of its spare time to the blocks' op streams,
     half the rest to the children's, the rest to the prices); `clock` raises PlanError once
-    its deadline has passed (`RecordingTime`)."""
+    its deadline has passed (`RecordingTime`). `measurer` (default `Measured`) gives the bytes
+    and seconds: measured, or in estimate mode predicted (executor/sac/estimate.py), where one
+    run of each measurement suffices."""
+    measurer = measurer or Measured()
+    repeats = measurer.repeats(repeats)
     candidates = [m for _, m in blocks] + [m for kids in children for _, m in kids or ()]
     with hooked(cache_off_hooks(candidates)):
-        return _record_union(model, blocks, children, step, repeats, clock or RecordingTime())
+        return _record_union(
+            model, blocks, children, step, repeats, clock or RecordingTime(), measurer
+        )
 
 
-def _record_union(model, blocks, children, step, repeats, clock: RecordingTime):
+def _record_union(model, blocks, children, step, repeats, clock: RecordingTime, measurer):
     modules = [m for _, m in blocks]
     windows = measure_windows(
-        model, modules, step, [None if k is None else [m for _, m in k] for k in children]
+        model,
+        modules,
+        step,
+        [None if k is None else [m for _, m in k] for k in children],
+        measurer,
     )
     clock.finished("the memory windows", RECORDING_STEPS["windows"])
     kept = [
@@ -378,18 +394,24 @@ def _record_union(model, blocks, children, step, repeats, clock: RecordingTime):
         for split, kids in zip(windows.splits, children, strict=True)
     ]
     flat = [kid for kids in kept if kids is not None for kid in kids]
-    facts = record_ops(model, modules, step, clock.repeats(repeats, clock.spare.share(1 / 3)))
+    runs = clock.repeats(repeats, clock.spare.share(1 / 3))
+    facts = record_ops(model, modules, step, runs, measurer)
     clock.finished("the blocks' op streams", RECORDING_STEPS["ops"])
     flat_facts = []
     if flat:
         runs = clock.repeats(repeats, clock.spare.share(1 / 2))
-        flat_facts = record_ops(model, [m for _, m in flat], step, runs)
+        flat_facts = record_ops(model, [m for _, m in flat], step, runs, measurer)
         clock.finished("the children's op streams", RECORDING_STEPS["ops"])
     regions = modules + [m for _, m in flat]
-    streams = [tuple(o.name for o in f.ops) for f in facts + flat_facts]
+    streams = [
+        Stream(
+            tuple(o.name for o in f.ops), tuple(statistics.median(o.seconds) for o in f.ops), f.stop
+        )
+        for f in facts + flat_facts
+    ]
     overheads = _pooled(
-        measure_overhead(model, regions, streams, step, clock=clock),
-        [(type(m), ops) for m, ops in zip(regions, streams, strict=True)],
+        measure_overhead(model, regions, streams, step, clock=clock, measurer=measurer),
+        [(type(m), s.ops) for m, s in zip(regions, streams, strict=True)],
     )
     clock.finished("the regions' prices", RECORDING_STEPS["prices"] * (1 + bool(flat)))
     for (name, _), times in zip(blocks, overheads, strict=False):
@@ -401,18 +423,19 @@ def _record_union(model, blocks, children, step, repeats, clock: RecordingTime):
             ) from times
     kid_overheads = iter(overheads[len(blocks) :])
     kid_facts = iter(flat_facts)
-    params = {_storage(p) for p in model.parameters()}
+    params = {storage_key(p) for p in model.parameters()}
+    rng_bytes = measurer.rng_state_bytes()
     out = []
     for j, ((name, _), f) in enumerate(zip(blocks, facts, strict=True)):
         window = (windows.f_start[j], windows.f_peak[j], windows.b_start[j], windows.b_peak[j])
-        out.append(_priced(_block(name, f, window, params), overheads[j]))
+        out.append(_priced(_block(name, f, window, params, rng_bytes), overheads[j]))
     splits: list[SacSplit | None] = []
     for j, kids in enumerate(kept):
         if kids is None:
             splits.append(None)
             continue
         made = [
-            _priced(_block(n, next(kid_facts), w, params), next(kid_overheads))
+            _priced(_block(n, next(kid_facts), w, params, rng_bytes), next(kid_overheads))
             for (n, _), w in zip(kids, windows.splits[j], strict=True)
         ]
         if any(child is None for child in made):

@@ -23,7 +23,7 @@ import contextlib
 import functools
 import logging
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.utils._pytree as pytree
@@ -82,14 +82,20 @@ def buffer_state(module: nn.Module) -> dict[str, tuple[int, torch.Tensor]]:
         return {n: (b._version, b.clone()) for n, b in module.named_buffers()}
 
 
-def mutated_buffers(module: nn.Module, before: dict[str, tuple[int, torch.Tensor]]) -> list[str]:
+def mutated_buffers(
+    module: nn.Module,
+    before: dict[str, tuple[int, torch.Tensor]],
+    changed: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
+) -> list[str]:
     """The buffers of `module` changed since `before` (`buffer_state`): by version counter or,
     where a kernel writes a buffer its schema does not mark as written (`native_batch_norm`'s
-    running statistics, whose counters stay), by value."""
+    running statistics, whose counters stay), by `changed(buffer, copy before)` (by value;
+    `Measured.changed`)."""
+    changed = changed or (lambda b, copy: not torch.equal(b, copy))
     return [
         n
         for n, b in module.named_buffers()
-        if n not in before or b._version != before[n][0] or not torch.equal(b, before[n][1])
+        if n not in before or b._version != before[n][0] or changed(b, before[n][1])
     ]
 
 

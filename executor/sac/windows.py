@@ -1,5 +1,6 @@
 """The plain step's memory windows around blocks and their children (`measure_windows`):
-live and peak bytes, cut at marks made by module hooks, from the profiler's allocation events."""
+live and peak bytes, cut at marks made by module hooks, from the profiler's allocation events
+(or, in estimate mode, the storages a fake step creates and frees: `executor.sac.measurer`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import torch
 from torch import nn
 
 from executor.errors import PlanError
+from executor.sac.measurer import Measured, Timeline
 from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
-from graph_capture.measurement.peak import allocation_events, marked_windows, memory_profile
 from solver.sac import Segment
 
 
@@ -50,20 +51,22 @@ def measure_windows(
     blocks: Sequence[nn.Module],
     step: Step,
     children: Sequence[Sequence[nn.Module] | None] | None = None,
+    measurer: Measured | None = None,
 ) -> _Windows:
     """The plain step's live and peak bytes per window (module docstring, step 1); with
     `children` (per block, its children in call order, or None), the children's windows and
     the block's stretches outside them too, from the same step, for each block whose children
     run once each, in sequence (`splits[j]`: (f_start, f_peak, b_start, b_peak) per child, or
-    None; `inner[j]`: the block's stretches outside its children)."""
-    from torch._C._profiler import _RecordFunctionFast
-
+    None; `inner[j]`: the block's stretches outside its children). Bytes and marks come from
+    `measurer`'s timeline (default `Measured`: the profiler's allocation events)."""
+    measurer = measurer or Measured()
     children = list(children) if children is not None else [None] * len(blocks)
     marks: list[str] = []
+    lines: list[Timeline] = []
 
     def mark(label: str) -> None:
-        with _RecordFunctionFast(f"remat.sac:{len(marks)}"):
-            marks.append(label)
+        lines[0].mark()
+        marks.append(label)
 
     def on_leave(label: str, out: object) -> None:
         mark(f"fe{label}")
@@ -88,18 +91,22 @@ def measure_windows(
         handles.append(module.register_forward_pre_hook(lambda _m, _a, x=label: mark(f"fs{x}")))
         handles.append(module.register_forward_hook(lambda _m, _a, o, x=label: on_leave(x, o)))
     try:
-        with hooked(handles), memory_profile() as prof:
+        with hooked(handles), measurer.timeline() as line:
+            lines.append(line)
             step().backward()
     finally:
         snapshot.restore()
-    return _cut(prof, marks, [None if not k or len(k) < 2 else len(k) for k in children])
+    counts = [None if not k or len(k) < 2 else len(k) for k in children]
+    return _cut(line.times, line.events, marks, counts)
 
 
-def _cut(prof, marks: list[str], counts: list[int | None]) -> _Windows:
+def _cut(
+    times: list[int], events: list[tuple[int, int]], marks: list[str], counts: list[int | None]
+) -> _Windows:
     """Live bytes at each mark and the peak of each stretch between consecutive marks: the
-    blocks' windows, and where a block's children ran in sequence, theirs."""
-    times = [start for start, _ in marked_windows(prof, "remat.sac:")]  # in the order of `marks`
-    events = allocation_events(prof)
+    blocks' windows, and where a block's children ran in sequence, theirs. `times`: each
+    mark's time, in the order of `marks`; `events`: (time, bytes) allocated (+) and freed (-),
+    in time order."""
     timed = sorted(zip(times, marks, strict=True))
     times = [t for t, _ in timed]
     n = len(counts)

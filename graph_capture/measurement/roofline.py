@@ -28,9 +28,19 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
+_SAME_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: (
+        torch.ops.aten._scaled_dot_product_flash_attention
+    ),
+}
+"""Ops torch's flop counter has no formula for, counted as the op whose arguments they share
+(SDPA's fused CPU kernel: the query, key and value first, as the CUDA flash kernel's)."""
+
+
 def op_flops(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -> int:
     """FLOPs of one call of ``func`` (0 where torch's flop counter has no formula)."""
-    count = flop_registry.get(func.overloadpacket)
+    packet = func.overloadpacket
+    count = flop_registry.get(_SAME_FLOPS.get(packet, packet))
     if count is None:
         return 0
     return int(count(*args, **kwargs, out_val=out))

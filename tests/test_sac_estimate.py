@@ -1,0 +1,138 @@
+"""SAC plans in estimate mode (`checkpoint_plan(..., target=...)`, executor/sac/estimate.py): the
+recording under fake tensors gives the measured recording's regions, op streams and op bytes; a
+plan made from a meta model runs on the real model with gradients and buffers `torch.equal` to
+eager; bad input is refused in one line."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from sac_models import assert_same_adamw_steps, every_saveable, replanned, sum_loss, transformer
+from torch import nn
+
+import executor
+from cli.main import main
+from executor.errors import PlanError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _op_facts(plan: executor.CheckpointPlan) -> list:
+    """Per region: its stop, held bytes, buffers, and each op's name, new and saved bytes."""
+    regions = []
+    for block, split in zip(plan.problem.blocks.blocks, plan.problem.splits, strict=True):
+        regions += [block, *(split.children if split is not None else ())]
+    return [
+        (r.stop, r.held_extra, r.buffers, [(o.name, o.new_bytes, o.saved_bytes) for o in r.ops])
+        for r in regions
+    ]
+
+
+def test_estimated_recording_has_the_measured_regions_streams_and_bytes():
+    net, x = transformer(layers=2, d=16), torch.randn(2, 8, 16)
+    measured = executor.checkpoint_plan(net, (x,), "min", loss_fn=sum_loss, time_limit=60)
+    estimated = executor.checkpoint_plan(
+        net, (x,), "min", loss_fn=sum_loss, time_limit=60, target="cpu"
+    )
+    assert estimated.target == "cpu" and "predicted for cpu" in repr(estimated)
+    assert measured.target is None and "measured" in repr(measured)
+    assert estimated.regions == measured.regions and estimated.ops == measured.ops
+    assert _op_facts(estimated) == _op_facts(measured)  # no op of this net has a workspace
+    # the plain step's windows: the measured ones add kernel scratch (8 B per block here)
+    assert 0 <= measured.plain_peak - estimated.plain_peak <= 0.01 * measured.plain_peak
+
+
+def _gpt2(device: str):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=16)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.GPT2LMHeadModel(config).train()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    return model, ids.to(device)
+
+
+def test_plan_from_a_meta_model_runs_exactly_on_the_real_model(tmp_path):
+    meta, meta_ids = _gpt2("meta")
+    kwargs = {"labels": meta_ids, "use_cache": False}
+    plan = executor.checkpoint_plan(
+        meta, (meta_ids,), "min", example_kwargs=kwargs, time_limit=60, target="cpu"
+    )
+    assert plan.checkpointed_regions()
+    # every region saving every op it may: positions must mean the real run's ops (under fake
+    # tensors alone HF builds an explicit causal mask and the stream diverges at op 11)
+    plan, predicted = replanned(plan, every_saveable(plan))
+    plan.save(tmp_path / "plan.json")
+    model, ids = _gpt2("cpu")
+    loaded = executor.CheckpointPlan.load(tmp_path / "plan.json", model)
+    runs = [copy.deepcopy(model), loaded.apply(copy.deepcopy(model))]
+    real = {"labels": ids, "use_cache": False}
+    first = executor.measure_peak(lambda: runs[1](ids, **real).loss.backward()).peak_bytes
+    runs[1].zero_grad(set_to_none=True)
+    assert abs(first - predicted) <= 0.01 * predicted  # measured 447,424 B, predicted 447,504 B
+    assert_same_adamw_steps(runs, lambda m, _: m(ids, **real).loss, steps=2)
+
+
+def test_plan_on_a_batchnorm_cnn_restores_its_statistics_exactly():
+    from benchmarks.zoo import resnet18
+
+    bench = resnet18(batch=2, image=16, classes=4, width=8)
+    model, inputs = bench
+    plan = executor.checkpoint_plan(model, inputs, "min", time_limit=60, target="cpu")
+    measured = executor.checkpoint_plan(model, inputs, "min", time_limit=60)
+    assert [r.buffers for r in plan.problem.blocks.blocks] == [
+        r.buffers for r in measured.problem.blocks.blocks
+    ]
+    plan, _ = replanned(plan, every_saveable(plan))
+    runs = [copy.deepcopy(model), plan.apply(copy.deepcopy(model))]
+    assert_same_adamw_steps(runs, lambda m, _: m(*inputs), steps=2)
+
+
+class _Block(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.lin, self.kind = nn.Linear(8, 8), kind
+        self.scale = torch.ones(8)  # a plain attribute: real memory, not a buffer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if self.kind == "masked_select":
+            return y + y.masked_select(y > 0).sum()
+        if self.kind == "nonzero":
+            return y * y.nonzero().shape[0]
+        return y * self.scale
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("nonzero", "depends on tensor values"),
+        ("masked_select", "depends on tensor values"),
+        ("attribute", "real cpu tensor"),
+    ],
+)
+def test_estimate_mode_refuses_what_it_cannot_predict(kind, message):
+    net = nn.Sequential(_Block(kind), _Block(kind))
+    x = torch.randn(2, 8)
+    with pytest.raises(PlanError, match=message):
+        executor.checkpoint_plan(net, (x,), "min", loss_fn=sum_loss, target="cpu")
+
+
+def test_unknown_target_and_several_ranks_are_refused(capsys):
+    net, x = transformer(layers=2, d=16), torch.randn(2, 8, 16)
+    with pytest.raises(PlanError, match="unknown target 'tpu9'"):
+        executor.checkpoint_plan(net, (x,), "min", loss_fn=sum_loss, target="tpu9")
+    with pytest.raises(PlanError, match="FSDP2 memory model"):
+        executor.checkpoint_plan(net, (x,), "min", loss_fn=sum_loss, world_size=2)
+    assert main(["sac", "--model", "sac_models:small", "--target", "tpu9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("remat: error: unknown target 'tpu9'") and err.count("\n") == 1
+
+
+def test_remat_sac_plans_for_a_target_and_runs_the_plan(capsys):
+    args = ["sac", "--model", "sac_models:small", "--target", "cpu", "--budget", "min"]
+    assert main([*args, "--steps", "1", "--time-limit", "60"]) == 0
+    printed = capsys.readouterr().out
+    assert "(predicted for cpu)" in printed and "bytes over budget: 0" in printed
