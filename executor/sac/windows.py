@@ -4,9 +4,7 @@ live and peak bytes, cut at marks made by module hooks, from the profiler's allo
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -14,36 +12,7 @@ from torch import nn
 from executor.errors import PlanError
 from executor.sac.measurer import Measured, Timeline
 from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
-from solver.sac import Segment
-
-
-@dataclass(frozen=True)
-class _Windows:
-    f_start: list[int]
-    f_peak: list[int]
-    b_start: list[int]
-    b_peak: list[int]
-    segments: list[Segment]
-    peak: int
-    splits: list[list[tuple[int, int, int, int]] | None] = field(default_factory=list)
-    inner: list[list[Segment] | None] = field(default_factory=list)
-
-
-def _labels(j: int, children: int | None) -> tuple[list[str], list[str]]:
-    """Block j's marks in forward and backward order, its children's (if any) nested."""
-    kids = range(children or 0)
-    forward = [f"fs{j}", *(f"{k}{j}.{c}" for c in kids for k in ("fs", "fe")), f"fe{j}"]
-    return forward, [f"bs{j}", *(f"bs{j}.{c}" for c in reversed(kids))]
-
-
-def _canonical(counts: Sequence[int | None]) -> list[str]:
-    forward: list[str] = []
-    backward: list[str] = []
-    for j, n in enumerate(counts):
-        f, b = _labels(j, n)
-        forward += f
-        backward = b + backward
-    return forward + backward
+from solver.sac.windows import WindowError, Windows, cut_windows
 
 
 def measure_windows(
@@ -52,7 +21,7 @@ def measure_windows(
     step: Step,
     children: Sequence[Sequence[nn.Module] | None] | None = None,
     measurer: Measured | None = None,
-) -> _Windows:
+) -> Windows:
     """The plain step's live and peak bytes per window (module docstring, step 1); with
     `children` (per block, its children in call order, or None), the children's windows and
     the block's stretches outside them too, from the same step, for each block whose children
@@ -97,127 +66,7 @@ def measure_windows(
     finally:
         snapshot.restore()
     counts = [None if not k or len(k) < 2 else len(k) for k in children]
-    return _cut(line.times, line.events, marks, counts)
-
-
-def _cut(
-    times: list[int], events: list[tuple[int, int]], marks: list[str], counts: list[int | None]
-) -> _Windows:
-    """Live bytes at each mark and the peak of each stretch between consecutive marks: the
-    blocks' windows, and where a block's children ran in sequence, theirs. `times`: each
-    mark's time, in the order of `marks`; `events`: (time, bytes) allocated (+) and freed (-),
-    in time order."""
-    timed = sorted(zip(times, marks, strict=True))
-    times = [t for t, _ in timed]
-    n = len(counts)
-    blocks_only = _canonical([None] * n)
-    observed = _untie([label for _, label in timed], times, events, _canonical(counts))
-    for j, count in enumerate(counts):
-        if count is None:
-            continue
-        own = {x for part in _labels(j, count) for x in part}
-        if [x for x in observed if x in own] != [x for x in _canonical(counts) if x in own]:
-            counts[j] = None  # its children do not run once each, in sequence
-    keep = set(_canonical(counts))
-    kept = [(t, x) for t, x in zip(times, observed, strict=True) if x in keep]
-    if [x for _, x in kept] != _canonical(counts):
-        counts = [None] * n
-        kept = [(t, x) for t, x in zip(times, observed, strict=True) if x in blocks_only]
-    if [x for _, x in kept if x in blocks_only] != blocks_only:
-        raise PlanError(
-            "each block must run its forward once per step, in order and not nested, and "
-            f"return a tensor that requires grad; the step ran {[x for _, x in timed]}"
-        )
-    coarse = [(t, x) for t, x in kept if x in blocks_only]
-    starts, first, after = _stretches(events, [t for t, _ in coarse])
-    at = {label: m for m, (_, label) in enumerate(coarse)}
-    segments = [Segment(first, 0)]
-    segments += [Segment(after[at[f"fe{j}"]], j + 1) for j in range(n)]
-    fine_starts, _, fine_after = _stretches(events, [t for t, _ in kept])
-    fat = {label: m for m, (_, label) in enumerate(kept)}
-    splits: list[list[tuple[int, int, int, int]] | None] = []
-    inner: list[list[Segment] | None] = []
-    for j, count in enumerate(counts):
-        if count is None:
-            splits.append(None)
-            inner.append(None)
-            continue
-        splits.append(
-            [
-                tuple(
-                    v[fat[f"{k}{j}.{c}"]]
-                    for k, v in (
-                        ("fs", fine_starts),
-                        ("fs", fine_after),
-                        ("bs", fine_starts),
-                        ("bs", fine_after),
-                    )
-                )
-                for c in range(count)
-            ]
-        )
-        inner.append(
-            [Segment(fine_after[fat[f"fs{j}"]], 0)]
-            + [Segment(fine_after[fat[f"fe{j}.{c}"]], c + 1) for c in range(count)]
-            + [Segment(fine_after[fat[f"bs{j}"]], count)]
-        )
-    return _Windows(
-        f_start=[starts[at[f"fs{j}"]] for j in range(n)],
-        f_peak=[after[at[f"fs{j}"]] for j in range(n)],
-        b_start=[starts[at[f"bs{j}"]] for j in range(n)],
-        b_peak=[after[at[f"bs{j}"]] for j in range(n)],
-        segments=segments,
-        peak=max([first, *after]),
-        splits=splits,
-        inner=inner,
-    )
-
-
-def _untie(
-    labels: list[str], times: list[int], events: list[tuple[int, int]], canonical: list[str]
-) -> list[str]:
-    """The marks in time order, with adjacent marks put in canonical order where no allocation
-    event lies between them (hooks firing together, such as a block's and its last child's on
-    one output tensor, run in registration order, not nesting order)."""
-    rank = {label: k for k, label in enumerate(canonical)}
-    stamps = [t for t, _ in events]
-    labels = list(labels)
-    changed = True
-    while changed:
-        changed = False
-        for i in range(len(labels) - 1):
-            a, b = rank.get(labels[i], -1), rank.get(labels[i + 1], -1)
-            if a > b >= 0 and bisect.bisect_left(stamps, times[i]) == bisect.bisect_right(
-                stamps, times[i + 1]
-            ):
-                labels[i], labels[i + 1] = labels[i + 1], labels[i]
-                changed = True
-    return labels
-
-
-def _stretches(events: list[tuple[int, int]], times: list[int]) -> tuple[list[int], int, list[int]]:
-    """Live bytes at each mark time, the peak before the first, and the peak of the stretch
-    from each mark to the next (the last: to the end). An event stamped with a mark's own time
-    may fall on either side: it counts on both."""
-    live = peak = 0
-    starts: list[int] = []
-    peaks: list[int] = []  # peak of the stretch before each mark
-    k = 0
-    for t in times:
-        while k < len(events) and events[k][0] < t:
-            live += events[k][1]
-            peak = max(peak, live)
-            k += 1
-        before = live
-        while k < len(events) and events[k][0] == t:
-            live += events[k][1]
-            peak = max(peak, live)
-            k += 1
-        peaks.append(peak)
-        starts.append(max(before, live))
-        peak = max(before, live)
-    for _, size in events[k:]:
-        live += size
-        peak = max(peak, live)
-    peaks.append(peak)
-    return starts, peaks[0], peaks[1:]
+    try:
+        return cut_windows(line.times, line.events, marks, counts)
+    except WindowError as e:
+        raise PlanError(str(e)) from e

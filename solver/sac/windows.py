@@ -1,0 +1,175 @@
+"""A step's memory windows around blocks and their children, cut from its allocation events at
+the marks its module hooks made: live bytes at each block's forward and backward start, the peak
+of each stretch between marks (`cut_windows`). Torch-free: `executor.sac.windows` records the
+events and marks (the profiler's allocation events, or a fake step's storages)."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from solver.errors import RematError
+from solver.sac.problem import Segment
+
+
+class WindowError(RematError, ValueError):
+    """The marks do not show each block's forward once per step, in order and not nested."""
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Per block j: live bytes where its forward starts (`f_start`), the peak from there to the
+    next mark (`f_peak`), the same for its backward (`b_start`, `b_peak`); the stretches outside
+    blocks (`segments`), the step's `peak`; per block whose children ran once each in sequence,
+    their windows (`splits[j]`) and the block's stretches outside them (`inner[j]`), else
+    None. Bytes."""
+
+    f_start: list[int]
+    f_peak: list[int]
+    b_start: list[int]
+    b_peak: list[int]
+    segments: list[Segment]
+    peak: int
+    splits: list[list[tuple[int, int, int, int]] | None] = field(default_factory=list)
+    inner: list[list[Segment] | None] = field(default_factory=list)
+
+
+def _labels(j: int, children: int | None) -> tuple[list[str], list[str]]:
+    """Block j's marks in forward and backward order, its children's (if any) nested."""
+    kids = range(children or 0)
+    forward = [f"fs{j}", *(f"{k}{j}.{c}" for c in kids for k in ("fs", "fe")), f"fe{j}"]
+    return forward, [f"bs{j}", *(f"bs{j}.{c}" for c in reversed(kids))]
+
+
+def _canonical(counts: Sequence[int | None]) -> list[str]:
+    forward: list[str] = []
+    backward: list[str] = []
+    for j, n in enumerate(counts):
+        f, b = _labels(j, n)
+        forward += f
+        backward = b + backward
+    return forward + backward
+
+
+def cut_windows(
+    times: list[int], events: list[tuple[int, int]], marks: list[str], counts: list[int | None]
+) -> Windows:
+    """Live bytes at each mark and the peak of each stretch between consecutive marks: the
+    blocks' windows, and where a block's children ran in sequence, theirs. `times`: each
+    mark's time, in the order of `marks`; `events`: (time, bytes) allocated (+) and freed (-),
+    in time order."""
+    timed = sorted(zip(times, marks, strict=True))
+    times = [t for t, _ in timed]
+    n = len(counts)
+    blocks_only = _canonical([None] * n)
+    observed = _untie([label for _, label in timed], times, events, _canonical(counts))
+    for j, count in enumerate(counts):
+        if count is None:
+            continue
+        own = {x for part in _labels(j, count) for x in part}
+        if [x for x in observed if x in own] != [x for x in _canonical(counts) if x in own]:
+            counts[j] = None  # its children do not run once each, in sequence
+    keep = set(_canonical(counts))
+    kept = [(t, x) for t, x in zip(times, observed, strict=True) if x in keep]
+    if [x for _, x in kept] != _canonical(counts):
+        counts = [None] * n
+        kept = [(t, x) for t, x in zip(times, observed, strict=True) if x in blocks_only]
+    if [x for _, x in kept if x in blocks_only] != blocks_only:
+        raise WindowError(
+            "each block must run its forward once per step, in order and not nested, and "
+            f"return a tensor that requires grad; the step ran {[x for _, x in timed]}"
+        )
+    coarse = [(t, x) for t, x in kept if x in blocks_only]
+    starts, first, after = _stretches(events, [t for t, _ in coarse])
+    at = {label: m for m, (_, label) in enumerate(coarse)}
+    segments = [Segment(first, 0)]
+    segments += [Segment(after[at[f"fe{j}"]], j + 1) for j in range(n)]
+    fine_starts, _, fine_after = _stretches(events, [t for t, _ in kept])
+    fat = {label: m for m, (_, label) in enumerate(kept)}
+    splits: list[list[tuple[int, int, int, int]] | None] = []
+    inner: list[list[Segment] | None] = []
+    for j, count in enumerate(counts):
+        if count is None:
+            splits.append(None)
+            inner.append(None)
+            continue
+        splits.append(
+            [
+                tuple(
+                    v[fat[f"{k}{j}.{c}"]]
+                    for k, v in (
+                        ("fs", fine_starts),
+                        ("fs", fine_after),
+                        ("bs", fine_starts),
+                        ("bs", fine_after),
+                    )
+                )
+                for c in range(count)
+            ]
+        )
+        inner.append(
+            [Segment(fine_after[fat[f"fs{j}"]], 0)]
+            + [Segment(fine_after[fat[f"fe{j}.{c}"]], c + 1) for c in range(count)]
+            + [Segment(fine_after[fat[f"bs{j}"]], count)]
+        )
+    return Windows(
+        f_start=[starts[at[f"fs{j}"]] for j in range(n)],
+        f_peak=[after[at[f"fs{j}"]] for j in range(n)],
+        b_start=[starts[at[f"bs{j}"]] for j in range(n)],
+        b_peak=[after[at[f"bs{j}"]] for j in range(n)],
+        segments=segments,
+        peak=max([first, *after]),
+        splits=splits,
+        inner=inner,
+    )
+
+
+def _untie(
+    labels: list[str], times: list[int], events: list[tuple[int, int]], canonical: list[str]
+) -> list[str]:
+    """The marks in time order, with adjacent marks put in canonical order where no allocation
+    event lies between them (hooks firing together, such as a block's and its last child's on
+    one output tensor, run in registration order, not nesting order)."""
+    rank = {label: k for k, label in enumerate(canonical)}
+    stamps = [t for t, _ in events]
+    labels = list(labels)
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(labels) - 1):
+            a, b = rank.get(labels[i], -1), rank.get(labels[i + 1], -1)
+            if a > b >= 0 and bisect.bisect_left(stamps, times[i]) == bisect.bisect_right(
+                stamps, times[i + 1]
+            ):
+                labels[i], labels[i + 1] = labels[i + 1], labels[i]
+                changed = True
+    return labels
+
+
+def _stretches(events: list[tuple[int, int]], times: list[int]) -> tuple[list[int], int, list[int]]:
+    """Live bytes at each mark time, the peak before the first, and the peak of the stretch
+    from each mark to the next (the last: to the end). An event stamped with a mark's own time
+    may fall on either side: it counts on both."""
+    live = peak = 0
+    starts: list[int] = []
+    peaks: list[int] = []  # peak of the stretch before each mark
+    k = 0
+    for t in times:
+        while k < len(events) and events[k][0] < t:
+            live += events[k][1]
+            peak = max(peak, live)
+            k += 1
+        before = live
+        while k < len(events) and events[k][0] == t:
+            live += events[k][1]
+            peak = max(peak, live)
+            k += 1
+        peaks.append(peak)
+        starts.append(max(before, live))
+        peak = max(before, live)
+    for _, size in events[k:]:
+        live += size
+        peak = max(peak, live)
+    peaks.append(peak)
+    return starts, peaks[0], peaks[1:]
