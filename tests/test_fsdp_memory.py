@@ -8,6 +8,8 @@ unsharded gradients 160. The 2-rank gloo run against real FSDP2 is `benchmarks.f
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from solver.target import (
@@ -98,6 +100,11 @@ def test_peak_and_budgets_combine_windows():
     assert p.peak == m.resident + 960
     assert p.windows["forward 1"] == 25 + 480
     assert p.windows["backward 0"] == 960
+    cut = dataclasses.replace(w, backward_start=250, root_b_start=330, root_b_peak=340)
+    assert cut.level("head", "start", 0) == 250 and cut.level("head", "peak", 0) == 290
+    assert cut.level("backward 0", "end", 0) == 330 and w.level("backward 0", "end", 0) == 450
+    assert cut.level("root backward", "peak", 0) == 340
+    assert w.level("root backward", "end", 7) == 320
     budgets = activation_budgets(m, 10_000)
     assert budgets["backward 0"] == 10_000 - 720 - 560
     assert activation_budget(m, 10_000) == 10_000 - 720 - 560

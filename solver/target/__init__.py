@@ -1,5 +1,5 @@
-"""The device a plan is made for, as a model (`devices`), and FSDP2's per-rank memory
-(`fsdp`): torch-free."""
+"""The device a plan is made for, as a model (`devices`), FSDP2's per-rank memory (`fsdp`)
+and a step's per-rank peak under it (`rank_peak`): torch-free."""
 
 from solver.target.devices import (
     BUILT_IN,
@@ -10,15 +10,12 @@ from solver.target.devices import (
     load_device,
     op_key,
 )
-from solver.target.fsdp import (
-    FsdpMemory,
-    FsdpPolicy,
-    Moment,
+from solver.target.fsdp import FsdpMemory, FsdpPolicy, Moment, fsdp_memory
+from solver.target.rank_peak import (
     RankPeak,
     StepWindows,
     activation_budget,
     activation_budgets,
-    fsdp_memory,
     predict_peak,
 )
 

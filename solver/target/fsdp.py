@@ -284,8 +284,8 @@ def fsdp_memory(
             t.mark(f"between {k}", "peak")
     t.mark("head", "peak")
     t.free(f"all-gather {held}")  # the root's post-forward frees the last one held
-    if n and p.reshard_after_forward:
-        unshard(str(n - 1), groups[-1], "head", "peak")
+    if n and p.reshard_after_forward:  # the root's pre-backward, as the backward starts
+        unshard(str(n - 1), groups[-1], "head", "start")
     t.mark("head", "peak")
     previous = None
     for k in reversed(range(n)):
@@ -297,6 +297,7 @@ def fsdp_memory(
         t.mark(window, "peak")
         reduce(str(k), g, previous, window)
         previous = str(k)
+    t.mark("root backward", "peak")  # the root's own backward (embeddings), before its reduce
     reduce("root", top, previous, "root backward")
     t.free("reduce-scatter input root")
     after = sum(b for name, b in t.live.items() if name.startswith("sharded grads"))
@@ -307,139 +308,3 @@ def fsdp_memory(
         after=after,
         unsharded_grads=tuple(g.grads for g in (*groups, top)),
     )
-
-
-@dataclass(frozen=True)
-class StepWindows:
-    """The single-process step's live bytes (one rank's batch, parameters in the param dtype,
-    every `.grad` None at its start), above the bytes live before it, cut where FSDP acts.
-
-    Per block k in forward order: `f_start[k]`, `f_peak[k]` (live at its forward's start, the
-    most inside it), `b_start[k]`, `b_peak[k]` (live when its output's gradient is complete,
-    the most from then to the previous block's `b_start`, block 0's to the step's end).
-    `before`: the most before block 0's forward; `between[k]`: the most from block k's forward
-    end to block k+1's start; `head`: the most from the last block's forward end to its
-    backward's start (the root's forward tail, the loss, the head's backward); `end`: live at
-    the step's end (None: its gradients, `sum(FsdpMemory.unsharded_grads)`). These are the
-    windows `executor.sac.windows.measure_windows` measures (`from_segments`).
-    """
-
-    f_start: tuple[int, ...]
-    f_peak: tuple[int, ...]
-    b_start: tuple[int, ...]
-    b_peak: tuple[int, ...]
-    before: int
-    between: tuple[int, ...]
-    head: int
-    end: int | None = None
-
-    def __post_init__(self) -> None:
-        n = len(self.f_start)
-        sizes = (len(self.f_peak), len(self.b_start), len(self.b_peak), len(self.between) + 1)
-        if any(m != n for m in sizes) or n == 0:
-            raise ValueError(f"StepWindows: per-block lists of unequal length {n}, {sizes}")
-
-    @classmethod
-    def from_segments(
-        cls,
-        f_start: Sequence[int],
-        f_peak: Sequence[int],
-        b_start: Sequence[int],
-        b_peak: Sequence[int],
-        segments: Sequence,
-        end: int | None = None,
-    ) -> StepWindows:
-        """From the blocks' windows and the stretches between them as `solver.sac.Segment`s
-        (`peak`, `held`: held 0 before block 0, held k+1 after block k's forward)."""
-        peaks = {s.held: s.peak for s in segments}
-        n = len(f_start)
-        return cls(
-            tuple(f_start),
-            tuple(f_peak),
-            tuple(b_start),
-            tuple(b_peak),
-            before=peaks[0],
-            between=tuple(peaks[k + 1] for k in range(n - 1)),
-            head=peaks[n],
-            end=end,
-        )
-
-    def level(self, window: str, level: str, grads: int) -> int:
-        """Activation bytes of the window at `level` ("start", "peak", "end"); `grads`: the
-        step's gradients, its end where `end` is None. A level not measured is bounded by the
-        window's peak (block 0's backward end: `b_peak[0]`)."""
-        kind, _, index = window.partition(" ")
-        if kind == "root":
-            return 0 if index == "forward" and level == "start" else self._root(index, grads)
-        if kind in ("between", "head"):
-            return self.head if kind == "head" else self.between[int(index)]
-        k = int(index)
-        if kind == "forward":
-            return self.f_start[k] if level == "start" else self.f_peak[k]
-        if level == "start":
-            return self.b_start[k]
-        return self.b_start[k - 1] if level == "end" and k > 0 else self.b_peak[k]
-
-    def _root(self, which: str, grads: int) -> int:
-        if which == "forward":
-            return self.before
-        return grads if self.end is None else self.end
-
-
-@dataclass(frozen=True)
-class RankPeak:
-    """A predicted per-rank peak. `peak`: bytes live on the rank at the step's peak
-    (`resident` + `step_peak`); `step_peak`: above the bytes before the step; at the moment of
-    `window` and `level` where `activation` and `fsdp` bytes meet; `windows`: each window's
-    most, above the bytes before the step."""
-
-    peak: int
-    step_peak: int
-    resident: int
-    window: str
-    level: str
-    activation: int
-    fsdp: int
-    windows: dict[str, int]
-
-
-def predict_peak(memory: FsdpMemory, windows: StepWindows) -> RankPeak:
-    """The per-rank peak of the step whose single-process windows are `windows`, sharded as
-    `memory` says: per moment, its window's activation bytes at its level plus its FSDP bytes;
-    the peak is the most (bytes)."""
-    grads = sum(memory.unsharded_grads)
-    best: tuple[int, Moment, int] | None = None
-    per_window: dict[str, int] = {}
-    for m in memory.moments:
-        act = windows.level(m.window, m.level, grads)
-        total = act + m.fsdp_bytes
-        per_window[m.window] = max(per_window.get(m.window, total), total)
-        if best is None or total > best[0]:
-            best = (total, m, act)
-    assert best is not None  # the root's moments are always there
-    total, m, act = best
-    return RankPeak(
-        peak=memory.resident + total,
-        step_peak=total,
-        resident=memory.resident,
-        window=m.window,
-        level=m.level,
-        activation=act,
-        fsdp=m.fsdp_bytes,
-        windows=per_window,
-    )
-
-
-def activation_budgets(memory: FsdpMemory, device_memory: int) -> dict[str, int]:
-    """Per window, the most activation bytes of the single-process step (above its start, at
-    any level of that window) the rank's `device_memory` bytes allow: device memory less the
-    resident bytes and the window's most FSDP bytes. Negative where even no activation fits."""
-    free = device_memory - memory.resident
-    return {m.window: free - memory.max_fsdp_bytes(m.window) for m in memory.moments}
-
-
-def activation_budget(memory: FsdpMemory, device_memory: int) -> int:
-    """One budget for the single-process step's peak (bytes above its start) that keeps every
-    window within `device_memory`: the least of `activation_budgets` (every window's levels are
-    at most the step's peak)."""
-    return min(activation_budgets(memory, device_memory).values())
