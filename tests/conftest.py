@@ -19,6 +19,12 @@ settings.load_profile("ci")
 # deterministic algorithms, below) a CUDA kernel returns the same bits on every run
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
+# Under pytest-xdist (`pytest -n 2`, the README's command) each worker has a core of its own:
+# one torch thread per worker, set before torch starts, so that two workers do not
+# oversubscribe two cores. Exactness tests pin their own count (`one_thread`).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test with a ``device`` argument runs once per available device: "cpu", and "cuda"

@@ -1,4 +1,5 @@
-"""The device a plan is made for, as a model (`devices`): torch-free."""
+"""The device a plan is made for, as a model (`devices`), FSDP2's per-rank memory (`fsdp`)
+and a step's per-rank peak under it (`rank_peak`): torch-free."""
 
 from solver.target.devices import (
     BUILT_IN,
@@ -9,13 +10,30 @@ from solver.target.devices import (
     load_device,
     op_key,
 )
+from solver.target.fsdp import FsdpMemory, FsdpPolicy, Moment, fsdp_memory
+from solver.target.rank_peak import (
+    RankPeak,
+    StepWindows,
+    activation_budget,
+    activation_budgets,
+    predict_peak,
+)
 
 __all__ = [
     "BUILT_IN",
     "TARGET_NAMES",
     "Device",
+    "FsdpMemory",
+    "FsdpPolicy",
+    "Moment",
+    "RankPeak",
+    "StepWindows",
     "UnknownTargetError",
+    "activation_budget",
+    "activation_budgets",
     "builtin_device",
+    "fsdp_memory",
     "load_device",
     "op_key",
+    "predict_peak",
 ]
