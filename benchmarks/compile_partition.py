@@ -62,7 +62,7 @@ def knapsack(model, inputs, ratio: float) -> tuple[int, float]:
         return measure(model, call, inputs)
 
 
-def run(name: str, ratios: list[float]) -> None:
+def run(name: str, ratios: list[float], time_limit: float) -> None:
     torch.manual_seed(0)
     model, inputs = ZOO[name]()
     mib = 2**20
@@ -78,7 +78,7 @@ def run(name: str, ratios: list[float]) -> None:
     torch._dynamo.reset()
     plain = torch.compile(model, fullgraph=True, dynamic=False)
     plain_grads = grads(model, plain, inputs)
-    least = executor.compile(model, "min", example_inputs=inputs, time_limit=30)
+    least = executor.compile(model, "min", example_inputs=inputs, time_limit=time_limit)
     low = least.remat.peak
     print(
         f"{name} remat min: {low / mib:.2f} MiB (compiles {least.remat.compiles}); "
@@ -88,7 +88,7 @@ def run(name: str, ratios: list[float]) -> None:
     budgets = [int(low + f * (plain_peak - low)) for f in (0.1, 0.5, 0.9)]
     for budget in budgets:
         try:
-            cm = executor.compile(model, budget, example_inputs=inputs, time_limit=30)
+            cm = executor.compile(model, budget, example_inputs=inputs, time_limit=time_limit)
         except executor.CompileError as e:
             print(f"{name} remat {budget / mib:.2f} MiB: refused: {e}", flush=True)
             continue
@@ -112,7 +112,7 @@ def run(name: str, ratios: list[float]) -> None:
     eager = copy.deepcopy(model)
     try:
         cm = executor.compile(
-            model, middle, example_inputs=inputs, backend="aot_eager", time_limit=30
+            model, middle, example_inputs=inputs, backend="aot_eager", time_limit=time_limit
         )
         same = all(
             torch.equal(a, b)
@@ -147,6 +147,12 @@ def main() -> None:
     parser.add_argument(
         "--ratios", nargs="+", type=float, default=[round(0.1 * i, 1) for i in range(11)]
     )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=240.0,
+        help="seconds per executor.compile call, its compiles and measurements included",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     import logging
@@ -155,7 +161,7 @@ def main() -> None:
 
     torch._dynamo.config.ignore_logging_functions.add(logging.Logger.warning_once)
     for name in args.models:
-        run(name, args.ratios)
+        run(name, args.ratios, args.time_limit)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import operator
+import time
 from collections import Counter
 
 import pytest
@@ -17,11 +18,14 @@ from torch import nn
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import executor
+import solver
+from executor.compiled.emit import COMPUTE
 from executor.compiled.joint_dag import END
+from solver.deadline import Deadline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FAST = {"backend": "aot_eager", "time_limit": 4}
+FAST = {"backend": "aot_eager", "time_limit": 8}
 
 
 class Block(nn.Module):
@@ -68,15 +72,26 @@ def assert_equal_steps(a: list, b: list) -> None:
         assert all(torch.equal(g, h) for g, h in zip(bufs_a, bufs_b, strict=True))
 
 
-@pytest.mark.parametrize("budget", ["min", "tight", "100%"])
-def test_aot_eager_bit_identical_to_eager(budget):
+@pytest.fixture(scope="module")
+def least(one_thread):
+    """(net, its eager copy, input, net compiled at "min" under aot_eager): one compile for
+    the tests that read it; only the "min" exactness test steps the net."""
     torch.manual_seed(0)
     net, x = Net().train(), torch.randn(64, 32)
     eager = copy.deepcopy(net)
-    if budget == "tight":  # between the least and the plain compiled step
-        least = executor.compile(copy.deepcopy(net), "min", example_inputs=(x,), **FAST)
-        budget = least.remat.peak + 16384
-    cm = executor.compile(net, budget, example_inputs=(x,), **FAST)
+    return net, eager, x, executor.compile(net, "min", example_inputs=(x,), **FAST)
+
+
+@pytest.mark.parametrize("budget", ["min", "tight", "100%"])
+def test_aot_eager_bit_identical_to_eager(budget, least):
+    net, eager, x, cm = least
+    if budget != "min":
+        torch.manual_seed(0)
+        net, x = Net().train(), torch.randn(64, 32)
+        eager = copy.deepcopy(net)
+        if budget == "tight":  # between the least and the plain compiled step
+            budget = cm.remat.peak + 16384
+        cm = executor.compile(net, budget, example_inputs=(x,), **FAST)
     assert cm.remat.budget is None or cm.remat.peak <= cm.remat.budget
     assert_equal_steps(sgd_steps(net, cm, x), sgd_steps(eager, eager, x))
 
@@ -93,28 +108,143 @@ def _targets(module: torch.fx.GraphModule) -> Counter:
     return found
 
 
-def test_graphs_save_and_recompute_what_the_schedule_says():
-    torch.manual_seed(0)
-    net, x = Net().train(), torch.randn(64, 32)
-    cm = executor.compile(net, "min", example_inputs=(x,), **FAST)
-    (region,) = cm.remat.regions
+def _views(module: torch.fx.GraphModule) -> set[str]:
+    """The view ops of the graph (they alias, computing nothing)."""
+    return {
+        str(n.target)
+        for n in module.graph.nodes
+        if isinstance(n.target, torch._ops.OpOverload) and n.target.is_view
+    }
+
+
+def _dead_when_computed(schedule: solver.Schedule, dag, dead: list) -> bool:
+    """Whether no compute of the schedule outside ``dead`` reads each ``dead`` compute's
+    value: no successor of its node is computed before the node is freed or computed again
+    (the step's end node aside: the graphs return the forward's outputs from the forward)."""
+    dead, count, current = set(dead), Counter(), {}
+    for kind, v in schedule.ops:
+        if kind == "free":
+            current.pop(v, None)
+            continue
+        reads = v != END and (v, count[v]) not in dead
+        if reads and any(current.get(u) in dead for u in dag.predecessors(v)):
+            return False
+        current[v] = (v, count[v])
+        count[v] += 1
+    return True
+
+
+def test_graphs_compute_exactly_what_the_schedule_says(least):
+    """Every compute of the schedule is one copy of its node's fx nodes in the forward or
+    backward graph, except those listed dead (no later compute reads them); each op that
+    computes (not a view) appears exactly as often as the live computes carry it."""
+    (region,) = least[3].remat.regions
     cut = region.partition
-    computes = Counter(v for kind, v in region.schedule.ops if kind == "compute" and v != END)
-    assert max(computes.values()) >= 3, "the least-peak plan recomputes a node twice"
-    assert cut.recomputes == {v: c - 1 for v, c in computes.items() if c > 1}
+    computes, count = [], Counter()
+    for kind, v in region.schedule.ops:
+        if kind == "compute" and v != END:
+            computes.append((v, count[v]))
+            count[v] += 1
+    assert max(count.values()) >= 3, "the least-peak plan recomputes a node twice"
+    assert set(cut.dead) <= set(computes) and _dead_when_computed(
+        region.schedule, region.dag, cut.dead
+    )
+    live = [c for c in computes if c not in set(cut.dead)]
+    graphs = (cut.forward, cut.backward)
+    emitted = {n.meta[COMPUTE] for m in graphs for n in m.graph.nodes if n.op == "call_function"}
+    assert emitted == set(live), "each live compute is in the graphs, no other"
+    assert cut.recomputes == {v: c - 1 for v, c in Counter(v for v, _ in live).items() if c > 1}
     scheduled: Counter = Counter()
-    for v, count in computes.items():
+    for v, _ in live:
         for target in region.member_ops[v]:
-            scheduled[target] += count
-    emitted = _targets(cut.forward) + _targets(cut.backward)
-    assert all(emitted[t] <= scheduled[t] for t in emitted), "each op is a schedule's compute"
-    assert emitted["aten.gelu.default"] >= 3 + 3, "each GELU is recomputed in the backward"
-    assert max(emitted.values()) >= 3 * 3, "some op runs three times per layer"
+            scheduled[target] += 1
+    ops = _targets(cut.forward) + _targets(cut.backward)
+    views = _views(cut.forward) | _views(cut.backward)
+    assert ops.keys() <= scheduled.keys()
+    for target in scheduled.keys() - {str(operator.getitem)}:
+        assert (
+            ops[target] <= scheduled[target]
+            if target in views
+            else ops[target] == scheduled[target]
+        ), target
+    assert _targets(cut.backward)["aten.gelu.default"] >= 1, "the backward recomputes a GELU"
     saved = [n.name for n in cut.backward.graph.find_nodes(op="placeholder")]
     assert [n for n in saved if not n.startswith("tangents")] == [
         n.name for n in cut.forward.graph.output_node().args[0][1:]
     ]
     assert "native_dropout" in cut.recomputes, "dropout is recomputed (by replay)"
+
+
+def test_every_solve_gets_the_calls_one_deadline_and_stop(monkeypatch):
+    """Every solve's deadline is the call's own (the first `Deadline.after` of the call, the
+    one holding its Ctrl-C `Stop`) or a share of it: compared as instants, not timed."""
+    deadlines, made = [], []
+    solve, after = solver.solve, Deadline.after.__func__
+
+    def recording(*args, **kwargs):
+        deadlines.append(kwargs.get("deadline"))
+        return solve(*args, **kwargs)
+
+    def made_after(cls, seconds: float, stop=None) -> Deadline:
+        made.append(after(cls, seconds, stop))
+        return made[-1]
+
+    monkeypatch.setattr(solver, "solve", recording)
+    monkeypatch.setattr(Deadline, "after", classmethod(made_after))
+    x = torch.randn(16, 32)
+    executor.compile(Net(layers=1), "1MiB", example_inputs=(x,), **FAST)
+    assert deadlines, "a solve ran"
+    call = made[0]
+    assert call.stop is not None and all(d.stop is call.stop for d in deadlines)  # one Ctrl-C
+    assert all(d.at <= call.at for d in deadlines)  # none gets time past the call's limit
+
+
+@pytest.mark.parametrize(
+    ("budget", "share", "says"),
+    [  # the plain compile of the 200% basis takes 60% of the limit: no time for another;
+        # the first compile takes the whole limit: no time for its measurement
+        ("200%", 0.6, r"time limit after 1 compiles in 6\d\.\d s .*next compile needs about"),
+        ("1MiB", 1.0, r"time limit after 1 compiles in 1\d\d\.\d s .*compile 1 is not measured"),
+    ],
+)
+def test_the_time_limit_covers_compiles_and_measurements(monkeypatch, budget, share, says):
+    """The clock every deadline reads (`time.perf_counter`) jumps by ``share`` of the limit
+    during the first compile, so that where the limit falls depends on no machine's speed:
+    what the time left cannot hold does not start, and the error says what was done and the
+    time_limit the next step needs."""
+    limit, shift = 100.0, [0.0]
+    clock = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: clock() + shift[0])
+
+    def slow_first(out: torch.Tensor) -> torch.Tensor:
+        shift[0] = shift[0] or share * limit
+        return out
+
+    x = torch.randn(16, 32)
+    kwargs = {**FAST, "time_limit": limit, "loss_fn": slow_first}
+    with pytest.raises(executor.CompileError, match=says) as info:
+        executor.compile(Net(layers=1), budget, example_inputs=(x,), **kwargs)
+    assert "would allow it" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_solve_cut_by_the_deadline_returns_its_plan_and_says_so(monkeypatch):
+    """The clock jumps past the solves' share of the limit as the first solve starts: the
+    least-peak solve ends unproven, the model compiles and is measured in the time left, and
+    the report says the call ended on its time limit."""
+    limit, shift = 100.0, [0.0]
+    clock, solve = time.perf_counter, solver.solve
+    monkeypatch.setattr(time, "perf_counter", lambda: clock() + shift[0])
+
+    def late(*args, **kwargs):
+        shift[0] = 0.6 * limit
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(solver, "solve", late)
+    x = torch.randn(16, 32)
+    cm = executor.compile(
+        Net(layers=1), "min", example_inputs=(x,), **{**FAST, "time_limit": limit}
+    )
+    assert cm.remat.stopped == "time limit" and cm.remat.peak > 0
 
 
 class Breaks(nn.Module):
@@ -143,7 +273,7 @@ class Selects(Breaks):
         (
             Net,
             "1KiB",
-            {},
+            {"time_limit": 2},
             r"below the least this compiled step reaches; the least schedule peaks at",
         ),
         (Net, "1MiB", {"dynamic": True}, "dynamic=True"),
@@ -189,6 +319,7 @@ def test_inductor_holds_the_budget_and_keeps_recomputes():
         budget,
         example_inputs=(x,),
         loss_fn=loss_fn,
+        time_limit=600,  # compiles included: up to 4 of 30-55 s here
         options={"post_grad_custom_post_pass": counts, "fx_graph_cache": False},
     )
     report = cm.remat

@@ -5,6 +5,16 @@ The budget holds by a bounded loop: solve at a solver budget, compile, measure t
 step's peak on the example inputs, and where it exceeds the budget lower the solver budget by
 the excess and try again, at most ``max_compiles`` times (`CompileReport.compiles` counts them,
 the plain compile of a percentage's basis included).
+
+NOTE [one deadline]: ``time_limit`` bounds the whole call, compiles and measurements included,
+as `solver.solve`'s does: one `Deadline` (with the first Ctrl-C's `Stop`) is made at the call.
+The solves of each compile end by an equal share of the time left among the compiles left,
+less what the rest of that compile and its measurement are expected to take (`_solve_seconds`);
+each compile starts only where the time left holds what the compiles before it took beyond
+their solves (`expected_seconds`), each measurement only where it holds the measurements before
+it. The model returned has its peak measured within the budget, its solves cut short by the
+deadline reported (`CompileReport.stopped`); where the time runs out before such a model, the
+call raises `CompileError` saying what was done and what ``time_limit`` the next step needs.
 """
 
 from __future__ import annotations
@@ -18,11 +28,15 @@ from typing import Any
 import torch
 from torch import nn
 
+import solver
 from executor.compiled.partitioner import RegionPlan, RematPartitioner, _Infeasible, backend
-from executor.compiled.step import compiled_call, measure_step
+from executor.compiled.step import Measured, compiled_call, measure_step
 from executor.errors import CompileError
+from executor.fitting.graphs import expected_seconds
 from executor.loss import default_loss
 from solver.core.budget import human_bytes, parse_bytes
+from solver.deadline import Deadline, Stop
+from solver.interrupt import first_sigint_stops
 
 __all__ = ["CompileReport", "CompiledModel", "compile"]
 
@@ -30,11 +44,13 @@ __all__ = ["CompileReport", "CompiledModel", "compile"]
 @dataclass
 class Try:
     """One compile of the loop: the solver's budget (bytes; None for "min"), the schedule's
-    predicted peak (bytes, the solver's model) and the compiled step's measured peak."""
+    predicted peak (bytes, the solver's model), the compiled step's measured peak (bytes) and
+    the seconds of its compile and measurement."""
 
     solver_budget: int | None
     predicted: int
     measured: int
+    seconds: float
 
 
 @dataclass
@@ -43,7 +59,9 @@ class CompileReport:
     ``peak``: the returned step's measured peak (bytes); ``plain_peak``: the compiled step's
     measured peak without a plan, where a percentage needed it (else None); ``compiles``: every
     compile the call made; ``tries``: the loop's compiles in order; ``regions``: the returned
-    model's plan per compiled region (saved set, recomputes, schedule)."""
+    model's plan per compiled region (saved set, recomputes, dead computes, schedule);
+    ``stopped``: None, or why a solve of the returned plan ended before proving its schedule
+    ("time limit", "interrupted")."""
 
     budget: int | None
     peak: int
@@ -51,6 +69,7 @@ class CompileReport:
     compiles: int
     tries: list[Try] = field(default_factory=list)
     regions: list[RegionPlan] = field(default_factory=list)
+    stopped: str | None = None
 
 
 class CompiledModel(nn.Module):
@@ -105,20 +124,94 @@ def compile(
     the compiled step's measured peak without a plan ("50%") or "min" (the schedule of least
     peak). The step is ``loss_fn(model(*example_inputs, **example_kwargs)).backward()``; its
     measured peak on the example inputs is within the budget, else `CompileError`.
-    ``time_limit``: seconds of solving over the whole call (compiles are bounded by
-    ``max_compiles``, the plain compile of a percentage's basis not counted in it)."""
+    ``time_limit``: seconds for the whole call, solves, compiles and measurements included
+    (NOTE [one deadline]); at most ``max_compiles`` compiles besides the plain compile of a
+    percentage's basis. Ctrl-C (from the main thread, where SIGINT has Python's default
+    handler): the first ends the call as the time limit does, a second raises
+    KeyboardInterrupt."""
     name, options = _options(torch_compile_kwargs)
-    kwargs = dict(example_kwargs or {})
-    inputs = tuple(example_inputs)
-    compiles = 0
+    if not time_limit > 0:
+        raise CompileError(f"time_limit must be a positive number of seconds, not {time_limit!r}")
+    stop = Stop()
+    deadline = Deadline.after(time_limit, stop)
+    with first_sigint_stops(stop):
+        steps = _Steps(model, tuple(example_inputs), dict(example_kwargs or {}), loss_fn, deadline)
+        return _compile(steps, budget, name, options, max_compiles)
+
+
+@dataclass
+class _Steps:
+    """Compiles and measurements of ``model``'s step under one deadline, with their seconds."""
+
+    model: nn.Module
+    inputs: tuple[object, ...]
+    kwargs: dict[str, object]
+    loss_fn: Callable[[object], torch.Tensor]
+    deadline: Deadline
+    compiles: int = 0
+    compile_seconds: dict[int, float] = field(default_factory=dict)  # beyond the solves
+    measure_seconds: dict[int, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    def rest(self) -> float | None:
+        """Seconds a compile beyond its solves and its measurement are expected to take
+        (None before any compile)."""
+        if not self.compile_seconds:
+            return None
+        return expected_seconds(self.compile_seconds) + expected_seconds(self.measure_seconds)
+
+    def measure(
+        self, backend: Callable | str, partitioner: RematPartitioner | None
+    ) -> tuple[Callable[..., Any], Measured]:
+        """(the compiled call, `Measured`): ``model`` compiled by ``backend`` and measured,
+        each where the deadline holds it (`CompileError` otherwise)."""
+        rest = self.rest()
+        if rest is not None and not self.deadline.leaves(rest):
+            raise self.out_of_time(f"the next compile needs about {rest:.1f} s", rest)
+        call = compiled_call(self.model, backend)
+        self.compiles += 1
+        measured: Measured = measure_step(
+            self.model,
+            call,
+            self.inputs,
+            self.kwargs,
+            self.loss_fn,
+            self.deadline,
+            expected_seconds(self.measure_seconds),
+        )
+        solving = partitioner.solve_seconds if partitioner is not None else 0.0
+        self.compile_seconds[self.compiles] = max(0.0, measured.compile_seconds - solving)
+        if measured.peak is None:
+            need = expected_seconds(self.measure_seconds) if self.measure_seconds else None
+            raise self.out_of_time(f"compile {self.compiles} is not measured", need)
+        self.measure_seconds[self.compiles] = measured.seconds
+        return call, measured
+
+    def out_of_time(self, what: str, need: float | None) -> CompileError:
+        """The error when the deadline ends the call: what was done, what is next and what
+        ``time_limit`` it would need (``need``: its seconds; None: not known)."""
+        elapsed = time.perf_counter() - self.started
+        why = "interrupted" if self.deadline.stopped() else "time limit"
+        enough = f"above {elapsed:.0f} s" if need is None else f"of {elapsed + need:.0f} s or more"
+        return CompileError(
+            f"{why} after {self.compiles} compiles in {elapsed:.1f} s and no model to return; "
+            f"{what}: a time_limit {enough} would allow it"
+        )
+
+
+def _compile(
+    steps: _Steps,
+    budget: str | int | float,
+    name: str,
+    options: dict[str, Any],
+    max_compiles: int,
+) -> CompiledModel:
     plain: list[int] = []
 
     def hundred() -> int:
-        nonlocal compiles
         if not plain:
-            call = compiled_call(model, name if not options else _plain(name, options))
-            compiles += 1
-            plain.append(measure_step(model, call, inputs, kwargs, loss_fn))
+            _, measured = steps.measure(name if not options else _plain(name, options), None)
+            plain.append(measured.peak)
         return plain[0]
 
     minimum = isinstance(budget, str) and budget.strip().lower() == "min"
@@ -126,31 +219,43 @@ def compile(
         target = None if minimum else parse_bytes(budget, hundred)
     except ValueError as e:
         raise CompileError(str(e)) from e
-    deadline = time.monotonic() + time_limit
+    deadline = steps.deadline
     tries: list[Try] = []
     solver_budget: int | str = "min" if minimum else target
     for attempt in range(max_compiles):
-        left = max(1.0, (deadline - time.monotonic()) / (max_compiles - attempt))
-        partitioner = RematPartitioner(solver_budget, left, replay_rng=name == "aot_eager")
-        call = compiled_call(model, backend(name, partitioner, options))
-        compiles += 1
+        solves = deadline.within(
+            _solve_seconds(deadline.remaining(), max_compiles - attempt, steps.rest())
+        )
+        partitioner = RematPartitioner(solver_budget, solves, replay_rng=name == "aot_eager")
+        started = time.perf_counter()
         try:
-            peak = measure_step(model, call, inputs, kwargs, loss_fn)
+            call, measured = steps.measure(backend(name, partitioner, options), partitioner)
         except _Infeasible as e:
+            if isinstance(e.error, solver.SolverTimeoutError):
+                raise CompileError(
+                    f"budget {budget} ({target} B): the solver found no schedule within it in "
+                    f"its {partitioner.solve_seconds:.1f} s share of time_limit "
+                    f"({str(e.error).splitlines()[0]}); raise time_limit or the budget"
+                ) from e.error
             raise _below_least(budget, target, tries, e) from e.error
         predicted = sum(r.schedule.peak for r in partitioner.regions)
-        tries.append(Try(None if minimum else int(solver_budget), predicted, peak))
-        if minimum or peak <= target:
+        seconds = time.perf_counter() - started
+        tries.append(
+            Try(None if minimum else int(solver_budget), predicted, measured.peak, seconds)
+        )
+        if minimum or measured.peak <= target:
+            stopped = "interrupted" if deadline.stopped() else "time limit"
             report = CompileReport(
                 None if minimum else target,
-                peak,
+                measured.peak,
                 plain[0] if plain else None,
-                compiles,
+                steps.compiles,
                 tries,
                 partitioner.regions,
+                stopped if partitioner.cut_short else None,
             )
-            return CompiledModel(model, call, report)
-        solver_budget = int(solver_budget) - (peak - target)
+            return CompiledModel(steps.model, call, report)
+        solver_budget = int(solver_budget) - (measured.peak - target)
         if solver_budget <= 0:
             break
     raise CompileError(
@@ -158,6 +263,16 @@ def compile(
         f"measured {tries[-1].measured} B ({human_bytes(tries[-1].measured)}); raise the "
         f"budget or max_compiles"
     )
+
+
+def _solve_seconds(left: float, tries: int, rest: float | None) -> float:
+    """Seconds for the solves of the next of ``tries`` compiles when ``left`` seconds remain
+    and a compile beyond its solves, with its measurement, is expected to take ``rest`` (None:
+    not known yet, taken as half of a compile's equal share): an equal share of what the
+    compiles leave, or where that is nothing, of what this one leaves."""
+    if rest is None:
+        return left / tries / 2
+    return max(left / tries - rest, (left - rest) / tries, 0.0)
 
 
 def _plain(name: str, options: dict[str, Any]) -> Callable:

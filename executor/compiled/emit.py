@@ -8,6 +8,13 @@ node; what is live there and read after it is the saved set. torch's own
 ``_extract_fwd_bwd_modules`` then cuts the rewritten joint graph at that saved set, so the
 graphs keep AOTAutograd's calling convention (saved values, then tangents). Liveness in an fx
 graph ends at a value's last reader, never later than the schedule's free.
+
+The graph's outputs are the forward's outputs as the forward slice leaves them (its last copy
+before the split) and the gradients as the schedule's ``END`` finds them (the copy live then).
+A compute whose copies nothing live reads, neither a later compute nor an output, is dead
+unless it has an effect (the first compute of a node that draws random numbers or mutates): it
+is left out of the graphs and listed (`Partition.dead`); every other compute of the schedule
+is one copy of its DAG node's fx nodes in the forward or the backward graph.
 """
 
 from __future__ import annotations
@@ -23,22 +30,33 @@ import torch.utils._pytree as pytree
 from torch._functorch.partitioners import _extract_fwd_bwd_modules
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
+from executor.compiled.joint_dag import END, runs_once
 from executor.errors import CompileError
 from graph_capture.measurement.measure import is_random
 
-__all__ = ["Partition", "partition"]
+__all__ = ["COMPUTE", "Compute", "Partition", "partition"]
 
 
 @dataclass
 class Partition:
     """``forward``, ``backward``: the graph modules; ``saved``: joint fx node names the forward
     saves for the backward (parameters and inputs included); ``recomputes``: DAG node ->
-    how many times the backward graph recomputes it (forward recomputes counted too)."""
+    how many times the graphs compute it beyond its first (forward recomputes counted too,
+    dead computes not); ``dead``: the schedule's computes left out as dead, each as (DAG node,
+    which of its computes, from 0), in the schedule's order."""
 
     forward: torch.fx.GraphModule
     backward: torch.fx.GraphModule
     saved: list[str]
     recomputes: dict[Hashable, int]
+    dead: list[tuple[Hashable, int]]
+
+
+Compute = tuple[Hashable, int]
+"""One compute of the schedule: its DAG node and which of that node's computes (from 0)."""
+
+COMPUTE = "remat_compute"
+"""The fx node meta key naming the `Compute` an emitted node belongs to."""
 
 
 _STATE = ".rng_state"
@@ -81,6 +99,15 @@ def _split(ops: Sequence[tuple[str, Hashable]], backward: set[Hashable]) -> int:
     return len(ops)
 
 
+def _added(graph: torch.fx.Graph, after: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes of ``graph`` after ``after`` (those a step appended)."""
+    found, node = [], after.next
+    while node.op != "root":
+        found.append(node)
+        node = node.next
+    return found
+
+
 def partition(
     joint: torch.fx.GraphModule,
     ops: Sequence[tuple[str, Hashable]],
@@ -90,7 +117,8 @@ def partition(
     replay_rng: bool,
 ) -> Partition:
     """Forward and backward graph modules realising ``ops`` (a checked schedule of the DAG
-    whose node -> fx members map is ``members``; ``backward`` its backward nodes).
+    whose node -> fx members map is ``members``; ``backward`` its backward nodes), its dead
+    computes left out (module docstring).
 
     ``replay_rng``: a random op the schedule computes more than once runs first under
     ``run_and_save_rng_state`` (the generator's state before its draw becomes a value of the
@@ -99,18 +127,20 @@ def partition(
     generator as it was. Without it the caller must not schedule such a recompute."""
     graph = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
-    first: dict[str, torch.fx.Node] = {}
     static: set[str] = set()
     for node in joint.graph.nodes:
         if node.op in ("placeholder", "get_attr"):
-            env[node.name] = first[node.name] = graph.node_copy(node)
+            env[node.name] = graph.node_copy(node)
             if "tangents" not in str(node.target):
                 static.add(node.name)
     joint_nodes = {n.name: n for n in joint.graph.nodes}
     split = _split(ops, backward)
     saved: dict[str, torch.fx.Node] = {}  # joint name -> the forward copy the backward reads
     forward_side: set[str] = set()  # names whose current copy was made before the split
+    forward_copy: dict[str, torch.fx.Node] = {}  # joint name -> its last copy before the split
+    reads: dict[Compute, set[Compute]] = {}  # compute -> the computes whose copies it reads
     computes: Counter = Counter()
+    end: tuple[dict[str, torch.fx.Node], set[str]] | None = None  # env, forward_side at END
     total = Counter(v for kind, v in ops if kind == "compute")
     replayed = {
         name
@@ -120,7 +150,7 @@ def partition(
         if is_random(joint_nodes[name])
     }
 
-    def read(name: str, reader: torch.fx.Node, in_backward: bool) -> torch.fx.Node:
+    def read(name: str, reader: torch.fx.Node, in_backward: bool, by: Compute) -> torch.fx.Node:
         if name not in env:
             raise CompileError(
                 f"the schedule computes '{reader.name}' when its input '{name}' is not live; "
@@ -128,6 +158,8 @@ def partition(
             )
         if in_backward and (name in forward_side or name in static):
             saved.setdefault(name, env[name])
+        if COMPUTE in env[name].meta:
+            reads[by].add(env[name].meta[COMPUTE])
         return env[name]
 
     for i, (kind, v) in enumerate(ops):
@@ -137,46 +169,84 @@ def partition(
                 env.pop(name, None)
                 forward_side.discard(name)
             continue
+        if v == END:
+            end = (dict(env), set(forward_side))
+            continue
+        by = (v, computes[v])
         computes[v] += 1
+        reads[by] = set()
+        last = next(iter(reversed(graph.nodes)))
         for name in members.get(v, ()):
             node = joint_nodes[name]
+            lookup = functools.partial(read, reader=node, in_backward=in_backward, by=by)
             if name in replayed:
                 fresh = name + _STATE not in env
-                lookup = functools.partial(read, reader=node, in_backward=in_backward)
                 copy = _replay(graph, node, env, lookup, name + _STATE)
                 if fresh and not in_backward:
                     forward_side.add(name + _STATE)
             else:
-                copy = graph.node_copy(node, lambda a, n=node, b=in_backward: read(a.name, n, b))
-            if in_backward and node.meta.get("partitioner_tag") != "is_backward":
-                copy.meta = dict(node.meta, partitioner_tag="is_backward")
+                copy = graph.node_copy(node, lambda a, lookup=lookup: lookup(a.name))
+            if in_backward:
+                copy.meta["partitioner_tag"] = "is_backward"
             env[name] = copy
-            first.setdefault(name, copy)
             if in_backward:
                 forward_side.discard(name)
             else:
                 forward_side.add(name)
+                forward_copy[name] = copy
+        for added in _added(graph, last):
+            added.meta[COMPUTE] = by
+    live_at_end, side_at_end = end if end is not None else (env, forward_side)
     (output,) = joint.graph.find_nodes(op="output")
     flat = list(output.args[0])
+    live: set[Compute] = set()
     for position, arg in enumerate(flat):
-        if isinstance(arg, torch.fx.Node):
-            if position < num_fwd_outputs:
-                flat[position] = first[arg.name]  # returned by the forward
-            elif arg.name in forward_side | static:
-                flat[position] = saved.setdefault(arg.name, env[arg.name])
-            else:
-                flat[position] = env.get(arg.name, first[arg.name])  # the copy live at the end
+        if not isinstance(arg, torch.fx.Node):
+            continue
+        if position < num_fwd_outputs:  # returned by the forward
+            copy = forward_copy.get(arg.name, env.get(arg.name))
+        else:  # a gradient: the copy live at END, saved where the forward made it
+            copy = live_at_end.get(arg.name)
+            if arg.name in side_at_end | static:
+                copy = saved.setdefault(arg.name, copy)
+        if copy is None:
+            raise CompileError(
+                f"the schedule leaves the graph output '{arg.name}' not live at its end; this "
+                "is a defect in remat: report it with the model"
+            )
+        flat[position] = copy
+        if COMPUTE in copy.meta:
+            live.add(copy.meta[COMPUTE])
+    order = list(reads)
+    live |= {(v, 0) for v, k in order if any(runs_once(joint_nodes[m]) for m in members[v])}
+    for by in reversed(order):
+        if by in live:
+            live |= reads[by]
+    dead = [by for by in order if by not in live]
+    gone = set(dead)
+    for node in reversed(graph.nodes):
+        if node.meta.get(COMPUTE) in gone:
+            graph.erase_node(node)
+    saved = {name: copy for name, copy in saved.items() if copy.meta.get(COMPUTE) not in gone}
     graph.output(type(output.args[0])(flat) if isinstance(output.args[0], tuple) else flat)
     graph.output_node().meta = dict(output.meta)
     rewritten = torch.fx.GraphModule(joint, graph)
     forward, backward_module = _extract_fwd_bwd_modules(
         rewritten, list(saved.values()), [], num_fwd_outputs=num_fwd_outputs
     )
+    emitted = {n.meta.get(COMPUTE) for m in (forward, backward_module) for n in m.graph.nodes}
+    missing = [by for by in live if members.get(by[0]) and by not in emitted]
+    if missing:
+        raise CompileError(
+            f"the graphs lost the schedule's compute {missing[0]} that a live value needs; "
+            "this is a defect in remat: report it with the model"
+        )
     joint_name = {copy.name: name for name, copy in saved.items()}
     kept = [
         joint_name[p.name]
         for p in backward_module.graph.find_nodes(op="placeholder")
         if p.name in joint_name
     ]
-    recomputes = {v: c - 1 for v, c in computes.items() if c > 1}
-    return Partition(forward, backward_module, kept, recomputes)
+    made = Counter(v for v, k in order if (v, k) in live)
+    recomputes = {v: c - 1 for v, c in made.items() if c > 1}
+    return Partition(forward, backward_module, kept, recomputes, dead)

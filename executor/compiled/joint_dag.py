@@ -25,7 +25,7 @@ from graph_capture.measurement.measure import NodeMeasure, is_random
 from graph_capture.measurement.roofline import cpu_device, op_flops, op_seconds
 from graph_capture.trace.fx_nodes import describe_op, phase_of
 
-__all__ = ["END", "JointDag", "joint_dag", "tangent_bytes"]
+__all__ = ["END", "JointDag", "joint_dag", "runs_once", "tangent_bytes"]
 
 END = "__step_end__"
 """The DAG's last node: it reads every graph output (the forward's outputs, the gradients),
@@ -128,7 +128,7 @@ def _mutates(node: torch.fx.Node) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 
-def _run_once(node: torch.fx.Node) -> bool:
+def runs_once(node: torch.fx.Node) -> bool:
     """True for an op whose recompute differs from its first run: it draws or mutates."""
     return is_random(node) or _mutates(node)
 
@@ -158,7 +158,7 @@ def joint_dag(gm: torch.fx.GraphModule, held_bytes: int = 0) -> JointDag:
         raise CompileError(f"cannot build remat's graph from the joint graph: {e}") from e
     nodes = {n.name: n for n in gm.graph.nodes}
     for v in dag.nodes:
-        dag.nodes[v]["once"] = any(_run_once(nodes[m]) for m in members[v])
+        dag.nodes[v]["once"] = any(runs_once(nodes[m]) for m in members[v])
         dag.nodes[v]["mutates"] = any(_mutates(nodes[m]) for m in members[v])
     outputs = [v for v in dag.nodes if dag.nodes[v]["is_output"]]
     dag.add_node(END, **{**dag.nodes[order[-1]], "name": END, "op": "end", "mem": 0})

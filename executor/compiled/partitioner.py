@@ -11,6 +11,7 @@ graphs run as they are with it as AOTAutograd's ``partition_fn``.
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import solver
 from executor.compiled.emit import Partition, partition
 from executor.compiled.joint_dag import joint_dag, tangent_bytes
 from executor.errors import CompileError
+from solver.deadline import Deadline
 
 __all__ = ["RegionPlan", "RematPartitioner", "backend"]
 
@@ -56,15 +58,22 @@ class RematPartitioner(CustomPartitionerFn):
     the plan is refused (`CompileError`).
     """
 
-    def __init__(self, budget: int | str, time_limit: float, replay_rng: bool) -> None:
+    def __init__(self, budget: int | str, deadline: Deadline, replay_rng: bool) -> None:
         self.budget = budget
         self.replay_rng = replay_rng
-        self.time_limit = time_limit
+        self.deadline = deadline
         self.regions: list[RegionPlan] = []
+        self.solve_seconds = 0.0  # wall seconds in the solver, all regions
+        self.cut_short = False  # a solve ended at its deadline before proving its schedule
         self._token = uuid.uuid4().hex  # one plan per instance: no compile cache is shared
 
     def uuid(self) -> str:
         return f"remat-{self._token}"
+
+    def __deepcopy__(self, memo: dict) -> RematPartitioner:
+        """Itself: inductor deep-copies its config (to print it), and this object is one
+        compile's plan, recording what it solved and holding the call's deadline and stop."""
+        return self
 
     def __call__(
         self, gm: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any
@@ -104,18 +113,34 @@ class RematPartitioner(CustomPartitionerFn):
         return self.replay_rng and not dag.nodes[v]["mutates"]
 
     def _solve(self, dag: nx.DiGraph) -> solver.Schedule:
+        started = time.perf_counter()
         try:
-            if self.budget == "min":  # the least peak, then the least cost at it
-                least = solver.minimum_peak(dag, time_limit=self.time_limit / 2)
-                try:
-                    return solver.solve(dag, least.peak, time_limit=self.time_limit / 2)
-                except solver.SolverTimeoutError:
-                    return least
-            return solver.solve(dag, int(self.budget), time_limit=self.time_limit)
-        except solver.InfeasibleBudgetError as e:
+            schedule = self._schedule(dag)
+        except (solver.InfeasibleBudgetError, solver.SolverTimeoutError) as e:
             raise _Infeasible(e) from e
-        except solver.SolverTimeoutError as e:
-            raise _Infeasible(e) from e
+        finally:
+            self.solve_seconds += time.perf_counter() - started
+        self.cut_short |= schedule.status != "OPTIMAL"
+        return schedule
+
+    def _schedule(self, dag: nx.DiGraph) -> solver.Schedule:
+        """The schedule at the budget, or for "min" the least peak, then the least cost at it
+        (the least-peak schedule where that second solve finds nothing by the deadline)."""
+        deadline = self.deadline
+        if self.budget != "min":
+            return solver.solve(dag, int(self.budget), **_within(deadline))
+        least = solver.solve(dag, objective="memory", **_within(deadline.share(0.5)))
+        self.cut_short |= least.status != "OPTIMAL"
+        try:
+            return solver.solve(dag, least.peak, **_within(deadline))
+        except solver.SolverTimeoutError:
+            self.cut_short = True
+            return least
+
+
+def _within(deadline: Deadline) -> dict[str, Any]:
+    """`solver.solve`'s arguments for a solve that ends by ``deadline``."""
+    return {"time_limit": max(deadline.remaining(), 0.05), "deadline": deadline}
 
 
 class _Infeasible(Exception):

@@ -8,9 +8,11 @@ model's ``forward`` recompile limit nor leave entries on it. The graph is compil
 
 from __future__ import annotations
 
+import time
 import types
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,8 +21,20 @@ from torch import nn
 from executor.compiled.partitioner import _Infeasible
 from executor.errors import CompileError
 from graph_capture.measurement.peak import Snapshot, measure_peak
+from solver.deadline import Deadline
 
-__all__ = ["compiled_call", "fresh_call", "measure_step"]
+__all__ = ["Measured", "compiled_call", "fresh_call", "measure_step"]
+
+
+@dataclass
+class Measured:
+    """One compiled step, compiled and measured: ``compile_seconds``, the first step's seconds
+    (compiling, solving included); ``peak``, the measured step's peak bytes (None: not
+    measured, the time left did not hold it); ``seconds``, the measured step's seconds."""
+
+    compile_seconds: float
+    peak: int | None
+    seconds: float
 
 
 def fresh_call(model: nn.Module) -> Callable[..., Any]:
@@ -75,8 +89,11 @@ def measure_step(
     inputs: Sequence[object],
     kwargs: Mapping[str, object],
     loss_fn: Callable[[object], torch.Tensor],
-) -> int:
-    """Compile ``call`` (its first step), then the measured peak bytes of one more step above
+    deadline: Deadline,
+    expected_seconds: float,
+) -> Measured:
+    """Compile ``call`` (its first step), then, where ``deadline`` leaves the
+    ``expected_seconds`` of a measured step, the measured peak bytes of one more step above
     what exists before it, every ``.grad`` None at its start (the gradients it creates count).
     The model's buffers, ``.grad`` and the CPU generator are left as found. A graph break, a
     symbolic shape or a plan that cannot be made raises `CompileError` (a budget the solver
@@ -85,6 +102,7 @@ def measure_step(
     snapshot = Snapshot(model)
     try:
         model.zero_grad(set_to_none=True)
+        started = time.perf_counter()
         try:
             run_step(call, inputs, kwargs, loss_fn)
         except torch._dynamo.exc.TorchDynamoException as e:
@@ -99,7 +117,11 @@ def measure_step(
                 f"torch.compile cannot compile the step as one graph: {_where(e)}; remat "
                 "budgets one compiled region: remove the graph break or the data-dependent shape"
             ) from e
+        compiled = time.perf_counter()
+        if not deadline.leaves(expected_seconds):
+            return Measured(compiled - started, None, 0.0)
         model.zero_grad(set_to_none=True)
-        return measure_peak(lambda: run_step(call, inputs, kwargs, loss_fn), device).peak_bytes
+        step = measure_peak(lambda: run_step(call, inputs, kwargs, loss_fn), device)
+        return Measured(compiled - started, step.peak_bytes, time.perf_counter() - compiled)
     finally:
         snapshot.restore()
