@@ -98,9 +98,9 @@ class Fit:
                 f" at {self.seconds:.1f} s: what follows is what was known then"
             )
         if self.static is not None and self.size is not None:
-            s = self.static
+            s, params = self.static, "parameters" if self.fsdp is None else "sharded parameters"
             lines.append(
-                f"before the step at {d} {self.size}: parameters {s.parameters} B, gradients "
+                f"before the step at {d} {self.size}: {params} {s.parameters} B, gradients "
                 f"{s.gradients} B, optimizer state {s.optimizer_state} B, buffers {s.buffers} B, "
                 f"inputs {s.inputs} B; step budget {self.budget} B; optimizer step temporaries "
                 f"{self.optimizer_temporaries} B"
