@@ -2,12 +2,15 @@
 
     remat fit --model mypkg.models:make --memory 24GiB --dim batch [--max-overhead 1.3x]
               [--optimizer adamw|sgd|none] [--time-limit 60] [--low N] [--high N] [--no-run]
+              [--target NAME|FILE [--world-size N [--param-dtype D] [--reduce-dtype D]
+              [--master-dtype D] [--no-reshard-after-forward]]]
 
 ``--model MODULE:FACTORY`` names a function of the size returning ``(model, example_inputs[,
 example_kwargs])``; the step's loss is `executor.default_loss` of the output. Prints
 `executor.Fit.summary`: the size, the proof at size + 1, what exists before the step, the
 schedule, one real step's measured peak under remat's executor, and eager's and per-block
-checkpointing's largest sizes, with notes (what the time limit or Ctrl-C left open or undone)
+checkpointing's largest sizes (per rank under FSDP2 with ``--world-size``, estimate mode only:
+docs/fit.md), with notes (what the time limit or Ctrl-C left open or undone)
 and warnings (an eager step that contradicts the proof). `--time-limit` bounds the whole
 command, counted from its start (imports included); the first Ctrl-C ends it with what is known,
 a second aborts. Exit status 0 where a size fits and its real step (where run) measured within
@@ -53,6 +56,27 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--low", type=int, default=1, help="the smallest size to try")
     add_target_argument(parser)
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=1,
+        help="FSDP2 ranks (needs --target): the size is each rank's, bytes per rank",
+    )
+    for name in ("param", "reduce", "master"):
+        parser.add_argument(
+            f"--{name}-dtype",
+            help=f"FSDP2's {name} dtype (default: "
+            + {"param": "no mixed precision", "reduce": "the param dtype"}.get(
+                name, "the model's parameters' dtype"
+            )
+            + ")",
+        )
+    parser.add_argument(
+        "--no-reshard-after-forward",
+        dest="reshard_after_forward",
+        action="store_false",
+        help="FSDP2 keeps each block's parameters unsharded from its forward to its backward",
+    )
     parser.add_argument("--high", type=int, help="the largest size to try")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads for captures and runs"
@@ -87,12 +111,26 @@ def run_fit(args: argparse.Namespace) -> int:
             run=args.run,
             on_interrupt=_print_interrupted,
             target=args.target,
+            world_size=args.world_size,
+            fsdp=_fsdp_options(args),
         )
     finally:
         torch.set_num_threads(threads)
     print(found.summary())
     over = found.measured_peak is not None and found.measured_peak > found.memory
     return 1 if over or found.size is None or found.warnings else 0
+
+
+def _fsdp_options(args: argparse.Namespace) -> dict[str, object]:
+    """The FSDP options given on the command line (the rest keep fit's defaults)."""
+    options: dict[str, object] = {
+        f"{name}_dtype": getattr(args, f"{name}_dtype")
+        for name in ("param", "reduce", "master")
+        if getattr(args, f"{name}_dtype") is not None
+    }
+    if not args.reshard_after_forward:
+        options["reshard_after_forward"] = False
+    return options
 
 
 def _print_interrupted() -> None:

@@ -37,6 +37,7 @@ import torch
 
 from executor.errors import FitError
 from executor.fitting.baselines import Steps, eager, per_block, run_step
+from executor.fitting.fsdp import fsdp_bytes
 from executor.fitting.graphs import SizedGraphs, with_loss
 from executor.fitting.memory import OPTIMIZERS, predicted_static
 from executor.loss import default_loss
@@ -76,6 +77,8 @@ def fit(
     run: bool = True,
     on_interrupt: Callable[[], None] | None = None,
     target: str | Device | None = None,
+    world_size: int = 1,
+    fsdp: Mapping[str, object] | None = None,
 ) -> Fit:
     """The largest size whose training step fits `memory` (bytes or "24GiB").
 
@@ -96,6 +99,14 @@ def fit(
     `graph_capture.capture` takes it; the factory may build on the meta device. No real step
     runs (`run` is then off): the graphs are estimated, and what exists before a step is
     predicted from the shapes (`executor.fitting.memory.predicted_static`).
+    `world_size` > 1 (estimate mode only): the fit is per rank under FSDP2, `fully_shard` on
+    each of `default_blocks`' blocks and the root, each rank at the size (the local batch or
+    sequence): what exists before the step is the FSDP model's resident bytes, and the step's
+    budget what `activation_budget` leaves less the unsharded gradients
+    (`solver.fitting.fsdp`). `fsdp`: `executor.fitting.fsdp.FSDP_OPTIONS` (`master_dtype`,
+    default the model's parameters' dtype; `param_dtype`, `reduce_dtype`, default None: no
+    mixed precision, the model then built in `param_dtype`; `reshard_after_forward`, default
+    True; `backend`, default "nccl").
 
     Raises FitError (which size failed and why; a memory below the parameters, gradients and
     optimizer state; a graph that changes shape with the size; nothing known by the deadline)
@@ -107,6 +118,15 @@ def fit(
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
     if not time_limit > 0:
         raise ValueError(f"time_limit must be a positive number of seconds, not {time_limit!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, not {world_size!r}")
+    if world_size > 1 and target is None:
+        raise ValueError(
+            f"world_size={world_size} needs estimate mode: pass target= (--target); this machine "
+            f"cannot run {world_size} ranks' real steps"
+        )
+    if fsdp and world_size == 1:
+        raise ValueError("fsdp options apply only with world_size > 1")
     cap = parse_overhead(max_overhead)
     memory = _memory_bytes(memory)
     stop = Stop()
@@ -127,6 +147,8 @@ def fit(
             high,
             capture_options,
             run,
+            world_size,
+            fsdp,
         )
 
 
@@ -142,6 +164,8 @@ def _fit(
     high: int | None,
     capture_options: Mapping[str, object] | None,
     run: bool,
+    world_size: int = 1,
+    fsdp_options: Mapping[str, object] | None = None,
 ) -> Fit:
     begun = time.perf_counter()
     graphs = SizedGraphs(factory, capture_sizes, dim, capture_options)
@@ -149,6 +173,16 @@ def _fit(
     notes = [note] if note else []
     steps = Steps(graphs, optimizer)
     statics, opt_temp = _statics(graphs, steps, capture_sizes, optimizer)
+    sharded = None
+    if world_size > 1:
+        rounding = resolve_target(graphs.options["target"]).rounding
+        made = graphs.captures[capture_sizes[0]].made
+        sharded = fsdp_bytes(made[0], world_size, optimizer, rounding, fsdp_options)
+        statics = {s: sharded.static(st.buffers, st.inputs) for s, st in statics.items()}
+        opt_temp = sharded.memory.optimizer_temporaries
+        notes.append(
+            f"FSDP2 over {world_size} ranks: the {dim} is each rank's; bytes per rank (rank 0)"
+        )
     first = statics[capture_sizes[0]]
     if "target" in graphs.options:
         name = graphs.captures[capture_sizes[0]].graph.dag.graph["target"]
@@ -168,6 +202,8 @@ def _fit(
         """Bytes left to the step at `size`; -1 where the optimizer step's temporaries do not
         fit in them (nothing fits then)."""
         budget = memory - static_at(size).total
+        if sharded is not None:
+            return sharded.step_budget(budget)
         return budget if budget >= opt_temp else -1
 
     def graph_at(size: int) -> nx.DiGraph | None:
@@ -233,6 +269,7 @@ def _fit(
         notes=notes,
         warnings=warnings,
         probes=found.probes,
+        fsdp=sharded,
     )
 
 

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from solver.core.budget import human_bytes
 from solver.core.schedule import Schedule
 from solver.errors import RematError
 from solver.fitting.search import Probe
 from solver.fitting.sizes import affine
+
+if TYPE_CHECKING:
+    from solver.fitting.fsdp import FsdpBytes
 
 RUNTIME = "remat's executor (executor.Rematerialized)"
 
@@ -56,7 +60,9 @@ class Fit:
     within the cap, as the solver predicts it; `bytes_model`: how the bytes at each size were
     obtained; `stopped`: "time limit" or "interrupted" where the call ended on its deadline
     (None: it finished); `seconds`: its wall time; `notes`: what was skipped or not done;
-    `warnings`: measurements that contradict the proof; `probes`: the solver's probes."""
+    `warnings`: measurements that contradict the proof; `probes`: the solver's probes;
+    `fsdp`: per-rank FSDP2 bytes where the fit is for `world_size` > 1 (then `static` is one
+    rank's and `budget` is left after the FSDP bytes, `solver.fitting.fsdp`)."""
 
     dim: str
     memory: int
@@ -80,6 +86,7 @@ class Fit:
     warnings: list[str] = field(default_factory=list)
     runtime: str = RUNTIME
     probes: list[Probe] = field(default_factory=list, repr=False)
+    fsdp: FsdpBytes | None = None
 
     def summary(self) -> str:
         """The result as lines for a terminal."""
@@ -91,13 +98,15 @@ class Fit:
                 f" at {self.seconds:.1f} s: what follows is what was known then"
             )
         if self.static is not None and self.size is not None:
-            s = self.static
+            s, params = self.static, "parameters" if self.fsdp is None else "sharded parameters"
             lines.append(
-                f"before the step at {d} {self.size}: parameters {s.parameters} B, gradients "
+                f"before the step at {d} {self.size}: {params} {s.parameters} B, gradients "
                 f"{s.gradients} B, optimizer state {s.optimizer_state} B, buffers {s.buffers} B, "
                 f"inputs {s.inputs} B; step budget {self.budget} B; optimizer step temporaries "
                 f"{self.optimizer_temporaries} B"
             )
+        if self.fsdp is not None:
+            lines.append(self.fsdp.line())
         if self.schedule is not None:
             lines.append(
                 f"schedule at {d} {self.size}: peak {self.schedule.peak} B, cost "

@@ -148,13 +148,17 @@ class FsdpMemory:
     """`resident`: bytes before the step (`resident_parts`: "sharded params", "optimizer
     state"); `moments`: the step's, in order; `after`: bytes above `resident` after the step
     (the sharded gradients); `unsharded_grads`: per block, then the root, bytes of the unsharded
-    gradients autograd creates (param dtype), what a single-process step holds for them."""
+    gradients autograd creates (param dtype), what a single-process step holds for them;
+    `optimizer_temporaries`: bytes the optimizer's step allocates above `resident` + `after`
+    (AdamW's foreach step: one tensor of the local rows per parameter, master dtype, the square
+    roots of the second moments; SGD none)."""
 
     resident: int
     resident_parts: dict[str, int]
     moments: tuple[Moment, ...]
     after: int
     unsharded_grads: tuple[int, ...]
+    optimizer_temporaries: int = 0
 
     def max_fsdp_bytes(self, window: str | None = None) -> int:
         """The most FSDP bytes of any moment (of `window`, if given), above the resident."""
@@ -221,7 +225,8 @@ def fsdp_memory(
     ms = _itemsize(p.master_dtype)
     per_param = {"adamw": 2, "sgd_momentum": 1}.get(p.optimizer, 0)
     locals_ = [n for g in (*groups, top) for n in g.local]
-    state = sum(per_param * p.round(n * ms) for n in locals_)
+    local_bytes = sum(p.round(n * ms) for n in locals_)
+    state = per_param * local_bytes
     if p.optimizer == "adamw" and p.step_counters_on_device:
         state += len(locals_) * p.round(STEP_COUNTER_BYTES)
     resident_parts = {
@@ -307,4 +312,5 @@ def fsdp_memory(
         moments=tuple(t.moments),
         after=after,
         unsharded_grads=tuple(g.grads for g in (*groups, top)),
+        optimizer_temporaries=local_bytes if p.optimizer == "adamw" else 0,
     )

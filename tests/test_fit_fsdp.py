@@ -1,0 +1,110 @@
+"""`fit(..., target=, world_size=N)`: per rank under FSDP2, what exists before the step is the
+FSDP model's resident bytes and the step's budget what it leaves of the memory; checked by hand
+on a meta-built model, against the unsharded fit at a memory less exactly the FSDP bytes, and
+the bad inputs refused in one line.
+
+`MetaBlocks` (width 32, fp32, AdamW) on 2 ranks: each block's Linear shards 16 of 32 rows, a
+padded shard of 16 x 32 + 16 = 528 elements (2,112 B); the head's (4, 32) weight and (4,) bias
+2 x 32 + 2 = 66 elements (264 B). Unsharded, a block's group gathers 2 x 2,112 = 4,224 B, the
+root's 528 B; the unsharded gradients are the parameters' 13,200 B."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import executor
+from cli.main import main
+from solver.target import Device
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+WIDTH = 32
+TOY = Device("toy", {"float32": 1e12}, bandwidth=1e11, memory=1 << 30, rounding=1)
+MEMORY = 100 * 1024
+UNSHARDED = 4 * (3 * (WIDTH * WIDTH + WIDTH) + 4 * WIDTH + 4)  # 13,200 B of parameters
+
+
+class MetaBlocks(nn.Module):
+    """Three Linear+GELU blocks (the blocks FSDP shards) and a head (the root's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU()) for _ in range(3)
+        )
+        self.head = nn.Linear(WIDTH, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).square().mean()
+
+
+def meta_blocks(batch: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    with torch.device("meta"):
+        return MetaBlocks().train(), (torch.empty(batch, WIDTH),)
+
+
+@pytest.fixture(scope="module")
+def sharded() -> executor.Fit:
+    return executor.fit(meta_blocks, MEMORY, target=TOY, world_size=2, time_limit=30)
+
+
+def test_per_rank_bytes_are_the_fsdp_models_by_hand(sharded):
+    fsdp = sharded.fsdp
+    shards = 4 * (3 * 528 + 66)  # 6,600 B
+    assert sharded.static.parameters == shards and sharded.static.gradients == 0
+    assert sharded.static.optimizer_state == 2 * shards  # AdamW's moments of rank 0's rows
+    assert sharded.optimizer_temporaries == shards
+    assert fsdp.unsharded_grads == UNSHARDED and fsdp.memory.after == shards
+    # block 1's pre-backward: the root unsharded (528), block 2's reduce-scatter input (4,224)
+    # and sharded gradient (2,112), its unsharded gradients freed (-4,224), block 1's
+    # all-gather output and unsharded parameters (2 x 4,224)
+    moment = fsdp.moment
+    assert (moment.window, moment.level) == ("backward 1", "start")
+    assert moment.fsdp_bytes == 528 + 4224 + 2112 - 4224 + 2 * 4224 == 11088
+    assert sharded.size is not None and sharded.proven
+    budget = MEMORY - sharded.static.total - 11088 - UNSHARDED
+    assert sharded.budget == budget and sharded.schedule.peak <= budget
+    lines = sharded.summary()
+    assert "resident 19800 B (sharded parameters 6600 B, optimizer state 13200 B" in lines
+    assert "FSDP moment counted: backward 1, start, 11088 B" in lines
+
+
+def test_agrees_with_the_unsharded_fit_at_the_memory_less_the_fsdp_bytes(sharded):
+    fsdp = sharded.fsdp
+    fsdp_bytes = fsdp.memory.resident + fsdp.moment.fsdp_bytes + fsdp.unsharded_grads
+    unsharded_model = 4 * UNSHARDED  # parameters, gradients, AdamW's two moments
+    one = executor.fit(
+        meta_blocks, MEMORY - fsdp_bytes + unsharded_model, target=TOY, time_limit=30
+    )
+    assert one.fsdp is None and one.static.model == unsharded_model
+    assert (one.size, one.proven, one.budget) == (sharded.size, sharded.proven, sharded.budget)
+
+
+def test_bad_fsdp_input_is_refused():
+    with pytest.raises(ValueError, match="world_size=2 needs estimate mode: pass target="):
+        executor.fit(meta_blocks, MEMORY, world_size=2)
+    with pytest.raises(ValueError, match="fsdp options apply only with world_size > 1"):
+        executor.fit(meta_blocks, MEMORY, target=TOY, fsdp={"param_dtype": "bfloat16"})
+    with pytest.raises(ValueError, match="world_size must be at least 1"):
+        executor.fit(meta_blocks, MEMORY, target=TOY, world_size=0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--world-size", "2"], "world_size=2 needs estimate mode: pass target= (--target)"),
+        (
+            ["--world-size", "2", "--target", "h100", "--param-dtype", "bfloat16"],
+            "the model is built in float32 and FSDP computes in bfloat16: build it in bfloat16",
+        ),
+    ],
+)
+def test_remat_fit_refuses_bad_fsdp_input_in_one_line(capsys, argv, message):
+    argv = ["fit", "--model", "test_fit_fsdp:meta_blocks", "--memory", "1MiB", *argv]
+    assert main([*argv, "--time-limit", "10"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
