@@ -16,6 +16,7 @@ from torch import nn
 
 import executor
 from cli.main import main
+from executor.errors import FitError
 from solver.target import Device
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -108,3 +109,10 @@ def test_remat_fit_refuses_bad_fsdp_input_in_one_line(capsys, argv, message):
     assert main([*argv, "--time-limit", "10"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_bytes_that_do_not_grow_with_the_size_are_refused_not_searched_forever():
+    """On h100 every block rounds to 512 B: the tiny model's bytes are the same at batch 2, 3
+    and 4, so nothing bounds the batch (the doubling search once ran until torch overflowed)."""
+    with pytest.raises(FitError, match="no byte of the step changes with the batch"):
+        executor.fit(meta_blocks, "1MiB", target="h100", time_limit=30)

@@ -105,6 +105,17 @@ class SizedGraphs:
         self.not_affine = _not_affine({s: self.captures[s].graph.dag for s in sizes})
         self.affine = not self.not_affine
 
+    def flat(self) -> bool:
+        """Whether no node's bytes change across the captured sizes (affine with slope 0
+        everywhere): then nothing in the graph bounds the size."""
+        first, *rest = (self.captures[s].graph.dag for s in self.sizes)
+        return self.affine and all(
+            g.nodes[v].get(key, 0) == a.get(key, 0)
+            for g in rest
+            for v, a in first.nodes(data=True)
+            for key in BYTES
+        )
+
     def capture(self, size: int) -> Captured:
         """The model built and captured at `size` (cached); FitError where its nodes or edges
         differ from the first capture's."""

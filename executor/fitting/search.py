@@ -197,6 +197,13 @@ def _fit(
         static_at = affine_static(statics)
     except StaticBytesError as e:
         raise FitError(str(e)) from e
+    if graphs.flat() and static_at(capture_sizes[0]).total == static_at(capture_sizes[-1]).total:
+        sizes = ", ".join(map(str, capture_sizes))
+        raise FitError(
+            f"no byte of the step changes with the {dim} across the captured sizes {sizes} "
+            "(the target's allocator rounding can hide small tensors' growth): nothing bounds "
+            "the size; capture at larger sizes (fit's capture_sizes=...)"
+        )
 
     def left(size: int) -> int:
         """Bytes left to the step at `size`; -1 where the optimizer step's temporaries do not
