@@ -12,7 +12,8 @@ model: the measured peak (profiler allocation events, bytes above the step's sta
 created in the step) and the median step time. Exit status 0 only when the plan's measured peak
 is within its budget. With ``--target NAME|FILE`` the plan is solved in estimate mode (no real
 step; bytes and seconds predicted for the target, `executor.sac.estimate`); a model on the
-meta device is then only planned, not run."""
+meta device is then only planned, not run. ``--world-size N`` plans for FSDP2 over N ranks (the
+budget is device memory per rank) and runs nothing."""
 
 from __future__ import annotations
 
@@ -65,6 +66,14 @@ def add_sac_arguments(parser: argparse.ArgumentParser) -> None:
         "device file from remat calibrate): no real step runs; a meta-device model is only "
         "planned",
     )
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=1,
+        help="ranks FSDP2 shards the model over (fully_shard per block and at the root; "
+        "default policy: float32 master weights, the model's dtype gathered, AdamW); the "
+        "budget is then device memory per rank",
+    )
     parser.add_argument("--plan", metavar="FILE", help="run this saved plan instead of solving")
     parser.add_argument("--out", metavar="FILE", help="save the solved plan here")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (median; default 5)")
@@ -114,18 +123,21 @@ def run_sac(args: argparse.Namespace) -> int:
                 regions=args.regions,
                 time_limit=args.time_limit,
                 target=args.target,
+                world_size=args.world_size,
             )
         if args.out:
             plan.save(args.out)
         basis = "" if plan.target is None else f" (predicted for {plan.target})"
+        if plan.world_size > 1:
+            basis += f", per rank of {plan.world_size} (FSDP2)"
         print(
             f"plan: {plan.status}, predicted peak {_mib(plan.peak)} within {_mib(plan.budget)} "
             f"(100% = {_mib(plan.plain_peak)}), cost {plan.cost * 1e3:.2f} ms, gap "
             f"{plan.gap:.2%}; checkpointed {len(plan.checkpointed_regions())} of "
             f"{len(plan.regions)} regions, {sum(map(len, plan.saved))} ops saved{basis}"
         )
-        if any(p.device.type == "meta" for p in model.parameters()):
-            return 0  # a meta model has no values to run
+        if plan.world_size > 1 or any(p.device.type == "meta" for p in model.parameters()):
+            return 0  # a meta model has no values to run; a sharded plan runs on its ranks
         eager = measure_step(copy.deepcopy(model), inputs, kwargs, args.steps)
         planned = measure_step(plan.apply(copy.deepcopy(model)), inputs, kwargs, args.steps)
     finally:

@@ -120,12 +120,10 @@ def test_estimate_mode_refuses_what_it_cannot_predict(kind, message):
         executor.checkpoint_plan(net, (x,), "min", loss_fn=sum_loss, target="cpu")
 
 
-def test_unknown_target_and_several_ranks_are_refused(capsys):
+def test_unknown_target_is_refused(capsys):
     net, x = transformer(layers=2, d=16), torch.randn(2, 8, 16)
     with pytest.raises(PlanError, match="unknown target 'tpu9'"):
         executor.checkpoint_plan(net, (x,), "min", loss_fn=sum_loss, target="tpu9")
-    with pytest.raises(PlanError, match="FSDP2 memory model"):
-        executor.checkpoint_plan(net, (x,), "min", loss_fn=sum_loss, world_size=2)
     assert main(["sac", "--model", "sac_models:small", "--target", "tpu9"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("remat: error: unknown target 'tpu9'") and err.count("\n") == 1

@@ -26,7 +26,7 @@ import hashlib
 import json
 import types
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -39,13 +39,14 @@ from executor.sac.measurer import Measured
 from executor.sac.policy import Policy
 from executor.sac.record import RECORDING_STEPS, in_call_order, record_union
 from executor.sac.region import cache_off, run_checkpointed
+from executor.sac.sharded import fsdp_policy, model_memory, solve_sharded
 from executor.sac.step import RecordingTime, Snapshot, leaf_tensors
 from solver.core.budget import parse_bytes
 from solver.deadline import Deadline
 from solver.errors import ScheduleMismatchError
 from solver.sac.solve import solve_sac
 from solver.sac.union import SacUnion, UnionPlan
-from solver.target import Device, UnknownTargetError
+from solver.target import Device, FsdpPolicy, UnknownTargetError
 
 __all__ = ["REGIONS", "CheckpointPlan", "checkpoint_plan"]
 
@@ -100,7 +101,9 @@ class CheckpointPlan:
     the cost; `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE"; `budget`:
     bytes; `plain_peak`: the measured peak of the step without checkpointing (100%). `target`:
     None where bytes and seconds were measured here; in estimate mode the target device's
-    name, and `plain_peak` and every second are predicted for it (executor/sac/estimate.py)."""
+    name, and `plain_peak` and every second are predicted for it (executor/sac/estimate.py).
+    `world_size` > 1: sharded by FSDP2, and `peak`, `budget`, `plain_peak` are bytes per rank
+    on the device (resident included: docs/sac.md, "Under FSDP2")."""
 
     model_signature: str
     regions: tuple[str, ...]
@@ -117,6 +120,7 @@ class CheckpointPlan:
     plain_peak: int
     problem: SacUnion
     target: str | None = None
+    world_size: int = 1
 
     def checkpointed_regions(self) -> list[str]:
         """Names of the regions that run inside a checkpoint."""
@@ -127,6 +131,8 @@ class CheckpointPlan:
         checkpointed = self.checkpointed_regions()
         saving = sum(1 for c, s in zip(self.checkpointed, self.saved, strict=True) if c and s)
         basis = "measured" if self.target is None else f"predicted for {self.target}"
+        if self.world_size > 1:
+            basis += f", per rank of {self.world_size}"
         return (
             f"CheckpointPlan({self.status}, {len(checkpointed)} of {len(self.regions)} regions "
             f"checkpointed ({saving} saving ops), peak {self.peak:,} B of budget "
@@ -186,7 +192,7 @@ class CheckpointPlan:
                 )
             ],
             **{k: getattr(self, k) for k in ("status", "peak", "cost", "bound", "gap")},
-            **{k: getattr(self, k) for k in ("budget", "plain_peak", "target")},
+            **{k: getattr(self, k) for k in ("budget", "plain_peak", "target", "world_size")},
             "problem": self.problem.to_json(),
         }
         Path(path).write_text(json.dumps(data))
@@ -221,6 +227,7 @@ class CheckpointPlan:
                 **{k: data[k] for k in ("budget", "plain_peak")},
                 problem=SacUnion.from_json(data["problem"]),
                 target=data.get("target"),
+                world_size=int(data.get("world_size", 1)),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise PlanError(f"{path} is not a SAC plan file ({e}): write one with plan.save") from e
@@ -268,25 +275,9 @@ def _measurer(target: str | Device | None) -> Measured:
         raise PlanError(str(e)) from e
 
 
-def _step_budget(budget: str | int | float, plain_peak: int, world_size: int) -> int:
-    """The step's budget in bytes: the given budget (bytes, units, or a percentage of
-    `plain_peak`) less what exists before the step and counts against it. With one process, a
-    budget counts bytes above what exists before the step, so nothing is taken off; with
-    `world_size` > 1, the FSDP2 memory model (parameters, gradients and optimizer state per
-    rank) is what takes it off."""
-    _check_world_size(world_size)
-    return parse_bytes(budget, lambda: plain_peak)
-
-
 def _check_world_size(world_size: int) -> None:
     if not isinstance(world_size, int) or world_size < 1:
         raise PlanError(f"world_size must be a positive integer, not {world_size!r}")
-    if world_size > 1:
-        raise PlanError(
-            f"world_size={world_size}: planning for more than one rank (world_size > 1) "
-            "needs the FSDP2 memory model, which checkpoint_plan does not have yet; plan for "
-            "one rank (world_size=1)"
-        )
 
 
 REGIONS = ("choose", "blocks", "children")
@@ -296,7 +287,7 @@ REGIONS = ("choose", "blocks", "children")
 def checkpoint_plan(
     model: nn.Module,
     example_inputs: Sequence[object],
-    budget: str | int | float,
+    budget: str | int | float | None,
     *,
     example_kwargs: Mapping[str, object] | None = None,
     blocks: Sequence[str] | None = None,
@@ -305,6 +296,7 @@ def checkpoint_plan(
     loss_fn: Callable[[object], torch.Tensor] = default_loss,
     target: str | Device | None = None,
     world_size: int = 1,
+    fsdp: FsdpPolicy | None = None,
 ) -> CheckpointPlan:
     """The SAC plan of least cost (recompute seconds plus checkpoint's price per region plus SAC
     overhead) for one training step
@@ -324,17 +316,24 @@ def checkpoint_plan(
     fits. `target`: None measures a real step here; a device name (`solver.target`), a
     device file or a `Device` plans in estimate mode (executor/sac/estimate.py): no real step
     runs, the model may be on the meta device, bytes and seconds (and `plain_peak`) are
-    predicted for the target, and `plan.target` names it. `world_size`: ranks the step is
-    sharded over (FSDP2); only 1 is supported yet. PlanError (one line) for an unknown
+    predicted for the target, and `plan.target` names it. `world_size` > 1 (or `fsdp`, a
+    `solver.target.FsdpPolicy`): the model is sharded by FSDP2 (`fully_shard` on each block
+    and at the root; default policy `executor.sac.sharded.fsdp_policy`); `budget` is then the
+    device memory per rank (a percentage: of the per-rank peak without checkpointing; None:
+    the target's memory), and `plan.peak`, `plan.budget`, `plan.plain_peak` are per rank
+    (docs/sac.md, "Under FSDP2"). PlanError (one line) for an unknown
     target, a model allocating real memory or with data-dependent shapes in estimate mode."""
     if regions not in REGIONS:
         raise PlanError(f"regions must be one of {REGIONS}, not {regions!r}")
     minimum = isinstance(budget, str) and budget.strip().lower() == "min"
-    if not minimum:
+    _check_world_size(world_size)
+    sharded = world_size > 1 or fsdp is not None
+    if not minimum and not (sharded and budget is None):
         parse_bytes(budget, lambda: 1)  # an unreadable budget fails before any recording
     kwargs = dict(example_kwargs or {})
-    _check_world_size(world_size)
     measurer = _measurer(target)
+    device = getattr(measurer, "device", None)
+    policy = fsdp_policy(model, world_size, fsdp, device) if sharded else None
     _check_device(model, (example_inputs, kwargs), measurer.target is not None)
     deadline = Deadline.after(time_limit)
     sets = 1 if regions == "blocks" else 2  # the blocks, and their children
@@ -358,9 +357,15 @@ def checkpoint_plan(
         children = [None] * len(named) if regions == "blocks" else _children(model, named, step)
         clock.finished("the call order", sets * RECORDING_STEPS["order"])
         union, kept = record_union(model, named, children, step, clock=clock, measurer=measurer)
-    budget = "min" if minimum else _step_budget(budget, union.plain_peak, world_size)
-    solution = solve_sac(union, budget, deadline, whole=regions != "children")
-    return _plan(model, named, kept, union, solution, measurer.target)
+    whole = regions != "children"
+    if policy is None:
+        step_budget = "min" if minimum else parse_bytes(budget, lambda: union.plain_peak)
+        solution = solve_sac(union, step_budget, deadline, whole=whole)
+        return _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
+    memory = model_memory(model, [m for _, m in named], policy)
+    done = solve_sharded(union, memory, budget, device, deadline, whole)
+    plan = _plan(model, named, kept, union, done.solution, measurer.target, done.plain_peak)
+    return replace(plan, world_size=policy.world_size)
 
 
 def _children(
@@ -383,7 +388,7 @@ def _children(
 
 
 def _plan(
-    model: nn.Module, named, kept, union: SacUnion, solution, target: str | None
+    model: nn.Module, named, kept, union: SacUnion, solution, target: str | None, plain: int
 ) -> CheckpointPlan:
     """The plan's regions in order: each block, then its children where it has a split."""
     names, types_, ops, checkpointed, saved = [], [], [], [], []
@@ -419,7 +424,7 @@ def _plan(
         bound=solution.bound,
         gap=solution.gap,
         budget=solution.budget,
-        plain_peak=union.plain_peak,
+        plain_peak=plain,
         problem=union,
         target=target,
     )

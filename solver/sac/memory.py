@@ -92,31 +92,39 @@ def check_plan(problem: SacProblem, plan: SacPlan) -> None:
                 raise ValueError(f"op {i} of block {block.name} cannot be MUST_SAVE")
 
 
-def plan_peak(problem: SacProblem, plan: SacPlan) -> int:
-    """Predicted peak bytes of the step under the plan, above the bytes live before it."""
+def plan_terms(problem: SacProblem, plan: SacPlan) -> list[tuple[str, int, int]]:
+    """Every term of the plan's predicted peak (bytes above the bytes live before the step),
+    as (kind, index, bytes): ("segment", i, ...) for `problem.segments[i]`, ("forward", j, ...)
+    and ("backward", j, ...) for block j's forward (its plain peak, or each op of a
+    checkpointed forward) and backward (its plain peak plus what a checkpoint holds, and each
+    op of its recompute)."""
     check_plan(problem, plan)
     d = [
         savings(b, c, s)
         for b, c, s in zip(problem.blocks, plan.checkpointed, plan.saved, strict=True)
     ]
     before = [sum(d[:j]) for j in range(len(d) + 1)]  # savings held by blocks 0..j-1
-    peaks = [seg.peak - before[seg.held] for seg in problem.segments]
+    terms = [("segment", i, seg.peak - before[seg.held]) for i, seg in enumerate(problem.segments)]
     for j, (block, ckpt, saved) in enumerate(
         zip(problem.blocks, plan.checkpointed, plan.saved, strict=True)
     ):
         if not ckpt:
-            peaks.append(block.b_peak - before[j])
-            peaks.append(block.f_peak - before[j])
+            terms.append(("backward", j, block.b_peak - before[j]))
+            terms.append(("forward", j, block.f_peak - before[j]))
             continue
-        peaks.append(block.b_peak - before[j] + block.held_extra)
+        terms.append(("backward", j, block.b_peak - before[j] + block.held_extra))
         for t in range(len(block.ops)):
-            peaks.append(
-                block.f_start - before[j] + block.workspace + forward_live(block, saved, t)
-            )
+            live = forward_live(block, saved, t)
+            terms.append(("forward", j, block.f_start - before[j] + block.workspace + live))
         base = block.b_start - before[j] - d[j] + block.workspace + block.recompute_extra
         for t in range(block.stop + 1):  # none when nothing is saved: no unpack, no recompute
-            peaks.append(base + recompute_live(block, saved, t))
-    return max(peaks)
+            terms.append(("backward", j, base + recompute_live(block, saved, t)))
+    return terms
+
+
+def plan_peak(problem: SacProblem, plan: SacPlan) -> int:
+    """Predicted peak bytes of the step under the plan, above the bytes live before it."""
+    return max(value for _, _, value in plan_terms(problem, plan))
 
 
 def plan_cost(problem: SacProblem, plan: SacPlan) -> float:

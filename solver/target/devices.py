@@ -124,11 +124,14 @@ def _gpu(name: str, fp32: float, tf32: float, bf16: float, fp64: float, tbs: flo
 
 
 # Published dense peaks in TFLOP/s (FP32, TF32 tensor, BF16/FP16 tensor, FP64), bandwidth in
-# TB/s, memory in MiB as nvidia-smi reports it.
+# TB/s, memory in MiB as nvidia-smi reports it. `h100-96gb`: the H100 with 96 GB of HBM2e that
+# torchtitan's published runs used (docs/performance.md); its rates and bandwidth are assumed
+# equal to the H100 SXM's (not published here), its memory is the nominal 96 GiB.
 BUILT_IN: dict[str, Device] = {
     d.name: d
     for d in (
         _gpu("h100", 66.9, 494.7, 989.4, 66.9, 3.35, 81_559),
+        _gpu("h100-96gb", 66.9, 494.7, 989.4, 66.9, 3.35, 96 * 1024),
         _gpu("a100-80gb", 19.5, 156.0, 312.0, 19.5, 2.039, 81_920),
         _gpu("a100-40gb", 19.5, 156.0, 312.0, 19.5, 1.555, 40_960),
         _gpu("l4", 30.3, 60.0, 121.0, 0.49, 0.300, 23_034),

@@ -1,0 +1,297 @@
+"""Llama-3-8B and -70B under FSDP2, planned here for GPUs not at hand (estimate mode), and
+torchtitan's published configurations predicted.
+
+    python -m benchmarks.scale_llama [--out results] [--only llama3_8b ...]
+
+Each model is built on the meta device in bfloat16 (`torch.set_default_dtype` before building)
+with float32 master weights, AdamW, `fully_shard` per decoder layer and at the root, gathered in
+bfloat16, reduce-scatter in float32 (torchtitan's default), NCCL, batch and sequence as listed.
+Each part runs in its own child process, nice'd, one thread, so that its peak RSS
+(`resource.getrusage`) is its own:
+
+- `plan`: `executor.checkpoint_plan(..., target, world_size, fsdp=...)` at the target's memory
+  (the SAC optimum), then the per-rank peak (`solver.sac.sharded.rank_peak`) and recompute
+  seconds (`solver.sac.union.union_cost`: recompute, checkpoint price, SAC runtime overhead) of
+  no checkpointing, full per-block checkpointing and torchtitan's selective-op policy on the
+  same recording;
+- `capture`: `graph_capture.capture(..., target)` at op level, the traced joint graph;
+- `solve`: `solver.solve` on it at the step budget FSDP leaves
+  (`solver.target.activation_budget`: device memory less resident bytes and the most FSDP
+  bytes), the per-rank peak bounded by resident + most FSDP bytes + the schedule's peak.
+
+Predicted step seconds: the capture's `step_cost` (sum of the roofline seconds of every forward
+and backward op on the target) plus the plan's recompute; FSDP's communication is not counted.
+torchtitan's rows (`published`) record blocks only (no children) and evaluate the policies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+GIB = 1 << 30
+LLAMA3 = {"vocab_size": 128256, "rope_theta": 500000.0, "num_key_value_heads": 8}
+L8B = {**LLAMA3, "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
+L8B["intermediate_size"] = 14336
+L70B = {**LLAMA3, "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64}
+L70B["intermediate_size"] = 28672
+LLAMA2_70B = {**L70B, "vocab_size": 32000, "rope_theta": 10000.0}
+
+# name: (config, batch, sequence, target, world size, published: (what, GiB or None))
+RUNS = {
+    "llama3_8b": (L8B, 1, 8192, "h100", 8, None),
+    "llama3_70b": (L70B, 1, 8192, "a100-80gb", 64, None),
+    "llama31_8b_b2": (L8B, 2, 8192, "h100-96gb", 8, ("selective", 82.4)),
+    "llama2_70b_b2": (LLAMA2_70B, 2, 4096, "a100-80gb", 64, ("selective OOM, full fits", None)),
+    "llama2_70b_b1": (LLAMA2_70B, 1, 4096, "a100-80gb", 64, ("selective fits", None)),
+}
+MAIN = ("llama3_8b", "llama3_70b")
+PUBLISHED = ("llama31_8b_b2", "llama2_70b_b2", "llama2_70b_b1")
+
+
+def build(name: str):
+    """The meta model in bfloat16, its input ids and the step's kwargs."""
+    import transformers
+
+    config, batch, seq, *_ = RUNS[name]
+    cfg = transformers.LlamaConfig(**config, max_position_embeddings=seq)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            model = transformers.LlamaForCausalLM(cfg).train()
+    finally:
+        torch.set_default_dtype(before)
+    model.config.use_cache = False
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    return model, ids, {"labels": ids}
+
+
+def policy(name: str):
+    from solver.target import FsdpPolicy, builtin_device
+
+    device = builtin_device(RUNS[name][3])
+    return device, FsdpPolicy(
+        RUNS[name][4], "float32", "bfloat16", "float32", rounding=device.rounding
+    )
+
+
+def _rss() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
+
+
+def torchtitan_saved(block) -> frozenset[int]:
+    """torchtitan's selective-op policy on a recorded block: save SDPA's outputs and every
+    second `aten.mm` (the first, third, ...), recompute the rest; ops SAC may not save
+    (docs/sac.md) stay recomputed."""
+    saved, mm = set(), 0
+    for i, op in enumerate(block.ops):
+        keep = "scaled_dot_product" in op.name
+        if op.name == "aten.mm.default":
+            mm += 1
+            keep = mm % 2 == 1
+        if keep and op.saveable and i <= block.stop:
+            saved.add(i)
+    return frozenset(saved)
+
+
+def _union_plan(union, checkpointed, saved):
+    from solver.sac.memory import SacPlan
+    from solver.sac.union import UnionPlan
+
+    n = len(union.blocks.blocks)
+    kids = tuple(
+        None if s is None else SacPlan((False,) * len(s.children), (frozenset(),) * len(s.children))
+        for s in union.splits
+    )
+    return UnionPlan(SacPlan((checkpointed,) * n, tuple(saved)), kids)
+
+
+def part_plan(name: str, time_limit: float) -> dict:
+    import executor
+    from executor.sac.sharded import model_memory
+    from solver.sac.sharded import rank_peak
+    from solver.sac.union import union_cost
+
+    model, ids, kw = build(name)
+    device, fsdp = policy(name)
+    regions = "choose" if name in MAIN else "blocks"
+    start = time.perf_counter()
+    plan = executor.checkpoint_plan(
+        model, (ids,), None, example_kwargs=kw, target=device, fsdp=fsdp,
+        regions=regions, time_limit=time_limit,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    union = plan.problem
+    modules = dict(model.named_modules())
+    memory = model_memory(model, [modules[b.name] for b in union.blocks.blocks], fsdp)
+    blocks = union.blocks.blocks
+    plans = {
+        "none": _union_plan(union, False, [frozenset()] * len(blocks)),
+        "full": _union_plan(union, True, [frozenset()] * len(blocks)),
+        "selective (torchtitan)": _union_plan(union, True, [torchtitan_saved(b) for b in blocks]),
+    }
+    rows = {}
+    for label, p in plans.items():
+        peak = rank_peak(union, p, memory)
+        rows[label] = {"peak": peak.peak, "at": f"{peak.window}, {peak.level}"}
+        rows[label]["recompute"] = union_cost(union, p)
+        rows[label]["overhead"] = _overhead(union, p)
+    chosen = _plan_of(plan)
+    peak = rank_peak(union, chosen, memory)
+    rows["SAC plan (remat)"] = {"peak": plan.peak, "at": f"{peak.window}, {peak.level}"}
+    rows["SAC plan (remat)"]["recompute"] = union_cost(union, chosen)
+    rows["SAC plan (remat)"]["overhead"] = _overhead(union, chosen)
+    ckpt = plan.checkpointed_regions()
+    return {
+        "plan s": seconds,
+        "plan RSS GiB": _rss(),
+        "status": f"{plan.status} gap {plan.gap:.2%}",
+        "regions": f"{len(ckpt)} of {len(plan.regions)} ({sum(map(len, plan.saved))} ops saved)",
+        "resident": memory.resident,
+        "device": device.memory,
+        "rows": rows,
+    }
+
+
+def _overhead(union, plan) -> float:
+    """Seconds of SAC's dispatch modes (this host's) in the plan's cost: regions saving an op."""
+    from solver.sac.union import flatten
+
+    problem, flat = flatten(union, plan)
+    regions = zip(problem.blocks, flat.checkpointed, flat.saved, strict=True)
+    return sum(b.overhead for b, c, s in regions if c and s)
+
+
+def _plan_of(plan):
+    """The `UnionPlan` a `CheckpointPlan` holds (regions: each block, then its children)."""
+    from solver.sac.memory import SacPlan
+    from solver.sac.union import UnionPlan
+
+    union, k = plan.problem, 0
+    blocks_c, blocks_s, kids = [], [], []
+    for split in union.splits:
+        blocks_c.append(plan.checkpointed[k])
+        blocks_s.append(plan.saved[k])
+        k += 1
+        if split is None:
+            kids.append(None)
+            continue
+        m = len(split.children)
+        kids.append(SacPlan(plan.checkpointed[k : k + m], plan.saved[k : k + m]))
+        k += m
+    return UnionPlan(SacPlan(tuple(blocks_c), tuple(blocks_s)), tuple(kids))
+
+
+def part_capture(name: str, path: str) -> dict:
+    import graph_capture
+    from solver.io import save_graph
+
+    model, ids, kw = build(name)
+    device, _ = policy(name)
+    start = time.perf_counter()
+    captured = graph_capture.capture(model, (ids,), kw, target=device)
+    seconds = time.perf_counter() - start
+    save_graph(captured.dag, path)
+    dag = captured.dag
+    return {
+        "capture s": seconds,
+        "capture RSS GiB": _rss(),
+        "nodes": dag.number_of_nodes(),
+        "step s": dag.graph["step_cost"],
+    }
+
+
+def part_solve(name: str, path: str, time_limit: float) -> dict:
+    import solver
+    from executor.sac.sharded import model_memory
+    from solver.errors import InfeasibleBudgetError
+    from solver.io import load_graph
+    from solver.target import activation_budget
+
+    model, _, _ = build(name)
+    device, fsdp = policy(name)
+    memory = model_memory(model, list(model.model.layers), fsdp)
+    budget = activation_budget(memory, device.memory)
+    start = time.perf_counter()
+    dag = load_graph(path)
+    out = {"step budget": budget, "most fsdp": memory.max_fsdp_bytes()}
+    try:
+        schedule = solver.solve(dag, budget, time_limit=time_limit)
+    except InfeasibleBudgetError as e:
+        out["infeasible"] = str(e).splitlines()[0]
+        out["least"] = e.minimum_bytes
+    else:
+        once = sum(dag.nodes[v]["cost"] for v in dag.nodes)
+        out["peak"] = memory.resident + memory.max_fsdp_bytes() + schedule.peak
+        out["recompute"] = schedule.cost - once
+        out["status"] = f"{schedule.status} gap {schedule.gap:.2%}"
+    out["solve s"] = time.perf_counter() - start
+    out["solve RSS GiB"] = _rss()
+    return out
+
+
+def _child(args: list[str], timeout: float) -> dict:
+    command = ["nice", sys.executable, "-m", "benchmarks.scale_llama", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if done.returncode:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        return {"error": tail[0], "wall s": time.perf_counter() - start}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default="results")
+    parser.add_argument("--only", nargs="+", default=list(RUNS))
+    parser.add_argument("--time-limit", type=float, default=110)
+    parser.add_argument("--parts", nargs="+", default=["plan", "capture", "solve"])
+    parser.add_argument("--part", choices=("plan", "capture", "solve"))
+    parser.add_argument("--name")
+    parser.add_argument("--graph")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.part == "plan":
+        print(json.dumps(part_plan(args.name, args.time_limit)))
+        return
+    if args.part == "capture":
+        print(json.dumps(part_capture(args.name, args.graph)))
+        return
+    if args.part == "solve":
+        print(json.dumps(part_solve(args.name, args.graph, args.time_limit)))
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = out / "scale_llama.json"
+    results = json.loads(saved.read_text()) if saved.exists() else {}
+    for name in args.only:
+        limit = str(args.time_limit if name in MAIN else 60)
+        row = results.setdefault(name, {})
+        if "plan" in args.parts:
+            plan = ["--part", "plan", "--name", name, "--time-limit", limit]
+            row["plan"] = _child(plan, 600)
+        if name in MAIN and "capture" in args.parts:
+            graph = str(out / f"scale_{name}_dag.json")
+            row["capture"] = _child(["--part", "capture", "--name", name, "--graph", graph], 600)
+            if "error" not in row["capture"] and "solve" in args.parts:
+                solve = ["--part", "solve", "--name", name, "--graph", graph, "--time-limit", limit]
+                row["solve"] = _child(solve, 600)
+        print(json.dumps({name: row}), flush=True)
+        saved.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""SAC plans for a model sharded by FSDP2 over `world_size` ranks (`checkpoint_plan(...,
+world_size=N)`): the FSDP policy, the model's per-rank memory from its parameters' shapes, and
+the solve at the rank's device memory (solver/sac/sharded.py, docs/fsdp.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from executor.errors import PlanError
+from solver.core.budget import parse_bytes
+from solver.deadline import Deadline
+from solver.errors import InfeasibleBudgetError
+from solver.sac.memory import SacPlan
+from solver.sac.sharded import rank_peak, shifted
+from solver.sac.solve import SacSolution, solve_sac
+from solver.sac.union import SacUnion, UnionPlan
+from solver.target import Device, FsdpMemory, FsdpPolicy, fsdp_memory
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def fsdp_policy(
+    model: nn.Module, world_size: int, fsdp: FsdpPolicy | None, device: Device | None
+) -> FsdpPolicy:
+    """`fsdp`, checked against `world_size` and the model, or the default: float32 master
+    weights, the model's parameter dtype as the param dtype (mixed precision where it is not
+    float32), reduce-scatter in the param dtype (torch's default), AdamW, resharded after
+    forward, the target's allocator rounding (1 without a target), NCCL on a GPU target and
+    gloo on the CPU."""
+    dtypes = {_dtype_name(p.dtype) for p in model.parameters()}
+    if len(dtypes) != 1:
+        raise PlanError(
+            f"world_size > 1 needs one parameter dtype (the param dtype FSDP gathers in); the "
+            f"model has {sorted(dtypes)}: build it in the param dtype"
+        )
+    (compute,) = dtypes
+    if fsdp is None:
+        cpu = device is None or device.name == "cpu"
+        return FsdpPolicy(
+            world_size=world_size,
+            master_dtype="float32",
+            param_dtype=compute,
+            rounding=1 if device is None else device.rounding,
+            backend="gloo" if cpu else "nccl",
+        )
+    if world_size not in (1, fsdp.world_size):
+        raise PlanError(
+            f"world_size={world_size} and fsdp.world_size={fsdp.world_size} differ: give one"
+        )
+    if fsdp.compute_dtype != compute:
+        raise PlanError(
+            f"the FSDP policy gathers parameters in {fsdp.compute_dtype}, the model's are "
+            f"{compute}: the step is recorded in the model's dtype, so build the model in "
+            f"{fsdp.compute_dtype} (torch.set_default_dtype before building on meta)"
+        )
+    return fsdp
+
+
+def model_memory(model: nn.Module, blocks: Sequence[nn.Module], policy: FsdpPolicy) -> FsdpMemory:
+    """FSDP2's per-rank memory for `fully_shard` on each block (in forward order) and at the
+    root: the blocks' parameter shapes and the root's remaining ones (a tied one once)."""
+    inside = {id(p) for b in blocks for p in b.parameters()}
+    block_shapes = [[tuple(p.shape) for p in b.parameters()] for b in blocks]
+    root = [tuple(p.shape) for p in model.parameters() if id(p) not in inside]
+    return fsdp_memory(block_shapes, root, policy)
+
+
+@dataclass(frozen=True)
+class ShardedSolution:
+    """The solve at a rank's device memory: `solution` with `peak` and `budget` per rank
+    (bytes on the device: resident plus the step), `plain_peak`: the per-rank peak without
+    checkpointing, `memory`: FSDP's per-rank model."""
+
+    solution: SacSolution
+    plain_peak: int
+    memory: FsdpMemory
+
+
+def _no_checkpoint(union: SacUnion) -> UnionPlan:
+    def none(n: int) -> SacPlan:
+        return SacPlan((False,) * n, (frozenset(),) * n)
+
+    return UnionPlan(
+        none(len(union.blocks.blocks)),
+        tuple(None if s is None else none(len(s.children)) for s in union.splits),
+    )
+
+
+def solve_sharded(
+    union: SacUnion,
+    memory: FsdpMemory,
+    budget: str | int | float | None,
+    device: Device | None,
+    deadline: Deadline,
+    whole: bool,
+) -> ShardedSolution:
+    """The least-cost plan whose per-rank peak fits `budget`: bytes or units of device memory
+    per rank, a percentage of the per-rank peak without checkpointing, "min", or None (the
+    target's memory). The step's budget is what the resident bytes leave, each window less
+    its most FSDP bytes (solver/sac/sharded.py)."""
+    plain = memory.resident + rank_peak(union, _no_checkpoint(union), memory).step_peak
+    if budget is None:
+        if device is None:
+            raise PlanError("a budget is needed without a target (the device's memory)")
+        budget = device.memory
+    minimum = isinstance(budget, str) and budget.strip().lower() == "min"
+    rank = None if minimum else parse_bytes(budget, lambda: plain)
+    parts = ", ".join(f"{k} {v:,} B" for k, v in memory.resident_parts.items())
+    if rank is not None and rank <= memory.resident:
+        raise PlanError(
+            f"budget {rank:,} B per rank is at most the resident bytes {memory.resident:,} B "
+            f"({parts}): nothing is left for the step; shard over more ranks or give more memory"
+        )
+    problem = shifted(union, memory)
+    try:
+        solution = solve_sac(
+            problem, "min" if rank is None else rank - memory.resident, deadline, whole
+        )
+    except InfeasibleBudgetError as e:
+        least = None if e.minimum_bytes is None else memory.resident + e.minimum_bytes
+        known = "not found in time" if least is None else f"{least:,} B"
+        raise InfeasibleBudgetError(
+            f"no SAC plan fits {rank:,} B per rank: the least predicted per-rank peak in SAC's "
+            f"space is {known} (resident {memory.resident:,} B: {parts}); give at least that",
+            least,
+            memory.resident + e.lower_bound_bytes,
+        ) from e
+    peak = rank_peak(union, solution.plan, memory)
+    bound = memory.resident + solution.budget
+    if peak.peak > bound:
+        raise AssertionError(f"per-rank peak {peak.peak} B above the solved bound {bound} B")
+    return ShardedSolution(replace(solution, peak=peak.peak, budget=bound), plain, memory)
