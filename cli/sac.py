@@ -132,7 +132,8 @@ def run_sac(args: argparse.Namespace) -> int:
             basis += f", per rank of {plan.world_size} (FSDP2)"
         print(
             f"plan: {plan.status}, predicted peak {_mib(plan.peak)} within {_mib(plan.budget)} "
-            f"(100% = {_mib(plan.plain_peak)}), cost {plan.cost * 1e3:.2f} ms, gap "
+            f"(100% = {plan.plain_step}, {_mib(plan.plain_peak)}), cost "
+            f"{plan.cost * 1e3:.2f} ms, gap "
             f"{plan.gap:.2%}; checkpointed {len(plan.checkpointed_regions())} of "
             f"{len(plan.regions)} regions, {sum(map(len, plan.saved))} ops saved{basis}"
         )

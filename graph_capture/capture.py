@@ -28,6 +28,7 @@ from graph_capture.measurement.estimate import (
     fake_step,
 )
 from graph_capture.measurement.measure import (
+    SCRATCH_KEY,
     SECONDS_KEY,
     StorageKey,
     is_random,
@@ -45,6 +46,8 @@ from graph_capture.trace.zero_tangents import (
     fold_zero_tangent_adds,
     selected_outputs,
 )
+from solver.core.budget import checkpoint_all_peak
+from solver.core.graph import prepare
 from solver.target import Device, UnknownTargetError
 
 GRANULARITIES = ("op", "module")
@@ -94,8 +97,9 @@ def capture(
     runs: the model (built on the meta device, or real: its weights are never read) is traced
     on fake tensors, bytes come from the fake storages rounded as the target's allocator rounds,
     seconds from the target's model (`graph_capture.measurement.estimate`); ``plain_peak`` is
-    not measured (100% of a percentage is the modelled checkpoint-all peak), the graph
-    attributes ``target`` (the device's name) and ``step_cost`` (predicted seconds) say so.
+    predicted, the simulated peak of the schedule keeping everything (every node once, kernel
+    workspaces included), and the graph attributes ``plain_peak_basis`` ("predicted"),
+    ``target`` (the device's name) and ``step_cost`` (predicted seconds) say so.
     The global RNG state and the model are left as they were. Raises `CaptureError`.
     """
     if granularity not in GRANULARITIES:
@@ -146,9 +150,10 @@ def capture(
         else:
             with no_autocast(device.type):
                 measured = measure_joint(gm, args, repeats=repeats)
-            for node in gm.graph.nodes:  # each op's own seconds (`remat calibrate`)
+            for node in gm.graph.nodes:  # each op's seconds and scratch (`remat calibrate`)
                 if node.name in measured.nodes:
                     node.meta[SECONDS_KEY] = measured.nodes[node.name].seconds
+                    node.meta[SCRATCH_KEY] = measured.nodes[node.name].scratch_bytes
             accumulation = add_accumulation_seconds(
                 gm, grad_positions, measured.outputs, measured.nodes, repeats
             )
@@ -179,6 +184,9 @@ def capture(
     dag.graph["name"] = f"{type(model).__name__} ({granularity})"
     if plain_peak is not None:
         dag.graph["plain_peak"] = plain_peak
+    elif target_device is not None:  # 100%: the keep-everything schedule's simulated peak
+        dag.graph["plain_peak"] = max(1, checkpoint_all_peak(prepare(dag)))
+        dag.graph["plain_peak_basis"] = "predicted"
     if cost_model == "time" and measured.pass_seconds is not None:
         dag.graph["step_cost"] = measured.pass_seconds + accumulation
     return CapturedGraph(

@@ -122,6 +122,15 @@ def save_graph(graph: nx.DiGraph, path: str | Path) -> None:
     """Write a solver graph as node-link JSON with its `order`, `name`, `step_cost`,
     `plain_peak`, `threads`, `target` and `structure`, readable by `load_graph`."""
     data = nx.node_link_data(graph, edges="links")
-    kept = ("order", "name", "step_cost", "plain_peak", "threads", "target", "structure")
+    kept = (
+        "order",
+        "name",
+        "step_cost",
+        "plain_peak",
+        "plain_peak_basis",
+        "threads",
+        "target",
+        "structure",
+    )
     data["graph"] = {k: v for k, v in graph.graph.items() if k in kept}
     Path(path).write_text(json.dumps(data))

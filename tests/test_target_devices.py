@@ -1,11 +1,14 @@
 """The device model: built-in targets, rounding, roofline seconds, device files, op costs."""
 
+import json
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from graph_capture.measurement.roofline import bytes_moved, op_flops, op_seconds, resolve_target
 from solver.target import Device, UnknownTargetError, builtin_device, load_device
+from solver.target.devices import LAUNCH_SECONDS
 
 
 def test_builtin_names_and_rounding():
@@ -25,12 +28,37 @@ def test_roofline_is_the_larger_bound_and_a_measured_op_wins():
     measured = Device("toy", d.flops, 10.0, 1 << 30, op_seconds={"op(x)": 0.5})
     assert measured.seconds("op(x)", 1000, 10, "float32") == 0.5
     assert measured.seconds("other(x)", 1000, 10, "float32") == 10.0
+    fixed = Device("toy", d.flops, 10.0, 1 << 30, op_seconds={"op(x)": 0.5}, op_overhead=1.0)
+    assert fixed.seconds("other(x)", 1000, 10, "float32") == 11.0  # max(compute, memory) + fixed
+    assert fixed.seconds("op(x)", 1000, 10, "float32") == 0.5  # measured: the fixed part in it
+
+
+def test_cpu_pays_its_measured_seconds_per_op():
+    cpu = resolve_target("cpu")
+    assert cpu.kernels == "cpu" and 0 < cpu.op_overhead < 1e-3
+    assert cpu.roofline_seconds(0, 0, "float32") == cpu.op_overhead
 
 
 def test_device_file_round_trip(tmp_path):
-    d = Device("mine", {"float32": 1e12}, 1e11, 1 << 34, rounding=256, op_seconds={"k": 1e-3})
+    d = Device(
+        "mine",
+        {"float32": 1e12},
+        1e11,
+        1 << 34,
+        rounding=256,
+        op_seconds={"k": 1e-3},
+        op_overhead=2e-6,
+        kernels="cpu",
+        op_transient={"k": 4096},
+    )
     d.save(tmp_path / "mine.json")
     assert load_device(tmp_path / "mine.json") == d
+    old = {**d.to_json(), "format": "remat-device/1", "name": "cpu"}
+    for key in ("op_overhead", "kernels", "op_transient"):
+        del old[key]
+    (tmp_path / "v1.json").write_text(json.dumps(old))
+    v1 = load_device(tmp_path / "v1.json")
+    assert (v1.op_overhead, v1.kernels, v1.op_transient) == (0.0, "cpu", {})
     assert resolve_target(str(tmp_path / "mine.json")) == d
     (tmp_path / "bad.json").write_text('{"format": "other"}')
     with pytest.raises(UnknownTargetError, match="not a remat device file"):
@@ -53,7 +81,8 @@ def test_op_costs_on_fake_tensors():
     with FakeTensorMode():
         a, b = torch.empty(64, 128), torch.empty(128, 32)
         seconds = op_seconds(h100, mm, (a, b), {}, mm(a, b))
-    assert seconds == max(flops / h100.flops["float32"], moved / h100.bandwidth)
+    roofline = max(flops / h100.flops["float32"], moved / h100.bandwidth)
+    assert seconds == roofline + h100.op_overhead and h100.op_overhead == LAUNCH_SECONDS
 
 
 def test_cpu_fused_attention_counts_the_flash_kernels_flops():

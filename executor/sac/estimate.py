@@ -13,7 +13,9 @@ real run's; and a CPU model's own weights stay untouched (only swapped out for t
   rounded as the target's allocator rounds (`Device.round_bytes`), is an allocation event; a
   `weakref.finalize` on the storage (torch keeps a storage's Python object alive as long as
   the storage lives) makes its free an event, when the last tensor on it dies, as in the real
-  run: a logical clock orders the events and the marks of `Estimate.timeline`;
+  run: a logical clock orders the events and the marks of `Estimate.timeline`; an op's kernel
+  workspace (`graph_capture.measurement.workspace.workspace_bytes`, the traced-graph estimate's
+  model too) is an allocation right after its outputs' and a free right after it;
 - values: integer and boolean tensors whose inputs are known (the real inputs of a CPU model,
   `arange` positions) are also computed for real (at most `_SHADOW_NUMEL` elements), so that a
   model branching on them (`bool(t)`, `.item()`) takes the branch the real run takes, and
@@ -28,7 +30,8 @@ Seconds are the target's model of each op (`graph_capture.measurement.roofline.o
 a region's checkpoint price is its ops' seconds up to `stop` (nothing beyond them), and its SAC
 overhead this host's measured per-op cost of SAC's dispatch modes (`sac_dispatch_seconds`)
 times its ops in the forward and the recompute. Each region still runs alone once per kind
-(fake) inside checkpoint, so a region checkpoint refuses is refused as when measured.
+(fake) inside checkpoint, so a region checkpoint refuses is refused as when measured. Each op's
+scratch bytes are its workspace (`Estimate.scratch`).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from executor.errors import PlanError
 from executor.sac.measurer import Measured, Timeline, storage_key
 from executor.sac.step import leaf_tensors
 from graph_capture.measurement.roofline import op_seconds
+from graph_capture.measurement.workspace import workspace_bytes
 from solver.target import Device
 
 __all__ = ["Estimate", "sac_dispatch_seconds"]
@@ -131,6 +135,9 @@ class _Tracker(TorchDispatchMode):
         outs = leaf_tensors(out)
         self._written(func, args, kwargs)
         self._allocated(tensors, outs)
+        if workspace := workspace_bytes(self.device, func, args, kwargs, out):
+            self.events += [(self.clock + 1, workspace), (self.clock + 2, -workspace)]
+            self.clock += 2
         if (
             computable
             and outs
@@ -312,6 +319,10 @@ class Estimate(Measured):
     def call(self, func, args: tuple, kwargs: dict) -> tuple[Any, float]:
         out = func(*args, **kwargs)
         return out, op_seconds(self.device, func, args, kwargs, out)
+
+    def scratch(self, func, args: tuple, kwargs: dict, out: Any) -> int:
+        """The op's kernel workspace on the target (`workspace_bytes`)."""
+        return workspace_bytes(self.device, func, args, kwargs, out)
 
     @contextlib.contextmanager
     def timeline(self) -> Iterator[Timeline]:

@@ -41,7 +41,7 @@ from executor.sac.record import RECORDING_STEPS, in_call_order, record_union
 from executor.sac.region import cache_off, run_checkpointed
 from executor.sac.sharded import fsdp_policy, model_memory, solve_sharded
 from executor.sac.step import RecordingTime, Snapshot, leaf_tensors
-from solver.core.budget import parse_bytes
+from solver.core.budget import parse_bytes, plain_step
 from solver.deadline import Deadline
 from solver.errors import ScheduleMismatchError
 from solver.sac.solve import solve_sac
@@ -99,7 +99,8 @@ class CheckpointPlan:
     (measured per region) plus the SAC overhead of each region saving an op (measured per
     region; a region saving nothing runs as plain checkpoint); `bound`: proven lower bound on
     the cost; `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE"; `budget`:
-    bytes; `plain_peak`: the measured peak of the step without checkpointing (100%). `target`:
+    bytes; `plain_peak`: the peak of the step without checkpointing (100%; `plain_step` names
+    it: measured, or predicted in estimate mode). `target`:
     None where bytes and seconds were measured here; in estimate mode the target device's
     name, and `plain_peak` and every second are predicted for it (executor/sac/estimate.py).
     `world_size` > 1: sharded by FSDP2, and `peak`, `budget`, `plain_peak` are bytes per rank
@@ -122,6 +123,12 @@ class CheckpointPlan:
     target: str | None = None
     world_size: int = 1
 
+    @property
+    def plain_step(self) -> str:
+        """The name of 100%: "the measured plain step", or "the predicted plain step" in
+        estimate mode."""
+        return plain_step("measured" if self.target is None else "predicted")
+
     def checkpointed_regions(self) -> list[str]:
         """Names of the regions that run inside a checkpoint."""
         return [n for n, c in zip(self.regions, self.checkpointed, strict=True) if c]
@@ -136,7 +143,7 @@ class CheckpointPlan:
         return (
             f"CheckpointPlan({self.status}, {len(checkpointed)} of {len(self.regions)} regions "
             f"checkpointed ({saving} saving ops), peak {self.peak:,} B of budget "
-            f"{self.budget:,} B (plain step {self.plain_peak:,} B), cost {self.cost:.6f} s, "
+            f"{self.budget:,} B ({self.plain_step} {self.plain_peak:,} B), cost {self.cost:.6f} s, "
             f"gap {self.gap:.2%}, {basis})"
         )
 

@@ -23,7 +23,8 @@ Steps (`record_union`):
    seconds are scaled down to it instead: `_priced`).
 The RNG state and the model's buffers are restored after each run, and `.grad` is left as found.
 Bytes and seconds come from a measurer (`executor.sac.measurer`): measured as above, or in
-estimate mode predicted for a target from a fake step (`executor.sac.estimate`, no scratch).
+estimate mode predicted for a target from a fake step (`executor.sac.estimate`: scratch is the
+target's workspace model).
 """
 
 from __future__ import annotations
@@ -156,7 +157,8 @@ class _Recorder(TorchDispatchMode):
                 self.creator[s] = i
                 storages[s] = self.measurer.nbytes(t)
         random = torch.Tag.nondeterministic_seeded in func.tags
-        facts.ops.append(_OpFacts(str(func), i, random, [seconds], storages))
+        scratch = self.measurer.scratch(func, args, kwargs, out)
+        facts.ops.append(_OpFacts(str(func), i, random, [seconds], storages, scratch=scratch))
         return out
 
 
@@ -443,5 +445,6 @@ def _record_union(model, blocks, children, step, repeats, clock: RecordingTime, 
             splits.append(None)
             continue
         splits.append(SacSplit(tuple(made), tuple(windows.inner[j])))
-    problem = SacProblem(tuple(out), tuple(windows.segments), windows.peak)
+    basis = "measured" if measurer.target is None else "predicted"
+    problem = SacProblem(tuple(out), tuple(windows.segments), windows.peak, basis)
     return SacUnion(problem, tuple(splits)), kept

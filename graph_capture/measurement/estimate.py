@@ -7,7 +7,8 @@ step is traced, then the joint graph runs node by node under the same `FakeTenso
 - bytes: each value's fake storages, with the same accounting `measure.measure_joint` applies
   to real ones (every value kept, a storage counted once, new storages per node), each storage
   rounded up as the target's allocator rounds a block (`solver.target.Device.round_bytes`);
-- scratch bytes (kernel workspaces, temporaries inside one aten op) are not seen: 0;
+- scratch bytes (kernel workspaces, temporaries inside one aten op), which fake tensors do not
+  show, come from the target's workspace model (`graph_capture.measurement.workspace`);
 - seconds: the target's measured table where it has the op (``remat calibrate``), else the
   op's roofline (`graph_capture.measurement.roofline.op_seconds`); a parameter gradient's node
   also pays the add into ``.grad``.
@@ -37,6 +38,7 @@ from graph_capture.measurement.measure import (
     storages_of,
 )
 from graph_capture.measurement.roofline import op_flops, op_seconds
+from graph_capture.measurement.workspace import workspace_bytes
 from graph_capture.trace.fx_nodes import describe_op
 from graph_capture.trace.lifted import LiftedConstant
 from solver.target import Device
@@ -176,7 +178,10 @@ def _estimate_node(
     allocates = any(k not in storages_of((args, kwargs)) for k in storages)
     flops = counted or (estimate_flops((args, kwargs), value) if allocates else 0)
     seconds = op_seconds(device, target, args, kwargs, value)
-    return value, NodeMeasure(storages, set(), seconds, counted, flops, *shapes_of(value))
+    scratch = workspace_bytes(device, target, args, kwargs, value)
+    return value, NodeMeasure(
+        storages, set(), seconds, counted, flops, *shapes_of(value), scratch_bytes=scratch
+    )
 
 
 def _check_constants(lifted: Sequence[torch.fx.Node]) -> None:

@@ -30,6 +30,9 @@ StorageKey = tuple[int, int]
 SECONDS_KEY = "remat_seconds"
 """fx node meta key of an op's seconds in a capture (measured, or predicted in estimate mode),
 which ``remat calibrate`` reads."""
+SCRATCH_KEY = "remat_scratch"
+"""fx node meta key of an op's measured scratch bytes in a measured capture, which ``remat
+calibrate`` reads."""
 Call = Callable[[], object]
 
 

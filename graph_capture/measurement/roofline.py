@@ -3,8 +3,9 @@
 FLOPs come from ``torch.utils.flop_counter``'s registry (matmuls, convolutions, attention; every
 other op counts 0 FLOPs and is bound by the bytes it moves). Bytes moved are the bytes of the
 op's distinct tensor inputs and outputs (each storage counted once). Both work on fake tensors,
-so a step that never ran here gets seconds. ``cpu_device`` measures this processor's matmul rate
-and copy bandwidth once per process, so that target ``cpu`` is a device like the others.
+so a step that never ran here gets seconds. ``cpu_device`` measures this processor's matmul rate,
+copy bandwidth and fixed seconds per op once per process, so that target ``cpu`` is a device like
+the others.
 """
 
 from __future__ import annotations
@@ -85,11 +86,16 @@ def op_seconds(
     )
 
 
+TINY_OP_REPEATS = 201
+
+
 @functools.cache
 def cpu_device() -> Device:
-    """This processor as a device: matmul FLOP/s per dtype and copy bandwidth, measured once
-    (median of 5 runs of a 512x512 matmul and a 64 MiB copy, at torch's current thread count);
-    memory is unbounded for the model (bytes are what a plan budgets), rounding 1 byte."""
+    """This processor as a device: matmul FLOP/s per dtype, copy bandwidth and the fixed
+    seconds of an op (`TINY_OP_REPEATS` runs of a one-element add: dispatch, allocation and
+    Python call), measured once (medians; a 512x512 matmul and a 64 MiB copy, at torch's current
+    thread count); memory is unbounded for the model (bytes are what a plan budgets), rounding
+    1 byte, aten's CPU kernels (`graph_capture.measurement.workspace`)."""
     flops = {}
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         a = torch.randn(512, 512, dtype=dtype)
@@ -99,7 +105,17 @@ def cpu_device() -> Device:
     dst = torch.empty_like(src)
     seconds = median_seconds(lambda: dst.copy_(src))
     bandwidth = 2 * src.numel() * src.element_size() / seconds
-    return Device("cpu", flops, bandwidth=bandwidth, memory=1 << 62, rounding=1)
+    one = torch.ones(1)
+    overhead = median_seconds(lambda: one + one, repeats=TINY_OP_REPEATS, warmup=10)
+    return Device(
+        "cpu",
+        flops,
+        bandwidth=bandwidth,
+        memory=1 << 62,
+        rounding=1,
+        op_overhead=overhead,
+        kernels="cpu",
+    )
 
 
 def resolve_target(target: str | Device) -> Device:

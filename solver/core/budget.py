@@ -1,12 +1,13 @@
 """Budgets as the user gives them, the one place their spellings are defined.
 
 Memory budgets (`parse_budget`, `parse_bytes`): a bare number is bytes (whole); text is bytes
-with a unit (`512MiB`, `1.5GiB`, `2GB`) or a percentage (`50%`). 100% is the measured peak of
-the plain training step (forward and backward without checkpointing, bytes above what exists
-before the step, its gradients created in it) where the graph carries one (the graph attribute
-`plain_peak`, which capture measures; `checkpoint_plan` measures its own), and the modelled
-checkpoint-all peak (`checkpoint_all_peak`) for a graph without (the published graphs):
-`hundred_percent` says which.
+with a unit (`512MiB`, `1.5GiB`, `2GB`) or a percentage (`50%`). 100% is the peak of the plain
+training step (forward and backward without checkpointing, bytes above what exists before the
+step, its gradients created in it) where the graph carries one (the graph attribute
+`plain_peak`: measured by capture and by `checkpoint_plan`, or in estimate mode predicted, which
+the graph attribute `plain_peak_basis` = "predicted" says), and the modelled checkpoint-all peak
+(`checkpoint_all_peak`) for a graph without (the published graphs): `hundred_percent` says
+which.
 
 Compute budgets and overhead caps (`parse_compute_budget`; `fit`'s `max_overhead`): a bare
 number, or one with an `x` (`1.3`, `"1.3x"`), is a factor of computing every node once;
@@ -42,14 +43,25 @@ def checkpoint_all_peak(problem: Problem) -> int:
 
 
 PLAIN_STEP = "the measured plain step"
+PREDICTED_PLAIN_STEP = "the predicted plain step"
 CHECKPOINT_ALL = "the modelled checkpoint-all peak"
+BASES = ("measured", "predicted")
+"""Values of `plain_peak_basis`: how a plain step's peak was had."""
+
+
+def plain_step(basis: str) -> str:
+    """The name of 100% for a plain peak `basis` ("measured" or "predicted")."""
+    if basis not in BASES:
+        raise ValueError(f"plain peak basis {basis!r} is not one of {BASES}")
+    return PLAIN_STEP if basis == "measured" else PREDICTED_PLAIN_STEP
 
 
 def hundred_percent(problem: Problem) -> tuple[int, str]:
-    """(bytes, basis) of 100% for `problem`: its measured plain step (`Problem.plain_peak`)
-    where it has one, else its modelled checkpoint-all peak; `basis` names which."""
+    """(bytes, basis) of 100% for `problem`: its plain step (`Problem.plain_peak`, measured or
+    predicted as `Problem.plain_peak_basis` says) where it has one, else its modelled
+    checkpoint-all peak; `basis` names which."""
     if problem.plain_peak is not None:
-        return problem.plain_peak, PLAIN_STEP
+        return problem.plain_peak, plain_step(problem.plain_peak_basis)
     return checkpoint_all_peak(problem), CHECKPOINT_ALL
 
 

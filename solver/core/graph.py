@@ -52,8 +52,10 @@ class Problem:
             the node attribute `module` of captured graphs).
         step_cost: measured cost of one plain step (graph units; the graph attribute
             `step_cost`), or None where the graph has none.
-        plain_peak: measured peak bytes of one plain step (the graph attribute `plain_peak`),
-            or None where the graph has none.
+        plain_peak: peak bytes of one plain step (the graph attribute `plain_peak`), or None
+            where the graph has none.
+        plain_peak_basis: "measured", or "predicted" where `plain_peak` is an estimate mode's
+            (the graph attribute `plain_peak_basis`).
     """
 
     ids: tuple[Hashable, ...]
@@ -66,6 +68,7 @@ class Problem:
     module: tuple[str, ...] = ()
     step_cost: float | None = None
     plain_peak: int | None = None
+    plain_peak_basis: str = "measured"
 
     def __post_init__(self) -> None:
         if not self.transient:  # no transient bytes given: 0 for every node
@@ -242,6 +245,7 @@ def prepare(graph: nx.DiGraph) -> Problem:
         module,
         _step_cost(graph),
         _plain_peak(graph),
+        _plain_peak_basis(graph),
     )
 
 
@@ -252,6 +256,15 @@ def _step_cost(graph: nx.DiGraph) -> float | None:
     if not _is_finite_number(value) or value <= 0:
         raise GraphError(f"graph attribute `step_cost`={value!r} is not a finite number > 0")
     return float(value)
+
+
+def _plain_peak_basis(graph: nx.DiGraph) -> str:
+    value = graph.graph.get("plain_peak_basis", "measured")
+    if value not in ("measured", "predicted"):
+        raise GraphError(
+            f"graph attribute `plain_peak_basis`={value!r} is not 'measured' or 'predicted'"
+        )
+    return value
 
 
 def _plain_peak(graph: nx.DiGraph) -> int | None:

@@ -107,17 +107,20 @@ class Segment:
 
 @dataclass(frozen=True)
 class SacProblem:
-    """Blocks in forward order, the other stretches, and the plain step's measured peak."""
+    """Blocks in forward order, the other stretches, and the plain step's peak: measured, or
+    predicted in estimate mode (`plain_peak_basis`)."""
 
     blocks: tuple[SacBlock, ...]
     segments: tuple[Segment, ...]
     plain_peak: int
+    plain_peak_basis: str = "measured"
 
     def to_json(self) -> dict:
         return {
             "blocks": [b.to_json() for b in self.blocks],
             "segments": [asdict(s) for s in self.segments],
             "plain_peak": self.plain_peak,
+            "plain_peak_basis": self.plain_peak_basis,
         }
 
     @classmethod
@@ -126,4 +129,5 @@ class SacProblem:
             tuple(SacBlock.from_json(b) for b in d["blocks"]),
             tuple(Segment(**s) for s in d["segments"]),
             int(d["plain_peak"]),
+            str(d.get("plain_peak_basis", "measured")),
         )

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from solver.core.budget import PLAIN_STEP, as_percent
+from solver.core.budget import as_percent, plain_step
 from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.sac.memory import SacPlan
@@ -259,6 +259,7 @@ def solve_sac(
     model.m.Minimize(model.cost())
     solver, status = model.solve(deadline)
     if status == cp_model.INFEASIBLE:
+        hundred = plain_step(union.plain_peak_basis)
         try:
             _, least, proven = least_peak(union, deadline, whole)
         except SolverTimeoutError as e:
@@ -270,7 +271,7 @@ def solve_sac(
             ) from e
         raise InfeasibleBudgetError(
             f"no SAC plan fits {budget} bytes: the least predicted peak in SAC's space is "
-            f"{least} bytes ({as_percent(least, union.plain_peak, PLAIN_STEP)})"
+            f"{least} bytes ({as_percent(least, union.plain_peak, hundred)})"
             f"{'' if proven else ' (found, not proven least)'}; give at least that",
             least if proven else None,
             int(budget) + 1,

@@ -59,6 +59,10 @@ class SacUnion:
     def plain_peak(self) -> int:
         return self.blocks.plain_peak
 
+    @property
+    def plain_peak_basis(self) -> str:
+        return self.blocks.plain_peak_basis
+
     def regions(self) -> list[SacBlock]:
         """Every candidate region: each block followed by its split's children, if any."""
         out: list[SacBlock] = []

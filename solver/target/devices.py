@@ -1,10 +1,13 @@
 """The device a plan is made for, as a model: what an op costs there and how its allocator rounds.
 
 A `Device` holds peak arithmetic rates (FLOP/s per dtype), memory bandwidth (bytes/s), memory
-(bytes) and the allocator's rounding (bytes). An op's predicted seconds are its roofline, the
-larger of its FLOPs over the peak rate of its dtype and the bytes it reads and writes over the
-bandwidth, unless a measured table (`Device.op_seconds`, written by ``remat calibrate`` on the
-device itself) holds the op: then the measured seconds are used.
+(bytes), the allocator's rounding (bytes), a fixed cost per op (seconds: dispatch and launch)
+and whose kernels its ops run (``kernels``: ``"cpu"`` or ``"cuda"``, which selects the model of
+kernel workspaces, `graph_capture.measurement.workspace`). An op's predicted seconds are its
+roofline, the larger of its FLOPs over the peak rate of its dtype and the bytes it reads and
+writes over the bandwidth, plus the fixed cost, unless a measured table (`Device.op_seconds`,
+written by ``remat calibrate`` on the device itself) holds the op: then the measured seconds are
+used. Likewise an op's workspace bytes come from `Device.op_transient` where it holds the op.
 
 The built-in figures are the vendors' published dense peaks (no structured sparsity) and the
 memory ``nvidia-smi`` reports; they are upper bounds that no kernel reaches, so predicted seconds
@@ -22,11 +25,18 @@ from pathlib import Path
 
 from solver.errors import RematError
 
-FORMAT = "remat-device/1"
+FORMAT = "remat-device/2"
+READABLE = ("remat-device/1", FORMAT)
+"""Device file formats read: version 1 has no ``op_overhead``, ``kernels`` nor
+``op_transient`` (read as 0, the name's kernels, and none)."""
 CUDA_BLOCK_BYTES = 512
 TERA = 1e12
 GIB = 1 << 30
 MIB = 1 << 20
+LAUNCH_SECONDS = 5e-6
+"""Fixed seconds per op on a built-in GPU: a CUDA kernel launch, a round figure of the few
+microseconds NVIDIA publishes for one (an assumption, not measured here)."""
+KERNELS = ("cpu", "cuda")
 
 
 class UnknownTargetError(RematError, ValueError):
@@ -44,6 +54,9 @@ class Device:
     - ``rounding``: the allocator rounds each block up to a multiple of this many bytes (512 for
       the CUDA caching allocator, 1 where blocks are as requested).
     - ``op_seconds``: measured seconds per op key (`op_key`), from ``remat calibrate``.
+    - ``op_overhead``: fixed seconds every op pays beyond its roofline (dispatch, launch).
+    - ``kernels``: ``"cpu"`` (aten's CPU kernels and oneDNN) or ``"cuda"``: the workspace model.
+    - ``op_transient``: measured workspace bytes per op key, from ``remat calibrate``.
     """
 
     name: str
@@ -52,21 +65,29 @@ class Device:
     memory: int
     rounding: int = CUDA_BLOCK_BYTES
     op_seconds: Mapping[str, float] = field(default_factory=dict)
+    op_overhead: float = 0.0
+    kernels: str = "cuda"
+    op_transient: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if "float32" not in self.flops:
             raise ValueError(f"device {self.name!r}: flops needs a 'float32' rate")
         if min(self.flops.values()) <= 0 or self.bandwidth <= 0 or self.rounding < 1:
             raise ValueError(f"device {self.name!r}: rates and rounding must be positive")
+        if self.op_overhead < 0:
+            raise ValueError(f"device {self.name!r}: op_overhead must be at least 0 seconds")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"device {self.name!r}: kernels must be one of {KERNELS}")
 
     def round_bytes(self, nbytes: int) -> int:
         """Bytes the allocator holds for a block of ``nbytes`` bytes (0 stays 0)."""
         return -(-nbytes // self.rounding) * self.rounding
 
     def roofline_seconds(self, flops: float, bytes_moved: float, dtype: str) -> float:
-        """Seconds of an op doing ``flops`` FLOPs in ``dtype`` and moving ``bytes_moved`` bytes."""
+        """Seconds of an op doing ``flops`` FLOPs in ``dtype`` and moving ``bytes_moved`` bytes:
+        the larger of compute and memory time, plus the fixed `op_overhead`."""
         rate = self.flops.get(dtype, self.flops["float32"])
-        return max(flops / rate, bytes_moved / self.bandwidth)
+        return max(flops / rate, bytes_moved / self.bandwidth) + self.op_overhead
 
     def seconds(self, key: str, flops: float, bytes_moved: float, dtype: str) -> float:
         """Predicted seconds of the op ``key``: measured if calibrated, else its roofline."""
@@ -84,6 +105,9 @@ class Device:
             "memory": self.memory,
             "rounding": self.rounding,
             "op_seconds": dict(self.op_seconds),
+            "op_overhead": self.op_overhead,
+            "kernels": self.kernels,
+            "op_transient": dict(self.op_transient),
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -91,18 +115,22 @@ class Device:
 
     @classmethod
     def from_json(cls, data: Mapping, source: str = "device file") -> Device:
-        if data.get("format") != FORMAT:
+        if data.get("format") not in READABLE:
             raise UnknownTargetError(
                 f"{source} is not a remat device file (format {data.get('format')!r}, "
-                f"expected {FORMAT!r}); write one with `remat calibrate`"
+                f"expected one of {READABLE}); write one with `remat calibrate`"
             )
+        name = str(data["name"])
         return cls(
-            name=str(data["name"]),
+            name=name,
             flops={str(k): float(v) for k, v in data["flops"].items()},
             bandwidth=float(data["bandwidth"]),
             memory=int(data["memory"]),
             rounding=int(data["rounding"]),
             op_seconds={str(k): float(v) for k, v in data.get("op_seconds", {}).items()},
+            op_overhead=float(data.get("op_overhead", 0.0)),
+            kernels=str(data.get("kernels", "cpu" if name == "cpu" else "cuda")),
+            op_transient={str(k): int(v) for k, v in data.get("op_transient", {}).items()},
         )
 
 
@@ -120,7 +148,7 @@ def _gpu(name: str, fp32: float, tf32: float, bf16: float, fp64: float, tbs: flo
         "float16": bf16 * TERA,
         "float64": fp64 * TERA,
     }
-    return Device(name, flops, bandwidth=tbs * TERA, memory=mib * MIB)
+    return Device(name, flops, bandwidth=tbs * TERA, memory=mib * MIB, op_overhead=LAUNCH_SECONDS)
 
 
 # Published dense peaks in TFLOP/s (FP32, TF32 tensor, BF16/FP16 tensor, FP64), bandwidth in
