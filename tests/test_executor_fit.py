@@ -150,9 +150,9 @@ def test_loss_fn_is_the_step_s_loss_as_in_checkpoint_plan():
         return Hidden(), (torch.randn(batch, 64),)
 
     found = executor.fit(
-        hidden, MEMORY, time_limit=10, run=False, loss_fn=lambda out: out.square().mean()
+        hidden, MEMORY, time_limit=30, run=False, loss_fn=lambda out: out.square().mean()
     )
-    assert found.size == executor.fit(blocks, MEMORY, time_limit=10, run=False).size
+    assert found.size == executor.fit(blocks, MEMORY, time_limit=30, run=False).size
     with pytest.raises(executor.FitError, match=r"shape \(2, 64\).*pass loss_fn="):
         executor.fit(hidden, MEMORY, time_limit=10, run=False)
 

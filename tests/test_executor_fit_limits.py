@@ -163,14 +163,14 @@ def test_per_block_checkpointing_is_compared_within_the_cap():
     graph = SizedGraphs(blocks, (2, 3, 4), "batch")(4)
     assert per_block_peak(graph, None) is not None
     assert per_block_peak(graph, "1.0x") is None  # every depth recomputes a forward
-    found = executor.fit(blocks, MEMORY, max_overhead="1.0x", time_limit=10, run=False)
+    found = executor.fit(blocks, MEMORY, max_overhead="1.0x", time_limit=30, run=False)
     assert found.per_block_size is None
     assert "per-block checkpoint (predicted, within 1.0x)" in found.summary()
 
 
 def test_an_eager_step_within_the_memory_at_a_size_proven_not_to_fit_is_flagged(monkeypatch):
     monkeypatch.setattr(TrainingStep, "measured_peak", lambda self: 0)  # every step "fits"
-    found = executor.fit(blocks, MEMORY, time_limit=10)
+    found = executor.fit(blocks, MEMORY, time_limit=30)
     assert found.proven and found.eager_size == found.size + 1
     assert any("the proof says does not fit" in w for w in found.warnings)
     assert "WARNING: eager trains at batch" in found.summary()
