@@ -12,8 +12,8 @@ import argparse
 import time
 from pathlib import Path
 
-from benchmarks import frontier, published, seeds
 from benchmarks.common import Settings, write_table
+from benchmarks.solving import frontier, published, seeds
 
 FULL_MODELS = ("gpt", "resnet", "unet", "stack16", "stack48", "stack64", "gpt2", "bert", "vit")
 QUICK_MODELS = ("gpt",)

@@ -28,7 +28,7 @@ from solver.interrupt import first_sigint_stops
 
 TABLE_SHARE = 0.2
 """Share of `--time-limit` left to the heuristic rows of the table: the exact solve gets the
-rest, so that the whole command returns within the limit (`python -m benchmarks.time_limits
+rest, so that the whole command returns within the limit (`python -m benchmarks.solving.time_limits
 --cli` measures it)."""
 
 

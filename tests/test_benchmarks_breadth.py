@@ -1,4 +1,4 @@
-"""The breadth benchmark's harness (`benchmarks.breadth`) on one small architecture: both
+"""The breadth benchmark's harness (`benchmarks.running.breadth`) on one small architecture: both
 runtimes trained against eager for one step, and a runtime that differs reported as WRONG
 unless eager against itself differs as early."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks import breadth
+from benchmarks.running import breadth
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""`benchmarks.fit_published` on a published graph (skipped where they are absent): VGG19's
+"""`benchmarks.planning.fit_published` on a published graph (skipped where they are absent): VGG19's
 largest batch under Checkmate's protocol is proven, agrees with Checkmate's published batch,
 and is derived again without the fit's search.
 
@@ -13,7 +13,7 @@ import pytest
 
 import solver
 from benchmarks.common import GRAPHS_DIR
-from benchmarks.fit_published import GRAPHS, fit_row, per_sample
+from benchmarks.planning.fit_published import GRAPHS, fit_row, per_sample
 from solver.io import load_graph
 
 

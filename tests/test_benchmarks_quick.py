@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import solver
-from benchmarks import frontier, published, seeds
 from benchmarks.common import GRAPHS_DIR, Settings, plot_frontier, write_table
+from benchmarks.solving import frontier, published, seeds
 from solver.io import load_graph
 
 
@@ -51,7 +51,7 @@ def test_model_frontier_and_measurements(tmp_path: Path) -> None:
 
 
 def test_stage_lp_row_times_a_published_graph() -> None:
-    from benchmarks.stage_lp import lp_row
+    from benchmarks.solving.stage_lp import lp_row
 
     path = GRAPHS_DIR / "fcn_8_vgg_32_416x608x3_train_nx.json"
     if not path.exists():
@@ -61,7 +61,7 @@ def test_stage_lp_row_times_a_published_graph() -> None:
 
 
 def test_median_interval_holds_the_median_and_is_reproducible() -> None:
-    from benchmarks.real_models import median_interval
+    from benchmarks.running.real_models import median_interval
 
     samples = [1.10, 1.14, 1.12, 1.30, 1.11, 1.13, 1.09, 1.12, 1.15, 1.12]
     low, high = median_interval(samples)
@@ -72,7 +72,7 @@ def test_median_interval_holds_the_median_and_is_reproducible() -> None:
 
 
 def test_an_overhead_interval_is_resolved_when_a_tenth_of_the_overhead_or_a_point_wide() -> None:
-    from benchmarks.real_models import resolved
+    from benchmarks.running.real_models import resolved
 
     assert resolved(1.192, 1.208)  # 1.6 points wide on a 20% overhead
     assert not resolved(1.17, 1.36)  # 19 points on 26%: more rounds
@@ -82,7 +82,7 @@ def test_an_overhead_interval_is_resolved_when_a_tenth_of_the_overhead_or_a_poin
 
 
 def test_overhead_rounds_stop_once_resolved_and_at_the_cap_otherwise() -> None:
-    from benchmarks.real_models import REMAT_FULL, rounds_until_resolved
+    from benchmarks.running.real_models import REMAT_FULL, rounds_until_resolved
 
     calls = itertools.count()
     seconds = {
@@ -103,7 +103,7 @@ def test_overhead_rounds_stop_once_resolved_and_at_the_cap_otherwise() -> None:
 
 
 def test_cover_ceiling_is_under_a_schedule_it_bounds() -> None:
-    from benchmarks.cover_ceiling import ceiling_row
+    from benchmarks.solving.cover_ceiling import ceiling_row
 
     path = GRAPHS_DIR / "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json"
     if not path.exists():

@@ -3,7 +3,8 @@
 Two blocks of parameters (8, 4) and (8,), a root of (10, 4), two ranks. Per group, fp32: the
 padded shard is 4x4 + 4 = 20 elements (root: 5x4), so the all-gather output is 2 x 20 x 4 =
 160 bytes, the unsharded parameters 160, the reduce-scatter input 160 and output 80, the
-unsharded gradients 160. The 2-rank gloo run against real FSDP2 is `benchmarks.fsdp_memory`.
+unsharded gradients 160. The 2-rank gloo run against real FSDP2 is
+`benchmarks.planning.fsdp_memory`.
 """
 
 from __future__ import annotations

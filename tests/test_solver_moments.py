@@ -129,7 +129,7 @@ def test_after_a_weak_lp_the_moment_phase_runs_and_the_answer_is_the_exhaustive_
 def test_random_layered_250_at_90_percent_is_proven_through_the_moment_phase():
     """Issue 6's random_layered n=250 row: first tight stage 213 of 250, where the relaxation
     (17k variables) is small beside the stage model (190k) and its optimal plan fits: the proof
-    (`python -m benchmarks.solver_scale --rows random250` times it)."""
+    (`python -m benchmarks.solving.solver_scale --rows random250` times it)."""
     if not RANDOM_250.exists():
         pytest.skip(f"{RANDOM_250} not present")
     graph = load_graph(RANDOM_250)

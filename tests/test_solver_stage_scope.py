@@ -1,5 +1,5 @@
 """The scope of "OPTIMAL": proven over the stage schedules in the graph's node order, which
-another order of first computes can beat (`python -m benchmarks.stage_scope` measures how
+another order of first computes can beat (`python -m benchmarks.solving.stage_scope` measures how
 often)."""
 
 from __future__ import annotations

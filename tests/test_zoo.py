@@ -16,8 +16,8 @@ import torch
 from capture_checks import assert_exact_replay
 from torch import nn
 
-from benchmarks import capture_graphs
-from benchmarks.measure import checkpointed_blocks
+from benchmarks.running import capture_graphs
+from benchmarks.running.measure import checkpointed_blocks
 from benchmarks.zoo import ZOO, Bench, mobilenet_v3_small, resnet18, resnet50
 from benchmarks.zoo.mobilenet import InvertedResidual
 from benchmarks.zoo.resnet import BasicBlock, Bottleneck

@@ -4,7 +4,8 @@ An `OpOverload` called through its `_op` goes through the JIT's generic argument
 (about 4 us per call on a 2-core CPU); torch's generated bindings (``torch.mm``,
 ``Tensor.view``, ``torch._C._nn.*``) parse the same arguments in about 2.5 us and hand the same
 overload to the dispatcher. On BERT-4's step (826 fx nodes) that difference was most of the
-executor's time above eager's (`python -m benchmarks.real_models` measures it as "remat 100%"
+executor's time above eager's (`python -m benchmarks.running.real_models` measures it as "remat
+100%"
 against "eager"). Backward kernels (``gelu_backward``, ``native_layer_norm_backward``...) have
 no such binding and keep `_op`.
 

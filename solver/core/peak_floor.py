@@ -24,7 +24,7 @@ taken there).
 It is above the one-line bound where a backward op reads two values and the later one's inputs
 are large: a tanh GELU's backward reads `tanh` and the incoming gradient, and whichever came
 last was computed with the other live beside its own 1 MB input. On GPT-2 graphs captured by
-`benchmarks.capture_graphs` it is 1.30-1.33x the one-line bound.
+`benchmarks.running.capture_graphs` it is 1.30-1.33x the one-line bound.
 """
 
 from __future__ import annotations

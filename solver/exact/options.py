@@ -2,7 +2,8 @@
 
 Every share is of seconds: "of the limit" counts from the start of the solve, "of the remaining
 time" from when the step begins. The defaults are the settings `python -m
-benchmarks.solver_scale` and `python -m benchmarks.time_limits` were run with; docs/solver.md
+benchmarks.solving.solver_scale` and `python -m benchmarks.solving.time_limits` were run with;
+docs/solver.md
 says what each trades.
 """
 

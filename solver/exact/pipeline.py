@@ -87,7 +87,7 @@ def solve(
             unlimited.
         time_limit: seconds, for everything (heuristics, bounds, models, the error paths): the
             call returns by then plus what one engine call overruns its own limit (`python -m
-            benchmarks.time_limits` measures it). At the limit the best schedule found comes
+            benchmarks.solving.time_limits` measures it). At the limit the best schedule found comes
             back with status "FEASIBLE" and its proven bound.
         workers: CP-SAT search workers (more than the cores still helps: the portfolio differs).
         progress: True to print each improvement to stderr, or a ProgressFn (seconds, objective,

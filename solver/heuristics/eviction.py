@@ -112,7 +112,7 @@ DISTANCE_EXPONENTS = (2.0, 1.0, 0.5, 0.0)
 """The runs `evict_within` makes, one per weight of the distance to the next read: bytes times
 distance**e per unit of rebuild cost. No single exponent is best everywhere (FCN8 at 80% reaches
 its optimum only with e = 2, random_layered n=500 at 90% is 1.5x cheaper with e <= 1;
-`python -m benchmarks.solver_scale` lists eviction's cost beside the optimum)."""
+`python -m benchmarks.solving.solver_scale` lists eviction's cost beside the optimum)."""
 
 
 Chooser = Callable[[int, list[int], set[int], dict[int, float]], int]

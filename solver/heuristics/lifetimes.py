@@ -23,7 +23,7 @@ iterated local search; a seeded RNG keeps it deterministic). Where the graph has
 blocks (`solver.core.repeats`), each start is first repaired and improved with every move also
 tried in every block at once, then again with single moves.
 On op-level graphs of real models it finds schedules within 0-1% of the cascade cover's bound
-where eviction is 1-5% away (`benchmarks.solver_scale`).
+where eviction is 1-5% away (`benchmarks.solving.solver_scale`).
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ lower bound on it) bounds the recompute cost of every schedule:
   values kept (K), so the crossing values away must cover the excess plus the kept dead bytes.
 
 Without dead inputs the model is the read-gap cover. Its LP relaxation is strong: on op-level
-graphs of real models (`benchmarks.solver_scale`) it lies within a few tenths of a percent of
+graphs of real models (`benchmarks.solving.solver_scale`) it lies within a few tenths of a percent
+of
 the optimum of the model, and it solves in seconds where the stage model's LP does not finish;
 `solver.milp.cascade_rounds.cascade_bound` takes the LP's bound (certified from its duals,
 `solver.milp.lp`) and then lets HiGHS's branch and cut raise it. What it leaves out:

@@ -19,7 +19,8 @@ _OPEN = 2**62
 OVERRUN_PER_VARIABLE = 2.5e-5
 """Seconds CP-SAT runs past its max_time_in_seconds per model variable (loading the model, a
 last presolve), kept in hand so that the caller's deadline holds; a model whose translation
-would leave less than that is not solved at all. Measured by `python -m benchmarks.time_limits`
+would leave less than that is not solved at all. Measured by `python -m
+benchmarks.solving.time_limits`
 (wall time against the time limit)."""
 
 OVERRUN_SHARE = 0.01
@@ -143,7 +144,7 @@ class CpSatModel:
         solver.parameters.num_workers = workers
         # Linearising the memory constraints for the LP workers tightens the bound, and one
         # presolve pass without probing shortens the proofs on the stage models (docs/solver.md,
-        # "CP-SAT"; `python -m benchmarks.solver_scale`).
+        # "CP-SAT"; `python -m benchmarks.solving.solver_scale`).
         solver.parameters.linearization_level = 2
         solver.parameters.max_presolve_iterations = 1
         solver.parameters.cp_model_probing_level = 0

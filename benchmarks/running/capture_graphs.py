@@ -11,7 +11,7 @@ preallocated as in docs/executor.md) and its ratio to the checkpoint-all peak. A
 fails to build or capture gets its error in the manifest instead. Running a subset updates
 those models' entries and keeps the others. The files are generated, never edited by hand.
 
-Run: python -m benchmarks.capture_graphs [--out results/graphs] [--models NAME ...]
+Run: python -m benchmarks.running.capture_graphs [--out results/graphs] [--models NAME ...]
      [--granularity op|module] [--measure]
 """
 

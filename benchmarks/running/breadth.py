@@ -1,10 +1,11 @@
 """Breadth: third-party architectures (HuggingFace transformers, torchvision; small configs,
 random init, dropout on) trained in both runtimes against eager on an identical copy.
 
-    python -m benchmarks.breadth                        # every architecture, both runtimes
-    python -m benchmarks.breadth --only gpt2 tv_resnet18 --steps 3 --out breadth.md --json b.json
+    python -m benchmarks.running.breadth                        # every architecture, both runtimes
+    python -m benchmarks.running.breadth --only gpt2 tv_resnet18 --steps 3 --out breadth.md --json
+        b.json
 
-Per architecture (`benchmarks.breadth_models`), three cells:
+Per architecture (`benchmarks.running.breadth_models`), three cells:
 
 - ``eager``: the control, a second copy trained plainly: eager against itself;
 - ``remat``: remat's own executor (`executor.rematerialize`; HF models captured with
@@ -54,7 +55,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchmarks.breadth_models import ARCHITECTURES, Case, TorchvisionMissing, hf_loss
+from benchmarks.running.breadth_models import ARCHITECTURES, Case, TorchvisionMissing, hf_loss
 
 RUNTIMES = ("eager", "remat", "sac")
 """``eager``: the control, a second copy trained plainly against the first."""
@@ -350,7 +351,7 @@ def _worker(args: argparse.Namespace) -> int:
 def run_subprocess(name: str, args: argparse.Namespace) -> list[Cell]:
     """One architecture's row in a subprocess under `args.row_timeout` seconds; a cell it did
     not report (a timeout or a crash) is refused with the reason."""
-    command = [sys.executable, "-m", "benchmarks.breadth", "--worker", name]
+    command = [sys.executable, "-m", "benchmarks.running.breadth", "--worker", name]
     command += ["--budget", args.budget, "--steps", str(args.steps)]
     command += ["--time-limit", str(args.time_limit)]
     start = time.perf_counter()
@@ -398,7 +399,7 @@ def report(cells: Sequence[Cell], command: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.breadth", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.running.breadth", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "--only",
@@ -431,7 +432,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for cell in run_subprocess(name, args):
             cells.append(cell)
             print(cell.markdown(), flush=True)
-    command = "python -m benchmarks.breadth " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.running.breadth " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     text = report(cells, command.strip())
     print("\n" + text)
     if args.out:

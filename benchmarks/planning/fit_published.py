@@ -19,7 +19,7 @@ the segmentation graphs get the whole 16e9 bytes, with the fixed bytes up to whi
 stands ("holds while fixed <="). The proof is over Checkmate's stage schedules, the space its
 ILP searched (`solver.fitting.search`, NOTE [fit proofs]).
 
-Run: nice -n 5 python -m benchmarks.fit_published [--time-limit 600] [--graphs VGG16 ...]
+Run: nice -n 5 python -m benchmarks.planning.fit_published [--time-limit 600] [--graphs VGG16 ...]
      [--out results]
 """
 

@@ -6,7 +6,7 @@ recompute overhead, status and gap, and each baseline's cost as a ratio to the e
 graphs are absent. Checkmate's Table 2 reports the same kind of baseline/optimum ratios on these
 graphs; its numbers are not shipped with this repository, so compare by reading the paper.
 
-Run: python -m benchmarks.published [--quick] [--out results]
+Run: python -m benchmarks.solving.published [--quick] [--out results]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Estimate mode against the measured capture, on the zoo models at op level.
 
-    python -m benchmarks.estimate_fidelity [--models gpt2_4 resnet18 ...] [--rounds 30]
+    python -m benchmarks.planning.estimate_fidelity [--models gpt2_4 resnet18 ...] [--rounds 30]
                                            [--time-limit 20] [--fraction 0.6]
                                            [--out results/estimate_fidelity]
 
@@ -30,7 +30,7 @@ import torch
 
 import solver
 from benchmarks.common import Row, write_table
-from benchmarks.measure import interleaved_times, loss_step, measure_peaks
+from benchmarks.running.measure import interleaved_times, loss_step, measure_peaks
 from benchmarks.zoo import ZOO
 from executor.traced.estimated import match_estimated
 from executor.traced.module import Rematerialized

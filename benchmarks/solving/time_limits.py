@@ -1,6 +1,6 @@
 """Time-limit adherence: the wall time of `solver.solve` against its time limit.
 
-    python -m benchmarks.time_limits [--time-limit 10] [--budgets 80% 40% 2%]
+    python -m benchmarks.solving.time_limits [--time-limit 10] [--budgets 80% 40% 2%]
         [--graphs FILE.json ...] [--cli] [--out results]
 
 For each graph and budget, one solve in a fresh process (so that nothing a previous solve left
@@ -8,7 +8,7 @@ behind counts): its wall time, the time limit, whether it ended within the promi
 `solver.solve` (time_limit * 1.05 + 0.5 s), and its outcome: status, cost and gap,
 "INFEASIBLE" (with the least feasible peak found) or "NO SCHEDULE". By default the graphs are
 random_layered n=500 and n=1000 of ../shared/graphs; op-level graphs of real models can be
-saved with `python -m benchmarks.capture_graphs` (the zoo) or `remat profile --model ...
+saved with `python -m benchmarks.running.capture_graphs` (the zoo) or `remat profile --model ...
 --save-graph FILE.json` and passed with --graphs. With --cli, the whole `remat solve` command
 instead (the exact solve and the table of heuristics, from the graph file to the last row), held
 to the same promise; its outcome is the table's exact row.
@@ -104,7 +104,14 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for path in graphs:
         for budget in args.budgets:
-            command = [sys.executable, "-m", "benchmarks.time_limits", "--one", path, budget]
+            command = [
+                sys.executable,
+                "-m",
+                "benchmarks.solving.time_limits",
+                "--one",
+                path,
+                budget,
+            ]
             command += [str(args.time_limit), *(["--cli"] if args.cli else [])]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode:

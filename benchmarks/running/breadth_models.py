@@ -1,4 +1,5 @@
-"""The architectures of `benchmarks.breadth`: third-party models (HuggingFace transformers and
+"""The architectures of `benchmarks.running.breadth`: third-party models (HuggingFace transformers
+and
 torchvision) at small configs, random init, nothing downloaded, in training mode with their
 default dropout.
 

@@ -1,6 +1,6 @@
 """Real models side by side at equal measured memory: remat's schedule against torch's options.
 
-    python -m benchmarks.real_models [--models gpt2_4 resnet18 ...] [--rounds 30]
+    python -m benchmarks.running.real_models [--models gpt2_4 resnet18 ...] [--rounds 30]
                                      [--time-limit 30] [--out results/real_models]
 
 For each zoo model (`benchmarks.zoo`; one thread): measure one training step's peak (profiler
@@ -44,7 +44,7 @@ import torch
 
 import solver
 from benchmarks.common import Row, write_table
-from benchmarks.measure import (
+from benchmarks.running.measure import (
     Step,
     interleaved_times,
     knapsack_forward,

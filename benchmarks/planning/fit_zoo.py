@@ -8,7 +8,7 @@ over), and the largest size at which checkpointing every block of one module dep
 solver's simulator predicts it (`block_checkpoint`, the depth of least peak). AdamW state,
 gradients, parameters and inputs are counted (`executor.fitting.memory`).
 
-Run: nice -n 5 python -m benchmarks.fit_zoo [--time-limit 60] [--max-overhead 1.3x]
+Run: nice -n 5 python -m benchmarks.planning.fit_zoo [--time-limit 60] [--max-overhead 1.3x]
      [--out results]
 """
 

@@ -1,6 +1,6 @@
 """What outputs the loss does not use cost a step, before and after capture knows them.
 
-    python -m benchmarks.zero_tangents [--models gpt2_4 bert_4 vit_4 llama_4] [--rounds 20]
+    python -m benchmarks.running.zero_tangents [--models gpt2_4 bert_4 vit_4 llama_4] [--rounds 20]
                                        [--out results/zero_tangents]
 
 Each zoo transformer is called the way HuggingFace users call it, ``out = model(**batch)``,
@@ -27,7 +27,7 @@ import torch
 
 import solver
 from benchmarks.common import Row, write_table
-from benchmarks.measure import interleaved_times, measure_peaks
+from benchmarks.running.measure import interleaved_times, measure_peaks
 from benchmarks.zoo import ZOO
 from executor.traced.module import Rematerialized
 from graph_capture import capture

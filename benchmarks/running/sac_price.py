@@ -1,7 +1,8 @@
 """The price of torch's runtime: SAC plans against per-block checkpoint, a torchtitan-style
 selective policy, remat's own executor and compile's activation_memory_budget.
 
-    python -m benchmarks.sac_price --models gpt2_4 llama_4 resnet18 [--executor] [--compile 0.5]
+    python -m benchmarks.running.sac_price --models gpt2_4 llama_4 resnet18 [--executor] [--compile
+        0.5]
 
 Per zoo model (`benchmarks.zoo`, one thread), each run on its own copy of the model, measured
 side by side in one process (peak: profiler allocation events above the step's start; time:

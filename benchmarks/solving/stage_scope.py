@@ -1,7 +1,8 @@
 """The scope of "OPTIMAL": how often a schedule outside the stage space is cheaper.
 
-    python -m benchmarks.stage_scope [--graphs 40] [--nodes 4 5 6 7] [--seed 0] [--out results]
-    python -m benchmarks.stage_scope --training --nodes 2 3
+    python -m benchmarks.solving.stage_scope [--graphs 40] [--nodes 4 5 6 7] [--seed 0] [--out
+        results]
+    python -m benchmarks.solving.stage_scope --training --nodes 2 3
 
 "OPTIMAL" is proven over Checkmate's stage schedules in the graph's one node order (stage t
 computes node t for the first time). On random connected DAGs of a few nodes (`random_dag`;

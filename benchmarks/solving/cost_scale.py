@@ -1,14 +1,16 @@
 """Whether a solve's status and proof depend on the unit its costs are written in.
 
-    python -m benchmarks.cost_scale [--rows vgg19:80% resnet50:90% ...] [--factors 1 1234.567]
+    python -m benchmarks.solving.cost_scale [--rows vgg19:80% resnet50:90% ...] [--factors 1
+        1234.567]
         [--time-limit 60] [--zoo-dir results/graphs] [--out results]
 
 Every row is solved once per factor with every node's cost multiplied by that factor (the same
 graph, the same schedules, the same optimum up to the factor): status, recompute cost over the
 first-factor solve's (1.000000 when they agree), certified gap, wall seconds of `solver.solve`,
 and the step that closed the search (the last one `extra["steps"]` lists). A row is
-"name:budget" with name a published graph (`benchmarks.solver_scale.PUBLISHED`) or a zoo graph
-file stem under `--zoo-dir` (`python -m benchmarks.capture_graphs` writes them).
+"name:budget" with name a published graph (`benchmarks.solving.solver_scale.PUBLISHED`) or a zoo
+graph
+file stem under `--zoo-dir` (`python -m benchmarks.running.capture_graphs` writes them).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import networkx as nx
 
 import solver
 from benchmarks.common import GRAPHS_DIR, Row, write_table
-from benchmarks.solver_scale import PUBLISHED
+from benchmarks.solving.solver_scale import PUBLISHED
 from solver.io import load_graph
 
 DEFAULT_ROWS = (

@@ -6,7 +6,7 @@ the exact solver and rotor at the same peak. Measured: a stack of n identical ML
 plainly and with `torch.utils.checkpoint.checkpoint_sequential` at several segment counts, peak
 bytes and median step seconds side by side in one process.
 
-Run: python -m benchmarks.seeds [--quick] [--out results]
+Run: python -m benchmarks.solving.seeds [--quick] [--out results]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 
 import solver
 from benchmarks.common import Row, Settings, command_line, exact_row, plot_frontier, write_table
-from benchmarks.measure import Step, measure
+from benchmarks.running.measure import Step, measure
 from solver.core.stages import cheapest_within
 from solver.examples import uniform_training_chain
 from solver.heuristics.baselines import BASELINES

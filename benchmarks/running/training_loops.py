@@ -1,6 +1,6 @@
 """Where users train: DDP, autocast and HF models called with ``labels=`` (docs/training.md).
 
-    python -m benchmarks.training_loops [--part ddp|autocast|hf|all] [--time-limit 10]
+    python -m benchmarks.running.training_loops [--part ddp|autocast|hf|all] [--time-limit 10]
 
 - ``ddp``: two gloo ranks (spawned, CPU) train the demo GPT under DDP; on rank 0, the measured
   peak of one step (profiler allocation events, `.grad` preallocated) of the model alone, of

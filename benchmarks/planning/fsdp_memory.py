@@ -1,5 +1,6 @@
 """FSDP2's per-rank peak on 2 gloo ranks (CPU), measured against `solver.target.fsdp`'s
-prediction: ``python -m benchmarks.fsdp_memory [--layers 4 --hidden 256 --batch 4 --seq 64]``.
+prediction: ``python -m benchmarks.planning.fsdp_memory [--layers 4 --hidden 256 --batch 4 --seq
+64]``.
 
 The model is the zoo's HF GPT-2 (tied head, dropout 0.1), float32 (master = param = reduce
 dtype; see docs/fsdp.md on mixed precision), AdamW. Three runs: no checkpointing, per-block
@@ -54,7 +55,7 @@ def build(args: argparse.Namespace, seed: int = 0):
 
 def checkpointed(args: argparse.Namespace, mode: str, plan_path: str, seed: int = 0):
     """The model with `mode`'s checkpointing applied, its inputs and blocks."""
-    from benchmarks.sac_price import per_block
+    from benchmarks.running.sac_price import per_block
 
     model, inputs, blocks = build(args, seed)
     if mode == "per-block":

@@ -1,6 +1,6 @@
 """The executor's "done means" numbers on the demo GPT (docs/executor.md).
 
-    .venv/bin/python -m benchmarks.executor_gpt [--time-limit 60] [--reps 40]
+    .venv/bin/python -m benchmarks.running.executor_gpt [--time-limit 60] [--reps 40]
 
 For budgets 100%, 70%, 50% and the minimum: predicted vs measured peak (bytes above the start of
 a forward+backward, `.grad` preallocated) against the byte budget, bit-exactness over 3 AdamW

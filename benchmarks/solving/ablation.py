@@ -1,9 +1,10 @@
 """Ablation: each step of the exact search switched off in turn, to see which earns its place.
 
-    python -m benchmarks.ablation [--time-limit 30] [--rows vgg19 mobilenet ...]
+    python -m benchmarks.solving.ablation [--time-limit 30] [--rows vgg19 mobilenet ...]
         [--budgets 80% ...] [--zoo-dir results/graphs] [--out results]
 
-For every row of `benchmarks.solver_scale` named (published graphs and zoo graph files at their
+For every row of `benchmarks.solving.solver_scale` named (published graphs and zoo graph files at
+their
 budgets; "min" budgets are the least-peak rows), one solve with every step
 (`solver.exact.pipeline.COST_STEPS`, or `solver.exact.least_peak.STEPS` for the least-peak rows:
 `solver.minimum_peak`) and one with each step left out (`SolveOptions(steps=...)`), one solve at a
@@ -23,7 +24,7 @@ import networkx as nx
 
 import solver
 from benchmarks.common import Row, write_table
-from benchmarks.solver_scale import PUBLISHED, ZOO_ROWS, load_row_graph, zoo_budget
+from benchmarks.solving.solver_scale import PUBLISHED, ZOO_ROWS, load_row_graph, zoo_budget
 from solver.exact import least_peak
 from solver.exact.pipeline import COST_STEPS
 
@@ -82,7 +83,10 @@ def main(argv: list[str] | None = None) -> None:
     for label in args.rows:
         graph = load_row_graph(label, args.zoo_dir)
         if graph is None:
-            print(f"skip {label}: no graph file (see python -m benchmarks.solver_scale --help)")
+            print(
+                f"skip {label}: no graph file "
+                "(see python -m benchmarks.solving.solver_scale --help)"
+            )
             continue
         for budget in every[label][1]:
             if args.budgets and budget not in args.budgets:

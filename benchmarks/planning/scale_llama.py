@@ -1,7 +1,7 @@
 """Llama-3-8B and -70B under FSDP2, planned here for GPUs not at hand (estimate mode), and
 torchtitan's published configurations predicted.
 
-    python -m benchmarks.scale_llama [--out results] [--only llama3_8b ...]
+    python -m benchmarks.planning.scale_llama [--out results] [--only llama3_8b ...]
 
 Each model is built on the meta device in bfloat16 (`torch.set_default_dtype` before building)
 with float32 master weights, AdamW, `fully_shard` per decoder layer and at the root, gathered in
@@ -240,7 +240,7 @@ def part_solve(name: str, path: str, time_limit: float) -> dict:
 
 
 def _child(args: list[str], timeout: float) -> dict:
-    command = ["nice", sys.executable, "-m", "benchmarks.scale_llama", *args]
+    command = ["nice", sys.executable, "-m", "benchmarks.planning.scale_llama", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
     try:

@@ -1,7 +1,8 @@
 """SAC plans in estimate mode against measured mode, and estimate mode at Llama-3-8B scale.
 
-    python -m benchmarks.sac_estimate [--models gpt2_tiny gpt2_4 llama_4 resnet18] [--budget 0.6]
-    python -m benchmarks.sac_estimate --scale-only   # the Llama-3-8B row alone
+    python -m benchmarks.planning.sac_estimate [--models gpt2_tiny gpt2_4 llama_4 resnet18]
+        [--budget 0.6]
+    python -m benchmarks.planning.sac_estimate --scale-only   # the Llama-3-8B row alone
 
 Per model (one thread; zoo models from `benchmarks.zoo`, ``gpt2_tiny`` HF GPT-2 with 3 layers of
 width 32): `executor.checkpoint_plan` measured (target None) and in estimate mode (target
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         row = compare(name, budget, args.steps, args.time_limit)
         print(json.dumps(row), flush=True)
         rows.append(row)
-    command = [sys.executable, "-m", "benchmarks.sac_estimate", "--child"]
+    command = [sys.executable, "-m", "benchmarks.planning.sac_estimate", "--child"]
     command += ["--scale-time-limit", str(args.scale_time_limit)]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     scale = json.loads(done.stdout.strip().splitlines()[-1])

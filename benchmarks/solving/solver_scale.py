@@ -1,7 +1,8 @@
 """Time to proven optimality on the published graphs, the demo models and the zoo's op-level
 graphs of real models (issues 6 and 18), with baseline ratios.
 
-    python -m benchmarks.solver_scale [--time-limit 60] [--long-limit 600] [--rows vgg16 ...]
+    python -m benchmarks.solving.solver_scale [--time-limit 60] [--long-limit 600] [--rows vgg16
+        ...]
         [--budgets per-block ...] [--zoo-dir results/graphs] [--out results]
 
 For every row: the time limit, the budget in bytes, status (OPTIMAL = proven), the optimal (or best)
@@ -11,8 +12,9 @@ budget), for every heuristic of `solver.HEURISTICS` (the checkpoint policies, an
 backward search run at the budget: the solver's warm starts). Checkmate's Table 2 reports AP sqrt(n)
 at 1.14-1.54x and greedy at 1.06-1.39x of optimal on these graphs. The demo rows capture the
 op-level graphs of graph_capture's demo models (FLOP costs, one thread, so the costs are the same on
-every run). The zoo rows read the graph files `python -m benchmarks.capture_graphs` writes
-(`--zoo-dir`; costs in measured seconds) at four budgets each (`benchmarks.zoo_budgets`): 50% of
+every run). The zoo rows read the graph files `python -m benchmarks.running.capture_graphs` writes
+(`--zoo-dir`; costs in measured seconds) at four budgets each (`benchmarks.solving.zoo_budgets`):
+50% of
 the checkpoint-all peak, the least feasible peak `solver.minimum_peak` finds in the time limit
 (one search per graph, before its rows; "min", with its gap to the proven floor, as the
 published rows), that plus 10%, and per-block checkpoint's memory; a row whose file is missing
@@ -29,7 +31,7 @@ import networkx as nx
 
 import solver
 from benchmarks.common import GRAPHS_DIR, Row, write_table
-from benchmarks.zoo_budgets import block_paths, least_peak_plus, per_block_peak
+from benchmarks.solving.zoo_budgets import block_paths, least_peak_plus, per_block_peak
 from solver.core.stages import cheapest_within
 from solver.deadline import Deadline
 from solver.heuristics.registry import members
@@ -93,7 +95,8 @@ def load_row_graph(label: str, zoo_dir: Path = Path("results/graphs")) -> nx.DiG
         path = GRAPHS_DIR / f"{PUBLISHED[label][0]}.json"
         return load_graph(path) if path.exists() else None
     if label in ZOO_ROWS:
-        path = zoo_dir / f"{ZOO_ROWS[label][0]}.json"  # as benchmarks.capture_graphs names it
+        # named as benchmarks.running.capture_graphs names it
+        path = zoo_dir / f"{ZOO_ROWS[label][0]}.json"
         return load_graph(path) if path.exists() else None
     import torch  # only the demo rows need torch
 
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         "--zoo-dir",
         type=Path,
         default=Path("results/graphs"),
-        help="the zoo's graph files (python -m benchmarks.capture_graphs --out DIR)",
+        help="the zoo's graph files (python -m benchmarks.running.capture_graphs --out DIR)",
     )
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         if graph is None:
             where = (
                 f"{ZOO_ROWS[label][0]}.json not in {args.zoo_dir}: run python -m "
-                f"benchmarks.capture_graphs --out {args.zoo_dir}"
+                f"benchmarks.running.capture_graphs --out {args.zoo_dir}"
                 if label in ZOO_ROWS
                 else f"{PUBLISHED[label][0]}.json not in {GRAPHS_DIR}"
             )

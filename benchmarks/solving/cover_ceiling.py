@@ -1,6 +1,7 @@
 """The ceiling of the cascade cover's bound: its 0/1 optimum with every row at once.
 
-    python -m benchmarks.cover_ceiling GRAPH.json [GRAPH.json ...] --budgets 6422332 least+10%
+    python -m benchmarks.solving.cover_ceiling GRAPH.json [GRAPH.json ...] --budgets 6422332
+        least+10%
         [--time-limit 120] [--least-time-limit 60] [--out results]
 
 `solver.exact.cascade` raises the floor by row generation on the cascade cover
@@ -10,7 +11,8 @@ budget (bytes, a share such as "50%", or "least+10%": the least peak `solver.min
 in `--least-time-limit` seconds plus 10%), this builds that model, solves it with HiGHS's branch
 and cut (the solver's settings, `solver.milp.highs_mip`) within the time limit, and reports its
 certified bound and best solution, as recomputation over the node costs (the cost of computing
-every node once). Where it is proven, a solve that ends there (`benchmarks.time_limits --one`)
+every node once). Where it is proven, a solve that ends there (`benchmarks.solving.time_limits
+--one`)
 has a bound only a stronger model can raise (docs/solver.md, "Least + 10%"). One run each, on
 whatever the machine is doing.
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import solver
 from benchmarks.common import Row, write_table
-from benchmarks.zoo_budgets import least_peak_plus
+from benchmarks.solving.zoo_budgets import least_peak_plus
 from solver.deadline import Deadline
 from solver.io import load_graph
 from solver.milp.cascade import Crossings, cascade_model

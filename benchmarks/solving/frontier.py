@@ -11,7 +11,7 @@ its measured one), falling back to the same fraction of the checkpoint-all peak 
 option's measured saving over plain eager, and when the solver finds no schedule at either within
 its time limit, to the least-peak schedule it found; the row's `matched` says which.
 
-Run: python -m benchmarks.frontier --model gpt [--quick] [--out results]
+Run: python -m benchmarks.solving.frontier --model gpt [--quick] [--out results]
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from benchmarks.common import (
     predicted_frontier,
     write_table,
 )
-from benchmarks.measure import Step, knapsack_forward, loss_step, measure
 from benchmarks.models import MODELS
+from benchmarks.running.measure import Step, knapsack_forward, loss_step, measure
 from benchmarks.zoo import Bench
 from executor.traced.module import Rematerialized
 from graph_capture import CapturedGraph, capture

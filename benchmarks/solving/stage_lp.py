@@ -1,7 +1,8 @@
 """How long the stage model's LP relaxation takes by model size: what
 `SolveOptions.model_variables_per_second` is set from.
 
-    python -m benchmarks.stage_lp [--out results] [--time-limit 120] [--zoo-dir results/graphs]
+    python -m benchmarks.solving.stage_lp [--out results] [--time-limit 120] [--zoo-dir
+        results/graphs]
 
 For each published graph (`../shared/graphs`, skipped when absent) at a budget whose stage model
 it builds without a recompute limit, and each zoo graph file in `--zoo-dir` at 50% of its

@@ -1,7 +1,7 @@
 """remat's partition under torch.compile (inductor, CPU, one thread) against compile's own
 knapsack (`activation_memory_budget`) and a SAC plan compiled: measured peaks and step times.
 
-    python -m benchmarks.compile_partition [--models gpt2_4 resnet18] [--ratios 0 0.5 1]
+    python -m benchmarks.running.compile_partition [--models gpt2_4 resnet18] [--ratios 0 0.5 1]
 
 Per model: the plain compiled step (torch's partition, budget 1.0); the knapsack sweep; remat's
 least budget that fits ("min") and three budgets between it and the plain peak, each with its

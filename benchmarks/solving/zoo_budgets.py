@@ -1,4 +1,5 @@
-"""The budgets of the zoo rows of `benchmarks.solver_scale`: a share of the checkpoint-all peak,
+"""The budgets of the zoo rows of `benchmarks.solving.solver_scale`: a share of the checkpoint-all
+peak,
 the least feasible peak plus a margin, and per-block checkpoint's memory.
 
 Per-block checkpoint's memory is the peak, in the solver's model, of what `torch.utils.checkpoint`

@@ -1,0 +1,1 @@
+"""The runtimes on real models: measured peaks, step times, exactness against eager."""

@@ -1,0 +1,1 @@
+"""The solver against its references and the heuristics: proofs, time limits, published graphs."""
