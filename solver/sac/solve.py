@@ -20,6 +20,8 @@ every term of NOTE [ SAC memory model ] (solver/sac/memory.py) is linear in (c, 
 
 (b_i: op i's new bytes, a_i: those autograd saves, o_i: those of the block's output, which
 live on whatever the plan; x_t: op t's scratch bytes; s_t = 0 where op t is not saveable.)
+D_j is an integer variable per block (D_{j+1} = D_j + d_j), and of a region's per-op terms
+those the next op's term implies for every (c, s) are left out (`_binding`).
 
 and the cost in seconds is the recompute sum_j sum_{i<=stop_j} seconds_i (c_j - s_i), plus
 sum_j price_j c_j (checkpoint's own price per region, possibly negative), plus
