@@ -134,3 +134,56 @@ def test_remat_sac_plans_for_a_target_and_runs_the_plan(capsys):
     assert main([*args, "--steps", "1", "--time-limit", "60"]) == 0
     printed = capsys.readouterr().out
     assert "(predicted for cpu)" in printed and "bytes over budget: 0" in printed
+
+
+def test_identical_blocks_recorded_once_give_the_plan_of_recording_each(monkeypatch):
+    """Estimate mode records the first region of each kind (executor/sac/alike.py) and gives
+    its facts to the others: the recorded problem (every op's bytes and seconds, every window)
+    and so the plan equal those of recording every region."""
+    transformers = pytest.importorskip("transformers")
+    from executor.sac.estimate import Estimate
+
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config).train()
+    ids = torch.zeros(2, 16, dtype=torch.long, device="meta")
+    plans = {}
+    for alike in (True, False):
+        monkeypatch.setattr(Estimate, "records_alike", alike)
+        plans[alike] = executor.checkpoint_plan(
+            model, (ids,), "70%", example_kwargs={"labels": ids, "use_cache": False},
+            target="h100", time_limit=60,
+        )  # fmt: skip
+    reused, each = plans[True], plans[False]
+    assert reused.problem == each.problem
+    assert (reused.regions, reused.ops) == (each.regions, each.ops)
+    assert len(reused.regions) == 4 * 5  # the 4 layers and their 4 children each
+    # the optimum is tied over which of the identical layers are checkpointed: equal cost (up
+    # to the order its floats are summed in)
+    assert reused.cost == pytest.approx(each.cost, rel=1e-12)
+    assert reused.status == each.status == "OPTIMAL"
+    assert max(reused.peak, each.peak) <= reused.budget == each.budget
+
+
+class _Layer(nn.Module):
+    """A layer whose op stream depends on an attribute, not on its parameters or inputs."""
+
+    def __init__(self, twice: bool) -> None:
+        super().__init__()
+        self.lin, self.twice = nn.Linear(8, 8), twice
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(self.lin(x))
+        return torch.tanh(x) if self.twice else x
+
+
+def test_blocks_alike_in_class_parameters_and_inputs_but_not_ops_are_each_recorded():
+    net = nn.Sequential(_Layer(False), _Layer(False), _Layer(True))
+    plan = executor.checkpoint_plan(
+        net, (torch.randn(4, 8),), "min", loss_fn=sum_loss, time_limit=60, target="cpu"
+    )
+    ops = dict(zip(plan.regions, plan.ops, strict=True))
+    assert ops["0"] == ops["1"] and ops["2"] == (*ops["0"], "aten.tanh.default")

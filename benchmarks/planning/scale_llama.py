@@ -57,11 +57,13 @@ MAIN = ("llama3_8b", "llama3_70b")
 PUBLISHED = ("llama31_8b_b2", "llama2_70b_b2", "llama2_70b_b1")
 
 
-def build(name: str):
-    """The meta model in bfloat16, its input ids and the step's kwargs."""
+def build(name: str, batch: int | None = None, seq: int | None = None):
+    """The meta model in bfloat16, its input ids and the step's kwargs (batch and sequence
+    RUNS', or as given)."""
     import transformers
 
-    config, batch, seq, *_ = RUNS[name]
+    config, run_batch, run_seq, *_ = RUNS[name]
+    batch, seq = batch or run_batch, seq or run_seq
     cfg = transformers.LlamaConfig(**config, max_position_embeddings=seq)
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
@@ -115,18 +117,20 @@ def _union_plan(union, checkpointed, saved):
     return UnionPlan(SacPlan((checkpointed,) * n, tuple(saved)), kids)
 
 
-def part_plan(name: str, time_limit: float) -> dict:
+def part_plan(name: str, time_limit: float, size: tuple = (None, None), budget=None) -> dict:
+    """The SAC rows of `name` at (batch, sequence) `size` (RUNS' where None), the SAC plan's at
+    `budget` (None: the target's memory; "min": the least per-rank peak)."""
     import executor
     from executor.sac.sharded import model_memory
     from solver.sac.sharded import rank_peak
     from solver.sac.union import union_cost
 
-    model, ids, kw = build(name)
+    model, ids, kw = build(name, *size)
     device, fsdp = policy(name)
     regions = "choose" if name in MAIN else "blocks"
     start = time.perf_counter()
     plan = executor.checkpoint_plan(
-        model, (ids,), None, example_kwargs=kw, target=device, fsdp=fsdp,
+        model, (ids,), budget, example_kwargs=kw, target=device, fsdp=fsdp,
         regions=regions, time_limit=time_limit,
     )  # fmt: skip
     seconds = time.perf_counter() - start
@@ -262,10 +266,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--part", choices=("plan", "capture", "solve"))
     parser.add_argument("--name")
     parser.add_argument("--graph")
+    parser.add_argument("--size", nargs=2, type=int, default=(None, None), help="batch, seq")
+    parser.add_argument("--budget", help="the SAC plan's budget per rank (default: device)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.part == "plan":
-        print(json.dumps(part_plan(args.name, args.time_limit)))
+        print(json.dumps(part_plan(args.name, args.time_limit, args.size, args.budget)))
         return
     if args.part == "capture":
         print(json.dumps(part_capture(args.name, args.graph)))

@@ -283,6 +283,7 @@ class Estimate(Measured):
 
     measures_scratch = False
     runs_warmup = False
+    records_alike = True
 
     def __init__(self, device: Device) -> None:
         self.device = device

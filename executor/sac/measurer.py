@@ -54,6 +54,7 @@ class Measured:
     target: str | None = None
     measures_scratch = True  # each op's kernel scratch, from a profiled forward
     runs_warmup = True  # one plain step first, so the model's own errors surface as they are
+    records_alike = False  # regions of one kind recorded once (executor/sac/alike.py)
 
     @contextlib.contextmanager
     def running(self, model: nn.Module, inputs: Any) -> Iterator[Any]:

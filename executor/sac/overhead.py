@@ -4,10 +4,12 @@ and under plain checkpoint rather than without."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from dataclasses import replace
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -19,6 +21,10 @@ from executor.sac.measurer import Measured
 from executor.sac.policy import Policy
 from executor.sac.region import run_checkpointed
 from executor.sac.step import RecordingTime, Snapshot, Step, hooked, leaf_tensors
+from solver.sac import SacBlock
+
+if TYPE_CHECKING:
+    from executor.sac.alike import Fingerprints
 
 
 def copy_tensors(tree: object, copy: Callable[[torch.Tensor], torch.Tensor]) -> object:
@@ -46,25 +52,34 @@ def copy_tensors(tree: object, copy: Callable[[torch.Tensor], torch.Tensor]) -> 
     return pytree.tree_map_only(torch.Tensor, one, tree)
 
 
-def _region_inputs(model: nn.Module, regions: Sequence[nn.Module], step: Step) -> list:
+def region_inputs(
+    model: nn.Module, regions: Sequence[nn.Module], step: Step, prints: Fingerprints | None = None
+) -> list:
     """Per region, the (args, kwargs) it is called with in one forward of the step: tensors
     detached and cloned, each with its `requires_grad`, identity and aliasing kept
-    (`copy_tensors`)."""
+    (`copy_tensors`); with `prints`, each region's fingerprint taken in the same forward
+    (executor/sac/alike.py)."""
     calls: list = [None] * len(regions)
 
     def keep(j: int, args, kwargs) -> None:
         if calls[j] is None:
-            calls[j] = copy_tensors(
-                (args, kwargs), lambda t: t.detach().clone().requires_grad_(t.requires_grad)
-            )
+            with prints.pausing() if prints is not None else contextlib.nullcontext():
+                calls[j] = copy_tensors(
+                    (args, kwargs), lambda t: t.detach().clone().requires_grad_(t.requires_grad)
+                )
 
     handles = [
         m.register_forward_pre_hook(lambda _m, a, k, j=j: keep(j, a, k), with_kwargs=True)
         for j, m in enumerate(regions)
     ]
+    watching = contextlib.ExitStack()
+    if prints is not None:
+        handles += prints.hooks(regions)
+        watching.enter_context(prints)
+        watching.enter_context(torch.autograd.graph.saved_tensors_hooks(prints.pack, lambda t: t))
     snapshot = Snapshot(model)
     try:
-        with hooked(handles):
+        with hooked(handles), watching:
             loss = step()
         del loss
     finally:
@@ -152,6 +167,7 @@ def measure_overhead(
     repeats: int = 5,
     clock: RecordingTime | None = None,
     measurer: Measured | None = None,
+    calls: list | None = None,
 ) -> list[RegionTimes | RuntimeError]:
     """Per region, the seconds a training step pays (`RegionTimes`) for running it under a SAC
     policy rather than under plain checkpoint (`overhead`: the policy's dispatch modes in its
@@ -169,10 +185,11 @@ def measure_overhead(
     such as an in-place ReLU, invalidates the input checkpoint keeps); any other error
     (out of memory, a bug) propagates. `measurer` (default `Measured`) times each region;
     in estimate mode it predicts them (`executor.sac.estimate.Estimate.region_times`).
+    `calls`: each region's inputs (`region_inputs`), where the caller has them.
     """
     clock = clock or RecordingTime()
     measurer = measurer or Measured()
-    calls = _region_inputs(model, regions, step)
+    calls = calls if calls is not None else region_inputs(model, regions, step)
     snapshot = Snapshot(model)
     out: list[RegionTimes | None] = []
     try:
@@ -190,3 +207,41 @@ def measure_overhead(
     finally:
         snapshot.restore()
     return out
+
+
+def pooled(
+    times: list[RegionTimes | RuntimeError], kinds: list
+) -> list[RegionTimes | RuntimeError]:
+    """`times` with each region's `checkpoint` the median over the regions of its kind (module
+    class and op stream: the same work, timed alone several times over), which halves or more
+    the spread of one region's median on a shared machine."""
+    groups: dict = {}
+    for t, kind in zip(times, kinds, strict=True):
+        if isinstance(t, RegionTimes):
+            groups.setdefault(kind, []).append(t.checkpoint)
+    return [
+        t if isinstance(t, RuntimeError) else t._replace(checkpoint=statistics.median(groups[kind]))
+        for t, kind in zip(times, kinds, strict=True)
+    ]
+
+
+def priced(block: SacBlock, times: RegionTimes | RuntimeError) -> SacBlock | None:
+    """The block with its measured `overhead` and `price`, so that the modelled cost of the
+    region recomputing every op is plain checkpoint's measured price: where that exceeds the
+    recorded seconds of the ops a full recompute reruns (up to `stop`), `price` is the excess;
+    where it is less (the recorded seconds, timed one op at a time, overestimate the rerun),
+    those ops' seconds are scaled down to it and `price` is 0, so that a region saving some
+    ops never costs less than the ops it reruns. None where the region fails inside
+    checkpoint (`times` its error)."""
+    if isinstance(times, RuntimeError):
+        return None
+    recompute = sum(op.seconds for op in block.ops[: block.stop + 1])
+    if times.checkpoint >= recompute or recompute <= 0:
+        price = max(times.checkpoint - recompute, 0.0)  # below 0 only within the timing's noise
+        return replace(block, overhead=times.overhead, price=price)
+    scale = max(times.checkpoint, 0.0) / recompute
+    ops = tuple(
+        replace(op, seconds=op.seconds * scale) if i <= block.stop else op
+        for i, op in enumerate(block.ops)
+    )
+    return replace(block, ops=ops, overhead=times.overhead, price=0.0)

@@ -37,10 +37,10 @@ from executor.loss import default_loss
 from executor.sac.blocks import select_blocks
 from executor.sac.measurer import Measured
 from executor.sac.policy import Policy
-from executor.sac.record import RECORDING_STEPS, in_call_order, record_union
+from executor.sac.record import RECORDING_STEPS, record_union
 from executor.sac.region import cache_off, run_checkpointed
 from executor.sac.sharded import fsdp_policy, model_memory, solve_sharded
-from executor.sac.step import RecordingTime, Snapshot, leaf_tensors
+from executor.sac.step import RecordingTime, Snapshot, in_call_order, leaf_tensors
 from solver.core.budget import parse_bytes, plain_step
 from solver.deadline import Deadline
 from solver.errors import ScheduleMismatchError
@@ -348,8 +348,8 @@ def checkpoint_plan(
         time_limit,
         deadline,
         deadline.share(0.5),
-        sum(RECORDING_STEPS[k] for k in ("eager", "windows"))
-        + sets * sum(RECORDING_STEPS[k] for k in ("order", "ops", "prices")),
+        sum(RECORDING_STEPS[k] for k in ("eager", "windows", "order"))
+        + sets * sum(RECORDING_STEPS[k] for k in ("ops", "prices")),
     )
 
     with measurer.running(model, (tuple(example_inputs), kwargs)) as (inputs, kw):
@@ -360,9 +360,13 @@ def checkpoint_plan(
         if measurer.runs_warmup:
             _run_eagerly(model, step)
         clock.finished("a plain step", RECORDING_STEPS["eager"])
-        named = in_call_order(model, select_blocks(model, blocks), step)
-        children = [None] * len(named) if regions == "blocks" else _children(model, named, step)
-        clock.finished("the call order", sets * RECORDING_STEPS["order"])
+        selected = select_blocks(model, blocks)
+        kids = [] if regions == "blocks" else _kids(selected)
+        order = in_call_order(model, selected + kids, step)
+        blocks_ = {id(pair) for pair in selected}  # the pairs themselves: a child may be a block
+        named = [pair for pair in order if id(pair) in blocks_]
+        children = [None] * len(named) if regions == "blocks" else _children(named, order)
+        clock.finished("the call order", RECORDING_STEPS["order"])
         union, kept = record_union(model, named, children, step, clock=clock, measurer=measurer)
     whole = regions != "children"
     if policy is None:
@@ -375,23 +379,23 @@ def checkpoint_plan(
     return replace(plan, world_size=policy.world_size)
 
 
+def _kids(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """The children of the blocks of `named`, (qualified name, module)."""
+    return [(f"{name}.{c}", m) for name, block in named for c, m in block.named_children()]
+
+
 def _children(
-    model: nn.Module, named: list[tuple[str, nn.Module]], step
+    named: list[tuple[str, nn.Module]], order: list[tuple[str, nn.Module]]
 ) -> list[list[tuple[str, nn.Module]] | None]:
-    """Per block, its children in the order a forward first calls them (None for a block with
-    fewer than two)."""
+    """Per block, its children in the order a forward first calls them (`order`: the blocks'
+    and children's, from `in_call_order`), None for a block with fewer than two."""
+    rank = {id(m): k for k, (_, m) in enumerate(order)}
     out: list[list[tuple[str, nn.Module]] | None] = []
     for name, block in named:
-        kids = [(f"{name}.{c}", m) for c, m in block.named_children()]
-        out.append(kids if len(kids) >= 2 else None)
-    flat = [kid for kids in out if kids is not None for kid in kids]
-    order = {id(m): k for k, (_, m) in enumerate(in_call_order(model, flat, step))}
-    return [
-        None
-        if kids is None
-        else sorted((k for k in kids if id(k[1]) in order), key=lambda k: order[id(k[1])])
-        for kids in out
-    ]
+        kids = _kids([(name, block)])
+        called = sorted((k for k in kids if id(k[1]) in rank), key=lambda k: rank[id(k[1])])
+        out.append(called if len(kids) >= 2 else None)
+    return out
 
 
 def _plan(

@@ -20,7 +20,10 @@ Steps (`record_union`):
 3. `measure_overhead` (`executor.sac.overhead`): per region, the seconds its SAC policy costs
    beyond plain checkpoint, and plain checkpoint beyond none; the latter less the recorded
    seconds of the ops a full recompute reruns is the region's `price` (where it is less, those
-   seconds are scaled down to it instead: `_priced`).
+   seconds are scaled down to it instead: `overhead.priced`).
+In estimate mode (no noise), each region's kind is taken first, with its inputs, from one
+forward (`executor.sac.alike`), and step 2 records the first region of each kind only, its
+forward ending after the last of them, the others of a kind taking its facts.
 The RNG state and the model's buffers are restored after each run, and `.grad` is left as found.
 Bytes and seconds come from a measurer (`executor.sac.measurer`): measured as above, or in
 estimate mode predicted for a target from a fake step (`executor.sac.estimate`: scratch is the
@@ -29,6 +32,7 @@ target's workspace model).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -39,8 +43,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from executor.errors import PlanError
+from executor.sac.alike import region_kinds
 from executor.sac.measurer import Measured, storage_key
-from executor.sac.overhead import RegionTimes, Stream, measure_overhead
+from executor.sac.overhead import Stream, measure_overhead, pooled, priced
 from executor.sac.region import buffer_state, cache_off_hooks, mutated_buffers
 from executor.sac.step import RecordingTime, Snapshot, Step, hooked, leaf_tensors
 from executor.sac.windows import measure_windows
@@ -198,15 +203,40 @@ def _buffer_hooks(
     return handles
 
 
+class _Recorded(Exception):
+    """The blocks to record have run: the rest of the forward is not needed."""
+
+
+def _end_forward(_module: nn.Module, _args, _out) -> None:
+    raise _Recorded
+
+
+def _record_alike(model, modules, step: Step, runs, measurer, kinds) -> list[_BlockFacts]:
+    """`record_ops` over `modules` (in call order); with `kinds` (executor/sac/alike.py), of
+    the first module of each kind only, the forward ending after the last of them, each
+    other module given the facts of the first of its kind."""
+    if kinds is None:
+        return record_ops(model, modules, step, runs, measurer)
+    first: dict = {}
+    for j, kind in enumerate(kinds):
+        first.setdefault(kind, j)
+    picked = sorted(first.values())
+    facts = record_ops(model, [modules[j] for j in picked], step, runs, measurer, whole=False)
+    recorded = dict(zip(picked, facts, strict=True))
+    return [recorded[first[kind]] for kind in kinds]
+
+
 def record_ops(
     model: nn.Module,
     blocks: Sequence[nn.Module],
     step: Step,
     runs: Iterable[int] = range(3),
     measurer: Measured | None = None,
+    whole: bool = True,
 ) -> list[_BlockFacts]:
     """Each block's forward op stream over the forwards `runs` (0, 1, ...; module docstring,
-    step 2), its bytes and seconds from `measurer` (default `Measured`)."""
+    step 2), its bytes and seconds from `measurer` (default `Measured`); `whole=False`: each
+    forward ends where the last of `blocks` (in call order) returns."""
     measurer = measurer or Measured()
     facts = [_BlockFacts() for _ in blocks]
     snapshot = Snapshot(model)
@@ -218,10 +248,11 @@ def record_ops(
             )
             if run == 0:
                 handles += _buffer_hooks(blocks, facts, measurer)
+            if not whole:
+                handles.append(blocks[-1].register_forward_hook(_end_forward))
             saves = torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t)
-            with hooked(handles), recorder, saves:
-                loss = step()
-            del loss
+            with hooked(handles), recorder, saves, contextlib.suppress(_Recorded):
+                step()
             snapshot.restore()
         if measurer.measures_scratch:
             _measure_scratch(model, blocks, step, facts, measurer)
@@ -245,28 +276,6 @@ def _measure_scratch(model, blocks, step: Step, facts: list[_BlockFacts], measur
         recorder.marked, window_peaks(prof, "remat.sacop:"), strict=True
     ):
         facts[j].ops[i].scratch = max(facts[j].ops[i].scratch, peak - end)
-
-
-def in_call_order(
-    model: nn.Module, named: Sequence[tuple[str, nn.Module]], step: Step
-) -> list[tuple[str, nn.Module]]:
-    """The (name, module) pairs in the order a forward (without grad) first calls them; those
-    it never calls are left out."""
-    first: dict[int, int] = {}
-
-    def called(k: int) -> None:  # a pre-hook returning a value would replace the inputs
-        first.setdefault(k, len(first))
-
-    handles = [
-        m.register_forward_pre_hook(lambda _m, _a, k=k: called(k)) for k, (_, m) in enumerate(named)
-    ]
-    snapshot = Snapshot(model)
-    try:
-        with hooked(handles), torch.no_grad():
-            step()
-    finally:
-        snapshot.restore()
-    return [named[k] for k in sorted(first, key=first.__getitem__)]
 
 
 RECORDING_STEPS = {"eager": 1, "order": 1, "windows": 2, "ops": 3, "prices": 7}
@@ -315,44 +324,6 @@ def _block(
     return replace(block, workspace=workspace, recompute_extra=rng_bytes + copies)
 
 
-def _pooled(
-    times: list[RegionTimes | RuntimeError], kinds: list
-) -> list[RegionTimes | RuntimeError]:
-    """`times` with each region's `checkpoint` the median over the regions of its kind (module
-    class and op stream: the same work, timed alone several times over), which halves or more
-    the spread of one region's median on a shared machine."""
-    groups: dict = {}
-    for t, kind in zip(times, kinds, strict=True):
-        if isinstance(t, RegionTimes):
-            groups.setdefault(kind, []).append(t.checkpoint)
-    return [
-        t if isinstance(t, RuntimeError) else t._replace(checkpoint=statistics.median(groups[kind]))
-        for t, kind in zip(times, kinds, strict=True)
-    ]
-
-
-def _priced(block: SacBlock, times: RegionTimes | RuntimeError) -> SacBlock | None:
-    """The block with its measured `overhead` and `price`, so that the modelled cost of the
-    region recomputing every op is plain checkpoint's measured price: where that exceeds the
-    recorded seconds of the ops a full recompute reruns (up to `stop`), `price` is the excess;
-    where it is less (the recorded seconds, timed one op at a time, overestimate the rerun),
-    those ops' seconds are scaled down to it and `price` is 0, so that a region saving some
-    ops never costs less than the ops it reruns. None where the region fails inside
-    checkpoint (`times` its error)."""
-    if isinstance(times, RuntimeError):
-        return None
-    recompute = sum(op.seconds for op in block.ops[: block.stop + 1])
-    if times.checkpoint >= recompute or recompute <= 0:
-        price = max(times.checkpoint - recompute, 0.0)  # below 0 only within the timing's noise
-        return replace(block, overhead=times.overhead, price=price)
-    scale = max(times.checkpoint, 0.0) / recompute
-    ops = tuple(
-        replace(op, seconds=op.seconds * scale) if i <= block.stop else op
-        for i, op in enumerate(block.ops)
-    )
-    return replace(block, ops=ops, overhead=times.overhead, price=0.0)
-
-
 def record_union(
     model: nn.Module,
     blocks: Sequence[tuple[str, nn.Module]],
@@ -396,23 +367,30 @@ def _record_union(model, blocks, children, step, repeats, clock: RecordingTime, 
         for split, kids in zip(windows.splits, children, strict=True)
     ]
     flat = [kid for kids in kept if kids is not None for kid in kids]
+    regions = modules + [m for _, m in flat]
+    calls = kinds = None
+    if measurer.records_alike:
+        calls, kinds = region_kinds(model, regions, step)
     runs = clock.repeats(repeats, clock.spare.share(1 / 3))
-    facts = record_ops(model, modules, step, runs, measurer)
+    alike = None if kinds is None else kinds[: len(modules)]
+    facts = _record_alike(model, modules, step, runs, measurer, alike)
     clock.finished("the blocks' op streams", RECORDING_STEPS["ops"])
     flat_facts = []
     if flat:
         runs = clock.repeats(repeats, clock.spare.share(1 / 2))
-        flat_facts = record_ops(model, [m for _, m in flat], step, runs, measurer)
+        alike = None if kinds is None else kinds[len(modules) :]
+        flat_facts = _record_alike(model, [m for _, m in flat], step, runs, measurer, alike)
         clock.finished("the children's op streams", RECORDING_STEPS["ops"])
-    regions = modules + [m for _, m in flat]
     streams = [
         Stream(
             tuple(o.name for o in f.ops), tuple(statistics.median(o.seconds) for o in f.ops), f.stop
         )
         for f in facts + flat_facts
     ]
-    overheads = _pooled(
-        measure_overhead(model, regions, streams, step, clock=clock, measurer=measurer),
+    overheads = pooled(
+        measure_overhead(
+            model, regions, streams, step, clock=clock, measurer=measurer, calls=calls
+        ),
         [(type(m), s.ops) for m, s in zip(regions, streams, strict=True)],
     )
     clock.finished("the regions' prices", RECORDING_STEPS["prices"] * (1 + bool(flat)))
@@ -430,14 +408,14 @@ def _record_union(model, blocks, children, step, repeats, clock: RecordingTime, 
     out = []
     for j, ((name, _), f) in enumerate(zip(blocks, facts, strict=True)):
         window = (windows.f_start[j], windows.f_peak[j], windows.b_start[j], windows.b_peak[j])
-        out.append(_priced(_block(name, f, window, params, rng_bytes), overheads[j]))
+        out.append(priced(_block(name, f, window, params, rng_bytes), overheads[j]))
     splits: list[SacSplit | None] = []
     for j, kids in enumerate(kept):
         if kids is None:
             splits.append(None)
             continue
         made = [
-            _priced(_block(n, next(kid_facts), w, params, rng_bytes), next(kid_overheads))
+            priced(_block(n, next(kid_facts), w, params, rng_bytes), next(kid_overheads))
             for (n, _), w in zip(kids, windows.splits[j], strict=True)
         ]
         if any(child is None for child in made):

@@ -1,23 +1,24 @@
 """What recording a training step needs: the step, the tensors in a value, a snapshot of the
-state a run changes (RNG, buffers), so that recording leaves no trace, and the time it may
-take (`RecordingTime`)."""
+state a run changes (RNG, buffers), so that recording leaves no trace, the order the step calls
+modules in, and the time it may take (`RecordingTime`)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.utils._pytree as pytree
+from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from executor.errors import PlanError
 from graph_capture.measurement.peak import Snapshot
 from solver.deadline import NEVER, Deadline
 
-__all__ = ["RecordingTime", "Snapshot", "Step", "hooked", "leaf_tensors"]
+__all__ = ["RecordingTime", "Snapshot", "Step", "hooked", "in_call_order", "leaf_tensors"]
 
 Step = Callable[[], torch.Tensor]
 """The forward of one training step: returns the scalar loss."""
@@ -82,3 +83,25 @@ class RecordingTime:
             f"measurement run once, needs about {need:.0f} s, the solve more: give "
             f"time_limit={max(2 * need, self.time_limit + 1):.0f} or more"
         )
+
+
+def in_call_order(
+    model: nn.Module, named: Sequence[tuple[str, nn.Module]], step: Step
+) -> list[tuple[str, nn.Module]]:
+    """The (name, module) pairs in the order a forward (without grad) first calls them; those
+    it never calls are left out."""
+    first: dict[int, int] = {}
+
+    def called(k: int) -> None:  # a pre-hook returning a value would replace the inputs
+        first.setdefault(k, len(first))
+
+    handles = [
+        m.register_forward_pre_hook(lambda _m, _a, k=k: called(k)) for k, (_, m) in enumerate(named)
+    ]
+    snapshot = Snapshot(model)
+    try:
+        with hooked(handles), torch.no_grad():
+            step()
+    finally:
+        snapshot.restore()
+    return [named[k] for k in sorted(first, key=first.__getitem__)]

@@ -20,6 +20,8 @@ every term of NOTE [ SAC memory model ] (solver/sac/memory.py) is linear in (c, 
 
 (b_i: op i's new bytes, a_i: those autograd saves, o_i: those of the block's output, which
 live on whatever the plan; x_t: op t's scratch bytes; s_t = 0 where op t is not saveable.)
+D_j is an integer variable per block (D_{j+1} = D_j + d_j), and of a region's per-op terms
+those the next op's term implies for every (c, s) are left out (`_binding`).
 
 and the cost in seconds is the recompute sum_j sum_{i<=stop_j} seconds_i (c_j - s_i), plus
 sum_j price_j c_j (checkpoint's own price per region, possibly negative), plus
@@ -131,14 +133,21 @@ class _Model:
 
     def _memory_terms(self) -> None:
         m, P, union = self.m, self.peak, self.union
-        d = []
+        d, bound = [], 0
         for j, block in enumerate(union.blocks.blocks):
             total = self._savings(block, self.c[j], self.s[j])
+            bound += _savings_bound(block)
             if union.splits[j] is not None:
                 kids = zip(union.splits[j].children, self.cc[j], self.cs[j], strict=True)
                 total += sum(self._savings(child, c, s) for child, c, s in kids)
-            d.append(total)
-        before = [sum(d[:j]) for j in range(len(d) + 1)]
+                bound += sum(_savings_bound(child) for child in union.splits[j].children)
+            d.append((total, bound))
+        # D_j as a variable, so that each of block j's terms holds one variable, not j blocks'
+        before: list = [0]
+        for j, (total, bound) in enumerate(d):
+            v = m.NewIntVar(-bound, bound, f"D{j + 1}")
+            m.Add(v == before[-1] + total)
+            before.append(v)
         for seg in union.blocks.segments:
             m.Add(seg.peak - before[seg.held] <= P)
         for j, block in enumerate(union.blocks.blocks):
@@ -162,30 +171,44 @@ class _Model:
 
     def _region(self, block: SacBlock, c, s: dict, before, d, enforce: list, when_off: bool):
         """The terms of one region (NOTE [ SAC memory model ]) under the literals `enforce`;
-        its not-checkpointed terms only if `when_off`."""
+        its not-checkpointed terms only if `when_off`. Of the per-op terms, those the next
+        op's term implies are left out (`_binding`): the same feasible plans."""
         m, P = self.m, self.peak
         if when_off:
             m.Add(block.b_peak - before + block.held_extra * c <= P).OnlyEnforceIf(enforce)
             m.Add(block.f_peak - before <= P).OnlyEnforceIf([c.Not(), *enforce])
         else:
             m.Add(block.b_peak - before + block.held_extra <= P).OnlyEnforceIf([c, *enforce])
-        base = block.f_start - before + block.workspace
+        rows = []
         for t in range(len(block.ops)):
-            live = block.ops[t].scratch
+            const, coef = block.ops[t].scratch, {}
             for i, op in enumerate(block.ops[: t + 1]):
                 if op.last_read >= t:
-                    live += op.new_bytes
+                    const += op.new_bytes
                 elif i in s:
-                    live += op.new_bytes * s[i]
-            m.Add(base + live <= P).OnlyEnforceIf([c, *enforce])
-        base = block.b_start - before - d + block.workspace + block.recompute_extra
+                    coef[i] = op.new_bytes
+            rows.append((const, coef))
+        self._rows(block.f_start - before + block.workspace, rows, s, [c, *enforce])
+        rows = []
         for t in range(block.stop + 1):
-            scratch = block.ops[t].scratch
-            live = scratch * (1 - s[t]) if t in s else scratch
+            const, coef = block.ops[t].scratch, {}
+            if t in s:
+                coef[t] = -const
             for i, op in enumerate(block.ops[: t + 1]):
                 held = op.new_bytes if op.last_read >= t else op.saved_bytes
-                live += held * (1 - s[i]) if i in s else held
-            m.Add(base + live <= P).OnlyEnforceIf([c, *enforce])
+                const += held
+                if i in s:
+                    coef[i] = coef.get(i, 0) - held
+            rows.append((const, coef))
+        base = block.b_start - before - d + block.workspace + block.recompute_extra
+        self._rows(base, rows, s, [c, *enforce])
+
+    def _rows(self, base, rows: list[tuple[int, dict[int, int]]], s: dict, enforce: list):
+        """`base + const + sum_i coef_i s_i <= P` under `enforce` for each binding row."""
+        for const, coef in _binding(rows):
+            terms = [(s[i], k) for i, k in coef.items() if k]
+            expr = cp_model.LinearExpr.WeightedSum([v for v, _ in terms], [k for _, k in terms])
+            self.m.Add(base + const + expr <= self.peak).OnlyEnforceIf(enforce)
 
     def cost(self) -> cp_model.LinearExpr:
         terms = 0
@@ -218,6 +241,29 @@ class _Model:
             None if cc is None else sub(cc, cs) for cc, cs in zip(self.cc, self.cs, strict=True)
         )
         return UnionPlan(sub(self.c, self.s), children)
+
+
+def _savings_bound(block: SacBlock) -> int:
+    """A bound on the absolute savings of one region (`_Model._savings`), bytes."""
+    plain = sum(op.saved_bytes for op in block.ops)
+    kept = sum(abs(op.new_bytes - op.output_bytes) for op in block.ops[: block.stop + 1])
+    return abs(plain - block.held_extra) + kept
+
+
+def _binding(rows: list[tuple[int, dict[int, int]]]) -> list[tuple[int, dict[int, int]]]:
+    """The rows `const + sum_i coef_i s_i <= P` (s_i in {0, 1}) not implied by the row after
+    them: row t is implied by row t + 1 where `const_{t+1} - const_t >= sum_i max(0, coef_t(i) -
+    coef_{t+1}(i))`; implication is transitive, so every row left out is implied by one kept."""
+    kept = []
+    for t, (const, coef) in enumerate(rows):
+        if t + 1 < len(rows):
+            after, later = rows[t + 1]
+            extra = sum(max(0, k - later.get(i, 0)) for i, k in coef.items())
+            extra += sum(max(0, -k) for i, k in later.items() if i not in coef)
+            if after - const >= extra:
+                continue
+        kept.append((const, coef))
+    return kept
 
 
 def least_peak(
