@@ -170,15 +170,26 @@ class _Steps:
             raise self.out_of_time(f"the next compile needs about {rest:.1f} s", rest)
         call = compiled_call(self.model, backend)
         self.compiles += 1
-        measured: Measured = measure_step(
-            self.model,
-            call,
-            self.inputs,
-            self.kwargs,
-            self.loss_fn,
-            self.deadline,
-            expected_seconds(self.measure_seconds),
-        )
+        try:
+            measured: Measured = measure_step(
+                self.model,
+                call,
+                self.inputs,
+                self.kwargs,
+                self.loss_fn,
+                self.deadline,
+                expected_seconds(self.measure_seconds),
+            )
+        except (CompileError, _Infeasible):
+            raise
+        except Exception as e:
+            if partitioner is None:  # torch's own partition: the error is the model's
+                raise
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise CompileError(
+                f"the step compiled with remat's partition failed ({type(e).__name__}: "
+                f"{first}); this is a defect in remat: report it with the model"
+            ) from e
         solving = partitioner.solve_seconds if partitioner is not None else 0.0
         self.compile_seconds[self.compiles] = max(0.0, measured.compile_seconds - solving)
         if measured.peak is None:
