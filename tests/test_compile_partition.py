@@ -8,6 +8,7 @@ break, a data-dependent shape, a budget below the least, dynamic shapes, another
 from __future__ import annotations
 
 import copy
+import dataclasses
 import operator
 import time
 from collections import Counter
@@ -21,6 +22,7 @@ import executor
 import solver
 from executor.compiled.emit import COMPUTE
 from executor.compiled.joint_dag import END
+from executor.compiled.partitioner import RematPartitioner
 from solver.deadline import Deadline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -247,6 +249,75 @@ def test_a_solve_cut_by_the_deadline_returns_its_plan_and_says_so(monkeypatch):
     assert cm.remat.stopped == "time limit" and cm.remat.peak > 0
 
 
+def _recompute_mask(schedule: solver.Schedule, dag) -> solver.Schedule:
+    """``schedule`` with the dropout node live to the step's end, its mask's node (a
+    ``getitem`` only the backward reads) freed once computed and computed again, from the live
+    dropout node, just before the backward reads it."""
+    ((source, mask),) = [
+        (u, v) for u, v in dag.edges if dag.nodes[v]["op"] == str(operator.getitem)
+    ]
+    ops = [op for op in schedule.ops if mask not in op and op != ("free", source)]
+    ops = [op for i, op in enumerate(ops) if op != ("compute", source) or i == ops.index(op)]
+    at = ops.index(("compute", source)) + 1
+    ops[at:at] = [("compute", mask), ("free", mask)]
+    reader = next(i for i, (k, v) in enumerate(ops) if k == "compute" and v in dag[mask])
+    ops[reader : reader + 1] = [("compute", mask), ops[reader], ("free", mask)]
+    return dataclasses.replace(schedule, ops=[*ops, ("free", source)])
+
+
+def test_a_multi_output_op_is_saved_as_its_tensors(monkeypatch):
+    """A recompute in the backward that unpacks a multi-output op the forward keeps live
+    (dropout's mask, unpacked again from the live dropout) reads a saved tensor, never the
+    op's tuple (AOTAutograd saves tensors only): bit-identical to eager over 2 steps."""
+    solve = RematPartitioner._solve
+
+    def edited(self, dag, *args):
+        return _recompute_mask(solve(self, dag, *args), dag)
+
+    monkeypatch.setattr(RematPartitioner, "_solve", edited)
+    torch.manual_seed(0)
+    net, x = Net(layers=1).train(), torch.randn(16, 32)
+    eager = copy.deepcopy(net)
+    cm = executor.compile(net, "min", example_inputs=(x,), **FAST)
+    (region,) = cm.remat.regions
+    saved = region.partition.backward.graph.find_nodes(op="placeholder")
+    assert all(isinstance(p.meta["val"], torch.Tensor) for p in saved)
+    assert_equal_steps(sgd_steps(net, cm, x), sgd_steps(eager, eager, x))
+
+
+def test_a_failure_inside_remats_graphs_is_a_compile_error_naming_a_defect(monkeypatch):
+    """An error raised inside torch while the graphs of remat's partition run (here planted
+    in the forward graph) surfaces as one line of `CompileError` naming a defect in remat."""
+    call = RematPartitioner.__call__
+
+    def failing(self, gm, joint_inputs, **kwargs):
+        forward, backward = call(self, gm, joint_inputs, **kwargs)
+
+        def fails(*args):
+            raise AssertionError("deep in torch")
+
+        forward.forward = fails
+        return forward, backward
+
+    monkeypatch.setattr(RematPartitioner, "__call__", failing)
+    x = torch.randn(16, 32)
+    with pytest.raises(executor.CompileError, match=r"AssertionError: deep in torch.*defect"):
+        executor.compile(Net(layers=1), "min", example_inputs=(x,), **FAST)
+
+
+def test_a_budget_under_the_models_least_is_compiled_and_measured():
+    """On a small net the solver's model puts the least peak above the plain compiled step's
+    measured peak, yet "100%" fits: the loop compiles the least-peak schedule and measures it
+    within the budget. A budget under that measurement is refused after it, in one line."""
+    x = torch.randn(16, 32)
+    cm = executor.compile(Net(layers=1), "100%", example_inputs=(x,), **FAST)
+    report = cm.remat
+    assert report.tries[0].predicted > report.budget == report.plain_peak >= report.peak
+    least = report.tries[-1].measured
+    with pytest.raises(executor.CompileError, match=f"least-peak schedule measured {least} B"):
+        executor.compile(Net(layers=1), least - 1, example_inputs=(x,), **FAST)
+
+
 class Breaks(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -274,7 +345,7 @@ class Selects(Breaks):
             Net,
             "1KiB",
             {"time_limit": 2},
-            r"below the least this compiled step reaches; the least schedule peaks at",
+            r"below the least this compiled step reaches",
         ),
         (Net, "1MiB", {"dynamic": True}, "dynamic=True"),
         (Net, "1MiB", {"backend": "eager"}, "backend 'eager' is not supported"),

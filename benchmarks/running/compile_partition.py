@@ -78,7 +78,11 @@ def run(name: str, ratios: list[float], time_limit: float) -> None:
     torch._dynamo.reset()
     plain = torch.compile(model, fullgraph=True, dynamic=False)
     plain_grads = grads(model, plain, inputs)
-    least = executor.compile(model, "min", example_inputs=inputs, time_limit=time_limit)
+    try:
+        least = executor.compile(model, "min", example_inputs=inputs, time_limit=time_limit)
+    except executor.CompileError as e:
+        print(f"{name} remat min: refused: {e}", flush=True)
+        return
     low = least.remat.peak
     print(
         f"{name} remat min: {low / mib:.2f} MiB (compiles {least.remat.compiles}); "

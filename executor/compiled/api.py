@@ -170,15 +170,26 @@ class _Steps:
             raise self.out_of_time(f"the next compile needs about {rest:.1f} s", rest)
         call = compiled_call(self.model, backend)
         self.compiles += 1
-        measured: Measured = measure_step(
-            self.model,
-            call,
-            self.inputs,
-            self.kwargs,
-            self.loss_fn,
-            self.deadline,
-            expected_seconds(self.measure_seconds),
-        )
+        try:
+            measured: Measured = measure_step(
+                self.model,
+                call,
+                self.inputs,
+                self.kwargs,
+                self.loss_fn,
+                self.deadline,
+                expected_seconds(self.measure_seconds),
+            )
+        except (CompileError, _Infeasible):
+            raise
+        except Exception as e:
+            if partitioner is None:  # torch's own partition: the error is the model's
+                raise
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise CompileError(
+                f"the step compiled with remat's partition failed ({type(e).__name__}: "
+                f"{first}); this is a defect in remat: report it with the model"
+            ) from e
         solving = partitioner.solve_seconds if partitioner is not None else 0.0
         self.compile_seconds[self.compiles] = max(0.0, measured.compile_seconds - solving)
         if measured.peak is None:
@@ -222,26 +233,42 @@ def _compile(
     deadline = steps.deadline
     tries: list[Try] = []
     solver_budget: int | str = "min" if minimum else target
+    attempted: list[int | str] = []  # the solver budgets of the loop's compiles
+    infeasible: _Infeasible | None = None  # the last compile's solve, below the least
     for attempt in range(max_compiles):
         solves = deadline.within(
             _solve_seconds(deadline.remaining(), max_compiles - attempt, steps.rest())
         )
+        attempted.append(solver_budget)
         partitioner = RematPartitioner(solver_budget, solves, replay_rng=name == "aot_eager")
         started = time.perf_counter()
         try:
             call, measured = steps.measure(backend(name, partitioner, options), partitioner)
         except _Infeasible as e:
-            if isinstance(e.error, solver.SolverTimeoutError):
+            timed_out = isinstance(e.error, solver.SolverTimeoutError)
+            # a solve cut short finds no schedule: the least-peak one ("min") is within the
+            # budget wherever any schedule is, in the model, and the measurement decides
+            next_budget = "min" if timed_out else _above_least(e, target, tries)
+            if timed_out and next_budget in attempted:
                 raise CompileError(
                     f"budget {budget} ({target} B): the solver found no schedule within it in "
                     f"its {partitioner.solve_seconds:.1f} s share of time_limit "
                     f"({str(e.error).splitlines()[0]}); raise time_limit or the budget"
                 ) from e.error
-            raise _below_least(budget, target, tries, e) from e.error
+            infeasible, solver_budget = e, next_budget
+            if solver_budget in attempted:
+                break
+            continue
+        infeasible = None
         predicted = sum(r.schedule.peak for r in partitioner.regions)
         seconds = time.perf_counter() - started
         tries.append(
-            Try(None if minimum else int(solver_budget), predicted, measured.peak, seconds)
+            Try(
+                None if solver_budget == "min" else int(solver_budget),
+                predicted,
+                measured.peak,
+                seconds,
+            )
         )
         if minimum or measured.peak <= target:
             stopped = "interrupted" if deadline.stopped() else "time limit"
@@ -255,9 +282,19 @@ def _compile(
                 stopped if partitioner.cut_short else None,
             )
             return CompiledModel(steps.model, call, report)
+        if solver_budget == "min":
+            break  # the least-peak schedule measured over the budget
         solver_budget = int(solver_budget) - (measured.peak - target)
         if solver_budget <= 0:
             break
+    if infeasible is not None:
+        raise _below_least(budget, target, tries, infeasible) from infeasible.error
+    if tries[-1].solver_budget is None:
+        raise CompileError(
+            f"budget {budget} ({target} B) is below the least this compiled step reaches: its "
+            f"least-peak schedule measured {tries[-1].measured} B "
+            f"({human_bytes(tries[-1].measured)}): raise the budget or use 'min'"
+        )
     raise CompileError(
         f"budget {budget} ({target} B): after {len(tries)} compiles the compiled step still "
         f"measured {tries[-1].measured} B ({human_bytes(tries[-1].measured)}); raise the "
@@ -282,6 +319,19 @@ def _plain(name: str, options: dict[str, Any]) -> Callable:
     if name != "inductor":
         raise CompileError(f"backend {name!r} takes no options")
     return functools.partial(compile_fx, config_patches=options)
+
+
+def _above_least(e: _Infeasible, target: int, tries: list[Try]) -> int | str:
+    """The next solver budget where ``target`` is below the least schedule's peak in the
+    solver's model: the budget is about the measured peak, which the model overestimates by
+    up to what the tries measured under their prediction, so the next try solves at the
+    target raised by that overestimate, at least the model's least ("min" where the least is
+    not known)."""
+    least = getattr(e.error, "minimum_bytes", None)
+    if least is None:
+        return "min"
+    over = max((t.predicted - t.measured for t in tries), default=0)
+    return max(int(least), target + over)
 
 
 def _below_least(budget: object, target: int | None, tries: list[Try], e: _Infeasible):

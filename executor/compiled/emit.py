@@ -91,6 +91,28 @@ def _replay(
     return copy
 
 
+def _unpack_saved(
+    graph: torch.fx.Graph, node: torch.fx.Node, source: torch.fx.Node, by: Compute
+) -> torch.fx.Node:
+    """``node`` (a ``getitem`` of a multi-output op) as a new getitem of the forward's copy
+    ``source`` of that op, placed right after it in the forward: the backward then reads a
+    saved tensor (an alias of the op's output), never the op's tuple."""
+    with graph.inserting_after(source):
+        item = graph.call_function(operator.getitem, (source, *node.args[1:]))
+    item.meta = {**node.meta, COMPUTE: by}
+    return item
+
+
+def _forward_tuple(
+    env: dict[str, torch.fx.Node], forward_side: set[str], source: torch.fx.Node
+) -> bool:
+    """True where the current copy of ``source`` was made by the forward and holds several
+    values (a multi-output op's result)."""
+    return source.name in forward_side and isinstance(
+        env[source.name].meta.get("val"), tuple | list
+    )
+
+
 def _split(ops: Sequence[tuple[str, Hashable]], backward: set[Hashable]) -> int:
     """Index of the first compute of a backward DAG node (len(ops) if none)."""
     for i, (kind, v) in enumerate(ops):
@@ -135,7 +157,7 @@ def partition(
                 static.add(node.name)
     joint_nodes = {n.name: n for n in joint.graph.nodes}
     split = _split(ops, backward)
-    saved: dict[str, torch.fx.Node] = {}  # joint name -> the forward copy the backward reads
+    saved: dict[torch.fx.Node, str] = {}  # a forward copy the backward reads -> its joint name
     forward_side: set[str] = set()  # names whose current copy was made before the split
     forward_copy: dict[str, torch.fx.Node] = {}  # joint name -> its last copy before the split
     reads: dict[Compute, set[Compute]] = {}  # compute -> the computes whose copies it reads
@@ -157,7 +179,7 @@ def partition(
                 "this is a defect in remat: report it with the model"
             )
         if in_backward and (name in forward_side or name in static):
-            saved.setdefault(name, env[name])
+            saved.setdefault(env[name], name)
         if COMPUTE in env[name].meta:
             reads[by].add(env[name].meta[COMPUTE])
         return env[name]
@@ -179,6 +201,19 @@ def partition(
         for name in members.get(v, ()):
             node = joint_nodes[name]
             lookup = functools.partial(read, reader=node, in_backward=in_backward, by=by)
+            source = node.args[0] if node.target is operator.getitem else None
+            if (
+                in_backward
+                and isinstance(source, torch.fx.Node)
+                and _forward_tuple(env, forward_side, source)
+            ):
+                copy = _unpack_saved(graph, node, env[source.name], by)
+                if COMPUTE in env[source.name].meta:
+                    reads[by].add(env[source.name].meta[COMPUTE])
+                saved[copy] = name
+                env[name] = copy
+                forward_side.discard(name)
+                continue
             if name in replayed:
                 fresh = name + _STATE not in env
                 copy = _replay(graph, node, env, lookup, name + _STATE)
@@ -207,8 +242,8 @@ def partition(
             copy = forward_copy.get(arg.name, env.get(arg.name))
         else:  # a gradient: the copy live at END, saved where the forward made it
             copy = live_at_end.get(arg.name)
-            if arg.name in side_at_end | static:
-                copy = saved.setdefault(arg.name, copy)
+            if arg.name in side_at_end | static and copy is not None:
+                saved.setdefault(copy, arg.name)
         if copy is None:
             raise CompileError(
                 f"the schedule leaves the graph output '{arg.name}' not live at its end; this "
@@ -227,12 +262,18 @@ def partition(
     for node in reversed(graph.nodes):
         if node.meta.get(COMPUTE) in gone:
             graph.erase_node(node)
-    saved = {name: copy for name, copy in saved.items() if copy.meta.get(COMPUTE) not in gone}
+    saved = {copy: name for copy, name in saved.items() if copy.meta.get(COMPUTE) not in gone}
+    for copy in saved:
+        if not isinstance(copy.meta.get("val"), torch.Tensor):
+            raise CompileError(
+                f"the forward would save '{copy.name}', a {type(copy.meta.get('val')).__name__}"
+                " and not a tensor; this is a defect in remat: report it with the model"
+            )
     graph.output(type(output.args[0])(flat) if isinstance(output.args[0], tuple) else flat)
     graph.output_node().meta = dict(output.meta)
     rewritten = torch.fx.GraphModule(joint, graph)
     forward, backward_module = _extract_fwd_bwd_modules(
-        rewritten, list(saved.values()), [], num_fwd_outputs=num_fwd_outputs
+        rewritten, list(saved), [], num_fwd_outputs=num_fwd_outputs
     )
     emitted = {n.meta.get(COMPUTE) for m in (forward, backward_module) for n in m.graph.nodes}
     missing = [by for by in live if members.get(by[0]) and by not in emitted]
@@ -241,7 +282,7 @@ def partition(
             f"the graphs lost the schedule's compute {missing[0]} that a live value needs; "
             "this is a defect in remat: report it with the model"
         )
-    joint_name = {copy.name: name for name, copy in saved.items()}
+    joint_name = {copy.name: name for copy, name in saved.items()}
     kept = [
         joint_name[p.name]
         for p in backward_module.graph.find_nodes(op="placeholder")

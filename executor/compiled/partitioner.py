@@ -85,7 +85,8 @@ class RematPartitioner(CustomPartitionerFn):
         once = [v for v in dag.nodes if dag.nodes[v]["once"] and not self._replays(dag, v)]
         for v in once:
             dag.nodes[v]["cost"] = float(dag.nodes[v]["cost"]) + penalty
-        schedule = self._solve(dag)
+        total = sum(float(dag.nodes[v]["cost"]) for v in dag.nodes)
+        schedule = self._solve(dag, (total + penalty / 2) / total if once else None)
         computes: dict = {}
         for kind, v in schedule.ops:
             if kind == "compute":
@@ -112,10 +113,10 @@ class RematPartitioner(CustomPartitionerFn):
         """True where ``v`` may recompute: it draws but does not mutate, and draws replay."""
         return self.replay_rng and not dag.nodes[v]["mutates"]
 
-    def _solve(self, dag: nx.DiGraph) -> solver.Schedule:
+    def _solve(self, dag: nx.DiGraph, compute_budget: float | None) -> solver.Schedule:
         started = time.perf_counter()
         try:
-            schedule = self._schedule(dag)
+            schedule = self._schedule(dag, compute_budget)
         except (solver.InfeasibleBudgetError, solver.SolverTimeoutError) as e:
             raise _Infeasible(e) from e
         finally:
@@ -123,13 +124,20 @@ class RematPartitioner(CustomPartitionerFn):
         self.cut_short |= schedule.status != "OPTIMAL"
         return schedule
 
-    def _schedule(self, dag: nx.DiGraph) -> solver.Schedule:
+    def _schedule(self, dag: nx.DiGraph, compute_budget: float | None) -> solver.Schedule:
         """The schedule at the budget, or for "min" the least peak, then the least cost at it
-        (the least-peak schedule where that second solve finds nothing by the deadline)."""
+        (the least-peak schedule where that second solve finds nothing by the deadline).
+        ``compute_budget``: the least-peak solve's bound on cost (a factor of computing every
+        node once; None: none), which keeps the ops that must run once from recomputing."""
         deadline = self.deadline
         if self.budget != "min":
             return solver.solve(dag, int(self.budget), **_within(deadline))
-        least = solver.solve(dag, objective="memory", **_within(deadline.share(0.5)))
+        least = solver.solve(
+            dag,
+            objective="memory",
+            compute_budget=compute_budget,
+            **_within(deadline.share(0.5)),
+        )
         self.cut_short |= least.status != "OPTIMAL"
         try:
             return solver.solve(dag, least.peak, **_within(deadline))
