@@ -20,8 +20,9 @@ every term of NOTE [ SAC memory model ] (solver/sac/memory.py) is linear in (c, 
 
 (b_i: op i's new bytes, a_i: those autograd saves, o_i: those of the block's output, which
 live on whatever the plan; x_t: op t's scratch bytes; s_t = 0 where op t is not saveable.)
-D_j is an integer variable per block (D_{j+1} = D_j + d_j), and of a region's per-op terms
-those the next op's term implies for every (c, s) are left out (`_binding`).
+Of a region's per-op terms, those the next op's term implies for every (c, s) are left out
+(`_binding`): the same feasible plans, far fewer terms (each holds D_j, every earlier
+block's variables).
 
 and the cost in seconds is the recompute sum_j sum_{i<=stop_j} seconds_i (c_j - s_i), plus
 sum_j price_j c_j (checkpoint's own price per region, possibly negative), plus
@@ -133,21 +134,14 @@ class _Model:
 
     def _memory_terms(self) -> None:
         m, P, union = self.m, self.peak, self.union
-        d, bound = [], 0
+        d = []
         for j, block in enumerate(union.blocks.blocks):
             total = self._savings(block, self.c[j], self.s[j])
-            bound += _savings_bound(block)
             if union.splits[j] is not None:
                 kids = zip(union.splits[j].children, self.cc[j], self.cs[j], strict=True)
                 total += sum(self._savings(child, c, s) for child, c, s in kids)
-                bound += sum(_savings_bound(child) for child in union.splits[j].children)
-            d.append((total, bound))
-        # D_j as a variable, so that each of block j's terms holds one variable, not j blocks'
-        before: list = [0]
-        for j, (total, bound) in enumerate(d):
-            v = m.NewIntVar(-bound, bound, f"D{j + 1}")
-            m.Add(v == before[-1] + total)
-            before.append(v)
+            d.append(total)
+        before = [sum(d[:j]) for j in range(len(d) + 1)]
         for seg in union.blocks.segments:
             m.Add(seg.peak - before[seg.held] <= P)
         for j, block in enumerate(union.blocks.blocks):
@@ -241,13 +235,6 @@ class _Model:
             None if cc is None else sub(cc, cs) for cc, cs in zip(self.cc, self.cs, strict=True)
         )
         return UnionPlan(sub(self.c, self.s), children)
-
-
-def _savings_bound(block: SacBlock) -> int:
-    """A bound on the absolute savings of one region (`_Model._savings`), bytes."""
-    plain = sum(op.saved_bytes for op in block.ops)
-    kept = sum(abs(op.new_bytes - op.output_bytes) for op in block.ops[: block.stop + 1])
-    return abs(plain - block.held_extra) + kept
 
 
 def _binding(rows: list[tuple[int, dict[int, int]]]) -> list[tuple[int, dict[int, int]]]:
