@@ -48,12 +48,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensor,
-    FakeTensorMode,
-)
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.checkpoint import (
     CheckpointPolicy,
@@ -65,6 +60,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from executor.errors import PlanError
 from executor.sac.measurer import Measured, Timeline, storage_key
 from executor.sac.step import leaf_tensors
+from graph_capture.errors import data_dependence
 from graph_capture.measurement.roofline import op_seconds
 from graph_capture.measurement.workspace import workspace_bytes
 from solver.target import Device
@@ -122,16 +118,13 @@ class _Tracker(TorchDispatchMode):
             return self._real(func, args, kwargs)
         try:
             out = func(*args, **kwargs)
-        except DynamicOutputShapeException as e:
-            raise PlanError(
-                f"{func} has an output shape that depends on tensor values, which estimate mode "
-                f"does not know: {_MEASURED_MODE}"
-            ) from e
-        except DataDependentOutputException as e:
-            raise PlanError(
-                f"the model reads a tensor's value ({func}: .item(), bool() or a branch on a "
-                f"tensor) that estimate mode does not know: {_MEASURED_MODE}"
-            ) from e
+        except Exception as e:
+            if reason := data_dependence(e):
+                raise PlanError(
+                    f"{func} has a data-dependent {reason}, which estimate mode does not know: "
+                    f"{_MEASURED_MODE}"
+                ) from e
+            raise
         outs = leaf_tensors(out)
         self._written(func, args, kwargs)
         self._allocated(tensors, outs)

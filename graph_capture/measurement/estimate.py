@@ -24,6 +24,7 @@ import contextlib
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -34,6 +35,7 @@ from graph_capture.measurement.measure import (
     JointMeasure,
     NodeMeasure,
     estimate_flops,
+    interpret,
     shapes_of,
     storages_of,
 )
@@ -121,40 +123,28 @@ def estimate_joint(
     the joint's fake placeholders, made in ``mode``). Each node's ``seconds`` is its predicted
     time; ``pass_seconds`` is their sum (the predicted step: what runs between ops is not
     modelled). A lifted constant is static memory, like a placeholder. Raises `CaptureError`
-    for an op whose output shape depends on data."""
-    env: dict[str, object] = {}
-    measures: dict[str, NodeMeasure] = {}
-    seen: set = set()
+    naming an op that fails on the fake tensors."""
     rounding = device.rounding
-    for node, value in zip(gm.graph.find_nodes(op="placeholder"), args, strict=True):
-        env[node.name] = value
-        seen.update(storages_of(value, rounding))
     lifted = [n for n in gm.graph.nodes if isinstance(n.target, LiftedConstant)]
     _check_constants(lifted)
     constants = {n.name: mode.from_tensor(n.target.value, static_shapes=True) for n in lifted}
-    seen.update(storages_of(list(constants.values()), rounding))
-    outputs: list[object] = []
-    total = 0.0
+
+    def run_node(node: torch.fx.Node, args: tuple, kwargs: dict) -> tuple[object, NodeMeasure]:
+        if node.name in constants:
+            value = constants[node.name]
+            return value, NodeMeasure(storages_of(value, rounding), set(), 0.0, 0, 0)
+        return _estimate_node(node, args, kwargs, device)
+
     with mode, torch.no_grad():
-        for node in gm.graph.nodes:
-            if node.op == "placeholder":
-                continue
-            if node.op == "output":
-                outputs = list(torch.fx.node.map_arg(node.args[0], lambda n: env[n.name]))
-                break
-            fn_args, fn_kwargs = torch.fx.node.map_arg(
-                (node.args, node.kwargs), lambda n, env=env: env[n.name]
-            )
-            if node.name in constants:
-                value = constants[node.name]
-                measure = NodeMeasure(storages_of(value, rounding), set(), 0.0, 0, 0)
-            else:
-                value, measure = _estimate_node(node, fn_args, fn_kwargs, device)
-            measure.new_storages = {k for k in measure.storages if k not in seen}
-            seen.update(measure.storages)
-            env[node.name] = value
-            measures[node.name] = measure
-            total += measure.seconds
+        _, measures, outputs = interpret(
+            gm,
+            args,
+            run_node,
+            partial(storages_of, rounding=rounding),
+            static=list(constants.values()),
+            on="fake tensors",
+        )
+        total = sum(measure.seconds for measure in measures.values())
         total += _accumulation_seconds(gm, grad_positions, outputs, measures, device)
     return JointMeasure(measures, outputs, total)
 
@@ -163,14 +153,7 @@ def _estimate_node(
     node: torch.fx.Node, args: tuple, kwargs: dict, device: Device
 ) -> tuple[object, NodeMeasure]:
     target = node.target
-    try:
-        value = target(*args, **kwargs)
-    except Exception as error:
-        raise CaptureError(
-            f"{describe_op(node)} failed on fake tensors: {type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}"
-        ) from error
-    _check_static(node, value)
+    value = target(*args, **kwargs)
     storages = storages_of(value, device.rounding)
     if target is operator.getitem:
         return value, NodeMeasure(storages, set(), 0.0, 0, 0, *shapes_of(value))
@@ -197,17 +180,6 @@ def _check_constants(lifted: Sequence[torch.fx.Node]) -> None:
             f"model (at most {CONSTANT_BYTES} bytes): build them with torch factories "
             "(torch.zeros, torch.arange) or register them as buffers"
         )
-
-
-def _check_static(node: torch.fx.Node, value: object) -> None:
-    for tensor in torch.utils._pytree.tree_leaves(value):
-        if isinstance(tensor, torch.Tensor) and any(
-            isinstance(d, torch.SymInt) for d in tensor.shape
-        ):
-            raise CaptureError(
-                f"{describe_op(node)} has a data-dependent output shape {tuple(tensor.shape)}: "
-                "estimate mode needs static shapes"
-            )
 
 
 def _accumulation_seconds(

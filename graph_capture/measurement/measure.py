@@ -110,6 +110,63 @@ class JointMeasure:
     pass_seconds: float | None
 
 
+RunNode = Callable[[torch.fx.Node, tuple, dict], tuple[object, NodeMeasure]]
+"""Runs one fx call on its argument values: its value and its `NodeMeasure` (``new_storages``
+left for `interpret` to fill)."""
+
+
+def interpret(
+    gm: torch.fx.GraphModule,
+    args: Sequence[object],
+    run_node: RunNode,
+    storages: Callable[[object], dict[StorageKey, int]],
+    *,
+    static: object = (),
+    on: str,
+) -> tuple[dict[str, object], dict[str, NodeMeasure], list[object]]:
+    """Run ``gm``'s calls in graph order with ``run_node``, every value kept: returns the values
+    (fx node name -> value), the measures with ``new_storages`` set (the storages no placeholder,
+    ``static`` value or earlier node holds, keyed by ``storages``) and the graph's flat outputs.
+    Raises `CaptureError` for a node that is not a call, or naming the op that failed on ``on``
+    (what the values are: "the example tensors", "fake tensors")."""
+    env: dict[str, object] = {}
+    measures: dict[str, NodeMeasure] = {}
+    seen: set[StorageKey] = set()
+    for node, value in zip(gm.graph.find_nodes(op="placeholder"), args, strict=True):
+        env[node.name] = value
+        seen.update(storages(value))
+    seen.update(storages(static))
+    outputs: list[object] = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "output":
+            outputs = list(torch.fx.node.map_arg(node.args[0], lambda n: env[n.name]))
+            break
+        if node.op != "call_function":
+            raise CaptureError(
+                f"unexpected fx node {node.op} '{node.name}' ({node.target}) in the joint "
+                "graph; only calls can be measured and replayed"
+            )
+        fn_args, fn_kwargs = torch.fx.node.map_arg(
+            (node.args, node.kwargs), lambda n, env=env: env[n.name]
+        )
+        try:
+            value, measure = run_node(node, fn_args, fn_kwargs)
+        except CaptureError:
+            raise
+        except Exception as error:
+            raise CaptureError(
+                f"{describe_op(node)} failed on {on}: "
+                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            ) from error
+        measure.new_storages = {k for k in measure.storages if k not in seen}
+        seen.update(measure.storages)
+        env[node.name] = value
+        measures[node.name] = measure
+    return env, measures, outputs
+
+
 def measure_joint(
     gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], *, repeats: int = 5
 ) -> JointMeasure:
@@ -126,41 +183,10 @@ def measure_joint(
     device); a lifted constant is static memory, like a placeholder. Raises `CaptureError`
     naming the op and its module when an op fails on the real tensors.
     """
-    env: dict[str, object] = {}
-    measures: dict[str, NodeMeasure] = {}
-    seen: dict[StorageKey, int] = {}
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    for node, value in zip(placeholders, args, strict=True):
-        env[node.name] = value
-        seen.update(storages_of(value))
-    seen.update(storages_of(lifted_constants(gm)))  # static memory, like the placeholders
-    outputs: list[object] = []
     with torch.no_grad():
-        for node in gm.graph.nodes:
-            if node.op == "placeholder":
-                continue
-            if node.op == "output":
-                outputs = list(torch.fx.node.map_arg(node.args[0], lambda n: env[n.name]))
-                break
-            if node.op != "call_function":
-                raise CaptureError(
-                    f"unexpected fx node {node.op} '{node.name}' ({node.target}) in the joint "
-                    "graph; only calls can be measured and replayed"
-                )
-            fn_args, fn_kwargs = torch.fx.node.map_arg(
-                (node.args, node.kwargs), lambda n, env=env: env[n.name]
-            )
-            try:
-                value, measure = _run_node(node, fn_args, fn_kwargs)
-            except Exception as error:
-                raise CaptureError(
-                    f"{describe_op(node)} failed on the example tensors: "
-                    f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-                ) from error
-            measure.new_storages = {k for k in measure.storages if k not in seen}
-            seen.update(measure.storages)
-            env[node.name] = value
-            measures[node.name] = measure
+        env, measures, outputs = interpret(
+            gm, args, _run_node, storages_of, static=lifted_constants(gm), on="the example tensors"
+        )
         calls = _calls(gm, env)
         device = device_of(calls[0][0]) if calls else torch.device("cpu")
         with fork_rng(device):

@@ -22,9 +22,8 @@ import torch
 import torch.fx.traceback as fx_traceback
 from torch import nn
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-from graph_capture.errors import CaptureError, first_lines
+from graph_capture.errors import CaptureError, data_dependence, first_lines
 from graph_capture.trace.autograd_functions import (
     failing_function,
     module_stack,
@@ -252,11 +251,10 @@ def trace_joint(
         except CaptureError:
             raise
         except Exception as error:
-            if isinstance(error, DynamicOutputShapeException | DataDependentOutputException):
+            if reason := data_dependence(error):
                 raise CaptureError(
-                    f"data-dependent output shape{_modules_of_op(exported, error)} (nonzero, "
-                    "masked_select, boolean indexing): capture needs static shapes; use a "
-                    "fixed-size form (torch.where, a mask multiply)"
+                    f"data-dependent {reason}{_modules_of_op(exported, error)}: capture needs "
+                    "static shapes; use a fixed-size form (torch.where, a mask multiply)"
                 ) from error
             raise CaptureError(
                 f"tracing the backward (AOTAutograd) failed{_modules_of_op(exported, error)}; "
