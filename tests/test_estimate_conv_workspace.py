@@ -15,35 +15,44 @@ from graph_capture.measurement.workspace import cpu_workspace
 aten = torch.ops.aten
 EXACT, BOUND = "exact", "bound"
 
-# (batch, in channels, out channels, image side, kernel, stride, groups, bias), then the model's
-# kind for the forward, the backward with an input gradient, and the backward without one.
+# (batch, in channels, out channels, image side, kernel, stride, groups, bias, strided: the input
+# and the output gradient non-contiguous), then the model's kind for the forward, the backward
+# with an input gradient, and the backward without one. Padding: half the kernel, 0 for a kernel
+# no larger than its stride (patches).
 CASES = [
-    ((2, 16, 16, 8, 3, 1, 1, False), (EXACT, EXACT, EXACT)),  # ResNet's 3x3
-    ((2, 64, 128, 8, 3, 2, 1, False), (EXACT, EXACT, EXACT)),  # strided, brgconv hidden
-    ((2, 16, 32, 8, 3, 2, 1, False), (EXACT, BOUND, EXACT)),  # brgconv's scratchpad
-    ((2, 3, 16, 16, 7, 2, 1, False), (EXACT, BOUND, EXACT)),  # first layer
-    ((2, 8, 8, 4, 3, 1, 1, False), (EXACT, EXACT, EXACT)),  # AVX2 weight gradient
-    ((2, 12, 12, 8, 3, 1, 1, False), (EXACT, EXACT, EXACT)),
-    ((2, 16, 32, 8, 1, 2, 1, False), (EXACT, BOUND, EXACT)),  # rtus
-    ((2, 64, 64, 4, 1, 2, 1, True), (EXACT, BOUND, EXACT)),  # rtus, bias gradient
-    ((2, 16, 16, 8, 1, 1, 1, False), (EXACT, EXACT, EXACT)),  # Slow2d, no columns
-    ((1, 16, 16, 8, 3, 1, 1, False), (EXACT, EXACT, EXACT)),  # Slow2d's columns
-    ((16, 16, 16, 8, 1, 1, 1, False), (EXACT, EXACT, EXACT)),  # oneDNN's 1x1
-    ((2, 24, 24, 8, 3, 2, 24, False), (EXACT, EXACT, EXACT)),  # depthwise
-    ((2, 32, 32, 8, 3, 1, 2, False), (EXACT, EXACT, EXACT)),  # grouped
-    ((2, 40, 40, 8, 5, 1, 40, False), (EXACT, BOUND, BOUND)),  # depthwise 5x5: GEMM
-    ((2, 5, 16, 8, 3, 1, 1, False), (BOUND, BOUND, BOUND)),  # not modelled
+    ((2, 16, 16, 8, 3, 1, 1, False, False), (EXACT, EXACT, EXACT)),  # ResNet's 3x3
+    ((2, 64, 128, 8, 3, 2, 1, False, False), (EXACT, EXACT, EXACT)),  # strided, brgconv hidden
+    ((2, 16, 32, 8, 3, 2, 1, False, False), (EXACT, BOUND, EXACT)),  # brgconv's scratchpad
+    ((2, 3, 16, 16, 7, 2, 1, False, False), (EXACT, BOUND, EXACT)),  # first layer
+    ((2, 8, 8, 4, 3, 1, 1, False, False), (EXACT, EXACT, EXACT)),  # AVX2 weight gradient
+    ((2, 12, 12, 8, 3, 1, 1, False, False), (EXACT, EXACT, EXACT)),
+    ((2, 16, 32, 8, 1, 2, 1, False, False), (EXACT, BOUND, EXACT)),  # rtus
+    ((2, 64, 64, 4, 1, 2, 1, True, False), (EXACT, BOUND, EXACT)),  # rtus, bias gradient
+    ((2, 16, 16, 8, 1, 1, 1, False, False), (EXACT, EXACT, EXACT)),  # Slow2d, no columns
+    ((1, 16, 16, 8, 3, 1, 1, False, False), (EXACT, EXACT, EXACT)),  # Slow2d's columns
+    ((16, 16, 16, 8, 1, 1, 1, False, False), (EXACT, EXACT, EXACT)),  # oneDNN's 1x1
+    ((2, 24, 24, 8, 3, 2, 24, False, False), (EXACT, EXACT, EXACT)),  # depthwise
+    ((2, 32, 32, 8, 3, 1, 2, False, False), (EXACT, EXACT, EXACT)),  # grouped
+    ((2, 40, 40, 8, 5, 1, 40, False, False), (EXACT, BOUND, BOUND)),  # depthwise 5x5: GEMM
+    ((2, 5, 16, 8, 3, 1, 1, False, False), (BOUND, BOUND, BOUND)),  # not modelled
+    ((2, 16, 16, 8, 3, 1, 1, False, True), (EXACT, EXACT, EXACT)),  # their contiguous copies
+    ((2, 3, 32, 16, 8, 8, 1, True, True), (EXACT, BOUND, EXACT)),  # ViT's patches
+    ((1, 16, 16, 8, 3, 1, 1, False, True), (EXACT, EXACT, EXACT)),  # Slow2d's copies
 ]
 
 
 def _case(shape: tuple) -> tuple[list, list]:
     """The case's three calls and the model's bytes for each."""
-    n, c, o, side, k, stride, groups, bias = shape
+    n, c, o, side, k, stride, groups, bias, strided = shape
     x, w = torch.randn(n, c, side, side), torch.randn(o, c // groups, k, k)
-    params = ([stride] * 2, [k // 2] * 2, [1, 1], False, [0, 0], groups)
+    if strided:
+        x = x.transpose(2, 3)
+    params = ([stride] * 2, [k // 2 if k > stride else 0] * 2, [1, 1], False, [0, 0], groups)
     forward = (x, w, torch.randn(o) if bias else None, *params)
     y = aten.convolution.default(*forward)
     grad = torch.randn_like(y)
+    if strided:  # as a patch embedding's flatten and transpose leave it
+        grad = grad.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
     backwards = [
         (grad, x, w, [o] if bias else None, *params, [data, True, bias]) for data in (True, False)
     ]

@@ -1,4 +1,4 @@
-"""Workspace bytes of aten's CPU convolutions (float32, 2-d, contiguous): the kernel torch picks
+"""Workspace bytes of aten's CPU convolutions (float32, 2-d, NCHW): the kernel torch picks
 and, for oneDNN, the buffers its calls hold, read from ATen's ``Convolution.cpp``,
 ``mkldnn/Conv.cpp`` and ``ConvolutionMM2d.cpp`` and oneDNN's verbose log (``ONEDNN_VERBOSE=1``:
 each primitive's implementation and memory formats), checked against the profiler's allocation
@@ -7,6 +7,10 @@ events on every convolution of the zoo's ResNet-18 and MobileNetV3-small and a g
 
 The kernel: ``torch._C._select_conv_backend``, torch's own choice from the shapes and the
 thread count (a 1x1, stride-1 convolution of a batch under 16 on one thread runs ``Slow2d``).
+
+Every kernel first copies a non-contiguous operand (``.contiguous()`` in ``_convolution`` and
+``convolution_backward``; a patch embedding's output gradient is one) and holds the copy for the
+call: its bytes add to the kernel's below.
 
 - ``Slow2d`` (``slow_conv2d``): the im2col columns, ``N x C*kh*kw x Ho*Wo`` floats, forward and
   each backward half (one at a time); none for a 1x1, stride-1, unpadded kernel (a view).
@@ -17,19 +21,20 @@ thread count (a 1x1, stride-1 convolution of a batch under 16 on one thread runs
   the forward (oneDNN's first-layer kernel, weights ``Acdb16a``); weights padded to 16 on both
   channel dims (per group); depthwise weights ``Abcde16a``. The weight gradient of an input of
   8-15 channels runs the AVX2 kernel (blocks of 8), of 1-3 channels the first-layer kernel.
-  Exceptions, each an allowance measured here, not derived, so a **bound**:
+  A strided 1x1 kernel copies the strided input per thread (``rtus``: ``C x Ho x Wo`` floats)
+  in a scratchpad `SCRATCHPAD_ALIGNMENT` larger. Exceptions, each a **bound** with an allowance
+  measured here, not derived:
 
   - a strided, non-depthwise input gradient runs ``brgconv_strided`` in ``acdb`` (NHWC):
     unpadded activations, weights' input channels padded to 16, 32 or 64, a scratchpad of at
     most `BRGCONV_SCRATCH_BYTES` per thread plus the output gradient's bytes, and
     ``mkldnn_to_dense`` holding three copies of the input gradient;
   - a depthwise kernel over 3x3 computes its weight gradient by im2col and GEMM: the
-    backward gets `operand_bound`;
-  - a strided 1x1 kernel copies the strided input per thread (``rtus``: ``C x Ho x Wo``
-    floats, exact) plus `SCRATCHPAD_ALIGNMENT`.
+    backward gets `operand_bound`.
 
-Anything else (another kernel, dtype, layout, dilation, transposed, 3-d, channels per group
-not a multiple of 16, 4-7 input channels, a 1x1 kernel on under 16) gets `operand_bound`.
+Anything else (another kernel, dtype, a channels-last input or weight, dilation, transposed,
+3-d, channels per group not a multiple of 16, 4-7 input channels, a 1x1 kernel on under 16
+channels) gets `operand_bound`.
 """
 
 from __future__ import annotations
@@ -94,6 +99,16 @@ def _backend(x: torch.Tensor, w: torch.Tensor, bias: Any, params: list, bias_siz
     return backend.name
 
 
+def _channels_last(t: torch.Tensor) -> bool:
+    return not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
+def _copies(*tensors: torch.Tensor) -> int:
+    """Bytes of the contiguous copies ``_convolution`` and ``convolution_backward`` make of
+    their non-contiguous operands, held for the whole call."""
+    return sum(_nbytes(t) for t in tensors if not t.is_contiguous())
+
+
 def _shape(x: torch.Tensor, w: torch.Tensor, params: list) -> tuple | None:
     """(N, C, O, groups, kernel numel, input hw, output hw) where a rule covers the call."""
     stride, padding, dilation, transposed, _, groups = params
@@ -103,8 +118,8 @@ def _shape(x: torch.Tensor, w: torch.Tensor, params: list) -> tuple | None:
         or w.dtype != torch.float32
         or transposed
         or any(d != 1 for d in dilation)
-        or not x.is_contiguous()
-        or not w.is_contiguous()
+        or _channels_last(x)
+        or _channels_last(w)
     ):
         return None
     n, c, h, wd = x.shape
@@ -145,7 +160,7 @@ def conv_workspace(args: tuple, kwargs: dict, out: Any) -> int:
     n, c, o, groups, k, hw, ohw = shape
     backend = _backend(x, w, bias, params, None)
     if backend == "Slow2d":
-        return _columns(n, c, k, ohw, params)
+        return _columns(n, c, k, ohw, params) + _copies(x, w)
     if backend != "Mkldnn" or not _modelled(c, o, groups, k):
         return operand_bound(args, kwargs, out, backward=False)
     y = n * o * ohw * 4
@@ -154,7 +169,7 @@ def conv_workspace(args: tuple, kwargs: dict, out: Any) -> int:
     w_b = _pad(o) * c * k * 4 if plain else _weight_bytes(c, o, groups, k)
     y_b = n * _pad(o) * ohw * 4
     rtus = _rtus(c, ohw, k, params[0])
-    return max(x_b + w_b + y_b + rtus, y_b + y) - y
+    return max(x_b + w_b + y_b + rtus, y_b + y) - y + _copies(x, w)
 
 
 def _columns(n: int, c: int, k: int, ohw: int, params: list) -> int:
@@ -166,7 +181,7 @@ def _columns(n: int, c: int, k: int, ohw: int, params: list) -> int:
 
 def conv_backward_workspace(args: tuple, kwargs: dict, out: Any) -> int:
     """Workspace bytes of one ``aten.convolution_backward`` on the CPU (module docstring)."""
-    x, w = args[1:3]
+    grad, x, w = args[:3]
     params = list(args[4:10])
     shape = _shape(x, w, params)
     if shape is None:
@@ -175,7 +190,7 @@ def conv_backward_workspace(args: tuple, kwargs: dict, out: Any) -> int:
     backend = _backend(x, w, None, params, args[3])
     mask = _mask(args, kwargs)
     if backend == "Slow2d":
-        return _columns(n, c, k, ohw, params)
+        return _columns(n, c, k, ohw, params) + _copies(grad, x, w)
     depthwise = groups == c == o and groups > 1
     if backend != "Mkldnn" or not _modelled(c, o, groups, k) or (depthwise and k > 9):
         return operand_bound(args, kwargs, out, backward=True)
@@ -201,4 +216,5 @@ def conv_backward_workspace(args: tuple, kwargs: dict, out: Any) -> int:
             gw_w = _weight_bytes(c, o, groups, k, block)
         rtus = _rtus(c, ohw, k, stride)
         phases += [gx + gy_w + x_w + gw_w + bias + rtus, gx + gw_w + w_bytes + 2 * bias]
-    return max(0, max(phases) - gx - (w_bytes if mask[1] else 0) - bias)
+    outputs = gx + (w_bytes if mask[1] else 0) + bias
+    return max(0, max(phases) - outputs) + _copies(grad, x, w)
