@@ -22,19 +22,22 @@ call: its bytes add to the kernel's below.
   channel dims (per group); depthwise weights ``Abcde16a``. The weight gradient of an input of
   8-15 channels runs the AVX2 kernel (blocks of 8), of 1-3 channels the first-layer kernel.
   A strided 1x1 kernel copies the strided input per thread (``rtus``: ``C x Ho x Wo`` floats)
-  in a scratchpad `SCRATCHPAD_ALIGNMENT` larger. Exceptions, each a **bound** with an allowance
-  measured here, not derived:
+  in a scratchpad `SCRATCHPAD_ALIGNMENT` larger. A depthwise kernel over 3x3 computes its
+  weight gradient by GEMM on the plain operands, its scratchpad per thread 4 x the weight's
+  bytes and one channel's im2col (``kh*kw x Ho*Wo`` floats), plus 2 x `SCRATCHPAD_ALIGNMENT`.
+  All of this is exact at one thread (and the GEMM and ``rtus`` scratchpads at two). Bounds,
+  with allowances measured here, not derived:
 
   - a strided, non-depthwise input gradient runs ``brgconv_strided`` in ``acdb`` (NHWC):
     unpadded activations, weights' input channels padded to 16, 32 or 64, a scratchpad of at
     most `BRGCONV_SCRATCH_BYTES` per thread plus the output gradient's bytes, and
     ``mkldnn_to_dense`` holding three copies of the input gradient;
-  - a depthwise kernel over 3x3 computes its weight gradient by im2col and GEMM: the
-    backward gets `operand_bound`.
+  - more than one thread: each thread beyond the first adds a partial weight gradient to the
+    weight phase and `THREAD_BYTES` to the call (checked at two threads, never under).
 
 Anything else (another kernel, dtype, a channels-last input or weight, dilation, transposed,
 3-d, channels per group not a multiple of 16, 4-7 input channels, a 1x1 kernel on under 16
-channels) gets `operand_bound`.
+channels, a bias gradient with a depthwise kernel over 3x3) gets `operand_bound`.
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ SCRATCHPAD_BYTES = 64 << 10
 """`operand_bound`'s allowance per call for oneDNN's scratchpad (not derived)."""
 SCRATCHPAD_ALIGNMENT = 128
 """Bytes oneDNN's scratchpad adds to a booked buffer (measured, with every ``rtus`` copy)."""
+THREAD_BYTES = 32 << 10
+"""An allowance per oneDNN call for each thread beyond the first: oneDNN's kernels hold
+per-thread buffers (partial weight gradients, blocks) the one-thread model does not; the most
+measured beyond it at two threads was 20,736 B (a 1x1 convolution with bias)."""
 BRGCONV_SCRATCH_BYTES = 64 << 10
 """An allowance per thread for ``brgconv_strided``'s scratchpad beyond the output gradient's
 bytes: the most measured was 56,856 B (one thread, a 1x1 input; 36,888 B at most shapes,
@@ -144,6 +151,10 @@ def _weight_bytes(c: int, o: int, groups: int, k: int, block: int = SIMD) -> int
     return groups * _pad(o // groups, block) * _pad(c // groups, block) * k * 4
 
 
+def _threads_allowance() -> int:
+    return (torch.get_num_threads() - 1) * THREAD_BYTES
+
+
 def _rtus(c: int, ohw: int, k: int, stride: list) -> int:
     if k != 1 or all(s == 1 for s in stride):
         return 0
@@ -169,7 +180,7 @@ def conv_workspace(args: tuple, kwargs: dict, out: Any) -> int:
     w_b = _pad(o) * c * k * 4 if plain else _weight_bytes(c, o, groups, k)
     y_b = n * _pad(o) * ohw * 4
     rtus = _rtus(c, ohw, k, params[0])
-    return max(x_b + w_b + y_b + rtus, y_b + y) - y + _copies(x, w)
+    return max(x_b + w_b + y_b + rtus, y_b + y) - y + _copies(x, w) + _threads_allowance()
 
 
 def _columns(n: int, c: int, k: int, ohw: int, params: list) -> int:
@@ -177,6 +188,26 @@ def _columns(n: int, c: int, k: int, ohw: int, params: list) -> int:
     if k == 1 and all(s == 1 for s in stride) and all(p == 0 for p in padding):
         return 0
     return n * c * k * ohw * 4
+
+
+def _weight_phases(shape: tuple, stride: list, w_bytes: int, gx: int, bias: int) -> list[int]:
+    """Bytes held while oneDNN computes the weight gradient (the input gradient `gx` held),
+    then while ``mkldnn_to_dense`` copies it out."""
+    n, c, o, groups, k, hw, ohw = shape
+    threads = torch.get_num_threads()
+    if groups == c == o and groups > 1 and k > 9:  # GEMM on plain operands
+        scratch = threads * (4 * w_bytes + k * ohw * 4) + 2 * SCRATCHPAD_ALIGNMENT
+        return [gx + w_bytes + scratch, gx + 2 * w_bytes]
+    if c <= 3 and groups == 1:  # the first-layer kernel: plain input, weights Acdb16a
+        gy_w, x_w, gw_w = n * _pad(o) * ohw * 4, 0, _pad(o) * c * k * 4
+    else:
+        block = 8 if c < SIMD and groups == 1 else SIMD
+        gy_w = n * _pad(o, block) * ohw * 4
+        x_w = n * _pad(c, block) * hw * 4
+        gw_w = _weight_bytes(c, o, groups, k, block)
+    reduction = (threads - 1) * (gw_w + SCRATCHPAD_ALIGNMENT)  # partial gradients
+    held = gx + gy_w + x_w + gw_w + bias + _rtus(c, ohw, k, stride) + reduction
+    return [held, gx + gw_w + w_bytes + 2 * bias]
 
 
 def conv_backward_workspace(args: tuple, kwargs: dict, out: Any) -> int:
@@ -192,7 +223,7 @@ def conv_backward_workspace(args: tuple, kwargs: dict, out: Any) -> int:
     if backend == "Slow2d":
         return _columns(n, c, k, ohw, params) + _copies(grad, x, w)
     depthwise = groups == c == o and groups > 1
-    if backend != "Mkldnn" or not _modelled(c, o, groups, k) or (depthwise and k > 9):
+    if backend != "Mkldnn" or not _modelled(c, o, groups, k) or (depthwise and k > 9 and mask[2]):
         return operand_bound(args, kwargs, out, backward=True)
     stride = params[0]
     x_bytes, w_bytes, gy = n * c * hw * 4, _nbytes(w), n * o * ohw * 4
@@ -207,14 +238,6 @@ def conv_backward_workspace(args: tuple, kwargs: dict, out: Any) -> int:
         phases += [n * _pad(o) * ohw * 4 + _weight_bytes(c, o, groups, k) + gx_b, gx_b + x_bytes]
     bias = mask[2] * o * 4
     if mask[1] or mask[2]:
-        if c <= 3 and groups == 1:  # the first-layer kernel: plain input, weights Acdb16a
-            gy_w, x_w, gw_w = n * _pad(o) * ohw * 4, 0, _pad(o) * c * k * 4
-        else:
-            block = 8 if c < SIMD and groups == 1 else SIMD
-            gy_w = n * _pad(o, block) * ohw * 4
-            x_w = n * _pad(c, block) * hw * 4
-            gw_w = _weight_bytes(c, o, groups, k, block)
-        rtus = _rtus(c, ohw, k, stride)
-        phases += [gx + gy_w + x_w + gw_w + bias + rtus, gx + gw_w + w_bytes + 2 * bias]
+        phases += _weight_phases(shape, stride, w_bytes, gx, bias)
     outputs = gx + (w_bytes if mask[1] else 0) + bias
-    return max(0, max(phases) - outputs) + _copies(grad, x, w)
+    return max(0, max(phases) - outputs) + _copies(grad, x, w) + _threads_allowance()
