@@ -64,10 +64,10 @@ def _case(shape: tuple) -> tuple[list, list]:
     return calls, modelled
 
 
-def _measure_all() -> dict[tuple, tuple[list[int], list[int]]]:
+def _measure_all(shapes: list[tuple]) -> dict[tuple, tuple[list[int], list[int]]]:
     """Each case's (modelled, measured) bytes, all measured in one profiler session."""
     torch.manual_seed(0)
-    cases = {shape: _case(shape) for shape, _ in CASES}
+    cases = {shape: _case(shape) for shape in shapes}
     calls = [call for c, _ in cases.values() for call in c for _ in range(2)]
     scratch = [p.peak_bytes - p.end_bytes for p in measure_each(calls)[1::2]]
     return {
@@ -78,7 +78,7 @@ def _measure_all() -> dict[tuple, tuple[list[int], list[int]]]:
 
 @pytest.fixture(scope="module")
 def measured(one_thread) -> dict[tuple, tuple[list[int], list[int]]]:
-    return _measure_all()
+    return _measure_all([shape for shape, _ in CASES])
 
 
 @pytest.mark.parametrize(("shape", "kinds"), CASES, ids=[str(c[0]) for c in CASES])
@@ -96,7 +96,7 @@ def test_conv_workspace_bounds_the_measured_scratch_on_two_threads(one_thread):
     the model, with its allowance per thread, is never under the measured scratch."""
     torch.set_num_threads(2)
     try:
-        both = _measure_all()
+        both = _measure_all([CASES[i][0] for i in (0, 3, 4, 7, 8, 13, 15)])
     finally:
         torch.set_num_threads(1)
     for shape, (modelled, real) in both.items():
