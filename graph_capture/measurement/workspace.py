@@ -15,8 +15,8 @@ else 0 (CUDA: docs/estimate.md says what is and is not modelled).
 CPU formulas (``numel`` and bytes of the op's tensors; float32 ``acc`` for accumulation):
 
 - ``convolution`` and ``convolution_backward``: `graph_capture.measurement.conv_workspace`
-  (the kernel torch picks and the buffers it holds; exact on the zoo's ResNet-18 and
-  MobileNetV3-small but for MobileNet's 5x5 depthwise backward, a bound there and elsewhere).
+  (the kernel torch picks and the buffers it holds; exact at one thread on every convolution
+  of the zoo's ResNet-18, ViT and MobileNetV3-small, a bound where that module says).
 - batch norm forward in training: float vectors of the channels' size, 2 (functional, traced
   graph) or 3 (eager ``native_batch_norm``) x C x 4; backward: one tensor of the input's size
   (exact on ResNet-18 and MobileNetV3).
