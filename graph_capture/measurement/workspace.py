@@ -14,17 +14,9 @@ else 0 (CUDA: docs/estimate.md says what is and is not modelled).
 
 CPU formulas (``numel`` and bytes of the op's tensors; float32 ``acc`` for accumulation):
 
-- ``convolution`` (oneDNN): a **bound**, every operand once more, as a reorder to oneDNN's
-  blocked layout (activations' channels padded to 16 from 8 channels up): input + weight +
-  output. Measured: input + weight where the channels are a multiple of 16 (ResNet-18's 3x3
-  convolutions), the output where the input has 3 channels (first layer), up to 1.8x less than
-  the bound on depthwise ones and 5x on 1x1 ones (measured 0); plus `SCRATCHPAD_BYTES`, an
-  allowance, not derived, for oneDNN's scratchpad (at small shapes, up to 33 KB measured beyond
-  the operands).
-- ``convolution_backward``: a **bound**, the same reasoning: grad_output + input + weight, plus
-  input again where grad_input is computed, plus `SCRATCHPAD_BYTES`. Measured: the larger of
-  the weight and grad_output + input on ResNet-18 (within 2% of the bound where the weight
-  dominates).
+- ``convolution`` and ``convolution_backward``: `graph_capture.measurement.conv_workspace`
+  (the kernel torch picks and the buffers it holds; exact at one thread on every convolution
+  of the zoo's ResNet-18, ViT and MobileNetV3-small, a bound where that module says).
 - batch norm forward in training: float vectors of the channels' size, 2 (functional, traced
   graph) or 3 (eager ``native_batch_norm``) x C x 4; backward: one tensor of the input's size
   (exact on ResNet-18 and MobileNetV3).
@@ -52,6 +44,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from graph_capture.measurement.conv_workspace import conv_backward_workspace, conv_workspace
 from graph_capture.measurement.roofline import target_key
 from solver.target import Device
 
@@ -79,37 +72,6 @@ def _nbytes(t: object) -> int:
 
 def _outputs(out: Any) -> int:
     return sum(_nbytes(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
-
-
-SIMD_CHANNELS = 16
-"""oneDNN's blocked activation layouts (nChw16c) pad channels to this multiple; an input of
-fewer than `PLAIN_CHANNELS` channels stays plain (first-layer kernels)."""
-PLAIN_CHANNELS = 8
-SCRATCHPAD_BYTES = 64 << 10
-"""An allowance per convolution call for oneDNN's own scratchpad and small-shape buffers that no
-operand accounts for: the most measured here beyond the operand bound was 33 KB (a ResNet-18 of
-width 8, its stride-2 blocks' backward); not derived from the kernels."""
-
-
-def _blocked(t: torch.Tensor) -> int:
-    """Bytes of activation `t` in oneDNN's blocked layout: its channels (dim 1) padded."""
-    if t.dim() < 3 or t.shape[1] < PLAIN_CHANNELS:
-        return _nbytes(t)
-    channels = t.shape[1]
-    return _nbytes(t) // channels * (-(-channels // SIMD_CHANNELS) * SIMD_CHANNELS)
-
-
-def _conv(args: tuple, kwargs: dict, out: Any) -> int:
-    outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-    operands = _blocked(args[0]) + _nbytes(args[1]) + sum(_blocked(t) for t in outs)
-    return operands + SCRATCHPAD_BYTES
-
-
-def _conv_backward(args: tuple, kwargs: dict, out: Any) -> int:
-    grad, x, weight = args[:3]
-    mask = args[10] if len(args) > 10 else kwargs.get("output_mask", (True, True, True))
-    operands = _blocked(grad) + _blocked(x) + _nbytes(weight) + (_blocked(x) if mask[0] else 0)
-    return operands + SCRATCHPAD_BYTES
 
 
 def _batch_norm(statistics: int) -> Callable[[tuple, dict, Any], int]:
@@ -141,8 +103,8 @@ def _first_input(args: tuple, kwargs: dict, out: Any) -> int:
 
 
 _CPU: dict[Any, Callable[[tuple, dict, Any], int]] = {
-    aten.convolution.default: _conv,
-    aten.convolution_backward.default: _conv_backward,
+    aten.convolution.default: conv_workspace,
+    aten.convolution_backward.default: conv_backward_workspace,
     aten._native_batch_norm_legit_functional.default: _batch_norm(2),
     aten._native_batch_norm_legit.default: _batch_norm(3),
     aten.native_batch_norm.default: _batch_norm(3),
