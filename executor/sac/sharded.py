@@ -99,16 +99,18 @@ def solve_sharded(
     device: Device | None,
     deadline: Deadline,
     whole: bool,
+    nccl_communicators: int = 0,
 ) -> ShardedSolution:
     """The least-cost plan whose per-rank peak fits `budget`: bytes or units of device memory
-    per rank, a percentage of the per-rank peak without checkpointing, "min", or None (the
-    target's memory). The step's budget is what the resident bytes leave, each window less
-    its most FSDP bytes (solver/sac/sharded.py)."""
+    per rank, a percentage of the per-rank peak without checkpointing, "min", or None (what
+    the target lets PyTorch allocate: `Device.usable` with `nccl_communicators`). The step's
+    budget is what the resident bytes leave, each window less its most FSDP bytes
+    (solver/sac/sharded.py)."""
     plain = memory.resident + rank_peak(union, _no_checkpoint(union), memory).step_peak
     if budget is None:
         if device is None:
-            raise PlanError("a budget is needed without a target (the device's memory)")
-        budget = device.memory
+            raise PlanError("a budget is needed without a target (the device's usable memory)")
+        budget = device.usable(nccl_communicators)
     minimum = isinstance(budget, str) and budget.strip().lower() == "min"
     rank = None if minimum else parse_bytes(budget, lambda: plain)
     parts = ", ".join(f"{k} {v:,} B" for k, v in memory.resident_parts.items())
