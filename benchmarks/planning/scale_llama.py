@@ -51,11 +51,12 @@ RUNS = {
     "llama3_8b": (L8B, 1, 8192, "h100", 8, None),
     "llama3_70b": (L70B, 1, 8192, "a100-80gb", 64, None),
     "llama31_8b_b2": (L8B, 2, 8192, "h100-96gb", 8, ("selective", 82.4)),
+    "llama31_8b_b2_w128": (L8B, 2, 8192, "h100-96gb", 128, ("selective", 67.0)),
     "llama2_70b_b2": (LLAMA2_70B, 2, 4096, "a100-80gb", 64, ("selective OOM, full fits", None)),
     "llama2_70b_b1": (LLAMA2_70B, 1, 4096, "a100-80gb", 64, ("selective fits", None)),
 }
 MAIN = ("llama3_8b", "llama3_70b")
-PUBLISHED = ("llama31_8b_b2", "llama2_70b_b2", "llama2_70b_b1")
+PUBLISHED = ("llama31_8b_b2", "llama31_8b_b2_w128", "llama2_70b_b2", "llama2_70b_b1")
 
 
 def build(name: str, batch: int | None = None, seq: int | None = None):
