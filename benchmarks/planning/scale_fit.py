@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import scale_llama
+from benchmarks.planning import scale_llama
 from solver.fitting.sizes import DOES_NOT_FIT, FITS, largest_between
 
 NAME = "llama3_8b"
