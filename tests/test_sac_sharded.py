@@ -100,3 +100,6 @@ def test_no_budget_is_what_the_target_lets_pytorch_allocate():
     gpu = Device("gpu", {"float32": 1e12}, 1e11, memory=1 << 40, capacity=1 << 32, outside=1 << 20)
     plan = executor.checkpoint_plan(net, (x,), None, loss_fn=sum_loss, target=gpu, world_size=2)
     assert plan.budget == (1 << 32) - (1 << 20) - NCCL_COMMUNICATOR_BYTES == gpu.usable(1)
+    small = Device("small", gpu.flops, 1e11, 1 << 40, capacity=NCCL_COMMUNICATOR_BYTES + 4096)
+    with pytest.raises(PlanError, match=r"per rank \(small's 0\.00 GiB usable \(capacity"):
+        executor.checkpoint_plan(net, (x,), None, loss_fn=sum_loss, target=small, world_size=2)

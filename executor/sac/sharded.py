@@ -111,13 +111,17 @@ def solve_sharded(
         if device is None:
             raise PlanError("a budget is needed without a target (the device's usable memory)")
         budget = device.usable(nccl_communicators)
+        basis = f" ({device.name}'s {device.describe_usable(nccl_communicators)})"
+    else:
+        basis = ""
     minimum = isinstance(budget, str) and budget.strip().lower() == "min"
     rank = None if minimum else parse_bytes(budget, lambda: plain)
     parts = ", ".join(f"{k} {v:,} B" for k, v in memory.resident_parts.items())
     if rank is not None and rank <= memory.resident:
         raise PlanError(
-            f"budget {rank:,} B per rank is at most the resident bytes {memory.resident:,} B "
-            f"({parts}): nothing is left for the step; shard over more ranks or give more memory"
+            f"budget {rank:,} B per rank{basis} is at most the resident bytes "
+            f"{memory.resident:,} B ({parts}): nothing is left for the step; shard over more "
+            "ranks or give more memory"
         )
     problem = shifted(union, memory)
     try:
@@ -128,8 +132,9 @@ def solve_sharded(
         least = None if e.minimum_bytes is None else memory.resident + e.minimum_bytes
         known = "not found in time" if least is None else f"{least:,} B"
         raise InfeasibleBudgetError(
-            f"no SAC plan fits {rank:,} B per rank: the least predicted per-rank peak in SAC's "
-            f"space is {known} (resident {memory.resident:,} B: {parts}); give at least that",
+            f"no SAC plan fits {rank:,} B per rank{basis}: the least predicted per-rank peak in "
+            f"SAC's space is {known} (resident {memory.resident:,} B: {parts}); give at least "
+            "that",
             least,
             memory.resident + e.lower_bound_bytes,
         ) from e
