@@ -1,12 +1,14 @@
 """`remat fit`: the largest batch or sequence length whose training step fits a memory.
 
-    remat fit --model mypkg.models:make --memory 24GiB --dim batch [--max-overhead 1.3x]
+    remat fit --model mypkg.models:make [--memory 24GiB] --dim batch [--max-overhead 1.3x]
               [--optimizer adamw|sgd|none] [--time-limit 60] [--low N] [--high N] [--no-run]
               [--target NAME|FILE [--world-size N [--param-dtype D] [--reduce-dtype D]
               [--master-dtype D] [--no-reshard-after-forward]]]
 
 ``--model MODULE:FACTORY`` names a function of the size returning ``(model, example_inputs[,
-example_kwargs])``; the step's loss is `executor.default_loss` of the output. Prints
+example_kwargs])``; ``--memory`` is needed without ``--target`` (with it, the default is what
+the target lets PyTorch allocate: `solver.target.Device.usable`); the step's loss is
+`executor.default_loss` of the output. Prints
 `executor.Fit.summary`: the size, the proof at size + 1, what exists before the step, the
 schedule, one real step's measured peak under remat's executor, and eager's and per-block
 checkpointing's largest sizes (per rank under FSDP2 with ``--world-size``, estimate mode only:
@@ -41,7 +43,12 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
         "[, example_kwargs]); the loss is the output's .loss, or the output where it is a "
         "scalar",
     )
-    parser.add_argument("--memory", required=True, help="the device's memory: bytes or 24GiB")
+    parser.add_argument(
+        "--memory",
+        help="the memory the step may use: bytes or 24GiB (default with --target: what the "
+        "target lets PyTorch allocate, its capacity less the process's memory outside PyTorch, "
+        "NCCL's included under --world-size)",
+    )
     parser.add_argument("--dim", choices=("batch", "seq"), default="batch")
     parser.add_argument(
         "--max-overhead",

@@ -85,6 +85,19 @@ def test_agrees_with_the_unsharded_fit_at_the_memory_less_the_fsdp_bytes(sharded
     assert (one.size, one.proven, one.budget) == (sharded.size, sharded.proven, sharded.budget)
 
 
+def test_no_memory_is_what_the_target_lets_pytorch_allocate():
+    """memory=None with a target: its capacity less the process's memory outside PyTorch (no
+    NCCL communicator over gloo), said in the notes."""
+    gpu = Device("gpu", {"float32": 1e12}, 1e11, 1 << 30, 1, capacity=MEMORY + 512, outside=512)
+    found = executor.fit(
+        meta_blocks, None, target=gpu, world_size=2, fsdp={"backend": "gloo"}, time_limit=30
+    )
+    assert found.memory == MEMORY == gpu.usable() and found.size is not None
+    assert any("memory: gpu's 0.00 GiB usable (capacity" in n for n in found.notes)
+    with pytest.raises(ValueError, match="memory=None needs a target"):
+        executor.fit(meta_blocks, None)
+
+
 def test_bad_fsdp_input_is_refused():
     with pytest.raises(ValueError, match="world_size=2 needs estimate mode: pass target="):
         executor.fit(meta_blocks, MEMORY, world_size=2)

@@ -16,7 +16,8 @@ from executor.errors import PlanError
 from solver.sac.memory import SacPlan
 from solver.sac.sharded import plan_windows
 from solver.sac.union import UnionPlan
-from solver.target import FsdpPolicy, StepWindows, fsdp_memory, predict_peak
+from solver.target import Device, FsdpPolicy, StepWindows, fsdp_memory, predict_peak
+from solver.target.devices import NCCL_COMMUNICATOR_BYTES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -90,3 +91,15 @@ def test_budget_below_the_resident_bytes_is_refused_in_one_line(capsys):
     args = ["sac", "--model", "sac_models:small", "--target", "h100", "--world-size", "2"]
     assert main([*args, "--budget", "min", "--time-limit", "30"]) == 0
     assert "per rank of 2 (FSDP2)" in capsys.readouterr().out
+
+
+def test_no_budget_is_what_the_target_lets_pytorch_allocate():
+    """budget None: the device's capacity less the process's memory outside PyTorch and one
+    NCCL communicator (FSDP2 over NCCL on a GPU target), not nvidia-smi's memory."""
+    net, x = _meta_net()
+    gpu = Device("gpu", {"float32": 1e12}, 1e11, memory=1 << 40, capacity=1 << 32, outside=1 << 20)
+    plan = executor.checkpoint_plan(net, (x,), None, loss_fn=sum_loss, target=gpu, world_size=2)
+    assert plan.budget == (1 << 32) - (1 << 20) - NCCL_COMMUNICATOR_BYTES == gpu.usable(1)
+    small = Device("small", gpu.flops, 1e11, 1 << 40, capacity=NCCL_COMMUNICATOR_BYTES + 4096)
+    with pytest.raises(PlanError, match=r"per rank \(small's 0\.00 GiB usable \(capacity"):
+        executor.checkpoint_plan(net, (x,), None, loss_fn=sum_loss, target=small, world_size=2)

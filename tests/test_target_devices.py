@@ -8,7 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from graph_capture.measurement.roofline import bytes_moved, op_flops, op_seconds, resolve_target
 from solver.target import Device, UnknownTargetError, builtin_device, load_device
-from solver.target.devices import LAUNCH_SECONDS
+from solver.target.devices import GIB, LAUNCH_SECONDS, MIB, NCCL_COMMUNICATOR_BYTES, OUTSIDE_BYTES
 
 
 def test_builtin_names_and_rounding():
@@ -17,6 +17,22 @@ def test_builtin_names_and_rounding():
     assert [h100.round_bytes(n) for n in (0, 1, 512, 513)] == [0, 512, 512, 1024]
     with pytest.raises(UnknownTargetError, match=r"unknown target 'tpu'.*h100"):
         builtin_device("tpu")
+
+
+def test_usable_memory_is_the_capacity_less_what_the_process_holds_outside_pytorch():
+    a100 = builtin_device("a100-80gb")
+    assert a100.memory == 81_920 * MIB  # nvidia-smi's
+    assert a100.total == round(79.25 * 1024) * MIB  # an OOM message's "total capacity"
+    assert a100.usable() == a100.total - OUTSIDE_BYTES
+    assert a100.usable(1) == a100.total - OUTSIDE_BYTES - NCCL_COMMUNICATOR_BYTES
+    assert "78.11 GiB usable (capacity 79.25 GiB less" in a100.describe_usable(1)
+    for name in ("h100", "h100-96gb", "a100-40gb", "l4", "rtx4090"):
+        d = builtin_device(name)
+        assert 0 < d.usable(1) < d.usable() < d.total < d.memory, name
+    plain = Device("toy", {"float32": 1.0}, 1.0, memory=GIB)  # no capacity given: memory
+    assert (plain.total, plain.usable(), plain.to_json()["capacity"]) == (GIB, GIB, None)
+    with pytest.raises(ValueError, match=r"outside \(2 B\) must be at least 0 and less than"):
+        Device("toy", {"float32": 1.0}, 1.0, memory=GIB, capacity=2, outside=2)
 
 
 def test_roofline_is_the_larger_bound_and_a_measured_op_wins():
@@ -50,15 +66,19 @@ def test_device_file_round_trip(tmp_path):
         op_overhead=2e-6,
         kernels="cpu",
         op_transient={"k": 4096},
+        capacity=1 << 33,
+        outside=1 << 20,
     )
     d.save(tmp_path / "mine.json")
     assert load_device(tmp_path / "mine.json") == d
+    assert load_device(tmp_path / "mine.json").usable() == (1 << 33) - (1 << 20)
     old = {**d.to_json(), "format": "remat-device/1", "name": "cpu"}
-    for key in ("op_overhead", "kernels", "op_transient"):
+    for key in ("op_overhead", "kernels", "op_transient", "capacity", "outside"):
         del old[key]
     (tmp_path / "v1.json").write_text(json.dumps(old))
     v1 = load_device(tmp_path / "v1.json")
     assert (v1.op_overhead, v1.kernels, v1.op_transient) == (0.0, "cpu", {})
+    assert (v1.capacity, v1.outside, v1.usable()) == (None, 0, 1 << 34)  # memory, as written
     assert resolve_target(str(tmp_path / "mine.json")) == d
     (tmp_path / "bad.json").write_text('{"format": "other"}')
     with pytest.raises(UnknownTargetError, match="not a remat device file"):

@@ -1,5 +1,6 @@
 """Llama-3-8B under FSDP2 over 8 H100s (estimate mode): the largest local batch (sequence 8192)
-and the largest sequence (batch 1, in multiples of 1024) each policy fits in the target's memory.
+and the largest sequence (batch 1, in multiples of 1024) each policy fits in what the target lets
+PyTorch allocate per rank (`Device.usable`).
 
     python -m benchmarks.planning.scale_fit [--out results] [--dims batch seq]
         [--policies sac remat]
@@ -8,10 +9,10 @@ and the largest sequence (batch 1, in multiples of 1024) each policy fits in the
   SAC recording (`benchmarks.planning.scale_llama.part_plan` at budget "min", its own child
   process):
   each policy's predicted per-rank peak (the SAC plan's: the least any plan reaches) against
-  the device's memory. Sizes double from 1 until one does not fit, then
+  the device's usable bytes. Sizes double from 1 until one does not fit, then
   `solver.fitting.sizes.largest_between` bisects; every size recorded is kept, so the
   policies share them.
-- remat's own schedule: `executor.fit(factory, memory, dim, target="h100", world_size=8)` with
+- remat's own schedule: `executor.fit(factory, usable, dim, target="h100", world_size=8)` with
   the same FSDP policy, captured at sizes 2, 3, 4 (sequence: 2048, 3072, 4096).
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import scale_llama
+from benchmarks.planning import scale_llama
 from solver.fitting.sizes import DOES_NOT_FIT, FITS, largest_between
 
 NAME = "llama3_8b"
@@ -39,7 +40,8 @@ def _size(dim: str, n: int) -> tuple[int, int]:
 def sac_fits(dim: str, time_limit: float, most: int) -> dict:
     """Per SAC policy, the largest size whose predicted per-rank peak fits, and each size's
     peaks (GiB)."""
-    device, _ = scale_llama.policy(NAME)
+    device, fsdp = scale_llama.policy(NAME)
+    usable = device.usable(fsdp.nccl_communicators)
     seen: dict[int, dict] = {}
 
     def record(n: int) -> dict:
@@ -57,7 +59,7 @@ def sac_fits(dim: str, time_limit: float, most: int) -> dict:
             got = record(n)
             if "error" in got:
                 return None
-            return FITS if got["rows"][label]["peak"] <= device.memory else DOES_NOT_FIT
+            return FITS if got["rows"][label]["peak"] <= usable else DOES_NOT_FIT
 
         fits, fails = 0, None
         n = 1
@@ -93,8 +95,8 @@ def remat_fit(dim: str, time_limit: float) -> dict:
     options = {"master_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32"}
     start = time.perf_counter()
     fit = executor.fit(
-        factory, device.memory, dim=dim, time_limit=time_limit, target=device,
-        world_size=fsdp.world_size, fsdp=options,
+        factory, device.usable(fsdp.nccl_communicators), dim=dim, time_limit=time_limit,
+        target=device, world_size=fsdp.world_size, fsdp=options,
     )  # fmt: skip
     return {"fit s": time.perf_counter() - start, "summary": fit.summary()}
 

@@ -9,14 +9,15 @@ bfloat16, reduce-scatter in float32 (torchtitan's default), NCCL, batch and sequ
 Each part runs in its own child process, nice'd, one thread, so that its peak RSS
 (`resource.getrusage`) is its own:
 
-- `plan`: `executor.checkpoint_plan(..., target, world_size, fsdp=...)` at the target's memory
-  (the SAC optimum), then the per-rank peak (`solver.sac.sharded.rank_peak`) and recompute
-  seconds (`solver.sac.union.union_cost`: recompute, checkpoint price, SAC runtime overhead) of
-  no checkpointing, full per-block checkpointing and torchtitan's selective-op policy on the
-  same recording;
+- `plan`: `executor.checkpoint_plan(..., target, world_size, fsdp=...)` at what the target
+  lets PyTorch allocate per rank (`Device.usable`: capacity less the memory outside PyTorch,
+  NCCL's included; the SAC optimum), then the per-rank peak (`solver.sac.sharded.rank_peak`)
+  and recompute seconds (`solver.sac.union.union_cost`: recompute, checkpoint price, SAC
+  runtime overhead) of no checkpointing, full per-block checkpointing and torchtitan's
+  selective-op policy on the same recording;
 - `capture`: `graph_capture.capture(..., target)` at op level, the traced joint graph;
 - `solve`: `solver.solve` on it at the step budget FSDP leaves
-  (`solver.target.activation_budget`: device memory less resident bytes and the most FSDP
+  (`solver.target.activation_budget`: usable bytes less resident bytes and the most FSDP
   bytes), the per-rank peak bounded by resident + most FSDP bytes + the schedule's peak.
 
 Predicted step seconds: the capture's `step_cost` (sum of the roofline seconds of every forward
@@ -50,11 +51,12 @@ RUNS = {
     "llama3_8b": (L8B, 1, 8192, "h100", 8, None),
     "llama3_70b": (L70B, 1, 8192, "a100-80gb", 64, None),
     "llama31_8b_b2": (L8B, 2, 8192, "h100-96gb", 8, ("selective", 82.4)),
+    "llama31_8b_b2_w128": (L8B, 2, 8192, "h100-96gb", 128, ("selective", 67.0)),
     "llama2_70b_b2": (LLAMA2_70B, 2, 4096, "a100-80gb", 64, ("selective OOM, full fits", None)),
     "llama2_70b_b1": (LLAMA2_70B, 1, 4096, "a100-80gb", 64, ("selective fits", None)),
 }
 MAIN = ("llama3_8b", "llama3_70b")
-PUBLISHED = ("llama31_8b_b2", "llama2_70b_b2", "llama2_70b_b1")
+PUBLISHED = ("llama31_8b_b2", "llama31_8b_b2_w128", "llama2_70b_b2", "llama2_70b_b1")
 
 
 def build(name: str, batch: int | None = None, seq: int | None = None):
@@ -119,7 +121,7 @@ def _union_plan(union, checkpointed, saved):
 
 def part_plan(name: str, time_limit: float, size: tuple = (None, None), budget=None) -> dict:
     """The SAC rows of `name` at (batch, sequence) `size` (RUNS' where None), the SAC plan's at
-    `budget` (None: the target's memory; "min": the least per-rank peak)."""
+    `budget` (None: the target's usable bytes; "min": the least per-rank peak)."""
     import executor
     from executor.sac.sharded import model_memory
     from solver.sac.sharded import rank_peak
@@ -162,6 +164,7 @@ def part_plan(name: str, time_limit: float, size: tuple = (None, None), budget=N
         "regions": f"{len(ckpt)} of {len(plan.regions)} ({sum(map(len, plan.saved))} ops saved)",
         "resident": memory.resident,
         "device": device.memory,
+        "usable": device.usable(fsdp.nccl_communicators),
         "rows": rows,
     }
 
@@ -224,7 +227,7 @@ def part_solve(name: str, path: str, time_limit: float) -> dict:
     model, _, _ = build(name)
     device, fsdp = policy(name)
     memory = model_memory(model, list(model.model.layers), fsdp)
-    budget = activation_budget(memory, device.memory)
+    budget = activation_budget(memory, device.usable(fsdp.nccl_communicators))
     start = time.perf_counter()
     dag = load_graph(path)
     out = {"step budget": budget, "most fsdp": memory.max_fsdp_bytes()}

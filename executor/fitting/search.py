@@ -63,7 +63,7 @@ real steps and the baselines (and, where a capture refutes the prediction, the s
 
 def fit(
     factory: Callable[[int], object],
-    memory: int | str,
+    memory: int | str | None,
     dim: str = "batch",
     max_overhead: float | str | None = None,
     optimizer: str = "adamw",
@@ -80,7 +80,10 @@ def fit(
     world_size: int = 1,
     fsdp: Mapping[str, object] | None = None,
 ) -> Fit:
-    """The largest size whose training step fits `memory` (bytes or "24GiB").
+    """The largest size whose training step fits `memory` (bytes or "24GiB"; None with a
+    `target`: what the target lets PyTorch allocate, `solver.target.Device.usable`: its
+    capacity less the process's memory outside PyTorch, an NCCL communicator's included at
+    `world_size` > 1 over NCCL).
 
     `factory(size)` returns ``(model, example_inputs[, example_kwargs])`` at that size;
     `loss_fn(output)` is the step's scalar loss, as in `checkpoint_plan` (default
@@ -128,6 +131,14 @@ def fit(
     if fsdp and world_size == 1:
         raise ValueError("fsdp options apply only with world_size > 1")
     cap = parse_overhead(max_overhead)
+    memory_note = None
+    if memory is None:
+        if target is None:
+            raise ValueError("memory=None needs a target (the device whose usable memory it is)")
+        device = resolve_target(target)
+        nccl = int(world_size > 1 and (fsdp or {}).get("backend", "nccl") == "nccl")
+        memory = device.usable(nccl)
+        memory_note = f"memory: {device.name}'s {device.describe_usable(nccl)}"
     memory = _memory_bytes(memory)
     stop = Stop()
     deadline = Deadline.after(time_limit, stop)
@@ -149,6 +160,7 @@ def fit(
             run,
             world_size,
             fsdp,
+            memory_note,
         )
 
 
@@ -166,11 +178,12 @@ def _fit(
     run: bool,
     world_size: int = 1,
     fsdp_options: Mapping[str, object] | None = None,
+    memory_note: str | None = None,
 ) -> Fit:
     begun = time.perf_counter()
     graphs = SizedGraphs(factory, capture_sizes, dim, capture_options)
     low, note = graphs.stable_from(low)
-    notes = [note] if note else []
+    notes = [n for n in (memory_note, note) if n]
     steps = Steps(graphs, optimizer)
     statics, opt_temp = _statics(graphs, steps, capture_sizes, optimizer)
     sharded = None

@@ -327,9 +327,11 @@ def checkpoint_plan(
     `solver.target.FsdpPolicy`): the model is sharded by FSDP2 (`fully_shard` on each block
     and at the root; default policy `executor.sac.sharded.fsdp_policy`); `budget` is then the
     device memory per rank (a percentage: of the per-rank peak without checkpointing; None:
-    the target's memory), and `plan.peak`, `plan.budget`, `plan.plain_peak` are per rank
-    (docs/sac.md, "Under FSDP2"). PlanError (one line) for an unknown
-    target, a model allocating real memory or with data-dependent shapes in estimate mode."""
+    what the target lets PyTorch allocate, `solver.target.Device.usable`: its capacity less
+    the process's memory outside PyTorch, NCCL's included), and `plan.peak`, `plan.budget`,
+    `plan.plain_peak` are per rank (docs/sac.md, "Under FSDP2"). PlanError (one line) for an
+    unknown target, a model allocating real memory or with data-dependent shapes in estimate
+    mode."""
     if regions not in REGIONS:
         raise PlanError(f"regions must be one of {REGIONS}, not {regions!r}")
     minimum = isinstance(budget, str) and budget.strip().lower() == "min"
@@ -374,7 +376,7 @@ def checkpoint_plan(
         solution = solve_sac(union, step_budget, deadline, whole=whole)
         return _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
     memory = model_memory(model, [m for _, m in named], policy)
-    done = solve_sharded(union, memory, budget, device, deadline, whole)
+    done = solve_sharded(union, memory, budget, device, deadline, whole, policy.nccl_communicators)
     plan = _plan(model, named, kept, union, done.solution, measurer.target, done.plain_peak)
     return replace(plan, world_size=policy.world_size)
 

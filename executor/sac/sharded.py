@@ -99,23 +99,29 @@ def solve_sharded(
     device: Device | None,
     deadline: Deadline,
     whole: bool,
+    nccl_communicators: int = 0,
 ) -> ShardedSolution:
     """The least-cost plan whose per-rank peak fits `budget`: bytes or units of device memory
-    per rank, a percentage of the per-rank peak without checkpointing, "min", or None (the
-    target's memory). The step's budget is what the resident bytes leave, each window less
-    its most FSDP bytes (solver/sac/sharded.py)."""
+    per rank, a percentage of the per-rank peak without checkpointing, "min", or None (what
+    the target lets PyTorch allocate: `Device.usable` with `nccl_communicators`). The step's
+    budget is what the resident bytes leave, each window less its most FSDP bytes
+    (solver/sac/sharded.py)."""
     plain = memory.resident + rank_peak(union, _no_checkpoint(union), memory).step_peak
     if budget is None:
         if device is None:
-            raise PlanError("a budget is needed without a target (the device's memory)")
-        budget = device.memory
+            raise PlanError("a budget is needed without a target (the device's usable memory)")
+        budget = device.usable(nccl_communicators)
+        basis = f" ({device.name}'s {device.describe_usable(nccl_communicators)})"
+    else:
+        basis = ""
     minimum = isinstance(budget, str) and budget.strip().lower() == "min"
     rank = None if minimum else parse_bytes(budget, lambda: plain)
     parts = ", ".join(f"{k} {v:,} B" for k, v in memory.resident_parts.items())
     if rank is not None and rank <= memory.resident:
         raise PlanError(
-            f"budget {rank:,} B per rank is at most the resident bytes {memory.resident:,} B "
-            f"({parts}): nothing is left for the step; shard over more ranks or give more memory"
+            f"budget {rank:,} B per rank{basis} is at most the resident bytes "
+            f"{memory.resident:,} B ({parts}): nothing is left for the step; shard over more "
+            "ranks or give more memory"
         )
     problem = shifted(union, memory)
     try:
@@ -126,8 +132,9 @@ def solve_sharded(
         least = None if e.minimum_bytes is None else memory.resident + e.minimum_bytes
         known = "not found in time" if least is None else f"{least:,} B"
         raise InfeasibleBudgetError(
-            f"no SAC plan fits {rank:,} B per rank: the least predicted per-rank peak in SAC's "
-            f"space is {known} (resident {memory.resident:,} B: {parts}); give at least that",
+            f"no SAC plan fits {rank:,} B per rank{basis}: the least predicted per-rank peak in "
+            f"SAC's space is {known} (resident {memory.resident:,} B: {parts}); give at least "
+            "that",
             least,
             memory.resident + e.lower_bound_bytes,
         ) from e

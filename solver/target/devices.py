@@ -1,17 +1,21 @@
 """The device a plan is made for, as a model: what an op costs there and how its allocator rounds.
 
 A `Device` holds peak arithmetic rates (FLOP/s per dtype), memory bandwidth (bytes/s), memory
-(bytes), the allocator's rounding (bytes), a fixed cost per op (seconds: dispatch and launch)
-and whose kernels its ops run (``kernels``: ``"cpu"`` or ``"cuda"``, which selects the model of
-kernel workspaces, `graph_capture.measurement.workspace`). An op's predicted seconds are its
+(bytes: nvidia-smi's figure, the capacity the CUDA driver reports and what a process holds
+outside PyTorch's allocator; `Device.usable` is what a plan may use), the allocator's rounding
+(bytes), a fixed cost per op (seconds: dispatch and launch) and whose kernels its ops run
+(``kernels``: ``"cpu"`` or ``"cuda"``, which selects the model of kernel workspaces,
+`graph_capture.measurement.workspace`). An op's predicted seconds are its
 roofline, the larger of its FLOPs over the peak rate of its dtype and the bytes it reads and
 writes over the bandwidth, plus the fixed cost, unless a measured table (`Device.op_seconds`,
 written by ``remat calibrate`` on the device itself) holds the op: then the measured seconds are
 used. Likewise an op's workspace bytes come from `Device.op_transient` where it holds the op.
 
-The built-in figures are the vendors' published dense peaks (no structured sparsity) and the
-memory ``nvidia-smi`` reports; they are upper bounds that no kernel reaches, so predicted seconds
-are lower bounds unless calibrated. ``cpu`` is this processor and is measured, not listed: its
+The built-in figures are the vendors' published dense peaks (no structured sparsity), upper bounds
+that no kernel reaches, so predicted seconds are lower bounds unless calibrated. Their memory
+(NOTE [ usable memory ]) is nvidia-smi's figure, the total capacity PyTorch's out-of-memory
+messages report for that GPU, and an assumed figure for the memory a process holds outside
+PyTorch's allocator. ``cpu`` is this processor and is measured, not listed: its
 `Device` comes from ``graph_capture.measurement.roofline.cpu_device``.
 """
 
@@ -28,7 +32,8 @@ from solver.errors import RematError
 FORMAT = "remat-device/2"
 READABLE = ("remat-device/1", FORMAT)
 """Device file formats read: version 1 has no ``op_overhead``, ``kernels`` nor
-``op_transient`` (read as 0, the name's kernels, and none)."""
+``op_transient`` (read as 0, the name's kernels, and none); a file without ``capacity`` or
+``outside`` reads them as None (``memory``) and 0."""
 CUDA_BLOCK_BYTES = 512
 TERA = 1e12
 GIB = 1 << 30
@@ -37,6 +42,26 @@ LAUNCH_SECONDS = 5e-6
 """Fixed seconds per op on a built-in GPU: a CUDA kernel launch, a round figure of the few
 microseconds NVIDIA publishes for one (an assumption, not measured here)."""
 KERNELS = ("cpu", "cuda")
+
+# NOTE [ usable memory ]
+# What a PyTorch process can allocate on a GPU is less than nvidia-smi's memory. The CUDA driver
+# reports a smaller total (`torch.cuda.mem_get_info`, "GPU 0 has a total capacity of 79.25 GiB"
+# in an out-of-memory message on an A100 80GB whose nvidia-smi shows 81,920 MiB), and the
+# process holds part of that outside PyTorch's caching allocator: the CUDA context and the
+# cuBLAS/cuDNN workspaces, and NCCL's buffers once it joins a process group. An OOM message
+# states it: "this process has X in use. Of the allocated memory Y is allocated by PyTorch, and
+# Z is reserved by PyTorch but unallocated": X - Y - Z is outside PyTorch. A plan may use
+# `Device.usable` = capacity - outside (- `NCCL_COMMUNICATOR_BYTES` per NCCL communicator);
+# the caching allocator's reserved-but-unallocated bytes (fragmentation) are not deducted: a
+# plan's peak is bytes allocated. Sources for the built-in figures: docs/estimate.md, "Usable
+# memory".
+OUTSIDE_BYTES = GIB // 2
+"""Assumed bytes a single CUDA process holds outside PyTorch's allocator (context, cuBLAS and
+cuDNN workspaces): out-of-memory messages on A100, A800, L40, RTX 4090/5090 and RTX 6000 Ada
+read 0.34-0.58 GiB, most near 0.5 GiB (docs/estimate.md, "Usable memory")."""
+NCCL_COMMUNICATOR_BYTES = 688 * 1000**2
+"""Assumed bytes an NCCL communicator holds outside PyTorch's allocator: 688 MB measured for a
+group of more than 2 ranks on A100s with NVLink (544 MB for 2; NVIDIA/nccl issue 964)."""
 
 
 class UnknownTargetError(RematError, ValueError):
@@ -50,7 +75,11 @@ class Device:
     - ``flops``: peak FLOP/s per dtype name (``"float32"``, ``"bfloat16"``, ...); a dtype not
       listed runs at the ``"float32"`` rate.
     - ``bandwidth``: memory bandwidth, bytes/s.
-    - ``memory``: device memory, bytes.
+    - ``memory``: device memory, bytes, as nvidia-smi reports it.
+    - ``capacity``: the total bytes the CUDA driver reports (`torch.cuda.mem_get_info`'s total,
+      an out-of-memory message's "total capacity"); None: ``memory``.
+    - ``outside``: bytes the process holds outside PyTorch's allocator (CUDA context, library
+      workspaces), an assumed figure on the built-in GPUs (NOTE [ usable memory ]).
     - ``rounding``: the allocator rounds each block up to a multiple of this many bytes (512 for
       the CUDA caching allocator, 1 where blocks are as requested).
     - ``op_seconds``: measured seconds per op key (`op_key`), from ``remat calibrate``.
@@ -68,6 +97,8 @@ class Device:
     op_overhead: float = 0.0
     kernels: str = "cuda"
     op_transient: Mapping[str, int] = field(default_factory=dict)
+    capacity: int | None = None
+    outside: int = 0
 
     def __post_init__(self) -> None:
         if "float32" not in self.flops:
@@ -78,6 +109,33 @@ class Device:
             raise ValueError(f"device {self.name!r}: op_overhead must be at least 0 seconds")
         if self.kernels not in KERNELS:
             raise ValueError(f"device {self.name!r}: kernels must be one of {KERNELS}")
+        if self.outside < 0 or self.usable() <= 0:
+            raise ValueError(
+                f"device {self.name!r}: outside ({self.outside} B) must be at least 0 and less "
+                f"than the capacity ({self.total} B)"
+            )
+
+    @property
+    def total(self) -> int:
+        """The capacity the CUDA driver reports, bytes (``capacity``, else ``memory``)."""
+        return self.memory if self.capacity is None else self.capacity
+
+    def usable(self, nccl_communicators: int = 0) -> int:
+        """Bytes a plan may allocate through PyTorch on this device: the capacity less the
+        process's memory outside PyTorch's allocator and `NCCL_COMMUNICATOR_BYTES` per NCCL
+        communicator it holds (1 for FSDP2 over one process group; NOTE [ usable memory ])."""
+        return self.total - self.outside - nccl_communicators * NCCL_COMMUNICATOR_BYTES
+
+    def describe_usable(self, nccl_communicators: int = 0) -> str:
+        """What `usable` counts, in words with GiB, for messages and reports."""
+        parts = [
+            f"capacity {self.total / GIB:.2f} GiB",
+            f"outside PyTorch {self.outside / GIB:.2f}",
+        ]
+        if nccl_communicators:
+            nccl = nccl_communicators * NCCL_COMMUNICATOR_BYTES / GIB
+            parts.append(f"NCCL {nccl:.2f}")
+        return f"{self.usable(nccl_communicators) / GIB:.2f} GiB usable ({' less '.join(parts)})"
 
     def round_bytes(self, nbytes: int) -> int:
         """Bytes the allocator holds for a block of ``nbytes`` bytes (0 stays 0)."""
@@ -108,6 +166,8 @@ class Device:
             "op_overhead": self.op_overhead,
             "kernels": self.kernels,
             "op_transient": dict(self.op_transient),
+            "capacity": self.capacity,
+            "outside": self.outside,
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -131,6 +191,8 @@ class Device:
             op_overhead=float(data.get("op_overhead", 0.0)),
             kernels=str(data.get("kernels", "cpu" if name == "cpu" else "cuda")),
             op_transient={str(k): int(v) for k, v in data.get("op_transient", {}).items()},
+            capacity=None if data.get("capacity") is None else int(data["capacity"]),
+            outside=int(data.get("outside", 0)),
         )
 
 
@@ -140,7 +202,9 @@ def op_key(op: str, shapes: list[tuple[int, ...]], dtypes: list[str]) -> str:
     return f"{op}({', '.join(parts)})"
 
 
-def _gpu(name: str, fp32: float, tf32: float, bf16: float, fp64: float, tbs: float, mib: int):
+def _gpu(
+    name: str, fp32: float, tf32: float, bf16: float, fp64: float, tbs: float, mib: int, gib: float
+) -> Device:
     flops = {
         "float32": fp32 * TERA,
         "tf32": tf32 * TERA,
@@ -148,22 +212,33 @@ def _gpu(name: str, fp32: float, tf32: float, bf16: float, fp64: float, tbs: flo
         "float16": bf16 * TERA,
         "float64": fp64 * TERA,
     }
-    return Device(name, flops, bandwidth=tbs * TERA, memory=mib * MIB, op_overhead=LAUNCH_SECONDS)
+    return Device(
+        name,
+        flops,
+        bandwidth=tbs * TERA,
+        memory=mib * MIB,
+        op_overhead=LAUNCH_SECONDS,
+        capacity=round(gib * 1024) * MIB,
+        outside=OUTSIDE_BYTES,
+    )
 
 
 # Published dense peaks in TFLOP/s (FP32, TF32 tensor, BF16/FP16 tensor, FP64), bandwidth in
-# TB/s, memory in MiB as nvidia-smi reports it. `h100-96gb`: the H100 with 96 GB of HBM2e that
+# TB/s, memory in MiB as nvidia-smi reports it, and the total capacity in GiB as PyTorch's
+# out-of-memory messages print it on that GPU (NOTE [ usable memory ]; sources and spread in
+# docs/estimate.md, "Usable memory"). `h100-96gb`: the H100 with 96 GB of HBM2e that
 # torchtitan's published runs used (docs/performance.md); its rates and bandwidth are assumed
-# equal to the H100 SXM's (not published here), its memory is the nominal 96 GiB.
+# equal to the H100 SXM's (not published here), its memory is the nominal 96 GiB, its capacity
+# the one torchtitan's own logs imply (GiB over percent of capacity).
 BUILT_IN: dict[str, Device] = {
     d.name: d
     for d in (
-        _gpu("h100", 66.9, 494.7, 989.4, 66.9, 3.35, 81_559),
-        _gpu("h100-96gb", 66.9, 494.7, 989.4, 66.9, 3.35, 96 * 1024),
-        _gpu("a100-80gb", 19.5, 156.0, 312.0, 19.5, 2.039, 81_920),
-        _gpu("a100-40gb", 19.5, 156.0, 312.0, 19.5, 1.555, 40_960),
-        _gpu("l4", 30.3, 60.0, 121.0, 0.49, 0.300, 23_034),
-        _gpu("rtx4090", 82.6, 82.6, 165.2, 1.29, 1.008, 24_564),
+        _gpu("h100", 66.9, 494.7, 989.4, 66.9, 3.35, 81_559, 79.11),
+        _gpu("h100-96gb", 66.9, 494.7, 989.4, 66.9, 3.35, 96 * 1024, 95.02),
+        _gpu("a100-80gb", 19.5, 156.0, 312.0, 19.5, 2.039, 81_920, 79.25),
+        _gpu("a100-40gb", 19.5, 156.0, 312.0, 19.5, 1.555, 40_960, 39.39),
+        _gpu("l4", 30.3, 60.0, 121.0, 0.49, 0.300, 23_034, 22.03),
+        _gpu("rtx4090", 82.6, 82.6, 165.2, 1.29, 1.008, 24_564, 23.65),
     )
 }
 ALIASES = {"h100-sxm": "h100", "h100-80gb": "h100", "a100": "a100-80gb", "4090": "rtx4090"}

@@ -130,6 +130,12 @@ class FsdpPolicy:
     def round(self, nbytes: int) -> int:
         return -(-nbytes // self.rounding) * self.rounding
 
+    @property
+    def nccl_communicators(self) -> int:
+        """NCCL communicators each rank's process holds (`Device.usable`): 1 over NCCL (FSDP2
+        gathers and reduces over one process group), 0 over gloo."""
+        return 1 if self.backend == "nccl" else 0
+
 
 @dataclass(frozen=True)
 class Moment:

@@ -148,16 +148,18 @@ def predict_peak(memory: FsdpMemory, windows: StepWindows) -> RankPeak:
     )
 
 
-def activation_budgets(memory: FsdpMemory, device_memory: int) -> dict[str, int]:
+def activation_budgets(memory: FsdpMemory, usable: int) -> dict[str, int]:
     """Per window, the most activation bytes of the single-process step (above its start, at
-    any level of that window) the rank's `device_memory` bytes allow: device memory less the
-    resident bytes and the window's most FSDP bytes. Negative where even no activation fits."""
-    free = device_memory - memory.resident
+    any level of that window) the rank's `usable` bytes allow: the bytes PyTorch may allocate
+    on the rank (`Device.usable`: the device's capacity less the process's memory outside
+    PyTorch, not nvidia-smi's memory) less the resident bytes and the window's most FSDP
+    bytes. Negative where even no activation fits."""
+    free = usable - memory.resident
     return {m.window: free - memory.max_fsdp_bytes(m.window) for m in memory.moments}
 
 
-def activation_budget(memory: FsdpMemory, device_memory: int) -> int:
+def activation_budget(memory: FsdpMemory, usable: int) -> int:
     """One budget for the single-process step's peak (bytes above its start) that keeps every
-    window within `device_memory`: the least of `activation_budgets` (every window's levels are
-    at most the step's peak)."""
-    return min(activation_budgets(memory, device_memory).values())
+    window within `usable` bytes (`activation_budgets`): the least of `activation_budgets`
+    (every window's levels are at most the step's peak)."""
+    return min(activation_budgets(memory, usable).values())
