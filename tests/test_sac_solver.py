@@ -212,3 +212,32 @@ def test_a_region_whose_price_exceeds_its_savings_is_not_chosen():
     plan = SacPlan((True, False), (frozenset(), frozenset()))
     assert solution.plan == plan
     assert solution.cost == pytest.approx(1.5e-6, abs=1e-12) == plan_cost(problem, plan)
+
+
+_ROWS = st.lists(
+    st.tuples(
+        st.integers(-50, 200),
+        st.dictionaries(st.integers(0, 4), st.integers(-60, 60), max_size=5),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(rows=_ROWS)
+def test_rows_left_out_are_implied_by_those_kept(rows):
+    """`_binding` keeps the same feasible set: for every assignment of the 0/1 variables the
+    largest left-hand side over the kept rows is the largest over all rows, so `<= P` holds
+    for the kept rows exactly where it holds for all (checked by enumeration)."""
+    from solver.sac.solve import _binding
+
+    kept = _binding(rows)
+    assert kept
+    for bits in itertools.product((0, 1), repeat=5):
+
+        def lhs(row, bits=bits):
+            const, coef = row
+            return const + sum(k * bits[i] for i, k in coef.items())
+
+        assert max(map(lhs, kept)) == max(map(lhs, rows))

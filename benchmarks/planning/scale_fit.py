@@ -13,7 +13,8 @@ PyTorch allocate per rank (`Device.usable`).
   `solver.fitting.sizes.largest_between` bisects; every size recorded is kept, so the
   policies share them.
 - remat's own schedule: `executor.fit(factory, usable, dim, target="h100", world_size=8)` with
-  the same FSDP policy, captured at sizes 2, 3, 4 (sequence: 2048, 3072, 4096).
+  the same FSDP policy, captured at sizes 2, 3, 4 (sequence: 2048, 3072, 4096), at op level or
+  module level (`--granularity`).
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def sac_fits(dim: str, time_limit: float, most: int) -> dict:
     return {"policies": out, "peaks GiB": peaks, "errors": errors}
 
 
-def remat_fit(dim: str, time_limit: float) -> dict:
-    """`executor.fit`'s answer for remat's own schedule."""
+def remat_fit(dim: str, time_limit: float, granularity: str = "op") -> dict:
+    """`executor.fit`'s answer for remat's own schedule, captured at `granularity`."""
     import executor
 
     device, fsdp = scale_llama.policy(NAME)
@@ -97,6 +98,7 @@ def remat_fit(dim: str, time_limit: float) -> dict:
     fit = executor.fit(
         factory, device.usable(fsdp.nccl_communicators), dim=dim, time_limit=time_limit,
         target=device, world_size=fsdp.world_size, fsdp=options,
+        capture_options={"granularity": granularity},
     )  # fmt: skip
     return {"fit s": time.perf_counter() - start, "summary": fit.summary()}
 
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--policies", nargs="+", default=["sac", "remat"])
     parser.add_argument("--time-limit", type=float, default=120)
     parser.add_argument("--most", type=int, default=128, help="the largest size tried")
+    parser.add_argument("--granularity", choices=("op", "module"), default="op")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     out = Path(args.out)
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
             row["sac"]["seconds"] = time.perf_counter() - start
         if "remat" in args.policies:
             try:
-                row["remat"] = remat_fit(dim, 4 * args.time_limit)
+                row["remat"] = remat_fit(dim, 4 * args.time_limit, args.granularity)
             except Exception as e:  # the benchmark records what failed
                 row["remat"] = {"error": f"{type(e).__name__}: {e}"}
         print(json.dumps({dim: row}, default=str), flush=True)

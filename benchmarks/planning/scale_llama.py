@@ -15,7 +15,9 @@ Each part runs in its own child process, nice'd, one thread, so that its peak RS
   and recompute seconds (`solver.sac.union.union_cost`: recompute, checkpoint price, SAC
   runtime overhead) of no checkpointing, full per-block checkpointing and torchtitan's
   selective-op policy on the same recording;
-- `capture`: `graph_capture.capture(..., target)` at op level, the traced joint graph;
+- `capture`: `graph_capture.capture(..., target, granularity)`, the traced joint graph at op
+  level (one node per allocating op) and at module level (`--granularity`: consecutive ops of
+  one innermost module and phase merged, a coarser problem the solver closes sooner);
 - `solve`: `solver.solve` on it at the step budget FSDP leaves
   (`solver.target.activation_budget`: usable bytes less resident bytes and the most FSDP
   bytes), the per-rank peak bounded by resident + most FSDP bytes + the schedule's peak.
@@ -198,14 +200,14 @@ def _plan_of(plan):
     return UnionPlan(SacPlan(tuple(blocks_c), tuple(blocks_s)), tuple(kids))
 
 
-def part_capture(name: str, path: str) -> dict:
+def part_capture(name: str, path: str, granularity: str = "op") -> dict:
     import graph_capture
     from solver.io import save_graph
 
     model, ids, kw = build(name)
     device, _ = policy(name)
     start = time.perf_counter()
-    captured = graph_capture.capture(model, (ids,), kw, target=device)
+    captured = graph_capture.capture(model, (ids,), kw, target=device, granularity=granularity)
     seconds = time.perf_counter() - start
     save_graph(captured.dag, path)
     dag = captured.dag
@@ -271,13 +273,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--graph")
     parser.add_argument("--size", nargs=2, type=int, default=(None, None), help="batch, seq")
     parser.add_argument("--budget", help="the SAC plan's budget per rank (default: device)")
+    parser.add_argument(
+        "--granularity", nargs="+", choices=("op", "module"), default=["op", "module"],
+        help="the captures remat's own schedule is solved on (a part: the first)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.part == "plan":
         print(json.dumps(part_plan(args.name, args.time_limit, args.size, args.budget)))
         return
     if args.part == "capture":
-        print(json.dumps(part_capture(args.name, args.graph)))
+        print(json.dumps(part_capture(args.name, args.graph, args.granularity[0])))
         return
     if args.part == "solve":
         print(json.dumps(part_solve(args.name, args.graph, args.time_limit)))
@@ -292,12 +298,13 @@ def main(argv: list[str] | None = None) -> None:
         if "plan" in args.parts:
             plan = ["--part", "plan", "--name", name, "--time-limit", limit]
             row["plan"] = _child(plan, 600)
-        if name in MAIN and "capture" in args.parts:
-            graph = str(out / f"scale_{name}_dag.json")
-            row["capture"] = _child(["--part", "capture", "--name", name, "--graph", graph], 600)
-            if "error" not in row["capture"] and "solve" in args.parts:
+        for level in args.granularity if name in MAIN and "capture" in args.parts else ():
+            graph = str(out / f"scale_{name}_{level}_dag.json")
+            capture = ["--part", "capture", "--name", name, "--graph", graph]
+            row[f"capture {level}"] = _child([*capture, "--granularity", level], 600)
+            if "error" not in row[f"capture {level}"] and "solve" in args.parts:
                 solve = ["--part", "solve", "--name", name, "--graph", graph, "--time-limit", limit]
-                row["solve"] = _child(solve, 600)
+                row[f"solve {level}"] = _child(solve, 600)
         print(json.dumps({name: row}), flush=True)
         saved.write_text(json.dumps(results, indent=1))
 
