@@ -240,7 +240,9 @@ def _compile(
             _solve_seconds(deadline.remaining(), max_compiles - attempt, steps.rest())
         )
         attempted.append(solver_budget)
-        partitioner = RematPartitioner(solver_budget, solves, replay_rng=name == "aot_eager")
+        partitioner = RematPartitioner(
+            solver_budget, solves, replay_rng=name == "aot_eager", fuse=name == "inductor"
+        )
         started = time.perf_counter()
         try:
             call, measured = steps.measure(backend(name, partitioner, options), partitioner)
