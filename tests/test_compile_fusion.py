@@ -1,10 +1,12 @@
 """executor.compile's model of inductor's fusion (`joint_dag.fuse_groups`): a pointwise chain
 becomes one DAG node holding only the values read outside it, and graphs emitted from fused
-nodes stay bit-identical to eager under aot_eager."""
+nodes stay bit-identical to eager under aot_eager. Where the model misses, the measured loop's
+steps grow until the budget holds."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -18,7 +20,7 @@ import executor
 from executor.compiled import api
 from executor.compiled.joint_dag import joint_dag
 from executor.compiled.partitioner import RematPartitioner
-from tests.test_compile_partition import SOLVED, assert_equal_steps, sgd_steps
+from tests.test_compile_partition import SOLVED, Net, assert_equal_steps, sgd_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -99,3 +101,24 @@ def test_fused_nodes_emit_graphs_bit_identical_to_eager(monkeypatch):
     assert region.partition.recomputes, "the least-peak plan recomputes fused nodes"
     assert max(len(m) for m in region.member_ops.values()) >= 5
     assert_equal_steps(sgd_steps(net, cm, x), sgd_steps(eager, eager, x))
+
+
+def test_a_measured_peak_that_does_not_move_lowers_the_solver_budget_faster(monkeypatch):
+    """The measured peak stays one step over the budget until the solver budget is five
+    steps under it (inductor's peak moves in steps): each miss lowers the solver budget by
+    the excess doubled, so the fourth compile reaches it."""
+    target, step = 4 * 2**20, 1024  # far above the net's step: any schedule fits
+    measure = api._Steps.measure
+
+    def stuck(self, backend, partitioner):
+        call, measured = measure(self, backend, partitioner)
+        if partitioner is not None and partitioner.budget > target - 5 * step:
+            measured = dataclasses.replace(measured, peak=target + step)
+        return call, measured
+
+    monkeypatch.setattr(api._Steps, "measure", stuck)
+    x = torch.randn(16, 32)
+    cm = executor.compile(Net(layers=1), target, example_inputs=(x,), **SOLVED)
+    budgets = [t.solver_budget for t in cm.remat.tries]
+    assert budgets == [target, target - step, target - 3 * step, target - 7 * step]
+    assert cm.remat.peak <= target
