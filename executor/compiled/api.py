@@ -9,8 +9,7 @@ percentage's basis included).
 
 NOTE [one deadline]: ``time_limit`` bounds the whole call, compiles and measurements included,
 as `solver.solve`'s does: one `Deadline` (with the first Ctrl-C's `Stop`) is made at the call.
-The solves of each compile end by an equal share of the time left among the compiles left
-("min" compiles once: its solves share the time with that one compile),
+The solves of each compile end by an equal share of the time left among the compiles left,
 less what the rest of that compile and its measurement are expected to take (`_solve_seconds`);
 each compile starts only where the time left holds what the compiles before it took beyond
 their solves (`expected_seconds`), each measurement only where it holds the measurements before
@@ -239,9 +238,7 @@ def _compile(
     infeasible: _Infeasible | None = None  # the last compile's solve, below the least
     for attempt in range(max_compiles):
         solves = deadline.within(
-            _solve_seconds(
-                deadline.remaining(), 1 if minimum else max_compiles - attempt, steps.rest()
-            )
+            _solve_seconds(deadline.remaining(), max_compiles - attempt, steps.rest())
         )
         attempted.append(solver_budget)
         partitioner = RematPartitioner(
