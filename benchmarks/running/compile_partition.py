@@ -7,8 +7,10 @@ Per model: the plain compiled step (torch's partition, budget 1.0); the knapsack
 least budget that fits ("min") and three budgets between it and the plain peak, each with its
 measured peak, step time, the fastest knapsack setting that fits and the time ratio; gradients
 against the plain compiled model (allclose, rtol 1e-5) and, under aot_eager at the middle
-budget, against eager (torch.equal); the SAC plan at the middle budget, compiled. One line per
-measurement on stdout as it comes (partial output survives a timeout).
+budget, against eager (torch.equal); the SAC plan at the middle budget, compiled. Peaks print
+as they are measured (partial output survives a timeout); step times are medians over
+``--rounds`` rounds run at the end, each round timing every compiled step once, so that load
+from other processes falls on all of them alike.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 import executor
 from benchmarks.zoo import ZOO
+from executor.compiled.step import fresh_call
 from graph_capture.measurement.peak import Snapshot, measure_peak
 
 
@@ -29,21 +32,30 @@ def _step(call, inputs):
     call(*inputs).backward()
 
 
-def measure(model, call, inputs, repeats: int = 3) -> tuple[int, float]:
-    """(peak bytes, median step seconds) of the compiled step, after its compile step."""
+def measure(model, call, inputs) -> int:
+    """Peak bytes of the compiled step, after its compile step."""
     snapshot = Snapshot(model)
     model.zero_grad(set_to_none=True)
     _step(call, inputs)
     model.zero_grad(set_to_none=True)
     peak = measure_peak(lambda: _step(call, inputs)).peak_bytes
-    times = []
-    for _ in range(repeats):
-        model.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
-        _step(call, inputs)
-        times.append(time.perf_counter() - t0)
     snapshot.restore()
-    return peak, statistics.median(times)
+    return peak
+
+
+def interleaved(steps: dict, inputs, rounds: int) -> dict:
+    """Median seconds per step of each ``steps`` entry (label -> (model, call)), over
+    ``rounds`` rounds that each time every step once."""
+    times: dict = {label: [] for label in steps}
+    for _ in range(rounds):
+        for label, (model, call) in steps.items():
+            snapshot = Snapshot(model)
+            model.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            _step(call, inputs)
+            times[label].append(time.perf_counter() - t0)
+            snapshot.restore()
+    return {label: statistics.median(t) for label, t in times.items()}
 
 
 def grads(model, call, inputs, seed: int = 0) -> list[torch.Tensor]:
@@ -55,28 +67,24 @@ def grads(model, call, inputs, seed: int = 0) -> list[torch.Tensor]:
     return out
 
 
-def knapsack(model, inputs, ratio: float) -> tuple[int, float]:
-    torch._dynamo.reset()
-    call = torch.compile(model, fullgraph=True, dynamic=False)
+def knapsack(model, inputs, ratio: float):
+    """(peak bytes, the compiled call) of torch's partition at ``activation_memory_budget``."""
+    call = torch.compile(fresh_call(model), fullgraph=True, dynamic=False)
     with torch._functorch.config.patch(activation_memory_budget=ratio):
-        return measure(model, call, inputs)
+        return measure(model, call, inputs), call
 
 
-def run(name: str, ratios: list[float], time_limit: float) -> None:
+def run(name: str, ratios: list[float], time_limit: float, rounds: int) -> None:
     torch.manual_seed(0)
     model, inputs = ZOO[name]()
     mib = 2**20
-    sweep = {}
+    sweep, steps, budget_of = {}, {}, {}
     for ratio in ratios:
-        sweep[ratio] = knapsack(model, inputs, ratio)
-        print(
-            f"{name} knapsack {ratio:.1f}: {sweep[ratio][0] / mib:.2f} MiB "
-            f"{sweep[ratio][1] * 1e3:.1f} ms",
-            flush=True,
-        )
-    plain_peak = sweep.get(1.0, knapsack(model, inputs, 1.0))[0]
-    torch._dynamo.reset()
-    plain = torch.compile(model, fullgraph=True, dynamic=False)
+        sweep[ratio], call = knapsack(model, inputs, ratio)
+        steps[f"knapsack {ratio:.1f}"] = (model, call)
+        print(f"{name} knapsack {ratio:.1f}: {sweep[ratio] / mib:.2f} MiB", flush=True)
+    plain_peak = sweep[1.0] if 1.0 in sweep else knapsack(model, inputs, 1.0)[0]
+    plain = torch.compile(fresh_call(model), fullgraph=True, dynamic=False)
     plain_grads = grads(model, plain, inputs)
     try:
         least = executor.compile(model, "min", example_inputs=inputs, time_limit=time_limit)
@@ -84,9 +92,11 @@ def run(name: str, ratios: list[float], time_limit: float) -> None:
         print(f"{name} remat min: refused: {e}", flush=True)
         return
     low = least.remat.peak
+    steps["remat min"], budget_of["remat min"] = (model, least), low
     print(
-        f"{name} remat min: {low / mib:.2f} MiB (compiles {least.remat.compiles}); "
-        f"knapsack least {min(p for p, _ in sweep.values()) / mib:.2f} MiB",
+        f"{name} remat min: {low / mib:.2f} MiB (compiles {least.remat.compiles}, predicted "
+        f"{least.remat.tries[-1].predicted / mib:.2f}); knapsack least "
+        f"{min(sweep.values()) / mib:.2f} MiB",
         flush=True,
     )
     budgets = [int(low + f * (plain_peak - low)) for f in (0.1, 0.5, 0.9)]
@@ -96,20 +106,18 @@ def run(name: str, ratios: list[float], time_limit: float) -> None:
         except executor.CompileError as e:
             print(f"{name} remat {budget / mib:.2f} MiB: refused: {e}", flush=True)
             continue
-        peak, seconds = measure(model, cm, inputs)
+        peak = measure(model, cm, inputs)
+        steps[f"remat {budget / mib:.2f} MiB"] = (model, cm)
+        budget_of[f"remat {budget / mib:.2f} MiB"] = budget
         close = all(
             torch.allclose(a, b, rtol=1e-5, atol=1e-6)
             for a, b in zip(grads(model, cm, inputs), plain_grads, strict=True)
         )
-        fits = [(t, r) for r, (p, t) in sweep.items() if p <= budget]
-        best = min(fits) if fits else None
-        versus = (
-            f"knapsack {best[1]:.1f} ratio {seconds / best[0]:.3f}" if best else "no knapsack fits"
-        )
         print(
             f"{name} remat {budget / mib:.2f} MiB: peak {peak / mib:.2f} MiB "
-            f"(within: {peak <= budget}) {seconds * 1e3:.1f} ms, compiles {cm.remat.compiles}, "
-            f"{versus}, grads allclose to plain compiled: {close}",
+            f"(within: {peak <= budget}), compiles {cm.remat.compiles}, predicted "
+            f"{[round(t.predicted / mib, 2) for t in cm.remat.tries]} MiB, grads allclose to "
+            f"plain compiled: {close}",
             flush=True,
         )
     middle = budgets[1]
@@ -130,15 +138,26 @@ def run(name: str, ratios: list[float], time_limit: float) -> None:
     try:
         plan = executor.checkpoint_plan(eager, inputs, middle, time_limit=30)
         applied = plan.apply(eager)
-        torch._dynamo.reset()
-        peak, seconds = measure(applied, torch.compile(applied, dynamic=False), inputs)
-        print(
-            f"{name} SAC plan at {middle / mib:.2f} MiB compiled: peak {peak / mib:.2f} MiB "
-            f"{seconds * 1e3:.1f} ms",
-            flush=True,
-        )
+        call = torch.compile(fresh_call(applied), dynamic=False)
+        peak = measure(applied, call, inputs)
+        steps["SAC plan"] = (applied, call)
+        print(f"{name} SAC plan at {middle / mib:.2f} MiB compiled: peak {peak / mib:.2f} MiB")
     except Exception as e:
         print(f"{name} SAC plan at {middle / mib:.2f} MiB: {type(e).__name__}: {e}", flush=True)
+    seconds = interleaved(steps, inputs, rounds)
+    for label, t in seconds.items():
+        print(f"{name} {label}: {t * 1e3:.1f} ms (median of {rounds} interleaved rounds)")
+    for label, budget in budget_of.items():
+        fits = [(seconds[f"knapsack {r:.1f}"], r) for r, p in sweep.items() if p <= budget]
+        if fits:
+            best = min(fits)
+            print(
+                f"{name} {label} vs fastest fitting knapsack {best[1]:.1f} "
+                f"({best[0] * 1e3:.1f} ms): {seconds[label] / best[0]:.2f}x",
+                flush=True,
+            )
+        else:
+            print(f"{name} {label}: no knapsack setting fits", flush=True)
 
 
 def main() -> None:
@@ -157,6 +176,7 @@ def main() -> None:
         default=240.0,
         help="seconds per executor.compile call, its compiles and measurements included",
     )
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
     args = parser.parse_args()
     torch.set_num_threads(1)
     import logging
@@ -165,7 +185,7 @@ def main() -> None:
 
     torch._dynamo.config.ignore_logging_functions.add(logging.Logger.warning_once)
     for name in args.models:
-        run(name, args.ratios, args.time_limit)
+        run(name, args.ratios, args.time_limit, args.rounds)
 
 
 if __name__ == "__main__":

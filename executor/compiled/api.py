@@ -2,9 +2,10 @@
 measured under the compiling backend.
 
 The budget holds by a bounded loop: solve at a solver budget, compile, measure the compiled
-step's peak on the example inputs, and where it exceeds the budget lower the solver budget by
-the excess and try again, at most ``max_compiles`` times (`CompileReport.compiles` counts them,
-the plain compile of a percentage's basis included).
+step's peak on the example inputs, and where it exceeds the budget solve again below the
+schedule's predicted peak by the excess (doubled at each further miss), at most
+``max_compiles`` times (`CompileReport.compiles` counts them, the plain compile of a
+percentage's basis included).
 
 NOTE [one deadline]: ``time_limit`` bounds the whole call, compiles and measurements included,
 as `solver.solve`'s does: one `Deadline` (with the first Ctrl-C's `Stop`) is made at the call.
@@ -240,7 +241,9 @@ def _compile(
             _solve_seconds(deadline.remaining(), max_compiles - attempt, steps.rest())
         )
         attempted.append(solver_budget)
-        partitioner = RematPartitioner(solver_budget, solves, replay_rng=name == "aot_eager")
+        partitioner = RematPartitioner(
+            solver_budget, solves, replay_rng=name == "aot_eager", fuse=name == "inductor"
+        )
         started = time.perf_counter()
         try:
             call, measured = steps.measure(backend(name, partitioner, options), partitioner)
@@ -284,7 +287,10 @@ def _compile(
             return CompiledModel(steps.model, call, report)
         if solver_budget == "min":
             break  # the least-peak schedule measured over the budget
-        solver_budget = int(solver_budget) - (measured.peak - target)
+        # below the schedule's predicted peak (the solver budget may lie far above it) by the
+        # excess, doubled at each further miss: inductor's peak moves in steps
+        below = min(int(solver_budget), predicted)
+        solver_budget = below - (measured.peak - target) * 2 ** (len(tries) - 1)
         if solver_budget <= 0:
             break
     if infeasible is not None:

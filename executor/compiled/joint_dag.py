@@ -10,6 +10,8 @@ allocates, views folded into their base's node.
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 from dataclasses import dataclass
 
 import networkx as nx
@@ -25,7 +27,7 @@ from graph_capture.measurement.measure import NodeMeasure, is_random
 from graph_capture.measurement.roofline import cpu_device, op_flops, op_seconds
 from graph_capture.trace.fx_nodes import describe_op, phase_of
 
-__all__ = ["END", "JointDag", "joint_dag", "runs_once", "tangent_bytes"]
+__all__ = ["END", "JointDag", "fuse_groups", "joint_dag", "runs_once", "tangent_bytes"]
 
 END = "__step_end__"
 """The DAG's last node: it reads every graph output (the forward's outputs, the gradients),
@@ -142,15 +144,99 @@ def tangent_bytes(gm: torch.fx.GraphModule) -> int:
     )
 
 
-def joint_dag(gm: torch.fx.GraphModule, held_bytes: int = 0) -> JointDag:
+_REDUCTIONS = {
+    torch.ops.aten.sum.dim_IntList,
+    torch.ops.aten.sum.default,
+    torch.ops.aten.amax.default,
+    torch.ops.aten.amin.default,
+    torch.ops.aten.mean.dim,
+    torch.ops.aten.mean.default,
+    torch.ops.aten.var_mean.correction,
+    torch.ops.aten.any.dim,
+}
+_GENERATED = {
+    torch.ops.prims.inductor_random.default,
+    torch.ops.prims.inductor_lookup_seed.default,
+    torch.ops.prims.iota.default,
+    torch.ops.aten.full.default,
+    torch.ops.aten.scalar_tensor.default,
+}
+
+
+def _fusible(node: torch.fx.Node) -> bool:
+    """True for an op inductor generates inside a fused loop (pointwise, reductions, values
+    generated from indices or seeds, views, getitems), not an extern or fallback kernel."""
+    target = node.target
+    if target is operator.getitem:
+        return True
+    if not isinstance(target, torch._ops.OpOverload) or runs_once(node):
+        return False
+    return (
+        torch.Tag.pointwise in target.tags
+        or target in _REDUCTIONS
+        or target in _GENERATED
+        or target.is_view
+    )
+
+
+def fuse_groups(
+    gm: torch.fx.GraphModule, group: dict[str, str], measures: dict[str, NodeMeasure]
+) -> tuple[dict[str, str], dict[str, NodeMeasure]]:
+    """Inductor's fusion on capture's groups: a group of fusible ops (`_fusible`) whose every
+    reader outside it lies in one other group, of fusible ops in the same phase, joins that
+    group, as inductor computes it inside the reader's kernel and never materializes it. The
+    storages its ops create then hold 0 bytes. Groups merge from the graph's end, so a
+    pointwise chain (a GELU's eight ops) becomes one group holding its last value. Returns the
+    new (group, measures); a graph output's group stays its own."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    members: dict[str, list[str]] = {}
+    for name, g in group.items():
+        members.setdefault(g, []).append(name)
+    fusible = {g: all(_fusible(nodes[m]) for m in names) for g, names in members.items()}
+    position = {name: i for i, name in enumerate(nodes)}
+    into = dict(group)
+    merged: set[str] = set()
+    for g in sorted(members, key=lambda a: -position[a]):
+        if not fusible[g]:
+            continue
+        readers = {
+            user.name if user.op == "output" else into[user.name]
+            for m in members[g]
+            for user in nodes[m].users
+            if user.op == "output" or into[user.name] != into[m]
+        }
+        if len(readers) != 1:
+            continue
+        (w,) = readers
+        if w not in fusible or not fusible[w] or phase_of(nodes[w]) != phase_of(nodes[g]):
+            continue
+        for m in members[g]:
+            into[m] = into[w]
+        members[w] = members[w] + members.pop(g)
+        fusible.pop(g)
+        merged.add(g)
+    gone = {k for m, g in group.items() if g in merged for k in measures[m].new_storages}
+    zeroed = {
+        name: dataclasses.replace(
+            measure, storages={k: 0 if k in gone else b for k, b in measure.storages.items()}
+        )
+        for name, measure in measures.items()
+    }
+    return into, zeroed
+
+
+def joint_dag(gm: torch.fx.GraphModule, held_bytes: int = 0, fuse: bool = False) -> JointDag:
     """The DAG of ``gm`` (a joint forward+backward graph), costs in predicted seconds.
 
     ``held_bytes`` is added to every node's ``transient`` (bytes held beside the DAG's values
-    throughout the step). DAG nodes get ``once``: a member draws random numbers or mutates,
-    so it may not be recomputed. Raises `CompileError` for symbolic shapes."""
+    throughout the step). ``fuse``: model inductor's fusion (`fuse_groups`). DAG nodes get
+    ``once``: a member draws random numbers or mutates, so it may not be recomputed. Raises
+    `CompileError` for symbolic shapes."""
     _tag_backward(gm)
     measures = _measures(gm)
     group = group_ops(gm, measures)
+    if fuse:
+        group, measures = fuse_groups(gm, group, measures)
     order = op_group_order(gm, group)
     try:
         dag, members = build_dag(gm, measures, group, order, "time", held_bytes=held_bytes)

@@ -55,12 +55,16 @@ class RematPartitioner(CustomPartitionerFn):
     (inductor: its own seeded random ops recompute deterministically, only the seed op is
     random), must not be recomputed: their cost carries a penalty larger than the whole
     graph's, so the solver recomputes one only where no schedule without it fits, and then
-    the plan is refused (`CompileError`).
+    the plan is refused (`CompileError`). ``fuse`` (inductor): the DAG models inductor's
+    fusion (`joint_dag.fuse_groups`): values it computes inside a kernel hold no bytes.
     """
 
-    def __init__(self, budget: int | str, deadline: Deadline, replay_rng: bool) -> None:
+    def __init__(
+        self, budget: int | str, deadline: Deadline, replay_rng: bool, fuse: bool = False
+    ) -> None:
         self.budget = budget
         self.replay_rng = replay_rng
+        self.fuse = fuse
         self.deadline = deadline
         self.regions: list[RegionPlan] = []
         self.solve_seconds = 0.0  # wall seconds in the solver, all regions
@@ -79,7 +83,7 @@ class RematPartitioner(CustomPartitionerFn):
         self, gm: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any
     ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
         num_fwd_outputs = kwargs["num_fwd_outputs"]
-        joint = joint_dag(gm, held_bytes=tangent_bytes(gm))
+        joint = joint_dag(gm, held_bytes=tangent_bytes(gm), fuse=self.fuse)
         dag = joint.dag
         penalty = 10.0 * sum(float(dag.nodes[v]["cost"]) for v in dag.nodes) + 1.0
         once = [v for v in dag.nodes if dag.nodes[v]["once"] and not self._replays(dag, v)]

@@ -1,0 +1,128 @@
+"""executor.compile's model of inductor's fusion (`joint_dag.fuse_groups`): a pointwise chain
+becomes one DAG node holding only the values read outside it, and graphs emitted from fused
+nodes stay bit-identical to eager under aot_eager. Where the model misses, the measured loop's
+steps grow until the budget holds."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.backends.debugging import boxed_nop
+from torch._functorch.partitioners import default_partition
+
+import executor
+from executor.compiled import api
+from executor.compiled.joint_dag import joint_dag
+from executor.compiled.partitioner import RematPartitioner
+from tests.test_compile_partition import SOLVED, Net, assert_equal_steps, sgd_steps
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class TanhGelu(nn.Module):
+    """GPT-2's GELU: eight pointwise ops, the backward reading ``x`` and the tanh."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))
+        return 0.5 * x * (1.0 + torch.tanh(inner))
+
+
+def _joint(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
+    """The joint graph AOTAutograd hands a partitioner for ``model``'s step on ``x``."""
+    graphs = []
+
+    def partition(gm, joint_inputs, **kwargs):
+        graphs.append(gm)
+        return default_partition(gm, joint_inputs, **kwargs)
+
+    backend = aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, partition_fn=partition)
+    torch.compile(model, backend=backend, fullgraph=True)(x).square().mean().backward()
+    return graphs[0]
+
+
+def _node_of(gm: torch.fx.GraphModule, joint, target, phase: str) -> str:
+    """The DAG node of ``joint`` (``gm``'s) holding an fx node calling ``target`` in ``phase``."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    return next(
+        v
+        for v in joint.dag.graph["order"]
+        if joint.dag.nodes[v]["phase"] == phase
+        and any(nodes[m].target == target for m in joint.members[v])
+    )
+
+
+def test_a_gelu_chain_is_one_node_holding_its_read_values():
+    net = nn.Sequential(nn.Linear(16, 64), TanhGelu(), nn.Linear(64, 16))
+    gm = _joint(net, torch.randn(8, 16))
+    plain, fused = joint_dag(gm), joint_dag(gm, fuse=True)
+    aten = torch.ops.aten
+    value = 8 * 64 * 4  # bytes of one (8, 64) float32 value
+    pow_node = _node_of(gm, plain, aten.pow.Tensor_Scalar, "forward")
+    assert plain.dag.nodes[pow_node]["mem"] == value  # unfused: the cube is a value
+    tanh = _node_of(gm, fused, aten.tanh.default, "forward")
+    assert _node_of(gm, fused, aten.pow.Tensor_Scalar, "forward") == tanh
+    assert len(fused.members[tanh]) >= 5  # pow, mul, add, mul, tanh: one kernel
+    assert fused.dag.nodes[tanh]["mem"] == value  # only the tanh, which the backward reads
+    assert fused.dag.nodes[tanh]["transient"] == 0
+    chain = _node_of(gm, fused, aten.tanh_backward.default, "backward")
+    assert _node_of(gm, fused, aten.pow.Tensor_Scalar, "backward") == chain
+    assert fused.dag.number_of_nodes() < plain.dag.number_of_nodes() * 0.6
+
+
+class GeluNet(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.drop, self.act, self.norm = nn.Dropout(0.2), TanhGelu(), nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(2):
+            x = x + self.drop(self.down(self.act(self.up(self.norm(x)))))
+        return x.square().mean()
+
+
+def test_fused_nodes_emit_graphs_bit_identical_to_eager(monkeypatch):
+    class Fused(RematPartitioner):
+        def __init__(self, budget, deadline, replay_rng, fuse=False):
+            super().__init__(budget, deadline, replay_rng, fuse=True)
+
+    monkeypatch.setattr(api, "RematPartitioner", Fused)
+    torch.manual_seed(0)
+    net, x = GeluNet().train(), torch.randn(64, 32)
+    eager = copy.deepcopy(net)
+    cm = executor.compile(net, "min", example_inputs=(x,), **SOLVED)
+    (region,) = cm.remat.regions
+    assert region.partition.recomputes, "the least-peak plan recomputes fused nodes"
+    assert max(len(m) for m in region.member_ops.values()) >= 5
+    assert_equal_steps(sgd_steps(net, cm, x), sgd_steps(eager, eager, x))
+
+
+def test_a_measured_peak_that_does_not_move_lowers_the_solver_budget_faster(monkeypatch):
+    """The measured peak stays one step over the budget until the solver budget is five
+    steps under the first schedule's predicted peak (inductor's peak moves in steps): each
+    miss solves below the last predicted peak by the excess doubled, so at most four compiles
+    reach it."""
+    target, step = 4 * 2**20, 64  # far above the net's step (values of 2 KiB): any fits
+    measure, first = api._Steps.measure, []
+
+    def stuck(self, backend, partitioner):
+        call, measured = measure(self, backend, partitioner)
+        first.append(first[0] if first else partitioner.regions[0].schedule.peak)
+        if partitioner.budget > first[0] - 5 * step:
+            measured = dataclasses.replace(measured, peak=target + step)
+        return call, measured
+
+    monkeypatch.setattr(api._Steps, "measure", stuck)
+    x = torch.randn(16, 32)
+    cm = executor.compile(Net(layers=1), target, example_inputs=(x,), **SOLVED)
+    tries = cm.remat.tries
+    assert tries[1].solver_budget == tries[0].predicted - step < target
+    for k, t in enumerate(tries[1:], start=1):
+        assert t.solver_budget <= first[0] - (2**k - 1) * step
+    assert len(tries) <= 4 and cm.remat.peak <= target
