@@ -15,6 +15,10 @@ from torch import nn
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.debugging import boxed_nop
 from torch._functorch.partitioners import default_partition
+from torch._guards import detect_fake_mode
+from torch._inductor.decomposition import select_decomp_table
+from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+from torch._inductor.virtualized import V
 
 import executor
 from executor.compiled import api
@@ -33,15 +37,26 @@ class TanhGelu(nn.Module):
         return 0.5 * x * (1.0 + torch.tanh(inner))
 
 
-def _joint(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
-    """The joint graph AOTAutograd hands a partitioner for ``model``'s step on ``x``."""
+def _joint(model: nn.Module, x: torch.Tensor, inductor: bool = False) -> torch.fx.GraphModule:
+    """The joint graph AOTAutograd hands a partitioner for ``model``'s step on ``x``;
+    ``inductor``: traced with inductor's decompositions and rewritten by its joint passes,
+    as inductor hands it (no kernels compiled)."""
     graphs = []
 
     def partition(gm, joint_inputs, **kwargs):
+        if inductor:
+            with V.set_fake_mode(detect_fake_mode(joint_inputs)):
+                joint_graph_passes(gm)
         graphs.append(gm)
         return default_partition(gm, joint_inputs, **kwargs)
 
-    backend = aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, partition_fn=partition)
+    decompositions = select_decomp_table() if inductor else None
+    backend = aot_autograd(
+        fw_compiler=boxed_nop,
+        bw_compiler=boxed_nop,
+        partition_fn=partition,
+        decompositions=decompositions,
+    )
     torch.compile(model, backend=backend, fullgraph=True)(x).square().mean().backward()
     return graphs[0]
 
@@ -73,6 +88,34 @@ def test_a_gelu_chain_is_one_node_holding_its_read_values():
     chain = _node_of(gm, fused, aten.tanh_backward.default, "backward")
     assert _node_of(gm, fused, aten.pow.Tensor_Scalar, "backward") == chain
     assert fused.dag.number_of_nodes() < plain.dag.number_of_nodes() * 0.6
+
+
+class ClsTokenDropout(nn.Module):
+    """ViT's embeddings: a class token concatenated before the patches, then dropout. The
+    backward slices the dropout's gradient in two (the token's, the patches')."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.cls, self.proj = nn.Parameter(torch.randn(1, 1, d)), nn.Linear(d, d)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(torch.cat([self.cls.expand(x.shape[0], -1, -1), self.proj(x)], 1))
+
+
+def test_views_of_a_value_a_joint_pass_replaced_fold_into_its_node():
+    """Inductor's random pass replaces the dropout's backward by new nodes with new fake
+    values; the two slices of it keep values viewing the replaced one's storage. Each view
+    holds its base's storage: both join the node of the gradient they slice."""
+    gm = _joint(ClsTokenDropout(), torch.randn(2, 3, 8), inductor=True)
+    joint = joint_dag(gm, fuse=True)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    slices = [n for n in nodes.values() if n.target is torch.ops.aten.slice.Tensor]
+    assert len(slices) == 2 and slices[0].args[0] is slices[1].args[0]
+    base = slices[0].args[0]
+    (node,) = [v for v, m in joint.members.items() if base.name in m]
+    assert {s.name for s in slices} <= set(joint.members[node])
+    assert joint.dag.nodes[node]["mem"] == 2 * 4 * 8 * 4  # the (2, 4, 8) float32 gradient
 
 
 class GeluNet(nn.Module):

@@ -73,15 +73,32 @@ def _check_static(node: torch.fx.Node) -> None:
         )
 
 
+def _view_storages(
+    node: torch.fx.Node, storages_of: dict[str, dict[tuple[int, int], int]]
+) -> dict[tuple[int, int], int] | None:
+    """The storage of a view op's base (``self``), or None for any other node. Inductor's
+    joint passes replace nodes with new fake values but leave their views' values viewing the
+    replaced value's storage, so a view's storage is taken from its base, not its own value."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return None
+    base = node.args[0] if node.args else None
+    if not target.is_view or not isinstance(base, torch.fx.Node):
+        return None
+    return storages_of.get(base.name) or None
+
+
 def _measures(gm: torch.fx.GraphModule) -> dict[str, NodeMeasure]:
     """Per computing fx node: storages and new storages of its fake outputs, predicted
     seconds and FLOPs (no scratch bytes: fake tensors allocate nothing)."""
     device = cpu_device()
     seen: set[tuple[int, int]] = set()
     measures: dict[str, NodeMeasure] = {}
+    storages_of: dict[str, dict[tuple[int, int], int]] = {}
     for node in gm.graph.nodes:
         _check_static(node)
-        storages = _storages(node.meta.get("val"))
+        storages = _view_storages(node, storages_of) or _storages(node.meta.get("val"))
+        storages_of[node.name] = storages
         if node.op != "call_function":
             seen |= set(storages)
             continue
