@@ -346,7 +346,7 @@ class Selects(Breaks):
             Net,
             "1KiB",
             {"time_limit": 2},
-            r"below the least this compiled step reaches",
+            r"below the least remat's partition reaches compiled",
         ),
         (Net, "1MiB", {"dynamic": True}, "dynamic=True"),
         (Net, "1MiB", {"backend": "eager"}, "backend 'eager' is not supported"),

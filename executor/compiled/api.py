@@ -297,9 +297,11 @@ def _compile(
         raise _below_least(budget, target, tries, infeasible) from infeasible.error
     if tries[-1].solver_budget is None:
         raise CompileError(
-            f"budget {budget} ({target} B) is below the least this compiled step reaches: its "
-            f"least-peak schedule measured {tries[-1].measured} B "
-            f"({human_bytes(tries[-1].measured)}): raise the budget or use 'min'"
+            f"budget {budget} ({target} B) is below the least remat's partition reaches "
+            f"compiled: its least-peak schedule measured {tries[-1].measured} B "
+            f"({human_bytes(tries[-1].measured)}): raise the budget, use 'min', or compile "
+            "without remat (torch's partition can measure lower where inductor's layout or "
+            "fusion choices differ from remat's model)"
         )
     raise CompileError(
         f"budget {budget} ({target} B): after {len(tries)} compiles the compiled step still "
@@ -355,6 +357,8 @@ def _below_least(budget: object, target: int | None, tries: list[Try], e: _Infea
             more = max(t.measured - t.predicted for t in tries)
             hint += f", about {least + more} B measured ({human_bytes(least + more)})"
     return CompileError(
-        f"budget {budget} ({target} B) is below the least this compiled step reaches{hint}: "
-        "raise the budget or use 'min'"
+        f"budget {budget} ({target} B) is below the least remat's partition reaches "
+        f"compiled{hint}: raise the budget, use 'min', or compile without remat (torch's "
+        "partition can measure lower where inductor's layout or fusion choices differ from "
+        "remat's model)"
     )
