@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from test_compile_partition import SOLVED, Net, assert_equal_steps, sgd_steps
 from torch import nn
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.debugging import boxed_nop
@@ -24,7 +25,6 @@ import executor
 from executor.compiled import api
 from executor.compiled.joint_dag import joint_dag
 from executor.compiled.partitioner import RematPartitioner
-from tests.test_compile_partition import SOLVED, Net, assert_equal_steps, sgd_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
