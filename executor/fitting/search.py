@@ -54,7 +54,7 @@ from solver.fitting.result import (
 )
 from solver.fitting.search import FitResult, confirmed, largest_fitting
 from solver.interrupt import first_sigint_stops
-from solver.target import Device
+from solver.target import BACKENDS, Device, nccl_communicators
 
 SEARCH_SHARE = 0.6
 """The share of the time left that a search gets; the rest is for the confirming captures, the
@@ -136,7 +136,8 @@ def fit(
         if target is None:
             raise ValueError("memory=None needs a target (the device whose usable memory it is)")
         device = resolve_target(target)
-        nccl = int(world_size > 1 and (fsdp or {}).get("backend", "nccl") == "nccl")
+        backend = str((fsdp or {}).get("backend", BACKENDS[0]))
+        nccl = nccl_communicators(backend) if world_size > 1 else 0
         memory = device.usable(nccl)
         memory_note = f"memory: {device.name}'s {device.describe_usable(nccl)}"
     memory = _memory_bytes(memory)

@@ -10,7 +10,14 @@ from solver.target.devices import (
     load_device,
     op_key,
 )
-from solver.target.fsdp import FsdpMemory, FsdpPolicy, Moment, fsdp_memory
+from solver.target.fsdp import (
+    BACKENDS,
+    FsdpMemory,
+    FsdpPolicy,
+    Moment,
+    fsdp_memory,
+    nccl_communicators,
+)
 from solver.target.rank_peak import (
     RankPeak,
     StepWindows,
@@ -20,6 +27,7 @@ from solver.target.rank_peak import (
 )
 
 __all__ = [
+    "BACKENDS",
     "BUILT_IN",
     "TARGET_NAMES",
     "Device",
@@ -34,6 +42,7 @@ __all__ = [
     "builtin_device",
     "fsdp_memory",
     "load_device",
+    "nccl_communicators",
     "op_key",
     "predict_peak",
 ]

@@ -69,6 +69,15 @@ DTYPE_BYTES = {
 }
 OPTIMIZERS = ("adamw", "sgd", "sgd_momentum", "none")
 BACKENDS = ("nccl", "gloo")
+"""The collectives' libraries modelled; the first is `FsdpPolicy`'s default."""
+
+
+def nccl_communicators(backend: str) -> int:
+    """NCCL communicators each rank's process holds (`Device.usable`) over ``backend``: 1 over
+    NCCL (FSDP2 gathers and reduces over one process group), 0 over gloo."""
+    return 1 if backend == "nccl" else 0
+
+
 STEP_COUNTER_BYTES = 4  # torch.optim's float32 `step` scalar per parameter
 
 
@@ -102,7 +111,7 @@ class FsdpPolicy:
     rounding: int = 1
     rank: int = 0
     step_counters_on_device: bool = False
-    backend: str = "nccl"
+    backend: str = BACKENDS[0]
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -132,9 +141,8 @@ class FsdpPolicy:
 
     @property
     def nccl_communicators(self) -> int:
-        """NCCL communicators each rank's process holds (`Device.usable`): 1 over NCCL (FSDP2
-        gathers and reduces over one process group), 0 over gloo."""
-        return 1 if self.backend == "nccl" else 0
+        """`nccl_communicators` of this policy's backend."""
+        return nccl_communicators(self.backend)
 
 
 @dataclass(frozen=True)
