@@ -13,9 +13,10 @@ from __future__ import annotations
 import copy
 
 import torch
-from gloo_ranks import on_gloo_ranks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+from benchmarks.gloo_ranks import on_gloo_ranks
 
 STEPS = 3
 

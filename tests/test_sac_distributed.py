@@ -1,4 +1,4 @@
-"""SAC plans under FSDP2 and DDP on 2 gloo ranks (CPU), spawned by `gloo_ranks`.
+"""SAC plans under FSDP2 and DDP on 2 gloo ranks (CPU), spawned by `benchmarks.gloo_ranks`.
 
 The plans are solved in the parent and saved; each rank loads them (`CheckpointPlan.load`),
 applies them, then wraps: FSDP2 around HF GPT-2 (dropout on) as torchtitan does (checkpoint
@@ -15,11 +15,11 @@ from functools import partial
 
 import pytest
 import torch
-from gloo_ranks import WORLD, on_gloo_ranks
 from sac_models import every_saveable, replanned, sum_loss, transformer
 
 import executor
 import executor.sac.plan
+from benchmarks.gloo_ranks import WORLD, on_gloo_ranks
 
 STEPS = 3
 

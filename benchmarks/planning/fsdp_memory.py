@@ -24,7 +24,6 @@ inputs and buffers (resident on both sides, not FSDP's) are added to both reside
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import os
 import tempfile
@@ -32,11 +31,10 @@ from functools import partial
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
-WORLD = 2
+from benchmarks.gloo_ranks import WORLD, on_gloo_ranks
+
 MODES = ("none", "per-block", "remat plan")
 STEPS = 3  # measured, after one
 
@@ -161,32 +159,9 @@ def live_peak(prof) -> tuple[int, int]:
     return peak, len(missed)
 
 
-def _rank(rank: int, init_file: str, out: str, args, mode: str, plan_path: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=120),
-    )
-    try:
-        result = rank_run(args, mode, plan_path, rank)
-        gc.collect()
-        torch.save(result, os.path.join(out, f"{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 def measured(args: argparse.Namespace, mode: str, plan_path: str) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
-        run = partial(_rank, args=args, mode=mode, plan_path=plan_path)
-        mp.spawn(_run_rank, args=(tmp, run), nprocs=WORLD, join=True)
-        return [torch.load(Path(tmp) / f"{r}.pt") for r in range(WORLD)]
-
-
-def _run_rank(rank: int, tmp: str, run) -> None:
-    run(rank, os.path.join(tmp, "init"), tmp)
+        return on_gloo_ranks(partial(rank_run, args, mode, plan_path), Path(tmp), timeout=120)
 
 
 def predicted(args: argparse.Namespace, mode: str, plan_path: str, rank: int):
