@@ -95,27 +95,10 @@ def compare(name: str, budget: str, steps: int, time_limit: float) -> dict:
 
 def llama8b(time_limit: float) -> dict:
     """Plan Llama-3-8B (seq 8192, bf16, meta) for h100 in this process: seconds and RSS."""
-    import transformers
-
     import executor.sac.plan as plan_module
+    from benchmarks.planning.scale_llama import build
 
-    config = transformers.LlamaConfig(
-        hidden_size=4096,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        intermediate_size=14336,
-        vocab_size=128256,
-        max_position_embeddings=8192,
-    )
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("meta"):
-            model = transformers.LlamaForCausalLM(config).train()
-    finally:
-        torch.set_default_dtype(before)
-    ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")
+    model, ids, step_kwargs = build("llama3_8b")
     solve, solving = plan_module.solve_sac, []
 
     def timed_solve(*args, **kwargs):
@@ -128,7 +111,7 @@ def llama8b(time_limit: float) -> dict:
         model,
         (ids,),
         "60%",
-        example_kwargs={"labels": ids, "use_cache": False},
+        example_kwargs=step_kwargs,
         target="h100",
         time_limit=time_limit,
     )
