@@ -15,6 +15,7 @@ from collections import Counter
 
 import pytest
 import torch
+from deadline_checks import assert_solves_share_the_calls_deadline
 from torch import nn
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
@@ -23,7 +24,6 @@ import solver
 from executor.compiled.emit import COMPUTE
 from executor.compiled.joint_dag import END
 from executor.compiled.partitioner import RematPartitioner
-from solver.deadline import Deadline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -179,27 +179,13 @@ def test_graphs_compute_exactly_what_the_schedule_says(least):
 
 
 def test_every_solve_gets_the_calls_one_deadline_and_stop(monkeypatch):
-    """Every solve's deadline is the call's own (the first `Deadline.after` of the call, the
-    one holding its Ctrl-C `Stop`) or a share of it: compared as instants, not timed."""
-    deadlines, made = [], []
-    solve, after = solver.solve, Deadline.after.__func__
-
-    def recording(*args, **kwargs):
-        deadlines.append(kwargs.get("deadline"))
-        return solve(*args, **kwargs)
-
-    def made_after(cls, seconds: float, stop=None) -> Deadline:
-        made.append(after(cls, seconds, stop))
-        return made[-1]
-
-    monkeypatch.setattr(solver, "solve", recording)
-    monkeypatch.setattr(Deadline, "after", classmethod(made_after))
+    """Every solve's deadline is the call's own or a share of it (`deadline_checks`)."""
     x = torch.randn(16, 32)
-    executor.compile(Net(layers=1), "1MiB", example_inputs=(x,), **FAST)
-    assert deadlines, "a solve ran"
-    call = made[0]
-    assert call.stop is not None and all(d.stop is call.stop for d in deadlines)  # one Ctrl-C
-    assert all(d.at <= call.at for d in deadlines)  # none gets time past the call's limit
+    assert_solves_share_the_calls_deadline(
+        monkeypatch,
+        solver,
+        lambda: executor.compile(Net(layers=1), "1MiB", example_inputs=(x,), **FAST),
+    )
 
 
 @pytest.mark.parametrize(

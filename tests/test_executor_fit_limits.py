@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from deadline_checks import assert_solves_share_the_calls_deadline
 from test_executor_fit import MEMORY, attention, blocks
 from torch import nn
 
@@ -18,7 +19,6 @@ import executor
 import solver.fitting.search
 from executor.fitting.graphs import SizedGraphs
 from executor.fitting.memory import TrainingStep
-from solver.deadline import Deadline
 from solver.fitting.search import per_block_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,26 +36,12 @@ def python_handles_sigint():
 
 
 def test_every_solve_in_a_fit_gets_the_fits_one_deadline_and_stop(monkeypatch):
-    """Every solve's deadline is the fit's own (the first `Deadline.after` of the call, the
-    one holding its Ctrl-C `Stop`) or a share of it: compared as instants, not timed."""
-    deadlines, made = [], []
-    solve, after = solver.fitting.search.solve, Deadline.after.__func__
-
-    def recording(*args, **kwargs):
-        deadlines.append(kwargs.get("deadline"))
-        return solve(*args, **kwargs)
-
-    def made_after(cls, seconds: float, stop=None) -> Deadline:
-        made.append(after(cls, seconds, stop))
-        return made[-1]
-
-    monkeypatch.setattr(solver.fitting.search, "solve", recording)
-    monkeypatch.setattr(Deadline, "after", classmethod(made_after))
-    executor.fit(attention, ATTENTION_MEMORY, dim="seq", time_limit=20, run=False)
-    assert deadlines and all(d is not None for d in deadlines)
-    fits = made[0]
-    assert fits.stop is not None and all(d.stop is fits.stop for d in deadlines)  # one Ctrl-C
-    assert all(d.at <= fits.at for d in deadlines)  # none gets time past the fit's limit
+    """Every solve's deadline is the fit's own or a share of it (`deadline_checks`)."""
+    assert_solves_share_the_calls_deadline(
+        monkeypatch,
+        solver.fitting.search,
+        lambda: executor.fit(attention, ATTENTION_MEMORY, dim="seq", time_limit=20, run=False),
+    )
 
 
 def at_seq_8(then):
