@@ -47,7 +47,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["conv_backward_workspace", "conv_workspace", "operand_bound"]
+__all__ = ["conv_backward_workspace", "conv_workspace", "operand_bound", "tensor_bytes"]
 
 SIMD = 16
 """oneDNN's channel block for float32 on AVX-512."""
@@ -69,15 +69,16 @@ def _pad(channels: int, block: int = SIMD) -> int:
     return -(-channels // block) * block
 
 
-def _nbytes(t: object) -> int:
+def tensor_bytes(t: object) -> int:
+    """Bytes of `t`'s elements where it is a tensor (its view, not its storage), else 0."""
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
 def _blocked(t: torch.Tensor, block: int = SIMD) -> int:
     """Bytes of activation `t` with its channels (dim 1) padded to `block`."""
     if t.dim() < 3 or t.shape[1] < 8:
-        return _nbytes(t)
-    return _nbytes(t) // t.shape[1] * _pad(t.shape[1], block)
+        return tensor_bytes(t)
+    return tensor_bytes(t) // t.shape[1] * _pad(t.shape[1], block)
 
 
 def operand_bound(args: tuple, kwargs: dict, out: Any, backward: bool) -> int:
@@ -86,11 +87,11 @@ def operand_bound(args: tuple, kwargs: dict, out: Any, backward: bool) -> int:
     `SCRATCHPAD_BYTES`."""
     if not backward:
         outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        operands = _blocked(args[0]) + _nbytes(args[1]) + sum(_blocked(t) for t in outs)
+        operands = _blocked(args[0]) + tensor_bytes(args[1]) + sum(_blocked(t) for t in outs)
         return operands + SCRATCHPAD_BYTES
     grad, x, weight = args[:3]
     mask = _mask(args, kwargs)
-    operands = _blocked(grad) + _blocked(x) + _nbytes(weight) + (_blocked(x) if mask[0] else 0)
+    operands = _blocked(grad) + _blocked(x) + tensor_bytes(weight) + (_blocked(x) if mask[0] else 0)
     return operands + SCRATCHPAD_BYTES
 
 
@@ -113,7 +114,7 @@ def _channels_last(t: torch.Tensor) -> bool:
 def _copies(*tensors: torch.Tensor) -> int:
     """Bytes of the contiguous copies ``_convolution`` and ``convolution_backward`` make of
     their non-contiguous operands, held for the whole call."""
-    return sum(_nbytes(t) for t in tensors if not t.is_contiguous())
+    return sum(tensor_bytes(t) for t in tensors if not t.is_contiguous())
 
 
 def _shape(x: torch.Tensor, w: torch.Tensor, params: list) -> tuple | None:
@@ -226,7 +227,7 @@ def conv_backward_workspace(args: tuple, kwargs: dict, out: Any) -> int:
     if backend != "Mkldnn" or not _modelled(c, o, groups, k) or (depthwise and k > 9 and mask[2]):
         return operand_bound(args, kwargs, out, backward=True)
     stride = params[0]
-    x_bytes, w_bytes, gy = n * c * hw * 4, _nbytes(w), n * o * ohw * 4
+    x_bytes, w_bytes, gy = n * c * hw * 4, tensor_bytes(w), n * o * ohw * 4
     gx = x_bytes if mask[0] else 0
     phases = [0]
     if mask[0] and any(s > 1 for s in stride) and not depthwise:

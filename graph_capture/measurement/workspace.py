@@ -44,7 +44,11 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from graph_capture.measurement.conv_workspace import conv_backward_workspace, conv_workspace
+from graph_capture.measurement.conv_workspace import (
+    conv_backward_workspace,
+    conv_workspace,
+    tensor_bytes,
+)
 from graph_capture.measurement.roofline import target_key
 from solver.target import Device
 
@@ -66,12 +70,8 @@ def workspace_bytes(
     return 0
 
 
-def _nbytes(t: object) -> int:
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-
-
 def _outputs(out: Any) -> int:
-    return sum(_nbytes(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+    return sum(tensor_bytes(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
 
 
 def _batch_norm(statistics: int) -> Callable[[tuple, dict, Any], int]:
@@ -99,7 +99,7 @@ def _indices(position: int) -> Callable[[tuple, dict, Any], int]:
 
 
 def _first_input(args: tuple, kwargs: dict, out: Any) -> int:
-    return _nbytes(args[0])
+    return tensor_bytes(args[0])
 
 
 _CPU: dict[Any, Callable[[tuple, dict, Any], int]] = {
