@@ -393,3 +393,42 @@ def test_inductor_holds_the_budget_and_keeps_recomputes():
     emitted = _targets(region.partition.backward)[erf]
     assert emitted > 4, "the backward recomputes GELUs"
     assert counts.graphs[-1][erf] == emitted, "inductor's passes keep every recompute"
+
+
+class SetsStateOnFirstCall(Net):
+    """Sets a Python attribute on its first call, as a Hugging Face classification loss sets
+    ``config.problem_type``: dynamo guards on it, so the second step recompiles the same
+    graph."""
+
+    def __init__(self) -> None:
+        super().__init__(layers=2)
+        self.problem_type: str | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.problem_type is None:
+            self.problem_type = "regression"
+        return super().forward(x)
+
+
+def test_a_recompile_of_the_same_graph_takes_its_solved_schedule(monkeypatch):
+    """The measured step runs a recompile of the first step's joint graph: it gets the
+    schedule already solved (one solve, one region, the plan predicted is that schedule's)
+    and stays bit-identical to eager."""
+    solves = []
+    solve = RematPartitioner._solve
+
+    def counted(self, dag, *args):
+        solves.append(dag.number_of_nodes())
+        return solve(self, dag, *args)
+
+    monkeypatch.setattr(RematPartitioner, "_solve", counted)
+    torch.manual_seed(0)
+    net, x = SetsStateOnFirstCall().train(), torch.randn(16, 32)
+    eager = copy.deepcopy(net)
+    torch._dynamo.utils.counters.clear()
+    cm = executor.compile(net, "min", example_inputs=(x,), **FAST)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # it did recompile
+    assert len(solves) == len(cm.remat.tries)  # one solve per try, none for the recompile
+    (region,) = cm.remat.regions
+    assert cm.remat.tries[-1].predicted == region.schedule.peak
+    assert_equal_steps(sgd_steps(net, cm, x), sgd_steps(eager, eager, x))

@@ -237,9 +237,9 @@ def _compile(
     attempted: list[int | str] = []  # the solver budgets of the loop's compiles
     infeasible: _Infeasible | None = None  # the last compile's solve, below the least
     for attempt in range(max_compiles):
-        solves = deadline.within(
-            _solve_seconds(deadline.remaining(), max_compiles - attempt, steps.rest())
-        )
+        # "min" returns its first measured compile: its solves may take that compile's share
+        left = 1 if minimum else max_compiles - attempt
+        solves = deadline.within(_solve_seconds(deadline.remaining(), left, steps.rest()))
         attempted.append(solver_budget)
         partitioner = RematPartitioner(
             solver_budget, solves, replay_rng=name == "aot_eager", fuse=name == "inductor"
@@ -263,7 +263,7 @@ def _compile(
                 break
             continue
         infeasible = None
-        predicted = sum(r.schedule.peak for r in partitioner.regions)
+        predicted = max(r.schedule.peak for r in partitioner.regions)
         seconds = time.perf_counter() - started
         tries.append(
             Try(

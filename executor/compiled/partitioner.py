@@ -31,6 +31,12 @@ __all__ = ["RegionPlan", "RematPartitioner", "backend"]
 
 BACKENDS = ("inductor", "aot_eager")
 
+LAYOUT = {"layout_optimization": False}
+"""Inductor options remat's partition compiles with unless ``options`` say otherwise: the
+solver's model holds the model's own layouts. With inductor's layout optimization (channels-
+last convolutions on CPU) its layout copies are outside the model: on ResNet-18 the plain
+compiled step peaks 27 MiB above the same step without it (docs/compile.md)."""
+
 
 @dataclass
 class RegionPlan:
@@ -67,6 +73,9 @@ class RematPartitioner(CustomPartitionerFn):
         self.fuse = fuse
         self.deadline = deadline
         self.regions: list[RegionPlan] = []
+        # a recompile of the same joint graph (a guard on Python state the first step changed,
+        # e.g. a Hugging Face config's problem_type) takes the schedule solved for it
+        self._solved: dict[tuple[str, str, str], solver.Schedule] = {}
         self.solve_seconds = 0.0  # wall seconds in the solver, all regions
         self.cut_short = False  # a solve ended at its deadline before proving its schedule
         self._token = uuid.uuid4().hex  # one plan per instance: no compile cache is shared
@@ -90,7 +99,12 @@ class RematPartitioner(CustomPartitionerFn):
         for v in once:
             dag.nodes[v]["cost"] = float(dag.nodes[v]["cost"]) + penalty
         total = sum(float(dag.nodes[v]["cost"]) for v in dag.nodes)
-        schedule = self._solve(dag, (total + penalty / 2) / total if once else None)
+        problem = solver.prepare(dag)
+        key = (problem.fingerprint, problem.cost_fingerprint, str(sorted(joint.members.items())))
+        schedule = self._solved.get(key)
+        if schedule is None:
+            schedule = self._solve(dag, (total + penalty / 2) / total if once else None)
+            self._solved[key] = schedule
         computes: dict = {}
         for kind, v in schedule.ops:
             if kind == "compute":
@@ -110,7 +124,8 @@ class RematPartitioner(CustomPartitionerFn):
         nodes = {n.name: n for n in gm.graph.nodes}
         ops = {v: [str(nodes[m].target) for m in names] for v, names in joint.members.items()}
         cost = schedule.cost - penalty * len(once)
-        self.regions.append(RegionPlan(dag, schedule, cut, cost, ops))
+        plan = RegionPlan(dag, schedule, cut, cost, ops)
+        self.regions = [r for r in self.regions if r.schedule is not schedule] + [plan]
         return cut.forward, cut.backward
 
     def _replays(self, dag: nx.DiGraph, v: str) -> bool:
@@ -170,7 +185,7 @@ def backend(name: str, partitioner: RematPartitioner, options: dict[str, Any]) -
     if name == "inductor":
         from torch._inductor.compile_fx import compile_fx
 
-        patches = {**options, "custom_partitioner_fn": partitioner}
+        patches = {**LAYOUT, **options, "custom_partitioner_fn": partitioner}
         return functools.partial(compile_fx, config_patches=patches)
     if name == "aot_eager":
         if options:
