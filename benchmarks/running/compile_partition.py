@@ -67,14 +67,19 @@ def grads(model, call, inputs, seed: int = 0) -> list[torch.Tensor]:
     return out
 
 
-def knapsack(model, inputs, ratio: float):
-    """(peak bytes, the compiled call) of torch's partition at ``activation_memory_budget``."""
+def knapsack(model, inputs, ratio: float, layout: bool = True):
+    """(peak bytes, the compiled call) of torch's partition at ``activation_memory_budget``;
+    ``layout``: inductor's layout optimization as torch's default (on), else off, as
+    remat's partition compiles (`executor.compiled.partitioner.LAYOUT`)."""
     call = torch.compile(fresh_call(model), fullgraph=True, dynamic=False)
-    with torch._functorch.config.patch(activation_memory_budget=ratio):
+    with (
+        torch._functorch.config.patch(activation_memory_budget=ratio),
+        torch._inductor.config.patch(layout_optimization=layout),
+    ):
         return measure(model, call, inputs), call
 
 
-def run(name: str, ratios: list[float], time_limit: float, rounds: int) -> None:
+def run(name: str, ratios: list[float], time_limit: float, rounds: int, layouts: bool) -> None:
     torch.manual_seed(0)
     model, inputs = ZOO[name]()
     mib = 2**20
@@ -83,6 +88,10 @@ def run(name: str, ratios: list[float], time_limit: float, rounds: int) -> None:
         sweep[ratio], call = knapsack(model, inputs, ratio)
         steps[f"knapsack {ratio:.1f}"] = (model, call)
         print(f"{name} knapsack {ratio:.1f}: {sweep[ratio] / mib:.2f} MiB", flush=True)
+    if layouts:
+        for ratio in ratios:
+            peak = knapsack(model, inputs, ratio, layout=False)[0]
+            print(f"{name} knapsack {ratio:.1f}, layout optimization off: {peak / mib:.2f} MiB")
     plain_peak = sweep[1.0] if 1.0 in sweep else knapsack(model, inputs, 1.0)[0]
     plain = torch.compile(fresh_call(model), fullgraph=True, dynamic=False)
     plain_grads = grads(model, plain, inputs)
@@ -177,6 +186,11 @@ def main() -> None:
         help="seconds per executor.compile call, its compiles and measurements included",
     )
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
+    parser.add_argument(
+        "--layouts",
+        action="store_true",
+        help="also sweep the knapsack with inductor's layout optimization off (peaks only)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     import logging
@@ -185,7 +199,7 @@ def main() -> None:
 
     torch._dynamo.config.ignore_logging_functions.add(logging.Logger.warning_once)
     for name in args.models:
-        run(name, args.ratios, args.time_limit, args.rounds)
+        run(name, args.ratios, args.time_limit, args.rounds, args.layouts)
 
 
 if __name__ == "__main__":
