@@ -1,7 +1,8 @@
-"""executor.compile's model of inductor's fusion (`joint_dag.fuse_groups`): a pointwise chain
-becomes one DAG node holding only the values read outside it, and graphs emitted from fused
-nodes stay bit-identical to eager under aot_eager. Where the model misses, the measured loop's
-steps grow until the budget holds."""
+"""executor.compile's model of inductor's fusion (`joint_dag.fuse_groups`, `inline_reads`): a
+pointwise chain becomes one DAG node holding only the values read outside it, a backward
+kernel computes the forward chains it reads again inside it, and graphs emitted from fused
+and inlined nodes stay bit-identical to eager under aot_eager. Where the model misses, the
+measured loop's steps grow until the budget holds."""
 
 from __future__ import annotations
 
@@ -72,21 +73,27 @@ def _node_of(gm: torch.fx.GraphModule, joint, target, phase: str) -> str:
     )
 
 
-def test_a_gelu_chain_is_one_node_holding_its_read_values():
+def test_a_gelu_chain_is_one_node_and_its_backward_recomputes_it_inside():
+    """Inductor's joint graph of a tanh GELU between two linears: fused, the forward chain is
+    one node holding only its output (what the next linear and its weight gradient read); the
+    backward chain computes the forward's tanh and ``1 + tanh`` again inside its own kernel,
+    so it reads the first linear's output, not the forward chain's values."""
     net = nn.Sequential(nn.Linear(16, 64), TanhGelu(), nn.Linear(64, 16))
-    gm = _joint(net, torch.randn(8, 16))
+    gm = _joint(net, torch.randn(8, 16), inductor=True)
     plain, fused = joint_dag(gm), joint_dag(gm, fuse=True)
     aten = torch.ops.aten
     value = 8 * 64 * 4  # bytes of one (8, 64) float32 value
     pow_node = _node_of(gm, plain, aten.pow.Tensor_Scalar, "forward")
     assert plain.dag.nodes[pow_node]["mem"] == value  # unfused: the cube is a value
-    tanh = _node_of(gm, fused, aten.tanh.default, "forward")
-    assert _node_of(gm, fused, aten.pow.Tensor_Scalar, "forward") == tanh
-    assert len(fused.members[tanh]) >= 5  # pow, mul, add, mul, tanh: one kernel
-    assert fused.dag.nodes[tanh]["mem"] == value  # only the tanh, which the backward reads
-    assert fused.dag.nodes[tanh]["transient"] == 0
-    chain = _node_of(gm, fused, aten.tanh_backward.default, "backward")
-    assert _node_of(gm, fused, aten.pow.Tensor_Scalar, "backward") == chain
+    gelu = _node_of(gm, fused, aten.tanh.default, "forward")
+    assert _node_of(gm, fused, aten.pow.Tensor_Scalar, "forward") == gelu
+    assert len(fused.members[gelu]) >= 8  # pow, mul, add, mul, tanh, add, mul, mul: one kernel
+    assert fused.dag.nodes[gelu]["mem"] == value and fused.dag.nodes[gelu]["transient"] == 0
+    up = _node_of(gm, fused, aten.addmm.default, "forward")
+    (chain,) = fused.inlined
+    nodes = {n.name: n for n in gm.graph.nodes}
+    assert aten.tanh.default in {nodes[m].target for m in fused.inlined[chain]}
+    assert up in fused.dag.predecessors(chain) and gelu not in fused.dag.predecessors(chain)
     assert fused.dag.number_of_nodes() < plain.dag.number_of_nodes() * 0.6
 
 
@@ -141,6 +148,7 @@ def test_fused_nodes_emit_graphs_bit_identical_to_eager(monkeypatch):
     eager = copy.deepcopy(net)
     cm = executor.compile(net, "min", example_inputs=(x,), **SOLVED)
     (region,) = cm.remat.regions
+    assert region.inlined, "the backward recomputes forward chains inside its kernels"
     assert region.partition.recomputes, "the least-peak plan recomputes fused nodes"
     assert max(len(m) for m in region.member_ops.values()) >= 5
     assert_equal_steps(sgd_steps(net, cm, x), sgd_steps(eager, eager, x))

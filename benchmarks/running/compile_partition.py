@@ -3,14 +3,15 @@ knapsack (`activation_memory_budget`) and a SAC plan compiled: measured peaks an
 
     python -m benchmarks.running.compile_partition [--models gpt2_4 resnet18] [--ratios 0 0.5 1]
 
-Per model: the plain compiled step (torch's partition, budget 1.0); the knapsack sweep; remat's
-least budget that fits ("min") and three budgets between it and the plain peak, each with its
-measured peak, step time, the fastest knapsack setting that fits and the time ratio; gradients
-against the plain compiled model (allclose, rtol 1e-5) and, under aot_eager at the middle
-budget, against eager (torch.equal); the SAC plan at the middle budget, compiled. Peaks print
-as they are measured (partial output survives a timeout); step times are medians over
-``--rounds`` rounds run at the end, each round timing every compiled step once, so that load
-from other processes falls on all of them alike.
+Per model: the plain compiled step (torch's partition, budget 1.0); the knapsack sweep (with
+``--layouts`` also with inductor's layout optimization off); remat's least budget that fits
+("min") and three budgets between it and the plain peak, each with its measured peak, step
+time, the fastest knapsack setting that fits and the time ratio; gradients against the plain
+compiled model under remat's inductor options (allclose, rtol 1e-5) and, under aot_eager at
+the middle budget, against eager (torch.equal); the SAC plan at the middle budget, compiled.
+Peaks print as they are measured (partial output survives a timeout); step times are medians
+over ``--rounds`` rounds run at the end, each round timing every compiled step once, so that
+load from other processes falls on all of them alike.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 import executor
 from benchmarks.zoo import ZOO
+from executor.compiled.partitioner import LAYOUT
 from executor.compiled.step import fresh_call
 from graph_capture.measurement.peak import Snapshot, measure_peak
 
@@ -93,7 +95,8 @@ def run(name: str, ratios: list[float], time_limit: float, rounds: int, layouts:
             peak = knapsack(model, inputs, ratio, layout=False)[0]
             print(f"{name} knapsack {ratio:.1f}, layout optimization off: {peak / mib:.2f} MiB")
     plain_peak = sweep[1.0] if 1.0 in sweep else knapsack(model, inputs, 1.0)[0]
-    plain = torch.compile(fresh_call(model), fullgraph=True, dynamic=False)
+    # the reference: torch's partition compiled with the options remat's partition adds
+    plain = torch.compile(fresh_call(model), fullgraph=True, dynamic=False, options=LAYOUT)
     plain_grads = grads(model, plain, inputs)
     try:
         least = executor.compile(model, "min", example_inputs=inputs, time_limit=time_limit)

@@ -19,10 +19,9 @@ is one copy of its DAG node's fx nodes in the forward or the backward graph.
 
 from __future__ import annotations
 
-import functools
 import operator
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -113,6 +112,24 @@ def _forward_tuple(
     )
 
 
+def _local_first(
+    local: dict[str, torch.fx.Node],
+    read: Callable[..., torch.fx.Node],
+    reader: torch.fx.Node,
+    in_backward: bool,
+    by: Compute,
+) -> Callable[[str], torch.fx.Node]:
+    """A name's copy for ``reader``: this compute's own copy of an inlined node, else the
+    environment's (``read``)."""
+
+    def lookup(name: str) -> torch.fx.Node:
+        if name in local:
+            return local[name]
+        return read(name, reader=reader, in_backward=in_backward, by=by)
+
+    return lookup
+
+
 def _split(ops: Sequence[tuple[str, Hashable]], backward: set[Hashable]) -> int:
     """Index of the first compute of a backward DAG node (len(ops) if none)."""
     for i, (kind, v) in enumerate(ops):
@@ -137,6 +154,7 @@ def partition(
     backward: set[Hashable],
     num_fwd_outputs: int,
     replay_rng: bool,
+    inlined: Mapping[Hashable, Sequence[str]] | None = None,
 ) -> Partition:
     """Forward and backward graph modules realising ``ops`` (a checked schedule of the DAG
     whose node -> fx members map is ``members``; ``backward`` its backward nodes), its dead
@@ -146,7 +164,12 @@ def partition(
     ``run_and_save_rng_state`` (the generator's state before its draw becomes a value of the
     graph, saved for the backward where a recompute is there) and each recompute under
     ``run_with_rng_state`` from that state, so it draws the same numbers and leaves the
-    generator as it was. Without it the caller must not schedule such a recompute."""
+    generator as it was. Without it the caller must not schedule such a recompute.
+
+    ``inlined``: DAG node -> fx nodes of other DAG nodes that each of its computes copies
+    first, for its own ops alone (`joint_dag.inline_reads`): its ops read those copies, and
+    freeing it or another node leaves them untouched."""
+    inlined = inlined or {}
     graph = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
     static: set[str] = set()
@@ -198,9 +221,15 @@ def partition(
         computes[v] += 1
         reads[by] = set()
         last = next(iter(reversed(graph.nodes)))
+        local: dict[str, torch.fx.Node] = {}  # this compute's copies of inlined nodes
+        for name in inlined.get(v, ()):
+            node = joint_nodes[name]
+            lookup = _local_first(local, read, node, in_backward, by)
+            local[name] = graph.node_copy(node, lambda a, lookup=lookup: lookup(a.name))
+            local[name].meta["partitioner_tag"] = "is_backward"
         for name in members.get(v, ()):
             node = joint_nodes[name]
-            lookup = functools.partial(read, reader=node, in_backward=in_backward, by=by)
+            lookup = _local_first(local, read, node, in_backward, by)
             source = node.args[0] if node.target is operator.getitem else None
             if (
                 in_backward

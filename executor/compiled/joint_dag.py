@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import networkx as nx
@@ -27,7 +28,15 @@ from graph_capture.measurement.measure import NodeMeasure, is_random
 from graph_capture.measurement.roofline import cpu_device, op_flops, op_seconds
 from graph_capture.trace.fx_nodes import describe_op, phase_of
 
-__all__ = ["END", "JointDag", "fuse_groups", "joint_dag", "runs_once", "tangent_bytes"]
+__all__ = [
+    "END",
+    "JointDag",
+    "fuse_groups",
+    "inline_reads",
+    "joint_dag",
+    "runs_once",
+    "tangent_bytes",
+]
 
 END = "__step_end__"
 """The DAG's last node: it reads every graph output (the forward's outputs, the gradients),
@@ -38,10 +47,13 @@ the end of the step."""
 @dataclass
 class JointDag:
     """``dag``: the solver's graph (attributes of `graph_capture.dag.build_dag`; random nodes
-    flagged ``once``); ``members``: DAG node -> its fx node names in graph order."""
+    flagged ``once``); ``members``: DAG node -> its fx node names in graph order;
+    ``inlined``: backward DAG node -> fx nodes of the forward it computes again inside its own
+    kernel, in graph order (`inline_reads`), each compute of it making its own copies."""
 
     dag: nx.DiGraph
     members: dict[str, list[str]]
+    inlined: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
 
 def _tensors(value: object) -> list[torch.Tensor]:
@@ -197,14 +209,20 @@ def _fusible(node: torch.fx.Node) -> bool:
 
 
 def fuse_groups(
-    gm: torch.fx.GraphModule, group: dict[str, str], measures: dict[str, NodeMeasure]
+    gm: torch.fx.GraphModule,
+    group: dict[str, str],
+    measures: dict[str, NodeMeasure],
+    inlined: Mapping[str, Collection[str]] | None = None,
 ) -> tuple[dict[str, str], dict[str, NodeMeasure]]:
     """Inductor's fusion on capture's groups: a group of fusible ops (`_fusible`) whose every
     reader outside it lies in one other group, of fusible ops in the same phase, joins that
     group, as inductor computes it inside the reader's kernel and never materializes it. The
     storages its ops create then hold 0 bytes. Groups merge from the graph's end, so a
-    pointwise chain (a GELU's eight ops) becomes one group holding its last value. Returns the
-    new (group, measures); a graph output's group stays its own."""
+    pointwise chain (a GELU's eight ops) becomes one group holding its last value.
+    ``inlined``: reader fx node -> the fx nodes it computes again itself (`inline_reads`):
+    those reads are not reads of the producer's value. Returns the new (group, measures); a
+    graph output's group stays its own."""
+    inlined = inlined or {}
     nodes = {n.name: n for n in gm.graph.nodes}
     members: dict[str, list[str]] = {}
     for name, g in group.items():
@@ -220,7 +238,8 @@ def fuse_groups(
             user.name if user.op == "output" else into[user.name]
             for m in members[g]
             for user in nodes[m].users
-            if user.op == "output" or into[user.name] != into[m]
+            if user.op == "output"
+            or (into[user.name] != into[m] and m not in inlined.get(user.name, ()))
         }
         if len(readers) != 1:
             continue
@@ -242,6 +261,80 @@ def fuse_groups(
     return into, zeroed
 
 
+def _pointwise(node: torch.fx.Node) -> bool:
+    """A fusible op whose output has its inputs' size (no reduction): recomputing it from its
+    inputs inside a reader's kernel reads no more than holding it would."""
+    return _fusible(node) and node.target not in _REDUCTIONS
+
+
+def inline_reads(gm: torch.fx.GraphModule, group: dict[str, str]) -> dict[str, list[str]]:
+    """Per backward group of fusible ops (`_fusible`): the forward groups it reads that it
+    computes again inside its own kernel, as inductor's own partition does (a GELU's backward
+    recomputes the tanh, ``1 + tanh`` and ``0.5 * x`` from ``x``), as fx names in graph order.
+
+    A forward group is inlined where all its ops are pointwise (`_pointwise`), it is no graph
+    output, and each value it reads from outside is a graph input or a value of a group the
+    reader reads anyway (an inlined one included): inlining then never adds to what the reader
+    needs live, and drops the values it replaces from it."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    members: dict[str, list[str]] = {}
+    for name, g in group.items():
+        members.setdefault(g, []).append(name)
+    fusible = {g: all(_fusible(nodes[m]) for m in ms) for g, ms in members.items()}
+    outputs = {a.name for a in gm.graph.find_nodes(op="output")[0].all_input_nodes}
+    candidate = {
+        g
+        for g, ms in members.items()
+        if phase_of(nodes[g]) == "forward"
+        and all(_pointwise(nodes[m]) for m in ms)
+        and not outputs & set(ms)
+    }
+
+    def inputs(names: list[str]) -> set[str]:
+        inside = set(names)
+        return {a.name for m in names for a in nodes[m].all_input_nodes} - inside
+
+    found: dict[str, list[str]] = {}
+    for w, ms in members.items():
+        if not fusible[w] or phase_of(nodes[w]) != "backward":
+            continue
+        direct = {group[a] for a in inputs(ms) if a in group}
+        chosen = direct & candidate
+        while True:
+            keep = {
+                g
+                for g in chosen
+                if all(a not in group or group[a] in direct for a in inputs(members[g]))
+            }
+            if keep == chosen:
+                break
+            chosen = keep
+        if chosen:
+            found[w] = sorted((m for g in chosen for m in members[g]), key=list(nodes).index)
+    return found
+
+
+def _inline(
+    gm: torch.fx.GraphModule,
+    dag: nx.DiGraph,
+    members: dict[str, list[str]],
+    inlined: dict[str, list[str]],
+    measures: dict[str, NodeMeasure],
+) -> None:
+    """Rewire each DAG node of ``inlined`` (DAG node -> fx names it computes again) to read
+    what its own and its inlined ops read from outside, its cost raised by theirs."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    owner = {m: v for v, ms in members.items() for m in ms}
+    for w, names in inlined.items():
+        inside = set(members[w]) | set(names)
+        reads = {a.name for m in inside for a in nodes[m].all_input_nodes} - inside
+        dag.remove_edges_from(list(dag.in_edges(w)))
+        dag.add_edges_from((owner[a], w) for a in reads if a in owner)
+        extra = sum(measures[m].seconds for m in names)
+        dag.nodes[w]["cost"] = float(dag.nodes[w]["cost"]) + extra
+        dag.nodes[w]["time"] = float(dag.nodes[w]["time"]) + extra
+
+
 def joint_dag(gm: torch.fx.GraphModule, held_bytes: int = 0, fuse: bool = False) -> JointDag:
     """The DAG of ``gm`` (a joint forward+backward graph), costs in predicted seconds.
 
@@ -252,13 +345,24 @@ def joint_dag(gm: torch.fx.GraphModule, held_bytes: int = 0, fuse: bool = False)
     _tag_backward(gm)
     measures = _measures(gm)
     group = group_ops(gm, measures)
+    by_group: dict[str, list[str]] = {}
     if fuse:
-        group, measures = fuse_groups(gm, group, measures)
+        # which reads a fused backward kernel recomputes, then the fusion those leave
+        fused, _ = fuse_groups(gm, group, measures)
+        by_group = inline_reads(gm, fused)
+        by_reader = {r: set(by_group[w]) for r, w in fused.items() if w in by_group}
+        group, measures = fuse_groups(gm, group, measures, by_reader)
     order = op_group_order(gm, group)
     try:
         dag, members = build_dag(gm, measures, group, order, "time", held_bytes=held_bytes)
     except CaptureError as e:
         raise CompileError(f"cannot build remat's graph from the joint graph: {e}") from e
+    inlined: dict[str, list[str]] = {}
+    for w, names in by_group.items():
+        inlined.setdefault(group[w], []).extend(names)
+    position = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+    inlined = {v: sorted(set(names), key=position.__getitem__) for v, names in inlined.items()}
+    _inline(gm, dag, members, inlined, measures)
     nodes = {n.name: n for n in gm.graph.nodes}
     for v in dag.nodes:
         dag.nodes[v]["once"] = any(runs_once(nodes[m]) for m in members[v])
@@ -272,4 +376,4 @@ def joint_dag(gm: torch.fx.GraphModule, held_bytes: int = 0, fuse: bool = False)
     dag.add_edges_from((v, END) for v in outputs)
     dag.graph["order"] = [*order, END]
     members[END] = []
-    return JointDag(dag, members)
+    return JointDag(dag, members, inlined)

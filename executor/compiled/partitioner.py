@@ -42,14 +42,16 @@ compiled step peaks 27 MiB above the same step without it (docs/compile.md)."""
 class RegionPlan:
     """What the partitioner did for one compiled region: its DAG, the schedule it solved, the
     graphs (``partition.saved``: what the forward saves; ``partition.recomputes``: DAG node ->
-    extra computes), the schedule's cost with the ``once`` penalty taken out (seconds) and
-    ``member_ops``: DAG node -> the ops of its fx nodes."""
+    extra computes), the schedule's cost with the ``once`` penalty taken out (seconds),
+    ``member_ops``: DAG node -> the ops of its fx nodes, and ``inlined``: backward DAG node ->
+    the forward fx nodes it computes again inside its kernel (`joint_dag.inline_reads`)."""
 
     dag: nx.DiGraph
     schedule: solver.Schedule
     partition: Partition
     cost: float
     member_ops: dict[str, list[str]]
+    inlined: dict[str, list[str]]
 
 
 class RematPartitioner(CustomPartitionerFn):
@@ -117,14 +119,22 @@ class RematPartitioner(CustomPartitionerFn):
                 "once: raise the budget"
             )
         backward = {v for v in dag.nodes if dag.nodes[v]["backward"]}
-        cut = partition(gm, schedule.ops, joint.members, backward, num_fwd_outputs, self.replay_rng)
+        cut = partition(
+            gm,
+            schedule.ops,
+            joint.members,
+            backward,
+            num_fwd_outputs,
+            self.replay_rng,
+            joint.inlined,
+        )
         for module in (cut.forward, cut.backward):
             module.graph.eliminate_dead_code()
             module.recompile()
         nodes = {n.name: n for n in gm.graph.nodes}
         ops = {v: [str(nodes[m].target) for m in names] for v, names in joint.members.items()}
         cost = schedule.cost - penalty * len(once)
-        plan = RegionPlan(dag, schedule, cut, cost, ops)
+        plan = RegionPlan(dag, schedule, cut, cost, ops, joint.inlined)
         self.regions = [r for r in self.regions if r.schedule is not schedule] + [plan]
         return cut.forward, cut.backward
 
