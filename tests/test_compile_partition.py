@@ -23,7 +23,7 @@ import executor
 import solver
 from executor.compiled.emit import COMPUTE
 from executor.compiled.joint_dag import END
-from executor.compiled.partitioner import RematPartitioner
+from executor.compiled.partitioner import RematPartitioner, backend
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -432,3 +432,14 @@ def test_a_recompile_of_the_same_graph_takes_its_solved_schedule(monkeypatch):
     (region,) = cm.remat.regions
     assert cm.remat.tries[-1].predicted == region.schedule.peak
     assert_equal_steps(sgd_steps(net, cm, x), sgd_steps(eager, eager, x))
+
+
+def test_inductor_compiles_remats_partition_without_layout_optimization_unless_asked():
+    """Inductor's layout optimization is outside remat's model: off by default, the user's
+    option wins (no compile here: the patches the backend hands inductor)."""
+    partitioner = RematPartitioner("min", solver.Deadline.after(1), replay_rng=False)
+    default = backend("inductor", partitioner, {}).keywords["config_patches"]
+    asked = backend("inductor", partitioner, {"layout_optimization": True})
+    assert default["layout_optimization"] is False
+    assert default["custom_partitioner_fn"] is partitioner
+    assert asked.keywords["config_patches"]["layout_optimization"] is True
