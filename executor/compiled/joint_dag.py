@@ -277,6 +277,7 @@ def inline_reads(gm: torch.fx.GraphModule, group: dict[str, str]) -> dict[str, l
     reader reads anyway (an inlined one included): inlining then never adds to what the reader
     needs live, and drops the values it replaces from it."""
     nodes = {n.name: n for n in gm.graph.nodes}
+    position = {name: i for i, name in enumerate(nodes)}
     members: dict[str, list[str]] = {}
     for name, g in group.items():
         members.setdefault(g, []).append(name)
@@ -310,7 +311,7 @@ def inline_reads(gm: torch.fx.GraphModule, group: dict[str, str]) -> dict[str, l
                 break
             chosen = keep
         if chosen:
-            found[w] = sorted((m for g in chosen for m in members[g]), key=list(nodes).index)
+            found[w] = sorted((m for g in chosen for m in members[g]), key=position.__getitem__)
     return found
 
 
