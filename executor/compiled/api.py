@@ -10,7 +10,8 @@ percentage's basis included).
 NOTE [one deadline]: ``time_limit`` bounds the whole call, compiles and measurements included,
 as `solver.solve`'s does: one `Deadline` (with the first Ctrl-C's `Stop`) is made at the call.
 The solves of each compile end by an equal share of the time left among the compiles left,
-less what the rest of that compile and its measurement are expected to take (`_solve_seconds`);
+less what the rest of that compile and its measurement are expected to take (`_solve_seconds`;
+"min" compiles once and solves as the first of two compiles would);
 each compile starts only where the time left holds what the compiles before it took beyond
 their solves (`expected_seconds`), each measurement only where it holds the measurements before
 it. The model returned has its peak measured within the budget, its solves cut short by the
