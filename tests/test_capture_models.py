@@ -17,6 +17,7 @@ from graph_capture.measurement.accounting import (
     expected_graph_saved_bytes,
     graph_saved_bytes,
 )
+from graph_capture.measurement.measure import is_random
 from graph_capture.models.demo_models import Block, TinyUNet
 from graph_capture.trace.lifted import LiftedConstant
 from solver import prepare
@@ -361,3 +362,17 @@ def test_keyword_inputs_follow_the_positional_ones() -> None:
     )
     assert torch.equal(result.outputs[0], outputs[0])
     assert all(torch.equal(result.param_grads[n], g) for n, g in grads.items())
+
+
+def test_an_attention_kernel_without_dropout_draws_nothing() -> None:
+    """The attention kernels carry the nondeterministic_seeded tag for their dropout: with
+    ``dropout_p`` 0 (given or by default) they draw nothing and may be recomputed."""
+    graph = torch.fx.Graph()
+    q = graph.placeholder("q")
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    without = graph.call_function(flash, (q, q, q, 0.0))
+    default = graph.call_function(flash, (q, q, q))
+    dropping = graph.call_function(flash, (q, q, q), {"dropout_p": 0.1})
+    dropout = graph.call_function(torch.ops.aten.native_dropout.default, (q, 0.1, True))
+    assert not is_random(without) and not is_random(default)
+    assert is_random(dropping) and is_random(dropout)

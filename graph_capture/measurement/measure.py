@@ -84,9 +84,22 @@ def storages_of(value: object, rounding: int = 1) -> dict[StorageKey, int]:
 
 
 def is_random(node: torch.fx.Node) -> bool:
-    """True when the node's op draws from the RNG (dropout, rand*, bernoulli, ...)."""
+    """True when the node's op draws from the RNG (dropout, rand*, bernoulli, ...); an op with
+    a ``dropout_p`` argument (the attention kernels) draws only where it is not 0."""
     tags = getattr(node.target, "tags", ())
-    return torch.Tag.nondeterministic_seeded in tags
+    return torch.Tag.nondeterministic_seeded in tags and _dropout_p(node) != 0
+
+
+def _dropout_p(node: torch.fx.Node) -> object:
+    """The node's ``dropout_p`` argument (given or its schema's default), None where its op
+    has none."""
+    schema = getattr(node.target, "_schema", None)
+    for i, argument in enumerate(schema.arguments if schema is not None else ()):
+        if argument.name == "dropout_p":
+            if i < len(node.args):
+                return node.args[i]
+            return node.kwargs.get("dropout_p", argument.default_value)
+    return None
 
 
 def estimate_flops(args: Sequence[object], out: object) -> int:
