@@ -27,7 +27,8 @@ import torch
 import torch.fx
 
 from executor.errors import ExecutorError
-from executor.traced.rng import RngReplay, is_random_op
+from executor.traced.rng import RngReplay
+from graph_capture.measurement.measure import is_random
 from graph_capture.trace.fx_nodes import device_of
 
 __all__ = ["ScheduleInterpreter", "Step", "has_node"]
@@ -54,7 +55,7 @@ class ScheduleInterpreter:
 
     `members[v]`: the fx node names DAG node v computes, in order; every fx node other than
     placeholders and the output must belong to exactly one DAG node. `random_names`: fx nodes
-    that draw random numbers (ops tagged `nondeterministic_seeded` are found automatically).
+    that draw random numbers (those `is_random` finds are added).
     """
 
     def __init__(
@@ -75,9 +76,7 @@ class ScheduleInterpreter:
         self._check_ownership()
         self.drop_after = self._group_temporaries(graph)
         named = {self.slot[name] for name in random_names}
-        self.random_slots = [
-            i for i, n in enumerate(self.nodes) if i in named or is_random_op(n.target)
-        ]
+        self.random_slots = [i for i, n in enumerate(self.nodes) if i in named or is_random(n)]
         self.random_set = set(self.random_slots)
         self._rng_devices = [device_of(self.nodes[s]) for s in self.random_slots]
         self._rng_dry_runs = [self._dry_run(s) for s in self.random_slots]

@@ -23,13 +23,7 @@ import torch
 
 from graph_capture.measurement.device import generator
 
-__all__ = ["RngReplay", "is_random_op"]
-
-
-def is_random_op(target: object) -> bool:
-    """True for aten ops that draw from a generator (tagged `nondeterministic_seeded`)."""
-    tags = getattr(target, "tags", ())
-    return torch.Tag.nondeterministic_seeded in tags
+__all__ = ["RngReplay"]
 
 
 class RngReplay:
