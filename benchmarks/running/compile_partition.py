@@ -92,10 +92,11 @@ def run(name: str, ratios: list[float], time_limit: float, rounds: int, layouts:
     mib = 2**20
     steps, budget_of = {}, {}
     sweeps: dict[str, dict[float, int]] = {}  # "" (torch's default), ", layout off"
-    for suffix in ("", ", layout off") if layouts else ("",):
+    for layout in (True, False) if layouts else (True,):
+        suffix = "" if layout else ", layout off"
         sweep = sweeps[suffix] = {}
         for ratio in ratios:
-            sweep[ratio], call = knapsack(model, inputs, ratio, layout=not suffix)
+            sweep[ratio], call = knapsack(model, inputs, ratio, layout=layout)
             steps[f"knapsack {ratio:.1f}{suffix}"] = (model, call)
             print(f"{name} knapsack {ratio:.1f}{suffix}: {sweep[ratio] / mib:.2f} MiB", flush=True)
     sweep = sweeps[""]

@@ -208,6 +208,18 @@ def _fusible(node: torch.fx.Node) -> bool:
     )
 
 
+def _kernels(
+    gm: torch.fx.GraphModule, group: dict[str, str]
+) -> tuple[dict[str, torch.fx.Node], dict[str, list[str]], dict[str, bool]]:
+    """(fx name -> node, group -> its fx names in graph order, group -> all its ops fusible)."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    members: dict[str, list[str]] = {}
+    for name, g in group.items():
+        members.setdefault(g, []).append(name)
+    fusible = {g: all(_fusible(nodes[m]) for m in names) for g, names in members.items()}
+    return nodes, members, fusible
+
+
 def fuse_groups(
     gm: torch.fx.GraphModule,
     group: dict[str, str],
@@ -223,11 +235,7 @@ def fuse_groups(
     those reads are not reads of the producer's value. Returns the new (group, measures); a
     graph output's group stays its own."""
     inlined = inlined or {}
-    nodes = {n.name: n for n in gm.graph.nodes}
-    members: dict[str, list[str]] = {}
-    for name, g in group.items():
-        members.setdefault(g, []).append(name)
-    fusible = {g: all(_fusible(nodes[m]) for m in names) for g, names in members.items()}
+    nodes, members, fusible = _kernels(gm, group)
     position = {name: i for i, name in enumerate(nodes)}
     into = dict(group)
     merged: set[str] = set()
@@ -276,12 +284,8 @@ def inline_reads(gm: torch.fx.GraphModule, group: dict[str, str]) -> dict[str, l
     output, and each value it reads from outside is a graph input or a value of a group the
     reader reads anyway (an inlined one included): inlining then never adds to what the reader
     needs live, and drops the values it replaces from it."""
-    nodes = {n.name: n for n in gm.graph.nodes}
+    nodes, members, fusible = _kernels(gm, group)
     position = {name: i for i, name in enumerate(nodes)}
-    members: dict[str, list[str]] = {}
-    for name, g in group.items():
-        members.setdefault(g, []).append(name)
-    fusible = {g: all(_fusible(nodes[m]) for m in ms) for g, ms in members.items()}
     outputs = {a.name for a in gm.graph.find_nodes(op="output")[0].all_input_nodes}
     candidate = {
         g
@@ -358,11 +362,9 @@ def joint_dag(gm: torch.fx.GraphModule, held_bytes: int = 0, fuse: bool = False)
         dag, members = build_dag(gm, measures, group, order, "time", held_bytes=held_bytes)
     except CaptureError as e:
         raise CompileError(f"cannot build remat's graph from the joint graph: {e}") from e
-    inlined: dict[str, list[str]] = {}
-    for w, names in by_group.items():
-        inlined.setdefault(group[w], []).extend(names)
-    position = {n.name: i for i, n in enumerate(gm.graph.nodes)}
-    inlined = {v: sorted(set(names), key=position.__getitem__) for v, names in inlined.items()}
+    # the second fusion merges forward groups only: each reader keeps its group and its
+    # inlined names, already in graph order
+    inlined = {group[w]: names for w, names in by_group.items()}
     _inline(gm, dag, members, inlined, measures)
     nodes = {n.name: n for n in gm.graph.nodes}
     for v in dag.nodes:
