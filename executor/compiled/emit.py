@@ -15,6 +15,14 @@ A compute whose copies nothing live reads, neither a later compute nor an output
 unless it has an effect (the first compute of a node that draws random numbers or mutates): it
 is left out of the graphs and listed (`Partition.dead`); every other compute of the schedule
 is one copy of its DAG node's fx nodes in the forward or the backward graph.
+
+NOTE [one saved tensor per storage]: AOTAutograd donates to the backward every saved tensor
+that aliases no graph input or output (``torch._functorch.config.donated_buffer``), and inductor
+reuses a donated buffer once that tensor's own last reader has run. Two saved tensors of one
+storage (a view and its base, two views of one split) would let a kernel overwrite the storage
+that the other still views: silently wrong gradients. The forward therefore saves one tensor per
+storage, the root of its view chain (`_view_root`), and the backward takes its views again
+from it (view ops allocate nothing).
 """
 
 from __future__ import annotations
@@ -59,6 +67,51 @@ COMPUTE = "remat_compute"
 
 
 _STATE = ".rng_state"
+
+_ALIASING = {torch.ops.aten._unsafe_view.default}
+"""Ops whose output shares its input's storage though their schema declares no alias."""
+
+
+def _view_base(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The node whose storage ``node``'s output views: the input of a view op (or of an op in
+    `_ALIASING`), or for a ``getitem`` of a view op's list (``split``) that op's input; None
+    where ``node`` creates its own storage."""
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    target, base = node.target, node.args[0]
+    if target is operator.getitem:
+        source = base.target
+        if isinstance(source, torch._ops.OpOverload) and source.is_view:
+            return base.args[0] if isinstance(base.args[0], torch.fx.Node) else None
+        return None
+    if isinstance(target, torch._ops.OpOverload) and (target.is_view or target in _ALIASING):
+        return base
+    return None
+
+
+def _view_root(node: torch.fx.Node) -> torch.fx.Node:
+    """The first node of ``node``'s view chain: the one that created the storage it views."""
+    while (base := _view_base(node)) is not None:
+        node = base
+    return node
+
+
+def _one_per_storage(
+    saved: dict[torch.fx.Node, str], origin: Mapping[torch.fx.Node, str]
+) -> dict[torch.fx.Node, str]:
+    """``saved`` (forward copy -> joint name) with every group of copies that share a view
+    root replaced by that root (NOTE [one saved tensor per storage]); ``origin`` names each
+    copy's joint node. A copy alone on its storage stays as it is."""
+    groups: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for copy in saved:
+        groups.setdefault(_view_root(copy), []).append(copy)
+    kept: dict[torch.fx.Node, str] = {}
+    for root, copies in groups.items():
+        if len(copies) == 1:
+            kept[copies[0]] = saved[copies[0]]
+        else:
+            kept[root] = saved.get(root, origin[root])
+    return kept
 
 
 def _replay(
@@ -173,9 +226,11 @@ def partition(
     graph = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
     static: set[str] = set()
+    origin: dict[torch.fx.Node, str] = {}  # a copy -> the joint node it copies
     for node in joint.graph.nodes:
         if node.op in ("placeholder", "get_attr"):
             env[node.name] = graph.node_copy(node)
+            origin[env[node.name]] = node.name
             if "tangents" not in str(node.target):
                 static.add(node.name)
     joint_nodes = {n.name: n for n in joint.graph.nodes}
@@ -241,6 +296,7 @@ def partition(
                     reads[by].add(env[source.name].meta[COMPUTE])
                 saved[copy] = name
                 env[name] = copy
+                origin[copy] = name
                 forward_side.discard(name)
                 continue
             if name in replayed:
@@ -253,6 +309,7 @@ def partition(
             if in_backward:
                 copy.meta["partitioner_tag"] = "is_backward"
             env[name] = copy
+            origin[copy] = name
             if in_backward:
                 forward_side.discard(name)
             else:
@@ -292,6 +349,7 @@ def partition(
         if node.meta.get(COMPUTE) in gone:
             graph.erase_node(node)
     saved = {copy: name for copy, name in saved.items() if copy.meta.get(COMPUTE) not in gone}
+    saved = _one_per_storage(saved, origin)
     for copy in saved:
         if not isinstance(copy.meta.get("val"), torch.Tensor):
             raise CompileError(
