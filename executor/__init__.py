@@ -16,7 +16,7 @@ See docs/executor.md for the forward/backward split, RNG replay, BatchNorm stati
 peak memory is measured.
 """
 
-from executor.compiled import CompiledModel, CompileReport, compile
+from executor.compiled import CompileCheck, CompiledModel, CompileReport, compile
 from executor.errors import (
     AutocastMismatchError,
     CompileError,
@@ -38,6 +38,7 @@ from executor.traced.module import Rematerialized, rematerialize
 __all__ = [
     "AutocastMismatchError",
     "CheckpointPlan",
+    "CompileCheck",
     "CompileError",
     "CompileReport",
     "CompiledModel",

@@ -12,15 +12,9 @@ import math
 
 import pytest
 import torch
+from compile_graphs import joint_graph
 from test_compile_partition import SOLVED, Net, assert_equal_steps, sgd_steps
 from torch import nn
-from torch._dynamo.backends.common import aot_autograd
-from torch._dynamo.backends.debugging import boxed_nop
-from torch._functorch.partitioners import default_partition
-from torch._guards import detect_fake_mode
-from torch._inductor.decomposition import select_decomp_table
-from torch._inductor.fx_passes.joint_graph import joint_graph_passes
-from torch._inductor.virtualized import V
 
 import executor
 from executor.compiled import api
@@ -36,30 +30,6 @@ class TanhGelu(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))
         return 0.5 * x * (1.0 + torch.tanh(inner))
-
-
-def _joint(model: nn.Module, x: torch.Tensor, inductor: bool = False) -> torch.fx.GraphModule:
-    """The joint graph AOTAutograd hands a partitioner for ``model``'s step on ``x``;
-    ``inductor``: traced with inductor's decompositions and rewritten by its joint passes,
-    as inductor hands it (no kernels compiled)."""
-    graphs = []
-
-    def partition(gm, joint_inputs, **kwargs):
-        if inductor:
-            with V.set_fake_mode(detect_fake_mode(joint_inputs)):
-                joint_graph_passes(gm)
-        graphs.append(gm)
-        return default_partition(gm, joint_inputs, **kwargs)
-
-    decompositions = select_decomp_table() if inductor else None
-    backend = aot_autograd(
-        fw_compiler=boxed_nop,
-        bw_compiler=boxed_nop,
-        partition_fn=partition,
-        decompositions=decompositions,
-    )
-    torch.compile(model, backend=backend, fullgraph=True)(x).square().mean().backward()
-    return graphs[0]
 
 
 def _node_of(gm: torch.fx.GraphModule, joint, target, phase: str) -> str:
@@ -79,7 +49,7 @@ def test_a_gelu_chain_is_one_node_and_its_backward_recomputes_it_inside():
     backward chain computes the forward's tanh and ``1 + tanh`` again inside its own kernel,
     so it reads the first linear's output, not the forward chain's values."""
     net = nn.Sequential(nn.Linear(16, 64), TanhGelu(), nn.Linear(64, 16))
-    gm = _joint(net, torch.randn(8, 16), inductor=True)
+    gm = joint_graph(net, torch.randn(8, 16), inductor=True)
     plain, fused = joint_dag(gm), joint_dag(gm, fuse=True)
     aten = torch.ops.aten
     value = 8 * 64 * 4  # bytes of one (8, 64) float32 value
@@ -114,7 +84,7 @@ def test_views_of_a_value_a_joint_pass_replaced_fold_into_its_node():
     """Inductor's random pass replaces the dropout's backward by new nodes with new fake
     values; the two slices of it keep values viewing the replaced one's storage. Each view
     holds its base's storage: both join the node of the gradient they slice."""
-    gm = _joint(ClsTokenDropout(), torch.randn(2, 3, 8), inductor=True)
+    gm = joint_graph(ClsTokenDropout(), torch.randn(2, 3, 8), inductor=True)
     joint = joint_dag(gm, fuse=True)
     nodes = {n.name: n for n in gm.graph.nodes}
     slices = [n for n in nodes.values() if n.target is torch.ops.aten.slice.Tensor]

@@ -1,5 +1,5 @@
 """remat's schedule as torch.compile's partition (docs/compile.md)."""
 
-from executor.compiled.api import CompiledModel, CompileReport, compile
+from executor.compiled.api import CompileCheck, CompiledModel, CompileReport, compile
 
-__all__ = ["CompileReport", "CompiledModel", "compile"]
+__all__ = ["CompileCheck", "CompileReport", "CompiledModel", "compile"]

@@ -31,8 +31,15 @@ import torch
 from torch import nn
 
 import solver
-from executor.compiled.partitioner import RegionPlan, RematPartitioner, _Infeasible, backend
-from executor.compiled.step import Measured, compiled_call, measure_step
+from executor.compiled.check import CheckReport, CompileCheck, check_step
+from executor.compiled.partitioner import (
+    LAYOUT,
+    RegionPlan,
+    RematPartitioner,
+    _Infeasible,
+    backend,
+)
+from executor.compiled.step import Measured, compiled_call, fresh_call, measure_step
 from executor.errors import CompileError
 from executor.fitting.graphs import expected_seconds
 from executor.loss import default_loss
@@ -40,7 +47,7 @@ from solver.core.budget import human_bytes, parse_bytes
 from solver.deadline import Deadline, Stop
 from solver.interrupt import first_sigint_stops
 
-__all__ = ["CompileReport", "CompiledModel", "compile"]
+__all__ = ["CompileCheck", "CompileReport", "CompiledModel", "compile"]
 
 
 @dataclass
@@ -63,7 +70,8 @@ class CompileReport:
     compile the call made; ``tries``: the loop's compiles in order; ``regions``: the returned
     model's plan per compiled region (saved set, recomputes, dead computes, schedule);
     ``stopped``: None, or why a solve of the returned plan ended before proving its schedule
-    ("time limit", "interrupted")."""
+    ("time limit", "interrupted"); ``check``: the returned step held against torch's
+    (`executor.compiled.check`)."""
 
     budget: int | None
     peak: int
@@ -72,6 +80,7 @@ class CompileReport:
     tries: list[Try] = field(default_factory=list)
     regions: list[RegionPlan] = field(default_factory=list)
     stopped: str | None = None
+    check: CheckReport | None = None
 
 
 class CompiledModel(nn.Module):
@@ -117,6 +126,7 @@ def compile(
     time_limit: float = 60,
     loss_fn: Callable[[object], torch.Tensor] = default_loss,
     max_compiles: int = 4,
+    check: CompileCheck | None = None,
     **torch_compile_kwargs: Any,
 ) -> CompiledModel:
     """``model`` compiled by torch.compile (default backend inductor; ``torch_compile_kwargs``:
@@ -128,8 +138,11 @@ def compile(
     measured peak on the example inputs is within the budget, else `CompileError`.
     ``time_limit``: seconds for the whole call, solves, compiles and measurements included
     (NOTE [one deadline]); at most ``max_compiles`` compiles besides the plain compile of a
-    percentage's basis. Ctrl-C (from the main thread, where SIGINT has Python's default
-    handler): the first ends the call as the time limit does, a second raises
+    percentage's basis. Before returning, one step of the compiled model is held against
+    torch's own (``check``, `executor.compiled.check`: bit for bit against eager under
+    aot_eager, within ``check.rtol`` of torch's partition under inductor); a difference is a
+    `CompileError`, never a model returned. Ctrl-C (from the main thread, where SIGINT has
+    Python's default handler): the first ends the call as the time limit does, a second raises
     KeyboardInterrupt."""
     name, options = _options(torch_compile_kwargs)
     if not time_limit > 0:
@@ -138,7 +151,7 @@ def compile(
     deadline = Deadline.after(time_limit, stop)
     with first_sigint_stops(stop):
         steps = _Steps(model, tuple(example_inputs), dict(example_kwargs or {}), loss_fn, deadline)
-        return _compile(steps, budget, name, options, max_compiles)
+        return _compile(steps, budget, name, options, max_compiles, check or CompileCheck())
 
 
 @dataclass
@@ -218,6 +231,7 @@ def _compile(
     name: str,
     options: dict[str, Any],
     max_compiles: int,
+    check: CompileCheck,
 ) -> CompiledModel:
     plain: list[int] = []
 
@@ -241,7 +255,8 @@ def _compile(
         # "min" returns its first measured compile: its solves take a quarter of the time,
         # as the first of two compiles would, leaving the compile, whose seconds are not
         # known before it, and the measurement the rest
-        left = 2 if minimum else max_compiles - attempt
+        # under inductor the check compiles torch's partition once more: a share of its own
+        left = (2 if minimum else max_compiles - attempt) + (name == "inductor")
         solves = deadline.within(_solve_seconds(deadline.remaining(), left, steps.rest()))
         attempted.append(solver_budget)
         partitioner = RematPartitioner(
@@ -277,6 +292,7 @@ def _compile(
             )
         )
         if minimum or measured.peak <= target:
+            checked = _check(steps, call, name, options, partitioner.regions, check)
             stopped = "interrupted" if deadline.stopped() else "time limit"
             report = CompileReport(
                 None if minimum else target,
@@ -286,6 +302,7 @@ def _compile(
                 tries,
                 partitioner.regions,
                 stopped if partitioner.cut_short else None,
+                checked,
             )
             return CompiledModel(steps.model, call, report)
         if solver_budget == "min":
@@ -310,6 +327,43 @@ def _compile(
         f"budget {budget} ({target} B): after {len(tries)} compiles the compiled step still "
         f"measured {tries[-1].measured} B ({human_bytes(tries[-1].measured)}); raise the "
         f"budget or max_compiles"
+    )
+
+
+def _check(
+    steps: _Steps,
+    call: Callable[..., Any],
+    name: str,
+    options: dict[str, Any],
+    regions: list[RegionPlan],
+    check: CompileCheck,
+) -> CheckReport:
+    """`check_step` of ``call`` against eager (aot_eager) or torch's partition compiled with
+    remat's inductor options, where the deadline leaves a compile for it."""
+    if name == "aot_eager":
+        reference, label = fresh_call(steps.model), "eager"
+    else:
+        rest = steps.rest() or 0.0
+        if not steps.deadline.leaves(rest):
+            raise steps.out_of_time(f"the check's compile needs about {rest:.1f} s", rest)
+        reference = compiled_call(steps.model, _plain(name, {**LAYOUT, **options}))
+        label = "torch's own partition compiled with the same options"
+    random_ops = any(
+        r.dag.nodes[v].get("once") and not r.dag.nodes[v].get("mutates")
+        for r in regions
+        for v in r.dag.nodes
+    )
+    return check_step(
+        steps.model,
+        call,
+        reference,
+        steps.inputs,
+        steps.kwargs,
+        steps.loss_fn,
+        exact=name == "aot_eager",
+        options=check,
+        reference_name=label,
+        random_ops=random_ops,
     )
 
 
