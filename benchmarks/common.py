@@ -107,7 +107,9 @@ def min_peak_row(graph: nx.DiGraph, settings: Settings, label: str) -> tuple[Row
     """The exact solver's least-peak schedule (objective "memory", unlimited recomputation):
     the low end of the frontier, as a row (overhead, status, gap of the peak) and itself."""
     problem = solver.prepare(graph)
-    s = solver.minimum_peak(graph, time_limit=settings.time_limit, workers=settings.workers)
+    s = solver.solve(
+        graph, objective="memory", time_limit=settings.time_limit, workers=settings.workers
+    )
     frac = s.peak / solver.checkpoint_all_peak(problem)
     row = {
         "graph": label,

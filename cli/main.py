@@ -37,7 +37,6 @@ from cli.profile import (
 from cli.run import add_run_arguments, run_run
 from cli.sac import add_sac_arguments, run_sac
 from cli.solve import add_solve_arguments, run_solve
-from graph_capture.errors import CaptureError
 from solver.deadline import process_start
 from solver.errors import RematError
 
@@ -142,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_outputs(args)
         return args.handler(args)
-    except (RematError, CaptureError, ValueError, OSError) as exc:
+    except (RematError, ValueError, OSError) as exc:
         message = "; ".join(line for line in str(exc).splitlines() if line.strip())
         print(f"remat: error: {message or type(exc).__name__}", file=sys.stderr)
         return 2

@@ -53,10 +53,9 @@ __all__ = ["BUDGET_HELP", "add_run_arguments", "run_run", "sqrt_checkpointed"]
 
 BUDGET_HELP = (
     "peak-memory budget of one training step: bytes above what is allocated before the step "
-    "(parameters, buffers, inputs, .grad); as bytes, 512MiB, or a percentage of the "
-    "checkpoint-all peak (100%%: every value computed once and freed after its last use, op "
-    "workspaces and the executor's own bytes included, i.e. what a no-recompute run "
-    "measures), or 'min' for the least memory any schedule needs"
+    "(parameters, buffers, inputs, .grad); as bytes, 512MiB, a percentage of the measured "
+    "peak of the plain training step, or 'min': the least peak any schedule reaches, then "
+    "the least recomputation at it"
 )
 
 
@@ -175,8 +174,6 @@ def _schedule(args: argparse.Namespace, captured):  # -> solver.Schedule
 
     if args.schedule:
         return load_schedule(args.schedule, captured.dag)
-    if str(args.budget).strip().lower() == "min":
-        return solver.minimum_peak(captured.dag, time_limit=args.time_limit)
     return solver.solve(captured.dag, budget=args.budget, time_limit=args.time_limit)
 
 

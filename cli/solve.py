@@ -13,10 +13,10 @@ import time
 import networkx as nx
 
 from solver.core.budget import (
+    Budget,
     checkpoint_all_peak,
     human_bytes,
     hundred_percent,
-    parse_budget,
     parse_compute_budget,
 )
 from solver.core.graph import Problem, prepare
@@ -40,7 +40,8 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
         help="peak-memory budget: bytes, 512MiB, 1.5GiB or a percentage (default 80%%) of the "
         "measured peak of the plain training step (captured models: --model, --demo, and graph "
         "files saved from them), or, for a graph without that measurement (the published "
-        "graphs), of the modelled checkpoint-all peak; the first line printed names the basis",
+        "graphs), of the modelled checkpoint-all peak; the first line printed names the basis; "
+        "or 'min': the least peak, then the least cost at it",
     )
     parser.add_argument(
         "--objective",
@@ -113,8 +114,13 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
     if args.objective == "cost" and args.compute_budget is not None:
         raise ValueError("--compute-budget is for --objective memory; give --budget instead")
     if args.objective == "cost":
-        budget = parse_budget(args.budget or "80%", problem)
-        print(f"objective: least cost with peak <= {human_bytes(budget)} ({budget} bytes)")
+        wanted = Budget.of(args.budget or "80%")
+        if wanted.least:
+            print("objective: the least peak, then the least cost at it")
+            budget: Budget | int = wanted
+        else:
+            budget = wanted.bytes(lambda: ref_peak)
+            print(f"objective: least cost with peak <= {human_bytes(budget)} ({budget} bytes)")
         schedule = solve(
             graph, budget, time_limit=exact_limit, workers=args.workers, progress=not args.quiet
         )

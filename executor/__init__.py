@@ -7,9 +7,12 @@
     cm = executor.compile(model, "50%", example_inputs=inputs)  # inductor, remat's partition
     found = executor.fit(factory, "24GiB", dim="batch", max_overhead=1.3)  # the largest batch
 
-One interface: a percentage is of the measured plain step's peak; a bare memory number is
-bytes, a bare compute number a factor of computing every node once; `time_limit` bounds the
-whole call; `X.load(path, what it belongs to...)`; `loss_fn(output) -> scalar` with
+One interface: `example_inputs` a tuple or list, or one tensor; a budget read by
+`solver.core.budget.Budget`: a percentage is of the measured plain step's peak, "min" the
+least peak then the least recompute at it, a bare memory number bytes, a bare compute number a
+factor of computing every node once; `time_limit` bounds the whole call (a positive number of
+seconds) and the first Ctrl-C ends it with the best found (`solver.interrupt.call_deadline`);
+`X.load(path, what it belongs to...)`; `loss_fn(output) -> scalar` with
 `executor.default_loss` (`output.loss`, or a scalar output) where a step is planned.
 
 See docs/executor.md for the forward/backward split, RNG replay, BatchNorm statistics and how
@@ -25,6 +28,7 @@ from executor.errors import (
     InputMismatchError,
     OpStreamMismatchError,
     PlanError,
+    RematerializeError,
     UnsupportedScheduleError,
     UnusedOutputGradientError,
 )
@@ -51,6 +55,7 @@ __all__ = [
     "OpStreamMismatchError",
     "PeakMemory",
     "PlanError",
+    "RematerializeError",
     "Rematerialized",
     "UnsupportedScheduleError",
     "UnusedOutputGradientError",

@@ -11,6 +11,11 @@ class ExecutorError(RematError):
     """Base class of the executor's own errors."""
 
 
+class RematerializeError(ExecutorError, ValueError):
+    """`executor.rematerialize` cannot start as asked: a time limit that is not a positive
+    number of seconds; the message says what to change."""
+
+
 class InputMismatchError(ExecutorError, ValueError):
     """The inputs differ (count, shape, dtype, device) from the example the graph was captured
     with; the captured graph is specialised to that example, so capture again for new shapes."""

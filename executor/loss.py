@@ -1,13 +1,17 @@
-"""The step's loss where a runtime runs the step itself (`checkpoint_plan`, `fit`): one
-convention for both, `loss_fn(output) -> scalar tensor`, default `default_loss`."""
+"""The step's loss where a runtime runs the step itself (`checkpoint_plan`, `fit`,
+`compile`): one convention for all, `loss_fn(output) -> scalar tensor`, default
+`default_loss`, whose refusal of an output without a loss is one message in each runtime's
+class (`step_loss`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from executor.errors import PlanError
+from executor.errors import ExecutorError, PlanError
 
-__all__ = ["default_loss"]
+__all__ = ["default_loss", "step_loss"]
 
 
 def default_loss(output: object) -> torch.Tensor:
@@ -30,3 +34,16 @@ def default_loss(output: object) -> torch.Tensor:
         "pass loss_fn=, a function from the output to the scalar loss (e.g. "
         "loss_fn=lambda out: F.cross_entropy(out, targets))"
     )
+
+
+def step_loss(
+    loss_fn: Callable[[object], torch.Tensor], output: object, error: type[ExecutorError]
+) -> torch.Tensor:
+    """``loss_fn(output)``, `default_loss`'s refusal of an output without a loss raised as
+    ``error`` (the runtime's class: `FitError`, `CompileError`) with its message."""
+    try:
+        return loss_fn(output)
+    except PlanError as e:
+        if error is PlanError:
+            raise
+        raise error(str(e)) from e

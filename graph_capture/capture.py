@@ -13,6 +13,7 @@ from graph_capture.captured import CapturedGraph, TensorSpec
 from graph_capture.dag import build_dag, structure_fingerprint
 from graph_capture.errors import CaptureError
 from graph_capture.grouping import group_modules, group_ops, op_group_order
+from graph_capture.inputs import positional_inputs
 from graph_capture.measurement.calibrate import add_accumulation_seconds
 from graph_capture.measurement.device import (
     AutocastState,
@@ -48,14 +49,14 @@ from graph_capture.trace.zero_tangents import (
 )
 from solver.core.budget import checkpoint_all_peak
 from solver.core.graph import prepare
-from solver.target import Device, UnknownTargetError
+from solver.target import Device
 
 GRANULARITIES = ("op", "module")
 
 
 def capture(
     model: nn.Module,
-    example_inputs: Sequence[torch.Tensor],
+    example_inputs: Sequence[torch.Tensor] | torch.Tensor,
     example_kwargs: Mapping[str, torch.Tensor] | None = None,
     *,
     granularity: str = "op",
@@ -100,10 +101,13 @@ def capture(
     predicted, the simulated peak of the schedule keeping everything (every node once, kernel
     workspaces included), and the graph attributes ``plain_peak_basis`` ("predicted"),
     ``target`` (the device's name) and ``step_cost`` (predicted seconds) say so.
-    The global RNG state and the model are left as they were. Raises `CaptureError`.
+    The global RNG state and the model are left as they were. ``example_inputs``: a tuple or
+    list, or one tensor (`graph_capture.inputs.positional_inputs`). Raises `CaptureError`, and
+    `solver.target.UnknownTargetError` for an unknown target.
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")
+    example_inputs = positional_inputs(example_inputs)
     kwargs = dict(example_kwargs or {})
     target_device = _target_device(target)
     device = model_device(model) if target_device is None else torch.device("cpu")
@@ -209,13 +213,9 @@ def capture(
 
 
 def _target_device(target: str | Device | None) -> Device | None:
-    """The target of an estimate (None: measured mode); `CaptureError` for an unknown one."""
-    if target is None:
-        return None
-    try:
-        return resolve_target(target)
-    except UnknownTargetError as error:
-        raise CaptureError(str(error)) from error
+    """The target of an estimate (None: measured mode); `UnknownTargetError` for an unknown
+    one."""
+    return None if target is None else resolve_target(target)
 
 
 def _state_bytes(target: Device | None) -> Callable[[torch.fx.Node], int]:

@@ -1,7 +1,9 @@
-"""The one exception capture raises: what failed and where (module path and aten op)."""
+"""The exception capture raises: what failed and where (module path and aten op)."""
+
+from solver.errors import RematError
 
 
-class CaptureError(RuntimeError):
+class CaptureError(RematError, RuntimeError):
     """A model cannot be captured faithfully; the message names the module and op."""
 
 

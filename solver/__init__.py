@@ -7,12 +7,13 @@ stage plans, the schedule format, budgets), `heuristics` (every schedule family,
 optimality). docs/solver.md describes each.
 """
 
-from solver.core.budget import checkpoint_all_peak, parse_budget, parse_compute_budget
+from solver.core.budget import Budget, checkpoint_all_peak, parse_budget, parse_compute_budget
 from solver.core.graph import Problem, prepare
 from solver.core.schedule import Schedule
 from solver.core.simulate import Simulation, simulate
 from solver.deadline import Deadline
 from solver.errors import (
+    BudgetError,
     ComputeBudgetError,
     GraphError,
     InfeasibleBudgetError,
@@ -21,13 +22,15 @@ from solver.errors import (
     ScheduleMismatchError,
     SolverTimeoutError,
 )
-from solver.exact import SolveOptions, minimum_peak, solve
+from solver.exact import SolveOptions, solve
 from solver.heuristics.baselines import BASELINES
 from solver.heuristics.registry import HEURISTICS, baseline, evict
 
 __all__ = [
     "BASELINES",
     "HEURISTICS",
+    "Budget",
+    "BudgetError",
     "ComputeBudgetError",
     "Deadline",
     "GraphError",
@@ -43,7 +46,6 @@ __all__ = [
     "baseline",
     "checkpoint_all_peak",
     "evict",
-    "minimum_peak",
     "parse_budget",
     "parse_compute_budget",
     "prepare",

@@ -120,6 +120,14 @@ NEVER = Deadline(math.inf)
 """No deadline: the work runs to completion."""
 
 
+def check_time_limit(time_limit: object, error: type[Exception] = ValueError) -> None:
+    """Refuse, as `error` (the caller's class), a `time_limit` that is not a positive number of
+    seconds (0, negative, NaN, not a number): one message for every call that takes one."""
+    number = isinstance(time_limit, int | float) and not isinstance(time_limit, bool)
+    if not (number and time_limit > 0):
+        raise error(f"time_limit must be a positive number of seconds, not {time_limit!r}")
+
+
 def process_start() -> float | None:
     """The instant this process began, on `time.perf_counter()`'s clock (seconds), so that a
     command's time limit counts its interpreter's start and imports; None where the system

@@ -9,6 +9,11 @@ class GraphError(RematError, ValueError):
     """The graph does not meet the solver contract (acyclic, `mem` and `cost` on every node)."""
 
 
+class BudgetError(RematError, ValueError):
+    """A memory budget that cannot be read, or that has no bytes where bytes are needed
+    (`solver.core.budget.Budget`)."""
+
+
 class InfeasibleBudgetError(RematError):
     """No schedule fits the memory budget.
 

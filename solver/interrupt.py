@@ -1,10 +1,13 @@
-"""Ctrl-C during a solve: the first asks for the answer, the second aborts.
+"""Ctrl-C during a solve or a runtime's call: the first asks for the answer, the second aborts.
 
 `first_sigint_stops(stop)` makes the first SIGINT request `stop` (every share of the solve's
 deadline sees it, and the engines running then are cancelled through their `Deadline.on_stop`
 callbacks), so that the solve returns its best schedule; the second raises KeyboardInterrupt as
 Python does by default. The handler takes no lock (NOTE [lock-free handler]): it marks the stop
 (`Stop.mark`), and the watcher thread below calls the callbacks and the notice.
+`call_deadline(time_limit, error)` is the one deadline of a runtime's whole call (its
+`time_limit` checked) with that stop: `rematerialize`, `checkpoint_plan`, `fit` and `compile`
+take it.
 
 Python runs signal handlers only in the main thread and only between bytecodes, so a handler
 alone would wait for the engine call in progress (CP-SAT, HiGHS: minutes). The handler is
@@ -21,7 +24,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 
-from solver.deadline import Stop
+from solver.deadline import Deadline, Stop, check_time_limit
 
 _QUIT = 0
 """The byte that ends the watcher (no signal has number 0)."""
@@ -81,3 +84,18 @@ def first_sigint_stops(stop: Stop, notice: Callable[[], None] | None = None) -> 
         os.close(write_fd)
     if received[0] > 1:  # a second SIGINT whose handler run merged with the first's
         raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def call_deadline(
+    time_limit: float, error: type[Exception], notice: Callable[[], None] | None = None
+) -> Iterator[Deadline]:
+    """The deadline of a whole call, `time_limit` seconds from now, whose stop the first
+    SIGINT within the block requests (`first_sigint_stops`, with `notice`): the call then ends
+    as at its time limit, with what it has, and a second SIGINT raises KeyboardInterrupt.
+    `error`, the caller's class, refuses a `time_limit` that is not a positive number of
+    seconds (`check_time_limit`: one message)."""
+    check_time_limit(time_limit, error)
+    stop = Stop()
+    with first_sigint_stops(stop, notice):
+        yield Deadline.after(time_limit, stop)

@@ -126,7 +126,7 @@ def test_a_step_under_a_schedule_runs_no_dropout_kernel():
     )  # fmt: skip
     x = torch.randn(64, 8)
     captured = capture(model, (x,))
-    least = solver.minimum_peak(captured.dag, time_limit=5).peak
+    least = solver.solve(captured.dag, objective="memory", time_limit=5).peak
     full = solver.checkpoint_all_peak(solver.prepare(captured.dag))
     schedule = solver.solve(captured.dag, budget=(least + full) // 2, time_limit=5)
     assert schedule.recomputes > 0

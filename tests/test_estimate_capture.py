@@ -21,7 +21,7 @@ from graph_capture import CaptureError, capture
 from graph_capture.measurement.peak import measure_peak
 from graph_capture.measurement.roofline import target_key
 from solver.errors import ScheduleMismatchError
-from solver.target import Device
+from solver.target import Device, UnknownTargetError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -108,7 +108,7 @@ def test_real_model_is_left_as_it_was():
 
 def test_unknown_target_is_refused():
     meta, mx = meta_net()
-    with pytest.raises(CaptureError, match=r"unknown target 'tpu'.*h100"):
+    with pytest.raises(UnknownTargetError, match=r"unknown target 'tpu'.*h100"):
         capture(meta, [mx], target="tpu")
 
 

@@ -72,7 +72,7 @@ def midway(model: nn.Module, x: torch.Tensor) -> int:
     """Bytes midway between the least peak of the model's graph (captured under the autocast
     in force) and its checkpoint-all peak: a budget that makes the schedule recompute."""
     graph = capture(model, [x]).dag
-    least = solver.minimum_peak(graph, time_limit=10).peak
+    least = solver.solve(graph, objective="memory", time_limit=10).peak
     return (least + solver.checkpoint_all_peak(solver.prepare(graph))) // 2
 
 

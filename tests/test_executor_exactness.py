@@ -332,7 +332,7 @@ def test_solver_schedules_from_least_peak_to_checkpoint_all_fit_the_budget_and_a
     model, x = build(family, names, seed)
     model, x = model.to(device), x.to(device)
     captured = capture(copy.deepcopy(model), [x])
-    least = solver.minimum_peak(captured.dag, time_limit=2)
+    least = solver.solve(captured.dag, objective="memory", time_limit=2)
     full = solver.checkpoint_all_peak(prepare(captured.dag))
     budget = least.peak + int(fraction * (full - least.peak))
     schedule = least if fraction == 0 else solver.solve(captured.dag, budget=budget, time_limit=2)

@@ -94,7 +94,7 @@ def test_no_memory_is_what_the_target_lets_pytorch_allocate():
     )
     assert found.memory == MEMORY == gpu.usable() and found.size is not None
     assert any("memory: gpu's 0.00 GiB usable (capacity" in n for n in found.notes)
-    with pytest.raises(ValueError, match="memory=None needs a target"):
+    with pytest.raises(ValueError, match="of None stands for a target device's usable memory"):
         executor.fit(meta_blocks, None)
 
 

@@ -15,6 +15,7 @@ from torch import nn
 import executor
 from cli.main import main
 from executor.errors import PlanError
+from solver.target import UnknownTargetError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -122,7 +123,7 @@ def test_estimate_mode_refuses_what_it_cannot_predict(kind, message):
 
 def test_unknown_target_is_refused(capsys):
     net, x = transformer(layers=2, d=16), torch.randn(2, 8, 16)
-    with pytest.raises(PlanError, match="unknown target 'tpu9'"):
+    with pytest.raises(UnknownTargetError, match="unknown target 'tpu9'"):
         executor.checkpoint_plan(net, (x,), "min", loss_fn=sum_loss, target="tpu9")
     assert main(["sac", "--model", "sac_models:small", "--target", "tpu9"]) == 2
     err = capsys.readouterr().err

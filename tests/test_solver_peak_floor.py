@@ -41,7 +41,7 @@ def test_the_diamond_floor_is_its_least_peak_and_refuses_the_bytes_under_it():
     problem = solver.prepare(graph)
     assert one_line(problem) == 16
     assert problem.memory_lower_bound == 19 == least_general_peak(graph, 16, 24)
-    least = solver.minimum_peak(graph, time_limit=10)
+    least = solver.solve(graph, objective="memory", time_limit=10)
     assert least.status == "OPTIMAL" and least.peak == 19
     with pytest.raises(solver.InfeasibleBudgetError) as refused:
         solver.solve(graph, 18, time_limit=10)

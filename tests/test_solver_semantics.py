@@ -188,7 +188,7 @@ def test_order_must_be_topological():
 
 def test_impossible_budget_names_the_minimum():
     graph = uniform_training_chain(5)
-    least = solver.minimum_peak(graph, time_limit=20)
+    least = solver.solve(graph, objective="memory", time_limit=20)
     assert least.status == "OPTIMAL"
     with pytest.raises(
         solver.InfeasibleBudgetError, match=f"minimum feasible budget is {least.peak} bytes"

@@ -155,7 +155,7 @@ def test_the_least_peak_search_offers_each_new_least_peak_as_it_comes(graph):
 
 def test_the_least_peak_search_offers_several_runs_on_random_layered_n250():
     """Where the least peak is far below checkpoint-all's, the bisection finds it in steps, and
-    each step's run is offered (so `minimum_peak`'s incumbent falls while it runs)."""
+    each step's run is offered (so the least-peak search's incumbent falls while it runs)."""
     if not RANDOM_250.exists():
         pytest.skip(f"{RANDOM_250} not present")
     seen: list[Member] = []
@@ -166,13 +166,13 @@ def test_the_least_peak_search_offers_several_runs_on_random_layered_n250():
 
 
 def test_the_least_peak_search_ends_at_the_one_line_bound_when_a_run_fits_it():
-    """On a chain a run at the one-line bound fits: that run comes back, and minimum_peak
+    """On a chain a run at the one-line bound fits: that run comes back, and the least-peak search
     returns it as optimal without evaluating the policy families."""
     graph = chain([3, 9, 2, 7, 4, 8, 1], [1] * 7)
     problem = solver.prepare(graph)
     member = least_peak(problem)
     assert member is not None and member.schedule.peak == problem.memory_lower_bound
-    least = solver.minimum_peak(graph, time_limit=10)
+    least = solver.solve(graph, objective="memory", time_limit=10)
     assert "checkpoint_policies" not in steps_run(least)  # closed before it
     assert least.status == "OPTIMAL" and least.peak == problem.memory_lower_bound
 
@@ -218,6 +218,6 @@ def test_the_steps_option_sets_the_least_peak_pipeline_too():
 
     graph = uniform_training_chain(6)
     options = SolveOptions(steps=(checkpoint_policies,))
-    schedule = solver.minimum_peak(graph, time_limit=10, options=options)
+    schedule = solver.solve(graph, objective="memory", time_limit=10, options=options)
     assert steps_run(schedule) == ["checkpoint_policies"]
     solver.simulate(graph, schedule.ops).raise_if_invalid()

@@ -25,11 +25,11 @@ allocated before the step (`remat run`), the SAC plan and eager with ``.grad`` s
 before it (`remat sac`). ``checkpointed``: the schedule's recomputes, or the plan's
 checkpointed regions.
 
-The budget (``--budget``, default ``mid``): ``mid`` is midway between the least peak found and
-100%: for the own executor between `solver.minimum_peak` and the checkpoint-all peak, for SAC
-between the plan at ``"min"`` (its predicted peak) and the step without checkpointing. Any other
-value goes to both APIs as it is (bytes, ``"60%"``, ``"min"``); 100% is the measured plain step
-for both (their steps differ by the loss's few bytes).
+The budget (``--budget``, default ``mid``): ``mid`` is midway between the least peak found and 100%:
+for the own executor between the least peak (`solver.solve`, objective "memory") and the
+checkpoint-all peak, for SAC between the plan at ``"min"`` (its predicted peak) and the step without
+checkpointing. Any other value goes to both APIs as it is (bytes, ``"60%"``, ``"min"``); 100% is the
+measured plain step for both (their steps differ by the loss's few bytes).
 
 Each cell is one of ``equal`` (bit-identical on every step and measured peak within the budget),
 ``WRONG: <tensor> differs at step k`` (exit status 1), ``over budget`` or ``refused: <error>``
@@ -227,7 +227,7 @@ def own_executor(case: Case, budget: str, time_limit: float) -> Built:
         )
         return rm, rm.schedule.budget, f"{rm.schedule.recomputes} recomputes"
     captured = capture(case.model, case.inputs, case.kwargs, **_capture_options(case))
-    least = solver.minimum_peak(captured.dag, time_limit=time_limit).peak
+    least = solver.solve(captured.dag, objective="memory", time_limit=time_limit).peak
     full = solver.checkpoint_all_peak(solver.prepare(captured.dag))
     schedule = solver.solve(captured.dag, budget=(least + full) // 2, time_limit=time_limit)
     rm = executor.Rematerialized(case.model, captured, schedule)

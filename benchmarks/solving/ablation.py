@@ -7,11 +7,11 @@ For every row of `benchmarks.solving.solver_scale` named (published graphs and z
 their
 budgets; "min" budgets are the least-peak rows), one solve with every step
 (`solver.exact.pipeline.COST_STEPS`, or `solver.exact.least_peak.STEPS` for the least-peak rows:
-`solver.minimum_peak`) and one with each step left out (`SolveOptions(steps=...)`), one solve at a
-time. Each cell is "OPTIMAL" or the certified gap (least-peak rows: the least peak's over its proven
-floor) and the wall time of the solve; a cell that differs from the full pipeline's by more than the
-spread between runs of the same code (the local searches vary with timing: rerun before reading a
-small difference) says the step matters on that row.
+`solver.solve`, objective "memory") and one with each step left out (`SolveOptions(steps=...)`), one
+solve at a time. Each cell is "OPTIMAL" or the certified gap (least-peak rows: the least peak's over
+its proven floor) and the wall time of the solve; a cell that differs from the full pipeline's by
+more than the spread between runs of the same code (the local searches vary with timing: rerun
+before reading a small difference) says the step matters on that row.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def ablate_row(label: str, graph: nx.DiGraph, budget_text: str, time_limit: floa
         for name, steps in variants(least_peak.STEPS).items():
             began = time.perf_counter()
             options = solver.SolveOptions(steps=steps)
-            least = solver.minimum_peak(graph, time_limit=time_limit, options=options)
+            least = solver.solve(graph, objective="memory", time_limit=time_limit, options=options)
             row[name] = _cell(least, time.perf_counter() - began)
         return row
     if label in ZOO_ROWS:

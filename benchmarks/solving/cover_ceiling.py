@@ -7,14 +7,13 @@
 `solver.exact.cascade` raises the floor by row generation on the cascade cover
 (`solver.milp.cascade_rounds.cascade_bound`); no engine can take it above the cover's own 0/1
 optimum with every row (every stage over the budget in checkpoint-all). For each graph and
-budget (bytes, a share such as "50%", or "least+10%": the least peak `solver.minimum_peak` finds
-in `--least-time-limit` seconds plus 10%), this builds that model, solves it with HiGHS's branch
-and cut (the solver's settings, `solver.milp.highs_mip`) within the time limit, and reports its
-certified bound and best solution, as recomputation over the node costs (the cost of computing
-every node once). Where it is proven, a solve that ends there (`benchmarks.solving.time_limits
---one`)
-has a bound only a stronger model can raise (docs/solver.md, "Least + 10%"). One run each, on
-whatever the machine is doing.
+budget (bytes, a share such as "50%", or "least+10%": the least peak `solver.solve` (objective
+"memory") finds in `--least-time-limit` seconds plus 10%), this builds that model, solves it with
+HiGHS's branch and cut (the solver's settings, `solver.milp.highs_mip`) within the time limit, and
+reports its certified bound and best solution, as recomputation over the node costs (the cost of
+computing every node once). Where it is proven, a solve that ends there
+(`benchmarks.solving.time_limits --one`) has a bound only a stronger model can raise
+(docs/solver.md, "Least + 10%"). One run each, on whatever the machine is doing.
 """
 
 from __future__ import annotations

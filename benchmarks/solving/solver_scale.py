@@ -14,10 +14,9 @@ at 1.14-1.54x and greedy at 1.06-1.39x of optimal on these graphs. The demo rows
 op-level graphs of graph_capture's demo models (FLOP costs, one thread, so the costs are the same on
 every run). The zoo rows read the graph files `python -m benchmarks.running.capture_graphs` writes
 (`--zoo-dir`; costs in measured seconds) at four budgets each (`benchmarks.solving.zoo_budgets`):
-50% of
-the checkpoint-all peak, the least feasible peak `solver.minimum_peak` finds in the time limit
-(one search per graph, before its rows; "min", with its gap to the proven floor, as the
-published rows), that plus 10%, and per-block checkpoint's memory; a row whose file is missing
+50% of the checkpoint-all peak, the least feasible peak `solver.solve` (objective "memory") finds in
+the time limit (one search per graph, before its rows; "min", with its gap to the proven floor, as
+the published rows), that plus 10%, and per-block checkpoint's memory; a row whose file is missing
 is skipped with the command that writes it.
 """
 
@@ -116,7 +115,8 @@ def zoo_budget(
     least: solver.Schedule | None = None,
 ) -> int:
     """A zoo row's budget in bytes (`ZOO_BUDGETS`); "least+10%" from `least` (the graph's
-    `solver.minimum_peak` schedule) where given, else from a search within `time_limit`."""
+    least-peak schedule, objective "memory") where given, else from a search within
+    `time_limit`."""
     if budget_text == "least+10%":
         if least is None:
             return least_peak_plus(graph, 0.10, time_limit)[0]
@@ -133,8 +133,8 @@ def solve_row(
     time_limit: float,
     least: solver.Schedule | None = None,
 ) -> Row:
-    """Solve one (graph, budget) and compare every baseline with the result (each family within
-    the time limit). `least`: the graph's `solver.minimum_peak` schedule, where already found,
+    """Solve one (graph, budget) and compare every baseline with the result (each family within the
+    time limit). `least`: the graph's least-peak schedule (objective "memory"), where already found,
     for the "min" and "least+10%" budgets (else searched for within the time limit)."""
     problem = solver.prepare(graph)
     start = time.perf_counter()
@@ -146,7 +146,7 @@ def solve_row(
             start = time.perf_counter()  # the least feasible peak's search is not the solve
             schedule = solver.solve(graph, budget, time_limit=time_limit)
         elif budget_text == "min":
-            least = least or solver.minimum_peak(graph, time_limit=time_limit)
+            least = least or solver.solve(graph, objective="memory", time_limit=time_limit)
             budget = least.peak
             row["least peak proven"] = least.status == "OPTIMAL"
             row["least peak"], row["least peak floor"] = least.peak, _whole(least.bound)
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         limit = args.long_limit if label in LONG_ROWS else args.time_limit
         least = None  # one least-peak search per zoo graph, for its "min" and "least+10%" rows
         if label in ZOO_ROWS and {"min", "least+10%"} & set(budgets):
-            least = solver.minimum_peak(graph, time_limit=limit)
+            least = solver.solve(graph, objective="memory", time_limit=limit)
         for budget in budgets:
             rows.append(solve_row(label, graph, budget, limit, least))
             print(rows[-1], flush=True)

@@ -45,7 +45,7 @@ def per_block_peak(graph: nx.DiGraph, paths: Sequence[str]) -> int:
 
 
 def least_peak_plus(graph: nx.DiGraph, margin: float, time_limit: float) -> tuple[int, bool]:
-    """The least feasible peak found within `time_limit` seconds (`solver.minimum_peak`) times
-    1 + margin, in bytes, and whether that peak was proven least."""
-    least = solver.minimum_peak(graph, time_limit=time_limit)
+    """The least feasible peak found within `time_limit` seconds (`solver.solve`, objective
+    "memory") times 1 + margin, in bytes, and whether that peak was proven least."""
+    least = solver.solve(graph, objective="memory", time_limit=time_limit)
     return int(least.peak * (1 + margin)), least.status == "OPTIMAL"

@@ -43,9 +43,11 @@ from executor.compiled.step import Measured, compiled_call, fresh_call, measure_
 from executor.errors import CompileError
 from executor.fitting.graphs import expected_seconds
 from executor.loss import default_loss
-from solver.core.budget import human_bytes, parse_bytes
-from solver.deadline import Deadline, Stop
-from solver.interrupt import first_sigint_stops
+from graph_capture.inputs import positional_inputs
+from solver.core.budget import Budget, human_bytes
+from solver.deadline import Deadline
+from solver.errors import BudgetError
+from solver.interrupt import call_deadline
 
 __all__ = ["CompileCheck", "CompileReport", "CompiledModel", "compile"]
 
@@ -121,7 +123,7 @@ def compile(
     model: nn.Module,
     budget: str | int | float,
     *,
-    example_inputs: Sequence[object],
+    example_inputs: Sequence[object] | torch.Tensor,
     example_kwargs: Mapping[str, object] | None = None,
     time_limit: float = 60,
     loss_fn: Callable[[object], torch.Tensor] = default_loss,
@@ -132,10 +134,12 @@ def compile(
     """``model`` compiled by torch.compile (default backend inductor; ``torch_compile_kwargs``:
     ``backend`` "inductor" or "aot_eager", ``mode``, ``options``) with remat's schedule as the
     partition: the forward saves what the schedule keeps, the backward recomputes what it
-    drops, where and as often as it says. ``budget``: bytes, units ("512MiB"), a percentage of
-    the compiled step's measured peak without a plan ("50%") or "min" (the schedule of least
-    peak). The step is ``loss_fn(model(*example_inputs, **example_kwargs)).backward()``; its
-    measured peak on the example inputs is within the budget, else `CompileError`.
+    drops, where and as often as it says. ``budget`` (`solver.core.budget.Budget`): bytes,
+    units ("512MiB"), a percentage of the compiled step's measured peak without a plan ("50%")
+    or "min" (the least peak, then the least cost at it). The step is
+    ``loss_fn(model(*example_inputs, **example_kwargs)).backward()`` (``example_inputs``: a
+    tuple or list, or one tensor); its measured peak on the example inputs is within the
+    budget, else `CompileError` (as for an output without a loss, `default_loss`).
     ``time_limit``: seconds for the whole call, solves, compiles and measurements included
     (NOTE [one deadline]); at most ``max_compiles`` compiles besides the plain compile of a
     percentage's basis. Before returning, one step of the compiled model is held against
@@ -145,13 +149,14 @@ def compile(
     Python's default handler): the first ends the call as the time limit does, a second raises
     KeyboardInterrupt."""
     name, options = _options(torch_compile_kwargs)
-    if not time_limit > 0:
-        raise CompileError(f"time_limit must be a positive number of seconds, not {time_limit!r}")
-    stop = Stop()
-    deadline = Deadline.after(time_limit, stop)
-    with first_sigint_stops(stop):
-        steps = _Steps(model, tuple(example_inputs), dict(example_kwargs or {}), loss_fn, deadline)
-        return _compile(steps, budget, name, options, max_compiles, check or CompileCheck())
+    inputs = positional_inputs(example_inputs, CompileError)
+    try:
+        wanted = Budget.of(budget)
+    except BudgetError as e:
+        raise CompileError(str(e)) from e
+    with call_deadline(time_limit, CompileError) as deadline:
+        steps = _Steps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
+        return _compile(steps, wanted, name, options, max_compiles, check or CompileCheck())
 
 
 @dataclass
@@ -227,7 +232,7 @@ class _Steps:
 
 def _compile(
     steps: _Steps,
-    budget: str | int | float,
+    wanted: Budget,
     name: str,
     options: dict[str, Any],
     max_compiles: int,
@@ -241,10 +246,10 @@ def _compile(
             plain.append(measured.peak)
         return plain[0]
 
-    minimum = isinstance(budget, str) and budget.strip().lower() == "min"
+    budget, minimum = wanted.text, wanted.least
     try:
-        target = None if minimum else parse_bytes(budget, hundred)
-    except ValueError as e:
+        target = None if minimum else wanted.bytes(hundred)
+    except BudgetError as e:
         raise CompileError(str(e)) from e
     deadline = steps.deadline
     tries: list[Try] = []

@@ -20,6 +20,7 @@ from torch import nn
 
 from executor.compiled.partitioner import _Infeasible
 from executor.errors import CompileError
+from executor.loss import step_loss
 from graph_capture.measurement.peak import Snapshot, measure_peak
 from solver.deadline import Deadline
 
@@ -77,8 +78,9 @@ def run_step(
     kwargs: Mapping[str, object],
     loss_fn: Callable[[object], torch.Tensor],
 ) -> torch.Tensor:
-    """One training step through ``call``: forward, loss, backward; returns the loss."""
-    loss = loss_fn(call(*inputs, **kwargs))
+    """One training step through ``call``: forward, loss, backward; returns the loss. An
+    output without a loss (`default_loss`) is refused as `CompileError`."""
+    loss = step_loss(loss_fn, call(*inputs, **kwargs), CompileError)
     loss.backward()
     return loss.detach()
 

@@ -24,7 +24,8 @@ import networkx as nx
 import torch
 from torch import nn
 
-from executor.errors import FitError, PlanError
+from executor.errors import FitError
+from executor.loss import step_loss
 from graph_capture import capture
 from graph_capture.captured import CapturedGraph
 from graph_capture.errors import CaptureError
@@ -53,10 +54,7 @@ def with_loss(
 
 
 def _loss_forward(model: nn.Module, *args: object, **kwargs: object) -> torch.Tensor:
-    try:
-        return model.remat_loss_fn(type(model).forward(model, *args, **kwargs))
-    except PlanError as error:  # default_loss: an output without a loss
-        raise FitError(str(error)) from error
+    return step_loss(model.remat_loss_fn, type(model).forward(model, *args, **kwargs), FitError)
 
 
 def build(factory: Callable[[int], object], size: int, dim: str) -> Made:

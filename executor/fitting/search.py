@@ -42,8 +42,8 @@ from executor.fitting.graphs import SizedGraphs, with_loss
 from executor.fitting.memory import OPTIMIZERS, predicted_static
 from executor.loss import default_loss
 from graph_capture.measurement.roofline import resolve_target
-from solver.core.budget import parse_budget, parse_overhead
-from solver.deadline import Deadline, Stop
+from solver.core.budget import LEAST, PERCENT, USABLE, Budget, parse_overhead
+from solver.deadline import Deadline
 from solver.fitting.result import (
     Fit,
     StaticBytes,
@@ -53,7 +53,7 @@ from solver.fitting.result import (
     eager_above,
 )
 from solver.fitting.search import FitResult, confirmed, largest_fitting
-from solver.interrupt import first_sigint_stops
+from solver.interrupt import call_deadline
 from solver.target import BACKENDS, Device, nccl_communicators
 
 SEARCH_SHARE = 0.6
@@ -85,7 +85,8 @@ def fit(
     capacity less the process's memory outside PyTorch, an NCCL communicator's included at
     `world_size` > 1 over NCCL).
 
-    `factory(size)` returns ``(model, example_inputs[, example_kwargs])`` at that size;
+    `factory(size)` returns ``(model, example_inputs[, example_kwargs])`` at that size (one
+    tensor as the one input);
     `loss_fn(output)` is the step's scalar loss, as in `checkpoint_plan` (default
     `default_loss`: ``output.loss``, or the output itself where the forward returns the
     loss). `max_overhead`: the compute cap, a multiple of computing
@@ -112,15 +113,14 @@ def fit(
     True; `backend`, default "nccl").
 
     Raises FitError (which size failed and why; a memory below the parameters, gradients and
-    optimizer state; a graph that changes shape with the size; nothing known by the deadline)
-    and ValueError (bad arguments).
+    optimizer state; a graph that changes shape with the size; nothing known by the deadline;
+    a `time_limit` that is not a positive number of seconds), `solver.target.UnknownTargetError`
+    (an unknown target) and ValueError (bad arguments).
     """
     if dim not in ("batch", "seq"):
         raise ValueError(f"dim must be 'batch' or 'seq', not {dim!r}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
-    if not time_limit > 0:
-        raise ValueError(f"time_limit must be a positive number of seconds, not {time_limit!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, not {world_size!r}")
     if world_size > 1 and target is None:
@@ -131,22 +131,23 @@ def fit(
     if fsdp and world_size == 1:
         raise ValueError("fsdp options apply only with world_size > 1")
     cap = parse_overhead(max_overhead)
+    device = None if target is None else resolve_target(target)  # UnknownTargetError
+    wanted = Budget.of(memory)
+    if wanted.kind in (PERCENT, LEAST):
+        raise ValueError(
+            f"memory {memory!r} is device memory: give bytes or units (24GiB), not a "
+            "percentage or 'min'"
+        )
+    backend = str((fsdp or {}).get("backend", BACKENDS[0]))
+    nccl = nccl_communicators(backend) if world_size > 1 else 0
+    memory = wanted.bytes(usable=None if device is None else lambda: device.usable(nccl))
     memory_note = None
-    if memory is None:
-        if target is None:
-            raise ValueError("memory=None needs a target (the device whose usable memory it is)")
-        device = resolve_target(target)
-        backend = str((fsdp or {}).get("backend", BACKENDS[0]))
-        nccl = nccl_communicators(backend) if world_size > 1 else 0
-        memory = device.usable(nccl)
+    if wanted.kind == USABLE and device is not None:
         memory_note = f"memory: {device.name}'s {device.describe_usable(nccl)}"
-    memory = _memory_bytes(memory)
-    stop = Stop()
-    deadline = Deadline.after(time_limit, stop)
     if target is not None:
         capture_options = {**(capture_options or {}), "target": target}
         run = False
-    with first_sigint_stops(stop, on_interrupt):
+    with call_deadline(time_limit, FitError, on_interrupt) as deadline:
         return _fit(
             with_loss(factory, loss_fn),
             memory,
@@ -306,12 +307,6 @@ def _statics(
     rounding = resolve_target(graphs.options["target"]).rounding
     predicted = {s: predicted_static(*graphs.captures[s].made, optimizer, rounding) for s in sizes}
     return {s: static for s, (static, _) in predicted.items()}, predicted[sizes[0]][1]
-
-
-def _memory_bytes(memory: int | str) -> int:
-    if isinstance(memory, str) and "%" in memory:
-        raise ValueError(f"memory {memory!r}: give bytes or units (24GiB), not a percentage")
-    return parse_budget(memory, None)  # type: ignore[arg-type]  # no problem needed without %
 
 
 def _bytes_model(graphs: SizedGraphs) -> str:

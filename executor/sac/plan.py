@@ -41,12 +41,13 @@ from executor.sac.record import RECORDING_STEPS, record_union
 from executor.sac.region import cache_off, run_checkpointed
 from executor.sac.sharded import fsdp_policy, model_memory, solve_sharded
 from executor.sac.step import RecordingTime, Snapshot, in_call_order, leaf_tensors
-from solver.core.budget import parse_bytes, plain_step
-from solver.deadline import Deadline
+from graph_capture.inputs import positional_inputs
+from solver.core.budget import USABLE, Budget, plain_step
 from solver.errors import ScheduleMismatchError
+from solver.interrupt import call_deadline
 from solver.sac.solve import solve_sac
 from solver.sac.union import SacUnion, UnionPlan
-from solver.target import Device, FsdpPolicy, UnknownTargetError
+from solver.target import Device, FsdpPolicy
 
 __all__ = ["REGIONS", "CheckpointPlan", "checkpoint_plan"]
 
@@ -270,16 +271,14 @@ def _check_device(model: nn.Module, inputs: object, estimate: bool) -> None:
 
 
 def _measurer(target: str | Device | None) -> Measured:
-    """`Measured` without a target; `Estimate` for a device name, device file or `Device`."""
+    """`Measured` without a target; `Estimate` for a device name, device file or `Device`
+    (`UnknownTargetError` for another)."""
     if target is None:
         return Measured()
     from executor.sac.estimate import Estimate
     from graph_capture.measurement.roofline import resolve_target
 
-    try:
-        return Estimate(resolve_target(target))
-    except UnknownTargetError as e:
-        raise PlanError(str(e)) from e
+    return Estimate(resolve_target(target))
 
 
 def _check_world_size(world_size: int) -> None:
@@ -293,7 +292,7 @@ REGIONS = ("choose", "blocks", "children")
 
 def checkpoint_plan(
     model: nn.Module,
-    example_inputs: Sequence[object],
+    example_inputs: Sequence[object] | torch.Tensor,
     budget: str | int | float | None,
     *,
     example_kwargs: Mapping[str, object] | None = None,
@@ -306,12 +305,13 @@ def checkpoint_plan(
     fsdp: FsdpPolicy | None = None,
 ) -> CheckpointPlan:
     """The SAC plan of least cost (recompute seconds plus checkpoint's price per region plus SAC
-    overhead) for one training step
-    of `model` on the example inputs
-    (`loss_fn(model(*example_inputs, **example_kwargs)).backward()`) whose predicted peak is at
-    most `budget`: bytes, units ("512MiB"), a percentage of the step without checkpointing
-    ("50%") or "min" (the least peak of any plan). `blocks`: module names or glob patterns of
-    the blocks, run once each per step, in sequence (default: the model's repeated blocks).
+    overhead) for one training step of `model` on the example inputs
+    (`loss_fn(model(*example_inputs, **example_kwargs)).backward()`; `example_inputs`: a tuple
+    or list, or one tensor) whose predicted peak is at most `budget`
+    (`solver.core.budget.Budget`): bytes, units ("512MiB"), a percentage of the step without
+    checkpointing ("50%") or "min" (the least peak of any plan, then the least cost at it).
+    `blocks`: module names or glob patterns of the blocks, run once each per step, in sequence
+    (default: the model's repeated blocks).
     `regions`: "choose" (per block: no region, the whole block, or some of its children; one
     exact solve over all of these), "blocks" (whole blocks only) or "children" (children only,
     where a block's children run once each in sequence; a block with fewer than two children,
@@ -329,56 +329,66 @@ def checkpoint_plan(
     device memory per rank (a percentage: of the per-rank peak without checkpointing; None:
     what the target lets PyTorch allocate, `solver.target.Device.usable`: its capacity less
     the process's memory outside PyTorch, NCCL's included), and `plan.peak`, `plan.budget`,
-    `plan.plain_peak` are per rank (docs/sac.md, "Under FSDP2"). PlanError (one line) for an
-    unknown target, a model allocating real memory or with data-dependent shapes in estimate
-    mode."""
+    `plan.plain_peak` are per rank (docs/sac.md, "Under FSDP2"). PlanError (one line) for a
+    model allocating real memory or with data-dependent shapes in estimate mode;
+    `solver.target.UnknownTargetError` for an unknown target. Ctrl-C (from the main thread,
+    where SIGINT has Python's default handler): the first ends the call as the time limit
+    does (the best plan the solve has, or PlanError during the recording), a second raises
+    KeyboardInterrupt."""
     if regions not in REGIONS:
         raise PlanError(f"regions must be one of {REGIONS}, not {regions!r}")
-    minimum = isinstance(budget, str) and budget.strip().lower() == "min"
     _check_world_size(world_size)
     sharded = world_size > 1 or fsdp is not None
-    if not minimum and not (sharded and budget is None):
-        parse_bytes(budget, lambda: 1)  # an unreadable budget fails before any recording
+    wanted = Budget.of(budget)  # an unreadable budget fails before any recording
+    example_inputs = positional_inputs(example_inputs, PlanError)
     kwargs = dict(example_kwargs or {})
     measurer = _measurer(target)
     device = getattr(measurer, "device", None)
+    if wanted.kind == USABLE and not (sharded and device is not None):
+        raise PlanError(
+            "budget None is a target's usable memory per rank, for a sharded plan (a target "
+            "and world_size > 1): give bytes, units, a percentage or 'min'"
+        )
     policy = fsdp_policy(model, world_size, fsdp, device) if sharded else None
     _check_device(model, (example_inputs, kwargs), measurer.target is not None)
-    deadline = Deadline.after(time_limit)
-    sets = 1 if regions == "blocks" else 2  # the blocks, and their children
-    clock = RecordingTime(
-        time_limit,
-        deadline,
-        deadline.share(0.5),
-        sum(RECORDING_STEPS[k] for k in ("eager", "windows", "order"))
-        + sets * sum(RECORDING_STEPS[k] for k in ("ops", "prices")),
-    )
+    with call_deadline(time_limit, PlanError) as deadline:
+        sets = 1 if regions == "blocks" else 2  # the blocks, and their children
+        clock = RecordingTime(
+            time_limit,
+            deadline,
+            deadline.share(0.5),
+            sum(RECORDING_STEPS[k] for k in ("eager", "windows", "order"))
+            + sets * sum(RECORDING_STEPS[k] for k in ("ops", "prices")),
+        )
 
-    with measurer.running(model, (tuple(example_inputs), kwargs)) as (inputs, kw):
+        with measurer.running(model, (example_inputs, kwargs)) as (inputs, kw):
 
-        def step() -> torch.Tensor:
-            return loss_fn(model(*inputs, **kw))
+            def step() -> torch.Tensor:
+                return loss_fn(model(*inputs, **kw))
 
-        if measurer.runs_warmup:
-            _run_eagerly(model, step)
-        clock.finished("a plain step", RECORDING_STEPS["eager"])
-        selected = select_blocks(model, blocks)
-        kids = [] if regions == "blocks" else _kids(selected)
-        order = in_call_order(model, selected + kids, step)
-        blocks_ = {id(pair) for pair in selected}  # the pairs themselves: a child may be a block
-        named = [pair for pair in order if id(pair) in blocks_]
-        children = [None] * len(named) if regions == "blocks" else _children(named, order)
-        clock.finished("the call order", RECORDING_STEPS["order"])
-        union, kept = record_union(model, named, children, step, clock=clock, measurer=measurer)
-    whole = regions != "children"
-    if policy is None:
-        step_budget = "min" if minimum else parse_bytes(budget, lambda: union.plain_peak)
-        solution = solve_sac(union, step_budget, deadline, whole=whole)
-        return _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
-    memory = model_memory(model, [m for _, m in named], policy)
-    done = solve_sharded(union, memory, budget, device, deadline, whole, policy.nccl_communicators)
-    plan = _plan(model, named, kept, union, done.solution, measurer.target, done.plain_peak)
-    return replace(plan, world_size=policy.world_size)
+            if measurer.runs_warmup:
+                _run_eagerly(model, step)
+            clock.finished("a plain step", RECORDING_STEPS["eager"])
+            selected = select_blocks(model, blocks)
+            kids = [] if regions == "blocks" else _kids(selected)
+            order = in_call_order(model, selected + kids, step)
+            blocks_ = {
+                id(pair) for pair in selected
+            }  # the pairs themselves: a child may be a block
+            named = [pair for pair in order if id(pair) in blocks_]
+            children = [None] * len(named) if regions == "blocks" else _children(named, order)
+            clock.finished("the call order", RECORDING_STEPS["order"])
+            union, kept = record_union(model, named, children, step, clock=clock, measurer=measurer)
+        whole = regions != "children"
+        if policy is None:
+            solution = solve_sac(union, wanted, deadline, whole=whole)
+            return _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
+        memory = model_memory(model, [m for _, m in named], policy)
+        done = solve_sharded(
+            union, memory, wanted, device, deadline, whole, policy.nccl_communicators
+        )
+        plan = _plan(model, named, kept, union, done.solution, measurer.target, done.plain_peak)
+        return replace(plan, world_size=policy.world_size)
 
 
 def _kids(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:

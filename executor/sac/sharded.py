@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from executor.errors import PlanError
-from solver.core.budget import parse_bytes
+from solver.core.budget import USABLE, Budget
 from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError
 from solver.sac.memory import SacPlan
@@ -95,7 +95,7 @@ def _no_checkpoint(union: SacUnion) -> UnionPlan:
 def solve_sharded(
     union: SacUnion,
     memory: FsdpMemory,
-    budget: str | int | float | None,
+    budget: Budget | str | int | float | None,
     device: Device | None,
     deadline: Deadline,
     whole: bool,
@@ -107,15 +107,12 @@ def solve_sharded(
     budget is what the resident bytes leave, each window less its most FSDP bytes
     (solver/sac/sharded.py)."""
     plain = memory.resident + rank_peak(union, _no_checkpoint(union), memory).step_peak
-    if budget is None:
-        if device is None:
-            raise PlanError("a budget is needed without a target (the device's usable memory)")
-        budget = device.usable(nccl_communicators)
+    wanted = Budget.of(budget)
+    usable = None if device is None else lambda: device.usable(nccl_communicators)
+    rank = None if wanted.least else wanted.bytes(lambda: plain, usable)
+    basis = ""
+    if device is not None and wanted.kind == USABLE:
         basis = f" ({device.name}'s {device.describe_usable(nccl_communicators)})"
-    else:
-        basis = ""
-    minimum = isinstance(budget, str) and budget.strip().lower() == "min"
-    rank = None if minimum else parse_bytes(budget, lambda: plain)
     parts = ", ".join(f"{k} {v:,} B" for k, v in memory.resident_parts.items())
     if rank is not None and rank <= memory.resident:
         raise PlanError(
@@ -126,7 +123,7 @@ def solve_sharded(
     problem = shifted(union, memory)
     try:
         solution = solve_sac(
-            problem, "min" if rank is None else rank - memory.resident, deadline, whole
+            problem, wanted if rank is None else rank - memory.resident, deadline, whole
         )
     except InfeasibleBudgetError as e:
         least = None if e.minimum_bytes is None else memory.resident + e.minimum_bytes

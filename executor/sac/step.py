@@ -47,8 +47,8 @@ class RecordingTime:
     recording stops repeating measurements, leaving the rest to the solve. A measurement's
     first run is taken whatever the time (`repeats`); `finished` notes each part recorded,
     with its weight in plain steps at one run per measurement of the `total` the recording
-    makes, and raises `PlanError` once `deadline` has passed, naming what was recorded and
-    about how long the whole recording needs."""
+    makes, and raises `PlanError` once `deadline` has passed (or its stop was requested: the
+    first Ctrl-C), naming what was recorded and about how long the whole recording needs."""
 
     time_limit: float = float("inf")
     deadline: Deadline = NEVER
@@ -77,6 +77,11 @@ class RecordingTime:
             return
         elapsed = time.perf_counter() - self.began
         need = elapsed * self.total / self.steps
+        if self.deadline.stopped():
+            raise PlanError(
+                f"checkpoint_plan was interrupted while recording ({elapsed:.1f} s: "
+                f"{', '.join(self.done)}): no plan before the recording is done"
+            )
         raise PlanError(
             f"checkpoint_plan ran out of time_limit={self.time_limit:g} s while recording: in "
             f"{elapsed:.1f} s it recorded {', '.join(self.done)}, and the whole recording, each "

@@ -22,6 +22,7 @@ buffer taken at the start of the step, so every recompute sees what the first co
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -31,17 +32,22 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from executor.errors import UnsupportedScheduleError, UnusedOutputGradientError
+from executor.errors import (
+    RematerializeError,
+    UnsupportedScheduleError,
+    UnusedOutputGradientError,
+)
 from executor.traced.checks import check_call
 from executor.traced.codegen import compile_ops
 from executor.traced.estimated import EstimateCheck, FirstStepPeak, match_estimated
 from executor.traced.interpreter import ScheduleInterpreter, Step
 from graph_capture.captured import CapturedGraph
 from graph_capture.measurement.device import no_autocast
+from solver.core.budget import PERCENT, Budget
 from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
-from solver.deadline import Deadline
 from solver.errors import ScheduleMismatchError, SolverTimeoutError
+from solver.interrupt import call_deadline
 
 __all__ = ["Rematerialized", "load_schedule", "rematerialize", "split_ops"]
 
@@ -305,7 +311,7 @@ class Rematerialized(nn.Module):
         cls,
         path: str | Path,
         model: nn.Module,
-        example_inputs: Sequence[torch.Tensor],
+        example_inputs: Sequence[torch.Tensor] | torch.Tensor,
         example_kwargs: Mapping[str, torch.Tensor] | None = None,
         *,
         capture_options: Mapping[str, object] | None = None,
@@ -386,7 +392,7 @@ def _estimated_for_another(schedule: Schedule, captured: CapturedGraph | nx.DiGr
 
 def rematerialize(
     model: nn.Module,
-    example_inputs: Sequence[torch.Tensor],
+    example_inputs: Sequence[torch.Tensor] | torch.Tensor,
     budget: int | float | str,
     *,
     example_kwargs: Mapping[str, torch.Tensor] | None = None,
@@ -396,26 +402,34 @@ def rematerialize(
 ) -> Rematerialized:
     """Capture `model`, solve for `budget` and wrap: the one call for the common case.
 
-    `budget`: bytes, "512MiB", or "50%" of the measured peak of the plain training step (capture
-    measures it for a percentage: graph attribute ``plain_peak``). The model is captured as
-    called with ``model(*example_inputs, **example_kwargs)``, under the autocast state in force
-    (train under the same one); the wrapped model returns the model's outputs, the loss is the
-    caller's. `time_limit`: seconds for the whole call, capture and solve: the solve gets what
-    the capture leaves (`solver.solve`'s bound). `capture_options` go to `graph_capture.capture`
-    (``granularity``, ``cost_model``, ...), `solve_options` to `solver.solve` (``workers``,
-    ...).
+    `budget` (`solver.core.budget.Budget`): bytes, "512MiB", "50%" of the measured peak of the
+    plain training step (capture measures it for a percentage: graph attribute
+    ``plain_peak``), or "min" (the least peak, then the least cost at it). The model is
+    captured as called with ``model(*example_inputs, **example_kwargs)`` (`example_inputs`: a
+    tuple or list, or one tensor), under the autocast state in force (train under the same
+    one); the wrapped model returns the model's outputs, the loss is the caller's.
+    `time_limit`: seconds for the whole call, capture and solve: the solve gets what the
+    capture leaves (`solver.solve`'s bound); `RematerializeError` where it is not a positive
+    number of seconds. `capture_options` go to `graph_capture.capture` (``granularity``,
+    ``cost_model``, ...), `solve_options` to `solver.solve` (``workers``, ...). Ctrl-C (from
+    the main thread, where SIGINT has Python's default handler): the first ends the call as
+    the time limit does (the capture runs to its end, then the solve returns the best
+    schedule it has), a second raises KeyboardInterrupt.
     """
     import solver
     from graph_capture import capture
 
-    deadline = Deadline.after(time_limit)
-    options = {"plain_peak": "%" in str(budget), **(capture_options or {})}
-    captured = capture(model, example_inputs, example_kwargs, **options)
-    left = deadline.remaining()
-    if left <= 0:
-        raise SolverTimeoutError(
-            f"the capture took all of time_limit={time_limit:g} s "
-            f"({time_limit - left:.1f} s): raise time_limit to leave the solve some"
+    wanted = Budget.of(budget)  # an unreadable budget fails before the capture
+    options = {"plain_peak": wanted.kind == PERCENT, **(capture_options or {})}
+    with call_deadline(time_limit, RematerializeError) as deadline:
+        captured = capture(model, example_inputs, example_kwargs, **options)
+        if deadline.passed() and not deadline.stopped():
+            took = time.perf_counter() - (deadline.at - time_limit)
+            raise SolverTimeoutError(
+                f"the capture took all of time_limit={time_limit:g} s ({took:.1f} s): raise "
+                "time_limit to leave the solve some"
+            )
+        schedule = solver.solve(
+            captured.dag, wanted, time_limit=time_limit, deadline=deadline, **solve_options
         )
-    schedule = solver.solve(captured.dag, budget=budget, time_limit=left, **solve_options)
     return Rematerialized(model, captured, schedule)

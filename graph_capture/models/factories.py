@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from graph_capture.errors import CaptureError
+from graph_capture.inputs import positional_inputs
 
 
 def import_factory(spec: str) -> Callable[..., object]:
@@ -35,13 +36,13 @@ def import_factory(spec: str) -> Callable[..., object]:
 def unpack_model(
     made: object,
 ) -> tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
-    """A factory's result as ``(model in train mode, example_inputs, example_kwargs)``;
-    CaptureError where it is not ``(model, example_inputs[, example_kwargs])``."""
+    """A factory's result as ``(model in train mode, example_inputs, example_kwargs)``, one
+    tensor as the one input (`positional_inputs`); CaptureError where it is not ``(model,
+    example_inputs[, example_kwargs])``."""
     if not (isinstance(made, tuple) and len(made) in (2, 3) and isinstance(made[0], nn.Module)):
         raise CaptureError("the factory must return (model, example_inputs[, example_kwargs])")
     model, inputs, kwargs = made if len(made) == 3 else (*made, {})
-    inputs = tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
-    return model.train(), inputs, dict(kwargs)
+    return model.train(), positional_inputs(inputs), dict(kwargs)
 
 
 def _import_from_cwd(module_name: str):

@@ -34,6 +34,7 @@ from graph_capture.trace.autograd_functions import (
 from graph_capture.trace.dropout import dropout_as_eager_cpu
 from graph_capture.trace.fx_nodes import describe_op
 from graph_capture.trace.lifted import LiftedConstant
+from solver.errors import RematError
 
 
 @dataclass
@@ -111,6 +112,8 @@ def _export(
         try:
             exported = torch.export.export(model, inputs, kwargs, strict=False)
         except Exception as error:
+            if isinstance(error, RematError) and not isinstance(error, CaptureError):
+                raise  # a runtime's refusal from inside the forward (fit's loss): as it is
             where = (stack[-1][0] if stack else "") or "(root)"
             culprit = failing_function(error, functions)
             inside = f" in custom autograd.Function {qualified(culprit)}" if culprit else ""

@@ -1,13 +1,20 @@
 """Budgets as the user gives them, the one place their spellings are defined.
 
-Memory budgets (`parse_budget`, `parse_bytes`): a bare number is bytes (whole); text is bytes
-with a unit (`512MiB`, `1.5GiB`, `2GB`) or a percentage (`50%`). 100% is the peak of the plain
-training step (forward and backward without checkpointing, bytes above what exists before the
-step, its gradients created in it) where the graph carries one (the graph attribute
-`plain_peak`: measured by capture and by `checkpoint_plan`, or in estimate mode predicted, which
-the graph attribute `plain_peak_basis` = "predicted" says), and the modelled checkpoint-all peak
-(`checkpoint_all_peak`) for a graph without (the published graphs): `hundred_percent` says
-which.
+Memory budgets (`Budget.of`, the one parser; `parse_budget` for a graph's bytes) are of four
+kinds:
+
+- bytes: a bare number is bytes (whole); text is bytes with a unit (`512MiB`, `1.5GiB`, `2GB`);
+- percent: `50%` of a basis the runtime names. For a graph, 100% is the peak of the plain
+  training step (forward and backward without checkpointing, bytes above what exists before
+  the step, its gradients created in it) where the graph carries one (the graph attribute
+  `plain_peak`: measured by capture and by `checkpoint_plan`, or in estimate mode predicted,
+  which the graph attribute `plain_peak_basis` = "predicted" says), and the modelled
+  checkpoint-all peak (`checkpoint_all_peak`) for a graph without (the published graphs):
+  `hundred_percent` says which;
+- least: `"min"`, the least peak any schedule (or plan) reaches, and at that peak the least
+  recompute cost: a solve finds its bytes (`solver.solve`, `solver.sac.solve.solve_sac`);
+- usable: None where a device is known, what it lets PyTorch allocate
+  (`solver.target.Device.usable`: its capacity less the process's memory outside PyTorch).
 
 Compute budgets and overhead caps (`parse_compute_budget`; `fit`'s `max_overhead`): a bare
 number, or one with an `x` (`1.3`, `"1.3x"`), is a factor of computing every node once;
@@ -20,9 +27,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from solver.core.graph import Problem
 from solver.core.stages import checkpoint_all
+from solver.errors import BudgetError
 
 _UNITS = {
     "": 1,
@@ -79,41 +88,96 @@ def as_percent(n: int, hundred: int, basis: str) -> str:
     return f"{math.ceil(n * 1000 / hundred) / 10:g}% of {basis}"
 
 
-def parse_budget(text: str | int | float, problem: Problem) -> int:
-    """Memory budget in bytes from `123456`, `512MiB`, `1.5 GiB`, `2GB` or `80%`.
+BYTES, PERCENT, LEAST, USABLE = "bytes", "percent", "least", "usable"
+"""The kinds of `Budget`."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A memory budget as given, read (`Budget.of`); its bytes where a runtime knows its basis
+    (`bytes`). ``kind``: `BYTES` (``value`` bytes), `PERCENT` (``value`` percent of a basis),
+    `LEAST` ("min") or `USABLE` (None: a device's usable memory); ``text``: as given, for
+    messages."""
+
+    kind: str
+    value: float = 0.0
+    text: str = ""
+
+    @classmethod
+    def of(cls, budget: Budget | str | int | float | None) -> Budget:
+        """The budget `budget` spells: bytes (`123456`, `"512MiB"`, `"1.5 GiB"`, `"2GB"`), a
+        percentage (`"80%"`), `"min"` (any case) or None (a device's usable memory); a
+        `Budget` as it is. `BudgetError` for anything else, and for a count of bytes that is
+        not whole (`0.5` is refused rather than read as 0 bytes)."""
+        if isinstance(budget, Budget):
+            return budget
+        if budget is None:
+            return cls(USABLE, text="None")
+        if isinstance(budget, int | float) and not isinstance(budget, bool):
+            return cls(BYTES, _whole_bytes(budget, budget), repr(budget))
+        s = str(budget).strip().lower().replace(" ", "")
+        if s == "min":
+            return cls(LEAST, text="min")
+        match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)(%|[kmgt]?i?b?)", s)
+        if isinstance(budget, bool) or not match:
+            raise BudgetError(
+                f"cannot read memory budget {budget!r}: use bytes (1048576), units (512MiB, "
+                "1.5GiB, 2GB), a percentage of the plain step's peak (80%) or 'min'"
+            )
+        value, unit = float(match.group(1)), match.group(2)
+        if unit == "%":
+            return cls(PERCENT, value, str(budget))
+        if unit not in _UNITS:
+            raise BudgetError(f"unknown unit in memory budget {budget!r}")
+        whole = _whole_bytes(value, budget) if _UNITS[unit] == 1 else int(value * _UNITS[unit])
+        return cls(BYTES, whole, str(budget))
+
+    @property
+    def least(self) -> bool:
+        """Whether this is "min", the least peak (its bytes are a solve's)."""
+        return self.kind == LEAST
+
+    def bytes(
+        self,
+        hundred: Callable[[], int] | None = None,
+        usable: Callable[[], int] | None = None,
+    ) -> int:
+        """The budget in bytes: a percentage of ``hundred()`` bytes (rounded down), a device's
+        usable memory ``usable()``, each called only for its kind. `BudgetError` for "min"
+        (a solve finds its bytes) and for a kind whose basis is not given."""
+        if self.kind == BYTES:
+            return int(self.value)
+        if self.kind == PERCENT and hundred is not None:
+            return int(self.value / 100 * hundred())
+        if self.kind == USABLE and usable is not None:
+            return usable()
+        if self.kind == LEAST:
+            raise BudgetError(
+                "'min' is the least peak a solve finds, not a number of bytes given before it: "
+                "give bytes, units or a percentage here"
+            )
+        if self.kind == USABLE:
+            raise BudgetError(
+                "a budget (or fit's memory) of None stands for a target device's usable "
+                "memory, and no target is given: give bytes or a target"
+            )
+        raise BudgetError(f"a percentage ({self.text}) has no basis here: give bytes or units")
+
+
+def parse_budget(text: Budget | str | int | float, problem: Problem) -> int:
+    """Memory budget in bytes from `123456`, `512MiB`, `1.5 GiB`, `2GB` or `80%` (`Budget.of`).
 
     A percentage is of `hundred_percent(problem)`, rounded down; a count of bytes without a
-    unit must be whole (`0.5` is refused rather than read as 0 bytes).
+    unit must be whole (`0.5` is refused rather than read as 0 bytes); "min" is refused
+    (`solver.solve` takes it).
     """
-    return parse_bytes(text, lambda: hundred_percent(problem)[0])
-
-
-def parse_bytes(text: str | int | float, hundred_percent: Callable[[], int]) -> int:
-    """`parse_budget` with the bytes of 100% given by `hundred_percent()` (called only for a
-    percentage)."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        return _whole_bytes(text, text)
-    s = str(text).strip().lower().replace(" ", "")
-    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)(%|[kmgt]?i?b?)", s)
-    if not match:
-        raise ValueError(
-            f"cannot read memory budget {text!r}: use bytes (1048576), units (512MiB, 1.5GiB, "
-            "2GB) or a percentage of the plain step's peak (80%)"
-        )
-    value, unit = float(match.group(1)), match.group(2)
-    if unit == "%":
-        return int(value / 100 * hundred_percent())
-    if unit not in _UNITS:
-        raise ValueError(f"unknown unit in memory budget {text!r}")
-    if _UNITS[unit] == 1:
-        return _whole_bytes(value, text)
-    return int(value * _UNITS[unit])
+    return Budget.of(text).bytes(lambda: hundred_percent(problem)[0])
 
 
 def _whole_bytes(value: float, text: object) -> int:
-    """`value` as a whole number of bytes; ValueError naming `text` otherwise."""
+    """`value` as a whole number of bytes; BudgetError naming `text` otherwise."""
     if not math.isfinite(value) or value != int(value):
-        raise ValueError(
+        raise BudgetError(
             f"memory budget {text!r} is not a whole number of bytes: give bytes (1048576), "
             "units (512MiB) or a percentage of the plain step's peak (50%)"
         )

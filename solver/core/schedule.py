@@ -37,7 +37,8 @@ class Schedule:
             else "FEASIBLE".
         bound: proven lower bound on the objective (cost units or bytes), None when unknown.
         budget: the memory budget in bytes it was solved for (None: unconstrained).
-        compute_budget: the cost budget it was solved for (objective="memory"), else None.
+        compute_budget: the cost budget it was solved for (objective="memory", or the
+            least-peak search of a "min" budget), else None.
         solve_seconds: wall-clock seconds spent producing it.
         graph_fingerprint: `Problem.fingerprint` of the graph it belongs to.
         cost_fingerprint: `Problem.cost_fingerprint` of the costs it was solved with ("" where

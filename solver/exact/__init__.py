@@ -3,6 +3,6 @@
 `stage_model`, `probes`; objective "memory": `least_peak`; `infeasible`)."""
 
 from solver.exact.options import SolveOptions
-from solver.exact.pipeline import COST_STEPS, minimum_peak, solve
+from solver.exact.pipeline import COST_STEPS, solve
 
-__all__ = ["COST_STEPS", "SolveOptions", "minimum_peak", "solve"]
+__all__ = ["COST_STEPS", "SolveOptions", "solve"]

@@ -14,7 +14,8 @@
         cascade.lifetime_polish       the lifetime search from the incumbent, to the deadline
       finish                          the schedule, replayed and checked, with its proof
 
-Objective "memory" runs `least_peak.begin` and `least_peak.STEPS` the same way. Each step is a
+Objective "memory" runs `least_peak.begin` and `least_peak.STEPS` the same way; the budget "min"
+runs that, then the steps of objective "cost" at the peak it found. Each step is a
 function that takes the state (`solver.exact.state.Search`) and returns it; the invariants it
 may rely on are the named notes of `solver.exact.state`. Adding a step (a bound, a presolve, a
 warm start) is writing one such function and listing it in COST_STEPS (or passing
@@ -25,13 +26,15 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
 
 import networkx as nx
 
-from solver.core.budget import human_bytes, parse_budget, parse_compute_budget
+from solver.core.budget import Budget, human_bytes, hundred_percent, parse_compute_budget
 from solver.core.graph import prepare
 from solver.core.schedule import Schedule, make_schedule
-from solver.deadline import Deadline, Stop
+from solver.deadline import Deadline, Stop, check_time_limit
 from solver.errors import InvalidScheduleError, SolverTimeoutError
 from solver.exact import least_peak, warm_start
 from solver.exact.cascade import cascade_cover, lifetime_polish
@@ -60,7 +63,7 @@ COST_STEPS = (
 
 def solve(
     graph: nx.DiGraph,
-    budget: int | str | None = None,
+    budget: Budget | int | str | None = None,
     *,
     objective: str = "cost",
     compute_budget: float | str | None = None,
@@ -75,16 +78,19 @@ def solve(
     Args:
         graph: DAG with `mem` (bytes), `cost` and optionally `transient` (bytes) on every node
             (see `solver.core.graph`).
-        budget: peak-memory budget for objective="cost": bytes, or text like "512MiB" / "80%"
-            (of the measured plain step where the graph has `plain_peak`, else of the
-            checkpoint-all peak: `solver.core.budget`). None means unconstrained. With
-            objective="memory" it must be None (ValueError), as compute_budget must be with
-            objective="cost".
+        budget: peak-memory budget for objective="cost" (`solver.core.budget.Budget`): bytes,
+            or text like "512MiB" / "80%" (of the measured plain step where the graph has
+            `plain_peak`, else of the checkpoint-all peak), or "min": the least peak (within
+            `compute_budget`), found with half of the time, then the least cost at that peak
+            with the rest (`extra["least_peak"]`: the status and bound of the least-peak
+            search; where the second search finds nothing in time, the least-peak schedule,
+            "FEASIBLE"). None means unconstrained. With objective="memory" it must be None
+            (ValueError), as compute_budget must be with objective="cost" but for "min".
         objective: "cost" (least total cost with peak <= budget) or "memory" (least peak with
             total cost <= compute_budget).
-        compute_budget: for objective="memory": a factor of computing every node once (1.2
-            or "1.2x"), or an absolute cost "0.02units" (`solver.core.budget`). None means
-            unlimited.
+        compute_budget: for objective="memory" and for "min": a factor of computing every node
+            once (1.2 or "1.2x"), or an absolute cost "0.02units" (`solver.core.budget`). None
+            means unlimited.
         time_limit: seconds, for everything (heuristics, bounds, models, the error paths): the
             call returns by then plus what one engine call overruns its own limit (`python -m
             benchmarks.solving.time_limits` measures it). At the limit the best schedule found comes
@@ -114,68 +120,72 @@ def solve(
     started = time.perf_counter()
     if objective not in ("cost", "memory"):
         raise ValueError(f"objective must be 'cost' or 'memory', not {objective!r}")
-    if not time_limit > 0:
-        raise ValueError(f"time_limit must be a positive number of seconds, not {time_limit!r}")
+    check_time_limit(time_limit)
     if objective == "memory" and budget is not None:
         raise ValueError(
             "a memory budget is for objective 'cost'; objective 'memory' minimises the peak "
             "(bound its recomputation with compute_budget)"
         )
-    if objective == "cost" and compute_budget is not None:
-        raise ValueError("compute_budget is for objective 'memory'; give budget instead")
+    wanted = None if budget is None else Budget.of(budget)
+    least = wanted is not None and wanted.least
+    if objective == "cost" and compute_budget is not None and not least:
+        raise ValueError("compute_budget is for objective 'memory' or budget 'min'")
     problem = prepare(graph)
     units = CostUnits.of(problem)
-    if objective == "cost":
-        goal = Goal("cost", units, budget=None if budget is None else parse_budget(budget, problem))
-    else:
-        limit = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
-        goal = Goal("memory", units, compute_budget=limit)
+    limit = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
     stop = Stop() if deadline is None or deadline.stop is None else deadline.stop
     at = started + time_limit if deadline is None else min(deadline.at, started + time_limit)
-    search = Search(
-        graph,
-        problem,
-        goal,
-        options,
-        workers,
-        Deadline(at, stop),
-        time_limit,
-        started,
-        print_progress if progress is True else (progress or None),
-    )
-    with first_sigint_stops(stop, _print_interrupted if progress is True else None):
-        if objective == "cost":
+    report = print_progress if progress is True else (progress or None)
+
+    def run(goal: Goal, until: Deadline) -> Schedule:
+        search = Search(graph, problem, goal, options, workers, until, time_limit, started, report)
+        if goal.objective == "cost":
             steps = COST_STEPS if options.steps is None else tuple(options.steps)
-            search = run_steps(warm_start.begin(search), steps)
-        else:
-            steps = least_peak.STEPS if options.steps is None else tuple(options.steps)
-            search = run_steps(least_peak.begin(search), steps)
-        return finish(search)
+            return finish(run_steps(warm_start.begin(search), steps))
+        steps = least_peak.STEPS if options.steps is None else tuple(options.steps)
+        return finish(run_steps(least_peak.begin(search), steps))
+
+    whole = Deadline(at, stop)
+    with first_sigint_stops(stop, _print_interrupted if progress is True else None):
+        if least:
+            return _least_then_cheapest(run, units, limit, whole)
+        if objective == "memory":
+            return run(Goal("memory", units, compute_budget=limit), whole)
+        bytes_ = None if wanted is None else wanted.bytes(lambda: hundred_percent(problem)[0])
+        return run(Goal("cost", units, budget=bytes_), whole)
+
+
+def _least_then_cheapest(
+    run: Callable[[Goal, Deadline], Schedule],
+    units: CostUnits,
+    compute_budget: float | None,
+    deadline: Deadline,
+) -> Schedule:
+    """The budget "min": the least peak (cost within `compute_budget`, graph units) by half of
+    the time left, then the least cost at that peak by `deadline`; where that second search
+    finds nothing in time, the least-peak schedule, "FEASIBLE" for the cost at its peak."""
+    least = run(Goal("memory", units, compute_budget=compute_budget), deadline.share(0.5))
+    try:
+        schedule = run(Goal("cost", units, budget=least.peak), deadline)
+    except SolverTimeoutError as e:
+        schedule = replace(
+            least,
+            objective="cost",
+            status="FEASIBLE",
+            bound=None if e.cost_bound is None else min(e.cost_bound, least.cost),
+            budget=least.peak,
+            extra=dict(least.extra),
+        )
+    schedule.compute_budget = compute_budget
+    schedule.extra["least_peak"] = {"status": least.status, "bound": least.bound}
+    schedule.extra["interrupted"] = deadline.stopped()
+    return schedule
 
 
 def _print_interrupted() -> None:
     print(
         "  interrupted: returning the best schedule found (Ctrl-C again to abort)",
         file=sys.stderr,
-    )
-
-
-def minimum_peak(
-    graph: nx.DiGraph,
-    *,
-    time_limit: float = 60.0,
-    workers: int = 8,
-    progress: ProgressFn | bool | None = None,
-    options: SolveOptions = DEFAULT,
-) -> Schedule:
-    """The schedule of least peak memory with unlimited recomputation (objective="memory")."""
-    return solve(
-        graph,
-        objective="memory",
-        time_limit=time_limit,
-        workers=workers,
-        progress=progress,
-        options=options,
     )
 
 

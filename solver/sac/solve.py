@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from solver.core.budget import as_percent, plain_step
+from solver.core.budget import Budget, as_percent, plain_step
 from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.sac.memory import SacPlan
@@ -219,10 +219,15 @@ class _Model:
         return terms + self.runtime
 
     def solve(self, deadline: Deadline) -> tuple[cp_model.CpSolver, int]:
+        """CP-SAT on the model by `deadline`, stopped when its stop is requested (Ctrl-C)."""
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(deadline.remaining(), 0.01)
         solver.parameters.num_workers = WORKERS
-        return solver, solver.Solve(self.m)
+        # Ctrl-C is the caller's (`solver.interrupt`); CP-SAT's own SIGINT handler, with a
+        # solution callback set, aborts the process
+        solver.parameters.catch_sigint_signal = False
+        with deadline.on_stop(solver.stop_search):
+            return solver, solver.Solve(self.m)
 
     def plan(self, solver: cp_model.CpSolver) -> UnionPlan:
         def sub(c, s) -> SacPlan:
@@ -277,17 +282,24 @@ def _upper_slack(union: SacUnion) -> int:
 
 
 def solve_sac(
-    problem: SacProblem | SacUnion, budget: int | str, deadline: Deadline, whole: bool = True
+    problem: SacProblem | SacUnion,
+    budget: Budget | int | str,
+    deadline: Deadline,
+    whole: bool = True,
 ) -> SacSolution:
     """The plan of least cost (recompute seconds plus each region's checkpoint price plus the SAC
-    runtime's overhead of each region saving an op) whose predicted peak is at most `budget` bytes;
-    `"min"`: at the least peak any plan reaches. Over a `SacUnion` the plan is a `UnionPlan`
+    runtime's overhead of each region saving an op) whose predicted peak is at most `budget`
+    (`Budget`: bytes, a percentage of the plain step, or "min": the least peak any plan reaches,
+    found with half of the time). Over a `SacUnion` the plan is a `UnionPlan`
     (per block: none, whole, or children; `whole=False`: never whole where a split exists),
     over a `SacProblem` a `SacPlan`. InfeasibleBudgetError names that least peak when the
     budget is below it; SolverTimeoutError when no plan is found in time."""
     union = problem if isinstance(problem, SacUnion) else SacUnion.whole(problem)
-    if budget == "min":
+    wanted = Budget.of(budget)
+    if wanted.least:
         _, budget, _ = least_peak(union, deadline.share(0.5), whole)
+    else:
+        budget = wanted.bytes(lambda: union.plain_peak)
     model = _Model(union, int(budget), whole)
     model.m.Minimize(model.cost())
     solver, status = model.solve(deadline)
