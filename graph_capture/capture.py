@@ -1,9 +1,11 @@
-"""`capture`: trace a model's training step, measure it on real tensors, group it for the solver."""
+"""`capture`: trace a model's training step, measure it on real tensors (or estimate it for a
+target device), group it for the solver."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.utils._pytree as pytree
@@ -24,13 +26,13 @@ from graph_capture.measurement.device import (
 )
 from graph_capture.measurement.estimate import (
     CUDA_GENERATOR_STATE_BYTES,
-    FakeStep,
     estimate_joint,
     fake_step,
 )
 from graph_capture.measurement.measure import (
     SCRATCH_KEY,
     SECONDS_KEY,
+    JointMeasure,
     StorageKey,
     is_random,
     measure_joint,
@@ -104,110 +106,230 @@ def capture(
     The global RNG state and the model are left as they were. ``example_inputs``: a tuple or
     list, or one tensor (`graph_capture.inputs.positional_inputs`). Raises `CaptureError`, and
     `solver.target.UnknownTargetError` for an unknown target.
+
+    Two paths share the tracing (`_trace`) and the DAG's assembly (`_assemble`):
+    `_capture_measured` (no ``target``) and `_capture_estimated`.
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")
     example_inputs = positional_inputs(example_inputs)
     kwargs = dict(example_kwargs or {})
     target_device = _target_device(target)
-    device = model_device(model) if target_device is None else torch.device("cpu")
+    grouping = _Grouping(granularity, cost_model, module_depth)
+    if target_device is None:
+        return _capture_measured(
+            model, example_inputs, kwargs, grouping, backward_from, repeats, plain_peak
+        )
+    return _capture_estimated(model, example_inputs, kwargs, grouping, backward_from, target_device)
+
+
+@dataclass(frozen=True)
+class _Grouping:
+    """How the DAG is made from the joint graph: `capture`'s ``granularity``, ``cost_model``
+    and ``module_depth``."""
+
+    granularity: str
+    cost_model: str
+    module_depth: int | None
+
+
+@dataclass(frozen=True)
+class _Joint:
+    """A traced joint graph and the arguments that run it: ``args`` are its placeholders'
+    values in order (parameters, buffers, detached inputs, ``tangents``); ``zero_outputs`` the
+    forward output positions whose tangent is known zero."""
+
+    traced: TracedJoint
+    layout: dict
+    output_specs: list[TensorSpec]
+    zero_outputs: list[int]
+    tangents: list[torch.Tensor]
+    args: list[torch.Tensor]
+
+    @property
+    def gm(self) -> torch.fx.GraphModule:
+        return self.traced.graph_module
+
+    @property
+    def grad_positions(self) -> list[int]:
+        """The flat output positions of the parameters' gradients."""
+        return list(self.layout["param_grad_indices"].values())
+
+
+def _capture_measured(
+    model: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    kwargs: dict[str, torch.Tensor],
+    grouping: _Grouping,
+    backward_from: Sequence[OutputName] | None,
+    repeats: int,
+    measure_plain_peak: bool,
+) -> CapturedGraph:
+    """`capture` on the model's device, in order, under a forked RNG:
+
+    1. `_trace`: the joint graph on the real inputs, its tangents and arguments
+    2. `measure_joint`: each op's seconds (least of ``repeats - 1`` passes) and bytes, run
+       without autocast (the graph holds its casts); each op's seconds and scratch bytes kept
+       in its node's meta (`remat calibrate`)
+    3. `add_accumulation_seconds`: the gradient accumulation's seconds
+    4. `_plain_peak` (where ``measure_plain_peak``): one eager step's measured peak bytes
+
+    then `_assemble`, with the graph attributes ``plain_peak`` (where measured) and
+    ``step_cost`` (seconds, the least whole pass plus the accumulation; cost model "time").
+    """
+    device = model_device(model)
     autocast = AutocastState.current(device)
-    fake: FakeStep | None
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(fork_rng(device))
-        fake = (
-            None
-            if target is None
-            else stack.enter_context(fake_step(model, example_inputs, kwargs))
+    with fork_rng(device):
+        joint = _trace(model, example_inputs, kwargs, backward_from, contextlib.nullcontext())
+        gm = joint.gm
+        with no_autocast(device.type):
+            measured = measure_joint(gm, joint.args, repeats=repeats)
+        for node in gm.graph.nodes:
+            if node.name in measured.nodes:
+                node.meta[SECONDS_KEY] = measured.nodes[node.name].seconds
+                node.meta[SCRATCH_KEY] = measured.nodes[node.name].scratch_bytes
+        accumulation = add_accumulation_seconds(
+            gm, joint.grad_positions, measured.outputs, measured.nodes, repeats
         )
-        traced_inputs = example_inputs if fake is None else fake.inputs
-        traced = trace_joint(model, traced_inputs, kwargs if fake is None else fake.kwargs)
-        layout = _layout(traced, model)
-        gm = traced.graph_module
-        output_specs = _output_specs(gm, layout["forward_output_indices"])
-        zero_outputs = _zero_tangent_outputs(traced, layout, backward_from)
-        tangent_of = dict(
-            zip(layout["tangent_output_indices"], layout["tangent_placeholders"], strict=True)
+        plain_peak = (
+            _plain_peak(
+                model, example_inputs, kwargs, joint.layout, joint.tangents, joint.zero_outputs
+            )
+            if measure_plain_peak
+            else None
         )
-        fold_zero_tangent_adds(gm, [tangent_of[k] for k in zero_outputs])
-        with fake.mode if fake is not None else contextlib.nullcontext():
-            tangents = default_tangents(
-                gm,
-                layout["tangent_placeholders"],
-                layout["tangent_output_indices"],
-                output_specs,
-                zero_outputs,
-            )
-        params = dict(model.named_parameters())
-        buffers = dict(model.named_buffers())
-        flat_inputs = [*traced_inputs, *(kwargs if fake is None else fake.kwargs).values()]
-        args = (
-            [params[n] for n in layout["param_names"]]
-            + [buffers[n] for n in layout["buffer_names"]]
-            + [x.detach() for x in flat_inputs]
-            + tangents
+    captured = _assemble(model, example_inputs, kwargs, joint, measured, grouping, None, autocast)
+    if plain_peak is not None:
+        captured.dag.graph["plain_peak"] = plain_peak
+    if grouping.cost_model == "time" and measured.pass_seconds is not None:
+        captured.dag.graph["step_cost"] = measured.pass_seconds + accumulation
+    return captured
+
+
+def _capture_estimated(
+    model: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    kwargs: dict[str, torch.Tensor],
+    grouping: _Grouping,
+    backward_from: Sequence[OutputName] | None,
+    target: Device,
+) -> CapturedGraph:
+    """`capture` for ``target`` with no real step, in order, under a forked RNG:
+
+    1. `fake_step`: the model's parameters and buffers and the inputs as fake CPU tensors
+    2. `_trace`: the joint graph on them, its tangents made in the fake mode
+    3. `estimate_joint`: each op's predicted seconds and bytes (storages rounded as the
+       target's allocator rounds)
+
+    then `_assemble`, with the graph attributes ``plain_peak`` (bytes, the simulated peak of
+    keeping everything), ``plain_peak_basis`` ("predicted") and ``step_cost`` (seconds, the
+    predicted ops' sum; cost model "time").
+    """
+    device = torch.device("cpu")
+    autocast = AutocastState.current(device)
+    with fork_rng(device), fake_step(model, example_inputs, kwargs) as fake:
+        joint = _trace(model, fake.inputs, fake.kwargs, backward_from, fake.mode)
+        measured = estimate_joint(joint.gm, joint.args, target, fake.mode, joint.grad_positions)
+    captured = _assemble(model, example_inputs, kwargs, joint, measured, grouping, target, autocast)
+    dag = captured.dag
+    dag.graph["plain_peak"] = max(1, checkpoint_all_peak(prepare(dag)))
+    dag.graph["plain_peak_basis"] = "predicted"
+    if grouping.cost_model == "time" and measured.pass_seconds is not None:
+        dag.graph["step_cost"] = measured.pass_seconds
+    return captured
+
+
+def _trace(
+    model: nn.Module,
+    inputs: Sequence[torch.Tensor],
+    kwargs: Mapping[str, torch.Tensor],
+    backward_from: Sequence[OutputName] | None,
+    tensor_mode: contextlib.AbstractContextManager,
+) -> _Joint:
+    """The joint graph of ``model(*inputs, **kwargs)`` (`trace_joint`), its layout
+    (`_layout`), with the adds of known-zero tangents folded away (`fold_zero_tangent_adds`),
+    the tangents (ones, zeros where known zero) made under ``tensor_mode`` (an estimate's fake
+    mode, or a null context) and the arguments that run it."""
+    traced = trace_joint(model, inputs, kwargs)
+    layout = _layout(traced, model)
+    gm = traced.graph_module
+    output_specs = _output_specs(gm, layout["forward_output_indices"])
+    zero_outputs = _zero_tangent_outputs(traced, layout, backward_from)
+    tangent_of = dict(
+        zip(layout["tangent_output_indices"], layout["tangent_placeholders"], strict=True)
+    )
+    fold_zero_tangent_adds(gm, [tangent_of[k] for k in zero_outputs])
+    with tensor_mode:
+        tangents = default_tangents(
+            gm,
+            layout["tangent_placeholders"],
+            layout["tangent_output_indices"],
+            output_specs,
+            zero_outputs,
         )
-        grad_positions = list(layout["param_grad_indices"].values())
-        if fake is not None:
-            measured = estimate_joint(gm, args, target_device, fake.mode, grad_positions)
-            accumulation, plain_peak = 0.0, None
-        else:
-            with no_autocast(device.type):
-                measured = measure_joint(gm, args, repeats=repeats)
-            for node in gm.graph.nodes:  # each op's seconds and scratch (`remat calibrate`)
-                if node.name in measured.nodes:
-                    node.meta[SECONDS_KEY] = measured.nodes[node.name].seconds
-                    node.meta[SCRATCH_KEY] = measured.nodes[node.name].scratch_bytes
-            accumulation = add_accumulation_seconds(
-                gm, grad_positions, measured.outputs, measured.nodes, repeats
-            )
-            plain_peak = (
-                _plain_peak(model, example_inputs, kwargs, layout, tangents, zero_outputs)
-                if plain_peak
-                else None
-            )
-        measures, flat_outputs = measured.nodes, measured.outputs
-    group = group_ops(gm, measures)
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    args = (
+        [params[n] for n in layout["param_names"]]
+        + [buffers[n] for n in layout["buffer_names"]]
+        + [x.detach() for x in [*inputs, *kwargs.values()]]
+        + tangents
+    )
+    return _Joint(traced, layout, output_specs, zero_outputs, tangents, args)
+
+
+def _assemble(
+    model: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    kwargs: Mapping[str, torch.Tensor],
+    joint: _Joint,
+    measured: JointMeasure,
+    grouping: _Grouping,
+    target: Device | None,
+    autocast: AutocastState,
+) -> CapturedGraph:
+    """The `CapturedGraph` of a traced and measured (or estimated: ``target``) joint graph:
+    its ops grouped (`group_ops`; by module at granularity "module"), the static and held bytes
+    (`_static_bytes`, `_held_bytes`; rounded as ``target``'s allocator rounds), the DAG
+    (`build_dag`) and its graph attributes ``structure``, ``target`` (estimate mode),
+    ``held_bytes``, ``static_bytes``, ``granularity``, ``threads`` and ``name``."""
+    gm, layout = joint.gm, joint.layout
+    group = group_ops(gm, measured.nodes)
     order = op_group_order(gm, group)
     modules = None
-    if granularity == "module":
-        group, order, modules = group_modules(gm, group, order, module_depth)
-    rounding = 1 if target_device is None else target_device.rounding
-    static = _static_bytes(args, layout, flat_outputs, lifted_constants(gm), rounding)
+    if grouping.granularity == "module":
+        group, order, modules = group_modules(gm, group, order, grouping.module_depth)
+    rounding = 1 if target is None else target.rounding
+    static = _static_bytes(joint.args, layout, measured.outputs, lifted_constants(gm), rounding)
     held = _held_bytes(
-        gm, layout, args, flat_outputs, static, _state_bytes(target_device), rounding
+        gm, layout, joint.args, measured.outputs, static, _state_bytes(target), rounding
     )
-    dag, members = build_dag(gm, measures, group, order, cost_model, modules, sum(held.values()))
+    dag, members = build_dag(
+        gm, measured.nodes, group, order, grouping.cost_model, modules, sum(held.values())
+    )
     dag.graph["structure"] = structure_fingerprint(dag)
-    if target_device is not None:
-        dag.graph["target"] = target_device.name
+    if target is not None:
+        dag.graph["target"] = target.name
     dag.graph["held_bytes"] = held
     dag.graph["static_bytes"] = static
-    dag.graph["granularity"] = granularity
+    dag.graph["granularity"] = grouping.granularity
     dag.graph["threads"] = torch.get_num_threads()
-    dag.graph["name"] = f"{type(model).__name__} ({granularity})"
-    if plain_peak is not None:
-        dag.graph["plain_peak"] = plain_peak
-    elif target_device is not None:  # 100%: the keep-everything schedule's simulated peak
-        dag.graph["plain_peak"] = max(1, checkpoint_all_peak(prepare(dag)))
-        dag.graph["plain_peak_basis"] = "predicted"
-    if cost_model == "time" and measured.pass_seconds is not None:
-        dag.graph["step_cost"] = measured.pass_seconds + accumulation
+    dag.graph["name"] = f"{type(model).__name__} ({grouping.granularity})"
     return CapturedGraph(
         joint=gm,
         dag=dag,
         members=members,
-        granularity=granularity,
-        cost_model=cost_model,
+        granularity=grouping.granularity,
+        cost_model=grouping.cost_model,
         random_nodes=[n.name for n in gm.graph.nodes if n.op == "call_function" and is_random(n)],
         static_bytes=static,
         input_specs=[TensorSpec.of(x) for x in [*example_inputs, *kwargs.values()]],
         kwarg_names=tuple(kwargs),
         autocast=autocast,
-        output_specs=output_specs,
-        output_treespec=traced.output_treespec,
+        output_specs=joint.output_specs,
+        output_treespec=joint.traced.output_treespec,
         node_group=group,
-        zero_tangent_outputs=tuple(zero_outputs),
+        zero_tangent_outputs=tuple(joint.zero_outputs),
         **{k: v for k, v in layout.items() if k != "grad_indices"},
     )
 

@@ -1,4 +1,4 @@
-"""The executor's "done means" numbers on the demo GPT (docs/executor.md).
+"""The executor on the demo GPT: peaks, exactness and step times (docs/executor.md, "Demo GPT").
 
     .venv/bin/python -m benchmarks.running.executor_gpt [--time-limit 60] [--reps 40]
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import networkx as nx
 import torch
@@ -43,7 +44,9 @@ from executor.fitting.memory import OPTIMIZERS, predicted_static
 from executor.loss import default_loss
 from graph_capture.measurement.roofline import resolve_target
 from solver.core.budget import LEAST, PERCENT, USABLE, Budget, parse_overhead
+from solver.core.schedule import Schedule
 from solver.deadline import Deadline
+from solver.fitting.fsdp import FsdpBytes
 from solver.fitting.result import (
     Fit,
     StaticBytes,
@@ -149,59 +152,160 @@ def fit(
         run = False
     with call_deadline(time_limit, FitError, on_interrupt) as deadline:
         return _fit(
-            with_loss(factory, loss_fn),
-            memory,
-            dim,
-            cap,
-            optimizer,
+            _Sizes(with_loss(factory, loss_fn), dim, capture_sizes, low, high, capture_options),
+            _Step(memory, cap, optimizer, run, world_size, fsdp, memory_note),
             deadline,
-            capture_sizes,
-            low,
-            high,
-            capture_options,
-            run,
-            world_size,
-            fsdp,
-            memory_note,
         )
 
 
-def _fit(
-    factory: Callable[[int], object],
-    memory: int,
-    dim: str,
-    cap: str | None,
-    optimizer: str,
-    deadline: Deadline,
-    capture_sizes: Sequence[int],
-    low: int,
-    high: int | None,
-    capture_options: Mapping[str, object] | None,
-    run: bool,
-    world_size: int = 1,
-    fsdp_options: Mapping[str, object] | None = None,
-    memory_note: str | None = None,
-) -> Fit:
+@dataclass(frozen=True)
+class _Sizes:
+    """The sizes a fit searches: `factory(size)` gives the model and inputs at a size, the
+    loss attached (`with_loss`); captured with `capture_options` at `capture_sizes` along `dim`
+    ("batch" or "seq"); the search spans [`low`, `high`] (None: no upper end given)."""
+
+    factory: Callable[[int], object]
+    dim: str
+    capture_sizes: Sequence[int]
+    low: int
+    high: int | None
+    capture_options: Mapping[str, object] | None
+
+
+@dataclass(frozen=True)
+class _Step:
+    """The training step a fit sizes: `memory` bytes to fit in (`memory_note`: how they were
+    derived from the target; None: given), the compute cap `cap` (`parse_overhead`'s form; None:
+    unlimited), fit's `optimizer`, `world_size` ranks under FSDP2 with `fsdp_options` (1: no
+    FSDP), `run`: real steps run on this machine."""
+
+    memory: int
+    cap: str | None
+    optimizer: str
+    run: bool
+    world_size: int
+    fsdp_options: Mapping[str, object] | None
+    memory_note: str | None
+
+
+@dataclass(frozen=True)
+class _StepBytes:
+    """The step's bytes at any size: its graph (`graphs`, the same shape from `low` on), what
+    exists before it (`static_at(size)`, bytes), the optimizer step's temporaries
+    (`optimizer_temporaries`, bytes), per-rank FSDP2 bytes (`sharded`; None: one rank), within
+    `memory` bytes; `steps` runs its eager steps."""
+
+    graphs: SizedGraphs
+    steps: Steps
+    low: int
+    static_at: Callable[[int], StaticBytes]
+    optimizer_temporaries: int
+    sharded: FsdpBytes | None
+    memory: int
+
+    def left(self, size: int) -> int:
+        """Bytes left to the step at `size`; -1 where the optimizer step's temporaries do not
+        fit in them (nothing fits then)."""
+        budget = self.memory - self.static_at(size).total
+        if self.sharded is not None:
+            return self.sharded.step_budget(budget)
+        return budget if budget >= self.optimizer_temporaries else -1
+
+
+def _fit(sizes: _Sizes, step: _Step, deadline: Deadline) -> Fit:
+    """`fit` below its argument checks, on its one deadline (NOTE [one deadline]), in order:
+
+    1. `_step_bytes`: the graph at any size and what exists before a step (measured, predicted,
+       or per rank under FSDP2), affine in the size
+    2. `_search`: the largest size proven to fit and the least proven not to, confirmed on
+       captures
+    3. `_real_step`: one real step at that size under remat's executor, its measured peak
+    4. `_eager`: eager's largest size, measured
+    5. `_per_block`: per-block checkpointing's largest size within the cap, predicted
+
+    then the `Fit` of it all, with the notes and warnings each step left.
+    """
     begun = time.perf_counter()
-    graphs = SizedGraphs(factory, capture_sizes, dim, capture_options)
-    low, note = graphs.stable_from(low)
-    notes = [n for n in (memory_note, note) if n]
-    steps = Steps(graphs, optimizer)
-    statics, opt_temp = _statics(graphs, steps, capture_sizes, optimizer)
+    notes = [step.memory_note] if step.memory_note else []
+    at = _step_bytes(sizes, step, notes)
+    found = _search(at, sizes, step.cap, deadline, notes, begun)
+    size = found.size
+    measured = None
+    if step.run and size is not None:
+        measured = _real_step(at, size, found.schedule, sizes.dim, deadline, notes)
+    warnings: list[str] = []
+    eager_size = eager_over = None
+    if step.run:
+        eager_size, eager_over = _eager(at, size, found.upper, sizes.dim, deadline, notes, warnings)
+    block_size = _per_block(at, step.cap, sizes.high, size, deadline, notes)
+    stopped = "interrupted" if deadline.stopped() else "time limit" if deadline.passed() else None
+    return Fit(
+        dim=sizes.dim,
+        memory=step.memory,
+        size=size,
+        proven=found.proven,
+        upper=found.upper,
+        budget=None if size is None else at.left(size),
+        schedule=found.schedule,
+        static=None if size is None else at.static_at(size),
+        optimizer_temporaries=at.optimizer_temporaries,
+        measured_peak=measured,
+        eager_size=eager_size,
+        eager_over=eager_over,
+        per_block_size=block_size,
+        bytes_model=_bytes_model(at.graphs),
+        low=at.low,
+        max_overhead=step.cap,
+        stopped=stopped,
+        seconds=time.perf_counter() - begun,
+        notes=notes,
+        warnings=warnings,
+        probes=found.probes,
+        fsdp=at.sharded,
+    )
+
+
+def _step_bytes(sizes: _Sizes, step: _Step, notes: list[str]) -> _StepBytes:
+    """The step's graphs (`SizedGraphs`, from the least size whose graph has the captured shape)
+    and what exists before it at each captured size (`_statics`; per rank under FSDP2,
+    `_per_rank`), made affine in the size (`_static_at`); what was assumed goes to `notes`."""
+    graphs = SizedGraphs(sizes.factory, sizes.capture_sizes, sizes.dim, sizes.capture_options)
+    low, note = graphs.stable_from(sizes.low)
+    if note:
+        notes.append(note)
+    steps = Steps(graphs, step.optimizer)
+    statics, temporaries = _statics(graphs, steps, sizes.capture_sizes, step.optimizer)
     sharded = None
-    if world_size > 1:
-        rounding = resolve_target(graphs.options["target"]).rounding
-        made = graphs.captures[capture_sizes[0]].made
-        sharded = fsdp_bytes(made[0], world_size, optimizer, rounding, fsdp_options)
+    if step.world_size > 1:
+        sharded = _per_rank(graphs, sizes, step)
         statics = {s: sharded.static(st.buffers, st.inputs) for s, st in statics.items()}
-        opt_temp = sharded.memory.optimizer_temporaries
+        temporaries = sharded.memory.optimizer_temporaries
         notes.append(
-            f"FSDP2 over {world_size} ranks: the {dim} is each rank's; bytes per rank (rank 0)"
+            f"FSDP2 over {step.world_size} ranks: the {sizes.dim} is each rank's; "
+            "bytes per rank (rank 0)"
         )
-    first = statics[capture_sizes[0]]
     if "target" in graphs.options:
-        name = graphs.captures[capture_sizes[0]].graph.dag.graph["target"]
+        name = graphs.captures[sizes.capture_sizes[0]].graph.dag.graph["target"]
         notes.append(f"estimate mode for target {name!r}: bytes predicted, no real step run")
+    static_at = _static_at(statics, step.memory, graphs, sizes)
+    return _StepBytes(graphs, steps, low, static_at, temporaries, sharded, step.memory)
+
+
+def _per_rank(graphs: SizedGraphs, sizes: _Sizes, step: _Step) -> FsdpBytes:
+    """Rank 0's FSDP2 bytes for the model at the first capture size (estimate mode: the
+    target's allocator rounding)."""
+    rounding = resolve_target(graphs.options["target"]).rounding
+    made = graphs.captures[sizes.capture_sizes[0]].made
+    return fsdp_bytes(made[0], step.world_size, step.optimizer, rounding, step.fsdp_options)
+
+
+def _static_at(
+    statics: dict[int, StaticBytes], memory: int, graphs: SizedGraphs, sizes: _Sizes
+) -> Callable[[int], StaticBytes]:
+    """What exists before a step at any size (bytes), affine between the captured sizes'
+    `statics`. FitError where `memory` (bytes) is below the model's own bytes, where those bytes
+    are not affine in the size, or where nothing of the step grows with the size."""
+    first = statics[sizes.capture_sizes[0]]
     if memory < first.model:
         raise FitError(
             f"memory {memory} B is below the {first.model} B that the parameters "
@@ -212,87 +316,110 @@ def _fit(
         static_at = affine_static(statics)
     except StaticBytesError as e:
         raise FitError(str(e)) from e
-    if graphs.flat() and static_at(capture_sizes[0]).total == static_at(capture_sizes[-1]).total:
-        sizes = ", ".join(map(str, capture_sizes))
+    ends = sizes.capture_sizes[0], sizes.capture_sizes[-1]
+    if graphs.flat() and static_at(ends[0]).total == static_at(ends[1]).total:
+        shown = ", ".join(map(str, sizes.capture_sizes))
         raise FitError(
-            f"no byte of the step changes with the {dim} across the captured sizes {sizes} "
+            f"no byte of the step changes with the {sizes.dim} across the captured sizes {shown} "
             "(the target's allocator rounding can hide small tensors' growth): nothing bounds "
             "the size; capture at larger sizes (fit's capture_sizes=...)"
         )
+    return static_at
 
-    def left(size: int) -> int:
-        """Bytes left to the step at `size`; -1 where the optimizer step's temporaries do not
-        fit in them (nothing fits then)."""
-        budget = memory - static_at(size).total
-        if sharded is not None:
-            return sharded.step_budget(budget)
-        return budget if budget >= opt_temp else -1
+
+def _search(
+    at: _StepBytes,
+    sizes: _Sizes,
+    cap: str | None,
+    deadline: Deadline,
+    notes: list[str],
+    begun: float,
+) -> FitResult:
+    """The largest size whose least peak within `cap` fits the bytes left to the step
+    (`largest_fitting`, on `SEARCH_SHARE` of the time left), confirmed on captures
+    (`confirmed`: a second search where a capture refutes the prediction); a capture starts
+    only where the deadline leaves it time. FitError where the deadline passed before any size
+    was decided (`begun`: the fit's start, `time.perf_counter` seconds)."""
 
     def graph_at(size: int) -> nx.DiGraph | None:
-        captures = size not in graphs.captures and not graphs.affine
-        if captures and not deadline.leaves(graphs.expected_seconds(size)):
+        captures = size not in at.graphs.captures and not at.graphs.affine
+        if captures and not deadline.leaves(at.graphs.expected_seconds(size)):
             return None  # no time for the capture: the search ends as at its deadline
-        return graphs(size)
+        return at.graphs(size)
 
     def search() -> FitResult:
         share = deadline.share(SEARCH_SHARE)
         return largest_fitting(
-            graph_at, left, compute_budget=cap, low=low, high=high, deadline=share
+            graph_at, at.left, compute_budget=cap, low=at.low, high=sizes.high, deadline=share
         )
 
-    found = confirmed(search, graphs, dim, low, deadline, notes)
-    size, upper, proven, schedule = found.size, found.upper, found.proven, found.schedule
-    if size is None and upper is None and deadline.passed():
+    found = confirmed(search, at.graphs, sizes.dim, at.low, deadline, notes)
+    if found.size is None and found.upper is None and deadline.passed():
         why = "interrupted" if deadline.stopped() else "the time limit passed"
         raise FitError(
-            f"{why} before any {dim} was decided on a capture "
+            f"{why} before any {sizes.dim} was decided on a capture "
             f"({time.perf_counter() - begun:.1f} s); "
             "nothing is known yet: raise the time limit (--time-limit)"
         )
-    measured = None
-    if run and size is not None:
-        needs = graphs.expected_seconds(size) + steps.expected_seconds()
-        if deadline.leaves(needs):
-            measured = run_step(steps, size, schedule)
-        else:
-            notes.append(f"one real step at {dim} {size}: not run by the deadline")
-    warnings: list[str] = []
-    eager_size = eager_over = None
-    if run:
-        found_eager = eager(steps, memory, low, (size or low - 1) + 1, deadline)
-        eager_size, eager_over = found_eager.size, found_eager.over
-        if not found_eager.complete and found_eager.size != (size or low - 1) + 1:
-            notes.append(cut_short("eager's bisection", eager_size))
-        if eager_size is not None and eager_size > (size or low - 1):
-            eager_above(dim, eager_size, found_eager.peak, memory, upper, notes, warnings)
-    block_size, complete = per_block(graphs, left, cap, low, high or 2 * (size or low), deadline)
+    return found
+
+
+def _real_step(
+    at: _StepBytes,
+    size: int,
+    schedule: Schedule | None,
+    dim: str,
+    deadline: Deadline,
+    notes: list[str],
+) -> int | None:
+    """One real step at `size` under `schedule` (`run_step`): its measured whole-step peak in
+    bytes; None (noted) where the deadline leaves no time for it."""
+    needs = at.graphs.expected_seconds(size) + at.steps.expected_seconds()
+    if deadline.leaves(needs):
+        return run_step(at.steps, size, schedule)
+    notes.append(f"one real step at {dim} {size}: not run by the deadline")
+    return None
+
+
+def _eager(
+    at: _StepBytes,
+    size: int | None,
+    upper: int | None,
+    dim: str,
+    deadline: Deadline,
+    notes: list[str],
+    warnings: list[str],
+) -> tuple[int | None, int | None]:
+    """Eager's largest size up to one above the fit's `size` (`eager`, measured steps) and its
+    measured whole-step peak one size above that (bytes); a bisection cut short goes to `notes`,
+    an eager step that fits above `size` to `notes` or `warnings` (`eager_above`; `upper`: the
+    least size proven not to fit)."""
+    above = (size or at.low - 1) + 1
+    found = eager(at.steps, at.memory, at.low, above, deadline)
+    if not found.complete and found.size != above:
+        notes.append(cut_short("eager's bisection", found.size))
+    if found.size is not None and found.size > above - 1:
+        eager_above(dim, found.size, found.peak, at.memory, upper, notes, warnings)
+    return found.size, found.over
+
+
+def _per_block(
+    at: _StepBytes,
+    cap: str | None,
+    high: int | None,
+    size: int | None,
+    deadline: Deadline,
+    notes: list[str],
+) -> int | None:
+    """Per-block checkpointing's largest size within `cap` in the bytes left to the step
+    (`per_block`, predicted), searched up to `high` (None: twice the fit's `size`); a bisection
+    cut short goes to `notes`."""
+    block_size, complete = per_block(
+        at.graphs, at.left, cap, at.low, high or 2 * (size or at.low), deadline
+    )
     if not complete:
         notes.append(cut_short("per-block checkpointing's bisection", block_size))
-    stopped = "interrupted" if deadline.stopped() else "time limit" if deadline.passed() else None
-    return Fit(
-        dim=dim,
-        memory=memory,
-        size=size,
-        proven=proven,
-        upper=upper,
-        budget=None if size is None else left(size),
-        schedule=schedule,
-        static=None if size is None else static_at(size),
-        optimizer_temporaries=opt_temp,
-        measured_peak=measured,
-        eager_size=eager_size,
-        eager_over=eager_over,
-        per_block_size=block_size,
-        bytes_model=_bytes_model(graphs),
-        low=low,
-        max_overhead=cap,
-        stopped=stopped,
-        seconds=time.perf_counter() - begun,
-        notes=notes,
-        warnings=warnings,
-        probes=found.probes,
-        fsdp=sharded,
-    )
+    return block_size
 
 
 def _statics(

@@ -45,7 +45,7 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 from executor.errors import PlanError
 from executor.sac.alike import region_kinds
 from executor.sac.measurer import Measured, storage_key
-from executor.sac.overhead import Stream, measure_overhead, pooled, priced
+from executor.sac.overhead import RegionTimes, Stream, measure_overhead, pooled, priced
 from executor.sac.region import buffer_state, cache_off_hooks, mutated_buffers
 from executor.sac.step import RecordingTime, Snapshot, Step, hooked, leaf_tensors
 from executor.sac.windows import measure_windows
@@ -53,6 +53,7 @@ from graph_capture.measurement.peak import memory_profile
 from solver.sac import SacBlock, SacOp, SacProblem
 from solver.sac.memory import plain_forward_live
 from solver.sac.union import SacSplit, SacUnion
+from solver.sac.windows import Windows
 
 
 @dataclass
@@ -353,6 +354,19 @@ def record_union(
 
 
 def _record_union(model, blocks, children, step, repeats, clock: RecordingTime, measurer):
+    """`record_union` under its cache-off hooks, in order (the module docstring's steps):
+
+    1. `measure_windows`: the plain step's memory windows of the blocks and of their children;
+       a block's children are kept where they split it (each runs once, in sequence)
+    2. `region_kinds` (a measurer that records alike regions once): each region's inputs and
+       kind, from one forward
+    3. `_op_streams`: the blocks' op streams, then the kept children's
+    4. `_prices`: each region's SAC overhead and plain checkpoint's price
+    5. `_block` per block, priced, and `_splits`: the kept children as torch-free blocks
+
+    then the `SacUnion` (its bytes' basis "measured" or, with a target, "predicted") and the
+    children kept per block (None where the block is not split).
+    """
     modules = [m for _, m in blocks]
     windows = measure_windows(
         model,
@@ -371,21 +385,70 @@ def _record_union(model, blocks, children, step, repeats, clock: RecordingTime, 
     calls = kinds = None
     if measurer.records_alike:
         calls, kinds = region_kinds(model, regions, step)
+    facts, flat_facts = _op_streams(
+        model, modules, [m for _, m in flat], step, repeats, clock, measurer, kinds
+    )
+    names = [name for name, _ in blocks]
+    overheads = _prices(model, regions, names, facts + flat_facts, step, clock, measurer, calls)
+    params = {storage_key(p) for p in model.parameters()}
+    rng_bytes = measurer.rng_state_bytes()
+    out = []
+    for j, (name, f) in enumerate(zip(names, facts, strict=True)):
+        window = (windows.f_start[j], windows.f_peak[j], windows.b_start[j], windows.b_peak[j])
+        out.append(priced(_block(name, f, window, params, rng_bytes), overheads[j]))
+    splits, kept = _splits(kept, windows, flat_facts, overheads[len(blocks) :], params, rng_bytes)
+    basis = "measured" if measurer.target is None else "predicted"
+    problem = SacProblem(tuple(out), tuple(windows.segments), windows.peak, basis)
+    return SacUnion(problem, tuple(splits)), kept
+
+
+def _op_streams(
+    model: nn.Module,
+    modules: list[nn.Module],
+    kids: list[nn.Module],
+    step: Step,
+    repeats: int,
+    clock: RecordingTime,
+    measurer: Measured,
+    kinds: list | None,
+) -> tuple[list[_BlockFacts], list[_BlockFacts]]:
+    """The recorded facts of the blocks' (`modules`) op streams, then of the kept children's
+    (`kids`, none recorded where there are none), each up to `repeats` runs within `clock`'s
+    spare time (a third of it to the blocks, half the rest to the children); `kinds` (per
+    region, blocks first; None: every region recorded) records each kind once."""
     runs = clock.repeats(repeats, clock.spare.share(1 / 3))
     alike = None if kinds is None else kinds[: len(modules)]
     facts = _record_alike(model, modules, step, runs, measurer, alike)
     clock.finished("the blocks' op streams", RECORDING_STEPS["ops"])
-    flat_facts = []
-    if flat:
-        runs = clock.repeats(repeats, clock.spare.share(1 / 2))
-        alike = None if kinds is None else kinds[len(modules) :]
-        flat_facts = _record_alike(model, [m for _, m in flat], step, runs, measurer, alike)
-        clock.finished("the children's op streams", RECORDING_STEPS["ops"])
+    if not kids:
+        return facts, []
+    runs = clock.repeats(repeats, clock.spare.share(1 / 2))
+    alike = None if kinds is None else kinds[len(modules) :]
+    kid_facts = _record_alike(model, kids, step, runs, measurer, alike)
+    clock.finished("the children's op streams", RECORDING_STEPS["ops"])
+    return facts, kid_facts
+
+
+def _prices(
+    model: nn.Module,
+    regions: list[nn.Module],
+    block_names: list[str],
+    facts: list[_BlockFacts],
+    step: Step,
+    clock: RecordingTime,
+    measurer: Measured,
+    calls: list | None,
+) -> list[RegionTimes | RuntimeError]:
+    """Per region (the blocks, named `block_names`, then the kept children), the seconds its
+    SAC policy and plain checkpoint cost (`measure_overhead` on its recorded op stream, `facts`;
+    `calls`: the regions' inputs from `region_kinds`, or None), each checkpoint price pooled
+    over regions of one kind (`pooled`); a child's error is kept (it cannot be a region).
+    PlanError where a block fails inside checkpoint."""
     streams = [
         Stream(
             tuple(o.name for o in f.ops), tuple(statistics.median(o.seconds) for o in f.ops), f.stop
         )
-        for f in facts + flat_facts
+        for f in facts
     ]
     overheads = pooled(
         measure_overhead(
@@ -393,36 +456,44 @@ def _record_union(model, blocks, children, step, repeats, clock: RecordingTime, 
         ),
         [(type(m), s.ops) for m, s in zip(regions, streams, strict=True)],
     )
-    clock.finished("the regions' prices", RECORDING_STEPS["prices"] * (1 + bool(flat)))
-    for (name, _), times in zip(blocks, overheads, strict=False):
+    with_children = len(regions) > len(block_names)
+    clock.finished("the regions' prices", RECORDING_STEPS["prices"] * (1 + with_children))
+    for name, times in zip(block_names, overheads, strict=False):
         if isinstance(times, RuntimeError):
             raise PlanError(
                 f"block {name} fails inside torch.utils.checkpoint (run alone, forward and "
                 f"backward: {type(times).__name__}: {times}): it cannot be a checkpoint region; "
                 "choose other blocks"
             ) from times
-    kid_overheads = iter(overheads[len(blocks) :])
-    kid_facts = iter(flat_facts)
-    params = {storage_key(p) for p in model.parameters()}
-    rng_bytes = measurer.rng_state_bytes()
-    out = []
-    for j, ((name, _), f) in enumerate(zip(blocks, facts, strict=True)):
-        window = (windows.f_start[j], windows.f_peak[j], windows.b_start[j], windows.b_peak[j])
-        out.append(priced(_block(name, f, window, params, rng_bytes), overheads[j]))
+    return overheads
+
+
+def _splits(
+    kept: list[list[tuple[str, nn.Module]] | None],
+    windows: Windows,
+    kid_facts: list[_BlockFacts],
+    kid_overheads: list[RegionTimes | RuntimeError],
+    params: set[int],
+    rng_bytes: int,
+) -> tuple[list[SacSplit | None], list[list[tuple[str, nn.Module]] | None]]:
+    """Per block, its kept children (`kept`, with their recorded facts and prices in the same
+    order, flat) as a `SacSplit` of priced blocks and the block's stretches outside them, or
+    None; and the children kept after that: None also where a child cannot be a checkpoint
+    region (it fails inside checkpoint), as the block then has no split."""
+    facts, overheads = iter(kid_facts), iter(kid_overheads)
     splits: list[SacSplit | None] = []
+    kept = list(kept)
     for j, kids in enumerate(kept):
         if kids is None:
             splits.append(None)
             continue
         made = [
-            priced(_block(n, next(kid_facts), w, params, rng_bytes), next(kid_overheads))
+            priced(_block(n, next(facts), w, params, rng_bytes), next(overheads))
             for (n, _), w in zip(kids, windows.splits[j], strict=True)
         ]
         if any(child is None for child in made):
-            kept[j] = None  # a child that cannot be a checkpoint region: the block has no split
+            kept[j] = None
             splits.append(None)
             continue
         splits.append(SacSplit(tuple(made), tuple(windows.inner[j])))
-    basis = "measured" if measurer.target is None else "predicted"
-    problem = SacProblem(tuple(out), tuple(windows.segments), windows.peak, basis)
-    return SacUnion(problem, tuple(splits)), kept
+    return splits, kept
