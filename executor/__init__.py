@@ -6,6 +6,7 @@
     plan = executor.checkpoint_plan(model, example_inputs, "50%", loss_fn=loss_fn, time_limit=60)
     cm = executor.compile(model, "50%", example_inputs=inputs)  # inductor, remat's partition
     found = executor.fit(factory, "24GiB", dim="batch", max_overhead=1.3)  # the largest batch
+    fsdp = executor.fsdp_policy(8, "h100", param_dtype="bfloat16")  # fsdp= of fit and plans
 
 One interface: a percentage is of the measured plain step's peak; a bare memory number is
 bytes, a bare compute number a factor of computing every node once; `time_limit` bounds the
@@ -29,6 +30,7 @@ from executor.errors import (
     UnusedOutputGradientError,
 )
 from executor.fitting.search import Fit, fit
+from executor.fsdp import FsdpPolicy, fsdp_policy
 from executor.loss import default_loss
 from executor.memory import PeakMemory, measure_peak, median_seconds
 from executor.sac.plan import CheckpointPlan, checkpoint_plan
@@ -46,6 +48,7 @@ __all__ = [
     "ExecutorError",
     "Fit",
     "FitError",
+    "FsdpPolicy",
     "InputMismatchError",
     "OpStreamMismatchError",
     "PeakMemory",
@@ -57,6 +60,7 @@ __all__ = [
     "compile",
     "default_loss",
     "fit",
+    "fsdp_policy",
     "measure_peak",
     "median_seconds",
     "rematerialize",

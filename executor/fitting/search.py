@@ -35,11 +35,12 @@ from collections.abc import Callable, Mapping, Sequence
 import networkx as nx
 import torch
 
-from executor.errors import FitError
+from executor.errors import FitError, PlanError
 from executor.fitting.baselines import Steps, eager, per_block, run_step
 from executor.fitting.fsdp import fsdp_bytes
 from executor.fitting.graphs import SizedGraphs, with_loss
-from executor.fitting.memory import OPTIMIZERS, predicted_static
+from executor.fitting.memory import FSDP_OPTIMIZERS, OPTIMIZERS, predicted_static
+from executor.fsdp import fsdp_policy, resolve_policy, sharded_world_size
 from executor.loss import default_loss
 from graph_capture.measurement.roofline import resolve_target
 from solver.core.budget import parse_budget, parse_overhead
@@ -54,7 +55,7 @@ from solver.fitting.result import (
 )
 from solver.fitting.search import FitResult, confirmed, largest_fitting
 from solver.interrupt import first_sigint_stops
-from solver.target import BACKENDS, Device, nccl_communicators
+from solver.target import Device, FsdpPolicy
 
 SEARCH_SHARE = 0.6
 """The share of the time left that a search gets; the rest is for the confirming captures, the
@@ -78,7 +79,7 @@ def fit(
     on_interrupt: Callable[[], None] | None = None,
     target: str | Device | None = None,
     world_size: int = 1,
-    fsdp: Mapping[str, object] | None = None,
+    fsdp: FsdpPolicy | None = None,
 ) -> Fit:
     """The largest size whose training step fits `memory` (bytes or "24GiB"; None with a
     `target`: what the target lets PyTorch allocate, `solver.target.Device.usable`: its
@@ -106,10 +107,11 @@ def fit(
     each of `default_blocks`' blocks and the root, each rank at the size (the local batch or
     sequence): what exists before the step is the FSDP model's resident bytes, and the step's
     budget what `activation_budget` leaves less the unsharded gradients
-    (`solver.fitting.fsdp`). `fsdp`: `executor.fitting.fsdp.FSDP_OPTIONS` (`master_dtype`,
-    default the model's parameters' dtype; `param_dtype`, `reduce_dtype`, default None: no
-    mixed precision, the model then built in `param_dtype`; `reshard_after_forward`, default
-    True; `backend`, default "nccl").
+    (`solver.fitting.fsdp`). `fsdp`: a `solver.target.FsdpPolicy` (NOTE [ one FSDP policy ]
+    in executor/fsdp.py; `world_size` may then be left 1), its `rounding` the target's and its
+    `optimizer` this fit's (FsdpPolicy's "sgd_momentum" for "sgd"); without it, the policy
+    `executor.fsdp_policy` makes for the target with the model's dtype gathered (float32
+    master weights, resharded after forward).
 
     Raises FitError (which size failed and why; a memory below the parameters, gradients and
     optimizer state; a graph that changes shape with the size; nothing known by the deadline)
@@ -123,21 +125,24 @@ def fit(
         raise ValueError(f"time_limit must be a positive number of seconds, not {time_limit!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, not {world_size!r}")
-    if world_size > 1 and target is None:
+    try:
+        world_size = sharded_world_size(world_size, fsdp)
+    except PlanError as e:
+        raise FitError(str(e)) from e
+    sharded = world_size > 1 or fsdp is not None
+    if sharded and target is None:
         raise ValueError(
             f"world_size={world_size} needs estimate mode: pass target= (--target); this machine "
             f"cannot run {world_size} ranks' real steps"
         )
-    if fsdp and world_size == 1:
-        raise ValueError("fsdp options apply only with world_size > 1")
     cap = parse_overhead(max_overhead)
     memory_note = None
     if memory is None:
         if target is None:
             raise ValueError("memory=None needs a target (the device whose usable memory it is)")
         device = resolve_target(target)
-        backend = str((fsdp or {}).get("backend", BACKENDS[0]))
-        nccl = nccl_communicators(backend) if world_size > 1 else 0
+        policy = fsdp if fsdp is not None else fsdp_policy(world_size, device)
+        nccl = policy.nccl_communicators if sharded else 0
         memory = device.usable(nccl)
         memory_note = f"memory: {device.name}'s {device.describe_usable(nccl)}"
     memory = _memory_bytes(memory)
@@ -159,8 +164,7 @@ def fit(
             high,
             capture_options,
             run,
-            world_size,
-            fsdp,
+            (world_size, fsdp) if sharded else None,
             memory_note,
         )
 
@@ -177,10 +181,11 @@ def _fit(
     high: int | None,
     capture_options: Mapping[str, object] | None,
     run: bool,
-    world_size: int = 1,
-    fsdp_options: Mapping[str, object] | None = None,
+    sharding: tuple[int, FsdpPolicy | None] | None = None,
     memory_note: str | None = None,
 ) -> Fit:
+    """`fit` within its deadline; `sharding`: FSDP2's world size and the given policy (None:
+    unsharded)."""
     begun = time.perf_counter()
     graphs = SizedGraphs(factory, capture_sizes, dim, capture_options)
     low, note = graphs.stable_from(low)
@@ -188,10 +193,15 @@ def _fit(
     steps = Steps(graphs, optimizer)
     statics, opt_temp = _statics(graphs, steps, capture_sizes, optimizer)
     sharded = None
-    if world_size > 1:
-        rounding = resolve_target(graphs.options["target"]).rounding
-        made = graphs.captures[capture_sizes[0]].made
-        sharded = fsdp_bytes(made[0], world_size, optimizer, rounding, fsdp_options)
+    if sharding is not None:
+        world_size, given = sharding
+        device = resolve_target(graphs.options["target"])
+        model, inputs, kwargs = graphs.captures[capture_sizes[0]].made
+        try:
+            policy = resolve_policy(model, world_size, given, device, FSDP_OPTIMIZERS[optimizer])
+        except PlanError as e:
+            raise FitError(str(e)) from e
+        sharded = fsdp_bytes(model, inputs, kwargs, policy)
         statics = {s: sharded.static(st.buffers, st.inputs) for s, st in statics.items()}
         opt_temp = sharded.memory.optimizer_temporaries
         notes.append(
