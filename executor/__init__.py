@@ -10,7 +10,9 @@
 
 One interface: a percentage is of the measured plain step's peak; a bare memory number is
 bytes, a bare compute number a factor of computing every node once; `time_limit` bounds the
-whole call; `X.load(path, what it belongs to...)`; `loss_fn(output) -> scalar` with
+whole call; `obj.save(path)` and `X.load(path, what it belongs to...)` (`Rematerialized`,
+`CheckpointPlan`, `CompiledModel`: the schedule(s) with the fingerprint of what they belong
+to, another model's file refused in one line); `loss_fn(output) -> scalar` with
 `executor.default_loss` (`output.loss`, or a scalar output) where a step is planned.
 
 See docs/executor.md for the forward/backward split, RNG replay, BatchNorm statistics and how
