@@ -28,8 +28,9 @@ import time
 import torch
 
 from cli.profile import add_target_argument
-from executor.fitting.memory import OPTIMIZERS
+from executor.fitting.memory import FSDP_OPTIMIZERS, OPTIMIZERS
 from executor.fitting.search import fit
+from executor.fsdp import FsdpPolicy, fsdp_policy
 from graph_capture.models.factories import import_factory
 
 __all__ = ["add_fit_arguments", "run_fit"]
@@ -73,9 +74,11 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             f"--{name}-dtype",
             help=f"FSDP2's {name} dtype (default: "
-            + {"param": "no mixed precision", "reduce": "the param dtype"}.get(
-                name, "the model's parameters' dtype"
-            )
+            + {
+                "param": "the model's parameters' dtype where no other FSDP option is given, "
+                "else the master dtype",
+                "reduce": "the param dtype",
+            }.get(name, "float32")
             + ")",
         )
     parser.add_argument(
@@ -119,7 +122,7 @@ def run_fit(args: argparse.Namespace) -> int:
             on_interrupt=_print_interrupted,
             target=args.target,
             world_size=args.world_size,
-            fsdp=_fsdp_options(args),
+            fsdp=_fsdp_policy(args),
         )
     finally:
         torch.set_num_threads(threads)
@@ -128,16 +131,24 @@ def run_fit(args: argparse.Namespace) -> int:
     return 1 if over or found.size is None or found.warnings else 0
 
 
-def _fsdp_options(args: argparse.Namespace) -> dict[str, object]:
-    """The FSDP options given on the command line (the rest keep fit's defaults)."""
-    options: dict[str, object] = {
+def _fsdp_policy(args: argparse.Namespace) -> FsdpPolicy | None:
+    """The FSDP policy the command line sets (`executor.fsdp_policy` for the target with the
+    fields given); None where it sets none: fit's default for the model."""
+    fields: dict[str, object] = {
         f"{name}_dtype": getattr(args, f"{name}_dtype")
         for name in ("param", "reduce", "master")
         if getattr(args, f"{name}_dtype") is not None
     }
     if not args.reshard_after_forward:
-        options["reshard_after_forward"] = False
-    return options
+        fields["reshard_after_forward"] = False
+    if not fields:
+        return None
+    if args.world_size < 2:
+        raise ValueError(
+            f"FSDP options ({', '.join(sorted(fields))}) apply only with --world-size above 1"
+        )
+    optimizer = FSDP_OPTIMIZERS[args.optimizer]
+    return fsdp_policy(args.world_size, args.target, optimizer=optimizer, **fields)
 
 
 def _print_interrupted() -> None:

@@ -6,13 +6,16 @@
     plan = executor.checkpoint_plan(model, example_inputs, "50%", loss_fn=loss_fn, time_limit=60)
     cm = executor.compile(model, "50%", example_inputs=inputs)  # inductor, remat's partition
     found = executor.fit(factory, "24GiB", dim="batch", max_overhead=1.3)  # the largest batch
+    fsdp = executor.fsdp_policy(8, "h100", param_dtype="bfloat16")  # fsdp= of fit and plans
 
 One interface: `example_inputs` a tuple or list, or one tensor; a budget read by
 `solver.core.budget.Budget`: a percentage is of the measured plain step's peak, "min" the
 least peak then the least recompute at it, a bare memory number bytes, a bare compute number a
 factor of computing every node once; `time_limit` bounds the whole call (a positive number of
 seconds) and the first Ctrl-C ends it with the best found (`solver.interrupt.call_deadline`);
-`X.load(path, what it belongs to...)`; `loss_fn(output) -> scalar` with
+`obj.save(path)` and `X.load(path, what it belongs to...)` (`Rematerialized`,
+`CheckpointPlan`, `CompiledModel`: the schedule(s) with the fingerprint of what they belong
+to, another model's file refused in one line); `loss_fn(output) -> scalar` with
 `executor.default_loss` (`output.loss`, or a scalar output) where a step is planned.
 
 See docs/executor.md for the forward/backward split, RNG replay, BatchNorm statistics and how
@@ -33,6 +36,7 @@ from executor.errors import (
     UnusedOutputGradientError,
 )
 from executor.fitting.search import Fit, fit
+from executor.fsdp import FsdpPolicy, fsdp_policy
 from executor.loss import default_loss
 from executor.memory import PeakMemory, measure_peak, median_seconds
 from executor.sac.plan import CheckpointPlan, checkpoint_plan
@@ -51,6 +55,7 @@ __all__ = [
     "ExecutorError",
     "Fit",
     "FitError",
+    "FsdpPolicy",
     "InputMismatchError",
     "OpStreamMismatchError",
     "PeakMemory",
@@ -63,6 +68,7 @@ __all__ = [
     "compile",
     "default_loss",
     "fit",
+    "fsdp_policy",
     "measure_peak",
     "median_seconds",
     "rematerialize",

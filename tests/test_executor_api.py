@@ -157,6 +157,30 @@ def test_a_budget_below_the_least_names_the_least_as_a_percentage_that_fits():
     assert solver.solve(graph, f"{least.group(1)}%", time_limit=10).peak == info.value.minimum_bytes
 
 
+def test_a_budget_below_the_least_names_the_bytes_held_beside_the_values_exactly():
+    """The least peak is the least of the values and op workspaces alone plus the bytes the
+    executor holds at every op (generator states of the two dropouts, one more put aside
+    while one replays, the output and its tangent): the error names them, to the byte."""
+    model, x = small_model()
+    graph = capture(model, [x], plain_peak=True).dag
+    held = graph.graph["held_bytes"]
+    state = torch.default_generator.get_state().nbytes
+    assert held["rng_states"] == 3 * state
+    with pytest.raises(solver.InfeasibleBudgetError) as info:
+        solver.solve(graph, "100%", time_limit=10)
+    total = sum(held.values())
+    parts = ", ".join(f"{k} {v}" for k, v in held.items() if v)
+    message = str(info.value)
+    assert f"of which {total} bytes are held beside the values at every op ({parts})" in message
+    assert "\n" not in message
+    bare = graph.copy()
+    del bare.graph["held_bytes"]
+    for v in bare.nodes:
+        bare.nodes[v]["transient"] -= total
+    least = solver.solve(bare, objective="memory", time_limit=10).peak
+    assert least == info.value.minimum_bytes - total
+
+
 class _LossAndHidden(nn.Module):
     """Returns (loss, hidden): a step backpropagates from the loss only."""
 

@@ -89,9 +89,8 @@ def test_no_memory_is_what_the_target_lets_pytorch_allocate():
     """memory=None with a target: its capacity less the process's memory outside PyTorch (no
     NCCL communicator over gloo), said in the notes."""
     gpu = Device("gpu", {"float32": 1e12}, 1e11, 1 << 30, 1, capacity=MEMORY + 512, outside=512)
-    found = executor.fit(
-        meta_blocks, None, target=gpu, world_size=2, fsdp={"backend": "gloo"}, time_limit=30
-    )
+    gloo = executor.fsdp_policy(2, gpu, backend="gloo")
+    found = executor.fit(meta_blocks, None, target=gpu, fsdp=gloo, time_limit=30)
     assert found.memory == MEMORY == gpu.usable() and found.size is not None
     assert any("memory: gpu's 0.00 GiB usable (capacity" in n for n in found.notes)
     with pytest.raises(ValueError, match="of None stands for a target device's usable memory"):
@@ -101,8 +100,8 @@ def test_no_memory_is_what_the_target_lets_pytorch_allocate():
 def test_bad_fsdp_input_is_refused():
     with pytest.raises(ValueError, match="world_size=2 needs estimate mode: pass target="):
         executor.fit(meta_blocks, MEMORY, world_size=2)
-    with pytest.raises(ValueError, match="fsdp options apply only with world_size > 1"):
-        executor.fit(meta_blocks, MEMORY, target=TOY, fsdp={"param_dtype": "bfloat16"})
+    with pytest.raises(FitError, match=r"world_size=2 and fsdp\.world_size=4 differ"):
+        executor.fit(meta_blocks, MEMORY, target=TOY, world_size=2, fsdp=executor.FsdpPolicy(4))
     with pytest.raises(ValueError, match="world_size must be at least 1"):
         executor.fit(meta_blocks, MEMORY, target=TOY, world_size=0)
 
@@ -113,7 +112,12 @@ def test_bad_fsdp_input_is_refused():
         (["--world-size", "2"], "world_size=2 needs estimate mode: pass target= (--target)"),
         (
             ["--world-size", "2", "--target", "h100", "--param-dtype", "bfloat16"],
-            "the model is built in float32 and FSDP computes in bfloat16: build it in bfloat16",
+            "the FSDP policy gathers parameters in bfloat16, the model's are float32: the step "
+            "is traced in the model's dtype, so build the model in bfloat16",
+        ),
+        (
+            ["--target", "h100", "--param-dtype", "bfloat16"],
+            "FSDP options (param_dtype) apply only with --world-size above 1",
         ),
     ],
 )

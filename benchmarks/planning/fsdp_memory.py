@@ -13,7 +13,8 @@ step's start (`executor.measure_peak`'s method), plus the bytes resident before 
 the distinct storages of the parameters (sharded, padded), the optimizer state, the buffers
 and the inputs.
 
-The prediction: `fsdp_memory` of the blocks' and the root's parameter shapes, and the
+The prediction: `executor.fsdp.model_memory` (`fsdp_memory` of the blocks' and the root's
+parameter shapes) under `executor.fsdp_policy` for this CPU (gloo, step counters on it), and the
 single-process step's windows measured on the unsharded model with the same checkpointing
 (`executor.sac.windows.measure_windows`, one rank's batch, with `transformer.drop` as a
 leading block so that block 0's backward is cut from the root's) and the bytes live when its
@@ -31,7 +32,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from benchmarks.gloo_ranks import WORLD, on_gloo_ranks
 
@@ -63,14 +63,6 @@ def checkpointed(args: argparse.Namespace, mode: str, plan_path: str, seed: int 
 
         executor.CheckpointPlan.load(plan_path, model).apply(model)
     return model, inputs, blocks
-
-
-def shapes(model: nn.Module, blocks: list[nn.Module]) -> tuple[list[list[tuple]], list[tuple]]:
-    """Parameter shapes per block and of the rest (the root's; a tied parameter once)."""
-    inside = {id(p) for b in blocks for p in b.parameters()}
-    per_block = [[tuple(p.shape) for p in b.parameters()] for b in blocks]
-    root = [tuple(p.shape) for p in model.parameters() if id(p) not in inside]
-    return per_block, root
 
 
 def storages_bytes(tensors) -> int:
@@ -167,9 +159,10 @@ def measured(args: argparse.Namespace, mode: str, plan_path: str) -> list[dict]:
 def predicted(args: argparse.Namespace, mode: str, plan_path: str, rank: int):
     """The model's prediction for `rank` and its resident bytes beside FSDP's (inputs and
     buffers)."""
+    from executor.fsdp import fsdp_policy, model_memory
     from executor.sac.windows import measure_windows
     from graph_capture.measurement.peak import measure_each
-    from solver.target import FsdpPolicy, fsdp_memory, predict_peak
+    from solver.target import predict_peak
 
     torch.manual_seed(0)
     model, inputs, blocks = checkpointed(args, mode, plan_path, seed=rank)
@@ -180,8 +173,8 @@ def predicted(args: argparse.Namespace, mode: str, plan_path: str, rank: int):
     with torch.random.fork_rng():
         forward = measure_each([lambda: model(*inputs)])[0]  # its end: the loss held
     windows = stem_windows(w, forward.end_bytes)
-    policy = FsdpPolicy(WORLD, rank=rank, step_counters_on_device=True, backend="gloo")
-    memory = fsdp_memory(*shapes(model, blocks), policy)
+    policy = fsdp_policy(WORLD, rank=rank)  # this CPU: gloo, step counters on the device
+    memory = model_memory(model, blocks, policy)
     other = storages_bytes([*model.buffers(), *inputs])
     loose = memory.resident + other + w.peak + memory.max_fsdp_bytes()  # `activation_budget`'s
     return predict_peak(memory, windows), memory, other, loose

@@ -93,11 +93,10 @@ def remat_fit(dim: str, time_limit: float, granularity: str = "op") -> dict:
         model, ids, kw = scale_llama.build(NAME, *_size(dim, n))
         return model, (ids,), kw
 
-    options = {"master_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32"}
     start = time.perf_counter()
     fit = executor.fit(
         factory, device.usable(fsdp.nccl_communicators), dim=dim, time_limit=time_limit,
-        target=device, world_size=fsdp.world_size, fsdp=options,
+        target=device, fsdp=fsdp,
         capture_options={"granularity": granularity},
     )  # fmt: skip
     return {"fit s": time.perf_counter() - start, "summary": fit.summary()}

@@ -82,12 +82,14 @@ def build(name: str, batch: int | None = None, seq: int | None = None):
 
 
 def policy(name: str):
-    from solver.target import FsdpPolicy, builtin_device
+    """The target of run `name` and its FSDP policy: bf16 gathered from float32 master weights,
+    reduced in float32 (`executor.fsdp_policy`'s defaults otherwise)."""
+    from executor import fsdp_policy
+    from solver.target import builtin_device
 
     device = builtin_device(RUNS[name][3])
-    return device, FsdpPolicy(
-        RUNS[name][4], "float32", "bfloat16", "float32", rounding=device.rounding
-    )
+    fsdp = fsdp_policy(RUNS[name][4], device, param_dtype="bfloat16", reduce_dtype="float32")
+    return device, fsdp
 
 
 def _rss() -> float:
@@ -125,7 +127,7 @@ def part_plan(name: str, time_limit: float, size: tuple = (None, None), budget=N
     """The SAC rows of `name` at (batch, sequence) `size` (RUNS' where None), the SAC plan's at
     `budget` (None: the target's usable bytes; "min": the least per-rank peak)."""
     import executor
-    from executor.sac.sharded import model_memory
+    from executor.fsdp import model_memory
     from solver.sac.sharded import rank_peak
     from solver.sac.union import union_cost
 
@@ -221,7 +223,7 @@ def part_capture(name: str, path: str, granularity: str = "op") -> dict:
 
 def part_solve(name: str, path: str, time_limit: float) -> dict:
     import solver
-    from executor.sac.sharded import model_memory
+    from executor.fsdp import model_memory
     from solver.errors import InfeasibleBudgetError
     from solver.io import load_graph
     from solver.target import activation_budget

@@ -22,9 +22,11 @@ call raises `CompileError` saying what was done and what ``time_limit`` the next
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,6 +45,7 @@ from executor.compiled.step import Measured, compiled_call, fresh_call, measure_
 from executor.errors import CompileError
 from executor.fitting.graphs import expected_seconds
 from executor.loss import default_loss
+from executor.sac.plan import model_signature
 from graph_capture.inputs import positional_inputs
 from solver.core.budget import Budget, human_bytes
 from solver.deadline import Deadline
@@ -85,18 +88,118 @@ class CompileReport:
     check: CheckReport | None = None
 
 
+FORMAT = "remat-compiled/1"
+
+
 class CompiledModel(nn.Module):
     """``model`` compiled whole with remat's partition; shares ``model``'s parameters. Call
-    it as the model; ``remat`` is the `CompileReport`."""
+    it as the model; ``remat`` is the `CompileReport`; ``backend`` and ``options`` are the
+    compile's (torch.compile's backend name, inductor's options). ``save(path)`` writes the
+    plan, ``CompiledModel.load(path, model, example_inputs=...)`` compiles it again without
+    solving."""
 
-    def __init__(self, model: nn.Module, call: Callable[..., Any], report: CompileReport):
+    def __init__(
+        self,
+        model: nn.Module,
+        call: Callable[..., Any],
+        report: CompileReport,
+        backend: str,
+        options: Mapping[str, Any],
+    ):
         super().__init__()
         self.model = model
         self._call = call
         self.remat = report
+        self.backend = backend
+        self.options = dict(options)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._call(*args, **kwargs)
+
+    def save(self, path: str | Path) -> None:
+        """Write the plan as JSON: each compiled region's schedule (`solver.Schedule`'s JSON,
+        with the fingerprint of the joint graph's DAG it belongs to), the compile's backend
+        and options, the budget and the model's signature (`executor.sac.plan.model_signature`).
+        CompileError where an option is not JSON."""
+        data = {
+            "format": FORMAT,
+            "model_signature": model_signature(self.model),
+            "backend": self.backend,
+            "options": self.options,
+            **{k: getattr(self.remat, k) for k in ("budget", "plain_peak", "stopped")},
+            "regions": [json.loads(r.schedule.to_json()) for r in self.remat.regions],
+        }
+        try:
+            text = json.dumps(data)
+        except TypeError as e:
+            raise CompileError(f"cannot save the compile's options {self.options}: {e}") from e
+        Path(path).write_text(text)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        model: nn.Module,
+        *,
+        example_inputs: Sequence[object],
+        example_kwargs: Mapping[str, object] | None = None,
+        loss_fn: Callable[[object], torch.Tensor] = default_loss,
+        time_limit: float = 60,
+        check: CompileCheck | None = None,
+    ) -> CompiledModel:
+        """``model`` compiled with the plan saved at `path` (`save`): the saved backend and
+        options, each compiled region partitioned by its saved schedule (found by its joint
+        graph's fingerprint, replayed on it), nothing solved. As `compile` does for each of its
+        compiles, the step ``loss_fn(model(*example_inputs, **example_kwargs)).backward()`` is
+        compiled (its first run) and its peak measured once (a second run, state restored);
+        that is all it measures. CompileError (one line) for a file of another model (its
+        signature), a compiled region the file has no schedule for (another graph: other
+        inputs, code, torch or options), a measured peak above the saved budget, or a file
+        that is not such a plan; ``time_limit`` bounds the compile, the measurement and the
+        check, which holds the loaded step against torch's as `compile` does (``check``)."""
+        data = _read_plan(path)
+        if data["model_signature"] != model_signature(model):
+            raise CompileError(
+                f"{path} was saved for another model (parameters differ from "
+                f"{type(model).__name__}'s): compile this model with executor.compile"
+            )
+        inputs = positional_inputs(example_inputs, CompileError)
+        with call_deadline(time_limit, CompileError) as deadline:
+            steps = _Steps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
+            return cls._replay(steps, path, data, check or CompileCheck())
+
+    @classmethod
+    def _replay(
+        cls, steps: _Steps, path: str | Path, data: dict[str, Any], check: CompileCheck
+    ) -> CompiledModel:
+        """`load`'s compile, measurement and check of the plan ``data`` read from ``path``."""
+        schedules = {r["graph_fingerprint"]: json.dumps(r) for r in data["regions"]}
+        budget = data["budget"]
+        name, options = data["backend"], data["options"]
+        partitioner = RematPartitioner(
+            "min" if budget is None else budget,
+            steps.deadline,
+            replay_rng=name == "aot_eager",
+            fuse=name == "inductor",
+            schedules=schedules,
+        )
+        call, measured = steps.measure(backend(name, partitioner, options), partitioner)
+        if budget is not None and measured.peak > budget:
+            raise CompileError(
+                f"the plan saved at {path} measured {measured.peak} B here, above its budget "
+                f"{budget} B: compile again with executor.compile on this machine"
+            )
+        report = CompileReport(
+            budget,
+            measured.peak,
+            data["plain_peak"],
+            steps.compiles,
+            [],
+            partitioner.regions,
+            data["stopped"],
+            _check(steps, call, name, options, partitioner.regions, check),
+        )
+        return cls(steps.model, call, report, name, options)
 
 
 def _options(kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -309,7 +412,7 @@ def _compile(
                 stopped if partitioner.cut_short else None,
                 checked,
             )
-            return CompiledModel(steps.model, call, report)
+            return CompiledModel(steps.model, call, report, name, options)
         if solver_budget == "min":
             break  # the least-peak schedule measured over the budget
         # below the schedule's predicted peak (the solver budget may lie far above it) by the
@@ -370,6 +473,26 @@ def _check(
         reference_name=label,
         random_ops=random_ops,
     )
+
+
+def _read_plan(path: str | Path) -> dict[str, Any]:
+    """The JSON of a plan `CompiledModel.save` wrote; CompileError for anything else."""
+    try:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else None
+            raise ValueError(f"format {found!r}, not {FORMAT!r}")
+        keys = ("model_signature", "backend", "options", "budget", "plain_peak", "stopped")
+        missing = [k for k in (*keys, "regions") if k not in data]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)}")
+        if not all(isinstance(r, dict) and "graph_fingerprint" in r for r in data["regions"]):
+            raise ValueError("a region without a schedule")
+    except (OSError, ValueError) as e:
+        raise CompileError(
+            f"{path} is not a compiled plan file ({e}): write one with CompiledModel.save"
+        ) from e
+    return data
 
 
 def _solve_seconds(left: float, tries: int, rest: float | None) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from executor.compiled.emit import Partition, partition
 from executor.compiled.joint_dag import joint_dag, tangent_bytes
 from executor.errors import CompileError
 from solver.deadline import Deadline
+from solver.errors import RematError
 
 __all__ = ["RegionPlan", "RematPartitioner", "backend"]
 
@@ -65,15 +66,24 @@ class RematPartitioner(CustomPartitionerFn):
     graph's, so the solver recomputes one only where no schedule without it fits, and then
     the plan is refused (`CompileError`). ``fuse`` (inductor): the DAG models inductor's
     fusion (`joint_dag.fuse_groups`): values it computes inside a kernel hold no bytes.
+    ``schedules`` (`CompiledModel.load`): graph fingerprint -> a saved schedule's JSON, taken
+    instead of solving, checked on the joint graph's DAG (`solver.Schedule.from_json`); a
+    joint graph without one is refused (`CompileError`).
     """
 
     def __init__(
-        self, budget: int | str, deadline: Deadline, replay_rng: bool, fuse: bool = False
+        self,
+        budget: int | str,
+        deadline: Deadline,
+        replay_rng: bool,
+        fuse: bool = False,
+        schedules: Mapping[str, str] | None = None,
     ) -> None:
         self.budget = budget
         self.replay_rng = replay_rng
         self.fuse = fuse
         self.deadline = deadline
+        self.schedules = dict(schedules or {})
         self.regions: list[RegionPlan] = []
         # a recompile of the same joint graph (a guard on Python state the first step changed,
         # e.g. a Hugging Face config's problem_type) takes the schedule solved for it
@@ -104,6 +114,9 @@ class RematPartitioner(CustomPartitionerFn):
         problem = solver.prepare(dag)
         key = (problem.fingerprint, problem.cost_fingerprint, str(sorted(joint.members.items())))
         schedule = self._solved.get(key)
+        if schedule is None and self.schedules:
+            schedule = self._saved(dag, problem.fingerprint)
+            self._solved[key] = schedule
         if schedule is None:
             schedule = self._solve(dag, (total + penalty / 2) / total if once else None)
             self._solved[key] = schedule
@@ -137,6 +150,20 @@ class RematPartitioner(CustomPartitionerFn):
         plan = RegionPlan(dag, schedule, cut, cost, ops, joint.inlined)
         self.regions = [r for r in self.regions if r.schedule is not schedule] + [plan]
         return cut.forward, cut.backward
+
+    def _saved(self, dag: nx.DiGraph, fingerprint: str) -> solver.Schedule:
+        """The saved schedule of the joint graph whose DAG has `fingerprint`, replayed on it."""
+        text = self.schedules.get(fingerprint)
+        if text is None:
+            raise CompileError(
+                f"no saved schedule for this compiled region (graph {fingerprint}; the file "
+                f"has {', '.join(sorted(self.schedules))}): the model's code, its inputs, torch "
+                "or the compile options differ from the saved compile's; compile again"
+            )
+        try:
+            return solver.Schedule.from_json(text, dag)
+        except RematError as e:
+            raise CompileError(f"the saved schedule of graph {fingerprint}: {e}") from e
 
     def _replays(self, dag: nx.DiGraph, v: str) -> bool:
         """True where ``v`` may recompute: it draws but does not mutate, and draws replay."""

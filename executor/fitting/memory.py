@@ -21,6 +21,8 @@ from solver.fitting.result import StaticBytes
 
 OPTIMIZERS = ("adamw", "sgd", "none")
 """The optimizers a fit accounts for: AdamW (torch defaults), SGD with momentum 0.9, none."""
+FSDP_OPTIMIZERS = {"adamw": "adamw", "sgd": "sgd_momentum", "none": "none"}
+"""`OPTIMIZERS` as `solver.target.FsdpPolicy` names them."""
 
 
 def make_optimizer(name: str, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer | None:

@@ -36,11 +36,12 @@ from dataclasses import dataclass
 import networkx as nx
 import torch
 
-from executor.errors import FitError
+from executor.errors import FitError, PlanError
 from executor.fitting.baselines import Steps, eager, per_block, run_step
 from executor.fitting.fsdp import fsdp_bytes
 from executor.fitting.graphs import SizedGraphs, with_loss
-from executor.fitting.memory import OPTIMIZERS, predicted_static
+from executor.fitting.memory import FSDP_OPTIMIZERS, OPTIMIZERS, predicted_static
+from executor.fsdp import fsdp_policy, resolve_policy, sharded_world_size
 from executor.loss import default_loss
 from graph_capture.measurement.roofline import resolve_target
 from solver.core.budget import LEAST, PERCENT, USABLE, Budget, parse_overhead
@@ -57,7 +58,7 @@ from solver.fitting.result import (
 )
 from solver.fitting.search import FitResult, confirmed, largest_fitting
 from solver.interrupt import call_deadline
-from solver.target import BACKENDS, Device, nccl_communicators
+from solver.target import Device, FsdpPolicy
 
 SEARCH_SHARE = 0.6
 """The share of the time left that a search gets; the rest is for the confirming captures, the
@@ -81,7 +82,7 @@ def fit(
     on_interrupt: Callable[[], None] | None = None,
     target: str | Device | None = None,
     world_size: int = 1,
-    fsdp: Mapping[str, object] | None = None,
+    fsdp: FsdpPolicy | None = None,
 ) -> Fit:
     """The largest size whose training step fits `memory` (bytes or "24GiB"; None with a
     `target`: what the target lets PyTorch allocate, `solver.target.Device.usable`: its
@@ -110,10 +111,11 @@ def fit(
     each of `default_blocks`' blocks and the root, each rank at the size (the local batch or
     sequence): what exists before the step is the FSDP model's resident bytes, and the step's
     budget what `activation_budget` leaves less the unsharded gradients
-    (`solver.fitting.fsdp`). `fsdp`: `executor.fitting.fsdp.FSDP_OPTIONS` (`master_dtype`,
-    default the model's parameters' dtype; `param_dtype`, `reduce_dtype`, default None: no
-    mixed precision, the model then built in `param_dtype`; `reshard_after_forward`, default
-    True; `backend`, default "nccl").
+    (`solver.fitting.fsdp`). `fsdp`: a `solver.target.FsdpPolicy` (NOTE [ one FSDP policy ]
+    in executor/fsdp.py; `world_size` may then be left 1), its `rounding` the target's and its
+    `optimizer` this fit's (FsdpPolicy's "sgd_momentum" for "sgd"); without it, the policy
+    `executor.fsdp_policy` makes for the target with the model's dtype gathered (float32
+    master weights, resharded after forward).
 
     Raises FitError (which size failed and why; a memory below the parameters, gradients and
     optimizer state; a graph that changes shape with the size; nothing known by the deadline;
@@ -126,13 +128,16 @@ def fit(
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, not {world_size!r}")
-    if world_size > 1 and target is None:
+    try:
+        world_size = sharded_world_size(world_size, fsdp)
+    except PlanError as e:
+        raise FitError(str(e)) from e
+    sharded = world_size > 1 or fsdp is not None
+    if sharded and target is None:
         raise ValueError(
             f"world_size={world_size} needs estimate mode: pass target= (--target); this machine "
             f"cannot run {world_size} ranks' real steps"
         )
-    if fsdp and world_size == 1:
-        raise ValueError("fsdp options apply only with world_size > 1")
     cap = parse_overhead(max_overhead)
     device = None if target is None else resolve_target(target)  # UnknownTargetError
     wanted = Budget.of(memory)
@@ -141,8 +146,10 @@ def fit(
             f"memory {memory!r} is device memory: give bytes or units (24GiB), not a "
             "percentage or 'min'"
         )
-    backend = str((fsdp or {}).get("backend", BACKENDS[0]))
-    nccl = nccl_communicators(backend) if world_size > 1 else 0
+    policy = None
+    if device is not None:
+        policy = fsdp if fsdp is not None else fsdp_policy(world_size, device)
+    nccl = policy.nccl_communicators if sharded and policy is not None else 0
     memory = wanted.bytes(usable=None if device is None else lambda: device.usable(nccl))
     memory_note = None
     if wanted.kind == USABLE and device is not None:
@@ -153,7 +160,7 @@ def fit(
     with call_deadline(time_limit, FitError, on_interrupt) as deadline:
         return _fit(
             _Sizes(with_loss(factory, loss_fn), dim, capture_sizes, low, high, capture_options),
-            _Step(memory, cap, optimizer, run, world_size, fsdp, memory_note),
+            _Step(memory, cap, optimizer, run, world_size, fsdp, sharded, memory_note),
             deadline,
         )
 
@@ -176,15 +183,17 @@ class _Sizes:
 class _Step:
     """The training step a fit sizes: `memory` bytes to fit in (`memory_note`: how they were
     derived from the target; None: given), the compute cap `cap` (`parse_overhead`'s form; None:
-    unlimited), fit's `optimizer`, `world_size` ranks under FSDP2 with `fsdp_options` (1: no
-    FSDP), `run`: real steps run on this machine."""
+    unlimited), fit's `optimizer`, `world_size` ranks under FSDP2 with the given policy `fsdp`
+    (None: `executor.fsdp.resolve_policy`'s default) where `sharded`, `run`: real steps run on
+    this machine."""
 
     memory: int
     cap: str | None
     optimizer: str
     run: bool
     world_size: int
-    fsdp_options: Mapping[str, object] | None
+    fsdp: FsdpPolicy | None
+    sharded: bool
     memory_note: str | None
 
 
@@ -276,7 +285,7 @@ def _step_bytes(sizes: _Sizes, step: _Step, notes: list[str]) -> _StepBytes:
     steps = Steps(graphs, step.optimizer)
     statics, temporaries = _statics(graphs, steps, sizes.capture_sizes, step.optimizer)
     sharded = None
-    if step.world_size > 1:
+    if step.sharded:
         sharded = _per_rank(graphs, sizes, step)
         statics = {s: sharded.static(st.buffers, st.inputs) for s, st in statics.items()}
         temporaries = sharded.memory.optimizer_temporaries
@@ -294,9 +303,14 @@ def _step_bytes(sizes: _Sizes, step: _Step, notes: list[str]) -> _StepBytes:
 def _per_rank(graphs: SizedGraphs, sizes: _Sizes, step: _Step) -> FsdpBytes:
     """Rank 0's FSDP2 bytes for the model at the first capture size (estimate mode: the
     target's allocator rounding)."""
-    rounding = resolve_target(graphs.options["target"]).rounding
-    made = graphs.captures[sizes.capture_sizes[0]].made
-    return fsdp_bytes(made[0], step.world_size, step.optimizer, rounding, step.fsdp_options)
+    device = resolve_target(graphs.options["target"])
+    model, inputs, kwargs = graphs.captures[sizes.capture_sizes[0]].made
+    optimizer = FSDP_OPTIMIZERS[step.optimizer]
+    try:
+        policy = resolve_policy(model, step.world_size, step.fsdp, device, optimizer)
+    except PlanError as e:
+        raise FitError(str(e)) from e
+    return fsdp_bytes(model, inputs, kwargs, policy)
 
 
 def _static_at(

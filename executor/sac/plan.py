@@ -33,13 +33,14 @@ import torch
 from torch import nn
 
 from executor.errors import PlanError
+from executor.fsdp import model_memory, resolve_policy, sharded_world_size
 from executor.loss import default_loss
 from executor.sac.blocks import select_blocks
 from executor.sac.measurer import Measured
 from executor.sac.policy import Policy
 from executor.sac.record import RECORDING_STEPS, record_union
 from executor.sac.region import cache_off, run_checkpointed
-from executor.sac.sharded import fsdp_policy, model_memory, solve_sharded
+from executor.sac.sharded import solve_sharded
 from executor.sac.step import RecordingTime, Snapshot, in_call_order, leaf_tensors
 from graph_capture.inputs import positional_inputs
 from solver.core.budget import USABLE, Budget, plain_step
@@ -324,8 +325,9 @@ def checkpoint_plan(
     device file or a `Device` plans in estimate mode (executor/sac/estimate.py): no real step
     runs, the model may be on the meta device, bytes and seconds (and `plain_peak`) are
     predicted for the target, and `plan.target` names it. `world_size` > 1 (or `fsdp`, a
-    `solver.target.FsdpPolicy`): the model is sharded by FSDP2 (`fully_shard` on each block
-    and at the root; default policy `executor.sac.sharded.fsdp_policy`); `budget` is then the
+    `solver.target.FsdpPolicy`, NOTE [ one FSDP policy ] in executor/fsdp.py): the model is
+    sharded by FSDP2 (`fully_shard` on each block and at the root; without `fsdp`, the policy
+    `executor.fsdp_policy` makes for the target, the model's dtype gathered); `budget` is then the
     device memory per rank (a percentage: of the per-rank peak without checkpointing; None:
     what the target lets PyTorch allocate, `solver.target.Device.usable`: its capacity less
     the process's memory outside PyTorch, NCCL's included), and `plan.peak`, `plan.budget`,
@@ -338,6 +340,7 @@ def checkpoint_plan(
     if regions not in REGIONS:
         raise PlanError(f"regions must be one of {REGIONS}, not {regions!r}")
     _check_world_size(world_size)
+    world_size = sharded_world_size(world_size, fsdp)
     sharded = world_size > 1 or fsdp is not None
     wanted = Budget.of(budget)  # an unreadable budget fails before any recording
     example_inputs = positional_inputs(example_inputs, PlanError)
@@ -349,7 +352,7 @@ def checkpoint_plan(
             "budget None is a target's usable memory per rank, for a sharded plan (a target "
             "and world_size > 1): give bytes, units, a percentage or 'min'"
         )
-    policy = fsdp_policy(model, world_size, fsdp, device) if sharded else None
+    policy = resolve_policy(model, world_size, fsdp, device) if sharded else None
     _check_device(model, (example_inputs, kwargs), measurer.target is not None)
     with call_deadline(time_limit, PlanError) as deadline:
         sets = 1 if regions == "blocks" else 2  # the blocks, and their children

@@ -1,14 +1,10 @@
 """SAC plans for a model sharded by FSDP2 over `world_size` ranks (`checkpoint_plan(...,
-world_size=N)`): the FSDP policy, the model's per-rank memory from its parameters' shapes, and
-the solve at the rank's device memory (solver/sac/sharded.py, docs/fsdp.md)."""
+world_size=N)`): the solve at the rank's device memory (solver/sac/sharded.py, docs/fsdp.md),
+given the model's per-rank memory (`executor.fsdp`: the policy and the groups)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
-
-import torch
-from torch import nn
 
 from executor.errors import PlanError
 from solver.core.budget import USABLE, Budget
@@ -18,57 +14,7 @@ from solver.sac.memory import SacPlan
 from solver.sac.sharded import rank_peak, shifted
 from solver.sac.solve import SacSolution, solve_sac
 from solver.sac.union import SacUnion, UnionPlan
-from solver.target import Device, FsdpMemory, FsdpPolicy, fsdp_memory
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def fsdp_policy(
-    model: nn.Module, world_size: int, fsdp: FsdpPolicy | None, device: Device | None
-) -> FsdpPolicy:
-    """`fsdp`, checked against `world_size` and the model, or the default: float32 master
-    weights, the model's parameter dtype as the param dtype (mixed precision where it is not
-    float32), reduce-scatter in the param dtype (torch's default), AdamW, resharded after
-    forward, the target's allocator rounding (1 without a target), NCCL on a GPU target and
-    gloo on the CPU."""
-    dtypes = {_dtype_name(p.dtype) for p in model.parameters()}
-    if len(dtypes) != 1:
-        raise PlanError(
-            f"world_size > 1 needs one parameter dtype (the param dtype FSDP gathers in); the "
-            f"model has {sorted(dtypes)}: build it in the param dtype"
-        )
-    (compute,) = dtypes
-    if fsdp is None:
-        cpu = device is None or device.name == "cpu"
-        return FsdpPolicy(
-            world_size=world_size,
-            master_dtype="float32",
-            param_dtype=compute,
-            rounding=1 if device is None else device.rounding,
-            backend="gloo" if cpu else "nccl",
-        )
-    if world_size not in (1, fsdp.world_size):
-        raise PlanError(
-            f"world_size={world_size} and fsdp.world_size={fsdp.world_size} differ: give one"
-        )
-    if fsdp.compute_dtype != compute:
-        raise PlanError(
-            f"the FSDP policy gathers parameters in {fsdp.compute_dtype}, the model's are "
-            f"{compute}: the step is recorded in the model's dtype, so build the model in "
-            f"{fsdp.compute_dtype} (torch.set_default_dtype before building on meta)"
-        )
-    return fsdp
-
-
-def model_memory(model: nn.Module, blocks: Sequence[nn.Module], policy: FsdpPolicy) -> FsdpMemory:
-    """FSDP2's per-rank memory for `fully_shard` on each block (in forward order) and at the
-    root: the blocks' parameter shapes and the root's remaining ones (a tied one once)."""
-    inside = {id(p) for b in blocks for p in b.parameters()}
-    block_shapes = [[tuple(p.shape) for p in b.parameters()] for b in blocks]
-    root = [tuple(p.shape) for p in model.parameters() if id(p) not in inside]
-    return fsdp_memory(block_shapes, root, policy)
+from solver.target import Device, FsdpMemory
 
 
 @dataclass(frozen=True)

@@ -306,6 +306,11 @@ class Rematerialized(nn.Module):
         self.schedule = schedule
         self._program = _Program(model, captured, schedule, compiled)
 
+    def save(self, path: str | Path) -> None:
+        """Write the schedule (`solver.Schedule.save`: its ops, claims and the fingerprint of
+        the graph it belongs to), what `load` reads back for this model."""
+        self.schedule.save(path)
+
     @classmethod
     def load(
         cls,
@@ -316,12 +321,13 @@ class Rematerialized(nn.Module):
         *,
         capture_options: Mapping[str, object] | None = None,
     ) -> Rematerialized:
-        """Capture `model` on the example inputs and load the schedule solved offline at `path`
-        (`load_schedule`). `capture_options` go to `graph_capture.capture` and must be those
-        the schedule's graph was captured with (``backward_from``, ``granularity``, ...), as
-        must torch's thread count.
+        """Capture `model` on the example inputs and load the schedule at `path` (`save`, or
+        solved offline: `remat solve --out`; `load_schedule`). `capture_options` go to
+        `graph_capture.capture` and must be those the schedule's graph was captured with
+        (``backward_from``, ``granularity``, ...), as must torch's thread count.
 
-        Raises solver.errors.ScheduleMismatchError when the file was solved for another graph.
+        Raises solver.errors.ScheduleMismatchError (one line) when the file was solved for
+        another graph: another model, other inputs or other capture options.
         """
         from graph_capture import capture
 

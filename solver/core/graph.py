@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -56,6 +56,10 @@ class Problem:
             where the graph has none.
         plain_peak_basis: "measured", or "predicted" where `plain_peak` is an estimate mode's
             (the graph attribute `plain_peak_basis`).
+        held: (part, bytes) of what a runtime holds beside the values at every op, included in
+            every node's `transient` (the graph attribute `held_bytes`, a mapping; captured
+            graphs: `graph_capture.capture`'s executor bytes), () where the graph has none.
+            Every schedule's peak includes their sum.
     """
 
     ids: tuple[Hashable, ...]
@@ -69,6 +73,7 @@ class Problem:
     step_cost: float | None = None
     plain_peak: int | None = None
     plain_peak_basis: str = "measured"
+    held: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.transient:  # no transient bytes given: 0 for every node
@@ -246,6 +251,7 @@ def prepare(graph: nx.DiGraph) -> Problem:
         _step_cost(graph),
         _plain_peak(graph),
         _plain_peak_basis(graph),
+        _held(graph),
     )
 
 
@@ -274,6 +280,20 @@ def _plain_peak(graph: nx.DiGraph) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise GraphError(f"graph attribute `plain_peak`={value!r} is not a whole number > 0")
     return value
+
+
+def _held(graph: nx.DiGraph) -> tuple[tuple[str, int], ...]:
+    value = graph.graph.get("held_bytes", {})
+    parts = tuple(value.items()) if isinstance(value, Mapping) else None
+    if parts is None or not all(
+        isinstance(k, str) and isinstance(b, int) and not isinstance(b, bool) and b >= 0
+        for k, b in parts
+    ):
+        raise GraphError(
+            f"graph attribute `held_bytes`={value!r} is not a mapping of names to whole "
+            "numbers of bytes >= 0"
+        )
+    return parts
 
 
 def _is_finite_number(value: object) -> bool:

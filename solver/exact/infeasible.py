@@ -7,9 +7,22 @@ from dataclasses import replace
 from typing import NoReturn
 
 from solver.core.budget import human_bytes, percent_of
+from solver.core.graph import Problem
 from solver.errors import InfeasibleBudgetError
 from solver.exact import least_peak
 from solver.exact.state import Goal, Search, run_steps
+
+
+def held(problem: Problem) -> str:
+    """The error's clause ", of which N bytes are held beside the values at every op (parts)"
+    where `problem` has such bytes (`Problem.held`): every schedule's peak includes them, so
+    the least peak is the least of the values and op workspaces alone plus N (docs/executor.md,
+    "The byte budget"); "" where it has none."""
+    total = sum(b for _, b in problem.held)
+    if not total:
+        return ""
+    parts = ", ".join(f"{name} {b}" for name, b in problem.held if b)
+    return f", of which {total} bytes are held beside the values at every op ({parts})"
 
 
 def raise_infeasible(search: Search) -> NoReturn:
@@ -46,8 +59,8 @@ def raise_infeasible(search: Search) -> NoReturn:
         )
     raise InfeasibleBudgetError(
         f"no schedule fits a budget of {budget} bytes ({human_bytes(budget)}): {what} "
-        f"({human_bytes(peak)}, {percent_of(peak, search.problem)}); raise the budget to at "
-        "least that",
+        f"({human_bytes(peak)}, {percent_of(peak, search.problem)}){held(search.problem)}; "
+        "raise the budget to at least that",
         minimum_bytes=minimum,
         lower_bound_bytes=max(lower, memory.floor),
     )
