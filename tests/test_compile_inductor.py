@@ -12,63 +12,16 @@ import copy
 import pytest
 import torch
 from compile_graphs import remat_graphs
+from compile_models import CNN, GPT
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import executor
+from executor.compiled.check import relative_difference
 from executor.compiled.partitioner import RematPartitioner
 from solver.deadline import Deadline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-class Attention(nn.Module):
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, w = x.shape
-        q, k, v = self.qkv(x).split(w, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, w // self.heads).transpose(1, 2) for z in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) * (k.shape[-1] ** -0.5)
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
-        attn = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-        return self.proj((attn @ v).transpose(1, 2).reshape(b, t, w))
-
-
-class Block(nn.Module):
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.attn = Attention(width, heads)
-        self.mlp = nn.Sequential(
-            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class GPT(nn.Module):
-    """Token and position embeddings, pre-LayerNorm blocks, a head and cross-entropy."""
-
-    def __init__(
-        self, vocab: int = 32, seq: int = 16, width: int = 32, heads: int = 2, layers: int = 2
-    ):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(seq, width)
-        self.blocks = nn.Sequential(*(Block(width, heads) for _ in range(layers)))
-        self.ln = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab, bias=False)
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
-        logits = self.head(self.ln(self.blocks(x)))
-        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 def _saved_storages(partitioner: RematPartitioner) -> list[list[str]]:
@@ -114,3 +67,55 @@ class _Loss(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.model(idx, targets)
+
+
+def _gpt() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    idx = torch.randint(0, 32, (4, 16))
+    return GPT(), (idx, torch.randint(0, 32, (4, 16)))
+
+
+def _cnn() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    return CNN(), (torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,)))
+
+
+def _step(model: nn.Module, call, inputs) -> list[tuple[str, torch.Tensor]]:
+    """The loss, every gradient and every buffer after one step through ``call``."""
+    model.zero_grad(set_to_none=True)
+    loss = call(*inputs)
+    loss.backward()
+    values = [("loss", loss.detach())]
+    values += [(n, p.grad.clone()) for n, p in model.named_parameters()]
+    return values + [(n, b.clone()) for n, b in model.named_buffers()]
+
+
+def _assert_close_to_eager(model, compiled, inputs) -> None:
+    eager = copy.deepcopy(model)
+    got, want = _step(model, compiled, inputs), _step(eager, eager, inputs)
+    for (name, a), (_, b) in zip(got, want, strict=True):
+        diff = relative_difference(a, b)
+        assert diff <= 1e-4, f"{name} differs from eager: {diff:.3g}"
+
+
+@pytest.mark.parametrize("make", [_gpt, _cnn], ids=["gpt", "cnn"])
+def test_inductor_at_four_budgets_is_within_them_and_close_to_eager(make):
+    """100% (of torch's compiled step), "min", and two budgets a third and two thirds of the
+    way from "min"'s measured peak to 100%: each measured within its budget, checked by the
+    compile itself against torch's partition, and its step allclose to eager's (inductor
+    reorders reductions: relative to each tensor's largest magnitude, 1e-4)."""
+    model, inputs = make()
+    full = executor.compile(model, "100%", example_inputs=inputs, time_limit=300)
+    plain = full.remat.plain_peak
+    assert full.remat.peak <= full.remat.budget == plain
+    least = executor.compile(model, "min", example_inputs=inputs, time_limit=300)
+    assert least.remat.peak < plain
+    runs = [full, least]
+    for third in (1, 2):
+        budget = least.remat.peak + (plain - least.remat.peak) * third // 3
+        runs.append(executor.compile(model, budget, example_inputs=inputs, time_limit=300))
+        assert runs[-1].remat.peak <= budget
+    for cm in runs:
+        assert cm.remat.check is not None and not cm.remat.check.exact
+        assert cm.remat.check.worst <= executor.CompileCheck().rtol
+        _assert_close_to_eager(model, cm, inputs)

@@ -31,7 +31,7 @@ from executor.compiled.step import run_step
 from executor.errors import CompileError
 from graph_capture.measurement.peak import Snapshot
 
-__all__ = ["CheckReport", "CompileCheck", "check_step"]
+__all__ = ["CheckReport", "CompileCheck", "check_step", "relative_difference"]
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def _step_values(
     return values
 
 
-def _difference(value: torch.Tensor, reference: torch.Tensor) -> float:
+def relative_difference(value: torch.Tensor, reference: torch.Tensor) -> float:
     """The largest elementwise difference relative to the reference's largest magnitude (0.0
     where equal, inf where shapes, dtypes or non-finite positions differ)."""
     if value.shape != reference.shape or value.dtype != reference.dtype:
@@ -129,7 +129,7 @@ def check_step(
         )
     worst = 0.0
     for (name, value), (_, ref) in zip(got, expected, strict=True):
-        diff = _difference(value, ref)
+        diff = relative_difference(value, ref)
         worst = max(worst, diff)
         if (exact and diff > 0) or diff > options.rtol:
             within = "bit for bit" if exact else f"within rtol {options.rtol:g}"

@@ -181,25 +181,16 @@ class RematPartitioner(CustomPartitionerFn):
         return schedule
 
     def _schedule(self, dag: nx.DiGraph, compute_budget: float | None) -> solver.Schedule:
-        """The schedule at the budget, or for "min" the least peak, then the least cost at it
-        (the least-peak schedule where that second solve finds nothing by the deadline).
-        ``compute_budget``: the least-peak solve's bound on cost (a factor of computing every
-        node once; None: none), which keeps the ops that must run once from recomputing."""
-        deadline = self.deadline
-        if self.budget != "min":
-            return solver.solve(dag, int(self.budget), **_within(deadline))
-        least = solver.solve(
-            dag,
-            objective="memory",
-            compute_budget=compute_budget,
-            **_within(deadline.share(0.5)),
-        )
-        self.cut_short |= least.status != "OPTIMAL"
-        try:
-            return solver.solve(dag, least.peak, **_within(deadline))
-        except solver.SolverTimeoutError:
-            self.cut_short = True
-            return least
+        """`solver.solve` at the budget; "min" is the solver's (the least peak, then the least
+        cost at it), ``compute_budget`` (a factor of computing every node once; None: none)
+        bounding the least-peak search, which keeps the ops that must run once from
+        recomputing."""
+        least = self.budget == "min"
+        limit = compute_budget if least else None
+        schedule = solver.solve(dag, self.budget, compute_budget=limit, **_within(self.deadline))
+        if least:
+            self.cut_short |= schedule.extra["least_peak"]["status"] != "OPTIMAL"
+        return schedule
 
 
 def _within(deadline: Deadline) -> dict[str, Any]:
