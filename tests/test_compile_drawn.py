@@ -1,7 +1,8 @@
 """executor.compile on drawn transformer configurations (layers, width, heads, sequence,
 dropout on or off) at drawn budgets, "min" among them: under aot_eager two SGD steps are
 bit-identical to eager (the loss, every gradient, every parameter after the step; dropout's
-draws replayed), under inductor (a smaller draw) allclose to torch's own compiled partition.
+draws replayed), under inductor (a smaller draw: one layer of width 16, its compiles take the
+time) allclose to torch's own compiled partition.
 A budget below the least remat's partition reaches is refused in one line, never a model
 that misses it."""
 
@@ -80,13 +81,24 @@ def test_aot_eager_is_bit_identical_to_eager(config, budget):
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
+small = st.fixed_dictionaries(
+    {
+        "layers": st.just(1),
+        "width": st.just(16),
+        "heads": st.sampled_from([1, 2, 4]),
+        "seq": st.just(8),
+        "dropout": st.sampled_from([0.0, 0.1]),
+    }
+)
+
+
 @settings(max_examples=2)
-@given(config=configs.filter(lambda c: c["width"] % c["heads"] == 0), budget=budgets)
+@given(config=small, budget=budgets)
 def test_inductor_is_close_to_torchs_partition(config, budget):
     """Against torch's own partition compiled alike (inductor draws dropout's masks with its
     own seeded generator, so eager is no reference with dropout on)."""
     model, inputs = _model(config)
-    cm = _compile_or_refuse(model, inputs, budget, "inductor", time_limit=300)
+    cm = _compile_or_refuse(model, inputs, budget, "inductor", time_limit=150)
     if cm is None:
         assert budget != "min"
         return
