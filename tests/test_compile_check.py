@@ -1,0 +1,79 @@
+"""The check executor.compile makes before handing a model over (`executor/compiled/check.py`):
+a step that differs from the reference is a CompileError naming the first differing value
+(the loss, a gradient, a buffer), exact mode refuses any difference, the tolerance mode one
+above rtol relative to the value's largest magnitude; the model's state is left as found."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import executor
+from executor.compiled.check import check_step, relative_difference
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _net() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.BatchNorm1d(8), nn.Linear(8, 1)), (
+        torch.randn(6, 4),
+    )
+
+
+def _check(model, call, reference, inputs, exact: bool, rtol: float = 1e-3):
+    return check_step(
+        model,
+        call,
+        reference,
+        inputs,
+        {},
+        lambda out: out.square().mean(),
+        exact=exact,
+        options=executor.CompileCheck(rtol=rtol),
+        reference_name="the reference",
+        random_ops=False,
+    )
+
+
+def test_the_same_step_passes_bit_for_bit_and_leaves_the_state_as_found():
+    model, inputs = _net()
+    before = [b.clone() for b in model.buffers()]
+    report = _check(model, model, model, inputs, exact=True)
+    assert report.worst == 0.0 and report.values == 1 + 6 + 3
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.buffers(), strict=True))
+
+
+def test_a_scaled_gradient_is_refused_naming_it():
+    """A step whose last layer's weight gradient is 1% off: the first differing value named."""
+    model, inputs = _net()
+
+    def off(*args):
+        out = model(*args)
+        model[3].weight.register_hook(lambda g: g * 1.01)
+        return out
+
+    with pytest.raises(executor.CompileError, match=r"grad of 3\.weight \(relative"):
+        _check(model, off, model, inputs, exact=False)
+
+
+def test_exact_mode_refuses_a_rounding_difference_the_tolerance_admits():
+    model, inputs = _net()
+
+    def rounded(*args):
+        return model(*args) * (1 + 2**-20)
+
+    with pytest.raises(executor.CompileError, match=r"the loss .*not bit for bit"):
+        _check(model, rounded, model, inputs, exact=True)
+    assert _check(model, rounded, model, inputs, exact=False).worst < 1e-5
+
+
+def test_relative_difference_is_to_the_largest_magnitude_and_inf_on_mismatched_nans():
+    ref = torch.tensor([100.0, 1e-6, 0.0])
+    assert relative_difference(ref + torch.tensor([0.0, 1e-3, 0.0]), ref) == pytest.approx(1e-5)
+    assert relative_difference(torch.tensor([float("nan"), 1.0]), torch.tensor([0.0, 1.0])) == (
+        float("inf")
+    )
+    assert relative_difference(torch.ones(2), torch.ones(3)) == float("inf")
