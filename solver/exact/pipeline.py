@@ -30,6 +30,7 @@ import networkx as nx
 
 from solver.core.budget import human_bytes, parse_budget, parse_compute_budget
 from solver.core.graph import prepare
+from solver.core.link import Link
 from solver.core.schedule import Schedule, make_schedule
 from solver.deadline import Deadline, Stop
 from solver.errors import InvalidScheduleError, SolverTimeoutError
@@ -37,6 +38,7 @@ from solver.exact import least_peak, warm_start
 from solver.exact.cascade import cascade_cover, lifetime_polish
 from solver.exact.cover import read_gap_cover
 from solver.exact.moments import moment_relaxation
+from solver.exact.offload import solve_with_offload
 from solver.exact.options import DEFAULT, SolveOptions
 from solver.exact.probes import probes
 from solver.exact.stage_model import lp_relaxation, stage_model
@@ -69,6 +71,7 @@ def solve(
     progress: ProgressFn | bool | None = None,
     options: SolveOptions = DEFAULT,
     deadline: Deadline | None = None,
+    offload: Link | None = None,
 ) -> Schedule:
     """The optimal schedule in the Checkmate stage space, or the best found by `time_limit`.
 
@@ -96,6 +99,10 @@ def solve(
         deadline: the caller's deadline, for a solve that is one step of a longer piece of work
             (`solver.fitting.search`): the solve ends by the earlier of it and `time_limit`,
             and when its stop is requested (the caller's Ctrl-C).
+        offload: a host link (`solver.Link`): values may also be offloaded and reloaded over
+            it, and the schedule is the optimum of the stage space with offload, its cost the
+            compute cost plus the stall (docs/offload.md; `solver.exact.offload`; objective
+            "cost" only). None: keep or recompute only.
 
     Returns a `Schedule` replayed by the independent simulator, within the budgets; status
     "OPTIMAL" only with an exact certificate (NOTE [certificates] in `solver.exact.state`), its
@@ -123,6 +130,8 @@ def solve(
         )
     if objective == "cost" and compute_budget is not None:
         raise ValueError("compute_budget is for objective 'memory'; give budget instead")
+    if offload is not None and (objective != "cost" or budget is None):
+        raise ValueError("offload is for objective 'cost' at a memory budget: give budget")
     problem = prepare(graph)
     units = CostUnits.of(problem)
     if objective == "cost":
@@ -144,6 +153,17 @@ def solve(
         print_progress if progress is True else (progress or None),
     )
     with first_sigint_stops(stop, _print_interrupted if progress is True else None):
+        if offload is not None:
+            assert goal.budget is not None
+            return solve_with_offload(
+                graph,
+                problem,
+                goal.budget,
+                offload,
+                search.deadline,
+                workers=workers,
+                progress=search.report,
+            )
         if objective == "cost":
             steps = COST_STEPS if options.steps is None else tuple(options.steps)
             search = run_steps(warm_start.begin(search), steps)
