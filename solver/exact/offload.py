@@ -157,7 +157,7 @@ def _check_accounting(schedule: Schedule, objective: int | None, times: OffloadT
     timeline; equal where CP-SAT proved it), to the rounding of the units."""
     assert objective is not None
     model = times.units.to_graph(objective)
-    slack = 0.0 if times.units.scale else len(schedule.ops) * times.units.unit
+    slack = 0.0 if times.exact else len(schedule.ops) * times.units.to_graph(1)
     tolerance = 1e-9 * max(1.0, abs(model)) + slack
     proven = schedule.status == "OPTIMAL"
     if schedule.cost > model + tolerance or (proven and schedule.cost < model - tolerance):

@@ -40,23 +40,34 @@ from solver.milp.units import CostUnits
 @dataclass(frozen=True)
 class OffloadTimes:
     """The whole units the model counts time in: `cost[i]`, `d2h[i]`, `h2d[i]` per node (its
-    compute, its offload, its reload) and `units` to read them back in graph units."""
+    compute, its offload, its reload), `units` to read them back in graph units, and whether
+    they are `exact` (else some were rounded)."""
 
     cost: tuple[int, ...]
     d2h: tuple[int, ...]
     h2d: tuple[int, ...]
     units: CostUnits
+    exact: bool
 
     @classmethod
     def of(cls, problem: Problem, link: Link) -> OffloadTimes:
-        """The costs and copy times in one set of units (exact where they are whole at a
-        resolution of 1e-6, else rounded: `CostUnits.whole`)."""
+        """The costs and copy times in one set of whole units, exact where some power of ten
+        up to 10**6 makes them all whole (`CostUnits.whole`); otherwise the costs' own units
+        (`CostUnits.of`) with the copy times rounded to them."""
         n = problem.n
         d2h = [link.offload_time(m) for m in problem.mem]
         h2d = [link.reload_time(m) for m in problem.mem]
         units = CostUnits.whole([*problem.cost, *d2h, *h2d])
-        whole = units.int_cost
-        return cls(whole[:n], whole[n : 2 * n], whole[2 * n :], units)
+        if units.scale:
+            whole = units.int_cost
+            return cls(whole[:n], whole[n : 2 * n], whole[2 * n :], units, True)
+        units = CostUnits.of(problem)
+        per_unit = units.scale or 1 / units.unit
+
+        def rounded(times: list[float]) -> tuple[int, ...]:
+            return tuple(round(t * per_unit) for t in times)
+
+        return cls(units.int_cost, rounded(d2h), rounded(h2d), units, False)
 
 
 @dataclass(frozen=True)
@@ -83,16 +94,18 @@ def _last_reads(problem: Problem) -> list[int]:
 class _Model:
     """The variables and rows of the module docstring, built once."""
 
-    def __init__(self, problem: Problem, budget: int, link: Link, times: OffloadTimes) -> None:
+    def __init__(
+        self, problem: Problem, budget: int, link: Link, times: OffloadTimes, cap: int | None
+    ) -> None:
         self.problem, self.times = problem, times
         self.m = m = cp_model.CpModel()
         n = problem.n
         last = _last_reads(problem)
         self.positions = [[i for i in range(t) if t <= last[i]] + [t] for t in range(n)]
-        horizon = (
-            n * sum(times.cost) + sum(times.d2h) + n * sum(times.h2d) + 1
-        )  # every compute in every stage, every copy
-        self.horizon = horizon
+        # every compute in every stage and every copy, or the cap: every clock is at most T
+        self.horizon = (
+            n * sum(times.cost) + sum(times.d2h) + n * sum(times.h2d) if cap is None else cap
+        )
         one = m.new_constant(1)
         self.R = [
             {i: m.new_bool_var(f"R[{t},{i}]") for i in self.positions[t][:-1]} for t in range(n)
@@ -219,11 +232,16 @@ class _Model:
         m, problem, times, n = self.m, self.problem, self.times, self.problem.n
         R, S, L, off = self.R, self.S, self.L, self.O
         h = self.horizon
+        # stage t's clocks lie between the first computes before it and T less those from it on
+        before = [sum(times.cost[:t]) for t in range(n + 1)]
 
-        def clock(name: str) -> cp_model.IntVar:
-            return m.new_int_var(0, h, name)
+        def clock(name: str, lo: int = 0, later: int = 0) -> cp_model.IntVar:
+            return m.new_int_var(lo, max(lo, h - later), name)
 
-        tau = [m.new_constant(0)] + [clock(f"tau[{t}]") for t in range(1, n + 1)]
+        def window(name: str, t: int, until: int) -> cp_model.IntVar:
+            return clock(name, before[t], before[n] - before[until])
+
+        tau = [m.new_constant(0)] + [window(f"tau[{t}]", t, t) for t in range(1, n + 1)]
         G: dict[int, cp_model.IntVar] = {}
         engine = m.new_constant(0)  # the d2h engine's end so far
         self.tau, self.G = tau, G
@@ -245,7 +263,7 @@ class _Model:
                 Y[(t, i)] = y
             previous = tau[t]
             for k in self.positions[t]:
-                a, b = clock(f"a[{t},{k}]"), clock(f"b[{t},{k}]")
+                a, b = window(f"a[{t},{k}]", t, t), window(f"b[{t},{k}]", t, t + 1)
                 m.add(a >= previous)
                 for u in problem.preds[k]:
                     if (t, u) in Y:
@@ -268,6 +286,10 @@ class _Model:
         m.add(tau[n] <= self.T)
         m.add(engine <= self.T)
         m.add(h2d <= self.T)
+        # valid: the computes run one after another (the timeline's rows imply it, the LP
+        # relaxation of their enforced forms does not)
+        work = [times.cost[i] * var for t in range(n) for i, var in R[t].items()]
+        m.add(sum(work) <= self.T)
         m.minimize(self.T)
 
     def plan(self, solver: cp_model.CpSolver) -> OffloadPlan:
@@ -316,9 +338,7 @@ def solve_offload_model(
 ) -> OffloadResult:
     """Build the model and minimise T by `deadline` (at most `cap` units where given, a keep/
     recompute `hint` where given). `progress` gets (seconds, objective, bound) in model units."""
-    model = _Model(problem, budget, link, times)
-    if cap is not None:
-        model.m.add(cap >= model.T)
+    model = _Model(problem, budget, link, times, cap)
     if hint is not None:
         model.hint(hint)
     left = deadline.remaining()
@@ -327,6 +347,11 @@ def solve_offload_model(
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = left
     solver.parameters.num_workers = workers
+    # as for the stage model (`solver.milp.cpsat`): one presolve pass without probing (the full
+    # presolve's dual strengthening took 10 s of VGG16's 90% solve), linearised rows for the LP
+    solver.parameters.linearization_level = 2
+    solver.parameters.max_presolve_iterations = 1
+    solver.parameters.cp_model_probing_level = 0
     solver.parameters.catch_sigint_signal = False
     callback = _Progress(progress) if progress else None
     with deadline.on_stop(solver.stop_search):
