@@ -33,7 +33,8 @@ from solver.core.link import Link
 from solver.core.offload import OffloadPlan
 from solver.core.stages import StagePlan
 from solver.deadline import Deadline
-from solver.milp.cpsat import ProgressFn
+from solver.errors import InvalidScheduleError
+from solver.milp.cpsat import OVERRUN_PER_VARIABLE, OVERRUN_SHARE, ProgressFn
 from solver.milp.units import CostUnits
 
 
@@ -51,23 +52,27 @@ class OffloadTimes:
 
     @classmethod
     def of(cls, problem: Problem, link: Link) -> OffloadTimes:
-        """The costs and copy times in one set of whole units, exact where some power of ten
-        up to 10**6 makes them all whole (`CostUnits.whole`); otherwise the costs' own units
-        (`CostUnits.of`) with the copy times rounded to them."""
+        """The costs and copy times in one set of whole units: exact where some power of ten
+        up to 10**6 makes them all whole (`CostUnits.whole`) and their sum is at most
+        `MAX_UNITS`; otherwise rounded at a resolution of their sum over `MAX_UNITS` (CP-SAT
+        needs the sum of its variables' domains within 64 bits)."""
         n = problem.n
         d2h = [link.offload_time(m) for m in problem.mem]
         h2d = [link.reload_time(m) for m in problem.mem]
-        units = CostUnits.whole([*problem.cost, *d2h, *h2d])
-        if units.scale:
-            whole = units.int_cost
-            return cls(whole[:n], whole[n : 2 * n], whole[2 * n :], units, True)
-        units = CostUnits.of(problem)
-        per_unit = units.scale or 1 / units.unit
+        values = [*problem.cost, *d2h, *h2d]
+        units = CostUnits.whole(values)
+        exact = bool(units.scale) and sum(units.int_cost) <= MAX_UNITS
+        if not exact:
+            unit = sum(values) / MAX_UNITS
+            units = CostUnits(tuple(round(v / unit) for v in values), unit)
+        whole = units.int_cost
+        return cls(whole[:n], whole[n : 2 * n], whole[2 * n :], units, exact)
 
-        def rounded(times: list[float]) -> tuple[int, ...]:
-            return tuple(round(t * per_unit) for t in times)
 
-        return cls(units.int_cost, rounded(d2h), rounded(h2d), units, False)
+MAX_UNITS = 10**9
+"""Whole units the costs and copy times of all nodes sum to at most: the clocks' domains stay
+within what CP-SAT checks for overflow (their sum within 64 bits) on graphs of thousands of
+nodes."""
 
 
 @dataclass(frozen=True)
@@ -341,11 +346,15 @@ def solve_offload_model(
     model = _Model(problem, budget, link, times, cap)
     if hint is not None:
         model.hint(hint)
+    invalid = model.m.validate()
+    if invalid:
+        raise InvalidScheduleError(f"internal error: the offload model is invalid ({invalid})")
     left = deadline.remaining()
-    if left <= 0:
+    overrun = OVERRUN_PER_VARIABLE * len(model.m.proto.variables) + OVERRUN_SHARE * left
+    if left <= overrun:
         return OffloadResult("UNKNOWN", None, None, 0)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = left
+    solver.parameters.max_time_in_seconds = left - overrun
     solver.parameters.num_workers = workers
     # as for the stage model (`solver.milp.cpsat`): one presolve pass without probing (the full
     # presolve's dual strengthening took 10 s of VGG16's 90% solve), linearised rows for the LP
