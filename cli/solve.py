@@ -179,15 +179,17 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
             print(f"keep/recompute: {exc}")
             schedule = None
         if link is not None:
-            offloaded = solve_with_offload(
-                graph,
-                problem,
-                budget,
-                link,
-                Deadline(began + (1 - TABLE_SHARE) * args.time_limit),
-                workers=args.workers,
-                start=schedule,
-            )
+            stop = Stop()
+            with first_sigint_stops(stop):
+                offloaded = solve_with_offload(
+                    graph,
+                    problem,
+                    budget,
+                    link,
+                    Deadline(began + (1 - TABLE_SHARE) * args.time_limit, stop),
+                    workers=args.workers,
+                    start=schedule,
+                )
     else:
         limit = (
             None

@@ -4,7 +4,7 @@ model", writes every row; the names below are its names).
 Stage t = 0..n-1 may compute the nodes `positions[t]` (every earlier value still readable in
 some stage from t on, and t); a value may be live in stage t only up to the last stage that can
 read it (`_last_reads`), as in `solver.milp.formulation`. Every time is a whole number of the
-units of `solver.milp.units.CostUnits.whole` over the costs and both copy times.
+units of `OffloadTimes` (the costs and both copy times).
 
     (1)  S[t+1,i] <= S[t,i] + R[t,i] + L[t,i]                kept values were live
     (2)  R[t,j] <= R[t,i] + S[t,i] + L[t,i]     for i -> j    inputs are live
