@@ -164,12 +164,12 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
     if args.objective == "cost":
         budget = parse_budget(args.budget or "80%", problem)
         print(f"objective: least cost with peak <= {human_bytes(budget)} ({budget} bytes)")
-        share = 1.0 if link is None else OFFLOAD_SHARE
+        keep_share = 1.0 if link is None else OFFLOAD_SHARE
         try:
             schedule = solve(
                 graph,
                 budget,
-                time_limit=share * exact_limit,
+                time_limit=keep_share * exact_limit,
                 workers=args.workers,
                 progress=not args.quiet,
             )
@@ -186,7 +186,7 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
                     problem,
                     budget,
                     link,
-                    Deadline(began + (1 - TABLE_SHARE) * args.time_limit, stop),
+                    Deadline(began + share * args.time_limit, stop),
                     workers=args.workers,
                     start=schedule,
                 )
