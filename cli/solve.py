@@ -13,6 +13,7 @@ import time
 import networkx as nx
 
 from solver.core.budget import (
+    BYTES,
     Budget,
     checkpoint_all_peak,
     human_bytes,
@@ -20,13 +21,21 @@ from solver.core.budget import (
     parse_compute_budget,
 )
 from solver.core.graph import Problem, prepare
+from solver.core.link import Link, LinkError
+from solver.core.schedule import Schedule
 from solver.core.stages import cheapest_within, smallest_within
 from solver.deadline import Deadline, Stop
+from solver.errors import InfeasibleBudgetError
 from solver.exact import solve
+from solver.exact.offload import solve_with_offload
 from solver.heuristics.registry import HEURISTICS, members
 from solver.interrupt import first_sigint_stops
+from solver.target.devices import BUILT_IN, HOST_LINKS, builtin_device
 
 TABLE_SHARE = 0.2
+OFFLOAD_SHARE = 0.5
+"""With --offload, the keep/recompute solve's share of the exact solves' time; the offload
+solve, which starts from its schedule, has the rest."""
 """Share of `--time-limit` left to the heuristic rows of the table: the exact solve gets the
 rest, so that the whole command returns within the limit (`python -m benchmarks.solving.time_limits
 --cli` measures it)."""
@@ -65,6 +74,16 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-baselines the solve gets all); Ctrl-C stops the search and prints what it "
         "found, a second Ctrl-C aborts",
     )
+    parser.add_argument(
+        "--offload",
+        default=None,
+        metavar="LINK",
+        help="also solve with offload to host memory over LINK (docs/offload.md) and add its "
+        f"row to the table: {', '.join(HOST_LINKS)}, a target ({', '.join(BUILT_IN)}: its "
+        "host link), or D2H,H2D[,HOST] in GB/s (10^9 bytes per second of the graph's costs) "
+        "with HOST the host bytes (512GiB); the exact solves share their time, and --out "
+        "writes the offload schedule",
+    )
     parser.add_argument("--workers", type=int, default=8, help="CP-SAT workers (default 8)")
     parser.add_argument("--out", default=None, help="write the exact schedule to this JSON file")
     parser.add_argument(
@@ -73,6 +92,36 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
         help="solve only; skip the heuristic rows of the table",
     )
     parser.add_argument("--quiet", action="store_true", help="no solver progress on stderr")
+
+
+def parse_link(text: str) -> Link:
+    """The link `--offload` names: a name of `HOST_LINKS`, a built-in target (its host link),
+    or D2H,H2D[,HOST] (GB/s, and host bytes as a budget spells them)."""
+    key = text.strip().lower()
+    if key in HOST_LINKS:
+        return HOST_LINKS[key]
+    if "," not in key:
+        link = builtin_device(key).host_link
+        if link is None:
+            raise LinkError(f"target {text!r} has no host link; give --offload D2H,H2D in GB/s")
+        return link
+    parts = [part.strip() for part in key.split(",")]
+    if len(parts) not in (2, 3):
+        raise LinkError(f"--offload {text!r}: expected D2H,H2D[,HOST] (GB/s, host bytes)")
+    try:
+        d2h, h2d = (float(part) * 1e9 for part in parts[:2])
+    except ValueError as exc:
+        raise LinkError(f"--offload {text!r}: the bandwidths must be numbers of GB/s") from exc
+    host = _host_bytes(parts[2]) if len(parts) == 3 else None
+    return Link(d2h, h2d, host)
+
+
+def _host_bytes(text: str) -> int:
+    """The host bytes of --offload D2H,H2D,HOST: bytes or units, not a percentage."""
+    wanted = Budget.of(text)
+    if wanted.kind != BYTES:
+        raise LinkError(f"--offload: give the host bytes (512GiB), not {text!r}")
+    return wanted.bytes()
 
 
 def _row(method: str, cost, total: float, peak, ref_peak: int, status: str, gap, seconds) -> str:
@@ -113,17 +162,47 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
         )
     if args.objective == "cost" and args.compute_budget is not None:
         raise ValueError("--compute-budget is for --objective memory; give --budget instead")
+    link = None if args.offload is None else parse_link(args.offload)
+    if link is not None and args.objective != "cost":
+        raise ValueError("--offload is for --objective cost")
+    offloaded: Schedule | None = None
     if args.objective == "cost":
         wanted = Budget.of(args.budget or "80%")
+        if wanted.least and link is not None:
+            raise ValueError("--offload needs a budget in bytes or percent, not 'min'")
         if wanted.least:
             print("objective: the least peak, then the least cost at it")
             budget: Budget | int = wanted
         else:
             budget = wanted.bytes(lambda: ref_peak)
             print(f"objective: least cost with peak <= {human_bytes(budget)} ({budget} bytes)")
-        schedule = solve(
-            graph, budget, time_limit=exact_limit, workers=args.workers, progress=not args.quiet
-        )
+        keep_share = 1.0 if link is None else OFFLOAD_SHARE
+        try:
+            schedule = solve(
+                graph,
+                budget,
+                time_limit=keep_share * exact_limit,
+                workers=args.workers,
+                progress=not args.quiet,
+            )
+        except InfeasibleBudgetError as exc:
+            if link is None:
+                raise
+            print(f"keep/recompute: {exc}")
+            schedule = None
+        if link is not None:
+            assert isinstance(budget, int)
+            stop = Stop()
+            with first_sigint_stops(stop):
+                offloaded = solve_with_offload(
+                    graph,
+                    problem,
+                    budget,
+                    link,
+                    Deadline(began + share * args.time_limit, stop),
+                    workers=args.workers,
+                    start=schedule,
+                )
     else:
         limit = (
             None
@@ -144,18 +223,20 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
         f"{'method':<26} {'cost':>12} {'overhead':>9} {'peak (% of 100%)':>22} "
         f"{'status':>10} {'gap':>7} {'time':>8}"
     )
-    print(
-        _row(
-            "exact",
-            schedule.cost,
-            problem.total_cost,
-            schedule.peak,
-            ref_peak,
-            schedule.status,
-            schedule.gap,
-            schedule.solve_seconds,
+    if schedule is None:
+        print(_row("exact", None, problem.total_cost, None, ref_peak, "INFEASIBLE", None, None))
+    else:
+        print(_exact_row("exact", schedule, problem, ref_peak))
+    if offloaded is not None:
+        print(_exact_row("exact + offload", offloaded, problem, ref_peak))
+        extra = offloaded.extra
+        print(
+            f"  offload over d2h {offloaded.link.d2h / 1e9:g} GB/s, h2d "
+            f"{offloaded.link.h2d / 1e9:g} GB/s: {extra['offloads']} offloads, "
+            f"{extra['reloads']} reloads, stall {extra['stall']:.6g}, host peak "
+            f"{human_bytes(extra['host_peak'])}"
         )
-    )
+        schedule = offloaded
     if args.out:  # before the rows: a second Ctrl-C there loses nothing
         schedule.save(args.out)
         print(f"\nschedule written to {args.out}", file=sys.stderr)
@@ -166,6 +247,20 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
         with first_sigint_stops(stop):
             _heuristic_rows(args, problem, schedule, ref_peak, Deadline(deadline.at, stop))
     return 0
+
+
+def _exact_row(method: str, schedule: Schedule, problem: Problem, ref_peak: int) -> str:
+    """The table's row of an exact solve."""
+    return _row(
+        method,
+        schedule.cost,
+        problem.total_cost,
+        schedule.peak,
+        ref_peak,
+        schedule.status,
+        schedule.gap,
+        schedule.solve_seconds,
+    )
 
 
 def _heuristic_rows(

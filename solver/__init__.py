@@ -9,6 +9,7 @@ optimality). docs/solver.md describes each.
 
 from solver.core.budget import Budget, checkpoint_all_peak, parse_budget, parse_compute_budget
 from solver.core.graph import Problem, prepare
+from solver.core.link import Link
 from solver.core.schedule import Schedule
 from solver.core.simulate import Simulation, simulate
 from solver.deadline import Deadline
@@ -36,6 +37,7 @@ __all__ = [
     "GraphError",
     "InfeasibleBudgetError",
     "InvalidScheduleError",
+    "Link",
     "Problem",
     "RematError",
     "Schedule",

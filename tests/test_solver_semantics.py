@@ -114,7 +114,8 @@ def test_schedule_json_round_trip_and_graph_check(tmp_path):
     loaded = solver.Schedule.load(path, graph)
     assert loaded.ops == schedule.ops and loaded.cost == schedule.cost
     assert loaded.status == "OPTIMAL" and loaded.bound == schedule.bound
-    assert json.loads(path.read_text())["version"] == 1
+    payload = json.loads(path.read_text())
+    assert payload["version"] == 2 and payload["link"] is None
     other = uniform_training_chain(7)
     with pytest.raises(solver.ScheduleMismatchError, match="solved for graph"):
         solver.Schedule.load(path, other)

@@ -11,12 +11,16 @@ from pathlib import Path
 import networkx as nx
 
 from solver.core.graph import Problem, prepare
+from solver.core.link import Link, LinkError
 from solver.core.simulate import simulate
 from solver.core.stages import IndexedSchedule
 from solver.errors import InvalidScheduleError, ScheduleMismatchError
 
 FORMAT = "remat.schedule"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
+"""Versions `Schedule.from_json` reads: 1 has no `link` (read as None; a file without a
+`version` is read as 1); 2 adds it, and offload and reload ops (docs/offload.md)."""
 
 Op = tuple[str, Hashable]
 
@@ -26,8 +30,10 @@ class Schedule:
     """A checked schedule with what is known about its quality.
 
     Attributes:
-        ops: ("compute", node) / ("free", node) in execution order; nodes are graph node ids.
-        cost: total cost of the computes, in the graph's cost unit (checked by `simulate`).
+        ops: ("compute", node) / ("free", node), and with a link ("offload", node) /
+            ("reload", node), in execution order; nodes are graph node ids.
+        cost: total cost of the computes, plus the stall waiting for copies where it has a
+            link, in the graph's cost unit (checked by `simulate`).
         peak: peak bytes under the README's semantics, transient bytes included (checked by
             `simulate`).
         method: who made it ("exact", "checkpoint_all", "sqrt_segments", ...).
@@ -44,6 +50,8 @@ class Schedule:
         cost_fingerprint: `Problem.cost_fingerprint` of the costs it was solved with ("" where
             unknown): `cost`, `status` and `bound` are statements about those costs.
         recomputes: compute ops beyond each node's first.
+        link: the host link its offload and reload ops copy over (docs/offload.md); None: a
+            keep/recompute schedule.
     """
 
     ops: list[Op]
@@ -60,6 +68,7 @@ class Schedule:
     recomputes: int = 0
     extra: dict = field(default_factory=dict)
     cost_fingerprint: str = ""
+    link: Link | None = None
 
     @property
     def gap(self) -> float | None:
@@ -105,11 +114,14 @@ class Schedule:
             raise InvalidScheduleError(f"not a schedule file: {exc}") from exc
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:
             raise InvalidScheduleError(f"not a schedule file (no 'format': {FORMAT!r})")
-        if payload.get("version") != FORMAT_VERSION:
+        version = payload.get("version", 1)
+        if isinstance(version, bool) or version not in READ_VERSIONS:
             raise InvalidScheduleError(
-                f"schedule format version {payload.get('version')!r} is not supported "
-                f"(this remat reads version {FORMAT_VERSION}); solve the schedule again"
+                f"schedule format version {version!r} is not supported (this remat reads "
+                f"versions {', '.join(map(str, READ_VERSIONS))}); solve the schedule again"
             )
+        if version == 1 and "link" in payload:
+            raise InvalidScheduleError("a version 1 schedule file has no 'link' field")
         schedule = cls(**_fields(payload))
         schedule._check_claims()
         if graph is not None:
@@ -158,7 +170,7 @@ class Schedule:
         new capture measures other times), the schedule is still valid but its cost claims are
         not: the cost is the replay's, the status "FEASIBLE" and the bound unknown
         (`extra["costs_changed"]`)."""
-        checked = simulate(graph, self.ops)
+        checked = simulate(graph, self.ops, self.link)
         checked.raise_if_invalid()
         same_costs = self.cost_fingerprint == prepare(graph).cost_fingerprint
         cost_ok = math.isclose(checked.cost, self.cost, rel_tol=1e-9, abs_tol=1e-9)
@@ -190,10 +202,11 @@ _FIELDS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "recomputes": (int, False),
     "extra": (dict, False),
     "cost_fingerprint": (str, False),
+    "link": (dict, True),
 }
 """Each field of the file: its JSON type(s) and whether it may be null."""
 
-OPTIONAL = {"cost_fingerprint": ""}
+OPTIONAL = {"cost_fingerprint": "", "link": None}
 """Fields a file may lack (written before they existed), with the value they then take."""
 
 
@@ -219,6 +232,11 @@ def _fields(payload: dict) -> dict:
     if fields["status"] not in ("OPTIMAL", "FEASIBLE"):
         raise InvalidScheduleError(f"unknown status {fields['status']!r} in the file")
     fields["ops"] = [_op(op, step) for step, op in enumerate(fields["ops"])]
+    if fields["link"] is not None:
+        try:
+            fields["link"] = Link.from_json(fields["link"])
+        except LinkError as exc:
+            raise InvalidScheduleError(f"the schedule file's link: {exc}") from exc
     return fields
 
 
@@ -245,15 +263,17 @@ def make_schedule(
     compute_budget: float | None = None,
     solve_seconds: float = 0.0,
     extra: dict | None = None,
+    link: Link | None = None,
 ) -> Schedule:
-    """Turn index ops into a Schedule, checked by the independent simulator.
+    """Turn index ops into a Schedule, checked by the independent simulator (replaying the
+    copies over `link`, where given: `extra` then records the stall, copies and host peak).
 
     Raises InvalidScheduleError if the simulator rejects the ops or disagrees with the peak and
     cost the producer computed: a solver bug must never reach the user as a schedule.
     """
     index_ops = indexed.ops if isinstance(indexed, IndexedSchedule) else indexed
     ops = [(kind, problem.ids[i]) for kind, i in index_ops]
-    checked = simulate(graph, ops)
+    checked = simulate(graph, ops, link)
     checked.raise_if_invalid()
     if isinstance(indexed, IndexedSchedule) and (
         checked.peak != indexed.peak
@@ -269,6 +289,13 @@ def make_schedule(
     for key in ("target", "structure"):  # estimate mode: the device, what the ops refer to
         if key in graph.graph:
             extra.setdefault(key, graph.graph[key])
+    if link is not None:
+        extra.update(
+            stall=checked.stall,
+            offloads=checked.offloads,
+            reloads=checked.reloads,
+            host_peak=checked.host_peak,
+        )
     return Schedule(
         ops=ops,
         cost=checked.cost,
@@ -284,4 +311,5 @@ def make_schedule(
         cost_fingerprint=problem.cost_fingerprint,
         recomputes=checked.recomputes,
         extra=extra,
+        link=link,
     )

@@ -1,6 +1,6 @@
 """Independent checker of the execution semantics: validity, peak memory and cost of a schedule.
 
-Semantics (the README states the same):
+Semantics (the README and docs/offload.md state the same):
 
 - `("compute", v)` is valid only if every predecessor of v is live and v itself is not live;
   v becomes live.
@@ -8,8 +8,20 @@ Semantics (the README states the same):
 - every node is computed at least once.
 - peak = the maximum, over compute ops, of the sum of `mem` over live values just after that
   compute (the new value and its still-live inputs included) plus the computed node's
-  `transient` bytes (0 when absent). Frees never raise the peak.
-- cost = the sum of `cost` over compute ops.
+  `transient` bytes (0 when absent), and over reload ops of the bytes live just after it.
+  Frees never raise the peak.
+- cost = the sum of `cost` over compute ops, plus, with a host link, the time the compute
+  stream waits for copies (the stall).
+
+With a `Link` (docs/offload.md), `("offload", v)` copies a live v to the host (at most once per
+value) and `("reload", v)` copies it back (v offloaded before and not live; v becomes live).
+One clock, the compute stream's: a compute advances it by the node's cost, after waiting for
+the reloads of its inputs still arriving; a free waits for the end of v's offload and of the
+reload that made this copy; an offload (reload) is issued at the clock and runs on its
+direction's engine, one copy at a time in issue order, a reload not before its value's offload
+has ended. The cost is the time at which the clock and both engines are done. A host copy
+holds its bytes from its offload through its value's last reload; the host peak, after each
+offload, must be within the link's `host_memory`.
 
 This module reads the graph's attributes directly and shares no code with the solvers, so that
 every schedule they produce is checked by something that did not produce it.
@@ -23,6 +35,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from solver.core.link import Link
 from solver.errors import InvalidScheduleError
 
 Op = tuple[str, Hashable]
@@ -30,10 +43,12 @@ Op = tuple[str, Hashable]
 
 @dataclass(frozen=True)
 class Simulation:
-    """What `simulate` found. `peak` is in bytes, `cost` in the graph's cost unit.
+    """What `simulate` found. `peak` and `host_peak` are in bytes, `cost` and `stall` in the
+    graph's cost unit (`cost` includes `stall`: the compute cost is `cost - stall`).
 
-    `computes` counts compute ops, `recomputes` the compute ops beyond each node's first.
-    `error` is None for a valid schedule, else the first violation (with its op index).
+    `computes` counts compute ops, `recomputes` the compute ops beyond each node's first,
+    `offloads` and `reloads` the copies. `error` is None for a valid schedule, else the first
+    violation (with its op index).
     """
 
     valid: bool
@@ -42,6 +57,10 @@ class Simulation:
     computes: int
     recomputes: int
     error: str | None
+    stall: float = 0.0
+    host_peak: int = 0
+    offloads: int = 0
+    reloads: int = 0
 
     def raise_if_invalid(self) -> None:
         """Raise InvalidScheduleError with the first violation when the schedule is invalid."""
@@ -49,12 +68,14 @@ class Simulation:
             raise InvalidScheduleError(f"invalid schedule: {self.error}")
 
 
-def simulate(graph: nx.DiGraph, ops: Iterable[Op]) -> Simulation:
-    """Replay `ops` on `graph` and return validity, peak bytes and total cost.
+def simulate(graph: nx.DiGraph, ops: Iterable[Op], link: Link | None = None) -> Simulation:
+    """Replay `ops` on `graph` (with `link`, its offload and reload ops too) and return validity,
+    peak bytes and total cost.
 
     Runs in O(len(ops) * max in-degree). Never raises on a bad schedule: the result says why it
     is invalid (call `raise_if_invalid()` to turn that into an exception).
     """
+    ops = list(ops)
     live: set[Hashable] = set()
     computed: set[Hashable] = set()
     live_bytes = 0
@@ -62,9 +83,36 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op]) -> Simulation:
     costs: list[float] = []
     computes = 0
     recomputes = 0
+    clock = 0.0  # the compute stream's time
+    waited = 0.0
+    d2h_free = h2d_free = 0.0  # when each copy engine is next idle
+    offload_end: dict[Hashable, float] = {}
+    arrival: dict[Hashable, float] = {}  # end of the reload that made v's live copy
+    last_reload = {op[1]: step for step, op in _indexed(ops) if op[0] == "reload"}
+    host_bytes = host_peak = 0
+    offloads = reloads = 0
 
     def result(error: str | None) -> Simulation:
-        return Simulation(error is None, peak, math.fsum(costs), computes, recomputes, error)
+        end = max(clock, d2h_free, h2d_free)
+        stall = waited + (end - clock)
+        return Simulation(
+            error is None,
+            peak,
+            math.fsum(costs) + stall,
+            computes,
+            recomputes,
+            error,
+            stall,
+            host_peak,
+            offloads,
+            reloads,
+        )
+
+    def wait(until: float) -> None:
+        nonlocal clock, waited
+        if until > clock:
+            waited += until - clock
+            clock = until
 
     for step, op in enumerate(ops):
         if not (isinstance(op, tuple | list) and len(op) == 2):
@@ -72,14 +120,20 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op]) -> Simulation:
         kind, v = op
         if v not in graph:
             return result(f"op {step}: {kind} of unknown node {v!r}")
+        mem = graph.nodes[v]["mem"]
+        if kind in ("offload", "reload") and link is None:
+            return result(f"op {step}: {kind} {v!r} needs a host link (simulate(..., link=))")
         if kind == "compute":
             if v in live:
                 return result(f"op {step}: compute {v!r} while it is already live")
             missing = [u for u in graph.predecessors(v) if u not in live]
             if missing:
                 return result(f"op {step}: compute {v!r} needs {missing[0]!r}, which is not live")
+            for u in graph.predecessors(v):
+                wait(arrival.get(u, 0.0))
+            clock += graph.nodes[v]["cost"]
             live.add(v)
-            live_bytes += graph.nodes[v]["mem"]
+            live_bytes += mem
             peak = max(peak, live_bytes + graph.nodes[v].get("transient", 0))
             costs.append(graph.nodes[v]["cost"])
             computes += 1
@@ -89,11 +143,60 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op]) -> Simulation:
         elif kind == "free":
             if v not in live:
                 return result(f"op {step}: free {v!r}, which is not live")
+            wait(offload_end.get(v, 0.0))
+            wait(arrival.pop(v, 0.0))
             live.remove(v)
-            live_bytes -= graph.nodes[v]["mem"]
+            live_bytes -= mem
+        elif kind == "offload":
+            assert link is not None
+            if v not in live:
+                return result(f"op {step}: offload {v!r}, which is not live")
+            if v in offload_end:
+                return result(f"op {step}: offload {v!r} a second time (once per value)")
+            d2h_free = max(clock, d2h_free) + mem / link.d2h
+            offload_end[v] = d2h_free
+            offloads += 1
+            host_bytes += mem
+            host_peak = max(host_peak, host_bytes)
+            if link.host_memory is not None and host_bytes > link.host_memory:
+                return result(
+                    f"op {step}: offload {v!r} puts {host_bytes} bytes on the host, over the "
+                    f"link's host_memory of {link.host_memory}"
+                )
+            if v not in last_reload or last_reload[v] < step:  # never reloaded: held no longer
+                host_bytes -= mem
+        elif kind == "reload":
+            assert link is not None
+            if v not in offload_end:
+                return result(f"op {step}: reload {v!r}, which was never offloaded")
+            if v in live:
+                return result(f"op {step}: reload {v!r} while it is already live")
+            h2d_free = max(clock, h2d_free, offload_end[v]) + mem / link.h2d
+            arrival[v] = h2d_free
+            reloads += 1
+            live.add(v)
+            live_bytes += mem
+            peak = max(peak, live_bytes)
+            if last_reload[v] == step:  # its host copy is no longer needed
+                host_bytes -= mem
         else:
-            return result(f"op {step}: unknown op kind {kind!r} (expected 'compute' or 'free')")
+            return result(
+                f"op {step}: unknown op kind {kind!r} (expected 'compute', 'free', 'offload' or "
+                "'reload')"
+            )
     never = [v for v in graph.nodes if v not in computed]
     if never:
         return result(f"node {never[0]!r} is never computed ({len(never)} nodes never computed)")
     return result(None)
+
+
+def _indexed(ops: list) -> Iterable[tuple[int, tuple]]:
+    """(step, op) for the well-formed (kind, node) pairs of `ops` (the others are reported
+    where the replay reaches them)."""
+    for step, op in enumerate(ops):
+        if isinstance(op, tuple | list) and len(op) == 2:
+            try:
+                hash(op[1])
+            except TypeError:
+                continue
+            yield step, op

@@ -33,6 +33,7 @@ import networkx as nx
 
 from solver.core.budget import Budget, human_bytes, hundred_percent, parse_compute_budget
 from solver.core.graph import prepare
+from solver.core.link import Link
 from solver.core.schedule import Schedule, make_schedule
 from solver.deadline import Deadline, Stop, check_time_limit
 from solver.errors import InvalidScheduleError, SolverTimeoutError
@@ -40,6 +41,7 @@ from solver.exact import least_peak, warm_start
 from solver.exact.cascade import cascade_cover, lifetime_polish
 from solver.exact.cover import read_gap_cover
 from solver.exact.moments import moment_relaxation
+from solver.exact.offload import solve_with_offload
 from solver.exact.options import DEFAULT, SolveOptions
 from solver.exact.probes import probes
 from solver.exact.stage_model import lp_relaxation, stage_model
@@ -72,6 +74,7 @@ def solve(
     progress: ProgressFn | bool | None = None,
     options: SolveOptions = DEFAULT,
     deadline: Deadline | None = None,
+    offload: Link | None = None,
 ) -> Schedule:
     """The optimal schedule in the Checkmate stage space, or the best found by `time_limit`.
 
@@ -102,6 +105,10 @@ def solve(
         deadline: the caller's deadline, for a solve that is one step of a longer piece of work
             (`solver.fitting.search`): the solve ends by the earlier of it and `time_limit`,
             and when its stop is requested (the caller's Ctrl-C).
+        offload: a host link (`solver.Link`): values may also be offloaded and reloaded over
+            it, and the schedule is the optimum of the stage space with offload, its cost the
+            compute cost plus the stall (docs/offload.md; `solver.exact.offload`; objective
+            "cost" only). None: keep or recompute only.
 
     Returns a `Schedule` replayed by the independent simulator, within the budgets; status
     "OPTIMAL" only with an exact certificate (NOTE [certificates] in `solver.exact.state`), its
@@ -130,6 +137,8 @@ def solve(
     least = wanted is not None and wanted.least
     if objective == "cost" and compute_budget is not None and not least:
         raise ValueError("compute_budget is for objective 'memory' or budget 'min'")
+    if offload is not None and (objective != "cost" or wanted is None or least):
+        raise ValueError("offload is for objective 'cost' at a memory budget in bytes or percent")
     problem = prepare(graph)
     units = CostUnits.of(problem)
     limit = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
@@ -152,6 +161,11 @@ def solve(
         if objective == "memory":
             return run(Goal("memory", units, compute_budget=limit), whole)
         bytes_ = None if wanted is None else wanted.bytes(lambda: hundred_percent(problem)[0])
+        if offload is not None:
+            assert bytes_ is not None
+            return solve_with_offload(
+                graph, problem, bytes_, offload, whole, workers=workers, progress=report
+            )
         return run(Goal("cost", units, budget=bytes_), whole)
 
 

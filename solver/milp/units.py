@@ -23,6 +23,7 @@ arithmetic behind it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -68,13 +69,22 @@ class CostUnits:
         """Whole-number costs are used as they are (unit 1, exact). Otherwise costs are scaled
         by the smallest power of ten that makes them whole (to 1e-9), at most
         10**MAX_SCALE_DIGITS; failing that, rounded at a resolution of max(cost) / 1e6."""
-        costs = problem.cost
+        return cls.whole(problem.cost)
+
+    @classmethod
+    def whole(cls, values: Sequence[float]) -> CostUnits:
+        """The units of `of` for any times in graph units (costs, and copy times with
+        offload: `solver.milp.offload`), `int_cost` holding each value in them."""
         for digits in range(MAX_SCALE_DIGITS + 1):
             scale = 10**digits
-            if all(abs(c * scale - round(c * scale)) <= 1e-9 * max(1.0, c * scale) for c in costs):
-                return cls(tuple(round(c * scale) for c in costs), 1.0 / scale, scale)
-        unit = max(costs) / 10**MAX_SCALE_DIGITS
-        return cls(tuple(round(c / unit) for c in costs), unit)
+            if all(abs(c * scale - round(c * scale)) <= 1e-9 * max(1.0, c * scale) for c in values):
+                return cls(tuple(round(c * scale) for c in values), 1.0 / scale, scale)
+        unit = max(values) / 10**MAX_SCALE_DIGITS
+        return cls(tuple(round(c / unit) for c in values), unit)
+
+    def to_graph(self, units: float) -> float:
+        """A time of `units` whole units in graph units."""
+        return units / self.scale if self.scale else units * self.unit
 
     @cached_property
     def first(self) -> int:
@@ -87,5 +97,4 @@ class CostUnits:
 
     def graph_cost(self, recompute: float) -> float:
         """The cost in graph units of a schedule whose recompute cost is `recompute` units."""
-        units = recompute + self.first
-        return units / self.scale if self.scale else units * self.unit
+        return self.to_graph(recompute + self.first)

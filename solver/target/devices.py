@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from solver.core.link import Link
 from solver.errors import RematError
 
 FORMAT = "remat-device/2"
@@ -86,6 +87,8 @@ class Device:
     - ``op_overhead``: fixed seconds every op pays beyond its roofline (dispatch, launch).
     - ``kernels``: ``"cpu"`` (aten's CPU kernels and oneDNN) or ``"cuda"``: the workspace model.
     - ``op_transient``: measured workspace bytes per op key, from ``remat calibrate``.
+    - ``host_link``: the link to host memory that offloaded values copy over (bytes/s per
+      direction; `HOST_LINKS`, docs/offload.md); None: unknown.
     """
 
     name: str
@@ -99,6 +102,7 @@ class Device:
     op_transient: Mapping[str, int] = field(default_factory=dict)
     capacity: int | None = None
     outside: int = 0
+    host_link: Link | None = None
 
     def __post_init__(self) -> None:
         if "float32" not in self.flops:
@@ -168,6 +172,7 @@ class Device:
             "op_transient": dict(self.op_transient),
             "capacity": self.capacity,
             "outside": self.outside,
+            "host_link": None if self.host_link is None else self.host_link.to_json(),
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -193,6 +198,7 @@ class Device:
             op_transient={str(k): int(v) for k, v in data.get("op_transient", {}).items()},
             capacity=None if data.get("capacity") is None else int(data["capacity"]),
             outside=int(data.get("outside", 0)),
+            host_link=None if data.get("host_link") is None else Link.from_json(data["host_link"]),
         )
 
 
@@ -202,8 +208,32 @@ def op_key(op: str, shapes: list[tuple[int, ...]], dtypes: list[str]) -> str:
     return f"{op}({', '.join(parts)})"
 
 
+GB = 1e9
+
+HOST_LINKS: dict[str, Link] = {
+    "pcie5": Link(64 * GB, 64 * GB),
+    "pcie4": Link(32 * GB, 32 * GB),
+    "c2c": Link(450 * GB, 450 * GB),
+}
+"""Host links by name, each direction's published peak (bytes/s): PCIe Gen5 x16 and Gen4 x16
+as NVIDIA's datasheets state them for the H100 SXM (128 GB/s) and the A100 (64 GB/s), both
+directions together, and the NVLink-C2C of a GH200 Grace Hopper Superchip (900 GB/s, both
+directions together). Upper bounds, like the other built-in figures: pinned host-to-device
+copies are commonly reported near 80% of the PCIe figures (not measured here), so predicted
+stalls are lower bounds. No GH200 device is built in (its usable memory is not known here):
+`c2c` is its link, for `remat solve --offload c2c`."""
+
+
 def _gpu(
-    name: str, fp32: float, tf32: float, bf16: float, fp64: float, tbs: float, mib: int, gib: float
+    name: str,
+    fp32: float,
+    tf32: float,
+    bf16: float,
+    fp64: float,
+    tbs: float,
+    mib: int,
+    gib: float,
+    link: str,
 ) -> Device:
     flops = {
         "float32": fp32 * TERA,
@@ -220,25 +250,27 @@ def _gpu(
         op_overhead=LAUNCH_SECONDS,
         capacity=round(gib * 1024) * MIB,
         outside=OUTSIDE_BYTES,
+        host_link=HOST_LINKS[link],
     )
 
 
 # Published dense peaks in TFLOP/s (FP32, TF32 tensor, BF16/FP16 tensor, FP64), bandwidth in
-# TB/s, memory in MiB as nvidia-smi reports it, and the total capacity in GiB as PyTorch's
+# TB/s, memory in MiB as nvidia-smi reports it, the total capacity in GiB as PyTorch's
 # out-of-memory messages print it on that GPU (NOTE [ usable memory ]; sources and spread in
-# docs/estimate.md, "Usable memory"). `h100-96gb`: the H100 with 96 GB of HBM2e that
+# docs/estimate.md, "Usable memory"), and the host link (`HOST_LINKS`: the H100s on PCIe Gen5
+# x16, the others on Gen4 x16, as published). `h100-96gb`: the H100 with 96 GB of HBM2e that
 # torchtitan's published runs used (docs/performance.md); its rates and bandwidth are assumed
 # equal to the H100 SXM's (not published here), its memory is the nominal 96 GiB, its capacity
 # the one torchtitan's own logs imply (GiB over percent of capacity).
 BUILT_IN: dict[str, Device] = {
     d.name: d
     for d in (
-        _gpu("h100", 66.9, 494.7, 989.4, 66.9, 3.35, 81_559, 79.11),
-        _gpu("h100-96gb", 66.9, 494.7, 989.4, 66.9, 3.35, 96 * 1024, 95.02),
-        _gpu("a100-80gb", 19.5, 156.0, 312.0, 19.5, 2.039, 81_920, 79.25),
-        _gpu("a100-40gb", 19.5, 156.0, 312.0, 19.5, 1.555, 40_960, 39.39),
-        _gpu("l4", 30.3, 60.0, 121.0, 0.49, 0.300, 23_034, 22.03),
-        _gpu("rtx4090", 82.6, 82.6, 165.2, 1.29, 1.008, 24_564, 23.65),
+        _gpu("h100", 66.9, 494.7, 989.4, 66.9, 3.35, 81_559, 79.11, "pcie5"),
+        _gpu("h100-96gb", 66.9, 494.7, 989.4, 66.9, 3.35, 96 * 1024, 95.02, "pcie5"),
+        _gpu("a100-80gb", 19.5, 156.0, 312.0, 19.5, 2.039, 81_920, 79.25, "pcie4"),
+        _gpu("a100-40gb", 19.5, 156.0, 312.0, 19.5, 1.555, 40_960, 39.39, "pcie4"),
+        _gpu("l4", 30.3, 60.0, 121.0, 0.49, 0.300, 23_034, 22.03, "pcie4"),
+        _gpu("rtx4090", 82.6, 82.6, 165.2, 1.29, 1.008, 24_564, 23.65, "pcie4"),
     )
 }
 ALIASES = {"h100-sxm": "h100", "h100-80gb": "h100", "a100": "a100-80gb", "4090": "rtx4090"}

@@ -1,0 +1,388 @@
+r"""The exact model of the stage space with offload, in CP-SAT (docs/offload.md, "The exact
+model", writes every row; the names below are its names).
+
+Stage t = 0..n-1 may compute the nodes `positions[t]` (every earlier value still readable in
+some stage from t on, and t); a value may be live in stage t only up to the last stage that can
+read it (`_last_reads`), as in `solver.milp.formulation`. Every time is a whole number of the
+units of `OffloadTimes` (the costs and both copy times).
+
+    (1)  S[t+1,i] <= S[t,i] + R[t,i] + L[t,i]                kept values were live
+    (2)  R[t,j] <= R[t,i] + S[t,i] + L[t,i]     for i -> j    inputs are live
+    (3)  R[t,i] + S[t,i] + L[t,i] <= 1                       no second copy
+    (4)  F[t,i,k] = R[t,k] and not S[t+1,i] and no user of i after k in stage t
+                                                             frees right after the last read
+    (5)  U[t,k] = sum mem (S + L)[t,.] + sum_{j<=k} mem_j R[t,j] - frees before k;
+         U[t,k] + transient_k R[t,k] <= budget
+    (6') S[t,i] <= S[t+1,i] + reads of i in t + Z[t,i];  Z <= P[t,i], Z <= O[i]
+    (7') R[t,i] (i < t) and L[t,i] <= S[t+1,i] + reads of i in t after it;  O[i] <= sum_t L[t,i]
+    (H)  L[t,i] <= O[i];  A[t,i] >= A[t+1,i], A[t,i] >= L[t+1,i];
+         sum_i mem_i A[t,i] + mem_t O[t] <= host_memory
+    (T)  the timeline's rows, each a lower bound of its max-plus recurrence (docs/offload.md)
+
+Objective: minimise T, the step's end (compute cost plus stall).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from solver.core.graph import Problem
+from solver.core.link import Link
+from solver.core.offload import OffloadPlan
+from solver.core.stages import StagePlan
+from solver.deadline import Deadline
+from solver.errors import InvalidScheduleError
+from solver.milp.cpsat import OVERRUN_PER_VARIABLE, OVERRUN_SHARE, ProgressFn
+from solver.milp.units import CostUnits
+
+
+@dataclass(frozen=True)
+class OffloadTimes:
+    """The whole units the model counts time in: `cost[i]`, `d2h[i]`, `h2d[i]` per node (its
+    compute, its offload, its reload), `units` to read them back in graph units, and whether
+    they are `exact` (else some were rounded)."""
+
+    cost: tuple[int, ...]
+    d2h: tuple[int, ...]
+    h2d: tuple[int, ...]
+    units: CostUnits
+    exact: bool
+
+    @classmethod
+    def of(cls, problem: Problem, link: Link) -> OffloadTimes:
+        """The costs and copy times in one set of whole units: exact where some power of ten
+        up to 10**6 makes them all whole (`CostUnits.whole`) and their sum is at most
+        `MAX_UNITS`; otherwise rounded at a resolution of their sum over `MAX_UNITS` (CP-SAT
+        needs the sum of its variables' domains within 64 bits)."""
+        n = problem.n
+        d2h = [link.offload_time(m) for m in problem.mem]
+        h2d = [link.reload_time(m) for m in problem.mem]
+        values = [*problem.cost, *d2h, *h2d]
+        units = CostUnits.whole(values)
+        exact = bool(units.scale) and sum(units.int_cost) <= MAX_UNITS
+        if not exact:
+            unit = sum(values) / MAX_UNITS
+            units = CostUnits(tuple(round(v / unit) for v in values), unit)
+        whole = units.int_cost
+        return cls(whole[:n], whole[n : 2 * n], whole[2 * n :], units, exact)
+
+
+MAX_UNITS = 10**9
+"""Whole units the costs and copy times of all nodes sum to at most: the clocks' domains stay
+within what CP-SAT checks for overflow (their sum within 64 bits) on graphs of thousands of
+nodes."""
+
+
+@dataclass(frozen=True)
+class OffloadResult:
+    """A solve of the model: status ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN"), the plan
+    found (None without one), its objective and CP-SAT's bound, in the model's units."""
+
+    status: str
+    plan: OffloadPlan | None
+    objective: int | None
+    bound: int
+
+
+def _last_reads(problem: Problem) -> list[int]:
+    """The last stage in which each value can be read: by a user j in stage j, or in any stage
+    in which j can be recomputed for a reader."""
+    last = list(range(problem.n))
+    for i in reversed(range(problem.n)):
+        for j in problem.succs[i]:
+            last[i] = max(last[i], last[j])
+    return last
+
+
+class _Model:
+    """The variables and rows of the module docstring, built once."""
+
+    def __init__(
+        self, problem: Problem, budget: int, link: Link, times: OffloadTimes, cap: int | None
+    ) -> None:
+        self.problem, self.times = problem, times
+        self.m = m = cp_model.CpModel()
+        n = problem.n
+        last = _last_reads(problem)
+        self.positions = [[i for i in range(t) if t <= last[i]] + [t] for t in range(n)]
+        # every compute in every stage and every copy, or the cap: every clock is at most T
+        self.horizon = (
+            n * sum(times.cost) + sum(times.d2h) + n * sum(times.h2d) if cap is None else cap
+        )
+        one = m.new_constant(1)
+        self.R = [
+            {i: m.new_bool_var(f"R[{t},{i}]") for i in self.positions[t][:-1]} for t in range(n)
+        ]
+        for t in range(n):
+            self.R[t][t] = one
+        readable = [[i for i in range(t) if t <= last[i]] for t in range(n + 1)]
+        self.S = [{i: m.new_bool_var(f"S[{t},{i}]") for i in readable[t]} for t in range(n)]
+        self.S.append({})
+        offloadable = [i for i in range(n) if last[i] > i]
+        self.O = {i: m.new_bool_var(f"O[{i}]") for i in offloadable}
+        self.L = [
+            {i: m.new_bool_var(f"L[{t},{i}]") for i in readable[t] if i in self.O} for t in range(n)
+        ]
+        self.budget = budget
+        self.P: dict[tuple[int, int], cp_model.IntVar] = {}
+        self._stages(last)
+        self._offload_rows(last, link)
+        self._timeline()
+
+    def _get(self, d: dict, i: int) -> list:
+        return [d[i]] if i in d else []
+
+    def _stages(self, last: list[int]) -> None:
+        m, problem = self.m, self.problem
+        R, S, L = self.R, self.S, self.L
+        n = problem.n
+        self.F: list[dict[tuple[int, int], cp_model.IntVar]] = []
+        for t in range(n):
+            pos = self.positions[t]
+            at = set(pos)
+            for i, keep in S[t + 1].items():  # (1)
+                if i < t:
+                    m.add(keep <= sum(self._get(S[t], i) + self._get(R[t], i) + self._get(L[t], i)))
+            for j in pos:  # (2)
+                for i in problem.preds[j]:
+                    live = self._get(R[t], i) + self._get(S[t], i) + self._get(L[t], i)
+                    m.add(R[t][j] <= sum(live))
+            for i in range(t):  # (3)
+                present = self._get(R[t], i) + self._get(S[t], i) + self._get(L[t], i)
+                if len(present) > 1:
+                    m.add(sum(present) <= 1)
+            frees: dict[tuple[int, int], cp_model.IntVar] = {}
+            for k in pos:  # (4)
+                values = (*problem.preds[k], k) if k == t else problem.preds[k]
+                for i in values:
+                    if k < t and t in problem.succs[i]:
+                        continue  # an input of node t is read after k
+                    f = m.new_bool_var(f"F[{t},{i},{k}]")
+                    frees[(i, k)] = f
+                    later = [R[t][j] for j in problem.succs[i] if k < j <= t and j in at]
+                    kept = self._get(S[t + 1], i)
+                    m.add(f <= R[t][k])
+                    for other in later + kept:
+                        m.add(f + other <= 1)
+                    m.add(f >= R[t][k] - sum(later) - sum(kept))
+            self.F.append(frees)
+            for i, carried in S[t].items():  # (6')
+                reads = [R[t][j] for j in problem.succs[i] if j in at]
+                slack = []
+                if i in self.O:
+                    slack = [m.new_bool_var(f"Z[{t},{i}]")]
+                    self._first_copy_rows(t, i, slack[0])
+                m.add(carried <= sum(self._get(S[t + 1], i) + reads + slack))
+            for i in pos[:-1]:  # (7') recomputed values
+                reads = [R[t][j] for j in problem.succs[i] if i < j <= t and j in at]
+                m.add(R[t][i] <= sum(self._get(S[t + 1], i) + reads))
+            for i, reload in L[t].items():  # (7') reloaded values
+                reads = [R[t][j] for j in problem.succs[i] if j in at]
+                m.add(reload <= sum(self._get(S[t + 1], i) + reads))
+            self._memory(t)
+
+    def _first_copy_rows(self, t: int, i: int, z: cp_model.IntVar) -> None:
+        """Z[t,i] <= P[t,i] (i's live copy is its first) and Z[t,i] <= O[i]."""
+        m = self.m
+        p = m.new_bool_var(f"P[{t},{i}]")
+        self.P[(t, i)] = p
+        m.add(p <= self.S[t][i])
+        if (t - 1, i) in self.P:  # absent for t = i + 1
+            m.add(p <= self.P[(t - 1, i)])
+        m.add(z <= p)
+        m.add(z <= self.O[i])
+
+    def _memory(self, t: int) -> None:  # (5)
+        m, problem = self.m, self.problem
+        R, S, L, frees = self.R, self.S, self.L, self.F[t]
+        previous = [problem.mem[i] * v for i, v in S[t].items()]
+        previous += [problem.mem[i] * v for i, v in L[t].items()]
+        after: dict[int, list] = {}
+        for (i, k), f in frees.items():
+            after.setdefault(k, []).append(problem.mem[i] * f)
+        for k in self.positions[t]:
+            level = m.new_int_var(0, self.budget, f"U[{t},{k}]")
+            m.add(level == sum(previous) + problem.mem[k] * R[t][k])
+            if problem.transient[k]:
+                m.add(level + problem.transient[k] * R[t][k] <= self.budget)
+            previous = [level, *(-term for term in after.get(k, []))]
+
+    def _offload_rows(self, last: list[int], link: Link) -> None:
+        m, problem, n = self.m, self.problem, self.problem.n
+        for i, offloaded in self.O.items():
+            reloads = [self.L[t][i] for t in range(n) if i in self.L[t]]
+            m.add(offloaded <= sum(reloads))
+            for reload in reloads:
+                m.add(reload <= offloaded)
+        if link.host_memory is None:
+            return
+        A = {}
+        for i in self.O:
+            for t in reversed(range(i, last[i])):
+                a = m.new_bool_var(f"A[{t},{i}]")
+                A[(t, i)] = a
+                if i in self.L[t + 1]:
+                    m.add(a >= self.L[t + 1][i])
+                if (t + 1, i) in A:
+                    m.add(a >= A[(t + 1, i)])
+        for t in range(n):
+            held = [problem.mem[i] * a for (s, i), a in A.items() if s == t and i < t]
+            mine = [problem.mem[t] * self.O[t]] if t in self.O else []
+            if held or mine:
+                m.add(sum(held + mine) <= link.host_memory)
+
+    def _timeline(self) -> None:  # (T)
+        m, problem, times, n = self.m, self.problem, self.times, self.problem.n
+        R, S, L, off = self.R, self.S, self.L, self.O
+        h = self.horizon
+        # stage t's clocks lie between the first computes before it and T less those from it on
+        before = [sum(times.cost[:t]) for t in range(n + 1)]
+
+        def clock(name: str, lo: int = 0, later: int = 0) -> cp_model.IntVar:
+            return m.new_int_var(lo, max(lo, h - later), name)
+
+        def window(name: str, t: int, until: int) -> cp_model.IntVar:
+            return clock(name, before[t], before[n] - before[until])
+
+        tau = [m.new_constant(0)] + [window(f"tau[{t}]", t, t) for t in range(1, n + 1)]
+        G: dict[int, cp_model.IntVar] = {}
+        engine = m.new_constant(0)  # the d2h engine's end so far
+        self.tau, self.G = tau, G
+        for i in off:
+            G[i] = clock(f"G[{i}]")
+        Y: dict[tuple[int, int], cp_model.IntVar] = {}
+        h2d = m.new_constant(0)
+        for t in range(n):
+            for i, reload in L[t].items():  # the reloads at t's start, ascending
+                k = clock(f"K[{t},{i}]")
+                m.add(k >= h2d + times.h2d[i] * reload)
+                m.add(k >= tau[t] + times.h2d[i]).only_enforce_if(reload)
+                m.add(k >= G[i] + times.h2d[i]).only_enforce_if(reload)
+                h2d = k
+                y = clock(f"Y[{t},{i}]")
+                m.add(y >= k).only_enforce_if(reload)
+                if (t - 1, i) in Y:
+                    m.add(y >= Y[(t - 1, i)])
+                Y[(t, i)] = y
+            previous = tau[t]
+            for k in self.positions[t]:
+                a, b = window(f"a[{t},{k}]", t, t), window(f"b[{t},{k}]", t, t + 1)
+                m.add(a >= previous)
+                for u in problem.preds[k]:
+                    if (t, u) in Y:
+                        m.add(a >= Y[(t, u)]).only_enforce_if(R[t][k])
+                m.add(b >= a + times.cost[k] * R[t][k])
+                if k == t and t in off:  # the offload of t, issued right after its compute
+                    m.add(G[t] >= engine + times.d2h[t] * off[t])
+                    m.add(G[t] >= a + times.cost[t] + times.d2h[t]).only_enforce_if(off[t])
+                    engine = G[t]
+                for (i, after), f in self.F[t].items():
+                    if after == k and i in off:
+                        m.add(b >= G[i]).only_enforce_if([f, off[i]])
+                previous = b
+            m.add(tau[t + 1] >= previous)
+            for i, carried in S[t].items():  # first copies held to the stage's end
+                if i in off:
+                    dropped = [carried, off[i]] + ([S[t + 1][i].Not()] if i in S[t + 1] else [])
+                    m.add(tau[t + 1] >= G[i]).only_enforce_if(dropped)
+        self.T = clock("T")
+        m.add(tau[n] <= self.T)
+        m.add(engine <= self.T)
+        m.add(h2d <= self.T)
+        # valid: the computes run one after another (the timeline's rows imply it, the LP
+        # relaxation of their enforced forms does not)
+        work = [times.cost[i] * var for t in range(n) for i, var in R[t].items()]
+        m.add(sum(work) <= self.T)
+        m.minimize(self.T)
+
+    def plan(self, solver: cp_model.CpSolver) -> OffloadPlan:
+        """The plan of a solution."""
+        n = self.problem.n
+        computed = tuple(
+            tuple(i for i in self.positions[t] if solver.value(self.R[t][i])) for t in range(n)
+        )
+        kept = tuple(
+            frozenset(i for i, v in self.S[t].items() if solver.value(v)) for t in range(n + 1)
+        )
+        reloaded = tuple(
+            frozenset(i for i, v in self.L[t].items() if solver.value(v)) for t in range(n)
+        )
+        offloaded = frozenset(i for i, v in self.O.items() if solver.value(v))
+        return OffloadPlan(StagePlan(computed, kept), reloaded, offloaded)
+
+    def hint(self, plan: StagePlan) -> None:
+        """Hint a keep/recompute plan: its computes and keeps, no copies."""
+        m = self.m
+        for t, stage in enumerate(plan.computed):
+            for i, var in self.R[t].items():
+                if i != t:
+                    m.add_hint(var, i in stage)
+        for t, kept in enumerate(plan.kept[: self.problem.n]):
+            for i, var in self.S[t].items():
+                m.add_hint(var, i in kept)
+        for var in self.O.values():
+            m.add_hint(var, False)
+        for stage in self.L:
+            for var in stage.values():
+                m.add_hint(var, False)
+
+
+def solve_offload_model(
+    problem: Problem,
+    budget: int,
+    link: Link,
+    times: OffloadTimes,
+    *,
+    deadline: Deadline,
+    workers: int,
+    cap: int | None = None,
+    hint: StagePlan | None = None,
+    progress: ProgressFn | None = None,
+) -> OffloadResult:
+    """Build the model and minimise T by `deadline` (at most `cap` units where given, a keep/
+    recompute `hint` where given). `progress` gets (seconds, objective, bound) in model units."""
+    model = _Model(problem, budget, link, times, cap)
+    if hint is not None:
+        model.hint(hint)
+    invalid = model.m.validate()
+    if invalid:
+        raise InvalidScheduleError(f"internal error: the offload model is invalid ({invalid})")
+    left = deadline.remaining()
+    overrun = OVERRUN_PER_VARIABLE * len(model.m.proto.variables) + OVERRUN_SHARE * left
+    if left <= overrun:
+        return OffloadResult("UNKNOWN", None, None, 0)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = left - overrun
+    solver.parameters.num_workers = workers
+    # as for the stage model (`solver.milp.cpsat`): one presolve pass without probing (the full
+    # presolve's dual strengthening took 10 s of VGG16's 90% solve), linearised rows for the LP
+    solver.parameters.linearization_level = 2
+    solver.parameters.max_presolve_iterations = 1
+    solver.parameters.cp_model_probing_level = 0
+    solver.parameters.catch_sigint_signal = False
+    callback = _Progress(progress) if progress else None
+    with deadline.on_stop(solver.stop_search):
+        status = solver.solve(model.m, callback)
+    name = solver.status_name(status)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        objective = round(solver.objective_value)
+        bound = objective if name == "OPTIMAL" else _whole_bound(solver.best_objective_bound)
+        return OffloadResult(name, model.plan(solver), objective, bound)
+    bound = _whole_bound(solver.best_objective_bound) if name == "UNKNOWN" else 0
+    return OffloadResult(name, None, None, bound)
+
+
+def _whole_bound(bound: float) -> int:
+    """CP-SAT's bound (a whole number handed over as a float) as an int; 0 where not finite."""
+    return max(0, round(bound)) if bound == bound and abs(bound) < 2**62 else 0
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    def __init__(self, report: ProgressFn) -> None:
+        super().__init__()
+        self._report = report
+
+    def on_solution_callback(self) -> None:
+        self._report(self.wall_time, self.objective_value, self.best_objective_bound)
