@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import executor
+import solver
 from executor.errors import CompileError
 from solver.errors import ScheduleMismatchError
 
@@ -90,4 +91,20 @@ def test_a_compiled_file_of_another_model_or_graph_is_refused(compiled, tmp_path
     assert "\n" not in str(e.value)
     with pytest.raises(CompileError, match="no saved schedule for this compiled region") as e:
         executor.CompiledModel.load(path, model, example_inputs=(torch.randn(16, 64),))
+    assert "\n" not in str(e.value)
+
+
+def test_a_compiled_file_whose_schedule_offloads_is_refused(compiled, tmp_path):
+    model, x, cm = compiled
+    region = cm.remat.regions[0]
+    link = solver.Link(1e15, 1e15)
+    offloading = solver.solve(region.dag, int(0.9 * region.schedule.peak), offload=link)
+    assert any(kind == "offload" for kind, _ in offloading.ops)
+    path = tmp_path / "cm.json"
+    cm.save(path)
+    saved = json.loads(path.read_text())
+    saved["regions"] = [json.loads(offloading.to_json())]
+    path.write_text(json.dumps(saved))
+    with pytest.raises(CompileError, match="runs keep/recompute schedules") as e:
+        executor.CompiledModel.load(path, model, example_inputs=(x,))
     assert "\n" not in str(e.value)

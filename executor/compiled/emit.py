@@ -222,6 +222,13 @@ def partition(
     ``inlined``: DAG node -> fx nodes of other DAG nodes that each of its computes copies
     first, for its own ops alone (`joint_dag.inline_reads`): its ops read those copies, and
     freeing it or another node leaves them untouched."""
+    moved = next((v for kind, v in ops if kind not in ("compute", "free")), None)
+    if moved is not None:
+        raise CompileError(
+            f"the schedule offloads or reloads '{moved}': executor.compile runs keep/recompute "
+            "schedules (torch's offload ops need CUDA streams and pinned memory); run an "
+            "offload schedule where docs/offload.md says offload runs"
+        )
     inlined = inlined or {}
     graph = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
