@@ -23,6 +23,7 @@ buffer taken at the start of the step, so every recompute sees what the first co
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -38,9 +39,10 @@ from executor.errors import (
     UnusedOutputGradientError,
 )
 from executor.traced.checks import check_call
-from executor.traced.codegen import compile_ops
+from executor.traced.codegen import SliceState, compile_ops
 from executor.traced.estimated import EstimateCheck, FirstStepPeak, match_estimated
 from executor.traced.interpreter import ScheduleInterpreter, Step
+from executor.traced.offload import HostPool, Transfers
 from graph_capture.captured import CapturedGraph
 from graph_capture.measurement.device import no_autocast
 from solver.core.budget import PERCENT, Budget
@@ -107,8 +109,12 @@ class _Program:
         # updates, load_state_dict and .to() keep the objects)
         self.params = [model.get_parameter(n) for n in captured.param_names]
         self.buffers = {n: model.get_buffer(n) for n in captured.buffer_names}
+        reloads = Counter(v for kind, v in schedule.ops if kind == "reload")
+        self.transfers = (
+            None if schedule.link is None else Transfers(self.params[0].device, reloads)
+        )
         self.interpreter = ScheduleInterpreter(
-            captured.joint, captured.members, captured.random_nodes
+            captured.joint, captured.members, captured.random_nodes, self.transfers
         )
         split = split_ops(captured, schedule.ops)
         self.forward_ops = list(schedule.ops[:split])
@@ -123,13 +129,11 @@ class _Program:
                 + captured.buffer_placeholders
                 + captured.input_placeholders
             ]
-            reported: set[int] = set()
-            self.run_forward, live = compile_ops(
-                self.interpreter, self.forward_ops, primals, reported
-            )
+            state = SliceState()
+            self.run_forward, live = compile_ops(self.interpreter, self.forward_ops, primals, state)
             tangents = [slots[n] for n in captured.tangent_placeholders]
             self.run_backward, _ = compile_ops(
-                self.interpreter, self.backward_ops, live | set(tangents), reported
+                self.interpreter, self.backward_ops, live | set(tangents), state
             )
         output = next(n for n in captured.joint.graph.nodes if n.op == "output").args[0]
         self.placeholder_results = [
@@ -300,7 +304,7 @@ class Rematerialized(nn.Module):
         if _estimated_for_another(schedule, captured):
             schedule = match_estimated(schedule, captured.dag, "given")
         schedule.check_graph(captured.dag)
-        simulate(captured.dag, schedule.ops).raise_if_invalid()
+        simulate(captured.dag, schedule.ops, schedule.link).raise_if_invalid()
         self.model = model
         self.captured = captured
         self.schedule = schedule
@@ -356,6 +360,15 @@ class Rematerialized(nn.Module):
         executor holds beside the values) it is what the step measures above its start, with
         ``.grad`` allocated before the step (docs/executor.md, "The byte budget")."""
         return self.schedule.peak
+
+    @property
+    def host_pool(self) -> HostPool | None:
+        """The host memory the schedule's offloaded copies occupy (`HostPool`: bytes held now
+        and at peak, over every step so far, `reset_peak` to start again); None for a schedule
+        without a link. A step's host peak is the schedule's predicted one
+        (``schedule.extra["host_peak"]``, `solver.simulate`'s ``host_peak``)."""
+        transfers = self._program.transfers
+        return None if transfers is None else transfers.pool
 
     def forward(self, *inputs: torch.Tensor, **kwargs: torch.Tensor) -> object:
         if not self.training:
