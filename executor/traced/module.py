@@ -46,10 +46,12 @@ from executor.traced.offload import HostPool, Transfers
 from graph_capture.captured import CapturedGraph
 from graph_capture.measurement.device import no_autocast
 from solver.core.budget import PERCENT, Budget
+from solver.core.link import Link
 from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
 from solver.errors import ScheduleMismatchError, SolverTimeoutError
 from solver.interrupt import call_deadline
+from solver.target.devices import named_link
 
 __all__ = ["Rematerialized", "load_schedule", "rematerialize", "split_ops"]
 
@@ -417,6 +419,7 @@ def rematerialize(
     example_kwargs: Mapping[str, torch.Tensor] | None = None,
     time_limit: float = 60.0,
     capture_options: Mapping[str, object] | None = None,
+    offload: Link | str | None = None,
     **solve_options: object,
 ) -> Rematerialized:
     """Capture `model`, solve for `budget` and wrap: the one call for the common case.
@@ -430,7 +433,12 @@ def rematerialize(
     `time_limit`: seconds for the whole call, capture and solve: the solve gets what the
     capture leaves (`solver.solve`'s bound); `RematerializeError` where it is not a positive
     number of seconds. `capture_options` go to `graph_capture.capture` (``granularity``,
-    ``cost_model``, ...), `solve_options` to `solver.solve` (``workers``, ...). Ctrl-C (from
+    ``cost_model``, ...), `solve_options` to `solver.solve` (``workers``, ...). `offload`: a
+    host link (`solver.Link`, bytes per second each way on a captured graph, whose costs are
+    seconds), or the name of one (``"pcie5"``, `solver.target.devices.HOST_LINKS`) or of a
+    built-in target (``"h100"``, its link): values may also be offloaded to host memory and
+    reloaded (docs/offload.md), the step runs the copies (`Rematerialized.host_pool`); a
+    budget in bytes or percent. Ctrl-C (from
     the main thread, where SIGINT has Python's default handler): the first ends the call as
     the time limit does (the capture runs to its end, then the solve returns the best
     schedule it has), a second raises KeyboardInterrupt.
@@ -439,6 +447,7 @@ def rematerialize(
     from graph_capture import capture
 
     wanted = Budget.of(budget)  # an unreadable budget fails before the capture
+    link = _link(offload)
     options = {"plain_peak": wanted.kind == PERCENT, **(capture_options or {})}
     with call_deadline(time_limit, RematerializeError) as deadline:
         captured = capture(model, example_inputs, example_kwargs, **options)
@@ -449,6 +458,23 @@ def rematerialize(
                 "time_limit to leave the solve some"
             )
         schedule = solver.solve(
-            captured.dag, wanted, time_limit=time_limit, deadline=deadline, **solve_options
+            captured.dag,
+            wanted,
+            time_limit=time_limit,
+            deadline=deadline,
+            offload=link,
+            **solve_options,
         )
     return Rematerialized(model, captured, schedule)
+
+
+def _link(offload: Link | str | None) -> Link | None:
+    """The host link `rematerialize`'s ``offload`` names; RematerializeError for what is none."""
+    if offload is None or isinstance(offload, Link):
+        return offload
+    if isinstance(offload, str):
+        return named_link(offload)
+    raise RematerializeError(
+        f"offload must be a solver.Link, the name of a host link or target ('pcie5', 'h100'), "
+        f"or None, not {offload!r}"
+    )
