@@ -134,6 +134,7 @@ def compile_ops(
             for s in state.offloaded[v]:
                 live.add(s)
                 body.append(f"v{s} = reloaded[{s}]")
+            body.append("reloaded = None")  # a free must release the values: no other reference
             continue
         if kind != "compute":
             raise ExecutorError(
