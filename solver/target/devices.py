@@ -301,9 +301,7 @@ def named_link(name: str) -> Link:
     try:
         link = builtin_device(key).host_link
     except UnknownTargetError as error:
-        raise UnknownTargetError(
-            f"{error}; or a host link: {', '.join(HOST_LINKS)}, or a solver.Link"
-        ) from None
+        raise UnknownTargetError(f"{error}; or a host link: {', '.join(HOST_LINKS)}") from None
     if link is None:
         raise LinkError(f"target {name!r} has no host link; give the link's bandwidths")
     return link
