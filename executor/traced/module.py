@@ -181,6 +181,8 @@ class _Program:
         self.interpreter.set_placeholders(step, self.captured.tangent_placeholders, tangents)
         self._record_placeholder_results(step)
         self.run_backward(step)
+        if self.transfers is not None:
+            self.transfers.finish(step.copies)
         results = step.results
         step.env.clear()
         return results

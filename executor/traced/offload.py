@@ -205,6 +205,13 @@ class Transfers:
         if event is not None:
             event.wait(torch.cuda.current_stream(self.device))
 
+    def finish(self, copies: StepCopies) -> None:
+        """The step ends when both copy engines are done: make the compute stream wait for
+        every copy not yet waited for (a reloaded value live to the step's end is dropped
+        there, not freed by an op)."""
+        for node in [*copies.arriving, *copies.offloading]:
+            self.settle(copies, node)
+
     @contextlib.contextmanager
     def _on(
         self, stream: torch.cuda.Stream | None, after: torch.cuda.Event | None = None
