@@ -214,10 +214,12 @@ class ScheduleInterpreter:
         return Step(env, RngReplay(self.random_slots, self._rng_devices, self._rng_dry_runs))
 
     def set_placeholders(self, step: Step, names: Sequence[str], values: Sequence[object]) -> None:
-        """Bind placeholder values (by fx name); their storages are the step's static ones."""
+        """Bind placeholder values (by fx name); with transfers, their storages are the step's
+        static ones (never copied)."""
         for name, value in zip(names, values, strict=True):
             step.env[self.slot[name]] = value
-        step.static |= static_storages(values)
+        if self.transfers is not None:
+            step.static |= static_storages(values)
 
     def _check_ownership(self) -> None:
         owner: dict[int, Hashable] = {}
