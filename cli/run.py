@@ -18,8 +18,10 @@ the outputs ``--backward-from`` names (``--backward-from loss`` for a HuggingFac
 with ``labels=``). Printed: the budget, the solver's predicted peak and the measured peak
 (profiler allocation events, bytes above the start of the step, ``.grad`` allocated before it),
 measured / predicted; the median step time of each; and whether remat's outputs, gradients
-and parameters were bit-identical to eager's on every step. Exit status 0 only when they were
-and the measured peak is within the budget.
+and parameters were bit-identical to eager's on every step. With a host link (``--offload``, or a
+schedule file that has one) also the host pool's peak against the predicted host peak. Exit
+status 0 only when they were bit-identical, the measured peak is within the budget and the host
+peak is the predicted one.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from cli.profile import (
     load_model_from_args,
     output_names,
 )
+from cli.solve import parse_link
 from executor.memory import measure_peak
 from executor.traced.module import Rematerialized, load_schedule
 from graph_capture.models.demos import demo_model
@@ -73,6 +76,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--time-limit", type=float, default=60.0, help="seconds for the exact solver (default 60)"
+    )
+    parser.add_argument(
+        "--offload",
+        default=None,
+        metavar="LINK",
+        help="also offload values to host memory and back over this link, as remat solve "
+        "--offload spells it (docs/offload.md, 'Running offload')",
     )
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
 
@@ -173,8 +183,11 @@ def _schedule(args: argparse.Namespace, captured):  # -> solver.Schedule
     import solver
 
     if args.schedule:
+        if args.offload:
+            raise ValueError("--offload solves; a --schedule file has its own link (or none)")
         return load_schedule(args.schedule, captured.dag)
-    return solver.solve(captured.dag, budget=args.budget, time_limit=args.time_limit)
+    link = None if args.offload is None else parse_link(args.offload)
+    return solver.solve(captured.dag, budget=args.budget, time_limit=args.time_limit, offload=link)
 
 
 def _mib(n: float) -> str:
@@ -260,6 +273,9 @@ def _train_and_report(
             eager.model.state_dict().values(), remat.model.state_dict().values(), strict=True
         )
     )
+    pool = remat.call.host_pool
+    if pool is not None:
+        pool.reset_peak()  # between steps: no copy is held
     peaks = {r.name: r.peak_bytes(call) for r in runners}
     times = {r.name: statistics.median(r.seconds[1:]) for r in runners}
 
@@ -293,6 +309,15 @@ def _train_and_report(
         f"  measured <= {'budget' if budget is not None else 'predicted'}: "
         f"{'yes' if within else 'NO'} ({measured} <= {limit} bytes)"
     )
+    host_as_predicted = True
+    if pool is not None:
+        predicted_host = schedule.extra["host_peak"]
+        host_as_predicted = pool.peak_bytes == predicted_host
+        print(
+            f"host peak (pool)          {_mib(pool.peak_bytes)}   predicted "
+            f"{_mib(predicted_host)}, equal: {'yes' if host_as_predicted else 'NO'} "
+            f"({schedule.extra['offloads']} offloads, {schedule.extra['reloads']} reloads)"
+        )
     _print_times(runners, peaks, times)
     exact = not mismatches and same_params
     print(
@@ -300,7 +325,7 @@ def _train_and_report(
     )
     for line in mismatches[:10]:
         print(f"  mismatch: {line}")
-    return 0 if exact and within else 1
+    return 0 if exact and within and host_as_predicted else 1
 
 
 def _print_times(runners: list[_Runner], peaks: dict[str, int], times: dict[str, float]) -> None:

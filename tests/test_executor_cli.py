@@ -114,3 +114,33 @@ def test_remat_run_captures_with_the_thread_count_of_its_schedule(tmp_path, caps
     assert main(run) == 2
     err = capsys.readouterr().err
     assert "solved on a capture with 7 thread(s)" in err and "remat run --threads 7" in err
+
+
+def test_remat_run_trains_under_an_offload_schedule_and_checks_the_host_peak(tmp_path, capsys):
+    """A schedule file with offload ops (a keep-nothing schedule whose recomputes are reloads)
+    runs bit for bit, its host pool's peak the predicted one; --offload solves with a link."""
+    from test_executor_offload import with_offloads
+
+    from graph_capture import capture
+    from solver import Link
+
+    model, inputs = two_outputs()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        schedule = with_offloads(capture(model, inputs), [False], [True], Link(1e9, 1e9))
+    finally:
+        torch.set_num_threads(before)
+    path = tmp_path / "offload.json"
+    schedule.save(path)
+    factory = ["--model", "test_executor_cli:two_outputs", "--steps", "2"]
+    assert main(["run", *factory, "--schedule", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "bit-identical to eager on every step (outputs, grads, params): yes" in out
+    predicted = f"predicted {schedule.extra['host_peak'] / 2**20:.2f} MiB, equal: yes"
+    assert predicted in out and f"({schedule.extra['offloads']} offloads" in out
+    solved = ["--budget", "300%", "--offload", "pcie5", "--time-limit", "10"]
+    assert main(["run", *factory, *solved]) == 0
+    assert "host peak (pool)" in capsys.readouterr().out
+    assert main(["run", *factory, "--schedule", str(path), "--offload", "pcie5"]) == 2
+    assert "--schedule file has its own link" in capsys.readouterr().err

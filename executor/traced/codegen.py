@@ -10,7 +10,10 @@ at run time is decided once at compile time:
 - which compute is the first of a graph result in the whole schedule (only that one is reported);
 - whether every read value is live (a missing DAG edge fails at compile time, not mid-step);
 - which values are live at the slice's end (stored back into ``step.env``; the rest is released;
-  live-in values are moved out of ``step.env`` into locals so a free really releases them).
+  live-in values are moved out of ``step.env`` into locals so a free really releases them);
+- which slots an offload copies and a reload restores, and where the compute stream must wait
+  for a copy (`Transfers.ready` before the first read of a reloaded value, `Transfers.settle`
+  before the free of a value in a copy).
 
 Random nodes still go through ``step.rng.draw``, so replay is the interpreter's. An op with a
 faster CPU implementation (`graph_capture.measurement.fast_ops`) calls it, where the interpreter
@@ -22,6 +25,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx
@@ -31,9 +35,26 @@ from executor.traced.bindings import bindings
 from executor.traced.interpreter import ScheduleInterpreter, Step, has_node
 from graph_capture.measurement.fast_ops import implementation
 
-__all__ = ["compile_ops"]
+__all__ = ["SliceState", "compile_ops"]
 
 Op = tuple[str, Hashable]
+
+
+@dataclass
+class SliceState:
+    """What the compile of one slice leaves the next (updated in place by `compile_ops`).
+
+    `reported`: graph output positions already reported, so each result is reported to
+    ``step.on_result`` exactly once per step, at its first compute. `offloaded`: the slots
+    each offloaded DAG node's host copy holds. `arriving`: reloaded DAG nodes whose reload
+    the compute stream has not yet waited for; `copying`: offloaded DAG nodes whose first
+    device copy is not yet freed.
+    """
+
+    reported: set[int] = field(default_factory=set)
+    offloaded: dict[Hashable, tuple[int, ...]] = field(default_factory=dict)
+    arriving: set[Hashable] = field(default_factory=set)
+    copying: set[Hashable] = field(default_factory=set)
 
 
 class _Source:
@@ -75,27 +96,53 @@ def compile_ops(
     interp: ScheduleInterpreter,
     ops: Sequence[Op],
     live_in: Iterable[int],
-    reported: set[int],
+    state: SliceState,
 ) -> tuple[Callable[[Step], None], set[int]]:
     """Compile `ops` into ``run(step)``; returns it and the slots live after it.
 
-    `live_in`: slots holding values in ``step.env`` when the slice starts. `reported`: graph
-    output positions already reported by earlier slices (updated in place), so each result is
-    reported to ``step.on_result`` exactly once per step, at its first compute.
+    `live_in`: slots holding values in ``step.env`` when the slice starts. `state`: what the
+    slices compiled before this one of the same schedule left (`SliceState`), updated in place.
+    Offload and reload ops call ``interp.copier()``, the interpreter's `Transfers`.
     """
     src = _Source()
     live = set(live_in)
     start = sorted(live)
     body: list[str] = []
+    reported = state.reported
+
     for kind, v in ops:
         if kind == "free":
+            if v in state.arriving or v in state.copying:
+                state.arriving.discard(v)
+                state.copying.discard(v)
+                body.append(f"transfers.settle(copies, {src.constant(v)})")
             for slot in interp.members[v]:
                 if slot in live:
                     live.discard(slot)
                     body.append(f"v{slot} = None")
             continue
+        if kind == "offload":
+            slots = tuple(s for s in interp.members[v] if s in live)
+            state.offloaded[v] = slots
+            state.copying.add(v)
+            values = ", ".join(f"{s}: v{s}" for s in slots)
+            body.append(f"transfers.offload(copies, {src.constant(v)}, {{{values}}}, step.static)")
+            continue
+        if kind == "reload":
+            state.arriving.add(v)
+            body.append(f"reloaded = transfers.reload(copies, {src.constant(v)})")
+            for s in state.offloaded[v]:
+                live.add(s)
+                body.append(f"v{s} = reloaded[{s}]")
+            body.append("reloaded = None")  # a free must release the values: no other reference
+            continue
         if kind != "compute":
-            raise ExecutorError(f"unknown op kind {kind!r} (expected 'compute' or 'free')")
+            raise ExecutorError(
+                f"unknown op kind {kind!r} (expected 'compute', 'free', 'offload' or 'reload')"
+            )
+        for u in interp.reads[v] & state.arriving:
+            state.arriving.discard(u)
+            body.append(f"transfers.ready(copies, {src.constant(u)})")
         for slot in interp.members[v]:
             body.append(_node_line(src, interp, slot, live))
             live.add(slot)
@@ -108,12 +155,16 @@ def compile_ops(
                 body.append(f"v{internal} = None")
     lines = ["def run(step):", "    env = step.env", "    draw = step.rng.draw"]
     lines.append("    on_result = step.on_result")
+    if state.offloaded:
+        lines.append("    copies = step.copies")
     # move live-in values into locals (env must not keep them alive past their free)
     lines += [f"    v{s} = env[{s}]; env[{s}] = None" for s in start]
     lines += [f"    {line}" for line in body]
     lines += [f"    env[{s}] = v{s}" for s in sorted(live)]
     lines.append("    return None")
     namespace: dict[str, object] = dict(src.constants)
+    if state.offloaded:
+        namespace["transfers"] = interp.copier()
     # the op's faster CPU implementation where it has one (`graph_capture.measurement.fast_ops`),
     # else torch's own binding where it makes the node's exact call (`executor.traced.bindings`),
     # else the OpOverload's `_op`, the C++ callable its Python __call__ forwards to

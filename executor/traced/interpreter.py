@@ -8,6 +8,8 @@ Call map (override a method to change one thing)::
                 -> run_node(slot, step)       one fx node; random ones go through step.rng
                 -> record_results(slot, step) report outputs, gradients, new buffer values
            -> free(node, step)                drop the values of the DAG node's fx nodes
+           -> offload(node, step)             copy them to the host (`executor.traced.offload`)
+           -> reload(node, step)              copy them back into new device memory
 
 Values live in `step.env`, a list indexed by fx-node slot: placeholders (parameters, buffers,
 inputs, tangents) are set by the caller and never freed; every other slot holds a value exactly
@@ -15,6 +17,12 @@ while the schedule keeps its DAG node live, so the real memory follows the sched
 results (forward outputs, gradients, new buffer values) are reported to `step.on_result` at
 their first compute (the schedule may free their DAG node before the step ends); the caller
 keeps what it needs. `executor.traced.codegen` compiles the same semantics into straight-line code.
+
+Offload and reload ops need `transfers` (the schedule's link says they run): an offload copies
+the DAG node's live values to the host pool, a reload puts copies of them back in their slots.
+Before a reloaded value is read, the compute stream waits for its reload (`Transfers.ready`),
+and before a value is freed, for the copies it takes part in (`Transfers.settle`): on CUDA, where
+the copies run on side streams; on CPU a copy has ended when its op returns.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import torch
 import torch.fx
 
 from executor.errors import ExecutorError
+from executor.traced.offload import StepCopies, Transfers, static_storages
 from executor.traced.rng import RngReplay
 from graph_capture.measurement.measure import is_random
 from graph_capture.trace.fx_nodes import device_of
@@ -38,13 +47,17 @@ __all__ = ["ScheduleInterpreter", "Step", "has_node"]
 class Step:
     """The state of one training step.
 
-    `env`: live values by fx slot. `rng`: the step's random-state record. `seen`: graph output
+    `env`: live values by fx slot. `rng`: the step's random-state record. `static`: data
+    pointers of the placeholders' storages (never copied to the host). `copies`: the step's host
+    copies (offload and reload ops). `seen`: graph output
     positions already reported to `on_result`. `results`: what the caller chose to keep (by
     output position); the interpreter itself keeps no reference to a result.
     """
 
     env: list[object]
     rng: RngReplay
+    static: set[int] = field(default_factory=set)
+    copies: StepCopies = field(default_factory=StepCopies)
     seen: set[int] = field(default_factory=set)
     results: dict[int, object] = field(default_factory=dict)
     on_result: Callable[[Step, int, object], None] | None = None
@@ -55,7 +68,8 @@ class ScheduleInterpreter:
 
     `members[v]`: the fx node names DAG node v computes, in order; every fx node other than
     placeholders and the output must belong to exactly one DAG node. `random_names`: fx nodes
-    that draw random numbers (those `is_random` finds are added).
+    that draw random numbers (those `is_random` finds are added). `transfers`: what runs
+    offload and reload ops (None: a schedule without them).
     """
 
     def __init__(
@@ -63,6 +77,7 @@ class ScheduleInterpreter:
         graph_module: torch.fx.GraphModule,
         members: Mapping[Hashable, Sequence[str]],
         random_names: Iterable[str] = (),
+        transfers: Transfers | None = None,
     ) -> None:
         graph = graph_module.graph
         self.nodes: list[torch.fx.Node] = [n for n in graph.nodes if n.op != "output"]
@@ -74,6 +89,18 @@ class ScheduleInterpreter:
             v: tuple(self.slot[name] for name in names) for v, names in members.items()
         }
         self._check_ownership()
+        self.transfers = transfers
+        owner = {s: v for v, slots in self.members.items() for s in slots}
+        # DAG node -> the other DAG nodes whose values its fx nodes read
+        self.reads: dict[Hashable, set[Hashable]] = {
+            v: {
+                owner[self.slot[a.name]]
+                for s in slots
+                for a in self.nodes[s].all_input_nodes
+                if self.slot[a.name] in owner and owner[self.slot[a.name]] != v
+            }
+            for v, slots in self.members.items()
+        }
         self.drop_after = self._group_temporaries(graph)
         named = {self.slot[name] for name in random_names}
         self.random_slots = [i for i, n in enumerate(self.nodes) if i in named or is_random(n)]
@@ -101,13 +128,22 @@ class ScheduleInterpreter:
             self.compute(node, step)
         elif kind == "free":
             self.free(node, step)
+        elif kind == "offload":
+            self.offload(node, step)
+        elif kind == "reload":
+            self.reload(node, step)
         else:
-            raise ExecutorError(f"unknown op kind {kind!r} (expected 'compute' or 'free')")
+            raise ExecutorError(
+                f"unknown op kind {kind!r} (expected 'compute', 'free', 'offload' or 'reload')"
+            )
 
     def compute(self, node: Hashable, step: Step) -> None:
         """Compute DAG node `node`: run its fx nodes in order, report graph results, and drop
         each value only the group itself reads after its last use (the group's temporaries)."""
         env = step.env
+        if step.copies.arriving:
+            for u in self.reads[node]:
+                self.copier().ready(step.copies, u)
         for slot in self.members[node]:
             env[slot] = self.run_node(slot, step)
             if slot in self.result_positions:
@@ -117,9 +153,32 @@ class ScheduleInterpreter:
 
     def free(self, node: Hashable, step: Step) -> None:
         """Free DAG node `node`: drop the values of its fx nodes."""
+        if step.copies.arriving or step.copies.offloading:
+            self.copier().settle(step.copies, node)
         env = step.env
         for slot in self.members[node]:
             env[slot] = None
+
+    def offload(self, node: Hashable, step: Step) -> None:
+        """Copy DAG node `node`'s live values to the host pool (they stay live until freed)."""
+        env = step.env
+        values = {s: env[s] for s in self.members[node] if env[s] is not None}
+        self.copier().offload(step.copies, node, values, step.static)
+
+    def reload(self, node: Hashable, step: Step) -> None:
+        """Copy DAG node `node`'s values back from the host pool into their slots."""
+        env = step.env
+        for slot, value in self.copier().reload(step.copies, node).items():
+            env[slot] = value
+
+    def copier(self) -> Transfers:
+        """The `Transfers` that run offload and reload ops; ExecutorError where there is none."""
+        if self.transfers is None:
+            raise ExecutorError(
+                "the schedule offloads or reloads, but this interpreter has no transfers to run "
+                "the copies: give ScheduleInterpreter(..., transfers=Transfers(device, reloads))"
+            )
+        return self.transfers
 
     def run_node(self, slot: int, step: Step) -> object:
         """Run one fx node on the live values; random nodes replay eager's generator state."""
@@ -155,9 +214,12 @@ class ScheduleInterpreter:
         return Step(env, RngReplay(self.random_slots, self._rng_devices, self._rng_dry_runs))
 
     def set_placeholders(self, step: Step, names: Sequence[str], values: Sequence[object]) -> None:
-        """Bind placeholder values (by fx name)."""
+        """Bind placeholder values (by fx name); with transfers, their storages are the step's
+        static ones (never copied)."""
         for name, value in zip(names, values, strict=True):
             step.env[self.slot[name]] = value
+        if self.transfers is not None:
+            step.static |= static_storages(values)
 
     def _check_ownership(self) -> None:
         owner: dict[int, Hashable] = {}

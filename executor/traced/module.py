@@ -23,6 +23,7 @@ buffer taken at the start of the step, so every recompute sees what the first co
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -38,16 +39,19 @@ from executor.errors import (
     UnusedOutputGradientError,
 )
 from executor.traced.checks import check_call
-from executor.traced.codegen import compile_ops
+from executor.traced.codegen import SliceState, compile_ops
 from executor.traced.estimated import EstimateCheck, FirstStepPeak, match_estimated
 from executor.traced.interpreter import ScheduleInterpreter, Step
+from executor.traced.offload import HostPool, Transfers
 from graph_capture.captured import CapturedGraph
 from graph_capture.measurement.device import no_autocast
 from solver.core.budget import PERCENT, Budget
+from solver.core.link import Link
 from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
 from solver.errors import ScheduleMismatchError, SolverTimeoutError
 from solver.interrupt import call_deadline
+from solver.target.devices import named_link
 
 __all__ = ["Rematerialized", "load_schedule", "rematerialize", "split_ops"]
 
@@ -107,8 +111,12 @@ class _Program:
         # updates, load_state_dict and .to() keep the objects)
         self.params = [model.get_parameter(n) for n in captured.param_names]
         self.buffers = {n: model.get_buffer(n) for n in captured.buffer_names}
+        reloads = Counter(v for kind, v in schedule.ops if kind == "reload")
+        self.transfers = (
+            None if schedule.link is None else Transfers(self.params[0].device, reloads)
+        )
         self.interpreter = ScheduleInterpreter(
-            captured.joint, captured.members, captured.random_nodes
+            captured.joint, captured.members, captured.random_nodes, self.transfers
         )
         split = split_ops(captured, schedule.ops)
         self.forward_ops = list(schedule.ops[:split])
@@ -123,13 +131,11 @@ class _Program:
                 + captured.buffer_placeholders
                 + captured.input_placeholders
             ]
-            reported: set[int] = set()
-            self.run_forward, live = compile_ops(
-                self.interpreter, self.forward_ops, primals, reported
-            )
+            state = SliceState()
+            self.run_forward, live = compile_ops(self.interpreter, self.forward_ops, primals, state)
             tangents = [slots[n] for n in captured.tangent_placeholders]
             self.run_backward, _ = compile_ops(
-                self.interpreter, self.backward_ops, live | set(tangents), reported
+                self.interpreter, self.backward_ops, live | set(tangents), state
             )
         output = next(n for n in captured.joint.graph.nodes if n.op == "output").args[0]
         self.placeholder_results = [
@@ -175,6 +181,8 @@ class _Program:
         self.interpreter.set_placeholders(step, self.captured.tangent_placeholders, tangents)
         self._record_placeholder_results(step)
         self.run_backward(step)
+        if self.transfers is not None:
+            self.transfers.finish(step.copies)
         results = step.results
         step.env.clear()
         return results
@@ -300,7 +308,7 @@ class Rematerialized(nn.Module):
         if _estimated_for_another(schedule, captured):
             schedule = match_estimated(schedule, captured.dag, "given")
         schedule.check_graph(captured.dag)
-        simulate(captured.dag, schedule.ops).raise_if_invalid()
+        simulate(captured.dag, schedule.ops, schedule.link).raise_if_invalid()
         self.model = model
         self.captured = captured
         self.schedule = schedule
@@ -357,6 +365,15 @@ class Rematerialized(nn.Module):
         ``.grad`` allocated before the step (docs/executor.md, "The byte budget")."""
         return self.schedule.peak
 
+    @property
+    def host_pool(self) -> HostPool | None:
+        """The host memory the schedule's offloaded copies occupy (`HostPool`: bytes held now
+        and at peak, over every step so far, `reset_peak` to start again); None for a schedule
+        without a link. A step's host peak is the schedule's predicted one
+        (``schedule.extra["host_peak"]``, `solver.simulate`'s ``host_peak``)."""
+        transfers = self._program.transfers
+        return None if transfers is None else transfers.pool
+
     def forward(self, *inputs: torch.Tensor, **kwargs: torch.Tensor) -> object:
         if not self.training:
             return self.model(*inputs, **kwargs)
@@ -404,6 +421,7 @@ def rematerialize(
     example_kwargs: Mapping[str, torch.Tensor] | None = None,
     time_limit: float = 60.0,
     capture_options: Mapping[str, object] | None = None,
+    offload: Link | str | None = None,
     **solve_options: object,
 ) -> Rematerialized:
     """Capture `model`, solve for `budget` and wrap: the one call for the common case.
@@ -417,7 +435,12 @@ def rematerialize(
     `time_limit`: seconds for the whole call, capture and solve: the solve gets what the
     capture leaves (`solver.solve`'s bound); `RematerializeError` where it is not a positive
     number of seconds. `capture_options` go to `graph_capture.capture` (``granularity``,
-    ``cost_model``, ...), `solve_options` to `solver.solve` (``workers``, ...). Ctrl-C (from
+    ``cost_model``, ...), `solve_options` to `solver.solve` (``workers``, ...). `offload`: a
+    host link (`solver.Link`, bytes per second each way on a captured graph, whose costs are
+    seconds), or the name of one (``"pcie5"``, `solver.target.devices.HOST_LINKS`) or of a
+    built-in target (``"h100"``, its link): values may also be offloaded to host memory and
+    reloaded (docs/offload.md), the step runs the copies (`Rematerialized.host_pool`); a
+    budget in bytes or percent. Ctrl-C (from
     the main thread, where SIGINT has Python's default handler): the first ends the call as
     the time limit does (the capture runs to its end, then the solve returns the best
     schedule it has), a second raises KeyboardInterrupt.
@@ -426,6 +449,7 @@ def rematerialize(
     from graph_capture import capture
 
     wanted = Budget.of(budget)  # an unreadable budget fails before the capture
+    link = _link(offload)
     options = {"plain_peak": wanted.kind == PERCENT, **(capture_options or {})}
     with call_deadline(time_limit, RematerializeError) as deadline:
         captured = capture(model, example_inputs, example_kwargs, **options)
@@ -436,6 +460,23 @@ def rematerialize(
                 "time_limit to leave the solve some"
             )
         schedule = solver.solve(
-            captured.dag, wanted, time_limit=time_limit, deadline=deadline, **solve_options
+            captured.dag,
+            wanted,
+            time_limit=time_limit,
+            deadline=deadline,
+            offload=link,
+            **solve_options,
         )
     return Rematerialized(model, captured, schedule)
+
+
+def _link(offload: Link | str | None) -> Link | None:
+    """The host link `rematerialize`'s ``offload`` names; RematerializeError for what is none."""
+    if offload is None or isinstance(offload, Link):
+        return offload
+    if isinstance(offload, str):
+        return named_link(offload)
+    raise RematerializeError(
+        f"offload must be a solver.Link, the name of a host link or target ('pcie5', 'h100'), "
+        f"or None, not {offload!r}"
+    )

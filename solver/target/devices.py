@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from solver.core.link import Link
+from solver.core.link import Link, LinkError
 from solver.errors import RematError
 
 FORMAT = "remat-device/2"
@@ -289,6 +289,22 @@ def builtin_device(name: str) -> Device:
         f"unknown target {name!r}: use one of {', '.join(TARGET_NAMES)}, "
         "or a device file written by `remat calibrate`"
     )
+
+
+def named_link(name: str) -> Link:
+    """The host link called ``name`` (case-insensitive): one of `HOST_LINKS`, or a built-in
+    target's (`builtin_device(name).host_link`). `UnknownTargetError` where it names neither,
+    `solver.core.link.LinkError` for a target without a host link."""
+    key = name.strip().lower()
+    if key in HOST_LINKS:
+        return HOST_LINKS[key]
+    try:
+        link = builtin_device(key).host_link
+    except UnknownTargetError as error:
+        raise UnknownTargetError(f"{error}; or a host link: {', '.join(HOST_LINKS)}") from None
+    if link is None:
+        raise LinkError(f"target {name!r} has no host link; give the link's bandwidths")
+    return link
 
 
 def load_device(path: str | os.PathLike) -> Device:

@@ -1,0 +1,256 @@
+"""Run a schedule's offload and reload ops (docs/offload.md): copies of values to host memory.
+
+`("offload", v)` copies the live values of DAG node v's fx nodes to the host; the device values
+are dropped at the schedule's ``("free", v)`` as usual. `("reload", v)` copies them back into
+new device memory. The copies are exact: each distinct storage the values use is copied byte
+for byte, and every value is rebuilt on the copy with its own dtype, shape, strides and storage
+offset, so views, aliases within the node, non-contiguous tensors and every dtype come back
+bit-identical. A storage that a placeholder (parameter, buffer, input, tangent) owns is not
+copied: it stays on the device for the whole step anyway, and the value keeps viewing it.
+
+Where the copies go, `HostPool`:
+
+- CUDA: pinned host buffers; each copy runs on its direction's stream (one per direction, so
+  copies of a direction run in issue order, as the `Link`'s one engine per direction), after
+  the compute stream's work issued before it, and records an event. The compute stream waits
+  for the offload's event before the source is freed (the source lives until its copy ends),
+  and for the reload's event before the reloaded value is first read or freed.
+- CPU: host buffers that numpy allocates, outside torch's c10 CPU allocator: the copies are
+  synchronous, and the profiler's allocation events (`executor.memory.measure_peak`) see the
+  device side alone (values, reload destinations, workspaces), while the pool counts the
+  host side. Both are the same physical memory here; the split is the one a GPU has.
+
+The mechanism is one code path: only where a host buffer comes from and whether a copy runs on
+a side stream with an event differ by device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy
+import torch
+import torch.utils._pytree as pytree
+
+from executor.errors import UnsupportedScheduleError
+
+__all__ = ["HostCopy", "HostPool", "StepCopies", "Transfers", "static_storages"]
+
+
+@dataclass
+class HostPool:
+    """The host memory offloaded copies occupy, in bytes.
+
+    `held_bytes`: bytes of host copies held now; `peak_bytes`: the most held at once since the
+    pool was made or `reset_peak`. A copy is held from its offload op through its value's last
+    reload op in the step (through the offload op where never reloaded), the span
+    `solver.simulate` charges to the host; so a step's `peak_bytes` is the schedule's predicted
+    host peak (``Simulation.host_peak``), counted here from the real buffers' sizes.
+    """
+
+    pinned: bool = False
+    held_bytes: int = 0
+    peak_bytes: int = 0
+
+    def allocate(self, nbytes: int) -> torch.Tensor:
+        """A host buffer of `nbytes` bytes (uint8), counted as held: pinned memory where
+        `pinned` (CUDA), else numpy's memory (outside torch's CPU allocator)."""
+        if self.pinned:
+            buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        else:
+            buffer = torch.from_numpy(numpy.empty(nbytes, dtype=numpy.uint8))
+        self.held_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+        return buffer
+
+    def release(self, nbytes: int) -> None:
+        """`nbytes` of host copies are no longer held (their buffers are dropped by the caller)."""
+        self.held_bytes -= nbytes
+
+    def reset_peak(self) -> None:
+        """Start a new peak from the bytes held now."""
+        self.peak_bytes = self.held_bytes
+
+
+@dataclass
+class HostCopy:
+    """The host copy of one DAG node's values in one step.
+
+    `buffers`: one host buffer per distinct storage copied. `treespec`, `leaves`: the values as
+    a pytree; a leaf is ``("copied", buffer index, dtype, shape, stride, storage offset)``,
+    ``("kept", tensor)`` (a view of a placeholder's storage) or ``("constant", object)``.
+    `offloaded`: the CUDA event of its device-to-host copy (None on CPU, where it has ended).
+    """
+
+    buffers: list[torch.Tensor]
+    treespec: pytree.TreeSpec
+    leaves: list[tuple]
+    offloaded: torch.cuda.Event | None
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes the copy holds."""
+        return sum(b.numel() for b in self.buffers)
+
+
+@dataclass
+class StepCopies:
+    """One step's copies: host copies and reloads done so far, by DAG node; on CUDA, the events
+    the compute stream has yet to wait for: a node's offload (before its source is freed) and
+    the reload that made its device values (before they are read or freed)."""
+
+    host: dict[Hashable, HostCopy] = field(default_factory=dict)
+    reloads: dict[Hashable, int] = field(default_factory=dict)
+    offloading: dict[Hashable, torch.cuda.Event] = field(default_factory=dict)
+    arriving: dict[Hashable, torch.cuda.Event] = field(default_factory=dict)
+
+
+class Transfers:
+    """The offload and reload ops of one schedule's steps on `device`, their host copies in
+    `pool` (a new one by default).
+
+    `reloads`: how many reload ops the schedule has of each DAG node: a host copy is released
+    at its node's last reload of the step (at the offload where the node has none).
+    """
+
+    def __init__(
+        self, device: torch.device, reloads: Mapping[Hashable, int], pool: HostPool | None = None
+    ) -> None:
+        if device.type not in ("cpu", "cuda"):
+            raise UnsupportedScheduleError(
+                f"the schedule offloads values to the host, and this executor copies them from "
+                f"CPU or CUDA devices only, not {device.type}: solve without offload (no link)"
+            )
+        self.device = device
+        self.reloads = dict(reloads)
+        cuda = device.type == "cuda"
+        self.pool = HostPool(pinned=cuda) if pool is None else pool
+        self._d2h = torch.cuda.Stream(device) if cuda else None
+        self._h2d = torch.cuda.Stream(device) if cuda else None
+
+    def offload(
+        self, copies: StepCopies, node: Hashable, values: Mapping[int, object], static: set[int]
+    ) -> None:
+        """Copy `values` (node's live fx values by slot) to new host buffers. `static`: data
+        pointers of the placeholders' storages, which are not copied."""
+        leaves, treespec = pytree.tree_flatten(dict(values))
+        index: dict[int, int] = {}
+        sources: list[torch.Tensor] = []
+        layout: list[tuple] = []
+        for leaf in leaves:
+            if not isinstance(leaf, torch.Tensor):
+                layout.append(("constant", leaf))
+                continue
+            storage = leaf.untyped_storage()
+            key = storage.data_ptr()
+            if key in static:
+                layout.append(("kept", leaf))
+                continue
+            if key not in index:
+                index[key] = len(sources)
+                sources.append(_bytes_of(storage, leaf.device))
+            layout.append(
+                ("copied", index[key], leaf.dtype, leaf.shape, leaf.stride(), leaf.storage_offset())
+            )
+        buffers = [self.pool.allocate(s.numel()) for s in sources]
+        with self._on(self._d2h) as stream:
+            for buffer, source in zip(buffers, sources, strict=True):
+                buffer.copy_(source, non_blocking=stream is not None)
+            event = _record(stream)
+        copy = HostCopy(buffers, treespec, layout, event)
+        if event is not None:
+            copies.offloading[node] = event
+        if self.reloads.get(node, 0):
+            copies.host[node] = copy
+        else:
+            self.pool.release(copy.nbytes)
+
+    def reload(self, copies: StepCopies, node: Hashable) -> dict[int, object]:
+        """Copy node's values back into new device memory and return them by slot, as they
+        were offloaded."""
+        done = copies.reloads.get(node, 0) + 1
+        copies.reloads[node] = done
+        last = done == self.reloads[node]
+        copy = copies.host.pop(node) if last else copies.host[node]
+        targets = [
+            torch.empty(b.numel(), dtype=torch.uint8, device=self.device) for b in copy.buffers
+        ]
+        with self._on(self._h2d, copy.offloaded) as stream:
+            for target, buffer in zip(targets, copy.buffers, strict=True):
+                target.copy_(buffer, non_blocking=stream is not None)
+            event = _record(stream)
+        if event is not None:
+            copies.arriving[node] = event
+        if last:
+            self.pool.release(copy.nbytes)
+        leaves = [_rebuild(leaf, targets, self.device) for leaf in copy.leaves]
+        return pytree.tree_unflatten(leaves, copy.treespec)
+
+    def ready(self, copies: StepCopies, node: Hashable) -> None:
+        """Make the compute stream wait for the reload that made node's device values, before
+        they are read. On CPU, where a copy ends before the op that issued it returns, there is
+        nothing to wait for."""
+        event = copies.arriving.pop(node, None)
+        if event is not None:
+            event.wait(torch.cuda.current_stream(self.device))
+
+    def settle(self, copies: StepCopies, node: Hashable) -> None:
+        """Make the compute stream wait for every copy node's device values take part in (its
+        offload: the source lives until its copy ends; the reload that made them), before they
+        are freed."""
+        self.ready(copies, node)
+        event = copies.offloading.pop(node, None)
+        if event is not None:
+            event.wait(torch.cuda.current_stream(self.device))
+
+    def finish(self, copies: StepCopies) -> None:
+        """The step ends when both copy engines are done: make the compute stream wait for
+        every copy not yet waited for (a reloaded value live to the step's end is dropped
+        there, not freed by an op)."""
+        for node in [*copies.arriving, *copies.offloading]:
+            self.settle(copies, node)
+
+    @contextlib.contextmanager
+    def _on(
+        self, stream: torch.cuda.Stream | None, after: torch.cuda.Event | None = None
+    ) -> Iterator[torch.cuda.Stream | None]:
+        """Run the copies issued inside on `stream` (None: the CPU, synchronously), after the
+        compute stream's work issued so far and after `after`."""
+        if stream is None:
+            yield None
+            return
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        if after is not None:
+            stream.wait_event(after)
+        with torch.cuda.stream(stream):
+            yield stream
+
+
+def static_storages(values: Sequence[object]) -> set[int]:
+    """Data pointers of the storages of the tensors in `values` (placeholders: not copied)."""
+    return {v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor)}
+
+
+def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
+    """A uint8 tensor over the whole of `storage`."""
+    whole = torch.empty(0, dtype=torch.uint8, device=device)
+    return whole.set_(storage, 0, (storage.nbytes(),), (1,))
+
+
+def _record(stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+    if stream is None:
+        return None
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
+
+
+def _rebuild(leaf: tuple, targets: list[torch.Tensor], device: torch.device) -> object:
+    kind = leaf[0]
+    if kind != "copied":
+        return leaf[1]
+    _, index, dtype, shape, stride, offset = leaf
+    storage = targets[index].untyped_storage()
+    return torch.empty(0, dtype=dtype, device=device).set_(storage, offset, shape, stride)
