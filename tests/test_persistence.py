@@ -14,6 +14,7 @@ from torch import nn
 import executor
 import solver
 from executor.errors import CompileError
+from solver.core.schedule import make_schedule
 from solver.errors import ScheduleMismatchError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -97,9 +98,14 @@ def test_a_compiled_file_of_another_model_or_graph_is_refused(compiled, tmp_path
 def test_a_compiled_file_whose_schedule_offloads_is_refused(compiled, tmp_path):
     model, x, cm = compiled
     region = cm.remat.regions[0]
-    link = solver.Link(1e15, 1e15)
-    offloading = solver.solve(region.dag, int(0.9 * region.schedule.peak), offload=link)
-    assert any(kind == "offload" for kind, _ in offloading.ops)
+    problem = solver.prepare(region.dag)
+    index = {v: i for i, v in enumerate(problem.ids)}
+    ops = [(kind, index[v]) for kind, v in region.schedule.ops]
+    first = next(i for i, (kind, _) in enumerate(ops) if kind == "compute")
+    ops.insert(first + 1, ("offload", ops[first][1]))  # a copy never reloaded
+    offloading = make_schedule(
+        region.dag, problem, ops, method="by hand", link=solver.Link(1e15, 1e15)
+    )
     path = tmp_path / "cm.json"
     cm.save(path)
     saved = json.loads(path.read_text())
