@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from solver.sac.memory import SacPlan, plan_cost, plan_peak
+from solver.core.link import Link
+from solver.sac.memory import SacPlan, plan_cost, plan_host, plan_peak
 from solver.sac.problem import SacBlock, SacProblem, Segment
 
 
@@ -117,6 +118,7 @@ def flatten(union: SacUnion, plan: UnionPlan) -> tuple[SacProblem, SacPlan]:
     blocks: list[SacBlock] = []
     checkpointed: list[bool] = []
     saved: list[frozenset[int]] = []
+    offloaded: list[frozenset[int]] = []
     first: list[int] = []  # flat index of each block's first region
     segments: list[Segment] = []
     for j, (block, split, sub) in enumerate(
@@ -127,15 +129,18 @@ def flatten(union: SacUnion, plan: UnionPlan) -> tuple[SacProblem, SacPlan]:
             blocks.append(block)
             checkpointed.append(plan.blocks.checkpointed[j])
             saved.append(plan.blocks.saved[j])
+            offloaded.append(plan.blocks.offloads()[j])
             continue
         segments += [Segment(s.peak, len(blocks) + s.held) for s in split.segments]
         blocks += split.children
         checkpointed += sub.checkpointed
         saved += sub.saved
+        offloaded += sub.offloads()
     first.append(len(blocks))
     segments += [Segment(s.peak, first[s.held]) for s in union.blocks.segments]
     problem = SacProblem(tuple(blocks), tuple(segments), union.plain_peak)
-    return problem, SacPlan(tuple(checkpointed), tuple(saved))
+    offloads = tuple(offloaded) if any(offloaded) else None
+    return problem, SacPlan(tuple(checkpointed), tuple(saved), offloads)
 
 
 def union_peak(union: SacUnion, plan: UnionPlan) -> int:
@@ -143,6 +148,13 @@ def union_peak(union: SacUnion, plan: UnionPlan) -> int:
     return plan_peak(*flatten(union, plan))
 
 
-def union_cost(union: SacUnion, plan: UnionPlan) -> float:
-    """Modelled seconds the union plan adds to the step (`solver.sac.memory.plan_cost`)."""
-    return plan_cost(*flatten(union, plan))
+def union_cost(union: SacUnion, plan: UnionPlan, link: Link | None = None) -> float:
+    """Modelled seconds the union plan adds to the step (`solver.sac.memory.plan_cost`), its
+    copies' stall over `link` included."""
+    return plan_cost(*flatten(union, plan), link)
+
+
+def union_host(union: SacUnion, plan: UnionPlan) -> int:
+    """Host bytes the union plan's offloaded storages hold at their most
+    (`solver.sac.memory.plan_host`)."""
+    return plan_host(*flatten(union, plan))
