@@ -30,7 +30,7 @@ from solver.exact import solve
 from solver.exact.offload import solve_with_offload
 from solver.heuristics.registry import HEURISTICS, members
 from solver.interrupt import first_sigint_stops
-from solver.target.devices import BUILT_IN, HOST_LINKS, builtin_device
+from solver.target.devices import BUILT_IN, HOST_LINKS, host_link
 
 TABLE_SHARE = 0.2
 OFFLOAD_SHARE = 0.5
@@ -98,13 +98,11 @@ def parse_link(text: str) -> Link:
     """The link `--offload` names: a name of `HOST_LINKS`, a built-in target (its host link),
     or D2H,H2D[,HOST] (GB/s, and host bytes as a budget spells them)."""
     key = text.strip().lower()
-    if key in HOST_LINKS:
-        return HOST_LINKS[key]
     if "," not in key:
-        link = builtin_device(key).host_link
-        if link is None:
-            raise LinkError(f"target {text!r} has no host link; give --offload D2H,H2D in GB/s")
-        return link
+        try:
+            return host_link(key)
+        except LinkError as e:
+            raise LinkError(f"{e} (--offload D2H,H2D in GB/s)") from e
     parts = [part.strip() for part in key.split(",")]
     if len(parts) not in (2, 3):
         raise LinkError(f"--offload {text!r}: expected D2H,H2D[,HOST] (GB/s, host bytes)")

@@ -112,19 +112,28 @@ def assert_same_adamw_steps(runs: list[nn.Module], loss, steps: int = 3) -> None
 
 
 def replanned(
-    plan: executor.CheckpointPlan, saved: tuple[frozenset[int], ...]
+    plan: executor.CheckpointPlan,
+    saved: tuple[frozenset[int], ...],
+    offloaded: tuple[frozenset[int], ...] | None = None,
 ) -> tuple[executor.CheckpointPlan, int]:
-    """The plan's regions with `saved` as their MUST_SAVE ops (per region in `plan.regions`
-    order), and that plan's predicted peak (bytes) from the reference model."""
-    flat = iter(zip(plan.checkpointed, saved, strict=True))
+    """The plan's regions with `saved` as their MUST_SAVE ops and `offloaded` as those of them
+    offloaded (per region in `plan.regions` order; None: none), and that plan's predicted peak
+    (bytes) from the reference model."""
+    offloads = offloaded or tuple(frozenset() for _ in saved)
+    flat = iter(zip(plan.checkpointed, saved, offloads, strict=True))
     blocks, children = [], []
     for split in plan.problem.splits:
         blocks.append(next(flat))
         kids = [] if split is None else [next(flat) for _ in split.children]
-        children.append(None if split is None else SacPlan(*map(tuple, zip(*kids, strict=True))))
-    union_plan = UnionPlan(SacPlan(*map(tuple, zip(*blocks, strict=True))), tuple(children))
-    changed = dataclasses.replace(plan, saved=saved)
+        children.append(None if split is None else _sac_plan(kids))
+    union_plan = UnionPlan(_sac_plan(blocks), tuple(children))
+    changed = dataclasses.replace(plan, saved=saved, offloaded=offloaded)
     return changed, union_peak(plan.problem, union_plan)
+
+
+def _sac_plan(regions: list[tuple[bool, frozenset[int], frozenset[int]]]) -> SacPlan:
+    checkpointed, saved, offloaded = (tuple(x) for x in zip(*regions, strict=True))
+    return SacPlan(checkpointed, saved, offloaded if any(offloaded) else None)
 
 
 def every_saveable(plan: executor.CheckpointPlan) -> tuple[frozenset[int], ...]:

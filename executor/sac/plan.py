@@ -10,7 +10,8 @@
 3. `record_union`: measured windows, op streams, checkpoint price and SAC overhead of both
    (executor/sac/record.py);
 4. `solve_sac`: the least recompute seconds plus price and overhead under the budget over every
-   granularity (solver/sac/solve.py, solver/sac/union.py).
+   granularity (solver/sac/solve.py, solver/sac/union.py); with `offload=` a host link, each
+   saved op may wait on the host instead (NOTE [ SAC offload model ], executor/sac/offload.py).
 docs/sac.md gives the memory model and its measured accuracy.
 
 NOTE [ SAC plans under compile ]: while torch.compile traces a block (dynamo's fake-tensor runs,
@@ -44,15 +45,20 @@ from executor.sac.sharded import solve_sharded
 from executor.sac.step import RecordingTime, Snapshot, in_call_order, leaf_tensors
 from graph_capture.inputs import positional_inputs
 from solver.core.budget import USABLE, Budget, plain_step
+from solver.core.link import Link
 from solver.errors import ScheduleMismatchError
 from solver.interrupt import call_deadline
 from solver.sac.solve import solve_sac
 from solver.sac.union import SacUnion, UnionPlan
 from solver.target import Device, FsdpPolicy
+from solver.target.devices import host_link
 
 __all__ = ["REGIONS", "CheckpointPlan", "checkpoint_plan"]
 
-FORMAT = "remat-sac-plan/5"
+FORMAT = "remat-sac-plan/6"
+READS = ("remat-sac-plan/5", FORMAT)
+"""The plan formats `CheckpointPlan.load` reads: 6 adds the offload choices and the link; a
+format 5 file offloads nothing."""
 
 
 def model_signature(model: nn.Module) -> str:
@@ -106,7 +112,11 @@ class CheckpointPlan:
     None where bytes and seconds were measured here; in estimate mode the target device's
     name, and `plain_peak` and every second are predicted for it (executor/sac/estimate.py).
     `world_size` > 1: sharded by FSDP2, and `peak`, `budget`, `plain_peak` are bytes per rank
-    on the device (resident included: docs/sac.md, "Under FSDP2")."""
+    on the device (resident included: docs/sac.md, "Under FSDP2"). `link`: the host link the
+    plan was solved with (None: it offloads nothing); `offloaded`: per region, the saved op
+    positions whose outputs wait on the host between the forward and the recompute (None:
+    none); `host`: the bytes those host copies hold at their most (predicted); `cost` then
+    includes the copies' stall, predicted from the link (docs/sac.md, "Offload")."""
 
     model_signature: str
     regions: tuple[str, ...]
@@ -124,6 +134,13 @@ class CheckpointPlan:
     problem: SacUnion
     target: str | None = None
     world_size: int = 1
+    link: Link | None = None
+    offloaded: tuple[frozenset[int], ...] | None = None
+    host: int = 0
+
+    def offloads(self) -> tuple[frozenset[int], ...]:
+        """Per region, the offloaded op positions (empty where the plan offloads nothing)."""
+        return self.offloaded or (frozenset(),) * len(self.regions)
 
     @property
     def plain_step(self) -> str:
@@ -142,6 +159,9 @@ class CheckpointPlan:
         basis = "measured" if self.target is None else f"predicted for {self.target}"
         if self.world_size > 1:
             basis += f", per rank of {self.world_size}"
+        if self.link is not None:
+            ops = sum(len(o) for o in self.offloads())
+            basis += f", {ops} ops offloaded, host {self.host:,} B"
         return (
             f"CheckpointPlan({self.status}, {len(checkpointed)} of {len(self.regions)} regions "
             f"checkpointed ({saving} saving ops), peak {self.peak:,} B of budget "
@@ -179,7 +199,7 @@ class CheckpointPlan:
             module = modules[name]
             if hasattr(module, "remat_sac_policy"):
                 raise PlanError(f"block {name} already runs under a SAC plan: apply it once")
-            module.remat_sac_policy = Policy(name, self.ops[j], self.saved[j])
+            module.remat_sac_policy = Policy(name, self.ops[j], self.saved[j], self.offloads()[j])
             module.remat_sac_buffers = regions[j].buffers
             module.forward = types.MethodType(_checkpointed_forward, module)
         return model
@@ -190,16 +210,26 @@ class CheckpointPlan:
             "format": FORMAT,
             "model_signature": self.model_signature,
             "regions": [
-                {"name": n, "type": t, "checkpointed": c, "saved": sorted(s), "ops": list(o)}
-                for n, t, c, s, o in zip(
+                {
+                    "name": n,
+                    "type": t,
+                    "checkpointed": c,
+                    "saved": sorted(s),
+                    "offloaded": sorted(f),
+                    "ops": list(o),
+                }
+                for n, t, c, s, f, o in zip(
                     self.regions,
                     self.region_types,
                     self.checkpointed,
                     self.saved,
+                    self.offloads(),
                     self.ops,
                     strict=True,
                 )
             ],
+            "link": None if self.link is None else self.link.to_json(),
+            "host": self.host,
             **{k: getattr(self, k) for k in ("status", "peak", "cost", "bound", "gap")},
             **{k: getattr(self, k) for k in ("budget", "plain_peak", "target", "world_size")},
             "problem": self.problem.to_json(),
@@ -208,23 +238,26 @@ class CheckpointPlan:
 
     @classmethod
     def load(cls, path: str | Path, model: nn.Module) -> CheckpointPlan:
-        """Read a plan written by `save`, checked against `model` (ScheduleMismatchError for a
-        plan of another model or other blocks, ValueError for a file that is not a plan)."""
+        """Read a plan written by `save` (format 6, or 5: offloading nothing), checked against
+        `model` (ScheduleMismatchError for a plan of another model or other blocks, ValueError
+        for a file that is not a plan)."""
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise PlanError(f"{path} is not a SAC plan file ({e}): write one with plan.save") from e
         found = data.get("format") if isinstance(data, dict) else None
-        if isinstance(found, str) and found.startswith("remat-sac-plan/") and found != FORMAT:
+        if isinstance(found, str) and found.startswith("remat-sac-plan/") and found not in READS:
             raise PlanError(
                 f"{path} is a SAC plan of format {found!r}, not {FORMAT!r} (its problem lacks "
                 "what this version records, or names it otherwise): solve it again with "
                 "checkpoint_plan"
             )
         try:
-            if found != FORMAT:
+            if found not in READS:
                 raise PlanError(f"format {data.get('format')!r}, not {FORMAT!r}")
             regions = data["regions"]
+            link = data.get("link")
+            offloaded = tuple(frozenset(r.get("offloaded", ())) for r in regions)
             plan = cls(
                 model_signature=data["model_signature"],
                 regions=tuple(r["name"] for r in regions),
@@ -237,7 +270,12 @@ class CheckpointPlan:
                 problem=SacUnion.from_json(data["problem"]),
                 target=data.get("target"),
                 world_size=int(data.get("world_size", 1)),
+                link=None if link is None else Link.from_json(link),
+                offloaded=offloaded if any(offloaded) else None,
+                host=int(data.get("host", 0)),
             )
+            if plan.offloaded is not None and plan.link is None:
+                raise PlanError("it offloads ops but has no link")
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise PlanError(f"{path} is not a SAC plan file ({e}): write one with plan.save") from e
         plan.check_model(model)
@@ -304,6 +342,7 @@ def checkpoint_plan(
     target: str | Device | None = None,
     world_size: int = 1,
     fsdp: FsdpPolicy | None = None,
+    offload: Link | str | None = None,
 ) -> CheckpointPlan:
     """The SAC plan of least cost (recompute seconds plus checkpoint's price per region plus SAC
     overhead) for one training step of `model` on the example inputs
@@ -331,7 +370,12 @@ def checkpoint_plan(
     device memory per rank (a percentage: of the per-rank peak without checkpointing; None:
     what the target lets PyTorch allocate, `solver.target.Device.usable`: its capacity less
     the process's memory outside PyTorch, NCCL's included), and `plan.peak`, `plan.budget`,
-    `plan.plain_peak` are per rank (docs/sac.md, "Under FSDP2"). PlanError (one line) for a
+    `plan.plain_peak` are per rank (docs/sac.md, "Under FSDP2"). `offload`: a host link
+    (`solver.Link`: bytes per second each way, `host_memory` bytes), a name of
+    `solver.target.HOST_LINKS` or a built-in target (its host link); the plan may then also
+    offload saved ops to the host until the recompute (NOTE [ SAC offload model ],
+    docs/sac.md "Offload"): the least cost with the copies' stall predicted from the link,
+    the host copies within `host_memory`; None: keep or recompute only. PlanError (one line) for a
     model allocating real memory or with data-dependent shapes in estimate mode;
     `solver.target.UnknownTargetError` for an unknown target. Ctrl-C (from the main thread,
     where SIGINT has Python's default handler): the first ends the call as the time limit
@@ -342,6 +386,12 @@ def checkpoint_plan(
     _check_world_size(world_size)
     world_size = sharded_world_size(world_size, fsdp)
     sharded = world_size > 1 or fsdp is not None
+    link = _link(offload)
+    if link is not None and sharded:
+        raise PlanError(
+            "offload= plans one process's step, not a sharded one: leave offload out with "
+            "world_size > 1 or fsdp"
+        )
     wanted = Budget.of(budget)  # an unreadable budget fails before any recording
     example_inputs = positional_inputs(example_inputs, PlanError)
     kwargs = dict(example_kwargs or {})
@@ -384,14 +434,26 @@ def checkpoint_plan(
             union, kept = record_union(model, named, children, step, clock=clock, measurer=measurer)
         whole = regions != "children"
         if policy is None:
-            solution = solve_sac(union, wanted, deadline, whole=whole)
-            return _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
+            solution = solve_sac(union, wanted, deadline, whole=whole, link=link)
+            plan = _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
+            return plan if link is None else replace(plan, link=link, host=solution.host)
         memory = model_memory(model, [m for _, m in named], policy)
         done = solve_sharded(
             union, memory, wanted, device, deadline, whole, policy.nccl_communicators
         )
         plan = _plan(model, named, kept, union, done.solution, measurer.target, done.plain_peak)
         return replace(plan, world_size=policy.world_size)
+
+
+def _link(offload: Link | str | None) -> Link | None:
+    """The host link `offload=` names (None: none); PlanError for anything else."""
+    if offload is None:
+        return None
+    if not isinstance(offload, Link | str):
+        raise PlanError(
+            f"offload must be a solver.Link, a host link or target name, or None, not {offload!r}"
+        )
+    return host_link(offload)
 
 
 def _kids(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
@@ -417,7 +479,7 @@ def _plan(
     model: nn.Module, named, kept, union: SacUnion, solution, target: str | None, plain: int
 ) -> CheckpointPlan:
     """The plan's regions in order: each block, then its children where it has a split."""
-    names, types_, ops, checkpointed, saved = [], [], [], [], []
+    names, types_, ops, checkpointed, saved, offloaded = [], [], [], [], [], []
     plan: UnionPlan = solution.plan
     for j, (name, module) in enumerate(named):
         block = union.blocks.blocks[j]
@@ -426,17 +488,19 @@ def _plan(
         ops.append(tuple(op.name for op in block.ops))
         checkpointed.append(plan.blocks.checkpointed[j])
         saved.append(plan.blocks.saved[j])
+        offloaded.append(plan.blocks.offloads()[j])
         if kept[j] is None:
             continue
         split, sub = union.splits[j], plan.children[j]
-        for (kid, m), child, c, s in zip(
-            kept[j], split.children, sub.checkpointed, sub.saved, strict=True
+        for (kid, m), child, c, s, o in zip(
+            kept[j], split.children, sub.checkpointed, sub.saved, sub.offloads(), strict=True
         ):
             names.append(kid)
             types_.append(type(m).__name__)
             ops.append(tuple(op.name for op in child.ops))
             checkpointed.append(c)
             saved.append(s)
+            offloaded.append(o)
     return CheckpointPlan(
         model_signature=model_signature(model),
         regions=tuple(names),
@@ -453,4 +517,5 @@ def _plan(
         plain_peak=plain,
         problem=union,
         target=target,
+        offloaded=tuple(offloaded) if any(offloaded) else None,
     )

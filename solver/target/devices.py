@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from solver.core.link import Link
+from solver.core.link import Link, LinkError
 from solver.errors import RematError
 
 FORMAT = "remat-device/2"
@@ -289,6 +289,21 @@ def builtin_device(name: str) -> Device:
         f"unknown target {name!r}: use one of {', '.join(TARGET_NAMES)}, "
         "or a device file written by `remat calibrate`"
     )
+
+
+def host_link(offload: Link | str) -> Link:
+    """The link `offload` names: a `Link` itself, a name of `HOST_LINKS`, or a built-in
+    target's host link (`UnknownTargetError` for another name, `LinkError` for a target
+    without one)."""
+    if isinstance(offload, Link):
+        return offload
+    key = offload.strip().lower()
+    if key in HOST_LINKS:
+        return HOST_LINKS[key]
+    link = builtin_device(key).host_link
+    if link is None:
+        raise LinkError(f"target {offload!r} has no host link: give a solver.Link")
+    return link
 
 
 def load_device(path: str | os.PathLike) -> Device:
