@@ -132,9 +132,10 @@ def _union(plan, saved, offloaded) -> UnionPlan:
 
 @pytest.mark.parametrize("budget", ["min", "60%"])
 def test_the_planner_offloads_where_recompute_costs_more(budget):
-    """The recorded problem with every region's SAC overhead and checkpoint price set to 0 (so
-    a copy over PCIe Gen5, a fraction of a microsecond here, beats rerunning an op whatever the
-    machine's load): its optimum offloads, runs exact and within the budget and prediction."""
+    """The recorded problem with every region's SAC overhead and checkpoint price, and the
+    runtime's price per offloaded op, 0 (so a copy over PCIe Gen5, a fraction of a microsecond
+    here, beats rerunning an op whatever the machine's load): its optimum offloads, runs exact
+    and within the budget and prediction."""
     net, x = transformer(), torch.randn(4, 32, 32)
     plan = executor.checkpoint_plan(net, (x,), budget, time_limit=10, loss_fn=sum_loss)
     problem = plan.problem

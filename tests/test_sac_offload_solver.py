@@ -29,9 +29,11 @@ FAST = Link(1e8, 1e8)  # 10 ns per byte
 
 @st.composite
 def offload_problems(draw) -> SacProblem:
-    """`problems()` with some ops' output bytes dropped (so they can be offloaded) and every
-    op's seconds scaled by a drawn factor (so copies can hide behind compute)."""
+    """`problems()` with some ops' output bytes dropped (so they can be offloaded), every
+    op's seconds scaled by a drawn factor (so copies can hide behind compute) and a drawn
+    runtime price per offloaded op."""
     problem = draw(problems())
+    problem = dataclasses.replace(problem, offload_seconds=draw(st.sampled_from([0, 2e-6])))
     scale = draw(st.sampled_from([1, 10]))
     blocks = []
     for block in problem.blocks:

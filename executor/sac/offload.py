@@ -5,16 +5,16 @@ Torch's SAC keeps a MUST_SAVE op's outputs in its own cache (the forward mode's 
 back by the recompute mode), not among autograd's saved tensors: inside a checkpoint,
 autograd's saves go to checkpoint's own `saved_tensors_hooks`, and a hook set inside the region
 would take them from checkpoint, which would then not recompute them. So an offloaded op is
-MUST_SAVE for SAC, and its cache entry is replaced, right after the op, by a host copy
-(`Offloaded`):
+MUST_SAVE for SAC, and its cache entry is replaced by a host copy (`Offloaded`):
 
-- pack, right after the op (`_Offloading`, a dispatch mode inside SAC's forward mode, finds
-  the entry SAC just wrote): on CUDA a non-blocking copy into pinned host memory on a side
-  stream, on the CPU a separate host tensor (`clone()`, allocated inside the profiler scope
-  `HOST_SCOPE`, so `measure_split` tells its bytes apart);
-- the region's forward, at its end, waits for its copies (`HostCopies.forward_done`): the
-  device source lives until then, as the model says, and a source mutated since its op is
-  refused as SAC refuses a mutated cache entry;
+- pack, right after the op: the policy, which torch 2.13 calls after the op with its output
+  (`ctx.op_output`), copies the output to the host (`HostCopies.pack`): on CUDA a non-blocking
+  copy into pinned host memory on a side stream, on the CPU a separate host tensor (`clone()`,
+  allocated inside the profiler scope `HOST_SCOPE`, so `measure_split` tells its bytes apart);
+- the region's forward, at its end (`HostCopies.forward_done`), waits for its copies, puts
+  each host copy in place of SAC's cache entry (SAC wrote it after the policy returned; the
+  entry held the device source until now, as the model says) and refuses a source mutated
+  since its op, as SAC refuses a mutated cache entry;
 - the recompute, on entry, issues every reload of the call's entries in op order
   (`HostCopies.reload`; on CUDA on the side stream, an event each) and drops the host copies
   once copied; each entry's `get_val`, where the recompute reaches the op, waits for its reload
@@ -41,13 +41,11 @@ class Offloaded(_VersionWrapper):
     """A SAC cache entry held on the host: `host` from the pack until its reload, `val` (the
     reloaded device tensor) from the reload until SAC reads it (`get_val`)."""
 
-    def __init__(self, entry: _VersionWrapper, copies: HostCopies) -> None:
-        self.copies, self.version = copies, entry.version
-        self.source: torch.Tensor | None = entry.val
-        self.device = entry.val.device
+    def __init__(self, host: torch.Tensor, device: torch.device, copies: HostCopies) -> None:
+        self.copies, self.device, self.version = copies, device, None
+        self.host: torch.Tensor | None = host
         self.val: torch.Tensor | None = None
         self.event: torch.cuda.Event | None = None
-        self.host: torch.Tensor | None = copies.to_host(entry.val)
 
     def reload(self) -> None:
         """Copy the host tensor back to the device (on CUDA: issued on the side stream)."""
@@ -72,10 +70,13 @@ class Offloaded(_VersionWrapper):
 
 
 class HostCopies:
-    """The host copies of one checkpoint call's offloaded entries, in op order; on CUDA one
-    side stream carries them (the model's copy engine, one per direction in order)."""
+    """The host copies of one checkpoint call's offloaded ops, in op order; on CUDA one side
+    stream carries them (the model's copy engine, one per direction, in order). `caching`: SAC's
+    forward mode of the call, whose cache entries the copies replace."""
 
     def __init__(self) -> None:
+        self.caching: TorchDispatchMode | None = None
+        self.pending: list[tuple[object, int, object]] = []  # (key, index, host copies)
         self.entries: list[Offloaded] = []
         self.streams: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -84,25 +85,26 @@ class HostCopies:
             self.streams[device] = torch.cuda.Stream(device)
         return self.streams[device]
 
-    def offload(self, entry: object) -> object:
-        """The cache entry leaf with its tensor moved to the host (others as they are)."""
-        if not isinstance(entry, _VersionWrapper) or not isinstance(entry.val, torch.Tensor):
-            return entry
-        offloaded = Offloaded(entry, self)
-        self.entries.append(offloaded)
-        return offloaded
+    def pack(self, func, args: tuple, output: object) -> None:
+        """Copy the output of the op SAC just ran (`func` on `args`) to the host, for the cache
+        entry SAC writes next (its index: the call's count of `func` so far, less one)."""
+        assert self.caching is not None
+        key = _sac_storage_key(func, args)
+        index = self.caching.func_counter[key] - 1
+        hosts = tree_map(lambda t: self.to_host(t) if isinstance(t, torch.Tensor) else t, output)
+        self.pending.append((key, index, hosts))
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host copy of `tensor` (bytes: its storage's), issued now."""
         with _disable_current_modes(), torch.no_grad():
             if tensor.device.type == "cpu":
                 with torch.profiler.record_function(HOST_SCOPE):
-                    return tensor.clone()
+                    return tensor.detach().clone()
             stream = self._stream(tensor.device)
             host = torch.empty_like(tensor, device="cpu", pin_memory=True)
             stream.wait_stream(torch.cuda.current_stream(tensor.device))
             with torch.cuda.stream(stream):
-                host.copy_(tensor, non_blocking=True)
+                host.copy_(tensor.detach(), non_blocking=True)
             return host
 
     def to_device(
@@ -123,16 +125,26 @@ class HostCopies:
 
     def forward_done(self) -> None:
         """The forward's end: wait for the copies, refuse a source mutated since its op, and
-        let the sources go."""
+        put the host copies in place of SAC's cache entries (which held the sources)."""
+        assert self.caching is not None
         for device, stream in self.streams.items():
             torch.cuda.current_stream(device).wait_stream(stream)
-        for entry in self.entries:
-            if entry.source is not None and entry.source._version != entry.version:
-                raise RuntimeError(
-                    "Tensor cached during selective activation checkpoint has been mutated "
-                    "(an offloaded op's output, after its copy to the host)"
-                )
-            entry.source = None
+        for key, index, hosts in self.pending:
+            storage = self.caching.storage[key]
+            storage[index] = tree_map(self._offloaded, storage[index], hosts)
+        self.pending = []
+
+    def _offloaded(self, entry: object, host: object) -> object:
+        if not isinstance(entry, _VersionWrapper) or not isinstance(entry.val, torch.Tensor):
+            return entry
+        if entry.val._version != entry.version:
+            raise RuntimeError(
+                "Tensor cached during selective activation checkpoint has been mutated (an "
+                "offloaded op's output, after its copy to the host)"
+            )
+        offloaded = Offloaded(host, entry.val.device, self)
+        self.entries.append(offloaded)
+        return offloaded
 
     def reload(self) -> None:
         """The recompute's start: issue every reload, in op order."""
@@ -141,41 +153,17 @@ class HostCopies:
                 entry.reload()
 
 
-class _Offloading(TorchDispatchMode):
-    """Inside SAC's forward mode: after each op the policy marked (`marked`), the cache entry
-    SAC just wrote for it is replaced by its host copy."""
-
-    def __init__(self, caching: TorchDispatchMode, marked: list[int], copies: HostCopies):
-        super().__init__()
-        self.caching, self.marked, self.copies = caching, marked, copies
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if self.marked:
-            self.marked.clear()
-            key = _sac_storage_key(func, args)
-            storage = self.caching.storage[key]
-            index = self.caching.func_counter[key] - 1
-            storage[index] = tree_map(self.copies.offload, storage[index])
-        return out
-
-
 class _Forward:
-    """SAC's forward mode with `_Offloading` inside it; at exit, `HostCopies.forward_done`."""
+    """SAC's forward mode; at exit, `HostCopies.forward_done`."""
 
-    def __init__(self, caching: TorchDispatchMode, marked: list[int], copies: HostCopies):
+    def __init__(self, caching: TorchDispatchMode, copies: HostCopies) -> None:
         self.caching, self.copies = caching, copies
-        self.inner = _Offloading(caching, marked, copies)
 
     def __enter__(self) -> None:
         self.caching.__enter__()
-        self.inner.__enter__()
 
     def __exit__(self, *exc) -> bool:
-        try:
-            self.inner.__exit__(*exc)
-        finally:
-            self.caching.__exit__(*exc)
+        self.caching.__exit__(*exc)
         if exc[0] is None:
             self.copies.forward_done()
         return False
@@ -196,12 +184,12 @@ class _Recompute:
 
 
 def offloading_contexts(
-    forward: TorchDispatchMode, recompute: TorchDispatchMode, marked: list[int]
+    forward: TorchDispatchMode, recompute: TorchDispatchMode, copies: HostCopies
 ) -> tuple[_Forward, _Recompute]:
-    """SAC's context pair (`create_selective_checkpoint_contexts`) with the ops the policy
-    appends to `marked` (as it marks them MUST_SAVE) moved to the host and back."""
-    copies = HostCopies()
-    return _Forward(forward, marked, copies), _Recompute(recompute, copies)
+    """SAC's context pair (`create_selective_checkpoint_contexts`) with the outputs the policy
+    packed into `copies` moved to the host and back."""
+    copies.caching = forward
+    return _Forward(forward, copies), _Recompute(recompute, copies)
 
 
 @dataclass(frozen=True)

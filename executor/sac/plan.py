@@ -38,6 +38,7 @@ from executor.fsdp import model_memory, resolve_policy, sharded_world_size
 from executor.loss import default_loss
 from executor.sac.blocks import select_blocks
 from executor.sac.measurer import Measured
+from executor.sac.overhead import measure_offload_seconds
 from executor.sac.policy import Policy
 from executor.sac.record import RECORDING_STEPS, record_union
 from executor.sac.region import cache_off, run_checkpointed
@@ -434,6 +435,9 @@ def checkpoint_plan(
             union, kept = record_union(model, named, children, step, clock=clock, measurer=measurer)
         whole = regions != "children"
         if policy is None:
+            if link is not None:
+                seconds = measure_offload_seconds()
+                union = replace(union, blocks=replace(union.blocks, offload_seconds=seconds))
             solution = solve_sac(union, wanted, deadline, whole=whole, link=link)
             plan = _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
             return plan if link is None else replace(plan, link=link, host=solution.host)

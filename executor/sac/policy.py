@@ -17,7 +17,7 @@ from torch.utils.checkpoint import (
 )
 
 from executor.errors import OpStreamMismatchError, PlanError
-from executor.sac.offload import offloading_contexts
+from executor.sac.offload import HostCopies, offloading_contexts
 
 
 class Policy:
@@ -43,7 +43,7 @@ class Policy:
         # finds values by op and occurrence index, so the counter lives per checkpoint call.
         position = self.position = [0]
         occurrences: dict[str, int] = {}
-        marked: list[int] = []  # the op just run is offloaded (executor/sac/offload.py)
+        copies = HostCopies()  # the offloaded outputs (executor/sac/offload.py)
 
         def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
             if _tracing(op, args, kwargs):
@@ -68,7 +68,7 @@ class Policy:
                     "(code, autocast or dtype changed); solve the plan again"
                 )
             if i in self.offloaded:
-                marked.append(i)
+                copies.pack(op, args, ctx.op_output)
             return (
                 CheckpointPolicy.MUST_SAVE if i in self.saved else CheckpointPolicy.MUST_RECOMPUTE
             )
@@ -76,7 +76,7 @@ class Policy:
         forward, recompute = create_selective_checkpoint_contexts(policy)
         if not self.offloaded or torch.compiler.is_compiling():
             return forward, recompute
-        return offloading_contexts(forward, recompute, marked)
+        return offloading_contexts(forward, recompute, copies)
 
     def check_complete(self) -> None:
         if torch.compiler.is_compiling():

@@ -30,7 +30,8 @@ its `new_bytes`, and the host holds them (`plan_host`: every offloaded byte is o
 once between the last forward and the first backward). The recompute, on entry, issues the
 reloads of every offloaded op of the region in op order on the one host-to-device engine and
 reads each at the op's place: the reloaded storage is on the device through the recompute as a
-kept one is (term 2 unchanged). The copies overlap compute; the clock waits where a copy has
+kept one is (term 2 unchanged). Each offloaded op costs the runtime's `offload_seconds`
+(`SacProblem`). The copies overlap compute; the clock waits where a copy has
 not ended (`plan_stall`): at the forward's end for the last offload, at each reloaded op's place
 in the recompute for its reload. Copy seconds are `Link.offload_time` / `Link.reload_time` of
 the bytes (predicted from the link's bandwidth); compute seconds are the ops' `seconds`.
@@ -223,7 +224,8 @@ def plan_cost(problem: SacProblem, plan: SacPlan, link: Link | None = None) -> f
     """Modelled seconds the plan adds to the step: every op up to `stop` of a checkpointed block
     that is not MUST_SAVE reruns once, a checkpointed block pays its `price`, and one with a
     MUST_SAVE op its `overhead` (the SAC runtime; a block saving nothing runs as plain
-    checkpoint); plus the stall of its copies over `link` (`plan_stall`, predicted)."""
+    checkpoint); plus the stall of its copies over `link` (`plan_stall`, predicted) and the
+    runtime's `offload_seconds` per offloaded op."""
     check_plan(problem, plan)
     recompute = sum(
         op.seconds
@@ -240,4 +242,5 @@ def plan_cost(problem: SacProblem, plan: SacPlan, link: Link | None = None) -> f
     price = sum(
         block.price for block, ckpt in zip(problem.blocks, plan.checkpointed, strict=True) if ckpt
     )
-    return recompute + price + runtime + plan_stall(problem, plan, link)
+    offloads = sum(len(o) for o in plan.offloads()) * problem.offload_seconds
+    return recompute + price + runtime + plan_stall(problem, plan, link) + offloads

@@ -41,7 +41,8 @@ With a host link (NOTE [ SAC offload model ], solver/sac/memory.py) each offload
 a region also has o_i <= s_i (offloaded): d_j gains sum_i o_i b_i (the host holds them), every
 recompute term keeps the offload-free d_j (the reloads are back on the device through the
 recompute), sum o_i b_i <= host_memory over every region, and the cost gains per region the
-stall of its copies, exact for the FIFO engines without big-M terms:
+stall of its copies, exact for the FIFO engines without big-M terms, and the runtime's
+`offload_seconds` per offloaded op:
 
     forward:    w_f >= T_i - T + sum_{k>=i} o_k off_k      (every offloadable i; w_f >= 0)
     recompute:  w_r >= sum_{k<=i} o_k re_k - R_i            (every offloadable i <= stop)
@@ -150,6 +151,7 @@ class _Model:
                     off[i] = self.m.NewBoolVar(f"o{prefix}{j}_{i}")
                     self.m.AddImplication(off[i], choices[i])
                     self.host += op.new_bytes * off[i]
+                    self.runtime += round(self.union.blocks.offload_seconds * NS) * off[i]
             s.append(choices)
             o.append(off)
             ns = round(block.overhead * NS)

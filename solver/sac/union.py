@@ -138,7 +138,12 @@ def flatten(union: SacUnion, plan: UnionPlan) -> tuple[SacProblem, SacPlan]:
         offloaded += sub.offloads()
     first.append(len(blocks))
     segments += [Segment(s.peak, first[s.held]) for s in union.blocks.segments]
-    problem = SacProblem(tuple(blocks), tuple(segments), union.plain_peak)
+    problem = SacProblem(
+        tuple(blocks),
+        tuple(segments),
+        union.plain_peak,
+        offload_seconds=union.blocks.offload_seconds,
+    )
     offloads = tuple(offloaded) if any(offloaded) else None
     return problem, SacPlan(tuple(checkpointed), tuple(saved), offloads)
 
