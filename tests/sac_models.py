@@ -11,7 +11,7 @@ from torch import nn
 
 import executor
 from solver.sac import SacPlan
-from solver.sac.union import UnionPlan, union_peak
+from solver.sac.union import SacUnion, UnionPlan, union_peak
 
 
 class MLP(nn.Module):
@@ -88,6 +88,12 @@ def small() -> tuple[Summed, tuple[torch.Tensor]]:
     return Summed(transformer(layers=2)).train(), (torch.randn(2, 8, 32),)
 
 
+def larger() -> tuple[Summed, tuple[torch.Tensor]]:
+    """A `--model` factory: a 3-block transformer returning its loss, at a shape whose least
+    peak checkpoints (its blocks' saved ops can then be offloaded)."""
+    return Summed(transformer(layers=3)).train(), (torch.randn(4, 32, 32),)
+
+
 def assert_same_adamw_steps(runs: list[nn.Module], loss, steps: int = 3) -> None:
     """Train the models side by side with AdamW, the same RNG seed per step (`loss(model,
     step)` returns the step's loss), and assert every run's loss, gradients and buffers
@@ -119,16 +125,19 @@ def replanned(
     """The plan's regions with `saved` as their MUST_SAVE ops and `offloaded` as those of them
     offloaded (per region in `plan.regions` order; None: none), and that plan's predicted peak
     (bytes) from the reference model."""
-    offloads = offloaded or tuple(frozenset() for _ in saved)
-    flat = iter(zip(plan.checkpointed, saved, offloads, strict=True))
+    changed = dataclasses.replace(plan, saved=saved, offloaded=offloaded)
+    return changed, union_peak(plan.problem, _union_plan(plan.problem, changed))
+
+
+def _union_plan(union: SacUnion, plan: executor.CheckpointPlan) -> UnionPlan:
+    """The `UnionPlan` of the plan's regions (`plan.regions` order) over `union`."""
+    flat = iter(zip(plan.checkpointed, plan.saved, plan.offloads(), strict=True))
     blocks, children = [], []
-    for split in plan.problem.splits:
+    for split in union.splits:
         blocks.append(next(flat))
         kids = [] if split is None else [next(flat) for _ in split.children]
         children.append(None if split is None else _sac_plan(kids))
-    union_plan = UnionPlan(_sac_plan(blocks), tuple(children))
-    changed = dataclasses.replace(plan, saved=saved, offloaded=offloaded)
-    return changed, union_peak(plan.problem, union_plan)
+    return UnionPlan(_sac_plan(blocks), tuple(children))
 
 
 def _sac_plan(regions: list[tuple[bool, frozenset[int], frozenset[int]]]) -> SacPlan:

@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 from sac_models import (
+    _union_plan,
     assert_same_adamw_steps,
     every_saveable,
     mlp_net,
@@ -103,7 +104,7 @@ def test_offloading_every_saved_op_is_exact_and_within_its_prediction(case):
     offloaded = every_offloadable(plan, saved)
     assert any(offloaded), "the plan's regions should have ops to offload"
     offloading, peak = replanned(plan, saved, offloaded)
-    host = union_host(plan.problem, _union(plan, saved, offloaded))
+    host = union_host(plan.problem, _union_plan(plan.problem, offloading))
     keeping, _ = replanned(plan, saved)
 
     def step(m):
@@ -116,18 +117,6 @@ def test_offloading_every_saved_op_is_exact_and_within_its_prediction(case):
     runs = [copy.deepcopy(model), offloading.apply(copy.deepcopy(model))]
     runs.append(keeping.apply(copy.deepcopy(model)))
     assert_same_adamw_steps(runs, lambda m, _: loss_fn(m(*args, **(kwargs or {}))))
-
-
-def _union(plan, saved, offloaded) -> UnionPlan:
-    flat_ = iter(zip(plan.checkpointed, saved, offloaded, strict=True))
-    from sac_models import _sac_plan
-
-    blocks, children = [], []
-    for split in plan.problem.splits:
-        blocks.append(next(flat_))
-        kids = [] if split is None else [next(flat_) for _ in split.children]
-        children.append(None if split is None else _sac_plan(kids))
-    return UnionPlan(_sac_plan(blocks), tuple(children))
 
 
 @pytest.mark.parametrize("budget", ["min", "60%"])
