@@ -153,7 +153,11 @@ def run_sac(args: argparse.Namespace) -> int:
         )
         if plan.link is not None:
             offloaded = sum(map(len, plan.offloads()))
-            print(f"offload: {offloaded} ops, predicted host {_mib(plan.host)}")
+            regions = sum(plan.plain_offloads())
+            print(
+                f"offload: {offloaded} saved ops of checkpointed regions, {regions} regions' "
+                f"saved tensors; predicted host {_mib(plan.host)}"
+            )
         if plan.world_size > 1 or any(p.device.type == "meta" for p in model.parameters()):
             return 0  # a meta model has no values to run; a sharded plan runs on its ranks
         eager = measure_step(copy.deepcopy(model), inputs, kwargs, args.steps)

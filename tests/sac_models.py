@@ -121,17 +121,21 @@ def replanned(
     plan: executor.CheckpointPlan,
     saved: tuple[frozenset[int], ...],
     offloaded: tuple[frozenset[int], ...] | None = None,
+    plain: tuple[bool, ...] | None = None,
 ) -> tuple[executor.CheckpointPlan, int]:
-    """The plan's regions with `saved` as their MUST_SAVE ops and `offloaded` as those of them
-    offloaded (per region in `plan.regions` order; None: none), and that plan's predicted peak
-    (bytes) from the reference model."""
-    changed = dataclasses.replace(plan, saved=saved, offloaded=offloaded)
+    """The plan's regions with `saved` as their MUST_SAVE ops, `offloaded` as those of them
+    offloaded and `plain` the regions not checkpointed whose saved storages wait on the host
+    (per region in `plan.regions` order; None: none), and that plan's predicted peak (bytes)
+    from the reference model."""
+    changed = dataclasses.replace(plan, saved=saved, offloaded=offloaded, plain_offloaded=plain)
     return changed, union_peak(plan.problem, _union_plan(plan.problem, changed))
 
 
 def _union_plan(union: SacUnion, plan: executor.CheckpointPlan) -> UnionPlan:
     """The `UnionPlan` of the plan's regions (`plan.regions` order) over `union`."""
-    flat = iter(zip(plan.checkpointed, plan.saved, plan.offloads(), strict=True))
+    flat = iter(
+        zip(plan.checkpointed, plan.saved, plan.offloads(), plan.plain_offloads(), strict=True)
+    )
     blocks, children = [], []
     for split in union.splits:
         blocks.append(next(flat))
@@ -140,9 +144,11 @@ def _union_plan(union: SacUnion, plan: executor.CheckpointPlan) -> UnionPlan:
     return UnionPlan(_sac_plan(blocks), tuple(children))
 
 
-def _sac_plan(regions: list[tuple[bool, frozenset[int], frozenset[int]]]) -> SacPlan:
-    checkpointed, saved, offloaded = (tuple(x) for x in zip(*regions, strict=True))
-    return SacPlan(checkpointed, saved, offloaded if any(offloaded) else None)
+def _sac_plan(regions: list[tuple[bool, frozenset[int], frozenset[int], bool]]) -> SacPlan:
+    checkpointed, saved, offloaded, plain = (tuple(x) for x in zip(*regions, strict=True))
+    return SacPlan(
+        checkpointed, saved, offloaded if any(offloaded) else None, plain if any(plain) else None
+    )
 
 
 def every_saveable(plan: executor.CheckpointPlan) -> tuple[frozenset[int], ...]:

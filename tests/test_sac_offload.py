@@ -29,7 +29,8 @@ from executor.errors import PlanError
 from executor.sac.offload import measure_split
 from solver.core.link import Link
 from solver.deadline import Deadline
-from solver.sac.memory import offloadable
+from solver.errors import InfeasibleBudgetError
+from solver.sac.memory import offloadable, plain_offload_bytes
 from solver.sac.solve import solve_sac
 from solver.sac.union import UnionPlan, union_host
 from solver.target.devices import HOST_LINKS, UnknownTargetError
@@ -51,6 +52,20 @@ def every_offloadable(plan: executor.CheckpointPlan, saved) -> tuple[frozenset[i
     )
 
 
+def every_plain(plan: executor.CheckpointPlan) -> tuple[bool, ...]:
+    """Per region (`plan.regions` order): whether it may offload its saved storages (not
+    checkpointed, saving some, a block without children or a child of a block not
+    checkpointed whole), and so does."""
+    out = []
+    for block, split in zip(plan.problem.blocks.blocks, plan.problem.splits, strict=True):
+        k = len(out)
+        out.append(split is None and not plan.checkpointed[k] and plain_offload_bytes(block) > 0)
+        for i, child in enumerate(split.children if split is not None else ()):
+            ok = not plan.checkpointed[k] and not plan.checkpointed[k + 1 + i]
+            out.append(ok and plain_offload_bytes(child) > 0)
+    return tuple(out)
+
+
 def measured(model, step) -> tuple[int, int]:
     """(device, host) peak bytes of one step after a warm-up step."""
     step(model)
@@ -60,13 +75,17 @@ def measured(model, step) -> tuple[int, int]:
     return split.device, split.host
 
 
-def flat(plan: UnionPlan) -> list[tuple[bool, frozenset[int], frozenset[int]]]:
-    """(checkpointed, saved, offloaded) per region, blocks followed by their children."""
+def flat(plan: UnionPlan) -> list[tuple[bool, frozenset[int], frozenset[int], bool]]:
+    """(checkpointed, saved, offloaded, plain-offloaded) per region, blocks followed by their
+    children."""
     out = []
     for j, sub in enumerate(plan.children):
-        out.append((plan.blocks.checkpointed[j], plan.blocks.saved[j], plan.blocks.offloads()[j]))
+        b = plan.blocks
+        out.append((b.checkpointed[j], b.saved[j], b.offloads()[j], b.plain_offloads()[j]))
         if sub is not None:
-            out += zip(sub.checkpointed, sub.saved, sub.offloads(), strict=True)
+            out += zip(
+                sub.checkpointed, sub.saved, sub.offloads(), sub.plain_offloads(), strict=True
+            )
     return out
 
 
@@ -102,8 +121,9 @@ def test_offloading_every_saved_op_is_exact_and_within_its_prediction(case):
     assert plan.link == HOST_LINKS["pcie5"]
     saved = every_saveable(plan)
     offloaded = every_offloadable(plan, saved)
-    assert any(offloaded), "the plan's regions should have ops to offload"
-    offloading, peak = replanned(plan, saved, offloaded)
+    plain = every_plain(plan)
+    assert any(offloaded) or any(plain), "the plan's regions should have ops to offload"
+    offloading, peak = replanned(plan, saved, offloaded, plain)
     host = union_host(plan.problem, _union_plan(plan.problem, offloading))
     keeping, _ = replanned(plan, saved)
 
@@ -149,10 +169,17 @@ def test_the_planner_offloads_where_recompute_costs_more(budget):
     solution = solve_sac(free, plan.budget, Deadline.after(10), link=LINK)
     keep = solve_sac(free, plan.budget, Deadline.after(10))
     assert solution.cost < keep.cost
-    checkpointed, saved, offloaded = (tuple(x) for x in zip(*flat(solution.plan), strict=True))
-    assert any(offloaded)
+    checkpointed, saved, offloaded, plain = (
+        tuple(x) for x in zip(*flat(solution.plan), strict=True)
+    )
+    assert any(offloaded) or any(plain)
     chosen = dataclasses.replace(
-        plan, checkpointed=checkpointed, saved=saved, offloaded=offloaded, link=LINK
+        plan,
+        checkpointed=checkpointed,
+        saved=saved,
+        offloaded=offloaded if any(offloaded) else None,
+        plain_offloaded=plain if any(plain) else None,
+        link=LINK,
     )
     device_bytes, host_bytes = measured(chosen.apply(copy.deepcopy(net)), sum_step(x))
     print(f"{budget}: device {device_bytes} B, predicted {solution.peak} B, budget {plan.budget} B")
@@ -162,37 +189,63 @@ def test_the_planner_offloads_where_recompute_costs_more(budget):
     assert_same_adamw_steps(runs, lambda m, _: m(x).sum())
 
 
+def test_only_offload_fits_a_budget_below_the_least_peak_without_it():
+    """The in-place-ReLU MLP net's least peak with offload (regions not checkpointed parking
+    their saved storages on the host) is below its least peak without: at that budget
+    checkpoint_plan without offload= is refused, with it the plan offloads, runs within the
+    budget with the host bytes predicted, and its gradients are eager's bit for bit."""
+    net, x = mlp_net(inplace=True), torch.randn(4, 32, 32)
+    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=10, loss_fn=sum_loss, offload=LINK)
+    with pytest.raises(InfeasibleBudgetError):
+        executor.checkpoint_plan(net, (x,), plan.budget, time_limit=10, loss_fn=sum_loss)
+    assert any(plan.plain_offloads()) or any(plan.offloads())
+    device_bytes, host_bytes = measured(plan.apply(copy.deepcopy(net)), sum_step(x))
+    print(f"only offload: device {device_bytes} B, budget {plan.budget} B, host {host_bytes} B")
+    assert device_bytes <= plan.budget and host_bytes == plan.host > 0
+    runs = [copy.deepcopy(net), plan.apply(copy.deepcopy(net))]
+    assert_same_adamw_steps(runs, lambda m, _: m(x).sum())
+
+
 def test_plan_files_carry_the_offload_and_format_5_files_load(tmp_path):
     net, x = transformer(layers=2, d=16), torch.randn(2, 8, 16)
     link = Link(1e9, 2e9, 1 << 20)
     plan = executor.checkpoint_plan(net, (x,), "min", time_limit=10, loss_fn=sum_loss, offload=link)
     saved = every_saveable(plan)
-    offloading, _ = replanned(plan, saved, every_offloadable(plan, saved))
+    offloading, _ = replanned(plan, saved, every_offloadable(plan, saved), every_plain(plan))
+    assert any(offloading.offloads()) or any(offloading.plain_offloads())
     path = tmp_path / "plan.json"
     offloading.save(path)
     loaded = executor.CheckpointPlan.load(path, net)
-    assert (loaded.link, loaded.offloaded, loaded.host) == (link, offloading.offloaded, plan.host)
-    assert "ops offloaded" in repr(loaded)
+    assert (loaded.link, loaded.host) == (link, plan.host)
+    assert loaded.offloads() == offloading.offloads()
+    assert loaded.plain_offloads() == offloading.plain_offloads()
+    assert "regions offloaded" in repr(loaded)
     data = json.loads(path.read_text())
     data["format"] = "remat-sac-plan/5"  # what format 5 wrote: no link, no offload choices
     for key in ("link", "host"):
         del data[key]
     for region in data["regions"]:
-        del region["offloaded"]
+        del region["offloaded"], region["plain_offloaded"]
     path.write_text(json.dumps(data))
     old = executor.CheckpointPlan.load(path, net)
-    assert (old.link, old.offloaded, old.host, old.saved) == (None, None, 0, offloading.saved)
+    assert (old.link, old.offloaded, old.plain_offloaded, old.host) == (None, None, None, 0)
+    assert old.saved == offloading.saved
     data["format"] = "remat-sac-plan/4"
     path.write_text(json.dumps(data))
     with pytest.raises(PlanError, match="solve it again"):
         executor.CheckpointPlan.load(path, net)
 
 
-def test_compile_refuses_an_offloading_plan_in_one_line():
+def test_compile_refuses_offloaded_ops_and_runs_offloaded_regions_through_graph_breaks():
+    """Offloaded MUST_SAVE ops: torch.compile is refused (the plan's one-line PlanError inside
+    torch's BackendCompilerFailed). Regions offloading their saved storages: dynamo breaks the
+    graph at their `saved_tensors_hooks`, the hooks run, gradients allclose to eager's."""
     net, x = transformer(layers=2, d=16), torch.randn(2, 8, 16)
-    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=10, loss_fn=sum_loss, offload=LINK)
+    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=10, loss_fn=sum_loss)
+    plan = dataclasses.replace(plan, link=LINK)
     saved = every_saveable(plan)
     offloading, _ = replanned(plan, saved, every_offloadable(plan, saved))
+    assert any(offloading.offloads())
     torch._dynamo.reset()
     compiled = torch.compile(offloading.apply(copy.deepcopy(net)), backend="aot_eager")
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as raised:
@@ -200,6 +253,18 @@ def test_compile_refuses_an_offloading_plan_in_one_line():
     # torch wraps what its backend raises; the cause is the plan's one line
     assert isinstance(raised.value.inner_exception, PlanError)
     assert "torch.compile cannot run in torch 2.13" in str(raised.value.inner_exception)
+    none = tuple(frozenset() for _ in plan.regions)
+    bare = dataclasses.replace(plan, checkpointed=(False,) * len(plan.regions), saved=none)
+    parking, _ = replanned(bare, none, None, every_plain(bare))
+    assert any(parking.plain_offloads())
+    torch._dynamo.reset()
+    compiled = torch.compile(parking.apply(copy.deepcopy(net)), backend="aot_eager")
+    eager = copy.deepcopy(net)
+    for model in (compiled, eager):
+        torch.manual_seed(0)
+        model(x).sum().backward()
+    for a, b in zip(compiled.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
 
 
 def test_offload_arguments_are_checked():

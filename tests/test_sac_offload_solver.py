@@ -17,7 +17,7 @@ from solver.core.link import Link
 from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError
 from solver.sac import SacBlock, SacOp, SacPlan, SacProblem, Segment, plan_cost, plan_peak
-from solver.sac.memory import block_stall, offloadable, plan_host
+from solver.sac.memory import block_stall, offloadable, plain_offload_bytes, plan_host
 from solver.sac.solve import _Model, solve_sac
 from solver.sac.union import SacUnion, UnionPlan, union_cost, union_host, union_peak
 
@@ -50,9 +50,10 @@ def offload_problems(draw) -> SacProblem:
 
 
 def with_offloads(problem: SacProblem, plan: SacPlan):
-    """The plan with every subset of its saved offloadable ops offloaded."""
-    per_block = []
-    for block, saved in zip(problem.blocks, plan.saved, strict=True):
+    """The plan with every subset of its saved offloadable ops offloaded, and each block not
+    checkpointed that saves storages with them offloaded or not."""
+    per_block, plains = [], []
+    for block, saved, ckpt in zip(problem.blocks, plan.saved, plan.checkpointed, strict=True):
         choices = [i for i in sorted(saved) if offloadable(block.ops[i])]
         per_block.append(
             [
@@ -61,8 +62,14 @@ def with_offloads(problem: SacProblem, plan: SacPlan):
                 for c in itertools.combinations(choices, r)
             ]
         )
+        plains.append([False, True] if not ckpt and plain_offload_bytes(block) else [False])
     for combo in itertools.product(*per_block):
-        yield dataclasses.replace(plan, offloaded=combo if any(combo) else None)
+        for plain in itertools.product(*plains):
+            yield dataclasses.replace(
+                plan,
+                offloaded=combo if any(combo) else None,
+                plain_offloaded=plain if any(plain) else None,
+            )
 
 
 def every_plan(problem: SacProblem):
@@ -104,11 +111,18 @@ def test_union_offload_optimum_is_the_brute_force_optimum(union, where):
     plans = []
     for plan in all_union_plans(union):
         flat = [plan.blocks, *(c for c in plan.children if c is not None)]
-        # offload every saved offloadable op of each region, or none: a subset of the space
+        # offload every saved offloadable op of each region, or none, and every region's saved
+        # storages where it may or none: a subset of the space
         for choice in itertools.product([False, True], repeat=len(flat)):
             regions = [
-                dataclasses.replace(p, offloaded=_all_offloadable(p, blocks) if on else None)
-                for p, blocks, on in zip(flat, _region_blocks(union, plan), choice, strict=True)
+                dataclasses.replace(
+                    p,
+                    offloaded=_all_offloadable(p, blocks) if on else None,
+                    plain_offloaded=_all_plain(union, plan, p, blocks, k) if on else None,
+                )
+                for k, (p, blocks, on) in enumerate(
+                    zip(flat, _region_blocks(union, plan), choice, strict=True)
+                )
             ]
             children = iter(regions[1:])
             plans.append(
@@ -134,6 +148,23 @@ def _region_blocks(union: SacUnion, plan: UnionPlan):
             yield split.children
 
 
+def _all_plain(
+    union: SacUnion, whole: UnionPlan, plan: SacPlan, blocks, k: int
+) -> tuple[bool, ...] | None:
+    """Each region not checkpointed that may offload its saved storages does (k = 0: the
+    blocks, where only those without a split may; else the k-th split's children, whose block
+    is not checkpointed whole)."""
+    allowed = [s is None for s in union.splits]
+    if k:
+        owner = [j for j, s in enumerate(union.splits) if s is not None][k - 1]
+        allowed = [not whole.blocks.checkpointed[owner]] * len(blocks)
+    plain = tuple(
+        ok and not c and plain_offload_bytes(b) > 0
+        for b, c, ok in zip(blocks, plan.checkpointed, allowed, strict=True)
+    )
+    return plain if any(plain) else None
+
+
 def _all_offloadable(plan: SacPlan, blocks) -> tuple[frozenset[int], ...] | None:
     sets = tuple(
         frozenset(i for i in saved if offloadable(b.ops[i]))
@@ -153,7 +184,7 @@ def test_without_a_link_the_plan_offloads_nothing_and_a_link_only_lowers_the_cos
     plain = solve_sac(problem, budget, Deadline.after(20))
     assert plain.plan.offloaded is None and plain.host == 0
     names = {v.name for v in _Model(SacUnion.whole(problem), budget).m.Proto().variables}
-    assert not any(n.startswith(("o", "wf", "wr")) for n in names)  # no offload variables
+    assert not any(n.startswith(("o", "q", "wf", "wr")) for n in names)  # no offload variables
     assert plan_cost(problem, plain.plan, SLOW) == plain.cost
     offloading = solve_sac(problem, budget, Deadline.after(20), link=FAST)
     assert offloading.cost <= plain.cost + 1e-12

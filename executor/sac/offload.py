@@ -123,6 +123,29 @@ class HostCopies:
                 event.record(stream)
             return val, event
 
+    def storage_to_host(self, storage: torch.UntypedStorage) -> torch.UntypedStorage:
+        """A host copy of a whole storage, issued now."""
+        with _disable_current_modes(), torch.no_grad():
+            if storage.device.type == "cpu":
+                with torch.profiler.record_function(HOST_SCOPE):
+                    return storage.clone()
+            stream = self._stream(storage.device)
+            host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True)
+            stream.wait_stream(torch.cuda.current_stream(storage.device))
+            with torch.cuda.stream(stream):
+                host.untyped_storage().copy_(storage, non_blocking=True)
+            return host.untyped_storage()
+
+    @staticmethod
+    def storage_to_device(host: torch.UntypedStorage, device: torch.device) -> torch.UntypedStorage:
+        """A device copy of a host storage, on the compute stream (read at once)."""
+        with _disable_current_modes(), torch.no_grad():
+            if device.type == "cpu":
+                return host.clone()
+            out = torch.empty(host.nbytes(), dtype=torch.uint8, device=device).untyped_storage()
+            out.copy_(host, non_blocking=True)
+            return out
+
     def forward_done(self) -> None:
         """The forward's end: wait for the copies, refuse a source mutated since its op, and
         put the host copies in place of SAC's cache entries (which held the sources)."""
@@ -236,3 +259,83 @@ def measure_split(fn) -> SplitPeak:
         device_peak, host_peak = max(device_peak, device), max(host_peak, host)
         total_peak = max(total_peak, total)
     return SplitPeak(device_peak, host_peak, total_peak)
+
+
+class _HostStorage:
+    """One storage a region not checkpointed saves, on the host from its pack until autograd
+    lets its saved tensors go; reloaded where the backward first reads it, held while the
+    reads it was packed for are pending."""
+
+    def __init__(self, storage: torch.UntypedStorage, copies: HostCopies) -> None:
+        self.copies, self.device = copies, storage.device
+        self.source: torch.UntypedStorage | None = storage  # until the forward's end
+        self.host = copies.storage_to_host(storage)
+        self.reloaded: torch.UntypedStorage | None = None
+        self.pending = 0
+
+    def storage(self) -> torch.UntypedStorage:
+        """The device storage, reloaded on the first pending read."""
+        if self.source is not None:  # the region's output: never left the device
+            return self.source
+        if self.reloaded is None:
+            self.reloaded = self.copies.storage_to_device(self.host, self.device)
+        storage = self.reloaded
+        self.pending -= 1
+        if self.pending <= 0:
+            self.reloaded = None
+        return storage
+
+
+class SavedOnHost:
+    """`saved_tensors_hooks` for a region that is not checkpointed and offloads the storages its
+    ops create that autograd saves (NOTE [ SAC offload model ]): pack copies a saved tensor's
+    whole storage to the host once (its views share it) and returns the view's place in it;
+    unpack rebuilds the view on the reloaded storage (the same offset, sizes and strides, so
+    the backward's kernels see the layout they see eagerly). Tensors whose storage existed
+    before the region (`existing`: its parameters, buffers and inputs) are saved as they are;
+    at the forward's end (`forward_done`) the storages of the region's output stay on the
+    device (they live on whatever the plan) and the others' sources are let go."""
+
+    def __init__(self, existing: list[torch.Tensor]) -> None:
+        self.existing = {t.untyped_storage().data_ptr() for t in existing}
+        self.copies = HostCopies()
+        self.records: dict[int, _HostStorage] = {}
+
+    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def pack(self, tensor: torch.Tensor) -> object:
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in self.existing or storage.nbytes() == 0:
+            return tensor
+        if ptr not in self.records:
+            self.records[ptr] = _HostStorage(storage, self.copies)
+        record = self.records[ptr]
+        record.pending += 1
+        return record, tensor.dtype, tensor.storage_offset(), tensor.size(), tensor.stride()
+
+    @staticmethod
+    def unpack(packed: object) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        record, dtype, offset, size, stride = packed
+        view = torch.empty(0, dtype=dtype, device=record.device)
+        return view.set_(record.storage(), offset, size, stride)
+
+    def forward_done(self, output: object) -> None:
+        """The forward's end: wait for the copies; the output's storages stay on the device,
+        every other source is let go."""
+        for device, stream in self.copies.streams.items():
+            torch.cuda.current_stream(device).wait_stream(stream)
+        kept = {
+            t.untyped_storage().data_ptr()
+            for t in torch.utils._pytree.tree_leaves(output)
+            if isinstance(t, torch.Tensor)
+        }
+        for ptr, record in self.records.items():
+            if ptr in kept:
+                record.host = None
+            else:
+                record.source = None
+        self.records = {}

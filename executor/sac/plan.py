@@ -38,6 +38,7 @@ from executor.fsdp import model_memory, resolve_policy, sharded_world_size
 from executor.loss import default_loss
 from executor.sac.blocks import select_blocks
 from executor.sac.measurer import Measured
+from executor.sac.offload import SavedOnHost
 from executor.sac.overhead import measure_offload_seconds
 from executor.sac.policy import Policy
 from executor.sac.record import RECORDING_STEPS, record_union
@@ -96,6 +97,27 @@ def _checkpointed_forward(module: nn.Module, *args, **kwargs):
     )
 
 
+def _offloading_forward(module: nn.Module, *args, **kwargs):
+    """A region's `forward` where it is not checkpointed and its saved storages wait on the host
+    (NOTE [ SAC offload model ]): its class's forward under `SavedOnHost`'s
+    `saved_tensors_hooks`; without grad, in eval mode or while torch.compile traces it
+    (refused there: PlanError), the plain forward."""
+    forward = type(module).forward.__get__(module)
+    if not torch.is_grad_enabled() or not module.training:
+        return forward(*args, **kwargs)
+    if torch.compiler.is_compiling():
+        raise PlanError(
+            f"region {module.remat_sac_offload}'s SAC plan offloads its saved tensors, which "
+            "torch.compile cannot run: solve the plan without offload= for compiled use"
+        )
+    existing = [*module.parameters(), *module.buffers(), *leaf_tensors((args, kwargs))]
+    saved = SavedOnHost(existing)
+    with saved.hooks():
+        out = forward(*args, **kwargs)
+    saved.forward_done(out)
+    return out
+
+
 @dataclass(frozen=True)
 class CheckpointPlan:
     """A solved SAC plan. `model_signature`: a digest of the model it was solved for
@@ -116,8 +138,10 @@ class CheckpointPlan:
     on the device (resident included: docs/sac.md, "Under FSDP2"). `link`: the host link the
     plan was solved with (None: it offloads nothing); `offloaded`: per region, the saved op
     positions whose outputs wait on the host between the forward and the recompute (None:
-    none); `host`: the bytes those host copies hold at their most (predicted); `cost` then
-    includes the copies' stall, predicted from the link (docs/sac.md, "Offload")."""
+    none); `plain_offloaded`: per region, whether it is not checkpointed and the storages its
+    ops create that autograd saves wait on the host (None: none); `host`: the bytes those host
+    copies hold at their most (predicted); `cost` then includes the copies' stall, predicted
+    from the link (docs/sac.md, "Offload")."""
 
     model_signature: str
     regions: tuple[str, ...]
@@ -138,6 +162,11 @@ class CheckpointPlan:
     link: Link | None = None
     offloaded: tuple[frozenset[int], ...] | None = None
     host: int = 0
+    plain_offloaded: tuple[bool, ...] | None = None
+
+    def plain_offloads(self) -> tuple[bool, ...]:
+        """Per region, whether it offloads its saved storages while not checkpointed."""
+        return self.plain_offloaded or (False,) * len(self.regions)
 
     def offloads(self) -> tuple[frozenset[int], ...]:
         """Per region, the offloaded op positions (empty where the plan offloads nothing)."""
@@ -162,7 +191,8 @@ class CheckpointPlan:
             basis += f", per rank of {self.world_size}"
         if self.link is not None:
             ops = sum(len(o) for o in self.offloads())
-            basis += f", {ops} ops offloaded, host {self.host:,} B"
+            plain = sum(self.plain_offloads())
+            basis += f", {ops} ops and {plain} regions offloaded, host {self.host:,} B"
         return (
             f"CheckpointPlan({self.status}, {len(checkpointed)} of {len(self.regions)} regions "
             f"checkpointed ({saving} saving ops), peak {self.peak:,} B of budget "
@@ -195,11 +225,14 @@ class CheckpointPlan:
         modules = dict(model.named_modules())
         regions = self.problem.regions()
         for j, name in enumerate(self.regions):
+            module = modules[name]
+            if hasattr(module, "remat_sac_policy") or hasattr(module, "remat_sac_offload"):
+                raise PlanError(f"block {name} already runs under a SAC plan: apply it once")
+            if self.plain_offloads()[j]:
+                module.remat_sac_offload = name
+                module.forward = types.MethodType(_offloading_forward, module)
             if not self.checkpointed[j]:
                 continue
-            module = modules[name]
-            if hasattr(module, "remat_sac_policy"):
-                raise PlanError(f"block {name} already runs under a SAC plan: apply it once")
             module.remat_sac_policy = Policy(name, self.ops[j], self.saved[j], self.offloads()[j])
             module.remat_sac_buffers = regions[j].buffers
             module.forward = types.MethodType(_checkpointed_forward, module)
@@ -217,14 +250,16 @@ class CheckpointPlan:
                     "checkpointed": c,
                     "saved": sorted(s),
                     "offloaded": sorted(f),
+                    "plain_offloaded": p,
                     "ops": list(o),
                 }
-                for n, t, c, s, f, o in zip(
+                for n, t, c, s, f, p, o in zip(
                     self.regions,
                     self.region_types,
                     self.checkpointed,
                     self.saved,
                     self.offloads(),
+                    self.plain_offloads(),
                     self.ops,
                     strict=True,
                 )
@@ -259,6 +294,7 @@ class CheckpointPlan:
             regions = data["regions"]
             link = data.get("link")
             offloaded = tuple(frozenset(r.get("offloaded", ())) for r in regions)
+            plain = tuple(bool(r.get("plain_offloaded", False)) for r in regions)
             plan = cls(
                 model_signature=data["model_signature"],
                 regions=tuple(r["name"] for r in regions),
@@ -274,8 +310,9 @@ class CheckpointPlan:
                 link=None if link is None else Link.from_json(link),
                 offloaded=offloaded if any(offloaded) else None,
                 host=int(data.get("host", 0)),
+                plain_offloaded=plain if any(plain) else None,
             )
-            if plan.offloaded is not None and plan.link is None:
+            if (plan.offloaded is not None or any(plain)) and plan.link is None:
                 raise PlanError("it offloads ops but has no link")
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise PlanError(f"{path} is not a SAC plan file ({e}): write one with plan.save") from e
@@ -483,7 +520,7 @@ def _plan(
     model: nn.Module, named, kept, union: SacUnion, solution, target: str | None, plain: int
 ) -> CheckpointPlan:
     """The plan's regions in order: each block, then its children where it has a split."""
-    names, types_, ops, checkpointed, saved, offloaded = [], [], [], [], [], []
+    names, types_, ops, checkpointed, saved, offloaded, parked = [], [], [], [], [], [], []
     plan: UnionPlan = solution.plan
     for j, (name, module) in enumerate(named):
         block = union.blocks.blocks[j]
@@ -493,11 +530,18 @@ def _plan(
         checkpointed.append(plan.blocks.checkpointed[j])
         saved.append(plan.blocks.saved[j])
         offloaded.append(plan.blocks.offloads()[j])
+        parked.append(plan.blocks.plain_offloads()[j])
         if kept[j] is None:
             continue
         split, sub = union.splits[j], plan.children[j]
-        for (kid, m), child, c, s, o in zip(
-            kept[j], split.children, sub.checkpointed, sub.saved, sub.offloads(), strict=True
+        for (kid, m), child, c, s, o, q in zip(
+            kept[j],
+            split.children,
+            sub.checkpointed,
+            sub.saved,
+            sub.offloads(),
+            sub.plain_offloads(),
+            strict=True,
         ):
             names.append(kid)
             types_.append(type(m).__name__)
@@ -505,6 +549,7 @@ def _plan(
             checkpointed.append(c)
             saved.append(s)
             offloaded.append(o)
+            parked.append(q)
     return CheckpointPlan(
         model_signature=model_signature(model),
         regions=tuple(names),
@@ -522,4 +567,5 @@ def _plan(
         problem=union,
         target=target,
         offloaded=tuple(offloaded) if any(offloaded) else None,
+        plain_offloaded=tuple(parked) if any(parked) else None,
     )

@@ -35,6 +35,14 @@ kept one is (term 2 unchanged). Each offloaded op costs the runtime's `offload_s
 not ended (`plan_stall`): at the forward's end for the last offload, at each reloaded op's place
 in the recompute for its reload. Copy seconds are `Link.offload_time` / `Link.reload_time` of
 the bytes (predicted from the link's bandwidth); compute seconds are the ops' `seconds`.
+A region that is not checkpointed may offload too (`plain_offloaded`): every storage its ops
+create that autograd saves (`plain_offload_bytes`, its output left out) is copied to the host
+when autograd saves it and copied back when the backward reads it. Its forward and backward
+terms stay the plain step's (an upper bound: the device frees the storages earlier, and the
+backward reloads each only where it reads it); from its forward's end to its backward the
+device does not hold them (its savings) and the host does. Its copies are counted as if none
+overlapped compute (an upper bound on the stall): each is issued no later than the forward's
+end and each reload is read at once.
 Units: bytes and seconds.
 """
 
@@ -56,12 +64,29 @@ class SacPlan:
     checkpointed: tuple[bool, ...]
     saved: tuple[frozenset[int], ...]
     offloaded: tuple[frozenset[int], ...] | None = None
+    plain_offloaded: tuple[bool, ...] | None = None
+
+    def plain_offloads(self) -> tuple[bool, ...]:
+        """Per block not checkpointed, whether its saved storages wait on the host (NOTE [ SAC
+        offload model ]); False throughout where the plan offloads none."""
+        return self.plain_offloaded or (False,) * len(self.checkpointed)
 
     def offloads(self) -> tuple[frozenset[int], ...]:
         """Per block, the offloaded ops (empty sets where the plan offloads nothing)."""
         if self.offloaded is None:
             return (frozenset(),) * len(self.checkpointed)
         return self.offloaded
+
+
+def plain_offload_bytes(block: SacBlock) -> int:
+    """Bytes a region that is not checkpointed offloads: the storages its ops create that
+    autograd saves, its output left out."""
+    return sum(op.saved_bytes for op in block.ops)
+
+
+def plain_offload_count(block: SacBlock) -> int:
+    """How many of the region's ops have storages autograd saves (each one offloaded op)."""
+    return sum(1 for op in block.ops if op.saved_bytes)
 
 
 def offloadable(op: SacOp) -> bool:
@@ -100,13 +125,17 @@ def plain_forward_live(block: SacBlock, t: int) -> int:
 
 
 def savings(
-    block: SacBlock, checkpointed: bool, saved: Collection[int], offloaded: Collection[int] = ()
+    block: SacBlock,
+    checkpointed: bool,
+    saved: Collection[int],
+    offloaded: Collection[int] = (),
+    plain_offloaded: bool = False,
 ) -> int:
     """Bytes the block holds on the device between its forward and its backward less than the
-    plain block (negative when the checkpoint holds more); an offloaded op's storage is on the
-    host then (NOTE [ SAC offload model ])."""
+    plain block (negative when the checkpoint holds more); an offloaded op's storage, and a
+    plain-offloaded block's saved storages, are on the host then (NOTE [ SAC offload model ])."""
     if not checkpointed:
-        return 0
+        return plain_offload_bytes(block) if plain_offloaded else 0
     plain = sum(op.saved_bytes for op in block.ops)
     kept = sum(block.ops[i].new_bytes - block.ops[i].output_bytes for i in saved)
     return plain - kept - block.held_extra + sum(block.ops[i].new_bytes for i in offloaded)
@@ -116,12 +145,14 @@ def check_plan(problem: SacProblem, plan: SacPlan) -> None:
     """ValueError unless the plan fits the problem: one entry per block, saved ops saveable,
     at most `stop`, and only in checkpointed blocks; offloaded ops saved and offloadable."""
     n = len(problem.blocks)
-    offloads = plan.offloads()
-    if len(plan.checkpointed) != n or len(plan.saved) != n or len(offloads) != n:
+    offloads, plain = plan.offloads(), plan.plain_offloads()
+    if len({len(plan.checkpointed), len(plan.saved), len(offloads), len(plain), n}) != 1:
         raise ValueError(f"plan has {len(plan.checkpointed)} blocks, the problem {n}")
-    for block, ckpt, saved, off in zip(
-        problem.blocks, plan.checkpointed, plan.saved, offloads, strict=True
+    for block, ckpt, saved, off, whole in zip(
+        problem.blocks, plan.checkpointed, plan.saved, offloads, plain, strict=True
     ):
+        if whole and (ckpt or not plain_offload_bytes(block)):
+            raise ValueError(f"block {block.name} cannot offload its saved storages")
         if saved and not ckpt:
             raise ValueError(f"block {block.name} saves ops but is not checkpointed")
         for i in saved:
@@ -140,9 +171,14 @@ def plan_terms(problem: SacProblem, plan: SacPlan) -> list[tuple[str, int, int]]
     op of its recompute)."""
     check_plan(problem, plan)
     d = [
-        savings(b, c, s, o)
-        for b, c, s, o in zip(
-            problem.blocks, plan.checkpointed, plan.saved, plan.offloads(), strict=True
+        savings(b, c, s, o, p)
+        for b, c, s, o, p in zip(
+            problem.blocks,
+            plan.checkpointed,
+            plan.saved,
+            plan.offloads(),
+            plan.plain_offloads(),
+            strict=True,
         )
     ]
     before = [sum(d[:j]) for j in range(len(d) + 1)]  # savings held by blocks 0..j-1
@@ -176,7 +212,12 @@ def plan_host(problem: SacProblem, plan: SacPlan) -> int:
     the host between the last block's forward and the first block's backward (NOTE [ SAC
     offload model ])."""
     check_plan(problem, plan)
-    return sum(
+    plain = sum(
+        plain_offload_bytes(b)
+        for b, p in zip(problem.blocks, plan.plain_offloads(), strict=True)
+        if p
+    )
+    return plain + sum(
         block.ops[i].new_bytes
         for block, off in zip(problem.blocks, plan.offloads(), strict=True)
         for i in off
@@ -211,10 +252,15 @@ def plan_stall(problem: SacProblem, plan: SacPlan, link: Link | None) -> float:
     (and then the plan may offload nothing)."""
     check_plan(problem, plan)
     if link is None:
-        if any(plan.offloads()):
+        if any(plan.offloads()) or any(plan.plain_offloads()):
             raise ValueError("the plan offloads ops: give the link it was solved with")
         return 0.0
-    return sum(
+    plain = sum(
+        link.offload_time(plain_offload_bytes(b)) + link.reload_time(plain_offload_bytes(b))
+        for b, p in zip(problem.blocks, plan.plain_offloads(), strict=True)
+        if p
+    )
+    return plain + sum(
         block_stall(b, s, o, link)
         for b, s, o in zip(problem.blocks, plan.saved, plan.offloads(), strict=True)
     )
@@ -242,5 +288,10 @@ def plan_cost(problem: SacProblem, plan: SacPlan, link: Link | None = None) -> f
     price = sum(
         block.price for block, ckpt in zip(problem.blocks, plan.checkpointed, strict=True) if ckpt
     )
-    offloads = sum(len(o) for o in plan.offloads()) * problem.offload_seconds
+    count = sum(len(o) for o in plan.offloads()) + sum(
+        plain_offload_count(b)
+        for b, p in zip(problem.blocks, plan.plain_offloads(), strict=True)
+        if p
+    )
+    offloads = count * problem.offload_seconds
     return recompute + price + runtime + plan_stall(problem, plan, link) + offloads

@@ -66,7 +66,7 @@ from solver.core.budget import Budget, as_percent, plain_step
 from solver.core.link import Link
 from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
-from solver.sac.memory import SacPlan, offloadable
+from solver.sac.memory import SacPlan, offloadable, plain_offload_bytes, plain_offload_count
 from solver.sac.problem import SacBlock, SacProblem
 from solver.sac.union import SacUnion, UnionPlan, union_cost, union_host, union_peak
 
@@ -115,32 +115,44 @@ class _Model:
         # nanoseconds of the SAC runtime's overhead and the copies' stall
         self.runtime: cp_model.LinearExpr = 0
         self.host: cp_model.LinearExpr = 0  # bytes offloaded
-        self.c, self.s, self.o = self._regions(union.blocks.blocks, "b")
+        self.c, self.s, self.o, self.q = self._regions(
+            union.blocks.blocks, "b", [s is None for s in union.splits]
+        )
         self.cc: list[list[cp_model.IntVar] | None] = []
         self.cs: list[list[dict[int, cp_model.IntVar]] | None] = []
         self.co: list[list[dict[int, cp_model.IntVar]] | None] = []
+        self.cq: list[list[cp_model.IntVar | None] | None] = []
         for j, split in enumerate(union.splits):
             if split is None:
                 self.cc.append(None)
                 self.cs.append(None)
                 self.co.append(None)
+                self.cq.append(None)
                 continue
-            cc, cs, co = self._regions(split.children, f"b{j}_")
+            cc, cs, co, cq = self._regions(split.children, f"b{j}_", [True] * len(split.children))
             for v in cc:
                 m.Add(v + self.c[j] <= 1)
+            for v in cq:
+                if v is not None:
+                    m.AddImplication(v, self.c[j].Not())
             if not whole:
                 m.Add(self.c[j] == 0)
             self.cc.append(cc)
             self.cs.append(cs)
             self.co.append(co)
+            self.cq.append(cq)
         if link is not None and link.host_memory is not None:
             m.Add(self.host <= link.host_memory)
         self._memory_terms()
 
-    def _regions(self, blocks, prefix: str):
+    def _regions(self, blocks, prefix: str, plain_ok: list[bool]):
+        """Per region: c, s (its saves), o (its offloaded saves) and q (its saved storages
+        offloaded while it is not checkpointed; None where `plain_ok` is False, without a
+        link, or where it saves nothing)."""
         c = [self.m.NewBoolVar(f"c{prefix}{j}") for j in range(len(blocks))]
         s: list[dict[int, cp_model.IntVar]] = []
         o: list[dict[int, cp_model.IntVar]] = []
+        q: list[cp_model.IntVar | None] = []
         for j, block in enumerate(blocks):
             choices, off = {}, {}
             for i, op in enumerate(block.ops[: block.stop + 1]):
@@ -162,7 +174,23 @@ class _Model:
                 self.runtime += ns * u
             if off:
                 self.runtime += self._stall(block, c[j], choices, off, f"{prefix}{j}")
-        return c, s, o
+            q.append(self._plain(block, c[j], f"{prefix}{j}") if plain_ok[j] else None)
+        return c, s, o, q
+
+    def _plain(self, block: SacBlock, c, name: str) -> cp_model.IntVar | None:
+        """The variable of the region offloading its saved storages while not checkpointed,
+        with its host bytes and its cost (copies counted as not overlapping compute, and the
+        runtime's price per op); None without a link or saved storages."""
+        nbytes = plain_offload_bytes(block)
+        if self.link is None or nbytes == 0:
+            return None
+        v = self.m.NewBoolVar(f"q{name}")
+        self.m.AddImplication(v, c.Not())
+        self.host += nbytes * v
+        copies = self.link.offload_time(nbytes) + self.link.reload_time(nbytes)
+        price = plain_offload_count(block) * round(self.union.blocks.offload_seconds * NS)
+        self.runtime += (round(copies * NS) + price) * v
+        return v
 
     def _stall(self, block: SacBlock, c, s: dict, o: dict, name: str) -> cp_model.IntVar:
         """Nanoseconds the region's copies stall the step (the module docstring's w_f + w_r)."""
@@ -181,23 +209,30 @@ class _Model:
         return forward + recompute
 
     @staticmethod
-    def _savings(block: SacBlock, c, s: dict, o: dict | None = None) -> cp_model.LinearExpr:
-        """The block's savings d_j; with its offload variables `o`, those the host holds too."""
+    def _savings(block: SacBlock, c, s: dict, o: dict | None = None, q=None) -> cp_model.LinearExpr:
+        """The block's savings d_j; with its offload variables `o` and `q`, those the host
+        holds too."""
         plain = sum(op.saved_bytes for op in block.ops)
         kept = sum((block.ops[i].new_bytes - block.ops[i].output_bytes) * v for i, v in s.items())
         offloaded = sum(block.ops[i].new_bytes * v for i, v in (o or {}).items())
-        return (plain - block.held_extra) * c - kept + offloaded
+        parked = 0 if q is None else plain_offload_bytes(block) * q
+        return (plain - block.held_extra) * c - kept + offloaded + parked
 
     def _memory_terms(self) -> None:
         m, P, union = self.m, self.peak, self.union
         d = []
         for j, block in enumerate(union.blocks.blocks):
-            total = self._savings(block, self.c[j], self.s[j], self.o[j])
+            total = self._savings(block, self.c[j], self.s[j], self.o[j], self.q[j])
             if union.splits[j] is not None:
                 kids = zip(
-                    union.splits[j].children, self.cc[j], self.cs[j], self.co[j], strict=True
+                    union.splits[j].children,
+                    self.cc[j],
+                    self.cs[j],
+                    self.co[j],
+                    self.cq[j],
+                    strict=True,
                 )
-                total += sum(self._savings(child, c, s, o) for child, c, s, o in kids)
+                total += sum(self._savings(child, c, s, o, q) for child, c, s, o, q in kids)
             d.append(total)
         before = [sum(d[:j]) for j in range(len(d) + 1)]
         for seg in union.blocks.segments:
@@ -211,9 +246,9 @@ class _Model:
             self._region(block, c, self.s[j], before[j], own, [], when_off=False)
             off = [c.Not()]
             kids = [
-                self._savings(k, v, s, o)
-                for k, v, s, o in zip(
-                    split.children, self.cc[j], self.cs[j], self.co[j], strict=True
+                self._savings(k, v, s, o, q)
+                for k, v, s, o, q in zip(
+                    split.children, self.cc[j], self.cs[j], self.co[j], self.cq[j], strict=True
                 )
             ]
             inner = [before[j] + sum(kids[:k]) for k in range(len(kids) + 1)]
@@ -295,19 +330,21 @@ class _Model:
         def chosen(x: dict) -> frozenset[int]:
             return frozenset(i for i, v in x.items() if solver.Value(v))
 
-        def sub(c, s, o) -> SacPlan:
+        def sub(c, s, o, q) -> SacPlan:
             offloaded = tuple(chosen(x) for x in o)
+            plain = tuple(v is not None and bool(solver.Value(v)) for v in q)
             return SacPlan(
                 tuple(bool(solver.Value(v)) for v in c),
                 tuple(chosen(x) for x in s),
                 offloaded if any(offloaded) else None,
+                plain if any(plain) else None,
             )
 
         children = tuple(
-            None if cc is None else sub(cc, cs, co)
-            for cc, cs, co in zip(self.cc, self.cs, self.co, strict=True)
+            None if cc is None else sub(cc, cs, co, cq)
+            for cc, cs, co, cq in zip(self.cc, self.cs, self.co, self.cq, strict=True)
         )
-        return UnionPlan(sub(self.c, self.s, self.o), children)
+        return UnionPlan(sub(self.c, self.s, self.o, self.q), children)
 
 
 def _binding(rows: list[tuple[int, dict[int, int]]]) -> list[tuple[int, dict[int, int]]]:

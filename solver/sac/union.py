@@ -110,6 +110,10 @@ def check_union_plan(union: SacUnion, plan: UnionPlan) -> None:
             raise ValueError(f"block {j}: a child plan must exist exactly where a split does")
         if sub is not None and plan.blocks.checkpointed[j] and any(sub.checkpointed):
             raise ValueError(f"block {j} is checkpointed whole and in a child")
+        if sub is not None and plan.blocks.plain_offloads()[j]:
+            raise ValueError(f"block {j} has children: its children offload, not the block")
+        if sub is not None and plan.blocks.checkpointed[j] and any(sub.plain_offloads()):
+            raise ValueError(f"block {j} is checkpointed whole and offloads in a child")
 
 
 def flatten(union: SacUnion, plan: UnionPlan) -> tuple[SacProblem, SacPlan]:
@@ -119,6 +123,7 @@ def flatten(union: SacUnion, plan: UnionPlan) -> tuple[SacProblem, SacPlan]:
     checkpointed: list[bool] = []
     saved: list[frozenset[int]] = []
     offloaded: list[frozenset[int]] = []
+    plain: list[bool] = []
     first: list[int] = []  # flat index of each block's first region
     segments: list[Segment] = []
     for j, (block, split, sub) in enumerate(
@@ -130,12 +135,14 @@ def flatten(union: SacUnion, plan: UnionPlan) -> tuple[SacProblem, SacPlan]:
             checkpointed.append(plan.blocks.checkpointed[j])
             saved.append(plan.blocks.saved[j])
             offloaded.append(plan.blocks.offloads()[j])
+            plain.append(plan.blocks.plain_offloads()[j])
             continue
         segments += [Segment(s.peak, len(blocks) + s.held) for s in split.segments]
         blocks += split.children
         checkpointed += sub.checkpointed
         saved += sub.saved
         offloaded += sub.offloads()
+        plain += sub.plain_offloads()
     first.append(len(blocks))
     segments += [Segment(s.peak, first[s.held]) for s in union.blocks.segments]
     problem = SacProblem(
@@ -145,7 +152,8 @@ def flatten(union: SacUnion, plan: UnionPlan) -> tuple[SacProblem, SacPlan]:
         offload_seconds=union.blocks.offload_seconds,
     )
     offloads = tuple(offloaded) if any(offloaded) else None
-    return problem, SacPlan(tuple(checkpointed), tuple(saved), offloads)
+    plains = tuple(plain) if any(plain) else None
+    return problem, SacPlan(tuple(checkpointed), tuple(saved), offloads, plains)
 
 
 def union_peak(union: SacUnion, plan: UnionPlan) -> int:
