@@ -20,6 +20,10 @@ MUST_SAVE for SAC, and its cache entry is replaced by a host copy (`Offloaded`):
   once copied; each entry's `get_val`, where the recompute reaches the op, waits for its reload
   and hands SAC the device tensor.
 
+A region that is not checkpointed parks its saved storages with `SavedOnHost`, the
+`saved_tensors_hooks` its forward runs under (a whole storage per pack, its views rebuilt at
+unpack on the storage reloaded where the backward first reads it).
+
 A copy is exact (`copy_`/`clone` of the same dtype and layout), so gradients are bit for bit
 those of the plan without offload, and of eager. The CUDA path is written for, not run here.
 """

@@ -411,10 +411,11 @@ def checkpoint_plan(
     `plan.plain_peak` are per rank (docs/sac.md, "Under FSDP2"). `offload`: a host link
     (`solver.Link`: bytes per second each way, `host_memory` bytes), a name of
     `solver.target.HOST_LINKS` or a built-in target (its host link); the plan may then also
-    offload saved ops to the host until the recompute (NOTE [ SAC offload model ],
-    docs/sac.md "Offload"): the least cost with the copies' stall predicted from the link,
-    the host copies within `host_memory`; None: keep or recompute only. PlanError (one line) for a
-    model allocating real memory or with data-dependent shapes in estimate mode;
+    offload saved ops of checkpointed regions to the host until the recompute, and park the
+    saved tensors of regions it does not checkpoint until their backward (NOTE [ SAC offload
+    model ], docs/sac.md "Offload"): the least cost with the copies' time predicted from the
+    link, the host copies within `host_memory`; None: keep or recompute only. PlanError (one
+    line) for a model allocating real memory or with data-dependent shapes in estimate mode;
     `solver.target.UnknownTargetError` for an unknown target. Ctrl-C (from the main thread,
     where SIGINT has Python's default handler): the first ends the call as the time limit
     does (the best plan the solve has, or PlanError during the recording), a second raises

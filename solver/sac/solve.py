@@ -51,6 +51,9 @@ stall of its copies, exact for the FIFO engines without big-M terms, and the run
 s_k): the rerun seconds before op i; off_k, re_k: the link's copy seconds of b_k.) A term of
 an op that is not offloaded is implied by the next offloaded op's (forward) or the previous
 one's (recompute), so the largest term over offloaded ops, the FIFO's wait, is what binds.
+A region r that may park (a block without a split, or a child) has q_r <= 1 - c_r (a child's
+also <= 1 - c_j): d gains q_r times its saved bytes, the host those bytes, the cost its copies'
+seconds both ways plus `offload_seconds` per saved storage.
 
 Every returned plan is evaluated by the reference (`solver.sac.union.union_peak`, which runs
 `solver.sac.memory`), whose peak and cost are the ones reported.
