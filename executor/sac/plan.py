@@ -97,19 +97,18 @@ def _checkpointed_forward(module: nn.Module, *args, **kwargs):
     )
 
 
+@torch.compiler.disable
 def _offloading_forward(module: nn.Module, *args, **kwargs):
     """A region's `forward` where it is not checkpointed and its saved storages wait on the host
     (NOTE [ SAC offload model ]): its class's forward under `SavedOnHost`'s
-    `saved_tensors_hooks`; without grad, in eval mode or while torch.compile traces it
-    (refused there: PlanError), the plain forward."""
+    `saved_tensors_hooks`, HF's KV cache off as in the recording (`cache_off`); without grad
+    or in eval mode, the plain forward. torch.compile leaves it out of its graphs
+    (`torch.compiler.disable`: dynamo does not trace saved-tensor hooks): it runs eagerly,
+    hooks and all, between the compiled pieces (docs/sac.md, "Offload")."""
     forward = type(module).forward.__get__(module)
     if not torch.is_grad_enabled() or not module.training:
         return forward(*args, **kwargs)
-    if torch.compiler.is_compiling():
-        raise PlanError(
-            f"region {module.remat_sac_offload}'s SAC plan offloads its saved tensors, which "
-            "torch.compile cannot run: solve the plan without offload= for compiled use"
-        )
+    args, kwargs = cache_off(module, args, kwargs)
     existing = [*module.parameters(), *module.buffers(), *leaf_tensors((args, kwargs))]
     saved = SavedOnHost(existing)
     with saved.hooks():
