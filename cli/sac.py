@@ -13,7 +13,10 @@ created in the step) and the median step time. Exit status 0 only when the plan'
 is within its budget. With ``--target NAME|FILE`` the plan is solved in estimate mode (no real
 step; bytes and seconds predicted for the target, `executor.sac.estimate`); a model on the
 meta device is then only planned, not run. ``--world-size N`` plans for FSDP2 over N ranks (the
-budget is device memory per rank) and runs nothing."""
+budget is device memory per rank) and runs nothing. ``--offload LINK`` (as `remat solve`'s:
+a link or target name, or D2H,H2D[,HOST] in GB/s) lets the plan also offload saved ops to the
+host (docs/sac.md, "Offload"); the plan's measured peak is then the device's, its host copies
+told apart (`executor.sac.offload.measure_split`), and their measured host bytes are printed."""
 
 from __future__ import annotations
 
@@ -25,8 +28,10 @@ import torch
 from torch import nn
 
 from cli.profile import load_model_from_args
+from cli.solve import parse_link
 from executor.loss import default_loss
-from executor.memory import measure_peak, median_seconds
+from executor.memory import median_seconds
+from executor.sac.offload import measure_split
 from executor.sac.plan import REGIONS, CheckpointPlan, checkpoint_plan
 
 __all__ = ["add_sac_arguments", "measure_step", "run_sac"]
@@ -74,6 +79,12 @@ def add_sac_arguments(parser: argparse.ArgumentParser) -> None:
         "default policy: float32 master weights, the model's dtype gathered, AdamW); the "
         "budget is then device memory per rank",
     )
+    parser.add_argument(
+        "--offload",
+        metavar="LINK",
+        help="also offload saved ops to the host over this link: pcie5, pcie4, c2c, a target "
+        "(its host link) or D2H,H2D[,HOST] (GB/s, host bytes as 512GiB)",
+    )
     parser.add_argument("--plan", metavar="FILE", help="run this saved plan instead of solving")
     parser.add_argument("--out", metavar="FILE", help="save the solved plan here")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (median; default 5)")
@@ -87,9 +98,11 @@ def measure_step(
     kwargs: Mapping[str, object],
     steps: int,
     loss_fn: Callable[[object], torch.Tensor] = default_loss,
-) -> tuple[int, float]:
-    """(measured peak bytes, median seconds) of `model`'s training step (forward, loss,
-    backward; `.grad` set to None before each), after one warm-up step; RNG restored after."""
+) -> tuple[int, float, int]:
+    """(measured peak bytes, median seconds, measured host bytes) of `model`'s training step
+    (forward, loss, backward; `.grad` set to None before each), after one warm-up step; RNG
+    restored after. The peak leaves out the host copies of an offloading SAC plan (their bytes
+    at their most are the third number; 0 without)."""
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
@@ -98,10 +111,10 @@ def measure_step(
     with torch.random.fork_rng():
         step()
         model.zero_grad(set_to_none=True)
-        peak = measure_peak(step).peak_bytes
+        split = measure_split(step)
         seconds = median_seconds(step, repeats=steps, warmup=0)
     model.zero_grad(set_to_none=True)
-    return peak, seconds
+    return split.device, seconds, split.host
 
 
 def run_sac(args: argparse.Namespace) -> int:
@@ -124,6 +137,7 @@ def run_sac(args: argparse.Namespace) -> int:
                 time_limit=args.time_limit,
                 target=args.target,
                 world_size=args.world_size,
+                offload=None if args.offload is None else parse_link(args.offload),
             )
         if args.out:
             plan.save(args.out)
@@ -137,6 +151,13 @@ def run_sac(args: argparse.Namespace) -> int:
             f"{plan.gap:.2%}; checkpointed {len(plan.checkpointed_regions())} of "
             f"{len(plan.regions)} regions, {sum(map(len, plan.saved))} ops saved{basis}"
         )
+        if plan.link is not None:
+            offloaded = sum(map(len, plan.offloads()))
+            regions = sum(plan.plain_offloads())
+            print(
+                f"offload: {offloaded} saved ops of checkpointed regions, {regions} regions' "
+                f"saved tensors; predicted host {_mib(plan.host)}"
+            )
         if plan.world_size > 1 or any(p.device.type == "meta" for p in model.parameters()):
             return 0  # a meta model has no values to run; a sharded plan runs on its ranks
         eager = measure_step(copy.deepcopy(model), inputs, kwargs, args.steps)
@@ -144,8 +165,10 @@ def run_sac(args: argparse.Namespace) -> int:
     finally:
         torch.set_num_threads(before)
     print(f"{'run':<8}{'measured peak':>16}{'step':>12}{'x eager':>9}")
-    for name, (peak, seconds) in (("eager", eager), ("plan", planned)):
+    for name, (peak, seconds, _) in (("eager", eager), ("plan", planned)):
         print(f"{name:<8}{_mib(peak):>16}{seconds * 1e3:>9.2f} ms{seconds / eager[1]:>9.2f}")
+    if plan.link is not None:
+        print(f"plan measured / predicted host bytes: {planned[2]:,} / {plan.host:,}")
     print(
         f"plan measured / predicted peak: {planned[0] / plan.peak:.3f}; "
         f"bytes over budget: {max(0, planned[0] - plan.budget)}"

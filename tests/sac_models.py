@@ -11,7 +11,7 @@ from torch import nn
 
 import executor
 from solver.sac import SacPlan
-from solver.sac.union import UnionPlan, union_peak
+from solver.sac.union import SacUnion, UnionPlan, union_peak
 
 
 class MLP(nn.Module):
@@ -88,6 +88,12 @@ def small() -> tuple[Summed, tuple[torch.Tensor]]:
     return Summed(transformer(layers=2)).train(), (torch.randn(2, 8, 32),)
 
 
+def larger() -> tuple[Summed, tuple[torch.Tensor]]:
+    """A `--model` factory: a 3-block transformer returning its loss, at a shape whose least
+    peak checkpoints (its blocks' saved ops can then be offloaded)."""
+    return Summed(transformer(layers=3)).train(), (torch.randn(4, 32, 32),)
+
+
 def assert_same_adamw_steps(runs: list[nn.Module], loss, steps: int = 3) -> None:
     """Train the models side by side with AdamW, the same RNG seed per step (`loss(model,
     step)` returns the step's loss), and assert every run's loss, gradients and buffers
@@ -112,19 +118,37 @@ def assert_same_adamw_steps(runs: list[nn.Module], loss, steps: int = 3) -> None
 
 
 def replanned(
-    plan: executor.CheckpointPlan, saved: tuple[frozenset[int], ...]
+    plan: executor.CheckpointPlan,
+    saved: tuple[frozenset[int], ...],
+    offloaded: tuple[frozenset[int], ...] | None = None,
+    plain: tuple[bool, ...] | None = None,
 ) -> tuple[executor.CheckpointPlan, int]:
-    """The plan's regions with `saved` as their MUST_SAVE ops (per region in `plan.regions`
-    order), and that plan's predicted peak (bytes) from the reference model."""
-    flat = iter(zip(plan.checkpointed, saved, strict=True))
+    """The plan's regions with `saved` as their MUST_SAVE ops, `offloaded` as those of them
+    offloaded and `plain` the regions not checkpointed whose saved storages wait on the host
+    (per region in `plan.regions` order; None: none), and that plan's predicted peak (bytes)
+    from the reference model."""
+    changed = dataclasses.replace(plan, saved=saved, offloaded=offloaded, plain_offloaded=plain)
+    return changed, union_peak(plan.problem, _union_plan(plan.problem, changed))
+
+
+def _union_plan(union: SacUnion, plan: executor.CheckpointPlan) -> UnionPlan:
+    """The `UnionPlan` of the plan's regions (`plan.regions` order) over `union`."""
+    flat = iter(
+        zip(plan.checkpointed, plan.saved, plan.offloads(), plan.plain_offloads(), strict=True)
+    )
     blocks, children = [], []
-    for split in plan.problem.splits:
+    for split in union.splits:
         blocks.append(next(flat))
         kids = [] if split is None else [next(flat) for _ in split.children]
-        children.append(None if split is None else SacPlan(*map(tuple, zip(*kids, strict=True))))
-    union_plan = UnionPlan(SacPlan(*map(tuple, zip(*blocks, strict=True))), tuple(children))
-    changed = dataclasses.replace(plan, saved=saved)
-    return changed, union_peak(plan.problem, union_plan)
+        children.append(None if split is None else _sac_plan(kids))
+    return UnionPlan(_sac_plan(blocks), tuple(children))
+
+
+def _sac_plan(regions: list[tuple[bool, frozenset[int], frozenset[int], bool]]) -> SacPlan:
+    checkpointed, saved, offloaded, plain = (tuple(x) for x in zip(*regions, strict=True))
+    return SacPlan(
+        checkpointed, saved, offloaded if any(offloaded) else None, plain if any(plain) else None
+    )
 
 
 def every_saveable(plan: executor.CheckpointPlan) -> tuple[frozenset[int], ...]:

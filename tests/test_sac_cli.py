@@ -3,9 +3,15 @@ on stderr with exit status 2."""
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
+import pytest
+from sac_models import _union_plan, every_saveable, larger, replanned
+
+import executor
 from cli.main import main
+from solver.sac.memory import offloadable, plan_host
+from solver.sac.union import flatten
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -24,3 +30,30 @@ def test_bad_budget_is_one_line_and_status_2(capsys):
     assert main(["sac", "--model", "sac_models:small", "--budget", "lots"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("remat: error: cannot read memory budget") and err.count("\n") == 1
+
+
+def test_offload_option_and_an_offloading_plan_file(tmp_path, capsys):
+    """`--offload` solves and saves;
+    `--plan` runs a plan file whose regions offload every op they may: its device peak (host
+    copies told apart) within its budget, its measured host bytes equal to the predicted."""
+    out = tmp_path / "plan.json"
+    args = ["sac", "--steps", "2", "--time-limit", "10"]
+    solve = [*args, "--model", "sac_models:small", "--budget", "min", "--offload", "25,20,1GiB"]
+    assert main([*solve, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "offload: " in printed and "bytes over budget: 0" in printed
+    model, inputs = larger()
+    plan = executor.checkpoint_plan(model, inputs, "min", time_limit=10, offload="h100")
+    saved = every_saveable(plan)
+    offloaded = tuple(
+        frozenset(i for i in s if offloadable(r.ops[i]))
+        for r, s in zip(plan.problem.regions(), saved, strict=True)
+    )
+    changed, peak = replanned(plan, saved, offloaded)
+    flat = flatten(plan.problem, _union_plan(plan.problem, changed))
+    host = plan_host(*flat)
+    dataclasses.replace(changed, peak=peak, budget=peak, host=host).save(out)
+    assert main([*args, "--model", "sac_models:larger", "--plan", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"plan measured / predicted host bytes: {host:,} / {host:,}" in printed and host > 0
+    assert "bytes over budget: 0" in printed

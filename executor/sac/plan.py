@@ -10,7 +10,8 @@
 3. `record_union`: measured windows, op streams, checkpoint price and SAC overhead of both
    (executor/sac/record.py);
 4. `solve_sac`: the least recompute seconds plus price and overhead under the budget over every
-   granularity (solver/sac/solve.py, solver/sac/union.py).
+   granularity (solver/sac/solve.py, solver/sac/union.py); with `offload=` a host link, each
+   saved op may wait on the host instead (NOTE [ SAC offload model ], executor/sac/offload.py).
 docs/sac.md gives the memory model and its measured accuracy.
 
 NOTE [ SAC plans under compile ]: while torch.compile traces a block (dynamo's fake-tensor runs,
@@ -37,6 +38,8 @@ from executor.fsdp import model_memory, resolve_policy, sharded_world_size
 from executor.loss import default_loss
 from executor.sac.blocks import select_blocks
 from executor.sac.measurer import Measured
+from executor.sac.offload import SavedOnHost
+from executor.sac.overhead import measure_offload_seconds
 from executor.sac.policy import Policy
 from executor.sac.record import RECORDING_STEPS, record_union
 from executor.sac.region import cache_off, run_checkpointed
@@ -44,15 +47,20 @@ from executor.sac.sharded import solve_sharded
 from executor.sac.step import RecordingTime, Snapshot, in_call_order, leaf_tensors
 from graph_capture.inputs import positional_inputs
 from solver.core.budget import USABLE, Budget, plain_step
+from solver.core.link import Link
 from solver.errors import ScheduleMismatchError
 from solver.interrupt import call_deadline
 from solver.sac.solve import solve_sac
 from solver.sac.union import SacUnion, UnionPlan
 from solver.target import Device, FsdpPolicy
+from solver.target.devices import host_link
 
 __all__ = ["REGIONS", "CheckpointPlan", "checkpoint_plan"]
 
-FORMAT = "remat-sac-plan/5"
+FORMAT = "remat-sac-plan/6"
+READS = ("remat-sac-plan/5", FORMAT)
+"""The plan formats `CheckpointPlan.load` reads: 6 adds the offload choices and the link; a
+format 5 file offloads nothing."""
 
 
 def model_signature(model: nn.Module) -> str:
@@ -89,6 +97,26 @@ def _checkpointed_forward(module: nn.Module, *args, **kwargs):
     )
 
 
+@torch.compiler.disable
+def _offloading_forward(module: nn.Module, *args, **kwargs):
+    """A region's `forward` where it is not checkpointed and its saved storages wait on the host
+    (NOTE [ SAC offload model ]): its class's forward under `SavedOnHost`'s
+    `saved_tensors_hooks`, HF's KV cache off as in the recording (`cache_off`); without grad
+    or in eval mode, the plain forward. torch.compile leaves it out of its graphs
+    (`torch.compiler.disable`: dynamo does not trace saved-tensor hooks): it runs eagerly,
+    hooks and all, between the compiled pieces (docs/sac.md, "Offload")."""
+    forward = type(module).forward.__get__(module)
+    if not torch.is_grad_enabled() or not module.training:
+        return forward(*args, **kwargs)
+    args, kwargs = cache_off(module, args, kwargs)
+    existing = [*module.parameters(), *module.buffers(), *leaf_tensors((args, kwargs))]
+    saved = SavedOnHost(existing)
+    with saved.hooks():
+        out = forward(*args, **kwargs)
+    saved.forward_done(out)
+    return out
+
+
 @dataclass(frozen=True)
 class CheckpointPlan:
     """A solved SAC plan. `model_signature`: a digest of the model it was solved for
@@ -106,7 +134,13 @@ class CheckpointPlan:
     None where bytes and seconds were measured here; in estimate mode the target device's
     name, and `plain_peak` and every second are predicted for it (executor/sac/estimate.py).
     `world_size` > 1: sharded by FSDP2, and `peak`, `budget`, `plain_peak` are bytes per rank
-    on the device (resident included: docs/sac.md, "Under FSDP2")."""
+    on the device (resident included: docs/sac.md, "Under FSDP2"). `link`: the host link the
+    plan was solved with (None: it offloads nothing); `offloaded`: per region, the saved op
+    positions whose outputs wait on the host between the forward and the recompute (None:
+    none); `plain_offloaded`: per region, whether it is not checkpointed and the storages its
+    ops create that autograd saves wait on the host (None: none); `host`: the bytes those host
+    copies hold at their most (predicted); `cost` then includes the copies' stall, predicted
+    from the link (docs/sac.md, "Offload")."""
 
     model_signature: str
     regions: tuple[str, ...]
@@ -124,6 +158,18 @@ class CheckpointPlan:
     problem: SacUnion
     target: str | None = None
     world_size: int = 1
+    link: Link | None = None
+    offloaded: tuple[frozenset[int], ...] | None = None
+    host: int = 0
+    plain_offloaded: tuple[bool, ...] | None = None
+
+    def plain_offloads(self) -> tuple[bool, ...]:
+        """Per region, whether it offloads its saved storages while not checkpointed."""
+        return self.plain_offloaded or (False,) * len(self.regions)
+
+    def offloads(self) -> tuple[frozenset[int], ...]:
+        """Per region, the offloaded op positions (empty where the plan offloads nothing)."""
+        return self.offloaded or (frozenset(),) * len(self.regions)
 
     @property
     def plain_step(self) -> str:
@@ -142,6 +188,10 @@ class CheckpointPlan:
         basis = "measured" if self.target is None else f"predicted for {self.target}"
         if self.world_size > 1:
             basis += f", per rank of {self.world_size}"
+        if self.link is not None:
+            ops = sum(len(o) for o in self.offloads())
+            plain = sum(self.plain_offloads())
+            basis += f", {ops} ops and {plain} regions offloaded, host {self.host:,} B"
         return (
             f"CheckpointPlan({self.status}, {len(checkpointed)} of {len(self.regions)} regions "
             f"checkpointed ({saving} saving ops), peak {self.peak:,} B of budget "
@@ -174,12 +224,15 @@ class CheckpointPlan:
         modules = dict(model.named_modules())
         regions = self.problem.regions()
         for j, name in enumerate(self.regions):
+            module = modules[name]
+            if hasattr(module, "remat_sac_policy") or hasattr(module, "remat_sac_offload"):
+                raise PlanError(f"block {name} already runs under a SAC plan: apply it once")
+            if self.plain_offloads()[j]:
+                module.remat_sac_offload = name
+                module.forward = types.MethodType(_offloading_forward, module)
             if not self.checkpointed[j]:
                 continue
-            module = modules[name]
-            if hasattr(module, "remat_sac_policy"):
-                raise PlanError(f"block {name} already runs under a SAC plan: apply it once")
-            module.remat_sac_policy = Policy(name, self.ops[j], self.saved[j])
+            module.remat_sac_policy = Policy(name, self.ops[j], self.saved[j], self.offloads()[j])
             module.remat_sac_buffers = regions[j].buffers
             module.forward = types.MethodType(_checkpointed_forward, module)
         return model
@@ -190,16 +243,28 @@ class CheckpointPlan:
             "format": FORMAT,
             "model_signature": self.model_signature,
             "regions": [
-                {"name": n, "type": t, "checkpointed": c, "saved": sorted(s), "ops": list(o)}
-                for n, t, c, s, o in zip(
+                {
+                    "name": n,
+                    "type": t,
+                    "checkpointed": c,
+                    "saved": sorted(s),
+                    "offloaded": sorted(f),
+                    "plain_offloaded": p,
+                    "ops": list(o),
+                }
+                for n, t, c, s, f, p, o in zip(
                     self.regions,
                     self.region_types,
                     self.checkpointed,
                     self.saved,
+                    self.offloads(),
+                    self.plain_offloads(),
                     self.ops,
                     strict=True,
                 )
             ],
+            "link": None if self.link is None else self.link.to_json(),
+            "host": self.host,
             **{k: getattr(self, k) for k in ("status", "peak", "cost", "bound", "gap")},
             **{k: getattr(self, k) for k in ("budget", "plain_peak", "target", "world_size")},
             "problem": self.problem.to_json(),
@@ -208,23 +273,27 @@ class CheckpointPlan:
 
     @classmethod
     def load(cls, path: str | Path, model: nn.Module) -> CheckpointPlan:
-        """Read a plan written by `save`, checked against `model` (ScheduleMismatchError for a
-        plan of another model or other blocks, ValueError for a file that is not a plan)."""
+        """Read a plan written by `save` (format 6, or 5: offloading nothing), checked against
+        `model` (ScheduleMismatchError for a plan of another model or other blocks, ValueError
+        for a file that is not a plan)."""
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise PlanError(f"{path} is not a SAC plan file ({e}): write one with plan.save") from e
         found = data.get("format") if isinstance(data, dict) else None
-        if isinstance(found, str) and found.startswith("remat-sac-plan/") and found != FORMAT:
+        if isinstance(found, str) and found.startswith("remat-sac-plan/") and found not in READS:
             raise PlanError(
                 f"{path} is a SAC plan of format {found!r}, not {FORMAT!r} (its problem lacks "
                 "what this version records, or names it otherwise): solve it again with "
                 "checkpoint_plan"
             )
         try:
-            if found != FORMAT:
+            if found not in READS:
                 raise PlanError(f"format {data.get('format')!r}, not {FORMAT!r}")
             regions = data["regions"]
+            link = data.get("link")
+            offloaded = tuple(frozenset(r.get("offloaded", ())) for r in regions)
+            plain = tuple(bool(r.get("plain_offloaded", False)) for r in regions)
             plan = cls(
                 model_signature=data["model_signature"],
                 regions=tuple(r["name"] for r in regions),
@@ -237,7 +306,13 @@ class CheckpointPlan:
                 problem=SacUnion.from_json(data["problem"]),
                 target=data.get("target"),
                 world_size=int(data.get("world_size", 1)),
+                link=None if link is None else Link.from_json(link),
+                offloaded=offloaded if any(offloaded) else None,
+                host=int(data.get("host", 0)),
+                plain_offloaded=plain if any(plain) else None,
             )
+            if (plan.offloaded is not None or any(plain)) and plan.link is None:
+                raise PlanError("it offloads ops but has no link")
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise PlanError(f"{path} is not a SAC plan file ({e}): write one with plan.save") from e
         plan.check_model(model)
@@ -304,6 +379,7 @@ def checkpoint_plan(
     target: str | Device | None = None,
     world_size: int = 1,
     fsdp: FsdpPolicy | None = None,
+    offload: Link | str | None = None,
 ) -> CheckpointPlan:
     """The SAC plan of least cost (recompute seconds plus checkpoint's price per region plus SAC
     overhead) for one training step of `model` on the example inputs
@@ -331,8 +407,14 @@ def checkpoint_plan(
     device memory per rank (a percentage: of the per-rank peak without checkpointing; None:
     what the target lets PyTorch allocate, `solver.target.Device.usable`: its capacity less
     the process's memory outside PyTorch, NCCL's included), and `plan.peak`, `plan.budget`,
-    `plan.plain_peak` are per rank (docs/sac.md, "Under FSDP2"). PlanError (one line) for a
-    model allocating real memory or with data-dependent shapes in estimate mode;
+    `plan.plain_peak` are per rank (docs/sac.md, "Under FSDP2"). `offload`: a host link
+    (`solver.Link`: bytes per second each way, `host_memory` bytes), a name of
+    `solver.target.HOST_LINKS` or a built-in target (its host link); the plan may then also
+    offload saved ops of checkpointed regions to the host until the recompute, and park the
+    saved tensors of regions it does not checkpoint until their backward (NOTE [ SAC offload
+    model ], docs/sac.md "Offload"): the least cost with the copies' time predicted from the
+    link, the host copies within `host_memory`; None: keep or recompute only. PlanError (one
+    line) for a model allocating real memory or with data-dependent shapes in estimate mode;
     `solver.target.UnknownTargetError` for an unknown target. Ctrl-C (from the main thread,
     where SIGINT has Python's default handler): the first ends the call as the time limit
     does (the best plan the solve has, or PlanError during the recording), a second raises
@@ -342,6 +424,12 @@ def checkpoint_plan(
     _check_world_size(world_size)
     world_size = sharded_world_size(world_size, fsdp)
     sharded = world_size > 1 or fsdp is not None
+    link = _link(offload)
+    if link is not None and sharded:
+        raise PlanError(
+            "offload= plans one process's step, not a sharded one: leave offload out with "
+            "world_size > 1 or fsdp"
+        )
     wanted = Budget.of(budget)  # an unreadable budget fails before any recording
     example_inputs = positional_inputs(example_inputs, PlanError)
     kwargs = dict(example_kwargs or {})
@@ -384,14 +472,29 @@ def checkpoint_plan(
             union, kept = record_union(model, named, children, step, clock=clock, measurer=measurer)
         whole = regions != "children"
         if policy is None:
-            solution = solve_sac(union, wanted, deadline, whole=whole)
-            return _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
+            if link is not None:
+                seconds = measure_offload_seconds()
+                union = replace(union, blocks=replace(union.blocks, offload_seconds=seconds))
+            solution = solve_sac(union, wanted, deadline, whole=whole, link=link)
+            plan = _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
+            return plan if link is None else replace(plan, link=link, host=solution.host)
         memory = model_memory(model, [m for _, m in named], policy)
         done = solve_sharded(
             union, memory, wanted, device, deadline, whole, policy.nccl_communicators
         )
         plan = _plan(model, named, kept, union, done.solution, measurer.target, done.plain_peak)
         return replace(plan, world_size=policy.world_size)
+
+
+def _link(offload: Link | str | None) -> Link | None:
+    """The host link `offload=` names (None: none); PlanError for anything else."""
+    if offload is None:
+        return None
+    if not isinstance(offload, Link | str):
+        raise PlanError(
+            f"offload must be a solver.Link, a host link or target name, or None, not {offload!r}"
+        )
+    return host_link(offload)
 
 
 def _kids(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
@@ -417,7 +520,7 @@ def _plan(
     model: nn.Module, named, kept, union: SacUnion, solution, target: str | None, plain: int
 ) -> CheckpointPlan:
     """The plan's regions in order: each block, then its children where it has a split."""
-    names, types_, ops, checkpointed, saved = [], [], [], [], []
+    names, types_, ops, checkpointed, saved, offloaded, parked = [], [], [], [], [], [], []
     plan: UnionPlan = solution.plan
     for j, (name, module) in enumerate(named):
         block = union.blocks.blocks[j]
@@ -426,17 +529,27 @@ def _plan(
         ops.append(tuple(op.name for op in block.ops))
         checkpointed.append(plan.blocks.checkpointed[j])
         saved.append(plan.blocks.saved[j])
+        offloaded.append(plan.blocks.offloads()[j])
+        parked.append(plan.blocks.plain_offloads()[j])
         if kept[j] is None:
             continue
         split, sub = union.splits[j], plan.children[j]
-        for (kid, m), child, c, s in zip(
-            kept[j], split.children, sub.checkpointed, sub.saved, strict=True
+        for (kid, m), child, c, s, o, q in zip(
+            kept[j],
+            split.children,
+            sub.checkpointed,
+            sub.saved,
+            sub.offloads(),
+            sub.plain_offloads(),
+            strict=True,
         ):
             names.append(kid)
             types_.append(type(m).__name__)
             ops.append(tuple(op.name for op in child.ops))
             checkpointed.append(c)
             saved.append(s)
+            offloaded.append(o)
+            parked.append(q)
     return CheckpointPlan(
         model_signature=model_signature(model),
         regions=tuple(names),
@@ -453,4 +566,6 @@ def _plan(
         plain_peak=plain,
         problem=union,
         target=target,
+        offloaded=tuple(offloaded) if any(offloaded) else None,
+        plain_offloaded=tuple(parked) if any(parked) else None,
     )

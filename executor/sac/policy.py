@@ -1,4 +1,5 @@
 """A region's SAC policy: MUST_SAVE for the plan's saved ops, MUST_RECOMPUTE for the others, with
+the plan's offloaded ops (saved ones) moved to the host and back (executor/sac/offload.py), and
 the op-stream check (NOTE [ SAC policy state ], NOTE [ SAC plans under compile ] in
 executor/sac/plan.py). Used by `CheckpointPlan.apply` and by the recording, which times it
 (`executor.sac.overhead.measure_overhead`)."""
@@ -15,16 +16,25 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from executor.errors import OpStreamMismatchError
+from executor.errors import OpStreamMismatchError, PlanError
+from executor.sac.offload import HostCopies, offloading_contexts
 
 
 class Policy:
     """A block's SAC policy: MUST_SAVE for its saved ops, MUST_RECOMPUTE for the others, looked
-    up by position in the block's forward op stream. `contexts` is the `context_fn`: it makes a
-    fresh position counter for each checkpoint call (NOTE [ SAC policy state ])."""
+    up by position in the block's forward op stream; `offloaded` (a subset of `saved`): the
+    saved ops whose outputs wait on the host between the forward and the recompute. `contexts`
+    is the `context_fn`: it makes a fresh position counter for each checkpoint call (NOTE [ SAC
+    policy state ])."""
 
-    def __init__(self, name: str, ops: Sequence[str], saved: frozenset[int]) -> None:
-        self.name, self.ops, self.saved = name, tuple(ops), saved
+    def __init__(
+        self,
+        name: str,
+        ops: Sequence[str],
+        saved: frozenset[int],
+        offloaded: frozenset[int] = frozenset(),
+    ) -> None:
+        self.name, self.ops, self.saved, self.offloaded = name, tuple(ops), saved, offloaded
         self.position = [0]
         self.saved_occurrences = {(ops[i], ops[:i].count(ops[i])) for i in saved}
 
@@ -33,9 +43,16 @@ class Policy:
         # finds values by op and occurrence index, so the counter lives per checkpoint call.
         position = self.position = [0]
         occurrences: dict[str, int] = {}
+        copies = HostCopies()  # the offloaded outputs (executor/sac/offload.py)
 
         def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
             if _tracing(op, args, kwargs):
+                if self.offloaded:
+                    raise PlanError(
+                        f"block {self.name}'s SAC plan offloads ops, which torch.compile "
+                        "cannot run in torch 2.13 (nothing maps MUST_CPU_OFFLOAD to its "
+                        "offloading pass): solve the plan without offload= for compiled use"
+                    )
                 # NOTE [ SAC plans under compile ]: the partitioner sees traced ops, not eager's
                 # stream; the plan's saved ops are found by op and occurrence (SAC's own key).
                 k = occurrences[str(op)] = occurrences.get(str(op), -1) + 1
@@ -50,11 +67,16 @@ class Policy:
                     f"{planned}: the block runs other ops than when the plan was solved "
                     "(code, autocast or dtype changed); solve the plan again"
                 )
+            if i in self.offloaded:
+                copies.pack(op, args, ctx.op_output)
             return (
                 CheckpointPolicy.MUST_SAVE if i in self.saved else CheckpointPolicy.MUST_RECOMPUTE
             )
 
-        return create_selective_checkpoint_contexts(policy)
+        forward, recompute = create_selective_checkpoint_contexts(policy)
+        if not self.offloaded or torch.compiler.is_compiling():
+            return forward, recompute
+        return offloading_contexts(forward, recompute, copies)
 
     def check_complete(self) -> None:
         if torch.compiler.is_compiling():

@@ -51,7 +51,7 @@ from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
 from solver.errors import ScheduleMismatchError, SolverTimeoutError
 from solver.interrupt import call_deadline
-from solver.target.devices import named_link
+from solver.target.devices import host_link
 
 __all__ = ["Rematerialized", "load_schedule", "rematerialize", "split_ops"]
 
@@ -472,10 +472,10 @@ def rematerialize(
 
 def _link(offload: Link | str | None) -> Link | None:
     """The host link `rematerialize`'s ``offload`` names; RematerializeError for what is none."""
-    if offload is None or isinstance(offload, Link):
-        return offload
-    if isinstance(offload, str):
-        return named_link(offload)
+    if offload is None:
+        return None
+    if isinstance(offload, Link | str):
+        return host_link(offload)
     raise RematerializeError(
         f"offload must be a solver.Link, the name of a host link or target ('pcie5', 'h100'), "
         f"or None, not {offload!r}"

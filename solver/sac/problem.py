@@ -108,12 +108,16 @@ class Segment:
 @dataclass(frozen=True)
 class SacProblem:
     """Blocks in forward order, the other stretches, and the plain step's peak: measured, or
-    predicted in estimate mode (`plain_peak_basis`)."""
+    predicted in estimate mode (`plain_peak_basis`). `offload_seconds`: seconds the runtime
+    spends per offloaded op besides its copies (its Python: the pack, the cache entry's swap,
+    the reload's issue and read; measured, executor/sac/offload.py), 0 where the plan cannot
+    offload."""
 
     blocks: tuple[SacBlock, ...]
     segments: tuple[Segment, ...]
     plain_peak: int
     plain_peak_basis: str = "measured"
+    offload_seconds: float = 0.0
 
     def to_json(self) -> dict:
         return {
@@ -121,6 +125,7 @@ class SacProblem:
             "segments": [asdict(s) for s in self.segments],
             "plain_peak": self.plain_peak,
             "plain_peak_basis": self.plain_peak_basis,
+            "offload_seconds": self.offload_seconds,
         }
 
     @classmethod
@@ -130,4 +135,5 @@ class SacProblem:
             tuple(Segment(**s) for s in d["segments"]),
             int(d["plain_peak"]),
             str(d.get("plain_peak_basis", "measured")),
+            float(d.get("offload_seconds", 0.0)),
         )

@@ -37,6 +37,24 @@ its children's; the block's checkpointed terms are enforced where c_j = 1, and i
 terms (with D_{j,l} = D_j + the savings of children 0..l-1) and its inner stretches
 (peak - D_{j,held} <= P) where c_j = 0, replacing the block's not-checkpointed terms.
 
+With a host link (NOTE [ SAC offload model ], solver/sac/memory.py) each offloadable op i of
+a region also has o_i <= s_i (offloaded): d_j gains sum_i o_i b_i (the host holds them), every
+recompute term keeps the offload-free d_j (the reloads are back on the device through the
+recompute), sum o_i b_i <= host_memory over every region, and the cost gains per region the
+stall of its copies, exact for the FIFO engines without big-M terms, and the runtime's
+`offload_seconds` per offloaded op:
+
+    forward:    w_f >= T_i - T + sum_{k>=i} o_k off_k      (every offloadable i; w_f >= 0)
+    recompute:  w_r >= sum_{k<=i} o_k re_k - R_i            (every offloadable i <= stop)
+
+(T_i: forward seconds through op i, T: the whole forward's; R_i = sum_{k<i} seconds_k (c_j -
+s_k): the rerun seconds before op i; off_k, re_k: the link's copy seconds of b_k.) A term of
+an op that is not offloaded is implied by the next offloaded op's (forward) or the previous
+one's (recompute), so the largest term over offloaded ops, the FIFO's wait, is what binds.
+A region r that may park (a block without a split, or a child) has q_r <= 1 - c_r (a child's
+also <= 1 - c_j): d gains q_r times its saved bytes, the host those bytes, the cost its copies'
+seconds both ways plus `offload_seconds` per saved storage.
+
 Every returned plan is evaluated by the reference (`solver.sac.union.union_peak`, which runs
 `solver.sac.memory`), whose peak and cost are the ones reported.
 """
@@ -48,11 +66,12 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from solver.core.budget import Budget, as_percent, plain_step
+from solver.core.link import Link
 from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
-from solver.sac.memory import SacPlan
+from solver.sac.memory import SacPlan, offloadable, plain_offload_bytes, plain_offload_count
 from solver.sac.problem import SacBlock, SacProblem
-from solver.sac.union import SacUnion, UnionPlan, union_cost, union_peak
+from solver.sac.union import SacUnion, UnionPlan, union_cost, union_host, union_peak
 
 NS = 1e9
 """Cost units per second in the 0/1 model (whole nanoseconds)."""
@@ -68,7 +87,9 @@ class SacSolution:
     checkpoint price plus the SAC runtime's overhead of the regions that save an op) from the
     reference
     model, `status` ("OPTIMAL" or "FEASIBLE"), `bound` (proven lower bound on the cost, seconds),
-    `gap` ((cost - bound) / cost, 0 when cost is 0) and `budget` (bytes)."""
+    `gap` ((cost - bound) / cost, 0 when cost is 0) and `budget` (bytes); with a link, the cost
+    includes the copies' predicted stall and `host` is the bytes the host copies hold at their
+    most (0 without offload)."""
 
     plan: SacPlan | UnionPlan
     peak: int
@@ -77,6 +98,7 @@ class SacSolution:
     bound: float
     gap: float
     budget: int
+    host: int = 0
 
 
 class _Model:
@@ -84,62 +106,136 @@ class _Model:
     Per block: `c[j]`, `s[j]` (the whole block), and where it has a split, `cc[j]`, `cs[j]`
     (its children, each `c_{j,l} + c_j <= 1`). A split block's own terms hold where `c_j` is
     set, its children's and its inner stretches' where it is not (solver/sac/union.py).
-    `whole=False` forbids whole-block regions where a split exists."""
+    `whole=False` forbids whole-block regions where a split exists. With `link`, `o[j]`
+    (`co[j]` for children) are the offload variables and the copies' stall is in `runtime`."""
 
-    def __init__(self, union: SacUnion, budget: int, whole: bool = True) -> None:
-        self.union = union
+    def __init__(
+        self, union: SacUnion, budget: int, whole: bool = True, link: Link | None = None
+    ) -> None:
+        self.union, self.link = union, link
         m = self.m = cp_model.CpModel()
         self.peak = m.NewIntVar(-(2**50), budget, "P")
-        self.runtime: cp_model.LinearExpr = 0  # nanoseconds of the SAC runtime's overhead
-        self.c, self.s = self._regions(union.blocks.blocks, "b")
+        # nanoseconds of the SAC runtime's overhead and the copies' stall
+        self.runtime: cp_model.LinearExpr = 0
+        self.host: cp_model.LinearExpr = 0  # bytes offloaded
+        self.c, self.s, self.o, self.q = self._regions(
+            union.blocks.blocks, "b", [s is None for s in union.splits]
+        )
         self.cc: list[list[cp_model.IntVar] | None] = []
         self.cs: list[list[dict[int, cp_model.IntVar]] | None] = []
+        self.co: list[list[dict[int, cp_model.IntVar]] | None] = []
+        self.cq: list[list[cp_model.IntVar | None] | None] = []
         for j, split in enumerate(union.splits):
             if split is None:
                 self.cc.append(None)
                 self.cs.append(None)
+                self.co.append(None)
+                self.cq.append(None)
                 continue
-            cc, cs = self._regions(split.children, f"b{j}_")
+            cc, cs, co, cq = self._regions(split.children, f"b{j}_", [True] * len(split.children))
             for v in cc:
                 m.Add(v + self.c[j] <= 1)
+            for v in cq:
+                if v is not None:
+                    m.AddImplication(v, self.c[j].Not())
             if not whole:
                 m.Add(self.c[j] == 0)
             self.cc.append(cc)
             self.cs.append(cs)
+            self.co.append(co)
+            self.cq.append(cq)
+        if link is not None and link.host_memory is not None:
+            m.Add(self.host <= link.host_memory)
         self._memory_terms()
 
-    def _regions(self, blocks, prefix: str):
+    def _regions(self, blocks, prefix: str, plain_ok: list[bool]):
+        """Per region: c, s (its saves), o (its offloaded saves) and q (its saved storages
+        offloaded while it is not checkpointed; None where `plain_ok` is False, without a
+        link, or where it saves nothing)."""
         c = [self.m.NewBoolVar(f"c{prefix}{j}") for j in range(len(blocks))]
         s: list[dict[int, cp_model.IntVar]] = []
+        o: list[dict[int, cp_model.IntVar]] = []
+        q: list[cp_model.IntVar | None] = []
         for j, block in enumerate(blocks):
-            choices = {}
+            choices, off = {}, {}
             for i, op in enumerate(block.ops[: block.stop + 1]):
                 if op.saveable:
                     choices[i] = self.m.NewBoolVar(f"s{prefix}{j}_{i}")
                     self.m.AddImplication(choices[i], c[j])
+                if self.link is not None and offloadable(op):
+                    off[i] = self.m.NewBoolVar(f"o{prefix}{j}_{i}")
+                    self.m.AddImplication(off[i], choices[i])
+                    self.host += op.new_bytes * off[i]
+                    self.runtime += round(self.union.blocks.offload_seconds * NS) * off[i]
             s.append(choices)
+            o.append(off)
             ns = round(block.overhead * NS)
             if ns > 0 and choices:
                 u = self.m.NewBoolVar(f"u{prefix}{j}")
                 for v in choices.values():
                     self.m.AddImplication(v, u)
                 self.runtime += ns * u
-        return c, s
+            if off:
+                self.runtime += self._stall(block, c[j], choices, off, f"{prefix}{j}")
+            q.append(self._plain(block, c[j], f"{prefix}{j}") if plain_ok[j] else None)
+        return c, s, o, q
+
+    def _plain(self, block: SacBlock, c, name: str) -> cp_model.IntVar | None:
+        """The variable of the region offloading its saved storages while not checkpointed,
+        with its host bytes and its cost (copies counted as not overlapping compute, and the
+        runtime's price per op); None without a link or saved storages."""
+        nbytes = plain_offload_bytes(block)
+        if self.link is None or nbytes == 0:
+            return None
+        v = self.m.NewBoolVar(f"q{name}")
+        self.m.AddImplication(v, c.Not())
+        self.host += nbytes * v
+        copies = self.link.offload_time(nbytes) + self.link.reload_time(nbytes)
+        price = plain_offload_count(block) * round(self.union.blocks.offload_seconds * NS)
+        self.runtime += (round(copies * NS) + price) * v
+        return v
+
+    def _stall(self, block: SacBlock, c, s: dict, o: dict, name: str) -> cp_model.IntVar:
+        """Nanoseconds the region's copies stall the step (the module docstring's w_f + w_r)."""
+        assert self.link is not None
+        m, seconds = self.m, [round(op.seconds * NS) for op in block.ops]
+        off = {i: round(self.link.offload_time(block.ops[i].new_bytes) * NS) for i in o}
+        re = {i: round(self.link.reload_time(block.ops[i].new_bytes) * NS) for i in o}
+        forward = m.NewIntVar(0, sum(off.values()), f"wf{name}")
+        for i in o:
+            later = sum(off[k] * o[k] for k in o if k >= i)
+            m.Add(forward >= sum(seconds[: i + 1]) - sum(seconds) + later)
+        recompute = m.NewIntVar(0, sum(re.values()), f"wr{name}")
+        for i in o:
+            rerun = sum(seconds[k] * (c - s[k]) if k in s else seconds[k] * c for k in range(i))
+            m.Add(recompute >= sum(re[k] * o[k] for k in o if k <= i) - rerun)
+        return forward + recompute
 
     @staticmethod
-    def _savings(block: SacBlock, c, s: dict) -> cp_model.LinearExpr:
+    def _savings(block: SacBlock, c, s: dict, o: dict | None = None, q=None) -> cp_model.LinearExpr:
+        """The block's savings d_j; with its offload variables `o` and `q`, those the host
+        holds too."""
         plain = sum(op.saved_bytes for op in block.ops)
         kept = sum((block.ops[i].new_bytes - block.ops[i].output_bytes) * v for i, v in s.items())
-        return (plain - block.held_extra) * c - kept
+        offloaded = sum(block.ops[i].new_bytes * v for i, v in (o or {}).items())
+        parked = 0 if q is None else plain_offload_bytes(block) * q
+        return (plain - block.held_extra) * c - kept + offloaded + parked
 
     def _memory_terms(self) -> None:
         m, P, union = self.m, self.peak, self.union
         d = []
         for j, block in enumerate(union.blocks.blocks):
-            total = self._savings(block, self.c[j], self.s[j])
+            total = self._savings(block, self.c[j], self.s[j], self.o[j], self.q[j])
             if union.splits[j] is not None:
-                kids = zip(union.splits[j].children, self.cc[j], self.cs[j], strict=True)
-                total += sum(self._savings(child, c, s) for child, c, s in kids)
+                kids = zip(
+                    union.splits[j].children,
+                    self.cc[j],
+                    self.cs[j],
+                    self.co[j],
+                    self.cq[j],
+                    strict=True,
+                )
+                total += sum(self._savings(child, c, s, o, q) for child, c, s, o, q in kids)
             d.append(total)
         before = [sum(d[:j]) for j in range(len(d) + 1)]
         for seg in union.blocks.segments:
@@ -153,19 +249,23 @@ class _Model:
             self._region(block, c, self.s[j], before[j], own, [], when_off=False)
             off = [c.Not()]
             kids = [
-                self._savings(k, v, s)
-                for k, v, s in zip(split.children, self.cc[j], self.cs[j], strict=True)
+                self._savings(k, v, s, o, q)
+                for k, v, s, o, q in zip(
+                    split.children, self.cc[j], self.cs[j], self.co[j], self.cq[j], strict=True
+                )
             ]
             inner = [before[j] + sum(kids[:k]) for k in range(len(kids) + 1)]
             for seg in split.segments:
                 m.Add(seg.peak - inner[seg.held] <= P).OnlyEnforceIf(off)
             for k, child in enumerate(split.children):
                 cc, cs = self.cc[j][k], self.cs[j][k]
-                self._region(child, cc, cs, inner[k], kids[k], off, when_off=True)
+                own = self._savings(child, cc, cs)
+                self._region(child, cc, cs, inner[k], own, off, when_off=True)
 
     def _region(self, block: SacBlock, c, s: dict, before, d, enforce: list, when_off: bool):
         """The terms of one region (NOTE [ SAC memory model ]) under the literals `enforce`;
-        its not-checkpointed terms only if `when_off`. Of the per-op terms, those the next
+        its not-checkpointed terms only if `when_off`. `d`: its savings without offload (its
+        recompute holds the reloaded storages). Of the per-op terms, those the next
         op's term implies are left out (`_binding`): the same feasible plans."""
         m, P = self.m, self.peak
         if when_off:
@@ -230,16 +330,24 @@ class _Model:
             return solver, solver.Solve(self.m)
 
     def plan(self, solver: cp_model.CpSolver) -> UnionPlan:
-        def sub(c, s) -> SacPlan:
+        def chosen(x: dict) -> frozenset[int]:
+            return frozenset(i for i, v in x.items() if solver.Value(v))
+
+        def sub(c, s, o, q) -> SacPlan:
+            offloaded = tuple(chosen(x) for x in o)
+            plain = tuple(v is not None and bool(solver.Value(v)) for v in q)
             return SacPlan(
                 tuple(bool(solver.Value(v)) for v in c),
-                tuple(frozenset(i for i, v in x.items() if solver.Value(v)) for x in s),
+                tuple(chosen(x) for x in s),
+                offloaded if any(offloaded) else None,
+                plain if any(plain) else None,
             )
 
         children = tuple(
-            None if cc is None else sub(cc, cs) for cc, cs in zip(self.cc, self.cs, strict=True)
+            None if cc is None else sub(cc, cs, co, cq)
+            for cc, cs, co, cq in zip(self.cc, self.cs, self.co, self.cq, strict=True)
         )
-        return UnionPlan(sub(self.c, self.s), children)
+        return UnionPlan(sub(self.c, self.s, self.o, self.q), children)
 
 
 def _binding(rows: list[tuple[int, dict[int, int]]]) -> list[tuple[int, dict[int, int]]]:
@@ -259,10 +367,11 @@ def _binding(rows: list[tuple[int, dict[int, int]]]) -> list[tuple[int, dict[int
 
 
 def least_peak(
-    union: SacUnion, deadline: Deadline, whole: bool = True
+    union: SacUnion, deadline: Deadline, whole: bool = True, link: Link | None = None
 ) -> tuple[UnionPlan, int, bool]:
-    """The plan of least predicted peak (bytes), whether that is proven, ties broken by nothing."""
-    model = _Model(union, union.plain_peak + _upper_slack(union), whole)
+    """The plan of least predicted peak (bytes), whether that is proven, ties broken by nothing;
+    with `link`, over the plans that may offload too."""
+    model = _Model(union, union.plain_peak + _upper_slack(union), whole, link)
     model.m.Minimize(model.peak)
     solver, status = model.solve(deadline)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -286,27 +395,32 @@ def solve_sac(
     budget: Budget | int | str,
     deadline: Deadline,
     whole: bool = True,
+    link: Link | None = None,
 ) -> SacSolution:
     """The plan of least cost (recompute seconds plus each region's checkpoint price plus the SAC
     runtime's overhead of each region saving an op) whose predicted peak is at most `budget`
     (`Budget`: bytes, a percentage of the plain step, or "min": the least peak any plan reaches,
     found with half of the time). Over a `SacUnion` the plan is a `UnionPlan`
     (per block: none, whole, or children; `whole=False`: never whole where a split exists),
-    over a `SacProblem` a `SacPlan`. InfeasibleBudgetError names that least peak when the
-    budget is below it; SolverTimeoutError when no plan is found in time."""
+    over a `SacProblem` a `SacPlan`. With `link` (a host link), each saved op may also be
+    offloaded to the host and reloaded for the recompute (NOTE [ SAC offload model ],
+    solver/sac/memory.py), the copies' predicted stall in the cost and their bytes within the
+    link's `host_memory`; without one the plans offload nothing. InfeasibleBudgetError names
+    that least peak when the budget is below it; SolverTimeoutError when no plan is found in
+    time."""
     union = problem if isinstance(problem, SacUnion) else SacUnion.whole(problem)
     wanted = Budget.of(budget)
     if wanted.least:
-        _, budget, _ = least_peak(union, deadline.share(0.5), whole)
+        _, budget, _ = least_peak(union, deadline.share(0.5), whole, link)
     else:
         budget = wanted.bytes(lambda: union.plain_peak)
-    model = _Model(union, int(budget), whole)
+    model = _Model(union, int(budget), whole, link)
     model.m.Minimize(model.cost())
     solver, status = model.solve(deadline)
     if status == cp_model.INFEASIBLE:
         hundred = plain_step(union.plain_peak_basis)
         try:
-            _, least, proven = least_peak(union, deadline, whole)
+            _, least, proven = least_peak(union, deadline, whole, link)
         except SolverTimeoutError as e:
             raise InfeasibleBudgetError(
                 f"no SAC plan fits {budget} bytes, and the least predicted peak was not found "
@@ -324,11 +438,13 @@ def solve_sac(
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise SolverTimeoutError(f"no SAC plan within {budget} bytes found in time: give more time")
     plan = model.plan(solver)
-    peak, cost = union_peak(union, plan), union_cost(union, plan)
+    peak, cost = union_peak(union, plan), union_cost(union, plan, link)
     if peak > budget:
         raise AssertionError(f"CP-SAT's plan peaks at {peak} > {budget} bytes in the reference")
     bound = min(solver.BestObjectiveBound() / NS, cost)
     optimal = status == cp_model.OPTIMAL
     gap = 0.0 if optimal or cost <= 0 else (cost - bound) / cost
     result = plan if isinstance(problem, SacUnion) else plan.blocks
-    return SacSolution(result, peak, cost, "OPTIMAL" if optimal else "FEASIBLE", bound, gap, budget)
+    status_ = "OPTIMAL" if optimal else "FEASIBLE"
+    host = union_host(union, plan)
+    return SacSolution(result, peak, cost, status_, bound, gap, budget, host)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from solver.sac.memory import SacPlan, plan_cost, plan_peak
+from solver.core.link import Link
+from solver.sac.memory import SacPlan, plan_cost, plan_host, plan_peak
 from solver.sac.problem import SacBlock, SacProblem, Segment
 
 
@@ -109,6 +110,10 @@ def check_union_plan(union: SacUnion, plan: UnionPlan) -> None:
             raise ValueError(f"block {j}: a child plan must exist exactly where a split does")
         if sub is not None and plan.blocks.checkpointed[j] and any(sub.checkpointed):
             raise ValueError(f"block {j} is checkpointed whole and in a child")
+        if sub is not None and plan.blocks.plain_offloads()[j]:
+            raise ValueError(f"block {j} has children: its children offload, not the block")
+        if sub is not None and plan.blocks.checkpointed[j] and any(sub.plain_offloads()):
+            raise ValueError(f"block {j} is checkpointed whole and offloads in a child")
 
 
 def flatten(union: SacUnion, plan: UnionPlan) -> tuple[SacProblem, SacPlan]:
@@ -117,6 +122,8 @@ def flatten(union: SacUnion, plan: UnionPlan) -> tuple[SacProblem, SacPlan]:
     blocks: list[SacBlock] = []
     checkpointed: list[bool] = []
     saved: list[frozenset[int]] = []
+    offloaded: list[frozenset[int]] = []
+    plain: list[bool] = []
     first: list[int] = []  # flat index of each block's first region
     segments: list[Segment] = []
     for j, (block, split, sub) in enumerate(
@@ -127,15 +134,26 @@ def flatten(union: SacUnion, plan: UnionPlan) -> tuple[SacProblem, SacPlan]:
             blocks.append(block)
             checkpointed.append(plan.blocks.checkpointed[j])
             saved.append(plan.blocks.saved[j])
+            offloaded.append(plan.blocks.offloads()[j])
+            plain.append(plan.blocks.plain_offloads()[j])
             continue
         segments += [Segment(s.peak, len(blocks) + s.held) for s in split.segments]
         blocks += split.children
         checkpointed += sub.checkpointed
         saved += sub.saved
+        offloaded += sub.offloads()
+        plain += sub.plain_offloads()
     first.append(len(blocks))
     segments += [Segment(s.peak, first[s.held]) for s in union.blocks.segments]
-    problem = SacProblem(tuple(blocks), tuple(segments), union.plain_peak)
-    return problem, SacPlan(tuple(checkpointed), tuple(saved))
+    problem = SacProblem(
+        tuple(blocks),
+        tuple(segments),
+        union.plain_peak,
+        offload_seconds=union.blocks.offload_seconds,
+    )
+    offloads = tuple(offloaded) if any(offloaded) else None
+    plains = tuple(plain) if any(plain) else None
+    return problem, SacPlan(tuple(checkpointed), tuple(saved), offloads, plains)
 
 
 def union_peak(union: SacUnion, plan: UnionPlan) -> int:
@@ -143,6 +161,13 @@ def union_peak(union: SacUnion, plan: UnionPlan) -> int:
     return plan_peak(*flatten(union, plan))
 
 
-def union_cost(union: SacUnion, plan: UnionPlan) -> float:
-    """Modelled seconds the union plan adds to the step (`solver.sac.memory.plan_cost`)."""
-    return plan_cost(*flatten(union, plan))
+def union_cost(union: SacUnion, plan: UnionPlan, link: Link | None = None) -> float:
+    """Modelled seconds the union plan adds to the step (`solver.sac.memory.plan_cost`), its
+    copies' stall over `link` included."""
+    return plan_cost(*flatten(union, plan), link)
+
+
+def union_host(union: SacUnion, plan: UnionPlan) -> int:
+    """Host bytes the union plan's offloaded storages hold at their most
+    (`solver.sac.memory.plan_host`)."""
+    return plan_host(*flatten(union, plan))

@@ -307,6 +307,11 @@ def named_link(name: str) -> Link:
     return link
 
 
+def host_link(offload: Link | str) -> Link:
+    """The link ``offload`` stands for: a `Link` as it is, a name as `named_link` reads it."""
+    return offload if isinstance(offload, Link) else named_link(offload)
+
+
 def load_device(path: str | os.PathLike) -> Device:
     """A device file written by ``remat calibrate`` (`Device.save`)."""
     try:
