@@ -180,14 +180,19 @@ def test_drawn_models_and_budgets_offload_exactly_within_the_prediction(
     assert_same_adamw_steps(runs, lambda m, _: m(x).sum())
 
 
-@pytest.mark.parametrize("budget", ["min", "60%"])
-def test_the_planner_offloads_where_recompute_costs_more(budget):
+@pytest.mark.parametrize("above_least", [1.0, 1.15])
+def test_the_planner_offloads_where_recompute_costs_more(above_least):
     """The recorded problem with every region's SAC overhead and checkpoint price, and the
     runtime's price per offloaded op, 0 (so a copy over PCIe Gen5, a fraction of a microsecond
     here, beats rerunning an op whatever the machine's load): its optimum offloads, runs exact
-    and within the budget and prediction."""
+    and within the budget and prediction. Budgets: the least peak and 15% above it, in bytes
+    of the plan's own recording (a percentage is of the measured plain step, whose bytes
+    depend on what the process ran before)."""
     net, x = transformer(), torch.randn(4, 32, 32)
-    plan = executor.checkpoint_plan(net, (x,), budget, time_limit=10, loss_fn=sum_loss)
+    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=10, loss_fn=sum_loss)
+    if above_least != 1.0:
+        budget = int(above_least * plan.budget)
+        plan = executor.checkpoint_plan(net, (x,), budget, time_limit=10, loss_fn=sum_loss)
     problem = plan.problem
     free = dataclasses.replace(
         problem,
@@ -223,7 +228,6 @@ def test_the_planner_offloads_where_recompute_costs_more(budget):
         link=LINK,
     )
     device_bytes, host_bytes = measured(chosen.apply(copy.deepcopy(net)), sum_step(x))
-    print(f"{budget}: device {device_bytes} B, predicted {solution.peak} B, budget {plan.budget} B")
     assert device_bytes <= solution.peak <= plan.budget
     assert host_bytes == solution.host
     runs = [copy.deepcopy(net), chosen.apply(copy.deepcopy(net))]
