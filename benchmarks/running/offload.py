@@ -57,7 +57,7 @@ def _step(call: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Call
     return run
 
 
-def _median_seconds(calls: dict[str, Callable[[], None]], reps: int) -> dict[str, float]:
+def interleaved_median_seconds(calls: dict[str, Callable[[], None]], reps: int) -> dict[str, float]:
     """Median seconds per call over `reps` interleaved rounds, after one warm-up round."""
     seconds: dict[str, list[float]] = {name: [] for name in calls}
     for call in calls.values():
@@ -128,7 +128,7 @@ def measure(
             }
         )
         calls[label] = _step(rm, x)
-    times = _median_seconds(calls, reps)
+    times = interleaved_median_seconds(calls, reps)
     for row in rows:
         row["step_vs_eager_measured"] = times[row["schedule"]] / times["eager"]
     return rows
