@@ -189,6 +189,17 @@ def run(name: str, ratios: list[float], time_limit: float, rounds: int, layouts:
                 print(f"{name} {label}: no knapsack{suffix} setting fits", flush=True)
 
 
+def ignore_hf_logging() -> None:
+    """Let dynamo trace through transformers' `Logger.warning_once` (HF's loss warns once about
+    its config's ``loss_type``), which would otherwise break the graph that remat compiles
+    whole."""
+    import logging
+
+    import transformers  # noqa: F401 (attaches Logger.warning_once, which dynamo skips)
+
+    torch._dynamo.config.ignore_logging_functions.add(logging.Logger.warning_once)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -213,11 +224,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    import logging
-
-    import transformers  # noqa: F401 (attaches Logger.warning_once, which dynamo skips)
-
-    torch._dynamo.config.ignore_logging_functions.add(logging.Logger.warning_once)
+    ignore_hf_logging()
     for name in args.models:
         run(name, args.ratios, args.time_limit, args.rounds, args.layouts)
 
