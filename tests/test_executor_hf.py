@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import solver
-from executor.errors import InputMismatchError, UnusedOutputGradientError
+from executor.errors import InputMismatchError, RematerializeError, UnusedOutputGradientError
 from executor.memory import measure_peak
 from executor.traced.module import Rematerialized, rematerialize
 from graph_capture import CaptureError, capture
@@ -89,6 +89,22 @@ def test_llama_with_grouped_query_attention_and_no_mask_trains_bit_identically()
         assert torch.equal(*losses)
         for (name, a), b in zip(eager.named_parameters(), remat_model.parameters(), strict=True):
             assert torch.equal(a.grad, b.grad), f"budget {budget}: {name}.grad differs"
+
+
+@pytest.mark.parametrize("call", ["use_cache=False", "all-ones attention_mask"])
+def test_llama_with_grouped_query_attention_where_eager_reads_the_inputs_is_refused(call):
+    # eager HF reads the padding mask (all ones) or the position ids (use_cache=False: are
+    # sequences packed?) and then drops the mask for SDPA's is_causal and enable_gqa; the
+    # export cannot read them, keeps the mask and repeats the key/value heads: gradients
+    # apart in the last bits, which rematerialize's check against eager refuses
+    torch.manual_seed(0)
+    model, args, kwargs = hf_models.llama_lm(seq=64, layers=1, kv_heads=1)
+    if call == "use_cache=False":
+        model.config.use_cache = False
+    else:
+        kwargs = {"attention_mask": torch.ones_like(args[0]), **kwargs}
+    with pytest.raises(RematerializeError, match=r"grad of model\..* not bit for bit"):
+        rematerialize(model, args, 1 << 40, example_kwargs=kwargs, time_limit=30)
 
 
 def test_keyword_inputs_may_come_in_any_order_and_are_checked_by_name():
