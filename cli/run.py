@@ -15,13 +15,15 @@ out, so each sees exactly the stream eager would):
 The step is ``model(*inputs, **kwargs)`` and a backward from every differentiable output with
 gradients of ones (``sum()`` of each output as the loss; a scalar loss gets 1), or only from
 the outputs ``--backward-from`` names (``--backward-from loss`` for a HuggingFace model called
-with ``labels=``). Printed: the budget, the solver's predicted peak and the measured peak
-(profiler allocation events, bytes above the start of the step, ``.grad`` allocated before it),
-measured / predicted; the median step time of each; and whether remat's outputs, gradients
-and parameters were bit-identical to eager's on every step. With a host link (``--offload``, or a
-schedule file that has one) also the host pool's peak against the predicted host peak. Exit
-status 0 only when they were bit-identical, the measured peak is within the budget and the host
-peak is the predicted one.
+with ``labels=``). Before training, the remat copy is held against eager on the example
+inputs as `executor.rematerialize` holds its module (`check_against_eager`): a difference ends
+the run with `RematerializeError` (one line, exit 2). Printed: the budget, the solver's
+predicted peak and the measured peak (profiler allocation events, bytes above the start of
+the step, ``.grad`` allocated before it), measured / predicted; the median step time of each;
+and whether remat's outputs, gradients and parameters were bit-identical to eager's on every
+step. With a host link (``--offload``, or a schedule file that has one) also the host pool's
+peak against the predicted host peak. Exit status 0 only when they were bit-identical, the
+measured peak is within the budget and the host peak is the predicted one.
 """
 
 from __future__ import annotations
