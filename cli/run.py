@@ -15,13 +15,15 @@ out, so each sees exactly the stream eager would):
 The step is ``model(*inputs, **kwargs)`` and a backward from every differentiable output with
 gradients of ones (``sum()`` of each output as the loss; a scalar loss gets 1), or only from
 the outputs ``--backward-from`` names (``--backward-from loss`` for a HuggingFace model called
-with ``labels=``). Printed: the budget, the solver's predicted peak and the measured peak
-(profiler allocation events, bytes above the start of the step, ``.grad`` allocated before it),
-measured / predicted; the median step time of each; and whether remat's outputs, gradients
-and parameters were bit-identical to eager's on every step. With a host link (``--offload``, or a
-schedule file that has one) also the host pool's peak against the predicted host peak. Exit
-status 0 only when they were bit-identical, the measured peak is within the budget and the host
-peak is the predicted one.
+with ``labels=``). Before training, the remat copy is held against eager on the example
+inputs as `executor.rematerialize` holds its module (`check_against_eager`): a difference ends
+the run with `RematerializeError` (one line, exit 2). Printed: the budget, the solver's
+predicted peak and the measured peak (profiler allocation events, bytes above the start of
+the step, ``.grad`` allocated before it), measured / predicted; the median step time of each;
+and whether remat's outputs, gradients and parameters were bit-identical to eager's on every
+step. With a host link (``--offload``, or a schedule file that has one) also the host pool's
+peak against the predicted host peak. Exit status 0 only when they were bit-identical, the
+measured peak is within the budget and the host peak is the predicted one.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from cli.profile import (
 )
 from cli.solve import parse_link
 from executor.memory import measure_peak
-from executor.traced.module import Rematerialized, load_schedule
+from executor.traced.module import Rematerialized, check_against_eager, load_schedule
 from graph_capture.models.demos import demo_model
 from graph_capture.trace.zero_tangents import selected_outputs
 
@@ -219,10 +221,12 @@ def _runners(
     schedule,  # solver.Schedule
     lr: float,
     backward_from: Sequence[str | int] | None,
+    example: _Call,
 ) -> list[_Runner]:
     """Eager, remat and (when the model has an nn.Sequential) checkpoint copies of `model`,
     each with AdamW, preallocated .grad, the current RNG state, and the outputs its step
-    backpropagates from."""
+    backpropagates from. The remat copy is held against eager on ``example`` first, as
+    `executor.rematerialize` holds its module (`check_against_eager`: `RematerializeError`)."""
     start_rng = torch.get_rng_state()
     runners = []
     for name in ("eager", "remat", "checkpoint"):
@@ -230,6 +234,7 @@ def _runners(
         call: Callable[..., object] | None = copy_
         if name == "remat":
             call = Rematerialized(copy_, captured, schedule)
+            check_against_eager(call, *example)
         elif name == "checkpoint":
             call = sqrt_checkpointed(copy_)
         if call is None:
@@ -253,7 +258,7 @@ def _train_and_report(
     captured = capture_with_args(args, model, inputs, kwargs, summary=sys.stdout)
     call = (inputs, kwargs)
     schedule = _schedule(args, captured)
-    runners = _runners(model, captured, schedule, args.lr, output_names(args))
+    runners = _runners(model, captured, schedule, args.lr, output_names(args), call)
     eager, remat = runners[0], runners[1]
 
     mismatches: list[str] = []

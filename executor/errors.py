@@ -12,8 +12,10 @@ class ExecutorError(RematError):
 
 
 class RematerializeError(ExecutorError, ValueError):
-    """`executor.rematerialize` cannot start as asked: a time limit that is not a positive
-    number of seconds; the message says what to change."""
+    """`executor.rematerialize` cannot start as asked (a time limit that is not a positive
+    number of seconds), or it, `Rematerialized.load` or `remat run` found the module's step on
+    the example inputs differing from eager's (`check_against_eager`: the value named, no
+    module returned); the message says what to do."""
 
 
 class InputMismatchError(ExecutorError, ValueError):

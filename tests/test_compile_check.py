@@ -1,4 +1,5 @@
-"""The check executor.compile makes before handing a model over (`executor/compiled/check.py`):
+"""The check executor.compile makes before handing a model over (`executor/compiled/check.py`
+over `executor/check.py`):
 a step that differs from the reference is a CompileError naming the first differing value
 (the loss, a gradient, a buffer), exact mode refuses any difference, the tolerance mode one
 above rtol relative to the value's largest magnitude; the model's state is left as found."""
@@ -10,7 +11,8 @@ import torch
 from torch import nn
 
 import executor
-from executor.compiled.check import check_step, relative_difference
+from executor.check import relative_difference
+from executor.compiled.check import check_compiled
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,7 +25,7 @@ def _net() -> tuple[nn.Module, tuple[torch.Tensor]]:
 
 
 def _check(model, call, reference, inputs, exact: bool, rtol: float = 1e-3):
-    return check_step(
+    return check_compiled(
         model,
         call,
         reference,

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import executor
-from executor.compiled.check import relative_difference
+from executor.check import relative_difference
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

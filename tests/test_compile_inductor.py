@@ -17,7 +17,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import executor
-from executor.compiled.check import relative_difference
+from executor.check import relative_difference
 from executor.compiled.partitioner import RematPartitioner
 from solver.deadline import Deadline
 

@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 import solver
-from executor.compiled.check import CheckReport, CompileCheck, check_step
+from executor.check import CheckReport
+from executor.compiled.check import CompileCheck, check_compiled
 from executor.compiled.partitioner import (
     LAYOUT,
     RegionPlan,
@@ -446,7 +447,7 @@ def _check(
     regions: list[RegionPlan],
     check: CompileCheck,
 ) -> CheckReport:
-    """`check_step` of ``call`` against eager (aot_eager) or torch's partition compiled with
+    """`check_compiled` of ``call`` against eager (aot_eager) or torch's partition compiled with
     remat's inductor options, where the deadline leaves a compile for it."""
     if name == "aot_eager":
         reference, label = fresh_call(steps.model), "eager"
@@ -461,7 +462,7 @@ def _check(
         for r in regions
         for v in r.dag.nodes
     )
-    return check_step(
+    return check_compiled(
         steps.model,
         call,
         reference,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -33,6 +33,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from executor.check import CheckReport, NamedValues, check_step
 from executor.errors import (
     RematerializeError,
     UnsupportedScheduleError,
@@ -44,16 +45,25 @@ from executor.traced.estimated import EstimateCheck, FirstStepPeak, match_estima
 from executor.traced.interpreter import ScheduleInterpreter, Step
 from executor.traced.offload import HostPool, Transfers
 from graph_capture.captured import CapturedGraph
+from graph_capture.inputs import positional_inputs
 from graph_capture.measurement.device import no_autocast
+from graph_capture.trace.zero_tangents import output_leaves
 from solver.core.budget import PERCENT, Budget
 from solver.core.link import Link
 from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
+from solver.deadline import Deadline
 from solver.errors import ScheduleMismatchError, SolverTimeoutError
 from solver.interrupt import call_deadline
 from solver.target.devices import host_link
 
-__all__ = ["Rematerialized", "load_schedule", "rematerialize", "split_ops"]
+__all__ = [
+    "Rematerialized",
+    "check_against_eager",
+    "load_schedule",
+    "rematerialize",
+    "split_ops",
+]
 
 Op = tuple[str, Hashable]
 
@@ -313,6 +323,7 @@ class Rematerialized(nn.Module):
         self.captured = captured
         self.schedule = schedule
         self._program = _Program(model, captured, schedule, compiled)
+        self._check: CheckReport | None = None
 
     def save(self, path: str | Path) -> None:
         """Write the schedule (`solver.Schedule.save`: its ops, claims and the fingerprint of
@@ -335,12 +346,16 @@ class Rematerialized(nn.Module):
         (``backward_from``, ``granularity``, ...), as must torch's thread count.
 
         Raises solver.errors.ScheduleMismatchError (one line) when the file was solved for
-        another graph: another model, other inputs or other capture options.
+        another graph: another model, other inputs or other capture options. Like
+        `rematerialize`, it returns only a module whose step on the example inputs matched
+        eager's bit for bit (`check_against_eager`: `RematerializeError` otherwise).
         """
         from graph_capture import capture
 
         captured = capture(model, example_inputs, example_kwargs, **(capture_options or {}))
-        return cls(model, captured, load_schedule(path, captured.dag))
+        loaded = cls(model, captured, load_schedule(path, captured.dag))
+        check_against_eager(loaded, example_inputs, example_kwargs)
+        return loaded
 
     @classmethod
     def from_file(cls, *_args: object, **_kwargs: object) -> NoReturn:
@@ -349,6 +364,13 @@ class Rematerialized(nn.Module):
             "Rematerialized.from_file is not the spelling: use Rematerialized.load(path, "
             "model, example_inputs, example_kwargs=None, *, capture_options=None)"
         )
+
+    @property
+    def check(self) -> CheckReport | None:
+        """The step held against eager's before this module was handed over
+        (`check_against_eager`: `rematerialize` and `load` make it); None where none ran (the
+        module built directly from a capture, or a capture in estimate mode)."""
+        return self._check
 
     @property
     def estimate_check(self) -> EstimateCheck | None:
@@ -463,11 +485,100 @@ def rematerialize(
             captured.dag,
             wanted,
             time_limit=time_limit,
-            deadline=deadline,
+            deadline=_leave_for_check(deadline, captured),
             offload=link,
             **solve_options,
         )
-    return Rematerialized(model, captured, schedule)
+    remat = Rematerialized(model, captured, schedule)
+    check_against_eager(remat, example_inputs, example_kwargs)
+    return remat
+
+
+def _leave_for_check(deadline: Deadline, captured: CapturedGraph) -> Deadline:
+    """The solve's deadline: ``deadline`` less what the check after it takes (one eager and
+    one rematerialized step: three times the plain step's seconds measured at capture, graph
+    attribute ``step_cost``), but never less than half the time left."""
+    check_seconds = 3.0 * float(captured.dag.graph.get("step_cost", 0.0))
+    half = time.perf_counter() + deadline.remaining() / 2
+    return deadline.until(max(half, deadline.at - check_seconds))
+
+
+def check_against_eager(
+    remat: Rematerialized,
+    example_inputs: Sequence[torch.Tensor] | torch.Tensor,
+    example_kwargs: Mapping[str, torch.Tensor] | None = None,
+) -> CheckReport | None:
+    """Hold one step of ``remat`` on the example inputs against one eager step of its model
+    from the same state (`executor.check.check_step`), bit for bit: every output, every
+    input's and parameter's ``.grad``, every buffer. The step backpropagates what the capture
+    did (`CapturedGraph.default_tangents`: ones into each differentiable output, zeros into
+    those ``backward_from`` leaves out). The model's buffers, ``.grad`` and generator states
+    are left as found; the report is ``remat.check``. A capture in estimate mode (graph
+    attribute ``target``: fake tensors, nothing to run) is not checked: None.
+
+    Cost: one eager and one rematerialized step (docs/executor.md, "The check before
+    handing over"). Raises `RematerializeError` naming the first value that differs and its
+    relative difference."""
+    captured = remat.captured
+    if "target" in captured.dag.graph:
+        return None
+    inputs = positional_inputs(example_inputs, RematerializeError)
+    kwargs = dict(example_kwargs or {})
+    program = remat._program
+    first_step, program.first_step = program.first_step, None  # the user's first step measures
+    try:
+        remat._check = check_step(
+            remat.model,
+            _tangent_step(remat, captured, inputs, kwargs),
+            _tangent_step(remat.model, captured, inputs, kwargs),
+            subject="the rematerialized step",
+            reference_name="eager's on the example inputs",
+            error=RematerializeError,
+            advice=(
+                "the traced graph computes another way than eager here (e.g. an HF model whose "
+                "eager code reads input values to choose its attention kernel, "
+                "docs/training.md); train this model without remat, and report it with the model"
+            ),
+        )
+    finally:
+        program.first_step = first_step
+    return remat._check
+
+
+def _tangent_step(
+    call: nn.Module,
+    captured: CapturedGraph,
+    inputs: Sequence[object],
+    kwargs: Mapping[str, object],
+) -> Callable[[], NamedValues]:
+    """One step through ``call`` on fresh leaves of the inputs, backward from the capture's
+    default tangents; returns every tensor output ("output NAME") and every input gradient
+    ("grad of input NAME")."""
+    names = {k: name for name, ks in output_leaves(captured.output_treespec).items() for k in ks}
+
+    def leaf(x: object) -> object:
+        return x.detach().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+
+    def step() -> NamedValues:
+        args = [leaf(x) for x in inputs]
+        keywords = {k: leaf(v) for k, v in kwargs.items()}
+        flat, _ = pytree.tree_flatten(call(*args, **keywords))
+        diff = [flat[i] for i in captured.tangent_output_indices]
+        torch.autograd.backward(diff, captured.default_tangents())
+        values = [
+            (f"output {names.get(k, k)!r} (flat output {k})", x.detach().clone())
+            for k, x in enumerate(flat)
+            if isinstance(x, torch.Tensor)
+        ]
+        leaves = [*enumerate(args), *keywords.items()]
+        values += [
+            (f"grad of input {k!r}", x.grad)
+            for k, x in leaves
+            if isinstance(x, torch.Tensor) and x.grad is not None
+        ]
+        return values
+
+    return step
 
 
 def _link(offload: Link | str | None) -> Link | None:

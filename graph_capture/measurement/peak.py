@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from graph_capture.measurement.device import generator
+
 __all__ = [
     "PeakMemory",
     "PeakWindow",
@@ -124,17 +126,23 @@ def measure_peak(fn: Callable[[], object], device: str | torch.device = "cpu") -
 
 
 class Snapshot:
-    """RNG state, buffers and parameters' `.grad` taken now, restored by `restore` (a
-    measured or recorded step leaves no trace)."""
+    """Generator states (the CPU's, and each CUDA device's the model is on), buffers and
+    parameters' `.grad` taken now, restored by `restore` (a measured or recorded step leaves
+    no trace)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.rng = torch.get_rng_state()
+        devices = {t.device for t in (*model.parameters(), *model.buffers())}
+        cuda = [generator(d) for d in devices if d.type == "cuda"]
+        self.device_rngs = [(g, g.get_state()) for g in cuda]
         self.buffers = {k: v.clone() for k, v in model.named_buffers()}
         self.grads = {p: p.grad for p in model.parameters()}
 
     def restore(self) -> None:
         torch.set_rng_state(self.rng)
+        for g, state in self.device_rngs:
+            g.set_state(state)
         with torch.no_grad():
             for k, v in self.model.named_buffers():
                 v.copy_(self.buffers[k])

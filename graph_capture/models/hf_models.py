@@ -43,14 +43,17 @@ def gpt2_lm(batch: int = 2, seq: int = 16, layers: int = 2, width: int = 32) -> 
     return t.GPT2LMHeadModel(config).train(), (ids,), {"labels": ids}
 
 
-def llama_lm(batch: int = 2, seq: int = 16, layers: int = 2, width: int = 32) -> Call:
-    """LlamaForCausalLM with its default config (no dropout: Llama has none), ``labels=``."""
+def llama_lm(
+    batch: int = 2, seq: int = 16, layers: int = 2, width: int = 32, kv_heads: int = 2
+) -> Call:
+    """LlamaForCausalLM with its default config (no dropout: Llama has none), ``labels=``;
+    2 query heads over ``kv_heads`` key/value heads (1: grouped-query attention)."""
     t = _transformers()
     config = t.LlamaConfig(
         num_hidden_layers=layers,
         hidden_size=width,
         num_attention_heads=2,
-        num_key_value_heads=2,
+        num_key_value_heads=kv_heads,
         intermediate_size=2 * width,
         vocab_size=VOCAB,
         max_position_embeddings=seq,

@@ -33,6 +33,7 @@ from graph_capture.trace.autograd_functions import (
 )
 from graph_capture.trace.dropout import dropout_as_eager_cpu
 from graph_capture.trace.fx_nodes import describe_op
+from graph_capture.trace.hf_masks import masks_as_eager
 from graph_capture.trace.lifted import LiftedConstant
 from solver.errors import RematError
 
@@ -108,7 +109,12 @@ def _export(
     """The exported module (sharing the model's state) and the custom autograd.Functions the
     export applied to tensors that require grad (see `recording_functions`)."""
     _register_cache_outputs(model)
-    with module_stack(model) as stack, recording_functions() as functions, _quiet_failures():
+    with (
+        module_stack(model) as stack,
+        recording_functions() as functions,
+        masks_as_eager(model),
+        _quiet_failures(),
+    ):
         try:
             exported = torch.export.export(model, inputs, kwargs, strict=False)
         except Exception as error:
