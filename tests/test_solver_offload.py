@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import networkx as nx
 import pytest
@@ -19,8 +20,10 @@ from cli.main import main
 from cli.solve import parse_link
 from solver import Link
 from solver.core.link import LinkError
+from solver.deadline import NEVER
 from solver.examples import chain, uniform_training_chain
 from solver.io import save_graph
+from solver.milp.offload import OffloadTimes, _Model, variable_count
 from solver.target.devices import BUILT_IN, HOST_LINKS, Device, builtin_device
 
 TIME_LIMIT = 30.0
@@ -265,3 +268,29 @@ def test_offload_is_for_the_cost_objective_at_a_budget():
         solver.solve(_reduction(), offload=Link(1, 1))
     with pytest.raises(solver.InfeasibleBudgetError, match="with offload or without"):
         solver.solve(_reduction(), 6, offload=Link(1, 1))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        solver.SolveOptions(),  # 36,803 variables: too many for the second left, not built
+        solver.SolveOptions(model_variables_per_second=10**9),  # attempted, stopped building
+    ],
+)
+def test_the_offload_solve_keeps_its_time_limit_where_the_model_would_overrun(options):
+    graph = uniform_training_chain(40 if options.model_variables_per_second < 10**9 else 80)
+    problem = solver.prepare(graph)
+    began = time.perf_counter()
+    schedule = solver.solve(graph, 21, offload=Link(1, 1), time_limit=1.0, options=options)
+    assert time.perf_counter() - began <= 1.0 * 1.05 + 0.5
+    assert schedule.status == "FEASIBLE" and schedule.peak <= 21
+    assert schedule.bound == problem.total_cost <= schedule.cost
+
+
+def test_the_offload_model_is_counted_as_built():
+    for graph in (uniform_training_chain(5), _reduction()):
+        problem = solver.prepare(graph)
+        for link in (Link(1, 1), Link(1, 1, host_memory=4)):
+            times = OffloadTimes.of(problem, link)
+            model = _Model(problem, 10, link, times, None, NEVER)
+            assert variable_count(problem, link) == len(model.m.proto.variables)

@@ -3,8 +3,10 @@
     solve_with_offload(graph, budget, link)
       the one-line floor            a budget below it fits no schedule
       checkpoint-all                closes the search where it fits
+      the model's size              counted, not built (`variable_count`)
       the keep/recompute solve      the incumbent (a share of the time), or the caller's
-      CP-SAT on the offload model   capped at the incumbent, hinted with its plan
+      CP-SAT on the offload model   capped at the incumbent, hinted with its plan; built only
+                                    where its size suits the time left, and by the deadline
       the schedule                  replayed by the simulator over the link
 
 "OPTIMAL" only where CP-SAT proves it (its solution's, or the incumbent's where it proves
@@ -31,11 +33,17 @@ from solver.errors import (
     InvalidScheduleError,
     SolverTimeoutError,
 )
+from solver.exact.options import DEFAULT, SolveOptions
 from solver.milp.cpsat import ProgressFn
-from solver.milp.offload import OffloadTimes, solve_offload_model
+from solver.milp.offload import OffloadResult, OffloadTimes, solve_offload_model, variable_count
 
 KEEP_RECOMPUTE_SHARE = 0.3
-"""Share of the time limit the keep/recompute solve gets for the incumbent."""
+"""Share of the time limit the keep/recompute solve gets for the incumbent where the offload
+model is built..."""
+
+KEEP_RECOMPUTE_ALONE_SHARE = 0.9
+"""...and where it is too large for the time left (`offload_model_room`): the incumbent is
+then the result."""
 
 
 def solve_with_offload(
@@ -48,15 +56,18 @@ def solve_with_offload(
     workers: int = 8,
     progress: ProgressFn | None = None,
     start: Schedule | None = None,
+    options: SolveOptions = DEFAULT,
 ) -> Schedule:
     """The least-cost schedule with offload over `link` within `budget` bytes, by `deadline`.
     `start`: a keep/recompute schedule for the budget (the caller's; else one is solved in
-    `KEEP_RECOMPUTE_SHARE` of the time). Raises InfeasibleBudgetError where no schedule fits
-    (below the one-line floor, or proven by CP-SAT) and SolverTimeoutError where none is found
-    in time."""
+    `KEEP_RECOMPUTE_SHARE` of the time). The offload model is built only where its variables
+    are within `offload_model_room` of the time left, and within the deadline; otherwise the
+    incumbent comes back, "FEASIBLE" with the cost of computing every node once as its bound.
+    Raises InfeasibleBudgetError where no schedule fits (below the one-line floor, or proven by
+    CP-SAT) and SolverTimeoutError where none is found in time."""
     from solver.exact.pipeline import solve  # the keep/recompute solve; imports this module
 
-    started, began = time.perf_counter(), deadline.remaining()
+    started = time.perf_counter()
     floor = max(problem.compute_floor(v) for v in range(problem.n))
     if budget < floor:
         raise InfeasibleBudgetError(
@@ -70,30 +81,46 @@ def solve_with_offload(
     everything = checkpoint_all(problem)
     if everything.peak <= budget:
         return _schedule(graph, problem, everything.ops, link, budget, "OPTIMAL", None, started)
+    room = offload_model_room(options, deadline.remaining() * (1 - KEEP_RECOMPUTE_SHARE))
+    size = variable_count(problem, link, above=room)
     if start is None:
+        share = KEEP_RECOMPUTE_SHARE if size <= room else KEEP_RECOMPUTE_ALONE_SHARE
         try:
             start = solve(
                 graph,
                 budget,
-                time_limit=KEEP_RECOMPUTE_SHARE * began,
+                time_limit=share * deadline.remaining(),
                 workers=workers,
                 deadline=deadline,
+                options=options,
             )
         except (InfeasibleBudgetError, SolverTimeoutError):
             start = None
     hint = None if start is None else _stage_plan(problem, start.ops)
     cap = None if hint is None else sum(times.cost[i] for stage in hint.computed for i in stage)
-    result = solve_offload_model(
-        problem,
-        budget,
-        link,
-        times,
-        deadline=deadline,
-        workers=workers,
-        cap=cap,
-        hint=hint,
-        progress=None if progress is None else _in_graph_units(progress, times),
-    )
+    left = deadline.remaining()
+    room = offload_model_room(options, left)
+    if size > room:
+        result = OffloadResult("UNKNOWN", None, None, 0)
+        no_model = (
+            f"the exact offload model would have more than {room} variables, too many for the "
+            f"{left:.1f} s left (SolveOptions.model_variables_per_second = "
+            f"{options.model_variables_per_second}, max_model_variables = "
+            f"{options.max_model_variables}); raise the time limit"
+        )
+    else:
+        result = solve_offload_model(
+            problem,
+            budget,
+            link,
+            times,
+            deadline=deadline,
+            workers=workers,
+            cap=cap,
+            hint=hint,
+            progress=None if progress is None else _in_graph_units(progress, times),
+        )
+        no_model = "the exact offload model was not solved in the time left"
     if result.status == "INFEASIBLE" and cap is not None:
         raise InvalidScheduleError(
             "internal error: the offload model refutes the keep/recompute schedule's own cost; "
@@ -107,12 +134,14 @@ def solve_with_offload(
             minimum_bytes=None,
             lower_bound_bytes=floor,
         )
-    bound = times.units.to_graph(result.bound)
+    # every node is computed at least once: the bound where CP-SAT proved nothing more
+    bound = max(times.units.to_graph(result.bound), problem.total_cost)
     if result.plan is None or (cap is not None and result.objective == cap):
         if start is None:
             raise SolverTimeoutError(
                 f"no schedule within {human_bytes(budget)} was found in the time limit, with "
-                "offload or without; raise the time limit (--time-limit) or the budget",
+                f"offload or without ({no_model}); raise the time limit (--time-limit) or the "
+                "budget",
                 cost_bound=bound,
             )
         status = "OPTIMAL" if result.status == "OPTIMAL" else "FEASIBLE"
@@ -122,6 +151,14 @@ def solve_with_offload(
     schedule = _schedule(graph, problem, ops, link, budget, result.status, bound, started)
     _check_accounting(schedule, result.objective, times)
     return schedule
+
+
+def offload_model_room(options: SolveOptions, seconds: float) -> int:
+    """The most variables an offload model may have to be built and solved in `seconds`: as
+    for the stage model (`solver.exact.stage_model`), `SolveOptions.model_variables_per_second`
+    per second, at most `SolveOptions.max_model_variables` (building one takes about half of
+    that time: 21,000 variables per second on `benchmarks.zoo.resnet50`'s module graph)."""
+    return min(options.max_model_variables, int(options.model_variables_per_second * seconds))
 
 
 def _schedule(
