@@ -24,7 +24,7 @@ from solver.deadline import NEVER
 from solver.examples import chain, uniform_training_chain
 from solver.io import save_graph
 from solver.milp.offload import OffloadTimes, _Model, variable_count
-from solver.target.devices import BUILT_IN, HOST_LINKS, Device, builtin_device
+from solver.target.devices import BUILT_IN, HOST_LINKS, Device, UnknownTargetError, builtin_device
 
 TIME_LIMIT = 30.0
 
@@ -294,3 +294,13 @@ def test_the_offload_model_is_counted_as_built():
             times = OffloadTimes.of(problem, link)
             model = _Model(problem, 10, link, times, None, NEVER)
             assert variable_count(problem, link) == len(model.m.proto.variables)
+
+
+def test_solve_takes_a_link_or_target_name_and_refuses_anything_else_in_one_line():
+    graph = _reduction()
+    named = solver.solve(graph, 7, offload="pcie5", time_limit=TIME_LIMIT)
+    assert named.link == HOST_LINKS["pcie5"] == solver.solve(graph, 7, offload="H100").link
+    with pytest.raises(LinkError, match=r"a solver.Link or the name .*not 64"):
+        solver.solve(graph, 7, offload=64, time_limit=TIME_LIMIT)
+    with pytest.raises(UnknownTargetError, match="or a host link: pcie5"):
+        solver.solve(graph, 7, offload="pcie9", time_limit=TIME_LIMIT)
