@@ -376,21 +376,21 @@ class _Model:
         offloaded = frozenset(i for i, v in self.O.items() if solver.value(v))
         return OffloadPlan(StagePlan(computed, kept), reloaded, offloaded)
 
-    def hint(self, plan: StagePlan) -> None:
-        """Hint a keep/recompute plan: its computes and keeps, no copies."""
-        m = self.m
-        for t, stage in enumerate(plan.computed):
+    def hint(self, plan: OffloadPlan) -> None:
+        """Hint a plan: its computes, keeps, reloads and offloads."""
+        m, stages = self.m, plan.stages
+        for t, stage in enumerate(stages.computed):
             for i, var in self.R[t].items():
                 if i != t:
                     m.add_hint(var, i in stage)
-        for t, kept in enumerate(plan.kept[: self.problem.n]):
+        for t, kept in enumerate(stages.kept[: self.problem.n]):
             for i, var in self.S[t].items():
                 m.add_hint(var, i in kept)
-        for var in self.O.values():
-            m.add_hint(var, False)
-        for stage in self.L:
-            for var in stage.values():
-                m.add_hint(var, False)
+        for i, var in self.O.items():
+            m.add_hint(var, i in plan.offloaded)
+        for t, stage in enumerate(self.L):
+            for i, var in stage.items():
+                m.add_hint(var, i in plan.reloaded[t])
 
 
 def solve_offload_model(
@@ -402,11 +402,12 @@ def solve_offload_model(
     deadline: Deadline,
     workers: int,
     cap: int | None = None,
-    hint: StagePlan | None = None,
+    hint: OffloadPlan | None = None,
     progress: ProgressFn | None = None,
 ) -> OffloadResult:
-    """Build the model and minimise T by `deadline` (at most `cap` units where given, a keep/
-    recompute `hint` where given). `progress` gets (seconds, objective, bound) in model units."""
+    """Build the model and minimise T by `deadline` (at most `cap` units where given, a plan
+    `hint` where given: `cap` must be at least its T). `progress` gets (seconds, objective,
+    bound) in model units."""
     try:
         model = _Model(problem, budget, link, times, cap, deadline)
     except TimeoutError:
