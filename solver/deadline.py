@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 
@@ -114,6 +114,29 @@ class Deadline:
         """A context in which a stop request calls `callback` (an engine's cancel), at once if
         it was requested already; nothing where the deadline has no stop."""
         return contextlib.nullcontext() if self.stop is None else self.stop.calling(callback)
+
+
+class Paced:
+    """Work done in parts of known sizes (`work[k]`: any unit proportional to its time, e.g. a
+    model stage's variables) by `deadline`: `check(k)` before part k raises TimeoutError where
+    the deadline has passed or, past 5% of the work, where the rate so far says that the rest
+    and `reserve` seconds (what must follow it) would not end by it."""
+
+    def __init__(self, work: Sequence[int], deadline: Deadline, reserve: float = 0.0) -> None:
+        self.deadline, self.reserve, self.began = deadline, reserve, time.perf_counter()
+        self.work = list(work)
+        self.total, self.done = sum(self.work), 0
+
+    def check(self, k: int) -> None:
+        """Raise TimeoutError before part k unless the rest can be done in time."""
+        done, left = self.done, self.total - self.done
+        rest = (time.perf_counter() - self.began) * left / done if done else 0.0
+        late = done > 0.05 * self.total and not self.deadline.leaves(rest + self.reserve)
+        if self.deadline.passed() or late:
+            raise TimeoutError(
+                f"the model would not be built by the deadline (part {k} of {len(self.work)})"
+            )
+        self.done += self.work[k]
 
 
 NEVER = Deadline(math.inf)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import networkx as nx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from offload_reference import offload_min_cost
+from ortools.sat.python import cp_model
 from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import training_graphs
 
@@ -19,9 +21,13 @@ from cli.main import main
 from cli.solve import parse_link
 from solver import Link
 from solver.core.link import LinkError
+from solver.core.stages import plan_from_keep
+from solver.deadline import NEVER
 from solver.examples import chain, uniform_training_chain
+from solver.heuristics.offload import offload_runs
 from solver.io import save_graph
-from solver.target.devices import BUILT_IN, HOST_LINKS, Device, builtin_device
+from solver.milp.offload import OffloadTimes, _Model, variable_count
+from solver.target.devices import BUILT_IN, HOST_LINKS, Device, UnknownTargetError, builtin_device
 
 TIME_LIMIT = 30.0
 
@@ -265,3 +271,102 @@ def test_offload_is_for_the_cost_objective_at_a_budget():
         solver.solve(_reduction(), offload=Link(1, 1))
     with pytest.raises(solver.InfeasibleBudgetError, match="with offload or without"):
         solver.solve(_reduction(), 6, offload=Link(1, 1))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        solver.SolveOptions(),  # 36,803 variables: too many for the second left, not built
+        solver.SolveOptions(model_variables_per_second=10**9),  # attempted, stopped building
+    ],
+)
+def test_the_offload_solve_keeps_its_time_limit_where_the_model_would_overrun(options):
+    graph = uniform_training_chain(40 if options.model_variables_per_second < 10**9 else 80)
+    problem = solver.prepare(graph)
+    began = time.perf_counter()
+    slow = Link(0.01, 0.01)  # no copy pays: the heuristics do not close the search
+    schedule = solver.solve(graph, 21, offload=slow, time_limit=1.0, options=options)
+    assert time.perf_counter() - began <= 1.0 * 1.05 + 0.5
+    assert schedule.status == "FEASIBLE" and schedule.peak <= 21
+    assert schedule.bound == problem.total_cost <= schedule.cost
+
+
+def test_the_offload_model_is_counted_as_built():
+    for graph in (uniform_training_chain(5), _reduction()):
+        problem = solver.prepare(graph)
+        for link in (Link(1, 1), Link(1, 1, host_memory=4)):
+            times = OffloadTimes.of(problem, link)
+            model = _Model(problem, 10, link, times, None, NEVER)
+            assert variable_count(problem, link) == len(model.m.proto.variables)
+
+
+def test_solve_takes_a_link_or_target_name_and_refuses_anything_else_in_one_line():
+    graph = _reduction()
+    named = solver.solve(graph, 7, offload="pcie5", time_limit=TIME_LIMIT)
+    assert named.link == HOST_LINKS["pcie5"] == solver.solve(graph, 7, offload="H100").link
+    with pytest.raises(LinkError, match=r"a solver.Link or the name .*not 64"):
+        solver.solve(graph, 7, offload=64, time_limit=TIME_LIMIT)
+    with pytest.raises(UnknownTargetError, match="or a host link: pcie5"):
+        solver.solve(graph, 7, offload="pcie9", time_limit=TIME_LIMIT)
+
+
+def _model_time(problem, link: Link, plan, budget: int) -> float | None:
+    """The least T of the offload model with every choice fixed to `plan`'s (graph units), or
+    None where the model refutes the plan within `budget` bytes."""
+    times = OffloadTimes.of(problem, link)
+    model = _Model(problem, budget, link, times, None, NEVER)
+    model.hint(plan)
+    proto = model.m.proto
+    for var, value in zip(proto.solution_hint.vars, proto.solution_hint.values, strict=True):
+        domain = proto.variables[var].domain
+        domain[0], domain[1] = value, value
+    engine = cp_model.CpSolver()
+    engine.parameters.num_workers = 1
+    if engine.solve(model.m) != cp_model.OPTIMAL:
+        return None
+    return times.units.to_graph(engine.objective_value)
+
+
+@settings(max_examples=15)
+@given(st.one_of(held_dags(), training_graphs(forward_nodes=2)), links)
+def test_offload_heuristics_are_plans_of_the_space_never_below_the_exhaustive_optimum(graph, link):
+    d2h, h2d, host = link
+    link = Link(d2h, h2d, host)
+    problem = solver.prepare(graph)
+    floor = max(problem.compute_floor(v) for v in range(problem.n))
+    top = solver.checkpoint_all_peak(problem)
+    bases = {"checkpoint-all": plan_from_keep(problem, range(problem.n))}
+    for budget in sorted({floor, (floor + top) // 2, top - 1}):
+        if budget < floor:
+            continue
+        optimum = offload_min_cost(graph, budget, d2h, h2d, host)
+        for run in offload_runs(graph, problem, budget, link, bases):
+            assert run.valid or host is not None, run.param  # only a host limit refuses one
+            if not run.valid:
+                continue
+            # the model's timeline and memory of the plan are the simulator's
+            assert _model_time(problem, link, run.plan, run.peak) == pytest.approx(run.cost)
+            if run.fits(budget):
+                assert optimum is not None and run.cost >= optimum - 1e-9, run.param
+
+
+def test_a_heuristic_at_the_compute_cost_closes_the_offload_search_at_once():
+    graph = uniform_training_chain(40)  # 36,803 model variables: none built
+    schedule = solver.solve(graph, 10, offload=Link(1, 1), time_limit=TIME_LIMIT)
+    assert schedule.status == "OPTIMAL" and schedule.peak <= 10
+    assert schedule.cost == solver.prepare(graph).total_cost and schedule.extra["offloads"] > 0
+    assert schedule.extra["found_by"].startswith("offload")
+    assert solver.simulate(graph, schedule.ops, Link(1, 1)).cost == schedule.cost
+
+
+def test_the_offload_solve_returns_no_worse_than_every_heuristic_that_fits():
+    graph = uniform_training_chain(30)
+    problem, link, budget = solver.prepare(graph), Link(0.5, 0.5), 12
+    bases = {"checkpoint-all": plan_from_keep(problem, range(problem.n))}
+    runs = offload_runs(graph, problem, budget, link, bases)
+    fitting = [run.cost for run in runs if run.fits(budget)]
+    assert fitting and min(fitting) > problem.total_cost  # copies stall: no proof at once
+    no_model = solver.SolveOptions(model_variables_per_second=1)
+    schedule = solver.solve(graph, budget, offload=link, time_limit=5.0, options=no_model)
+    assert schedule.status == "FEASIBLE" and schedule.peak <= budget
+    assert schedule.cost <= min(fitting) and schedule.bound == problem.total_cost

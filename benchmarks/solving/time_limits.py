@@ -1,7 +1,7 @@
 """Time-limit adherence: the wall time of `solver.solve` against its time limit.
 
     python -m benchmarks.solving.time_limits [--time-limit 10] [--budgets 80% 40% 2%]
-        [--graphs FILE.json ...] [--cli] [--out results]
+        [--graphs FILE.json ...] [--cli] [--offload LINK] [--out results]
 
 For each graph and budget, one solve in a fresh process (so that nothing a previous solve left
 behind counts): its wall time, the time limit, whether it ended within the promise of
@@ -11,7 +11,8 @@ random_layered n=500 and n=1000 of ../shared/graphs; op-level graphs of real mod
 saved with `python -m benchmarks.running.capture_graphs` (the zoo) or `remat profile --model ...
 --save-graph FILE.json` and passed with --graphs. With --cli, the whole `remat solve` command
 instead (the exact solve and the table of heuristics, from the graph file to the last row), held
-to the same promise; its outcome is the table's exact row.
+to the same promise; its outcome is the table's exact row. With --offload (a link or target name,
+`pcie5`, `h100`), the solve with offload over that link (`solver.solve(..., offload=LINK)`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ SLACK_SHARE, SLACK_SECONDS = 0.05, 0.5
 """`solver.solve` returns within time_limit * (1 + SLACK_SHARE) + SLACK_SECONDS."""
 
 
-def solve_once(path: str, budget: str, time_limit: float, cli: bool = False) -> Row:
+def solve_once(
+    path: str, budget: str, time_limit: float, cli: bool = False, offload: str | None = None
+) -> Row:
     """One solve of the graph file at `budget`, timed from the loaded graph to the result (with
     `cli`: `remat solve`, timed from the call, the graph's loading and the table included, its
     imports not: torch's alone took 5-40 s on a loaded 2-core machine)."""
@@ -47,21 +50,22 @@ def solve_once(path: str, budget: str, time_limit: float, cli: bool = False) -> 
     graph = load_graph(path)
     row: Row = {"graph": Path(path).stem[:32], "nodes": graph.number_of_nodes(), "budget": budget}
     started = time.perf_counter()
-    outcome = (_command_outcome if cli else _solve_outcome)(
-        path if cli else graph, budget, time_limit
-    )
+    if cli:
+        outcome = _command_outcome(path, budget, time_limit, offload)
+    else:
+        outcome = _solve_outcome(graph, budget, time_limit, offload)
     seconds = time.perf_counter() - started
     within = seconds <= time_limit * (1 + SLACK_SHARE) + SLACK_SECONDS
     return {**row, "limit": time_limit, "wall_s": round(seconds, 2), "within": within, **outcome}
 
 
-def _solve_outcome(graph, budget: str, time_limit: float) -> Row:
+def _solve_outcome(graph, budget: str, time_limit: float, offload: str | None) -> Row:
     """`solver.solve`'s status, cost and gap, "INFEASIBLE" (with the least feasible peak found)
     or "NO SCHEDULE"."""
     import solver
 
     try:
-        schedule = solver.solve(graph, budget, time_limit=time_limit)
+        schedule = solver.solve(graph, budget, time_limit=time_limit, offload=offload)
         outcome = f"{schedule.status} cost {schedule.cost:.6g} gap {100 * (schedule.gap or 0):.2f}%"
     except solver.InfeasibleBudgetError as exc:
         outcome = f"INFEASIBLE (least peak {exc.minimum_bytes or 'not proven'})"
@@ -70,18 +74,19 @@ def _solve_outcome(graph, budget: str, time_limit: float) -> Row:
     return {"outcome": outcome}
 
 
-def _command_outcome(path: str, budget: str, time_limit: float) -> Row:
-    """`remat solve` on the graph file (progress off): its exit status and exact row, and how
-    many heuristic rows the time limit cut short ("TIME")."""
+def _command_outcome(path: str, budget: str, time_limit: float, offload: str | None) -> Row:
+    """`remat solve` on the graph file (progress off): its exit status and exact row (with
+    `offload`, its "exact + offload" row), and how many heuristic rows the time limit cut short
+    ("TIME")."""
     from cli.main import main as remat
 
     table = io.StringIO()
     with contextlib.redirect_stdout(table):
-        status = remat(
-            ["solve", path, "--budget", budget, "--time-limit", str(time_limit), "--quiet"]
-        )
+        command = ["solve", path, "--budget", budget, "--time-limit", str(time_limit), "--quiet"]
+        status = remat(command + ([] if offload is None else ["--offload", offload]))
     lines = table.getvalue().splitlines()
-    exact = next((" ".join(line.split()[1:]) for line in lines if line.startswith("exact")), "-")
+    row = "exact" if offload is None else "exact + offload"
+    exact = next((line[len(row) :].strip() for line in lines if line.startswith(row + " ")), "-")
     cut = sum(" TIME " in line for line in lines)
     return {"exit": status, "outcome": exact, "rows_cut": cut}
 
@@ -92,13 +97,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budgets", nargs="+", default=["80%", "40%", "2%"])
     parser.add_argument("--graphs", nargs="+", default=None, help="node-link graph files")
     parser.add_argument("--cli", action="store_true", help="time `remat solve`, table included")
+    parser.add_argument("--offload", default=None, help="solve with offload over this link")
     parser.add_argument("--out", type=Path, default=Path("results"))
     parser.add_argument(
         "--one", nargs=3, metavar=("GRAPH", "BUDGET", "LIMIT"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(solve_once(args.one[0], args.one[1], float(args.one[2]), args.cli)))
+        row = solve_once(args.one[0], args.one[1], float(args.one[2]), args.cli, args.offload)
+        print(json.dumps(row))
         return
     graphs = args.graphs or [str(GRAPHS_DIR / name) for name in DEFAULT_GRAPHS]
     rows = []
@@ -113,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
                 budget,
             ]
             command += [str(args.time_limit), *(["--cli"] if args.cli else [])]
+            command += [] if args.offload is None else ["--offload", args.offload]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode:
                 sys.exit(f"{path} at {budget} failed:\n{done.stderr}")

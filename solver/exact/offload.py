@@ -3,12 +3,20 @@
     solve_with_offload(graph, budget, link)
       the one-line floor            a budget below it fits no schedule
       checkpoint-all                closes the search where it fits
-      the keep/recompute solve      the incumbent (a share of the time), or the caller's
-      CP-SAT on the offload model   capped at the incumbent, hinted with its plan
-      the schedule                  replayed by the simulator over the link
+      offload heuristics            from checkpoint-all (`solver.heuristics.offload`); one at
+                                    the cost of computing every node once closes the search
+      the model's size              counted, not built (`variable_count`)
+      the keep/recompute solve      a share of the time, or the caller's schedule
+      offload heuristics            from its plan; the incumbent: the cheapest run that fits,
+                                    the keep/recompute schedule among them
+      CP-SAT on the offload model   capped at the incumbent, hinted with its plan; built only
+                                    where its size suits the time left, and by the deadline
+      the schedule                  CP-SAT's where cheaper than the incumbent, else the
+                                    incumbent; replayed by the simulator over the link
 
-"OPTIMAL" only where CP-SAT proves it (its solution's, or the incumbent's where it proves
-nothing cheaper); otherwise "FEASIBLE" with CP-SAT's bound.
+"OPTIMAL" only where proven: by CP-SAT (its solution's, or the incumbent's where that costs no
+more), or by an incumbent at the compute cost; otherwise "FEASIBLE" with CP-SAT's bound, at
+least the cost of computing every node once.
 """
 
 from __future__ import annotations
@@ -22,20 +30,31 @@ import networkx as nx
 from solver.core.budget import human_bytes
 from solver.core.graph import Problem
 from solver.core.link import Link
-from solver.core.offload import offload_ops
+from solver.core.offload import OffloadPlan, offload_ops
 from solver.core.schedule import Schedule, make_schedule
-from solver.core.stages import StagePlan, checkpoint_all
+from solver.core.stages import StagePlan, plan_from_keep, plan_to_ops
 from solver.deadline import Deadline
 from solver.errors import (
     InfeasibleBudgetError,
     InvalidScheduleError,
     SolverTimeoutError,
 )
+from solver.exact.options import DEFAULT, SolveOptions
+from solver.heuristics.offload import OffloadRun, offload_runs
 from solver.milp.cpsat import ProgressFn
-from solver.milp.offload import OffloadTimes, solve_offload_model
+from solver.milp.offload import OffloadResult, OffloadTimes, solve_offload_model, variable_count
 
 KEEP_RECOMPUTE_SHARE = 0.3
-"""Share of the time limit the keep/recompute solve gets for the incumbent."""
+"""Share of the time limit the keep/recompute solve gets for the incumbent where the offload
+model is built..."""
+
+KEEP_RECOMPUTE_ALONE_SHARE = 0.9
+"""...and where it is too large for the time left (`offload_model_room`): the incumbent is
+then the result."""
+
+HEURISTIC_SHARE = 0.5
+"""Share of the time left that the offload heuristics may take from each base plan (a few dozen
+replays by the simulator)."""
 
 
 def solve_with_offload(
@@ -48,15 +67,19 @@ def solve_with_offload(
     workers: int = 8,
     progress: ProgressFn | None = None,
     start: Schedule | None = None,
+    options: SolveOptions = DEFAULT,
 ) -> Schedule:
-    """The least-cost schedule with offload over `link` within `budget` bytes, by `deadline`.
-    `start`: a keep/recompute schedule for the budget (the caller's; else one is solved in
-    `KEEP_RECOMPUTE_SHARE` of the time). Raises InfeasibleBudgetError where no schedule fits
-    (below the one-line floor, or proven by CP-SAT) and SolverTimeoutError where none is found
-    in time."""
+    """The least-cost schedule with offload over `link` within `budget` bytes, by `deadline`:
+    never costlier than the offload heuristics' runs that fit, nor than the keep/recompute
+    schedule `start` (the caller's; else one is solved in `KEEP_RECOMPUTE_SHARE` of the
+    time). The offload model is built only where its variables are within
+    `offload_model_room` of the time left, and within the deadline; otherwise the incumbent
+    comes back, "FEASIBLE" with the cost of computing every node once as its bound. Raises
+    InfeasibleBudgetError where no schedule fits (below the one-line floor, or proven by
+    CP-SAT) and SolverTimeoutError where none is found in time."""
     from solver.exact.pipeline import solve  # the keep/recompute solve; imports this module
 
-    started, began = time.perf_counter(), deadline.remaining()
+    started = time.perf_counter()
     floor = max(problem.compute_floor(v) for v in range(problem.n))
     if budget < floor:
         raise InfeasibleBudgetError(
@@ -67,37 +90,62 @@ def solve_with_offload(
             lower_bound_bytes=floor,
         )
     times = OffloadTimes.of(problem, link)
-    everything = checkpoint_all(problem)
-    if everything.peak <= budget:
-        return _schedule(graph, problem, everything.ops, link, budget, "OPTIMAL", None, started)
+    everything = plan_from_keep(problem, range(problem.n))
+    indexed = plan_to_ops(problem, everything)
+    if indexed.peak <= budget:
+        return _schedule(graph, problem, indexed.ops, link, budget, "OPTIMAL", None, started)
+    bases = {"checkpoint-all": everything}
+    runs = offload_runs(graph, problem, budget, link, bases, deadline.share(HEURISTIC_SHARE))
+    incumbent = _cheapest(runs, budget)
+    if _at_compute_cost(incumbent, problem):
+        return _run_schedule(graph, problem, incumbent, link, budget, "OPTIMAL", None, started)
+    room = offload_model_room(options, deadline.remaining() * (1 - KEEP_RECOMPUTE_SHARE))
+    size = variable_count(problem, link, above=room)
     if start is None:
+        share = KEEP_RECOMPUTE_SHARE if size <= room else KEEP_RECOMPUTE_ALONE_SHARE
         try:
             start = solve(
                 graph,
                 budget,
-                time_limit=KEEP_RECOMPUTE_SHARE * began,
+                time_limit=share * deadline.remaining(),
                 workers=workers,
                 deadline=deadline,
+                options=options,
             )
         except (InfeasibleBudgetError, SolverTimeoutError):
             start = None
-    hint = None if start is None else _stage_plan(problem, start.ops)
-    cap = None if hint is None else sum(times.cost[i] for stage in hint.computed for i in stage)
-    result = solve_offload_model(
-        problem,
-        budget,
-        link,
-        times,
-        deadline=deadline,
-        workers=workers,
-        cap=cap,
-        hint=hint,
-        progress=None if progress is None else _in_graph_units(progress, times),
-    )
+    if start is not None:
+        runs += _from_start(graph, problem, budget, link, start, deadline.share(HEURISTIC_SHARE))
+        incumbent = _cheapest(runs, budget)
+    if _at_compute_cost(incumbent, problem):
+        return _run_schedule(graph, problem, incumbent, link, budget, "OPTIMAL", None, started)
+    cap = None if incumbent is None else _model_units(incumbent, times)
+    left = deadline.remaining()
+    room = offload_model_room(options, left)
+    if size > room:
+        result = OffloadResult("UNKNOWN", None, None, 0)
+        no_model = (
+            f"the exact offload model would have more than {room} variables, too many for the "
+            f"{left:.1f} s left (SolveOptions.model_variables_per_second = "
+            f"{options.model_variables_per_second}, max_model_variables = "
+            f"{options.max_model_variables}); raise the time limit"
+        )
+    else:
+        result = solve_offload_model(
+            problem,
+            budget,
+            link,
+            times,
+            deadline=deadline,
+            workers=workers,
+            cap=cap,
+            hint=None if incumbent is None else incumbent.plan,
+            progress=None if progress is None else _in_graph_units(progress, times),
+        )
+        no_model = "the exact offload model was not solved in the time left"
     if result.status == "INFEASIBLE" and cap is not None:
         raise InvalidScheduleError(
-            "internal error: the offload model refutes the keep/recompute schedule's own cost; "
-            "please report this"
+            "internal error: the offload model refutes the incumbent's own cost; please report this"
         )
     if result.status == "INFEASIBLE":
         raise InfeasibleBudgetError(
@@ -107,21 +155,95 @@ def solve_with_offload(
             minimum_bytes=None,
             lower_bound_bytes=floor,
         )
-    bound = times.units.to_graph(result.bound)
-    if result.plan is None or (cap is not None and result.objective == cap):
-        if start is None:
-            raise SolverTimeoutError(
-                f"no schedule within {human_bytes(budget)} was found in the time limit, with "
-                "offload or without; raise the time limit (--time-limit) or the budget",
-                cost_bound=bound,
-            )
-        status = "OPTIMAL" if result.status == "OPTIMAL" else "FEASIBLE"
-        ops = [(kind, problem.index[v]) for kind, v in start.ops]
-        return _schedule(graph, problem, ops, link, budget, status, bound, started)
-    ops = offload_ops(problem, result.plan)
-    schedule = _schedule(graph, problem, ops, link, budget, result.status, bound, started)
-    _check_accounting(schedule, result.objective, times)
+    # every node is computed at least once: the bound where CP-SAT proved nothing more
+    bound = max(times.units.to_graph(result.bound), problem.total_cost)
+    found = None
+    if result.plan is not None:
+        ops = offload_ops(problem, result.plan)
+        found = _schedule(graph, problem, ops, link, budget, result.status, bound, started)
+        _check_accounting(found, result.objective, times)
+    if found is not None and (incumbent is None or found.cost < incumbent.cost - _slack(found)):
+        return found
+    if incumbent is None:
+        peaks = [run.peak for run in runs if run.valid]
+        reached = (
+            f"; the least peak the heuristics reach is {human_bytes(min(peaks))}" if peaks else ""
+        )
+        raise SolverTimeoutError(
+            f"no schedule within {human_bytes(budget)} was found in the time limit, with "
+            f"offload or without ({no_model}{reached}); raise the time limit (--time-limit) "
+            "or the budget",
+            cost_bound=bound,
+        )
+    # CP-SAT's proof holds for the incumbent too: it costs no more than CP-SAT's optimum
+    status = "OPTIMAL" if result.status == "OPTIMAL" else "FEASIBLE"
+    return _run_schedule(graph, problem, incumbent, link, budget, status, bound, started)
+
+
+def _from_start(
+    graph: nx.DiGraph,
+    problem: Problem,
+    budget: int,
+    link: Link,
+    start: Schedule,
+    deadline: Deadline,
+) -> list[OffloadRun]:
+    """The keep/recompute schedule `start` as a run without copies, and the offload heuristics
+    (`solver.heuristics.offload`) from its plan."""
+    plan = _stage_plan(problem, start.ops)
+    ops = tuple((kind, problem.index[v]) for kind, v in start.ops)
+    none = OffloadPlan(plan, (frozenset(),) * problem.n, frozenset())
+    run = OffloadRun("keep/recompute", none, ops, True, start.peak, start.cost)
+    return [run, *offload_runs(graph, problem, budget, link, {"keep/recompute": plan}, deadline)]
+
+
+def _cheapest(runs: list[OffloadRun], budget: int) -> OffloadRun | None:
+    """The cheapest run within `budget` bytes (ties: the lower peak), or None."""
+    return min((r for r in runs if r.fits(budget)), key=lambda r: (r.cost, r.peak), default=None)
+
+
+def _at_compute_cost(run: OffloadRun | None, problem: Problem) -> bool:
+    """Whether `run` costs no more than computing every node once (the simulator's cost is the
+    computes' sum plus the stall, so it has no stall and recomputes nothing that costs): every
+    schedule computes each node at least once, so none costs less."""
+    return run is not None and run.cost <= problem.total_cost
+
+
+def _model_units(run: OffloadRun, times: OffloadTimes) -> int:
+    """The least T of `run`'s plan in the model, or more: its simulated cost in the model's
+    units (rounded up), plus a unit per op where the times were rounded."""
+    units = run.cost * times.units.scale if times.units.scale else run.cost / times.units.unit
+    return math.ceil(units - 1e-6) + (0 if times.exact else len(run.ops))
+
+
+def _slack(schedule: Schedule) -> float:
+    """How much cheaper than the incumbent CP-SAT's schedule must be to count as cheaper: a
+    billionth of its cost (the simulator sums floats)."""
+    return 1e-9 * max(1.0, abs(schedule.cost))
+
+
+def _run_schedule(
+    graph: nx.DiGraph,
+    problem: Problem,
+    run: OffloadRun,
+    link: Link,
+    budget: int,
+    status: str,
+    bound: float | None,
+    started: float,
+) -> Schedule:
+    """The schedule of a heuristic run (or the keep/recompute start), `found_by` it."""
+    schedule = _schedule(graph, problem, run.ops, link, budget, status, bound, started)
+    schedule.extra["found_by"] = run.param
     return schedule
+
+
+def offload_model_room(options: SolveOptions, seconds: float) -> int:
+    """The most variables an offload model may have to be built and solved in `seconds`: as
+    for the stage model (`solver.exact.stage_model`), `SolveOptions.model_variables_per_second`
+    per second, at most `SolveOptions.max_model_variables` (building one takes about half of
+    that time: 21,000 variables per second on `benchmarks.zoo.resnet50`'s module graph)."""
+    return min(options.max_model_variables, int(options.model_variables_per_second * seconds))
 
 
 def _schedule(

@@ -49,6 +49,7 @@ from solver.exact.state import Goal, Search, run_steps
 from solver.interrupt import first_sigint_stops
 from solver.milp.cpsat import ProgressFn, print_progress
 from solver.milp.units import CostUnits
+from solver.target.devices import host_link
 
 COST_STEPS = (
     warm_start.warm_start,
@@ -74,7 +75,7 @@ def solve(
     progress: ProgressFn | bool | None = None,
     options: SolveOptions = DEFAULT,
     deadline: Deadline | None = None,
-    offload: Link | None = None,
+    offload: Link | str | None = None,
 ) -> Schedule:
     """The optimal schedule in the Checkmate stage space, or the best found by `time_limit`.
 
@@ -105,10 +106,11 @@ def solve(
         deadline: the caller's deadline, for a solve that is one step of a longer piece of work
             (`solver.fitting.search`): the solve ends by the earlier of it and `time_limit`,
             and when its stop is requested (the caller's Ctrl-C).
-        offload: a host link (`solver.Link`): values may also be offloaded and reloaded over
-            it, and the schedule is the optimum of the stage space with offload, its cost the
-            compute cost plus the stall (docs/offload.md; `solver.exact.offload`; objective
-            "cost" only). None: keep or recompute only.
+        offload: a host link (`solver.Link`, or a link's or built-in target's name: "pcie5",
+            "h100", as `solver.target.devices.host_link` reads it): values may also be
+            offloaded and reloaded over it, and the schedule is the optimum of the stage space
+            with offload, its cost the compute cost plus the stall (docs/offload.md;
+            `solver.exact.offload`; objective "cost" only). None: keep or recompute only.
 
     Returns a `Schedule` replayed by the independent simulator, within the budgets; status
     "OPTIMAL" only with an exact certificate (NOTE [certificates] in `solver.exact.state`), its
@@ -139,6 +141,7 @@ def solve(
         raise ValueError("compute_budget is for objective 'memory' or budget 'min'")
     if offload is not None and (objective != "cost" or wanted is None or least):
         raise ValueError("offload is for objective 'cost' at a memory budget in bytes or percent")
+    link = None if offload is None else host_link(offload)
     problem = prepare(graph)
     units = CostUnits.of(problem)
     limit = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
@@ -163,10 +166,17 @@ def solve(
         if objective == "memory":
             return finish(run(Goal("memory", units, compute_budget=limit), whole))
         bytes_ = None if wanted is None else wanted.bytes(lambda: hundred_percent(problem)[0])
-        if offload is not None:
+        if link is not None:
             assert bytes_ is not None
             return solve_with_offload(
-                graph, problem, bytes_, offload, whole, workers=workers, progress=report
+                graph,
+                problem,
+                bytes_,
+                link,
+                whole,
+                workers=workers,
+                progress=report,
+                options=options,
             )
         return finish(run(Goal("cost", units, budget=bytes_), whole))
 

@@ -59,11 +59,10 @@ Costs are in the whole units of `solver.milp.units.CostUnits` (`int_cost`).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Container, Sequence
 
 from solver.core.graph import Problem
-from solver.deadline import NEVER, Deadline
+from solver.deadline import NEVER, Deadline, Paced
 from solver.milp.model import LinearModel
 
 
@@ -289,28 +288,6 @@ def variable_count(
     return total
 
 
-class _Progress:
-    """`build`'s deadline: it stops when the deadline has passed, or as soon as the rate so far
-    (rows are written per stage, in proportion to the stage's variables) says that it would."""
-
-    def __init__(self, lm: LinearModel, deadline: Deadline) -> None:
-        self.deadline, self.began = deadline, time.perf_counter()
-        self.work = [
-            len(lm.compute[t]) + len(lm.keep[t]) + len(lm.free[t]) for t in range(len(lm.compute))
-        ]
-        self.total, self.done = sum(self.work), 0
-
-    def check(self, t: int) -> None:
-        """Raise TimeoutError before stage t unless the rest can be built in time."""
-        done, left = self.done, self.total - self.done
-        rest = (time.perf_counter() - self.began) * left / done if done else 0.0
-        if self.deadline.passed() or (done > 0.05 * self.total and not self.deadline.leaves(rest)):
-            raise TimeoutError(
-                f"the model would not be built by the deadline (stage {t} of {len(self.work)})"
-            )
-        self.done += self.work[t]
-
-
 def build(
     problem: Problem,
     budget: int | None,
@@ -344,7 +321,8 @@ def build(
     mem_cap = sum(problem.mem) + max(problem.transient)
     recomputable = _recomputable(int_cost, recompute_limit)
     _variables(lm, problem, budget, mem_cap, recomputable, moment_stages, deadline)
-    progress = _Progress(lm, deadline)
+    work = [len(lm.compute[t]) + len(lm.keep[t]) + len(lm.free[t]) for t in range(problem.n)]
+    progress = Paced(work, deadline)  # rows are written per stage, in proportion to these
     for t in range(first_stage, problem.n):
         progress.check(t)
         for i in lm.keep[t + 1]:

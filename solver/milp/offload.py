@@ -32,7 +32,7 @@ from solver.core.graph import Problem
 from solver.core.link import Link
 from solver.core.offload import OffloadPlan
 from solver.core.stages import StagePlan
-from solver.deadline import Deadline
+from solver.deadline import Deadline, Paced
 from solver.errors import InvalidScheduleError
 from solver.milp.cpsat import OVERRUN_PER_VARIABLE, OVERRUN_SHARE, ProgressFn
 from solver.milp.units import CostUnits
@@ -96,17 +96,84 @@ def _last_reads(problem: Problem) -> list[int]:
     return last
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """Which variables the model has: `positions[t]` the nodes stage t may compute (t last),
+    `readable[t]` the values that may be live when it begins, `offloadable` the values some
+    later stage may read."""
+
+    last: tuple[int, ...]
+    positions: tuple[tuple[int, ...], ...]
+    readable: tuple[tuple[int, ...], ...]
+    offloadable: frozenset[int]
+
+    @classmethod
+    def of(cls, problem: Problem) -> _Shape:
+        n, last = problem.n, _last_reads(problem)
+        readable = tuple(tuple(i for i in range(t) if t <= last[i]) for t in range(n + 1))
+        return cls(
+            tuple(last),
+            tuple((*readable[t], t) for t in range(n)),
+            readable,
+            frozenset(i for i in range(n) if last[i] > i),
+        )
+
+    def free_pairs(self, problem: Problem, t: int) -> list[tuple[int, int]]:
+        """(i, k) for each F[t,i,k]: i freed right after computing k, its last read in the
+        stage (not an input of node t before t)."""
+        return [
+            (i, k)
+            for k in self.positions[t]
+            for i in ((*problem.preds[k], k) if k == t else problem.preds[k])
+            if not (k < t and t in problem.succs[i])
+        ]
+
+    def stage_variables(self, problem: Problem, t: int) -> int:
+        """The variables stage t adds: R and S (a value each but t), L, P, Z, K and Y (each
+        value that may be reloaded), F, U, a and b (each position), tau[t+1]."""
+        values = len(self.readable[t])
+        copied = len(self.offloadable.intersection(self.readable[t]))
+        return 2 * values + 5 * copied + len(self.free_pairs(problem, t)) + 3 * (values + 1) + 1
+
+
+def variable_count(problem: Problem, link: Link, above: int | None = None) -> int:
+    """How many variables `solve_offload_model` builds for `problem` over `link`, counted
+    without building (O(n^2 * in-degree)); with `above`, counting stops once the count passes
+    it, and the count so far (more than `above`) is returned."""
+    shape = _Shape.of(problem)
+    copied = len(shape.offloadable)
+    total = 3 + 2 * copied  # the constants 0 and 1, T; O and G
+    if link.host_memory is not None:
+        total += sum(shape.last[i] - i for i in shape.offloadable)  # A
+    for t in range(problem.n):
+        total += shape.stage_variables(problem, t)
+        if above is not None and total > above:
+            break
+    return total
+
+
 class _Model:
-    """The variables and rows of the module docstring, built once."""
+    """The variables and rows of the module docstring, built once, stage by stage within
+    `deadline` (TimeoutError where the rate so far says it would not end by it)."""
 
     def __init__(
-        self, problem: Problem, budget: int, link: Link, times: OffloadTimes, cap: int | None
+        self,
+        problem: Problem,
+        budget: int,
+        link: Link,
+        times: OffloadTimes,
+        cap: int | None,
+        deadline: Deadline,
     ) -> None:
         self.problem, self.times = problem, times
         self.m = m = cp_model.CpModel()
         n = problem.n
-        last = _last_reads(problem)
-        self.positions = [[i for i in range(t) if t <= last[i]] + [t] for t in range(n)]
+        shape = self.shape = _Shape.of(problem)
+        last = list(shape.last)
+        self.positions = [list(p) for p in shape.positions]
+        work = [shape.stage_variables(problem, t) for t in range(n)]
+        reserve = OVERRUN_PER_VARIABLE * sum(work)
+        self.paced = Paced(work + work, deadline, reserve)  # the stages' rows, then their clocks
         # every compute in every stage and every copy, or the cap: every clock is at most T
         self.horizon = (
             n * sum(times.cost) + sum(times.d2h) + n * sum(times.h2d) if cap is None else cap
@@ -117,11 +184,10 @@ class _Model:
         ]
         for t in range(n):
             self.R[t][t] = one
-        readable = [[i for i in range(t) if t <= last[i]] for t in range(n + 1)]
+        readable = shape.readable
         self.S = [{i: m.new_bool_var(f"S[{t},{i}]") for i in readable[t]} for t in range(n)]
         self.S.append({})
-        offloadable = [i for i in range(n) if last[i] > i]
-        self.O = {i: m.new_bool_var(f"O[{i}]") for i in offloadable}
+        self.O = {i: m.new_bool_var(f"O[{i}]") for i in sorted(shape.offloadable)}
         self.L = [
             {i: m.new_bool_var(f"L[{t},{i}]") for i in readable[t] if i in self.O} for t in range(n)
         ]
@@ -140,6 +206,7 @@ class _Model:
         n = problem.n
         self.F: list[dict[tuple[int, int], cp_model.IntVar]] = []
         for t in range(n):
+            self.paced.check(t)
             pos = self.positions[t]
             at = set(pos)
             for i, keep in S[t + 1].items():  # (1)
@@ -154,19 +221,15 @@ class _Model:
                 if len(present) > 1:
                     m.add(sum(present) <= 1)
             frees: dict[tuple[int, int], cp_model.IntVar] = {}
-            for k in pos:  # (4)
-                values = (*problem.preds[k], k) if k == t else problem.preds[k]
-                for i in values:
-                    if k < t and t in problem.succs[i]:
-                        continue  # an input of node t is read after k
-                    f = m.new_bool_var(f"F[{t},{i},{k}]")
-                    frees[(i, k)] = f
-                    later = [R[t][j] for j in problem.succs[i] if k < j <= t and j in at]
-                    kept = self._get(S[t + 1], i)
-                    m.add(f <= R[t][k])
-                    for other in later + kept:
-                        m.add(f + other <= 1)
-                    m.add(f >= R[t][k] - sum(later) - sum(kept))
+            for i, k in self.shape.free_pairs(problem, t):  # (4)
+                f = m.new_bool_var(f"F[{t},{i},{k}]")
+                frees[(i, k)] = f
+                later = [R[t][j] for j in problem.succs[i] if k < j <= t and j in at]
+                kept = self._get(S[t + 1], i)
+                m.add(f <= R[t][k])
+                for other in later + kept:
+                    m.add(f + other <= 1)
+                m.add(f >= R[t][k] - sum(later) - sum(kept))
             self.F.append(frees)
             for i, carried in S[t].items():  # (6')
                 reads = [R[t][j] for j in problem.succs[i] if j in at]
@@ -255,6 +318,7 @@ class _Model:
         Y: dict[tuple[int, int], cp_model.IntVar] = {}
         h2d = m.new_constant(0)
         for t in range(n):
+            self.paced.check(n + t)
             for i, reload in L[t].items():  # the reloads at t's start, ascending
                 k = clock(f"K[{t},{i}]")
                 m.add(k >= h2d + times.h2d[i] * reload)
@@ -312,21 +376,21 @@ class _Model:
         offloaded = frozenset(i for i, v in self.O.items() if solver.value(v))
         return OffloadPlan(StagePlan(computed, kept), reloaded, offloaded)
 
-    def hint(self, plan: StagePlan) -> None:
-        """Hint a keep/recompute plan: its computes and keeps, no copies."""
-        m = self.m
-        for t, stage in enumerate(plan.computed):
+    def hint(self, plan: OffloadPlan) -> None:
+        """Hint a plan: its computes, keeps, reloads and offloads."""
+        m, stages = self.m, plan.stages
+        for t, stage in enumerate(stages.computed):
             for i, var in self.R[t].items():
                 if i != t:
                     m.add_hint(var, i in stage)
-        for t, kept in enumerate(plan.kept[: self.problem.n]):
+        for t, kept in enumerate(stages.kept[: self.problem.n]):
             for i, var in self.S[t].items():
                 m.add_hint(var, i in kept)
-        for var in self.O.values():
-            m.add_hint(var, False)
-        for stage in self.L:
-            for var in stage.values():
-                m.add_hint(var, False)
+        for i, var in self.O.items():
+            m.add_hint(var, i in plan.offloaded)
+        for t, stage in enumerate(self.L):
+            for i, var in stage.items():
+                m.add_hint(var, i in plan.reloaded[t])
 
 
 def solve_offload_model(
@@ -338,12 +402,16 @@ def solve_offload_model(
     deadline: Deadline,
     workers: int,
     cap: int | None = None,
-    hint: StagePlan | None = None,
+    hint: OffloadPlan | None = None,
     progress: ProgressFn | None = None,
 ) -> OffloadResult:
-    """Build the model and minimise T by `deadline` (at most `cap` units where given, a keep/
-    recompute `hint` where given). `progress` gets (seconds, objective, bound) in model units."""
-    model = _Model(problem, budget, link, times, cap)
+    """Build the model and minimise T by `deadline` (at most `cap` units where given, a plan
+    `hint` where given: `cap` must be at least its T). `progress` gets (seconds, objective,
+    bound) in model units."""
+    try:
+        model = _Model(problem, budget, link, times, cap, deadline)
+    except TimeoutError:
+        return OffloadResult("UNKNOWN", None, None, 0)
     if hint is not None:
         model.hint(hint)
     invalid = model.m.validate()

@@ -308,8 +308,16 @@ def named_link(name: str) -> Link:
 
 
 def host_link(offload: Link | str) -> Link:
-    """The link ``offload`` stands for: a `Link` as it is, a name as `named_link` reads it."""
-    return offload if isinstance(offload, Link) else named_link(offload)
+    """The link ``offload`` stands for: a `Link` as it is, a name as `named_link` reads it;
+    `LinkError` for anything else."""
+    if isinstance(offload, Link):
+        return offload
+    if not isinstance(offload, str):
+        raise LinkError(
+            f"offload must be a solver.Link or the name of a host link or target ('pcie5', "
+            f"'h100'), not {offload!r}"
+        )
+    return named_link(offload)
 
 
 def load_device(path: str | os.PathLike) -> Device:
