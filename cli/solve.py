@@ -25,7 +25,7 @@ from solver.core.link import Link, LinkError
 from solver.core.schedule import Schedule
 from solver.core.stages import cheapest_within, smallest_within
 from solver.deadline import Deadline, Stop
-from solver.errors import InfeasibleBudgetError
+from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
 from solver.exact.offload import solve_with_offload
 from solver.heuristics.registry import HEURISTICS, members
@@ -180,11 +180,12 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
                 workers=args.workers,
                 progress=not args.quiet,
             )
-        except InfeasibleBudgetError as exc:
+        except (InfeasibleBudgetError, SolverTimeoutError) as exc:
             if link is None:
                 raise
             print(f"keep/recompute: {exc}")
             schedule = None
+            missing = "INFEASIBLE" if isinstance(exc, InfeasibleBudgetError) else "NONE FOUND"
         if link is not None:
             assert isinstance(budget, int)
             stop = Stop()
@@ -219,7 +220,7 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
         f"{'status':>10} {'gap':>7} {'time':>8}"
     )
     if schedule is None:
-        print(_row("exact", None, problem.total_cost, None, ref_peak, "INFEASIBLE", None, None))
+        print(_row("exact", None, problem.total_cost, None, ref_peak, missing, None, None))
     else:
         print(_exact_row("exact", schedule, problem, ref_peak))
     if offloaded is not None:
