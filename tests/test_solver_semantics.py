@@ -15,6 +15,8 @@ import solver
 from solver import SolveOptions
 from solver.core.budget import CHECKPOINT_ALL, PLAIN_STEP, as_percent
 from solver.deadline import Deadline
+from solver.exact import least_peak, warm_start
+from solver.exact.state import run_steps
 from solver.examples import chain, residual_demo, training_graph, uniform_training_chain
 from solver.heuristics.eviction import eviction_runs
 from solver.io import graph_from_node_link, load_graph, save_graph
@@ -202,6 +204,29 @@ def test_impossible_budget_names_the_minimum():
 def test_compute_budget_below_total_cost_is_refused():
     with pytest.raises(solver.ComputeBudgetError, match=r"1\.0x"):
         solver.solve(uniform_training_chain(3), objective="memory", compute_budget="0.9x")
+
+
+def _least_peak_then_heuristics(search):
+    """Steps that prove the least peak but search the cost at it by the warm starts alone, as a
+    cost search cut short by its deadline would."""
+    if search.goal.objective == "memory":
+        return run_steps(search, least_peak.STEPS)
+    return warm_start.warm_start(search)
+
+
+@pytest.mark.parametrize("blocks", [3])
+def test_min_never_costs_more_than_its_least_peak_schedule(blocks):
+    """The budget "min": the cost search at the least peak starts from the least-peak schedule,
+    so a search stopped early returns it or better, never a costlier schedule over the compute
+    budget (which keeps executor.compile's run-once ops from recomputing)."""
+    graph = residual_demo(blocks)
+    total = solver.prepare(graph).total_cost
+    options = SolveOptions(steps=(_least_peak_then_heuristics,))
+    cheapest = solver.solve(graph, "min", compute_budget="1.05x", time_limit=30, options=options)
+    least = solver.solve(graph, objective="memory", compute_budget="1.05x", time_limit=30)
+    assert cheapest.cost <= 1.05 * total
+    assert cheapest.peak == least.peak
+    assert cheapest.cost <= least.cost
 
 
 def test_a_budget_the_objective_would_ignore_is_refused():

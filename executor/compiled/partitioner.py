@@ -126,10 +126,15 @@ class RematPartitioner(CustomPartitionerFn):
                 computes[v] = computes.get(v, 0) + 1
         again = [v for v in once if computes.get(v, 0) > 1]
         if again:
+            remedy = (
+                "this is a defect in remat ('min' bounds the recompute): report it with the model"
+                if self.budget == "min"
+                else "raise the budget"
+            )
             raise CompileError(
-                f"at {self.budget} bytes the schedule recomputes {dag.nodes[again[0]]['op']} "
+                f"at budget {self.budget} the schedule recomputes {dag.nodes[again[0]]['op']} "
                 f"(fx node '{again[0]}'), which draws random numbers or mutates and must run "
-                "once: raise the budget"
+                f"once: {remedy}"
             )
         backward = {v for v in dag.nodes if dag.nodes[v]["backward"]}
         cut = partition(

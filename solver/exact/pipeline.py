@@ -27,7 +27,6 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 import networkx as nx
 
@@ -35,6 +34,7 @@ from solver.core.budget import Budget, human_bytes, hundred_percent, parse_compu
 from solver.core.graph import prepare
 from solver.core.link import Link
 from solver.core.schedule import Schedule, make_schedule
+from solver.core.stages import Member
 from solver.deadline import Deadline, Stop, check_time_limit
 from solver.errors import InvalidScheduleError, SolverTimeoutError
 from solver.exact import least_peak, warm_start
@@ -146,50 +146,44 @@ def solve(
     at = started + time_limit if deadline is None else min(deadline.at, started + time_limit)
     report = print_progress if progress is True else (progress or None)
 
-    def run(goal: Goal, until: Deadline) -> Schedule:
+    def run(goal: Goal, until: Deadline, seed: Member | None = None) -> Search:
         search = Search(graph, problem, goal, options, workers, until, time_limit, started, report)
         if goal.objective == "cost":
             steps = COST_STEPS if options.steps is None else tuple(options.steps)
-            return finish(run_steps(warm_start.begin(search), steps))
+            begun = warm_start.begin(search)
+            begun.offer(seed)
+            return run_steps(begun, steps)
         steps = least_peak.STEPS if options.steps is None else tuple(options.steps)
-        return finish(run_steps(least_peak.begin(search), steps))
+        return run_steps(least_peak.begin(search), steps)
 
     whole = Deadline(at, stop)
     with first_sigint_stops(stop, _print_interrupted if progress is True else None):
         if least:
             return _least_then_cheapest(run, units, limit, whole)
         if objective == "memory":
-            return run(Goal("memory", units, compute_budget=limit), whole)
+            return finish(run(Goal("memory", units, compute_budget=limit), whole))
         bytes_ = None if wanted is None else wanted.bytes(lambda: hundred_percent(problem)[0])
         if offload is not None:
             assert bytes_ is not None
             return solve_with_offload(
                 graph, problem, bytes_, offload, whole, workers=workers, progress=report
             )
-        return run(Goal("cost", units, budget=bytes_), whole)
+        return finish(run(Goal("cost", units, budget=bytes_), whole))
 
 
 def _least_then_cheapest(
-    run: Callable[[Goal, Deadline], Schedule],
+    run: Callable[..., Search],
     units: CostUnits,
     compute_budget: float | None,
     deadline: Deadline,
 ) -> Schedule:
     """The budget "min": the least peak (cost within `compute_budget`, graph units) by half of
-    the time left, then the least cost at that peak by `deadline`; where that second search
-    finds nothing in time, the least-peak schedule, "FEASIBLE" for the cost at its peak."""
-    least = run(Goal("memory", units, compute_budget=compute_budget), deadline.share(0.5))
-    try:
-        schedule = run(Goal("cost", units, budget=least.peak), deadline)
-    except SolverTimeoutError as e:
-        schedule = replace(
-            least,
-            objective="cost",
-            status="FEASIBLE",
-            bound=None if e.cost_bound is None else min(e.cost_bound, least.cost),
-            budget=least.peak,
-            extra=dict(least.extra),
-        )
+    the time left, then the least cost at that peak by `deadline`. The second search starts
+    from the least-peak schedule, so that what it returns costs at most as much (and stays
+    within `compute_budget`) even where it stops at its deadline ("FEASIBLE")."""
+    first = run(Goal("memory", units, compute_budget=compute_budget), deadline.share(0.5))
+    least = finish(first)
+    schedule = finish(run(Goal("cost", units, budget=least.peak), deadline, first.incumbent))
     schedule.compute_budget = compute_budget
     schedule.extra["least_peak"] = {"status": least.status, "bound": least.bound}
     schedule.extra["interrupted"] = deadline.stopped()
