@@ -68,3 +68,42 @@ def test_first_difference_compares_bits() -> None:
     got = breadth.first_difference({"loss": a, "g": a}, {"loss": a + 1, "g": None})
     assert got == "loss differs (and 1 more)"
     assert not breadth.same_bits(a, torch.tensor([-0.0, float("nan")]))
+
+
+def _tiny() -> breadth.Case:
+    """A classifier small enough to compile in seconds: two linear layers, ReLU, dropout."""
+    from benchmarks.running.breadth_models import Classify, tensor_loss
+
+    net = torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(256, 4)
+    )
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    return breadth.Case(Classify(net).train(), (x,), {"labels": torch.arange(64) % 4}, tensor_loss)
+
+
+@pytest.mark.long  # three inductor compiles: 21 s of CPU, 34 s beside other work on 2 cores
+def test_compile_cells_hold_remat_against_eager_and_torch_compile(monkeypatch) -> None:
+    """The compile cells on a tiny model: "min" close to eager; the mid cell, its compiled step
+    made to scale the loss by 1.01, WRONG at step 0 while torch's own compiled step is close."""
+    import executor
+
+    compile_ = executor.compile
+
+    def scaled_at_mid(model, budget, **kwargs):
+        compiled = compile_(model, budget, **kwargs)
+        if budget != "min":
+            call = compiled._call
+            compiled._call = lambda *a, **k: call(*a, **k) * 1.01
+        return compiled
+
+    monkeypatch.setitem(breadth.ARCHITECTURES, "tiny", ("test", _tiny))
+    monkeypatch.setattr(executor, "compile", scaled_at_mid)
+    tolerance = breadth.CompileTolerance()
+    least, mid = breadth.compile_cells("tiny", "mid", 2, time_limit=120, tolerance=tolerance)
+    assert (least.runtime, mid.runtime) == ("compile min", "compile mid")
+    assert least.result.startswith("close: "), least
+    assert least.budget is None and least.peak > 0
+    assert mid.result.startswith("WRONG: loss differs by 0.01 (torch.compile "), mid
+    assert mid.result.endswith(") at step 0") and mid.differs_at == 0
+    assert least.peak <= mid.budget  # torch's compiled step peaks no higher here
+    assert breadth.summary([least, mid]) == "1 close, 1 WRONG of 2 cells"

@@ -416,7 +416,9 @@ def compile_cells(
     one architecture's model, trained in lockstep with eager and with torch's own compiled step
     (``torch.compile`` with the same options); never raises. ``mid`` is midway between the
     "min" compile's measured peak and torch's own compiled step's (`plain_step_peak`, after
-    its compile); `time_limit` bounds each executor.compile call. A cell is ``close`` where
+    its compile), the "min" compile's where torch's peaks lower (its partition is not remat's
+    model: on small convolutional models it can); `time_limit` bounds each executor.compile
+    call. A cell is ``close`` where
     every value is within `tolerance` of eager's, ``as torch.compile`` where a value is not but
     torch's own compiled step is at least as far from eager's on it (within ``rtol``), WRONG
     otherwise; each reports remat's largest distance and torch's. The first cell's seconds
@@ -455,7 +457,7 @@ def compile_cells(
                     step()  # compiles torch's own step before its peak is measured
                 finally:
                     snapshot.restore()
-                at = (least + plain_step_peak(own, step)) // 2
+                at = (least + max(least, plain_step_peak(own, step))) // 2
             compiled = executor.compile(
                 run.model,
                 at,
@@ -536,7 +538,7 @@ def row_cells(
     steps: int,
     time_limit: float,
     runtimes: Sequence[str] = (*RUNTIMES, "compile"),
-    compile_time_limit: float = 600,
+    compile_time_limit: float = 240,
     tolerance: CompileTolerance = CompileTolerance(),
 ) -> Iterator[Cell]:
     """The control, then each of `runtimes`, on one architecture, in this process, one
@@ -559,7 +561,7 @@ def run_row(
     steps: int = 3,
     time_limit: float = 10,
     runtimes: Sequence[str] = RUNTIMES,
-    compile_time_limit: float = 600,
+    compile_time_limit: float = 240,
 ) -> list[Cell]:
     """The control and `runtimes` (default: the bit-for-bit ones) on one architecture, in this
     process."""
@@ -664,8 +666,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--compile-time-limit",
         type=float,
-        default=600,
-        help="seconds per executor.compile call (default 600)",
+        default=240,
+        help="seconds per executor.compile call (default 240)",
     )
     parser.add_argument(
         "--rtol", type=float, default=CompileTolerance.rtol, help="compile cells' tolerance"
