@@ -41,10 +41,11 @@ remat's and torch's own (``torch.compile`` of a third copy with the same inducto
 `COMPILE_OPTIONS`: random ops drawn by eager's kernels), train in lockstep with eager over the
 same steps, and each value's distance from eager's is `relative_difference` (its largest
 difference over eager's largest magnitude, at least ``--floor``). A compile cell is ``close``
-(every value within ``--rtol``), ``as torch.compile`` (a value beyond ``--rtol`` where torch's
-own compiled step is as far, within ``--rtol``) or ``WRONG`` (`CompileTolerance.wrong`), and
-reports both largest distances: remat's, then torch.compile's. The evaluations are not run for
-compile: without gradients the compiled forward is torch's inference graph, with no partition.
+(every value within ``--rtol``), ``as torch.compile`` (a value beyond ``--rtol`` but no more
+than ``--factor`` times as far as torch's own compiled step's) or ``WRONG``
+(`CompileTolerance.wrong`), and reports both largest distances: remat's, then
+torch.compile's. The evaluations are not run for compile: without gradients the compiled
+forward is torch's inference graph, with no partition.
 
 Each cell is one of ``equal`` (bit-identical on every step and measured peak within the budget),
 ``close`` or ``as torch.compile`` (compile), ``WRONG: <tensor> differs at step k`` (exit
@@ -116,11 +117,14 @@ class CompileTolerance:
 
     rtol: float = 1e-3
     floor: float = 1e-3
+    factor: float = 10.0
 
     def wrong(self, remat: float, torch_own: float) -> bool:
-        """True where remat's distance from eager is beyond ``rtol`` and beyond torch's own
-        compiled step's by more than ``rtol``."""
-        return remat > self.rtol and remat > torch_own + self.rtol
+        """True where remat's distance from eager is beyond ``rtol`` and more than ``factor``
+        times torch's own compiled step's: two correct compiled steps are both rounding away
+        from eager's, amplified alike over the steps (ResNet-50 at batch 2: a BatchNorm
+        statistic 1e4 away in both at step 1), so only an order of magnitude sets them apart."""
+        return remat > self.rtol and remat > self.factor * torch_own
 
 
 @dataclass
@@ -418,10 +422,10 @@ def compile_cells(
     "min" compile's measured peak and torch's own compiled step's (`plain_step_peak`, after
     its compile), the "min" compile's where torch's peaks lower (its partition is not remat's
     model: on small convolutional models it can); `time_limit` bounds each executor.compile
-    call. A cell is ``close`` where
-    every value is within `tolerance` of eager's, ``as torch.compile`` where a value is not but
-    torch's own compiled step is at least as far from eager's on it (within ``rtol``), WRONG
-    otherwise; each reports remat's largest distance and torch's. The first cell's seconds
+    call. A cell is ``close`` where every value is within `tolerance` of eager's, ``as
+    torch.compile`` where a value is not but torch's own compiled step is nearly as far from
+    eager's on it, WRONG where `tolerance` says so; each reports remat's largest distance and
+    torch's. The first cell's seconds
     include eager's steps and torch's compile."""
     import executor
     from graph_capture.measurement.peak import Snapshot, plain_step_peak
@@ -577,7 +581,7 @@ def _worker(args: argparse.Namespace) -> int:
         args.time_limit,
         args.runtimes,
         args.compile_time_limit,
-        CompileTolerance(args.rtol, args.floor),
+        CompileTolerance(args.rtol, args.floor, args.factor),
     )
     for cell in cells:
         print("CELL " + json.dumps(asdict(cell)), flush=True)
@@ -592,6 +596,7 @@ def run_subprocess(name: str, args: argparse.Namespace) -> list[Cell]:
     command += ["--time-limit", str(args.time_limit), "--runtimes", *args.runtimes]
     command += ["--compile-time-limit", str(args.compile_time_limit)]
     command += ["--rtol", str(args.rtol), "--floor", str(args.floor)]
+    command += ["--factor", str(args.factor)]
     start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.row_timeout)
@@ -674,6 +679,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--floor", type=float, default=CompileTolerance.floor, help="compile cells' scale floor"
+    )
+    parser.add_argument(
+        "--factor",
+        type=float,
+        default=CompileTolerance.factor,
+        help="WRONG only this many times farther from eager than torch.compile (default 10)",
     )
     parser.add_argument("--out", type=Path, help="write the markdown table here")
     parser.add_argument("--json", type=Path, help="write the cells as JSON here")
