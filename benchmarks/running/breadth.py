@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import subprocess
 import sys
@@ -427,7 +428,10 @@ def compile_cells(
     eager's on it, WRONG where `tolerance` says so; each reports remat's largest distance and
     torch's. The first cell's seconds
     include eager's steps and torch's compile."""
+    from torch._inductor.compile_fx import compile_fx
+
     import executor
+    from executor.compiled.step import compiled_call
     from graph_capture.measurement.peak import Snapshot, plain_step_peak
 
     family, make = ARCHITECTURES[name]
@@ -443,11 +447,22 @@ def compile_cells(
         _Compiled(Cell(name, family, runtime, ""), model)
         for runtime, model in zip(compile_runtimes(budget), models, strict=True)
     ]
-    reference = torch.compile(own, options=dict(COMPILE_OPTIONS))
+    # compiled as executor.compile compiles (whole, static shapes), with torch's partition
+    inductor = functools.partial(compile_fx, config_patches=dict(COMPILE_OPTIONS))
+    reference = compiled_call(own, inductor)
 
     def step() -> None:
         case.loss_fn(reference(*case.inputs, **case.kwargs)).backward()
 
+    snapshot = Snapshot(own)
+    try:
+        # compiled first: executor.compile's check compiles this graph again, from the cache
+        step()
+        plain: int | Exception = plain_step_peak(own, step)
+    except Exception as error:
+        plain = error
+    finally:
+        snapshot.restore()
     least: int | None = None
     for run in runs:
         at = run.cell.runtime.removeprefix("compile ")
@@ -456,12 +471,9 @@ def compile_cells(
             if at == "mid":
                 if least is None:
                     raise RuntimeError("no 'min' compile to be midway from")
-                snapshot = Snapshot(own)
-                try:
-                    step()  # compiles torch's own step before its peak is measured
-                finally:
-                    snapshot.restore()
-                at = (least + max(least, plain_step_peak(own, step))) // 2
+                if isinstance(plain, Exception):
+                    raise RuntimeError(f"torch's own compiled step: {_one_line(plain)}")
+                at = (least + max(least, plain)) // 2
             compiled = executor.compile(
                 run.model,
                 at,
