@@ -48,9 +48,10 @@ class CheckReport:
     seconds: float
 
 
-def relative_difference(value: torch.Tensor, reference: torch.Tensor) -> float:
-    """The largest elementwise difference relative to the reference's largest magnitude (0.0
-    where equal, inf where shapes, dtypes or non-finite positions differ)."""
+def relative_difference(value: torch.Tensor, reference: torch.Tensor, floor: float = 0.0) -> float:
+    """The largest elementwise difference relative to the reference's largest magnitude, or
+    to ``floor`` where that is larger (0.0 where equal, inf where shapes, dtypes or non-finite
+    positions differ)."""
     if value.shape != reference.shape or value.dtype != reference.dtype:
         return float("inf")
     if torch.equal(value, reference):
@@ -61,7 +62,7 @@ def relative_difference(value: torch.Tensor, reference: torch.Tensor) -> float:
     finite = torch.isfinite(b)
     if not torch.equal(torch.isfinite(a), finite) or not torch.equal(a[~finite], b[~finite]):
         return float("inf")
-    scale = b[finite].abs().max().item() if finite.any() else 0.0
+    scale = max(b[finite].abs().max().item() if finite.any() else 0.0, floor)
     diff = (a[finite] - b[finite]).abs().max().item()
     return diff / scale if scale > 0 else float("inf")
 

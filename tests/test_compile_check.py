@@ -79,3 +79,14 @@ def test_relative_difference_is_to_the_largest_magnitude_and_inf_on_mismatched_n
         float("inf")
     )
     assert relative_difference(torch.ones(2), torch.ones(3)) == float("inf")
+
+
+def test_a_floor_scales_a_reference_that_is_rounding_noise():
+    # a gradient that cancels to rounding noise (BERT's key bias: at most 9e-13 in eager)
+    noise = torch.tensor([9e-13, -4e-13], dtype=torch.float64)
+    other = torch.tensor([-5e-13, 2e-13], dtype=torch.float64)
+    assert relative_difference(other, noise) == pytest.approx(14 / 9)
+    assert relative_difference(other, noise, floor=1e-3) == pytest.approx(1.4e-9)
+    assert relative_difference(torch.zeros(2), torch.zeros(2) + 1e-13) == 1.0
+    big = torch.tensor([2.0, 0.0], dtype=torch.float64)
+    assert relative_difference(big + 0.002, big, floor=1e-3) == pytest.approx(1e-3)

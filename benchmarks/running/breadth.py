@@ -1,16 +1,19 @@
 """Breadth: third-party architectures (HuggingFace transformers, torchvision; small configs,
-random init, dropout on) trained in both runtimes against eager on an identical copy.
+random init, dropout on) trained in each runtime against eager on an identical copy.
 
-    python -m benchmarks.running.breadth                        # every architecture, both runtimes
+    python -m benchmarks.running.breadth                        # every architecture, every runtime
     python -m benchmarks.running.breadth --only gpt2 tv_resnet18 --steps 3 --out breadth.md --json
         b.json
+    python -m benchmarks.running.breadth --only gpt2 --runtimes compile    # the control and compile
 
-Per architecture (`benchmarks.running.breadth_models`), three cells:
+Per architecture (`benchmarks.running.breadth_models`), these cells:
 
 - ``eager``: the control, a second copy trained plainly: eager against itself;
 - ``remat``: remat's own executor (`executor.rematerialize`; HF models captured with
   ``backward_from=["loss"]``);
-- ``sac``: a SAC plan (`executor.checkpoint_plan`, `CheckpointPlan.apply`).
+- ``sac``: a SAC plan (`executor.checkpoint_plan`, `CheckpointPlan.apply`);
+- ``compile min`` and ``compile mid`` (``compile <budget>``): `executor.compile` under
+  inductor at "min" and at the budget (`compile_cells`).
 
 The model is copied (`copy.deepcopy`) before anything runs; the runtime is built on the model
 itself, then both train ``--steps`` SGD steps, each step from the same seed, one thread. After
@@ -21,29 +24,44 @@ and every parameter after the SGD step. After the steps, one forward without gra
 (`EVALUATIONS`), their losses and buffers compared the same way. Then one more step of the
 runtime is measured (`executor.measure_peak`: profiler allocation events, bytes above the
 step's start) the way each runtime states its budget: the own executor with ``.grad``
-allocated before the step (`remat run`), the SAC plan and eager with ``.grad`` set to None
-before it (`remat sac`). ``checkpointed``: the schedule's recomputes, or the plan's
-checkpointed regions.
+allocated before the step (`remat run`), the SAC plan, compile and eager with ``.grad`` set to
+None before it (`remat sac`, `executor.compile`). ``checkpointed``: the schedule's recomputes,
+or the plan's checkpointed regions.
 
 The budget (``--budget``, default ``mid``): ``mid`` is midway between the least peak found and 100%:
 for the own executor between the least peak (`solver.solve`, objective "memory") and the
 checkpoint-all peak, for SAC between the plan at ``"min"`` (its predicted peak) and the step without
-checkpointing. Any other value goes to both APIs as it is (bytes, ``"60%"``, ``"min"``); 100% is the
-measured plain step for both (their steps differ by the loss's few bytes).
+checkpointing, for compile between the "min" compile's measured peak and torch's own compiled
+step's. Any other value goes to every API as it is (bytes, ``"60%"``, ``"min"``); 100% is the
+measured plain step for the own executor and SAC (their steps differ by the loss's few bytes),
+the plain compiled step for compile.
+
+The compile cells are not bit for bit: inductor reorders reductions. Both compiled steps,
+remat's and torch's own (``torch.compile`` of a third copy with the same inductor options,
+`COMPILE_OPTIONS`: random ops drawn by eager's kernels), train in lockstep with eager over the
+same steps, and each value's distance from eager's is `relative_difference` (its largest
+difference over eager's largest magnitude, at least ``--floor``). A compile cell is ``close``
+(every value within ``--rtol``), ``as torch.compile`` (a value beyond ``--rtol`` but no more
+than ``--factor`` times as far as torch's own compiled step's) or ``WRONG``
+(`CompileTolerance.wrong`), and reports both largest distances: remat's, then
+torch.compile's. The evaluations are not run for compile: without gradients the compiled
+forward is torch's inference graph, with no partition.
 
 Each cell is one of ``equal`` (bit-identical on every step and measured peak within the budget),
-``WRONG: <tensor> differs at step k`` (exit status 1), ``over budget`` or ``refused: <error>``
-(the exception's type and first line, and its cause's); the control is ``equal`` or ``NOT
-REPRODUCIBLE``, and a runtime that first differs at or after the step where the control did is
-``as eager`` rather than WRONG. Each architecture runs in its own subprocess under
-``--row-timeout`` seconds; a failure there is recorded and the others go on. ``seconds`` is
-the cell's wall time: planning, the eager and runtime steps and the measured step.
+``close`` or ``as torch.compile`` (compile), ``WRONG: <tensor> differs at step k`` (exit
+status 1), ``over budget`` or ``refused: <error>`` (the exception's type and first line, and
+its cause's); the control is ``equal`` or ``NOT REPRODUCIBLE``, and a runtime that first
+differs at or after the step where the control did is ``as eager`` rather than WRONG. Each
+architecture runs in its own subprocess under ``--row-timeout`` seconds; a failure there is
+recorded and the others go on. ``seconds`` is the cell's wall time: planning (compiling), the
+eager and runtime steps and the measured step.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import subprocess
 import sys
@@ -56,6 +74,8 @@ import torch
 from torch import nn
 
 from benchmarks.running.breadth_models import ARCHITECTURES, Case, TorchvisionMissing, hf_loss
+from executor.check import relative_difference
+from executor.compiled.partitioner import LAYOUT
 
 RUNTIMES = ("eager", "remat", "sac")
 """``eager``: the control, a second copy trained plainly against the first."""
@@ -71,7 +91,41 @@ COLUMNS = (
     "budget",
     "seconds",
 )
-KINDS = ("equal", "WRONG", "over budget", "refused", "NOT REPRODUCIBLE", "as eager", "skipped")
+KINDS = (
+    "equal",
+    "close",
+    "as torch.compile",
+    "WRONG",
+    "over budget",
+    "refused",
+    "NOT REPRODUCIBLE",
+    "as eager",
+    "skipped",
+)
+COMPILE_OPTIONS = {**LAYOUT, "fallback_random": True}
+"""Inductor's options for both compiled steps (remat's and torch's own): executor.compile's
+layout (`LAYOUT`), and random ops drawn by eager's kernels from the global generator
+(``fallback_random``), so that a compiled step draws eager's masks and can be compared with
+eager at all (with inductor's own seeds every dropout mask differs from eager's)."""
+
+
+@dataclass(frozen=True)
+class CompileTolerance:
+    """When a compiled step is close to eager. ``rtol``: a value is close where its largest
+    difference from eager's is at most ``rtol`` times eager's largest magnitude (at least
+    ``floor``: a value whose reference is ~0, such as a gradient that cancels to rounding
+    noise, is compared in absolute terms, ``rtol * floor``)."""
+
+    rtol: float = 1e-3
+    floor: float = 1e-3
+    factor: float = 10.0
+
+    def wrong(self, remat: float, torch_own: float) -> bool:
+        """True where remat's distance from eager is beyond ``rtol`` and more than ``factor``
+        times torch's own compiled step's: two correct compiled steps are both rounding away
+        from eager's, amplified alike over the steps (ResNet-50 at batch 2: a BatchNorm
+        statistic 1e4 away in both at step 1), so only an order of magnitude sets them apart."""
+        return remat > self.rtol and remat > self.factor * torch_own
 
 
 @dataclass
@@ -327,23 +381,221 @@ def run_cell(
     return cell
 
 
-def row_cells(name: str, budget: str, steps: int, time_limit: float) -> Iterator[Cell]:
-    """The control, then each runtime, on one architecture, in this process, one thread."""
+class _Compiled:
+    """One compile cell in the making: its model, the compiled call (None until built or
+    after a refusal) and the largest distances from eager so far: remat's and torch's own
+    compiled step's on the same values (`CompileTolerance`)."""
+
+    def __init__(self, cell: Cell, model: nn.Module) -> None:
+        self.cell = cell
+        self.model = model
+        self.call: Callable | None = None
+        self.opt: torch.optim.Optimizer | None = None
+        self.remat = 0.0
+        self.torch = 0.0
+
+    def refuse(self, result: str, started: float) -> None:
+        self.cell.result, self.call = result, None
+        self.cell.seconds += time.perf_counter() - started
+
+
+def _distances(want: dict, got: dict, floor: float) -> dict[str, float]:
+    """Each value's relative difference from eager's (`relative_difference`, at least `floor`
+    as the scale)."""
+    return {key: relative_difference(got[key], ref, floor) for key, ref in want.items()}
+
+
+def _close(remat: float, torch_own: float) -> str:
+    return f"{remat:.2g} (torch.compile {torch_own:.2g})"
+
+
+def compile_cells(
+    name: str,
+    budget: str,
+    steps: int,
+    time_limit: float,
+    tolerance: CompileTolerance,
+    eager_differs_at: int | None = None,
+) -> list[Cell]:
+    """`executor.compile` (inductor, `COMPILE_OPTIONS`) at "min" and at `budget` on copies of
+    one architecture's model, trained in lockstep with eager and with torch's own compiled step
+    (``torch.compile`` with the same options); never raises. ``mid`` is midway between the
+    "min" compile's measured peak and torch's own compiled step's (`plain_step_peak`, after
+    its compile), the "min" compile's where torch's peaks lower (its partition is not remat's
+    model: on small convolutional models it can); `time_limit` bounds each executor.compile
+    call. A cell is ``close`` where every value is within `tolerance` of eager's, ``as
+    torch.compile`` where a value is not but torch's own compiled step is nearly as far from
+    eager's on it, WRONG where `tolerance` says so; each reports remat's largest distance and
+    torch's. The first cell's seconds
+    include eager's steps and torch's compile."""
+    from torch._inductor.compile_fx import compile_fx
+
+    import executor
+    from executor.compiled.step import compiled_call
+    from graph_capture.measurement.peak import Snapshot, plain_step_peak
+
+    family, make = ARCHITECTURES[name]
+    started = time.perf_counter()
+    torch.manual_seed(0)
+    try:
+        case = make()
+    except TorchvisionMissing as missing:
+        return [Cell(name, family, r, f"skipped: {missing}") for r in compile_runtimes(budget)]
+    eager, own = copy.deepcopy(case.model), copy.deepcopy(case.model)
+    models = [case.model] + [copy.deepcopy(case.model) for _ in compile_runtimes(budget)[1:]]
+    runs = [
+        _Compiled(Cell(name, family, runtime, ""), model)
+        for runtime, model in zip(compile_runtimes(budget), models, strict=True)
+    ]
+    # compiled as executor.compile compiles (whole, static shapes), with torch's partition
+    inductor = functools.partial(compile_fx, config_patches=dict(COMPILE_OPTIONS))
+    reference = compiled_call(own, inductor)
+
+    def step() -> None:
+        case.loss_fn(reference(*case.inputs, **case.kwargs)).backward()
+
+    snapshot = Snapshot(own)
+    try:
+        # compiled first: executor.compile's check compiles this graph again, from the cache
+        step()
+        plain: int | Exception = plain_step_peak(own, step)
+    except Exception as error:
+        plain = error
+    finally:
+        snapshot.restore()
+    least: int | None = None
+    for run in runs:
+        at = run.cell.runtime.removeprefix("compile ")
+        began = time.perf_counter()
+        try:
+            if at == "mid":
+                if least is None:
+                    raise RuntimeError("no 'min' compile to be midway from")
+                if isinstance(plain, Exception):
+                    raise RuntimeError(f"torch's own compiled step: {_one_line(plain)}")
+                at = (least + max(least, plain)) // 2
+            compiled = executor.compile(
+                run.model,
+                at,
+                example_inputs=case.inputs,
+                example_kwargs=case.kwargs,
+                loss_fn=case.loss_fn,
+                time_limit=time_limit,
+                backend="inductor",
+                options=dict(COMPILE_OPTIONS),
+            )
+        except Exception as error:
+            run.refuse(_refusal(error), began)
+            continue
+        least = compiled.remat.peak if at == "min" else least
+        run.call, run.cell.budget = compiled, compiled.remat.budget
+        recomputes = sum(r.schedule.recomputes for r in compiled.remat.regions)
+        run.cell.checkpointed = f"{recomputes} recomputes"
+        run.opt = torch.optim.SGD(run.model.parameters(), lr=LR)
+        run.cell.seconds += time.perf_counter() - began
+    opts = [torch.optim.SGD(m.parameters(), lr=LR) for m in (eager, own)]
+    try:
+        for k in range(steps):
+            if not any(run.call for run in runs):
+                break
+            want = train_step(eager, eager, case, opts[0], k)
+            theirs = _distances(want, train_step(reference, own, case, opts[1], k), tolerance.floor)
+            for run in (run for run in runs if run.call is not None):
+                began = time.perf_counter()
+                try:
+                    got = train_step(run.call, run.model, case, run.opt, k)
+                except Exception as error:
+                    run.refuse(_refusal(error), began)
+                    continue
+                run.cell.seconds += time.perf_counter() - began
+                for key, remat in _distances(want, got, tolerance.floor).items():
+                    run.remat, run.torch = max(run.remat, remat), max(run.torch, theirs[key])
+                    if tolerance.wrong(remat, theirs[key]) and run.call is not None:
+                        run.cell.differs_at = k
+                        kind = "WRONG"
+                        if eager_differs_at is not None and k >= eager_differs_at:
+                            kind = "as eager"
+                        differs = f"{key} differs by {_close(remat, theirs[key])} at step {k}"
+                        run.refuse(f"{kind}: {differs}", time.perf_counter())
+    except Exception as error:  # eager's step or torch's own compiled step
+        for run in runs:
+            if run.call is not None:
+                why = f"refused: torch's own compiled step: {_one_line(error)}"
+                run.refuse(why, time.perf_counter())
+    for run in runs:
+        if run.call is None:
+            continue
+        began = time.perf_counter()
+        run.cell.peak = measured_peak(run.call, run.model, case, "compile")
+        far = run.remat > tolerance.rtol
+        result = "as torch.compile" if far else "close"
+        if run.cell.budget is not None and run.cell.peak > run.cell.budget:
+            result = "over budget"
+        run.cell.result = f"{result}: {_close(run.remat, run.torch)}"
+        run.cell.seconds += time.perf_counter() - began
+    runs[0].cell.seconds += time.perf_counter() - started - sum(run.cell.seconds for run in runs)
+    return [run.cell for run in runs]
+
+
+def compile_runtimes(budget: str) -> tuple[str, ...]:
+    """The compile cells' runtimes: executor.compile at "min", then at `budget`."""
+    return tuple(dict.fromkeys(("compile min", f"compile {budget}")))
+
+
+def row_runtimes(runtimes: Sequence[str], budget: str) -> list[str]:
+    """A row's cells in order: the control, then each of `runtimes` (``compile``: its two)."""
+    names = ["eager"] + [r for r in RUNTIMES[1:] if r in runtimes]
+    return names + (list(compile_runtimes(budget)) if "compile" in runtimes else [])
+
+
+def row_cells(
+    name: str,
+    budget: str,
+    steps: int,
+    time_limit: float,
+    runtimes: Sequence[str] = (*RUNTIMES, "compile"),
+    compile_time_limit: float = 240,
+    tolerance: CompileTolerance = CompileTolerance(),
+) -> Iterator[Cell]:
+    """The control, then each of `runtimes`, on one architecture, in this process, one
+    thread."""
     torch.set_num_threads(1)
     control = run_cell(name, "eager", budget, steps, time_limit)
     yield control
     for runtime in RUNTIMES[1:]:
-        yield run_cell(name, runtime, budget, steps, time_limit, control.differs_at)
+        if runtime in runtimes:
+            yield run_cell(name, runtime, budget, steps, time_limit, control.differs_at)
+    if "compile" in runtimes:
+        yield from compile_cells(
+            name, budget, steps, compile_time_limit, tolerance, control.differs_at
+        )
 
 
-def run_row(name: str, budget: str = "mid", steps: int = 3, time_limit: float = 10) -> list[Cell]:
-    """Every runtime on one architecture, in this process."""
-    return list(row_cells(name, budget, steps, time_limit))
+def run_row(
+    name: str,
+    budget: str = "mid",
+    steps: int = 3,
+    time_limit: float = 10,
+    runtimes: Sequence[str] = RUNTIMES,
+    compile_time_limit: float = 240,
+) -> list[Cell]:
+    """The control and `runtimes` (default: the bit-for-bit ones) on one architecture, in this
+    process."""
+    return list(row_cells(name, budget, steps, time_limit, runtimes, compile_time_limit))
 
 
 def _worker(args: argparse.Namespace) -> int:
     """One architecture's row: each cell printed as a JSON line when it ends."""
-    for cell in row_cells(args.worker, args.budget, args.steps, args.time_limit):
+    cells = row_cells(
+        args.worker,
+        args.budget,
+        args.steps,
+        args.time_limit,
+        args.runtimes,
+        args.compile_time_limit,
+        CompileTolerance(args.rtol, args.floor, args.factor),
+    )
+    for cell in cells:
         print("CELL " + json.dumps(asdict(cell)), flush=True)
     return 0
 
@@ -353,7 +605,10 @@ def run_subprocess(name: str, args: argparse.Namespace) -> list[Cell]:
     not report (a timeout or a crash) is refused with the reason."""
     command = [sys.executable, "-m", "benchmarks.running.breadth", "--worker", name]
     command += ["--budget", args.budget, "--steps", str(args.steps)]
-    command += ["--time-limit", str(args.time_limit)]
+    command += ["--time-limit", str(args.time_limit), "--runtimes", *args.runtimes]
+    command += ["--compile-time-limit", str(args.compile_time_limit)]
+    command += ["--rtol", str(args.rtol), "--floor", str(args.floor)]
+    command += ["--factor", str(args.factor)]
     start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.row_timeout)
@@ -370,7 +625,7 @@ def run_subprocess(name: str, args: argparse.Namespace) -> list[Cell]:
     ]
     seconds = time.perf_counter() - start - sum(c.seconds for c in cells)
     family = ARCHITECTURES[name][0]
-    for runtime in RUNTIMES[len(cells) :]:
+    for runtime in row_runtimes(args.runtimes, args.budget)[len(cells) :]:
         cells.append(Cell(name, family, runtime, reason, seconds=seconds))
         seconds = 0.0
     return cells
@@ -416,7 +671,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--time-limit", type=float, default=10, help="seconds per solve (default 10)"
     )
     parser.add_argument(
-        "--row-timeout", type=float, default=900, help="seconds per architecture (default 900)"
+        "--row-timeout", type=float, default=1800, help="seconds per architecture (default 1800)"
+    )
+    parser.add_argument(
+        "--runtimes",
+        nargs="+",
+        choices=[*RUNTIMES[1:], "compile"],
+        default=[*RUNTIMES[1:], "compile"],
+        help="runtimes besides the eager control (default: all; compile: its two cells)",
+    )
+    parser.add_argument(
+        "--compile-time-limit",
+        type=float,
+        default=240,
+        help="seconds per executor.compile call (default 240)",
+    )
+    parser.add_argument(
+        "--rtol", type=float, default=CompileTolerance.rtol, help="compile cells' tolerance"
+    )
+    parser.add_argument(
+        "--floor", type=float, default=CompileTolerance.floor, help="compile cells' scale floor"
+    )
+    parser.add_argument(
+        "--factor",
+        type=float,
+        default=CompileTolerance.factor,
+        help="WRONG only this many times farther from eager than torch.compile (default 10)",
     )
     parser.add_argument("--out", type=Path, help="write the markdown table here")
     parser.add_argument("--json", type=Path, help="write the cells as JSON here")
@@ -427,20 +707,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker:
         return _worker(args)
     cells: list[Cell] = []
+    command = "python -m benchmarks.running.breadth " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     print("| " + " | ".join(COLUMNS) + " |", flush=True)
     for name in args.only or ARCHITECTURES:
         for cell in run_subprocess(name, args):
             cells.append(cell)
             print(cell.markdown(), flush=True)
-    command = "python -m benchmarks.running.breadth " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    text = report(cells, command.strip())
-    print("\n" + text)
-    if args.out:
-        args.out.write_text(text)
-    if args.json:
-        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=1))
+        # after each row: a long run that is stopped leaves the rows done so far
+        if args.out:
+            args.out.write_text(report(cells, command.strip()))
+        if args.json:
+            args.json.write_text(json.dumps([asdict(c) for c in cells], indent=1))
+    print("\n" + report(cells, command.strip()))
     return 1 if any(c.result.startswith("WRONG") for c in cells) else 0
 
 
