@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import operator
+import re
 import time
 from collections import Counter
 
@@ -21,8 +22,9 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import executor
 import solver
+from executor.compiled import api, partitioner
 from executor.compiled.emit import COMPUTE
-from executor.compiled.joint_dag import END
+from executor.compiled.joint_dag import END, tangent_bytes
 from executor.compiled.partitioner import RematPartitioner, backend
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -303,6 +305,65 @@ def test_a_budget_under_the_models_least_is_compiled_and_measured():
     least = report.tries[-1].measured
     with pytest.raises(executor.CompileError, match=f"least-peak schedule measured {least} B"):
         executor.compile(Net(layers=1), least - 1, example_inputs=(x,), **FAST)
+
+
+class DropoutMLP(nn.Module):
+    """Two blocks of a linear layer, tanh, dropout and a linear layer: a graph small enough
+    that "min" proves its least peak in about a second."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.ups = nn.ModuleList(nn.Linear(d, 4 * d) for _ in range(2))
+        self.downs = nn.ModuleList(nn.Linear(4 * d, d) for _ in range(2))
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for up, down in zip(self.ups, self.downs, strict=True):
+            x = down(self.drop(torch.tanh(up(x))))
+        return x.square().mean()
+
+
+class DrawsOnce(RematPartitioner):
+    """Random ops whose draws do not replay, as under inductor: they must run once."""
+
+    def __init__(self, budget, deadline, replay_rng, fuse=False, schedules=None):
+        super().__init__(budget, deadline, False, fuse, schedules)
+
+
+OVER = 8192
+"""Bytes added to the solver's model of every peak (as held tangents) where the test below
+makes the model overestimate the measured peak."""
+
+
+def test_a_budget_whose_schedule_recomputes_dropout_compiles_the_least_that_runs_it_once(
+    monkeypatch,
+):
+    """Dropout must run once (`DrawsOnce`) and the solver's model overestimates every peak by
+    ``OVER`` bytes (as inductor's can): at a budget between "min"'s measured and predicted
+    peaks, every schedule within it in the model recomputes dropout, so the schedule solved
+    at the budget is refused, and the loop compiles "min", which runs dropout once and measures
+    within the budget: returned, bit-identical to eager. Under the least that runs dropout
+    once the refusal says that least."""
+    monkeypatch.setattr(api, "RematPartitioner", DrawsOnce)
+    monkeypatch.setattr(partitioner, "tangent_bytes", lambda gm: tangent_bytes(gm) + OVER)
+    torch.manual_seed(0)
+    net, x = DropoutMLP().train(), torch.randn(64, 32)
+    eager = copy.deepcopy(net)
+    least = executor.compile(net, "min", example_inputs=(x,), **SOLVED).remat
+    assert least.tries[0].predicted > least.peak + OVER // 2
+    budget = least.peak + OVER // 2
+    cm = executor.compile(net, budget, example_inputs=(x,), **SOLVED)
+    report = cm.remat
+    assert report.compiles == 2, "the schedule solved at the budget is refused, then 'min'"
+    assert [t.solver_budget for t in report.tries] == [None]
+    assert report.budget == budget and report.peak <= budget
+    (region,) = report.regions
+    assert not [v for v in region.partition.recomputes if region.dag.nodes[v]["once"]]
+    assert_equal_steps(sgd_steps(net, cm, x), sgd_steps(eager, eager, x))
+    with pytest.raises(executor.CompileError, match=r"recompute aten.native_dropout") as refused:
+        executor.compile(net, report.peak - 1, example_inputs=(x,), **SOLVED)
+    said = re.search(r"least peak that runs it once measured (\d+) B", str(refused.value))
+    assert said and int(said[1]) >= report.peak, "the refusal says the least that fits"
 
 
 class Breaks(nn.Module):

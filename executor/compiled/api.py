@@ -5,7 +5,10 @@ The budget holds by a bounded loop: solve at a solver budget, compile, measure t
 step's peak on the example inputs, and where it exceeds the budget solve again below the
 schedule's predicted peak by the excess (doubled at each further miss), at most
 ``max_compiles`` times (`CompileReport.compiles` counts them, the plain compile of a
-percentage's basis included).
+percentage's basis included). Where a schedule solved at a solver budget recomputes an op
+that must run once (a random op whose draw does not replay, or a mutation:
+`RematPartitioner`), the next compile is "min", whose least-peak search keeps such ops once:
+returned where its measured peak is within the budget, else the error says that least peak.
 
 NOTE [one deadline]: ``time_limit`` bounds the whole call, compiles and measurements included,
 as `solver.solve`'s does: one `Deadline` (with the first Ctrl-C's `Stop`) is made at the call.
@@ -40,6 +43,7 @@ from executor.compiled.partitioner import (
     RegionPlan,
     RematPartitioner,
     _Infeasible,
+    _RunsTwice,
     backend,
 )
 from executor.compiled.step import Measured, compiled_call, fresh_call, measure_step
@@ -360,6 +364,7 @@ def _compile(
     solver_budget: int | str = "min" if minimum else target
     attempted: list[int | str] = []  # the solver budgets of the loop's compiles
     infeasible: _Infeasible | None = None  # the last compile's solve, below the least
+    runs_twice: _RunsTwice | None = None  # a schedule refused for recomputing a run-once op
     for attempt in range(max_compiles):
         # "min" returns its first measured compile: its solves take a quarter of the time,
         # as the first of two compiles would, leaving the compile, whose seconds are not
@@ -376,9 +381,14 @@ def _compile(
             call, measured = steps.measure(backend(name, partitioner, options), partitioner)
         except _Infeasible as e:
             timed_out = isinstance(e.error, solver.SolverTimeoutError)
-            # a solve cut short finds no schedule: the least-peak one ("min") is within the
-            # budget wherever any schedule is, in the model, and the measurement decides
-            next_budget = "min" if timed_out else _above_least(e, target, tries)
+            refused = isinstance(e, _RunsTwice)
+            if refused:
+                runs_twice = e
+            # a solve cut short finds no schedule, and one that recomputes an op that must run
+            # once is refused: the least-peak one ("min") is within the budget wherever any
+            # schedule is, in the model, its search keeps run-once ops once, and the
+            # measurement decides
+            next_budget = "min" if timed_out or refused else _above_least(e, target, tries)
             if timed_out and next_budget in attempted:
                 raise CompileError(
                     f"budget {budget} ({target} B): the solver found no schedule within it in "
@@ -422,6 +432,8 @@ def _compile(
         solver_budget = below - (measured.peak - target) * 2 ** (len(tries) - 1)
         if solver_budget <= 0:
             break
+    if runs_twice is not None:  # "min" followed it: measured over the budget, or not compiled
+        raise _runs_once(budget, target, tries, runs_twice, max_compiles) from runs_twice.error
     if infeasible is not None:
         raise _below_least(budget, target, tries, infeasible) from infeasible.error
     if tries[-1].solver_budget is None:
@@ -547,4 +559,26 @@ def _below_least(budget: object, target: int | None, tries: list[Try], e: _Infea
         f"compiled{hint}: raise the budget, use 'min', or compile without remat (torch's "
         "partition can measure lower where inductor's layout or fusion choices differ from "
         "remat's model)"
+    )
+
+
+def _runs_once(
+    budget: object, target: int | None, tries: list[Try], e: _RunsTwice, max_compiles: int
+) -> CompileError:
+    """The error where the schedules within the budget recompute an op that must run once and
+    the least-peak schedule, which runs it once, measured over the budget (the last try) or was
+    not compiled (``max_compiles`` spent before it)."""
+    what = (
+        f"budget {budget} ({target} B): the solver's schedules within it recompute {e.op}, "
+        "which draws random numbers or mutates and must run once"
+    )
+    if not tries or tries[-1].solver_budget is not None:
+        return CompileError(
+            f"{what}; the least-peak schedule, which runs it once, was not compiled within "
+            f"max_compiles={max_compiles}: raise max_compiles or the budget, or use 'min'"
+        )
+    least = tries[-1].measured
+    return CompileError(
+        f"{what}; the least peak that runs it once measured {least} B ({human_bytes(least)}, "
+        "'min'): raise the budget to it, use 'min', or compile without remat"
     )

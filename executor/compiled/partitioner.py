@@ -63,9 +63,11 @@ class RematPartitioner(CustomPartitionerFn):
     its draw (`emit.partition`). Ops that mutate, and random ops where draws do not replay
     (inductor: its own seeded random ops recompute deterministically, only the seed op is
     random), must not be recomputed: their cost carries a penalty larger than the whole
-    graph's, so the solver recomputes one only where no schedule without it fits, and then
-    the plan is refused (`CompileError`). ``fuse`` (inductor): the DAG models inductor's
-    fusion (`joint_dag.fuse_groups`): values it computes inside a kernel hold no bytes.
+    graph's, so the solver recomputes one only where it finds no schedule without it that
+    fits, and then the plan is refused: at a byte budget as `_RunsTwice`, on which
+    `executor.compile` goes on to "min" (the least peak with such ops once), else as
+    `CompileError`. ``fuse`` (inductor): the DAG models inductor's fusion
+    (`joint_dag.fuse_groups`): values it computes inside a kernel hold no bytes.
     ``schedules`` (`CompiledModel.load`): graph fingerprint -> a saved schedule's JSON, taken
     instead of solving, checked on the joint graph's DAG (`solver.Schedule.from_json`); a
     joint graph without one is refused (`CompileError`).
@@ -126,16 +128,7 @@ class RematPartitioner(CustomPartitionerFn):
                 computes[v] = computes.get(v, 0) + 1
         again = [v for v in once if computes.get(v, 0) > 1]
         if again:
-            remedy = (
-                "this is a defect in remat ('min' bounds the recompute): report it with the model"
-                if self.budget == "min"
-                else "raise the budget"
-            )
-            raise CompileError(
-                f"at budget {self.budget} the schedule recomputes {dag.nodes[again[0]]['op']} "
-                f"(fx node '{again[0]}'), which draws random numbers or mutates and must run "
-                f"once: {remedy}"
-            )
+            self._refuse(dag, again[0], solved=not self.schedules)
         backward = {v for v in dag.nodes if dag.nodes[v]["backward"]}
         cut = partition(
             gm,
@@ -155,6 +148,24 @@ class RematPartitioner(CustomPartitionerFn):
         plan = RegionPlan(dag, schedule, cut, cost, ops, joint.inlined)
         self.regions = [r for r in self.regions if r.schedule is not schedule] + [plan]
         return cut.forward, cut.backward
+
+    def _refuse(self, dag: nx.DiGraph, v: str, solved: bool) -> None:
+        """Refuse the schedule that recomputes ``v``, which must run once: at a byte budget
+        solved here, `_RunsTwice` (`executor.compile` goes on to "min", whose least-peak
+        search keeps such ops once); "min" recomputing it is a defect; a saved schedule's
+        budget is too low for it (`CompileError`)."""
+        what = (
+            f"at budget {self.budget} the schedule recomputes {dag.nodes[v]['op']} (fx node "
+            f"'{v}'), which draws random numbers or mutates and must run once"
+        )
+        if self.budget == "min":
+            raise CompileError(
+                f"{what}: this is a defect in remat ('min' bounds the recompute): report it "
+                "with the model"
+            )
+        if solved:
+            raise _RunsTwice(CompileError(what), str(dag.nodes[v]["op"]))
+        raise CompileError(f"{what}: raise the budget")
 
     def _saved(self, dag: nx.DiGraph, fingerprint: str) -> solver.Schedule:
         """The saved schedule of the joint graph whose DAG has `fingerprint`, replayed on it."""
@@ -209,6 +220,16 @@ class _Infeasible(Exception):
     def __init__(self, error: Exception) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+class _RunsTwice(_Infeasible):
+    """The schedule solved at a byte budget recomputes ``op``, which must run once: in the
+    solver's model (or within its time) no schedule within the budget keeps it once. Carries
+    the refusal (`CompileError`)."""
+
+    def __init__(self, error: CompileError, op: str) -> None:
+        super().__init__(error)
+        self.op = op
 
 
 def backend(name: str, partitioner: RematPartitioner, options: dict[str, Any]) -> Callable:
