@@ -72,7 +72,7 @@ class _Loss(nn.Module):
 def _gpt() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(0)
     idx = torch.randint(0, 32, (4, 16))
-    return GPT(), (idx, torch.randint(0, 32, (4, 16)))
+    return GPT(layers=1), (idx, torch.randint(0, 32, (4, 16)))
 
 
 def _cnn() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:

@@ -299,12 +299,13 @@ def test_a_budget_under_the_models_least_is_compiled_and_measured():
     measured peak, yet "100%" fits: the loop compiles the least-peak schedule and measures it
     within the budget. A budget under that measurement is refused after it, in one line."""
     x = torch.randn(16, 32)
-    cm = executor.compile(Net(layers=1), "100%", example_inputs=(x,), **FAST)
+    cm = executor.compile(Net(layers=1), "100%", example_inputs=(x,), **SOLVED)
     report = cm.remat
     assert report.tries[0].predicted > report.budget == report.plain_peak >= report.peak
     least = report.tries[-1].measured
-    with pytest.raises(executor.CompileError, match=f"least-peak schedule measured {least} B"):
-        executor.compile(Net(layers=1), least - 1, example_inputs=(x,), **FAST)
+    # "min" is time-limited: a second search may end at another least; its refusal names it
+    with pytest.raises(executor.CompileError, match=r"least-peak schedule measured \d+ B"):
+        executor.compile(Net(layers=1), least - 1, example_inputs=(x,), **SOLVED)
 
 
 class DropoutMLP(nn.Module):
@@ -392,7 +393,7 @@ class Selects(Breaks):
         (
             Net,
             "1KiB",
-            {"time_limit": 2},
+            {"time_limit": 10},
             r"below the least remat's partition reaches compiled",
         ),
         (Net, "1MiB", {"dynamic": True}, "dynamic=True"),

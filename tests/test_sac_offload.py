@@ -121,7 +121,7 @@ def test_offloading_every_saved_op_is_exact_and_within_its_prediction(case):
     model, args, kwargs = CASES[case]()
     loss_fn = sum_loss if kwargs is None else executor.default_loss
     plan = executor.checkpoint_plan(
-        model, args, "min", example_kwargs=kwargs, time_limit=10, loss_fn=loss_fn, offload="h100"
+        model, args, "min", example_kwargs=kwargs, time_limit=60, loss_fn=loss_fn, offload="h100"
     )
     assert plan.link == HOST_LINKS["pcie5"]
     saved = every_saveable(plan)
@@ -163,11 +163,11 @@ def test_drawn_models_and_budgets_offload_exactly_within_the_prediction(
     blocks = [Attention(d) if attention else MLP(d, 3 * d, 0.1, inplace) for _ in range(layers)]
     net, x = Net(blocks, d).train(), torch.randn(4, 24, d)
     least = executor.checkpoint_plan(
-        net, (x,), "min", time_limit=10, loss_fn=sum_loss, offload=LINK
+        net, (x,), "min", time_limit=60, loss_fn=sum_loss, offload=LINK
     )
     budget = int(least.peak + where * (least.plain_peak - least.peak))
     plan = executor.checkpoint_plan(
-        net, (x,), budget, time_limit=10, loss_fn=sum_loss, offload=LINK
+        net, (x,), budget, time_limit=60, loss_fn=sum_loss, offload=LINK
     )
     device_bytes, host_bytes = measured(plan.apply(copy.deepcopy(net)), sum_step(x))
     assert device_bytes <= plan.budget and device_bytes <= plan.peak and host_bytes == plan.host
@@ -189,10 +189,10 @@ def test_the_planner_offloads_where_recompute_costs_more(above_least):
     of the plan's own recording (a percentage is of the measured plain step, whose bytes
     depend on what the process ran before)."""
     net, x = transformer(), torch.randn(4, 32, 32)
-    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=10, loss_fn=sum_loss)
+    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=60, loss_fn=sum_loss)
     if above_least != 1.0:
         budget = int(above_least * plan.budget)
-        plan = executor.checkpoint_plan(net, (x,), budget, time_limit=10, loss_fn=sum_loss)
+        plan = executor.checkpoint_plan(net, (x,), budget, time_limit=60, loss_fn=sum_loss)
     problem = plan.problem
     free = dataclasses.replace(
         problem,
@@ -240,9 +240,9 @@ def test_only_offload_fits_a_budget_below_the_least_peak_without_it():
     checkpoint_plan without offload= is refused, with it the plan offloads, runs within the
     budget with the host bytes predicted, and its gradients are eager's bit for bit."""
     net, x = mlp_net(inplace=True), torch.randn(4, 32, 32)
-    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=10, loss_fn=sum_loss, offload=LINK)
+    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=60, loss_fn=sum_loss, offload=LINK)
     with pytest.raises(InfeasibleBudgetError):
-        executor.checkpoint_plan(net, (x,), plan.budget, time_limit=10, loss_fn=sum_loss)
+        executor.checkpoint_plan(net, (x,), plan.budget, time_limit=60, loss_fn=sum_loss)
     assert any(plan.plain_offloads()) or any(plan.offloads())
     device_bytes, host_bytes = measured(plan.apply(copy.deepcopy(net)), sum_step(x))
     print(f"only offload: device {device_bytes} B, budget {plan.budget} B, host {host_bytes} B")
@@ -254,7 +254,7 @@ def test_only_offload_fits_a_budget_below_the_least_peak_without_it():
 def test_plan_files_carry_the_offload_and_format_5_files_load(tmp_path):
     net, x = transformer(layers=2, d=16), torch.randn(2, 8, 16)
     link = Link(1e9, 2e9, 1 << 20)
-    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=10, loss_fn=sum_loss, offload=link)
+    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=60, loss_fn=sum_loss, offload=link)
     saved = every_saveable(plan)
     offloading, _ = replanned(plan, saved, every_offloadable(plan, saved), every_plain(plan))
     assert any(offloading.offloads()) or any(offloading.plain_offloads())
@@ -286,7 +286,7 @@ def test_compile_refuses_offloaded_ops_and_runs_offloaded_regions_through_graph_
     torch's BackendCompilerFailed). Regions parking their saved storages run eagerly between
     the compiled pieces, their hooks parking what they save; gradients allclose to eager's."""
     net, x = transformer(layers=2, d=16), torch.randn(2, 8, 16)
-    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=10, loss_fn=sum_loss)
+    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=60, loss_fn=sum_loss)
     plan = dataclasses.replace(plan, link=LINK)
     saved = every_saveable(plan)
     offloading, _ = replanned(plan, saved, every_offloadable(plan, saved))
@@ -316,7 +316,7 @@ def test_compile_refuses_offloaded_ops_and_runs_offloaded_regions_through_graph_
 
 def test_offload_arguments_are_checked():
     net, x = transformer(layers=2, d=16), torch.randn(2, 8, 16)
-    plain = executor.checkpoint_plan(net, (x,), "min", time_limit=10, loss_fn=sum_loss)
+    plain = executor.checkpoint_plan(net, (x,), "min", time_limit=60, loss_fn=sum_loss)
     assert (plain.link, plain.offloaded, plain.host) == (None, None, 0)
     with pytest.raises(PlanError, match="offload must be"):
         executor.checkpoint_plan(net, (x,), "min", loss_fn=sum_loss, offload=64e9)

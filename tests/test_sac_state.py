@@ -46,7 +46,7 @@ def plan_variants(model, args, kwargs=None, budget="min") -> list:
     """The model, the plan applied, and the plan's regions saving every op they may and none."""
     loss_fn = sum_loss if kwargs is None else executor.default_loss  # HF: output.loss
     plan = executor.checkpoint_plan(
-        model, args, budget, example_kwargs=kwargs, time_limit=10, loss_fn=loss_fn
+        model, args, budget, example_kwargs=kwargs, time_limit=60, loss_fn=loss_fn
     )
     assert plan.checkpointed_regions(), "the plan should checkpoint"
     every = every_saveable(plan)

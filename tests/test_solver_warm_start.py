@@ -84,7 +84,7 @@ def test_the_backward_search_fits_random_layered_at_80_percent():
         check_within(graph, problem, budget, member)
     cheapest = min(member.schedule.cost for member in runs)
     assert cheapest <= 1.06 * problem.total_cost
-    schedule = solver.solve(graph, "80%", time_limit=6)
+    schedule = solver.solve(graph, "80%", time_limit=10)
     assert schedule.status == "FEASIBLE" and schedule.peak <= budget
     assert schedule.cost <= cheapest
     assert problem.total_cost <= schedule.bound < schedule.cost
