@@ -19,8 +19,12 @@ from cli.main import main
 from cli.solve import parse_link
 from solver import Link
 from solver.core.link import LinkError
+from solver.deadline import Deadline
+from solver.exact.offload import solve_with_offload
+from solver.exact.options import SolveOptions
 from solver.examples import chain, uniform_training_chain
 from solver.io import save_graph
+from solver.milp.offload import OffloadTimes, _Model, variable_count
 from solver.target.devices import BUILT_IN, HOST_LINKS, Device, builtin_device
 
 TIME_LIMIT = 30.0
@@ -265,3 +269,37 @@ def test_offload_is_for_the_cost_objective_at_a_budget():
         solver.solve(_reduction(), offload=Link(1, 1))
     with pytest.raises(solver.InfeasibleBudgetError, match="with offload or without"):
         solver.solve(_reduction(), 6, offload=Link(1, 1))
+
+
+def test_the_model_is_counted_without_building_it():
+    """`variable_count` is the number of variables the model creates (its constants left
+    out), with a host limit and without."""
+    problem = solver.prepare(uniform_training_chain(6))
+    for link in (Link(1, 1), Link(1, 1, 3)):
+        times = OffloadTimes.of(problem, link)
+        built = _Model(problem, 8, link, times, None).m.proto.variables
+        constants = sum(1 for v in built if len(v.domain) == 2 and v.domain[0] == v.domain[1])
+        assert variable_count(problem, link) == len(built) - constants
+        assert variable_count(problem, link, above=10) > 10
+
+
+def test_with_no_time_left_or_too_large_a_model_the_incumbent_comes_back():
+    """A deadline already passed ends in SolverTimeoutError where nothing was found (not an
+    error of the time limit's), and returns the caller's keep/recompute schedule where there is
+    one; a model over `max_model_variables` is not built: the keep/recompute schedule comes back
+    "FEASIBLE", bounded by the cost of computing every node once, saying why."""
+    graph = uniform_training_chain(6)
+    problem = solver.prepare(graph)
+    budget, link = solver.baseline(graph, "checkpoint_all").peak - 1, Link(1, 1)
+    with pytest.raises(solver.SolverTimeoutError, match="with offload or without"):
+        solve_with_offload(graph, problem, budget, link, Deadline.after(0))
+    start = solver.solve(graph, budget, time_limit=TIME_LIMIT)
+    late = solve_with_offload(graph, problem, budget, link, Deadline.after(0), start=start)
+    assert late.ops == start.ops and late.status == "FEASIBLE"
+    assert late.bound == problem.total_cost == 18
+    assert "too many for the 0.0 s left" in late.extra["offload_model"]
+    small = SolveOptions(max_model_variables=10)
+    unbuilt = solver.solve(graph, budget, offload=link, time_limit=TIME_LIMIT, options=small)
+    assert unbuilt.status == "FEASIBLE" and unbuilt.extra["offloads"] == 0
+    assert unbuilt.cost == start.cost and unbuilt.bound == 18
+    assert "more than 10 variables" in unbuilt.extra["offload_model"]

@@ -4,11 +4,15 @@
       the one-line floor            a budget below it fits no schedule
       checkpoint-all                closes the search where it fits
       the keep/recompute solve      the incumbent (a share of the time), or the caller's
+      the model's size              too many variables for the time left, or for
+                                    `SolveOptions.max_model_variables`: the incumbent comes back
       CP-SAT on the offload model   capped at the incumbent, hinted with its plan
       the schedule                  replayed by the simulator over the link
 
 "OPTIMAL" only where CP-SAT proves it (its solution's, or the incumbent's where it proves
-nothing cheaper); otherwise "FEASIBLE" with CP-SAT's bound.
+nothing cheaper); otherwise "FEASIBLE" with CP-SAT's bound, or, where the model was not built,
+with the cost of computing every node once (every schedule computes each node, and waits no
+less than nothing) and `extra["offload_model"]` saying why.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ from solver.errors import (
     InvalidScheduleError,
     SolverTimeoutError,
 )
+from solver.exact.options import DEFAULT, SolveOptions
 from solver.milp.cpsat import ProgressFn
-from solver.milp.offload import OffloadTimes, solve_offload_model
+from solver.milp.offload import OffloadTimes, solve_offload_model, variable_count
 
 KEEP_RECOMPUTE_SHARE = 0.3
 """Share of the time limit the keep/recompute solve gets for the incumbent."""
@@ -48,16 +53,19 @@ def solve_with_offload(
     workers: int = 8,
     progress: ProgressFn | None = None,
     start: Schedule | None = None,
+    options: SolveOptions = DEFAULT,
 ) -> Schedule:
     """The least-cost schedule with offload over `link` within `budget` bytes, by `deadline`.
     `start`: a keep/recompute schedule for the budget (the caller's; else one is solved in
-    `KEEP_RECOMPUTE_SHARE` of the time). Raises InfeasibleBudgetError where no schedule fits
-    (below the one-line floor, or proven by CP-SAT) and SolverTimeoutError where none is found
-    in time."""
+    `KEEP_RECOMPUTE_SHARE` of the time left, none where none is left). `options`: the
+    keep/recompute solve's, and the model's size limits (`max_model_variables`,
+    `model_variables_per_second` of the time left after the incumbent). Raises
+    InfeasibleBudgetError where no schedule fits (below the one-line floor, or proven by
+    CP-SAT) and SolverTimeoutError where none is found in time."""
     from solver.exact.pipeline import solve  # the keep/recompute solve; imports this module
 
     started, began = time.perf_counter(), deadline.remaining()
-    floor = max(problem.compute_floor(v) for v in range(problem.n))
+    floor = problem.one_line_floor
     if budget < floor:
         raise InfeasibleBudgetError(
             f"no schedule fits a budget of {budget} bytes ({human_bytes(budget)}), with offload "
@@ -70,17 +78,32 @@ def solve_with_offload(
     everything = checkpoint_all(problem)
     if everything.peak <= budget:
         return _schedule(graph, problem, everything.ops, link, budget, "OPTIMAL", None, started)
-    if start is None:
+    if start is None and began > 0:
         try:
             start = solve(
                 graph,
                 budget,
                 time_limit=KEEP_RECOMPUTE_SHARE * began,
                 workers=workers,
+                options=options,
                 deadline=deadline,
             )
         except (InfeasibleBudgetError, SolverTimeoutError):
             start = None
+    unbuilt = _too_large(problem, link, options, deadline)
+    if unbuilt:
+        once = problem.total_cost
+        if start is None:
+            raise SolverTimeoutError(
+                f"no schedule within {human_bytes(budget)} was found in the time limit, with "
+                f"offload or without ({unbuilt}); raise the time limit (--time-limit) or the "
+                "budget",
+                cost_bound=once,
+            )
+        ops = [(kind, problem.index[v]) for kind, v in start.ops]
+        schedule = _schedule(graph, problem, ops, link, budget, "FEASIBLE", once, started)
+        schedule.extra["offload_model"] = unbuilt
+        return schedule
     hint = None if start is None else _stage_plan(problem, start.ops)
     cap = None if hint is None else sum(times.cost[i] for stage in hint.computed for i in stage)
     result = solve_offload_model(
@@ -122,6 +145,27 @@ def solve_with_offload(
     schedule = _schedule(graph, problem, ops, link, budget, result.status, bound, started)
     _check_accounting(schedule, result.objective, times)
     return schedule
+
+
+def _too_large(problem: Problem, link: Link, options: SolveOptions, deadline: Deadline) -> str:
+    """Why the offload model is not built (its variables over `max_model_variables`, or over
+    `model_variables_per_second` times the seconds left); "" where it is."""
+    left = deadline.remaining()
+    room = min(options.max_model_variables, int(options.model_variables_per_second * left))
+    size = variable_count(problem, link, above=room)
+    if size <= room:
+        return ""
+    if size > options.max_model_variables:
+        return (
+            f"the offload model would have more than {options.max_model_variables} variables "
+            "(SolveOptions.max_model_variables); capture the model coarser (graph_capture "
+            "granularity='module')"
+        )
+    return (
+        f"the offload model would have more than {room} variables, too many for the "
+        f"{left:.1f} s left (SolveOptions.model_variables_per_second = "
+        f"{options.model_variables_per_second}); raise the time limit"
+    )
 
 
 def _schedule(

@@ -164,7 +164,14 @@ def solve(
         if offload is not None:
             assert bytes_ is not None
             return solve_with_offload(
-                graph, problem, bytes_, offload, whole, workers=workers, progress=report
+                graph,
+                problem,
+                bytes_,
+                offload,
+                whole,
+                workers=workers,
+                progress=report,
+                options=options,
             )
         return run(Goal("cost", units, budget=bytes_), whole)
 

@@ -96,6 +96,32 @@ def _last_reads(problem: Problem) -> list[int]:
     return last
 
 
+def variable_count(problem: Problem, link: Link, *, above: int | None = None) -> int:
+    """How many variables `_Model` creates over `link` (its constants left out), counted
+    without building it: per stage t, R, U, a and b per position, S per readable value, L, P,
+    Z, K and Y per readable offloadable value, F per (value, reader) pair (4) leaves in; O and G
+    per offloadable value, A per stage it may be held (with a host limit), tau, T. O(n^2);
+    with `above`, counting stops once the count passes it (the count so far is returned)."""
+    n = problem.n
+    last = _last_reads(problem)
+    offloadable = [i for i in range(n) if last[i] > i]
+    total = 2 * len(offloadable) + n + 1
+    if link.host_memory is not None:
+        total += sum(last[i] - i for i in offloadable)
+    for t in range(n):
+        readable = [i for i in range(t) if t <= last[i]]
+        positions = len(readable) + 1
+        copies = sum(1 for i in readable if last[i] > i)
+        frees = sum(len(problem.preds[k]) for k in readable) + len(problem.preds[t]) + 1
+        frees -= sum(
+            1 for i in problem.preds[t] for k in problem.succs[i] if k < t and t <= last[k]
+        )
+        total += 4 * positions - 1 + len(readable) + 5 * copies + frees
+        if above is not None and total > above:
+            break
+    return total
+
+
 class _Model:
     """The variables and rows of the module docstring, built once."""
 
