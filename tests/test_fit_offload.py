@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import networkx as nx
 import pytest
+from test_executor_fit import blocks
+from test_executor_offload import with_offloads
 from test_fit_fsdp import TOY, meta_blocks
 
 import executor
 import solver
 import solver.fitting.search
 from cli.main import main
+from executor.fitting.baselines import Steps, run_step
 from executor.fitting.graphs import SizedGraphs, with_loss
 from executor.loss import default_loss
 from solver import Link
@@ -118,3 +121,14 @@ def test_remat_fit_offload_reads_a_link_and_refuses_an_unknown_one(tmp_path, cap
     assert main([*argv, "--offload", "nope", "--time-limit", "4"]) == 2
     err = capsys.readouterr().err
     assert "unknown target 'nope'" in err and err.count("\n") == 1
+
+
+def test_a_real_step_under_a_schedule_that_copies_measures_its_host_copies():
+    """fit's real step (`run_step`) under a schedule with offloads (`blocks` at batch 8, some
+    recomputes turned into reloads): the host copies' measured peak is the simulated one."""
+    graphs = SizedGraphs(with_loss(blocks, default_loss), (2, 3, 4), "batch", None)
+    captured = graphs.capture(8).graph
+    schedule = with_offloads(captured, [True, False], [True], Link(1e9, 1e9))
+    assert schedule.extra["offloads"] > 0
+    peak, host = run_step(Steps(graphs, "adamw"), 8, schedule)
+    assert host == schedule.extra["host_peak"] > 0 and peak > 0
