@@ -17,15 +17,16 @@ head and the float32 cross-entropy unchanged), a stack whose graph the offload m
 - none / full per-block / torchtitan's selective op: `scale_llama.part_plan`'s rows (one SAC
   recording, its own child process): per-rank peak (`rank_peak`), recompute seconds;
 - remat keep/recompute and remat with offload: `solver.solve` on the module-level capture
-  (`graph_capture.capture(..., granularity="module")`), without and with `offload=` the link,
+  (`graph_capture.capture(..., granularity="module", backward_from=["loss"])`: the step
+  backpropagates from the loss alone, as `fit`'s does), without and with `offload=` the link,
   each within `--time-limit` seconds, at the step budget `fit` counts (usable less what exists
   before the step, the most FSDP bytes of any moment and every unsharded gradient,
   `solver.fitting.fsdp.FsdpBytes.step_budget`; its per-rank peak is those plus the schedule's
-  peak, an upper bound) and at `--tight` of checkpoint-all's peak (a budget where the schedule
-  must drop or copy something, to see what offload is chosen for);
+  peak, an upper bound) and, where it is below that, at `--tight` of checkpoint-all's peak (a
+  budget where the schedule must drop or copy something, to see what offload is chosen for);
 - the one-line floor (the largest `compute_floor`: a node's output, inputs and transient bytes)
   and its node: no schedule, with offload or without, peaks below it;
-- at the tight budget, what a copy costs where a recompute was: per stage of the keep/recompute
+- at the lower budget, what a copy costs where a recompute was: per stage of the keep/recompute
   schedule that recomputes, the same schedule with that stage's recomputes replaced by reloads
   (of copies offloaded after the first computation) at the stage's start, replayed by the
   simulator over the link: recompute saved and stall added (`reloads_instead`).
@@ -71,7 +72,9 @@ def point(name: str, layers: int | None, time_limit: float, tight: float) -> dic
     model, ids, kw = scale_llama.build(name, layers=layers)
     device, fsdp = scale_llama.policy(name)
     start = time.perf_counter()
-    dag = graph_capture.capture(model, (ids,), kw, target=device, granularity="module").dag
+    dag = graph_capture.capture(
+        model, (ids,), kw, target=device, granularity="module", backward_from=["loss"]
+    ).dag
     captured = time.perf_counter() - start
     sharded = fsdp_bytes(model, (ids,), kw, fsdp)
     static, _ = predicted_static(model, (ids,), kw, "adamw", device.rounding)
@@ -80,10 +83,9 @@ def point(name: str, layers: int | None, time_limit: float, tight: float) -> dic
     problem = prepare(dag)
     floor = max(range(problem.n), key=problem.compute_floor)
     node = dag.nodes[problem.ids[floor]]
-    budgets = {
-        "step budget": sharded.step_budget(usable - before),
-        f"{tight:.0%} of checkpoint-all": int(tight * checkpoint_all_peak(problem)),
-    }
+    budgets = {"step budget": sharded.step_budget(usable - before)}
+    if tight * checkpoint_all_peak(problem) < budgets["step budget"]:
+        budgets[f"{tight:.0%} of checkpoint-all"] = int(tight * checkpoint_all_peak(problem))
     link = host_link(LINK)
     solved = {
         label: {
@@ -93,7 +95,7 @@ def point(name: str, layers: int | None, time_limit: float, tight: float) -> dic
         }
         for label, budget in budgets.items()
     }
-    instead = reloads_instead(dag, solved[f"{tight:.0%} of checkpoint-all"], link)
+    instead = reloads_instead(dag, min(solved.values(), key=lambda got: got["budget"]), link)
     for rows in solved.values():
         for label in ("keep/recompute", "offload"):
             rows[label].pop("ops", None)  # for `reloads_instead` only: not written out

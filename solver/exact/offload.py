@@ -153,7 +153,7 @@ def _too_large(problem: Problem, link: Link, options: SolveOptions, deadline: De
     `model_variables_per_second` times the seconds left); "" where it is."""
     left = deadline.remaining()
     room = min(options.max_model_variables, int(options.model_variables_per_second * left))
-    size = variable_count(problem, link, above=room)
+    size = variable_count(problem, link, above=options.max_model_variables)
     if size <= room:
         return ""
     if size > options.max_model_variables:
