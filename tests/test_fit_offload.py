@@ -69,8 +69,10 @@ def test_a_host_limit_below_the_copy_leaves_keep_recompute_s_answer():
 
 @pytest.fixture(scope="module")
 def fits() -> tuple[dict[str, executor.Fit], list[object]]:
-    """The same fit (the toy device, at most 1.1x) without a link and over a fast link with a
-    host limit, and the link every solve of them got."""
+    """The same fit (the toy device, at most 1.1x, batch up to 80) without a link and over a
+    fast link with a host limit, and the link every solve of them got. With the link, the
+    keep/recompute search has half of the 16 s, more than it takes, and the search with offload
+    stops at 80."""
     links: list[object] = []
     solve = solver.fitting.search.solve
 
@@ -78,12 +80,12 @@ def fits() -> tuple[dict[str, executor.Fit], list[object]]:
         links.append(kwargs.get("offload"))
         return solve(*args, **kwargs)
 
-    common = {"target": TOY, "max_overhead": "1.1x"}
+    common = {"target": TOY, "max_overhead": "1.1x", "high": 80, "time_limit": 16}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(solver.fitting.search, "solve", recording)
-        kept = executor.fit(meta_blocks, MEMORY, time_limit=10, **common)
+        kept = executor.fit(meta_blocks, MEMORY, **common)
         without = list(links)
-        copied = executor.fit(meta_blocks, MEMORY, offload=LIMITED, time_limit=5, **common)
+        copied = executor.fit(meta_blocks, MEMORY, offload=LIMITED, **common)
     return {"none": kept, "limited": copied}, without
 
 
@@ -92,6 +94,8 @@ def test_without_a_link_no_solve_offloads_and_nothing_is_reported(fits):
     kept = found["none"]
     assert links and set(links) == {None} and kept.proven
     assert kept.link is None and kept.host_bytes is None and "offload" not in kept.summary()
+    refuted = next(p for p in kept.probes if p.size == kept.upper)
+    assert f"why batch {kept.upper} does not fit: {refuted.reason}" in kept.summary()
 
 
 def test_with_a_link_the_size_is_at_least_keep_recompute_s(fits):

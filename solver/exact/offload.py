@@ -10,8 +10,7 @@
       the schedule                  replayed by the simulator over the link
 
 "OPTIMAL" only where CP-SAT proves it (its solution's, or the incumbent's where it proves
-nothing cheaper); otherwise "FEASIBLE" with CP-SAT's bound (in graph units, less what rounding
-the times may have moved it: `OffloadTimes.graph_bound`), or, where the model was not built,
+nothing cheaper); otherwise "FEASIBLE" with CP-SAT's bound, or, where the model was not built,
 with the cost of computing every node once (every schedule computes each node, and waits no
 less than nothing) and `extra["offload_model"]` saying why.
 """
@@ -131,7 +130,7 @@ def solve_with_offload(
             minimum_bytes=None,
             lower_bound_bytes=floor,
         )
-    bound = times.graph_bound(result.bound)
+    bound = times.units.to_graph(result.bound)
     if result.plan is None or (cap is not None and result.objective == cap):
         if start is None:
             raise SolverTimeoutError(
@@ -159,8 +158,8 @@ def _too_large(problem: Problem, link: Link, options: SolveOptions, deadline: De
     if size > options.max_model_variables:
         return (
             f"the offload model would have more than {options.max_model_variables} variables "
-            "(SolveOptions.max_model_variables); capture the model coarser (graph_capture "
-            "granularity='module')"
+            "(SolveOptions.max_model_variables; it grows as the square of the nodes): solve a "
+            "smaller graph (graph_capture granularity='module', or a part of the model)"
         )
     return (
         f"the offload model would have more than {room} variables, too many for the "
@@ -179,14 +178,13 @@ def _schedule(
     bound: float | None,
     started: float,
 ) -> Schedule:
-    """The schedule of `ops`, replayed over `link`: "OPTIMAL" or "FEASIBLE", its bound `bound`
-    (graph units; None: its own cost where "OPTIMAL"), at most its cost."""
+    """The schedule of `ops`, replayed over `link`: "OPTIMAL" with its own cost as the bound,
+    else "FEASIBLE" with `bound` (at most its cost)."""
     schedule = make_schedule(
         graph, problem, ops, method="exact", budget=budget, link=link, status="FEASIBLE"
     )
     if status == "OPTIMAL":
-        schedule.status = "OPTIMAL"
-        schedule.bound = schedule.cost if bound is None else min(bound, schedule.cost)
+        schedule.status, schedule.bound = "OPTIMAL", schedule.cost
     else:
         schedule.bound = None if bound is None else min(bound, schedule.cost)
     if schedule.peak > budget:

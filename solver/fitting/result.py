@@ -105,7 +105,11 @@ class Fit:
     def summary(self) -> str:
         """The result as lines for a terminal."""
         d = self.dim
-        lines = [self._head(), f"bytes: {self.bytes_model}"]
+        lines = [self._head()]
+        refuted = next((p for p in self.probes if p.size == self.upper), None)
+        if refuted is not None:
+            lines.append(f"why {d} {self.upper} does not fit: {refuted.reason}")
+        lines.append(f"bytes: {self.bytes_model}")
         if self.stopped is not None:
             lines.append(
                 f"{'interrupted' if self.stopped == 'interrupted' else 'the time limit passed'}"

@@ -19,8 +19,9 @@ schedule within `memory` at all (`InfeasibleBudgetError`). An incumbent never pr
 does not fit. With a host link (`offload`), the space is the stage space with offload
 (docs/offload.md), which holds every keep/recompute schedule: a keep/recompute schedule that
 fits still fits, but its bounds prove nothing there (a copy may take a value's place); "does not
-fit" then rests on the one-line floor (`Problem.one_line_floor`: the peak-inputs floor assumes
-inputs stay live, which a reload need not) or on the offload solve's proven cost bound or
+fit" then rests on the one-line floor (`Problem.one_line_floor`: the pending-inputs floor assumes
+inputs stay live, which a reload need not) or on the offload solve's proven cost bound (less
+what rounding the times to whole units may have moved it, `OffloadTimes.rounding`) or
 infeasibility.
 
 NOTE [monotone sizes]: that a size is the largest rests on the least peak within the cap never
@@ -52,6 +53,7 @@ from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
 from solver.fitting.sizes import DOES_NOT_FIT, FITS, OPEN, largest_between
 from solver.heuristics.baselines import block_checkpoint
+from solver.milp.offload import OffloadTimes
 
 KEEP_RECOMPUTE_SHARE = 0.5
 """With offload, the share of the time the keep/recompute search gets before the search with
@@ -121,6 +123,8 @@ def probe(
     cap = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
     peak: int | None = None
     bound: int | None = problem.memory_lower_bound if offload is None else problem.one_line_floor
+    # a cost bound with offload is over times rounded to whole units: less what rounding moves
+    slack = 0.0 if offload is None else OffloadTimes.of(problem, offload).rounding
 
     def done(verdict: str, reason: str, schedule: Schedule | None = None) -> Probe:
         seconds = time.perf_counter() - started
@@ -157,16 +161,16 @@ def probe(
     except InfeasibleBudgetError as error:
         return done(DOES_NOT_FIT, f"no schedule peaks within {memory} B ({error})")
     except SolverTimeoutError as error:
-        if cap is not None and error.cost_bound is not None and error.cost_bound > cap:
-            return done(DOES_NOT_FIT, _over_cap(error.cost_bound, cap, memory))
+        if cap is not None and error.cost_bound is not None and error.cost_bound - slack > cap:
+            return done(DOES_NOT_FIT, _over_cap(error.cost_bound - slack, cap, memory))
         cost = "nothing within the memory found"
     else:
         if cap is None or cheapest.cost <= cap * (1 + 1e-12):
             peak = cheapest.peak if peak is None else min(peak, cheapest.peak)
             checked = _checked(graph, cheapest, memory, cap)
             return done(FITS, f"a schedule within {memory} B costs {cheapest.cost:g}", checked)
-        if cheapest.bound is not None and cheapest.bound > cap:
-            return done(DOES_NOT_FIT, _over_cap(cheapest.bound, cap, memory))
+        if cheapest.bound is not None and cheapest.bound - slack > cap:
+            return done(DOES_NOT_FIT, _over_cap(cheapest.bound - slack, cap, memory))
         cost = f"least cost within the memory in [{cheapest.bound:g}, {cheapest.cost:g}]"
     if offload is not None:
         return done(OPEN, f"peak floor {bound} B; with offload, {cost}")

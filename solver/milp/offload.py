@@ -68,16 +68,16 @@ class OffloadTimes:
         whole = units.int_cost
         return cls(whole[:n], whole[n : 2 * n], whole[2 * n :], units, exact)
 
-    def graph_bound(self, bound: float) -> float:
-        """A lower bound on the step's time in graph units from `bound`, one in these units:
-        as it reads where the times are exact; else less the most that rounding can have added
-        to a timeline, half a unit for each of the at most n^2 durations on its path (computes
-        n(n+1)/2, offloads n, reloads n(n-1)/2), and at least 0."""
-        graph = self.units.to_graph(bound)
+    @property
+    def rounding(self) -> float:
+        """Graph units by which a timeline's end in these units can differ from its end in graph
+        units: 0 where the times are exact, else half a unit for each of the at most n^2
+        durations on its path (computes n(n+1)/2, offloads n, reloads n(n-1)/2). A bound in
+        these units, less this, bounds the true times (`fit` compares it so with its cap)."""
         if self.exact:
-            return graph
+            return 0.0
         n = len(self.cost)
-        return max(0.0, graph - n * n * self.units.to_graph(1) / 2)
+        return n * n * self.units.to_graph(1) / 2
 
 
 MAX_UNITS = 10**9
