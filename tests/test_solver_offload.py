@@ -22,7 +22,8 @@ from cli.solve import parse_link
 from solver import Link
 from solver.core.link import LinkError
 from solver.core.stages import plan_from_keep
-from solver.deadline import NEVER
+from solver.deadline import NEVER, Deadline
+from solver.exact.offload import solve_with_offload
 from solver.examples import chain, uniform_training_chain
 from solver.heuristics.offload import offload_runs
 from solver.io import save_graph
@@ -370,3 +371,28 @@ def test_the_offload_solve_returns_no_worse_than_every_heuristic_that_fits():
     schedule = solver.solve(graph, budget, offload=link, time_limit=5.0, options=no_model)
     assert schedule.status == "FEASIBLE" and schedule.peak <= budget
     assert schedule.cost <= min(fitting) and schedule.bound == problem.total_cost
+
+
+def test_with_no_time_left_or_too_large_a_model_the_incumbent_comes_back():
+    """A deadline already passed ends in SolverTimeoutError where nothing was found (not an
+    error of the time limit's), and returns the caller's keep/recompute schedule where there is
+    one; a model over `max_model_variables` is not built: the keep/recompute schedule comes back
+    "FEASIBLE", bounded by the cost of computing every node once, saying why."""
+    graph = uniform_training_chain(6)  # 12 nodes: the keep/recompute solves close at once
+    problem = solver.prepare(graph)
+    budget = solver.baseline(graph, "checkpoint_all").peak - 1
+    slow = Link(0.01, 0.01)  # no copy pays: the heuristics do not close the search
+    with pytest.raises(solver.SolverTimeoutError, match="with offload or without"):
+        solve_with_offload(graph, problem, budget, slow, Deadline.after(0))
+    start = solver.solve(graph, budget, time_limit=TIME_LIMIT)
+    late = solve_with_offload(graph, problem, budget, slow, Deadline.after(0), start=start)
+    assert late.ops == start.ops and late.status == "FEASIBLE"
+    assert late.bound == problem.total_cost == 18
+    assert "too many for the 0.0 s left" in late.extra["offload_model"]
+    small = solver.SolveOptions(max_model_variables=10)
+    unbuilt = solver.solve(graph, budget, offload=slow, time_limit=TIME_LIMIT, options=small)
+    assert unbuilt.status == "FEASIBLE" and unbuilt.extra["offloads"] == 0
+    assert unbuilt.cost == start.cost and unbuilt.bound == 18
+    assert "more than 10 variables (SolveOptions.max_model_variables" in (
+        unbuilt.extra["offload_model"]
+    )
