@@ -351,6 +351,25 @@ def test_offload_heuristics_are_plans_of_the_space_never_below_the_exhaustive_op
                 assert optimum is not None and run.cost >= optimum - 1e-9, run.param
 
 
+def test_rounded_times_move_a_plan_s_timeline_by_at_most_their_rounding():
+    """`OffloadTimes.rounding` (graph units) bounds how far the model's T of a plan, over times
+    rounded to whole units, is from the simulator's cost of it; 0 where the times are exact."""
+    graph = uniform_training_chain(5)
+    assert OffloadTimes.of(solver.prepare(graph), Link(1, 1)).rounding == 0
+    for v in graph.nodes:
+        graph.nodes[v]["cost"] /= 3  # no power of ten makes these whole
+    problem, link = solver.prepare(graph), Link(0.7, 0.7)
+    times = OffloadTimes.of(problem, link)
+    assert not times.exact and times.rounding > 0
+    bases = {"checkpoint-all": plan_from_keep(problem, range(problem.n))}
+    budget = problem.one_line_floor
+    runs = [run for run in offload_runs(graph, problem, budget, link, bases) if run.valid]
+    assert runs
+    for run in runs:
+        model = _model_time(problem, link, run.plan, run.peak)
+        assert model is not None and abs(model - run.cost) <= times.rounding
+
+
 def test_a_heuristic_at_the_compute_cost_closes_the_offload_search_at_once():
     graph = uniform_training_chain(40)  # 36,803 model variables: none built
     schedule = solver.solve(graph, 10, offload=Link(1, 1), time_limit=TIME_LIMIT)
@@ -393,6 +412,5 @@ def test_with_no_time_left_or_too_large_a_model_the_incumbent_comes_back():
     unbuilt = solver.solve(graph, budget, offload=slow, time_limit=TIME_LIMIT, options=small)
     assert unbuilt.status == "FEASIBLE" and unbuilt.extra["offloads"] == 0
     assert unbuilt.cost == start.cost and unbuilt.bound == 18
-    assert "more than 10 variables (SolveOptions.max_model_variables" in (
-        unbuilt.extra["offload_model"]
-    )
+    why = unbuilt.extra["offload_model"]
+    assert "more than 10 variables (SolveOptions.max_model_variables" in why
