@@ -3,7 +3,7 @@
     remat fit --model mypkg.models:make [--memory 24GiB] --dim batch [--max-overhead 1.3x]
               [--optimizer adamw|sgd|none] [--time-limit 60] [--low N] [--high N] [--no-run]
               [--target NAME|FILE [--world-size N [--param-dtype D] [--reduce-dtype D]
-              [--master-dtype D] [--no-reshard-after-forward]]]
+              [--master-dtype D] [--no-reshard-after-forward]]] [--offload LINK]
 
 ``--model MODULE:FACTORY`` names a function of the size returning ``(model, example_inputs[,
 example_kwargs])``; ``--memory`` is needed without ``--target`` (with it, the default is what
@@ -12,12 +12,13 @@ the target lets PyTorch allocate: `solver.target.Device.usable`); the step's los
 `executor.Fit.summary`: the size, the proof at size + 1, what exists before the step, the
 schedule, one real step's measured peak under remat's executor, and eager's and per-block
 checkpointing's largest sizes (per rank under FSDP2 with ``--world-size``, estimate mode only:
-docs/fit.md), with notes (what the time limit or Ctrl-C left open or undone)
-and warnings (an eager step that contradicts the proof). `--time-limit` bounds the whole
-command, counted from its start (imports included); the first Ctrl-C ends it with what is known,
-a second aborts. Exit status 0 where a size fits and its real step (where run) measured within
-the memory, 1 where no size fits, the step measured over or a warning contradicts the proof, 2
-on bad input (one line on stderr)."""
+docs/fit.md; with ``--offload``, the schedules may also copy values to host memory over the link,
+spelled as for ``remat solve --offload``, and the host bytes at the answer are printed), with
+notes (what the time limit or Ctrl-C left open or undone) and warnings (an eager step that
+contradicts the proof). `--time-limit` bounds the whole command, counted from its start (imports
+included); the first Ctrl-C ends it with what is known, a second aborts. Exit status 0 where a
+size fits and its real step (where run) measured within the memory, 1 where no size fits, the
+step measured over or a warning contradicts the proof, 2 on bad input (one line on stderr)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import time
 import torch
 
 from cli.profile import add_target_argument
+from cli.solve import parse_link
 from executor.fitting.memory import FSDP_OPTIMIZERS, OPTIMIZERS
 from executor.fitting.search import fit
 from executor.fsdp import FsdpPolicy, fsdp_policy
@@ -92,6 +94,13 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads", type=int, default=1, help="torch intra-op threads for captures and runs"
     )
     parser.add_argument(
+        "--offload",
+        metavar="LINK",
+        help="the schedules may also offload values to host memory and back over LINK: "
+        "pcie5, pcie4, c2c, a target's (h100), or D2H,H2D[,HOST] in GB/s and host bytes "
+        "(docs/offload.md)",
+    )
+    parser.add_argument(
         "--no-run",
         dest="run",
         action="store_false",
@@ -105,6 +114,7 @@ def run_fit(args: argparse.Namespace) -> int:
         raise ValueError(f"--threads must be at least 1, not {args.threads}")
     if args.low < 1 or (args.high is not None and args.high < args.low):
         raise ValueError(f"sizes must satisfy 1 <= --low <= --high, not {args.low}, {args.high}")
+    link = None if args.offload is None else parse_link(args.offload)
     factory = import_factory(args.model)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
@@ -123,6 +133,7 @@ def run_fit(args: argparse.Namespace) -> int:
             target=args.target,
             world_size=args.world_size,
             fsdp=_fsdp_policy(args),
+            offload=link,
         )
     finally:
         torch.set_num_threads(threads)

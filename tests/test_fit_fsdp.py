@@ -17,6 +17,7 @@ from torch import nn
 import executor
 from cli.main import main
 from executor.errors import FitError
+from executor.fitting.fsdp import fsdp_bytes
 from solver.target import Device
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -133,3 +134,23 @@ def test_bytes_that_do_not_grow_with_the_size_are_refused_not_searched_forever()
     and 4, so nothing bounds the batch (the doubling search once ran until torch overflowed)."""
     with pytest.raises(FitError, match="no byte of the step changes with the batch"):
         executor.fit(meta_blocks, "1MiB", target="h100", time_limit=30)
+
+
+def test_the_block_order_of_a_meta_built_hf_llama_is_read_on_fake_tensors():
+    """HF Llama's causal mask reads a value (`.item()`), which a meta tensor refuses: the order
+    FSDP's groups run in comes from a forward on fake tensors (transformers skips that read for
+    them), so a meta-built model's per-rank bytes are counted."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+        use_cache=False,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config).train()
+    ids = torch.zeros(2, 16, dtype=torch.long, device="meta")
+    with pytest.raises(RuntimeError, match="cannot be called on meta tensors"):
+        model(ids, labels=ids)
+    policy = executor.fsdp_policy(2, TOY)
+    sharded = fsdp_bytes(model, (ids,), {"labels": ids}, policy)
+    assert sharded.blocks == 3 and sharded.memory.resident > 0

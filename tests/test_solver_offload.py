@@ -22,7 +22,8 @@ from cli.solve import parse_link
 from solver import Link
 from solver.core.link import LinkError
 from solver.core.stages import plan_from_keep
-from solver.deadline import NEVER
+from solver.deadline import NEVER, Deadline
+from solver.exact.offload import solve_with_offload
 from solver.examples import chain, uniform_training_chain
 from solver.heuristics.offload import offload_runs
 from solver.io import save_graph
@@ -350,6 +351,25 @@ def test_offload_heuristics_are_plans_of_the_space_never_below_the_exhaustive_op
                 assert optimum is not None and run.cost >= optimum - 1e-9, run.param
 
 
+def test_rounded_times_move_a_plan_s_timeline_by_at_most_their_rounding():
+    """`OffloadTimes.rounding` (graph units) bounds how far the model's T of a plan, over times
+    rounded to whole units, is from the simulator's cost of it; 0 where the times are exact."""
+    graph = uniform_training_chain(5)
+    assert OffloadTimes.of(solver.prepare(graph), Link(1, 1)).rounding == 0
+    for v in graph.nodes:
+        graph.nodes[v]["cost"] /= 3  # no power of ten makes these whole
+    problem, link = solver.prepare(graph), Link(0.7, 0.7)
+    times = OffloadTimes.of(problem, link)
+    assert not times.exact and times.rounding > 0
+    bases = {"checkpoint-all": plan_from_keep(problem, range(problem.n))}
+    budget = problem.one_line_floor
+    runs = [run for run in offload_runs(graph, problem, budget, link, bases) if run.valid]
+    assert runs
+    for run in runs:
+        model = _model_time(problem, link, run.plan, run.peak)
+        assert model is not None and abs(model - run.cost) <= times.rounding
+
+
 def test_a_heuristic_at_the_compute_cost_closes_the_offload_search_at_once():
     graph = uniform_training_chain(40)  # 36,803 model variables: none built
     schedule = solver.solve(graph, 10, offload=Link(1, 1), time_limit=TIME_LIMIT)
@@ -370,3 +390,27 @@ def test_the_offload_solve_returns_no_worse_than_every_heuristic_that_fits():
     schedule = solver.solve(graph, budget, offload=link, time_limit=5.0, options=no_model)
     assert schedule.status == "FEASIBLE" and schedule.peak <= budget
     assert schedule.cost <= min(fitting) and schedule.bound == problem.total_cost
+
+
+def test_with_no_time_left_or_too_large_a_model_the_incumbent_comes_back():
+    """A deadline already passed ends in SolverTimeoutError where nothing was found (not an
+    error of the time limit's), and returns the caller's keep/recompute schedule where there is
+    one; a model over `max_model_variables` is not built: the keep/recompute schedule comes back
+    "FEASIBLE", bounded by the cost of computing every node once, saying why."""
+    graph = uniform_training_chain(6)  # 12 nodes: the keep/recompute solves close at once
+    problem = solver.prepare(graph)
+    budget = solver.baseline(graph, "checkpoint_all").peak - 1
+    slow = Link(0.01, 0.01)  # no copy pays: the heuristics do not close the search
+    with pytest.raises(solver.SolverTimeoutError, match="with offload or without"):
+        solve_with_offload(graph, problem, budget, slow, Deadline.after(0))
+    start = solver.solve(graph, budget, time_limit=TIME_LIMIT)
+    late = solve_with_offload(graph, problem, budget, slow, Deadline.after(0), start=start)
+    assert late.ops == start.ops and late.status == "FEASIBLE"
+    assert late.bound == problem.total_cost == 18
+    assert "too many for the 0.0 s left" in late.extra["offload_model"]
+    small = solver.SolveOptions(max_model_variables=10)
+    unbuilt = solver.solve(graph, budget, offload=slow, time_limit=TIME_LIMIT, options=small)
+    assert unbuilt.status == "FEASIBLE" and unbuilt.extra["offloads"] == 0
+    assert unbuilt.cost == start.cost and unbuilt.bound == 18
+    why = unbuilt.extra["offload_model"]
+    assert "more than 10 variables (SolveOptions.max_model_variables" in why

@@ -38,9 +38,9 @@ def _size(dim: str, n: int) -> tuple[int, int]:
     return (n, 8192) if dim == "batch" else (1, n * SEQ_UNIT)
 
 
-def sac_fits(dim: str, time_limit: float, most: int) -> dict:
+def sac_fits(dim: str, time_limit: float, most: int, layers: int | None = None) -> dict:
     """Per SAC policy, the largest size whose predicted per-rank peak fits, and each size's
-    peaks (GiB)."""
+    peaks (GiB); `layers`: decoder layers (None: the model's)."""
     device, fsdp = scale_llama.policy(NAME)
     usable = device.usable(fsdp.nccl_communicators)
     seen: dict[int, dict] = {}
@@ -50,6 +50,7 @@ def sac_fits(dim: str, time_limit: float, most: int) -> dict:
             b, s = _size(dim, n)
             args = ["--part", "plan", "--name", NAME, "--time-limit", str(time_limit)]
             args += ["--size", str(b), str(s), "--budget", "min"]
+            args += [] if layers is None else ["--layers", str(layers)]
             seen[n] = scale_llama._child(args, 600)
         return seen[n]
 
@@ -83,23 +84,46 @@ def sac_fits(dim: str, time_limit: float, most: int) -> dict:
     return {"policies": out, "peaks GiB": peaks, "errors": errors}
 
 
-def remat_fit(dim: str, time_limit: float, granularity: str = "op") -> dict:
-    """`executor.fit`'s answer for remat's own schedule, captured at `granularity`."""
+def remat_fit(
+    dim: str,
+    time_limit: float,
+    granularity: str = "op",
+    layers: int | None = None,
+    offload: str | None = None,
+    name: str = NAME,
+    memory: int | None = None,
+) -> dict:
+    """`executor.fit`'s answer for remat's own schedule on `scale_llama.RUNS[name]`, captured at
+    `granularity`, with `layers` decoder layers (None: the model's), in `memory` bytes per rank
+    (None: what the target lets PyTorch allocate), offloading over the link `offload` names
+    (None: keep/recompute): the size (in `dim`'s units: batch rows, or tokens), proven or up to
+    which size open, the host bytes at it, and the summary."""
     import executor
 
-    device, fsdp = scale_llama.policy(NAME)
+    device, fsdp = scale_llama.policy(name)
 
     def factory(n: int):
-        model, ids, kw = scale_llama.build(NAME, *_size(dim, n))
+        model, ids, kw = scale_llama.build(name, *_size(dim, n), layers=layers)
         return model, (ids,), kw
 
     start = time.perf_counter()
+    memory = device.usable(fsdp.nccl_communicators) if memory is None else memory
     fit = executor.fit(
-        factory, device.usable(fsdp.nccl_communicators), dim=dim, time_limit=time_limit,
-        target=device, fsdp=fsdp,
+        factory, memory, dim=dim, time_limit=time_limit,
+        target=device, fsdp=fsdp, offload=offload,
         capture_options={"granularity": granularity},
     )  # fmt: skip
-    return {"fit s": time.perf_counter() - start, "summary": fit.summary()}
+    unit = 1 if dim == "batch" else SEQ_UNIT
+    schedule = fit.schedule
+    return {
+        "fit s": time.perf_counter() - start,
+        "largest": None if fit.size is None else fit.size * unit,
+        "proven": fit.proven,
+        "upper": None if fit.upper is None else fit.upper * unit,
+        "host bytes": fit.host_bytes,
+        "status": None if schedule is None else schedule.status,
+        "summary": fit.summary(),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

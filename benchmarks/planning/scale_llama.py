@@ -61,13 +61,16 @@ MAIN = ("llama3_8b", "llama3_70b")
 PUBLISHED = ("llama31_8b_b2", "llama31_8b_b2_w128", "llama2_70b_b2", "llama2_70b_b1")
 
 
-def build(name: str, batch: int | None = None, seq: int | None = None):
-    """The meta model in bfloat16, its input ids and the step's kwargs (batch and sequence
-    RUNS', or as given)."""
+def build(name: str, batch: int | None = None, seq: int | None = None, layers: int | None = None):
+    """The meta model in bfloat16, its input ids and the step's kwargs (batch, sequence and
+    decoder layers RUNS', or as given: `layers` makes a stack of that many of the model's
+    layers, its embedding and head unchanged)."""
     import transformers
 
     config, run_batch, run_seq, *_ = RUNS[name]
     batch, seq = batch or run_batch, seq or run_seq
+    if layers is not None:
+        config = {**config, "num_hidden_layers": layers}
     cfg = transformers.LlamaConfig(**config, max_position_embeddings=seq)
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
@@ -123,15 +126,22 @@ def _union_plan(union, checkpointed, saved):
     return UnionPlan(SacPlan((checkpointed,) * n, tuple(saved)), kids)
 
 
-def part_plan(name: str, time_limit: float, size: tuple = (None, None), budget=None) -> dict:
-    """The SAC rows of `name` at (batch, sequence) `size` (RUNS' where None), the SAC plan's at
-    `budget` (None: the target's usable bytes; "min": the least per-rank peak)."""
+def part_plan(
+    name: str,
+    time_limit: float,
+    size: tuple = (None, None),
+    budget=None,
+    layers: int | None = None,
+) -> dict:
+    """The SAC rows of `name` at (batch, sequence) `size` (RUNS' where None) with `layers`
+    decoder layers (None: RUNS'), the SAC plan's at `budget` (None: the target's usable bytes;
+    "min": the least per-rank peak)."""
     import executor
     from executor.fsdp import model_memory
     from solver.sac.sharded import rank_peak
     from solver.sac.union import union_cost
 
-    model, ids, kw = build(name, *size)
+    model, ids, kw = build(name, *size, layers=layers)
     device, fsdp = policy(name)
     regions = "choose" if name in MAIN else "blocks"
     start = time.perf_counter()
@@ -274,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name")
     parser.add_argument("--graph")
     parser.add_argument("--size", nargs=2, type=int, default=(None, None), help="batch, seq")
+    parser.add_argument("--layers", type=int, help="decoder layers (a part; default: the model's)")
     parser.add_argument("--budget", help="the SAC plan's budget per rank (default: device)")
     parser.add_argument(
         "--granularity", nargs="+", choices=("op", "module"), default=["op", "module"],
@@ -282,7 +293,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.part == "plan":
-        print(json.dumps(part_plan(args.name, args.time_limit, args.size, args.budget)))
+        print(
+            json.dumps(part_plan(args.name, args.time_limit, args.size, args.budget, args.layers))
+        )
         return
     if args.part == "capture":
         print(json.dumps(part_capture(args.name, args.graph, args.granularity[0])))

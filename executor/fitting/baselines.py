@@ -48,14 +48,18 @@ class Steps:
         return 2 * expected_seconds(self.seconds)
 
 
-def run_step(steps: Steps, size: int, schedule: solver.Schedule | None) -> int:
+def run_step(steps: Steps, size: int, schedule: solver.Schedule | None) -> tuple[int, int | None]:
     """One real training step at `size` under `schedule` (remat's executor, on the captured
-    model): its measured whole-step peak in bytes."""
+    model): its measured whole-step peak in bytes, and the bytes its host copies held at most
+    (`Rematerialized.host_pool`; None for a schedule without a link)."""
     model, inputs, kwargs = steps.graphs.capture(size).made
     rm = Rematerialized(model, steps.graphs.capture(size).graph, schedule)
     step = TrainingStep(model, inputs, kwargs, steps.optimizer, forward=rm)
     step.prepare()
-    return step.measured_peak()
+    pool = rm.host_pool
+    if pool is not None:
+        pool.reset_peak()
+    return step.measured_peak(), None if pool is None else pool.peak_bytes
 
 
 @dataclass

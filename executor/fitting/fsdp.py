@@ -1,7 +1,10 @@
 """A model's per-rank FSDP2 bytes for `fit(..., world_size=N)`: `fully_shard` on each of the
 model's repeated blocks (`executor.sac.blocks.default_blocks`, in the order its forward calls
 them) and at the root, under the call's policy (`executor.fsdp`, NOTE [ one FSDP policy ]),
-counted by `solver.fitting.fsdp.FsdpBytes`."""
+counted by `solver.fitting.fsdp.FsdpBytes`. The forward that gives the order runs on fake tensors
+(`graph_capture.measurement.estimate.fake_step`), as estimate mode's capture does: a meta-built
+model runs there (HF Llama's mask reads a value with `.item()`, which a meta tensor refuses and
+transformers skips for a fake one), and a CPU-built one allocates nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from executor.errors import FitError, PlanError
 from executor.fsdp import model_memory
 from executor.sac.blocks import select_blocks
 from executor.sac.step import in_call_order
+from graph_capture.measurement.estimate import fake_step
 from solver.fitting.fsdp import FsdpBytes
 from solver.target import FsdpPolicy
 
@@ -28,7 +32,13 @@ def fsdp_bytes(
     grad) calls them in. FitError where the model has no repeated blocks."""
     try:
         named = select_blocks(model, None)
-        order = in_call_order(model, named, lambda: model(*inputs, **kwargs))
+        with fake_step(model, inputs, kwargs) as fake:
+
+            def forward() -> None:
+                with fake.mode:
+                    model(*fake.inputs, **fake.kwargs)
+
+            order = in_call_order(model, named, forward)
         blocks = [m for _, m in order]
         memory = model_memory(model, blocks, policy)
     except PlanError as e:

@@ -1,7 +1,8 @@
 """`fit`: the largest batch (or sequence length) whose training step fits a device's memory,
 proven in the solver's model and run, all within one deadline.
 
-    fit(factory, "24GiB", dim="batch", max_overhead=1.3, optimizer="adamw", time_limit=60)
+    fit(factory, "24GiB", dim="batch", max_overhead=1.3, optimizer="adamw", time_limit=60,
+        offload=None)
       SizedGraphs(factory, capture_sizes)   the DAG at any size: captures, affine between them;
                                             `stable_from` skips small sizes whose graph differs
       Steps.prepare                         what exists before a step, measured (StaticBytes)
@@ -45,6 +46,7 @@ from executor.fsdp import fsdp_policy, resolve_policy, sharded_world_size
 from executor.loss import default_loss
 from graph_capture.measurement.roofline import resolve_target
 from solver.core.budget import LEAST, PERCENT, USABLE, Budget, parse_overhead
+from solver.core.link import Link
 from solver.core.schedule import Schedule
 from solver.deadline import Deadline
 from solver.fitting.fsdp import FsdpBytes
@@ -59,6 +61,7 @@ from solver.fitting.result import (
 from solver.fitting.search import FitResult, confirmed, largest_fitting
 from solver.interrupt import call_deadline
 from solver.target import Device, FsdpPolicy
+from solver.target.devices import host_link
 
 SEARCH_SHARE = 0.6
 """The share of the time left that a search gets; the rest is for the confirming captures, the
@@ -83,6 +86,7 @@ def fit(
     target: str | Device | None = None,
     world_size: int = 1,
     fsdp: FsdpPolicy | None = None,
+    offload: Link | str | None = None,
 ) -> Fit:
     """The largest size whose training step fits `memory` (bytes or "24GiB"; None with a
     `target`: what the target lets PyTorch allocate, `solver.target.Device.usable`: its
@@ -116,11 +120,17 @@ def fit(
     `optimizer` this fit's (FsdpPolicy's "sgd_momentum" for "sgd"); without it, the policy
     `executor.fsdp_policy` makes for the target with the model's dtype gathered (float32
     master weights, resharded after forward).
+    `offload`: a host link (a `solver.Link`, or a name `solver.target.devices.host_link`
+    reads: "pcie5", "pcie4", "c2c" or a built-in target's, "h100"): the step's schedules may
+    also copy values to host memory and back over it, their cost the compute plus the stall,
+    the link's `host_memory` (where set) held (docs/offload.md); `Fit.host_bytes` is what the
+    schedule at the answer holds on the host (per rank under FSDP2). None: keep or recompute.
 
     Raises FitError (which size failed and why; a memory below the parameters, gradients and
     optimizer state; a graph that changes shape with the size; nothing known by the deadline;
     a `time_limit` that is not a positive number of seconds), `solver.target.UnknownTargetError`
-    (an unknown target) and ValueError (bad arguments).
+    (an unknown target or link name), `solver.core.link.LinkError` (a target without a host
+    link) and ValueError (bad arguments).
     """
     if dim not in ("batch", "seq"):
         raise ValueError(f"dim must be 'batch' or 'seq', not {dim!r}")
@@ -140,6 +150,7 @@ def fit(
         )
     cap = parse_overhead(max_overhead)
     device = None if target is None else resolve_target(target)  # UnknownTargetError
+    link = None if offload is None else host_link(offload)  # UnknownTargetError, LinkError
     wanted = Budget.of(memory)
     if wanted.kind in (PERCENT, LEAST):
         raise ValueError(
@@ -160,7 +171,7 @@ def fit(
     with call_deadline(time_limit, FitError, on_interrupt) as deadline:
         return _fit(
             _Sizes(with_loss(factory, loss_fn), dim, capture_sizes, low, high, capture_options),
-            _Step(memory, cap, optimizer, run, world_size, fsdp, sharded, memory_note),
+            _Step(memory, cap, optimizer, run, world_size, fsdp, sharded, memory_note, link),
             deadline,
         )
 
@@ -185,7 +196,7 @@ class _Step:
     derived from the target; None: given), the compute cap `cap` (`parse_overhead`'s form; None:
     unlimited), fit's `optimizer`, `world_size` ranks under FSDP2 with the given policy `fsdp`
     (None: `executor.fsdp.resolve_policy`'s default) where `sharded`, `run`: real steps run on
-    this machine."""
+    this machine, `link`: the host link the schedules may offload over (None: none)."""
 
     memory: int
     cap: str | None
@@ -195,6 +206,7 @@ class _Step:
     fsdp: FsdpPolicy | None
     sharded: bool
     memory_note: str | None
+    link: Link | None
 
 
 @dataclass(frozen=True)
@@ -237,11 +249,12 @@ def _fit(sizes: _Sizes, step: _Step, deadline: Deadline) -> Fit:
     begun = time.perf_counter()
     notes = [step.memory_note] if step.memory_note else []
     at = _step_bytes(sizes, step, notes)
-    found = _search(at, sizes, step.cap, deadline, notes, begun)
+    found = _search(at, sizes, step, deadline, notes, begun)
     size = found.size
-    measured = None
+    measured = measured_host = None
     if step.run and size is not None:
-        measured = _real_step(at, size, found.schedule, sizes.dim, deadline, notes)
+        ran = _real_step(at, size, found.schedule, sizes.dim, deadline, notes)
+        measured, measured_host = (None, None) if ran is None else ran
     warnings: list[str] = []
     eager_size = eager_over = None
     if step.run:
@@ -271,6 +284,8 @@ def _fit(sizes: _Sizes, step: _Step, deadline: Deadline) -> Fit:
         warnings=warnings,
         probes=found.probes,
         fsdp=at.sharded,
+        link=step.link,
+        measured_host_peak=measured_host,
     )
 
 
@@ -344,13 +359,14 @@ def _static_at(
 def _search(
     at: _StepBytes,
     sizes: _Sizes,
-    cap: str | None,
+    step: _Step,
     deadline: Deadline,
     notes: list[str],
     begun: float,
 ) -> FitResult:
-    """The largest size whose least peak within `cap` fits the bytes left to the step
-    (`largest_fitting`, on `SEARCH_SHARE` of the time left), confirmed on captures
+    """The largest size whose least peak within the step's cap fits the bytes left to the step
+    (`largest_fitting`, on `SEARCH_SHARE` of the time left, offloading over the step's link
+    where it has one), confirmed on captures
     (`confirmed`: a second search where a capture refutes the prediction); a capture starts
     only where the deadline leaves it time. FitError where the deadline passed before any size
     was decided (`begun`: the fit's start, `time.perf_counter` seconds)."""
@@ -364,7 +380,13 @@ def _search(
     def search() -> FitResult:
         share = deadline.share(SEARCH_SHARE)
         return largest_fitting(
-            graph_at, at.left, compute_budget=cap, low=at.low, high=sizes.high, deadline=share
+            graph_at,
+            at.left,
+            compute_budget=step.cap,
+            low=at.low,
+            high=sizes.high,
+            deadline=share,
+            offload=step.link,
         )
 
     found = confirmed(search, at.graphs, sizes.dim, at.low, deadline, notes)
@@ -385,9 +407,9 @@ def _real_step(
     dim: str,
     deadline: Deadline,
     notes: list[str],
-) -> int | None:
-    """One real step at `size` under `schedule` (`run_step`): its measured whole-step peak in
-    bytes; None (noted) where the deadline leaves no time for it."""
+) -> tuple[int, int | None] | None:
+    """One real step at `size` under `schedule` (`run_step`): its measured whole-step peak and
+    host copies' peak in bytes; None (noted) where the deadline leaves no time for it."""
     needs = at.graphs.expected_seconds(size) + at.steps.expected_seconds()
     if deadline.leaves(needs):
         return run_step(at.steps, size, schedule)

@@ -131,6 +131,13 @@ class Problem:
         last was computed beside the others (`solver.core.peak_floor`)."""
         return pending_inputs_floor(self)
 
+    @cached_property
+    def one_line_floor(self) -> int:
+        """Bytes no schedule goes below, with offload too: the largest `compute_floor` (the
+        one-line bound; `memory_lower_bound` raises it where an input computed last was computed
+        beside the others, which a schedule that reloads an input does not need)."""
+        return max((self.compute_floor(v) for v in range(self.n)), default=0)
+
     def compute_floor(self, v: int) -> int:
         """Bytes computing node v needs whatever else is live: its output, its inputs and its
         transient bytes."""

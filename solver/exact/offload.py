@@ -5,7 +5,8 @@
       checkpoint-all                closes the search where it fits
       offload heuristics            from checkpoint-all (`solver.heuristics.offload`); one at
                                     the cost of computing every node once closes the search
-      the model's size              counted, not built (`variable_count`)
+      the model's size              counted, not built (`variable_count`), up to
+                                    `SolveOptions.max_model_variables`
       the keep/recompute solve      a share of the time, or the caller's schedule
       offload heuristics            from its plan; the incumbent: the cheapest run that fits,
                                     the keep/recompute schedule among them
@@ -16,7 +17,9 @@
 
 "OPTIMAL" only where proven: by CP-SAT (its solution's, or the incumbent's where that costs no
 more), or by an incumbent at the compute cost; otherwise "FEASIBLE" with CP-SAT's bound, at
-least the cost of computing every node once.
+least the cost of computing every node once. Where the model was not built (over
+`max_model_variables`, or too large for the time left), `extra["offload_model"]` of the schedule
+says why.
 """
 
 from __future__ import annotations
@@ -72,15 +75,16 @@ def solve_with_offload(
     """The least-cost schedule with offload over `link` within `budget` bytes, by `deadline`:
     never costlier than the offload heuristics' runs that fit, nor than the keep/recompute
     schedule `start` (the caller's; else one is solved in `KEEP_RECOMPUTE_SHARE` of the
-    time). The offload model is built only where its variables are within
-    `offload_model_room` of the time left, and within the deadline; otherwise the incumbent
-    comes back, "FEASIBLE" with the cost of computing every node once as its bound. Raises
-    InfeasibleBudgetError where no schedule fits (below the one-line floor, or proven by
-    CP-SAT) and SolverTimeoutError where none is found in time."""
+    time, none where no time is left). The offload model is built only where its variables
+    are within `offload_model_room` of the time left, and within the deadline; otherwise the
+    incumbent comes back, "FEASIBLE" with the cost of computing every node once as its bound
+    (graph units), and `extra["offload_model"]` saying why where its size kept the model from
+    being built. Raises InfeasibleBudgetError where no schedule fits (below the one-line
+    floor, or proven by CP-SAT) and SolverTimeoutError where none is found in time."""
     from solver.exact.pipeline import solve  # the keep/recompute solve; imports this module
 
     started = time.perf_counter()
-    floor = max(problem.compute_floor(v) for v in range(problem.n))
+    floor = problem.one_line_floor
     if budget < floor:
         raise InfeasibleBudgetError(
             f"no schedule fits a budget of {budget} bytes ({human_bytes(budget)}), with offload "
@@ -100,8 +104,8 @@ def solve_with_offload(
     if _at_compute_cost(incumbent, problem):
         return _run_schedule(graph, problem, incumbent, link, budget, "OPTIMAL", None, started)
     room = offload_model_room(options, deadline.remaining() * (1 - KEEP_RECOMPUTE_SHARE))
-    size = variable_count(problem, link, above=room)
-    if start is None:
+    size = variable_count(problem, link, above=options.max_model_variables)
+    if start is None and deadline.remaining() > 0:
         share = KEEP_RECOMPUTE_SHARE if size <= room else KEEP_RECOMPUTE_ALONE_SHARE
         try:
             start = solve(
@@ -122,14 +126,10 @@ def solve_with_offload(
     cap = None if incumbent is None else _model_units(incumbent, times)
     left = deadline.remaining()
     room = offload_model_room(options, left)
-    if size > room:
+    tried = size <= room
+    if not tried:
         result = OffloadResult("UNKNOWN", None, None, 0)
-        no_model = (
-            f"the exact offload model would have more than {room} variables, too many for the "
-            f"{left:.1f} s left (SolveOptions.model_variables_per_second = "
-            f"{options.model_variables_per_second}, max_model_variables = "
-            f"{options.max_model_variables}); raise the time limit"
-        )
+        no_model = _too_large(size, room, left, options)
     else:
         result = solve_offload_model(
             problem,
@@ -177,7 +177,26 @@ def solve_with_offload(
         )
     # CP-SAT's proof holds for the incumbent too: it costs no more than CP-SAT's optimum
     status = "OPTIMAL" if result.status == "OPTIMAL" else "FEASIBLE"
-    return _run_schedule(graph, problem, incumbent, link, budget, status, bound, started)
+    schedule = _run_schedule(graph, problem, incumbent, link, budget, status, bound, started)
+    if not tried:
+        schedule.extra["offload_model"] = no_model
+    return schedule
+
+
+def _too_large(size: int, room: int, left: float, options: SolveOptions) -> str:
+    """Why an offload model of more than `room` variables (`size`, counted up to
+    `max_model_variables`) is not built with `left` seconds left."""
+    if size > options.max_model_variables:
+        return (
+            f"the exact offload model would have more than {options.max_model_variables} "
+            "variables (SolveOptions.max_model_variables; it grows as the square of the nodes): "
+            "solve a smaller graph (graph_capture granularity='module', or a part of the model)"
+        )
+    return (
+        f"the exact offload model would have more than {room} variables, too many for the "
+        f"{left:.1f} s left (SolveOptions.model_variables_per_second = "
+        f"{options.model_variables_per_second}); raise the time limit"
+    )
 
 
 def _from_start(

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from solver.core.budget import human_bytes
+from solver.core.link import Link
 from solver.core.schedule import Schedule
 from solver.errors import RematError
 from solver.fitting.search import Probe
@@ -62,7 +63,10 @@ class Fit:
     (None: it finished); `seconds`: its wall time; `notes`: what was skipped or not done;
     `warnings`: measurements that contradict the proof; `probes`: the solver's probes;
     `fsdp`: per-rank FSDP2 bytes where the fit is for `world_size` > 1 (then `static` is one
-    rank's and `budget` is left after the FSDP bytes, `solver.fitting.fsdp`)."""
+    rank's and `budget` is left after the FSDP bytes, `solver.fitting.fsdp`); `link`: the host
+    link the schedules could offload over (None: keep or recompute only), `host_bytes` what the
+    schedule at `size` holds on the host at most (per rank), `measured_host_peak` what the real
+    step's host copies held at most (bytes; None where no step ran or without a link)."""
 
     dim: str
     memory: int
@@ -87,11 +91,25 @@ class Fit:
     runtime: str = RUNTIME
     probes: list[Probe] = field(default_factory=list, repr=False)
     fsdp: FsdpBytes | None = None
+    link: Link | None = None
+    measured_host_peak: int | None = None
+
+    @property
+    def host_bytes(self) -> int | None:
+        """Bytes the schedule at `size` holds on the host at most (`solver.simulate`'s
+        `host_peak`; 0 for a schedule that copies nothing); None without a link or a size."""
+        if self.link is None or self.schedule is None:
+            return None
+        return int(self.schedule.extra.get("host_peak", 0))
 
     def summary(self) -> str:
         """The result as lines for a terminal."""
         d = self.dim
-        lines = [self._head(), f"bytes: {self.bytes_model}"]
+        lines = [self._head()]
+        refuted = next((p for p in self.probes if p.size == self.upper), None)
+        if refuted is not None:
+            lines.append(f"why {d} {self.upper} does not fit: {refuted.reason}")
+        lines.append(f"bytes: {self.bytes_model}")
         if self.stopped is not None:
             lines.append(
                 f"{'interrupted' if self.stopped == 'interrupted' else 'the time limit passed'}"
@@ -112,11 +130,19 @@ class Fit:
                 f"schedule at {d} {self.size}: peak {self.schedule.peak} B, cost "
                 f"{self.schedule.cost:.6g} s ({self.schedule.status})"
             )
+        if self.link is not None:
+            lines.append(self._offload_line())
         if self.measured_peak is not None:
             verdict = "within" if self.measured_peak <= self.memory else "OVER"
+            host = ""
+            if self.measured_host_peak is not None:
+                host = (
+                    f"; its host copies held at most {self.measured_host_peak} B (predicted "
+                    f"{self.host_bytes} B)"
+                )
             lines.append(
                 f"one real step at {d} {self.size} under {self.runtime}: whole-step peak "
-                f"{self.measured_peak} B, {verdict} {self.memory} B"
+                f"{self.measured_peak} B, {verdict} {self.memory} B{host}"
             )
         if self.eager_size is not None or self.eager_over is not None:
             over = "" if self.eager_over is None else f"; measured {self.eager_over} B at +1"
@@ -126,6 +152,25 @@ class Fit:
         lines += [f"note: {n}" for n in self.notes]
         lines += [f"WARNING: {w}" for w in self.warnings]
         return "\n".join(lines)
+
+    def _offload_line(self) -> str:
+        """The host link and what the schedule at the answer copies over it."""
+        link = self.link
+        assert link is not None
+        limit = "" if link.host_memory is None else f", host limit {link.host_memory} B"
+        over = f"offload over d2h {link.d2h / 1e9:g} GB/s, h2d {link.h2d / 1e9:g} GB/s{limit}"
+        schedule = self.schedule
+        if schedule is None:
+            return f"{over}: no schedule"
+        extra = schedule.extra
+        if not extra.get("offloads"):
+            return f"{over}: the schedule at {self.dim} {self.size} copies nothing"
+        per = "" if self.fsdp is None else " per rank"
+        return (
+            f"{over}: the schedule at {self.dim} {self.size} holds {self.host_bytes} B on the "
+            f"host{per} ({extra['offloads']} offloads, {extra['reloads']} reloads, stall "
+            f"{extra['stall']:.6g} s of its cost)"
+        )
 
     def _head(self) -> str:
         d, memory = self.dim, human_bytes(self.memory)

@@ -16,26 +16,36 @@ NOTE [fit proofs]: "fits" rests only on a schedule that the simulator replays at
 solver's schedule space (Checkmate's stage schedules, `docs/solver.md`): the least peak within
 the cap proven above `memory`, the least cost within `memory` proven above the cap, or no
 schedule within `memory` at all (`InfeasibleBudgetError`). An incumbent never proves that a size
-does not fit.
+does not fit. With a host link (`offload`), the space is the stage space with offload
+(docs/offload.md), which holds every keep/recompute schedule: a keep/recompute schedule that
+fits still fits, but its bounds prove nothing there (a copy may take a value's place); "does not
+fit" then rests on the one-line floor (`Problem.one_line_floor`: the pending-inputs floor assumes
+inputs stay live, which a reload need not) or on the offload solve's proven cost bound (less
+what rounding the times to whole units may have moved it, `OffloadTimes.rounding`) or
+infeasibility.
 
 NOTE [monotone sizes]: that a size is the largest rests on the least peak within the cap never
 falling as the size grows. It holds when the graphs at every size have the same nodes, edges and
 costs and each node's bytes (`mem`, `transient`) never fall as the size grows: every schedule's
 peak then never falls and the schedules within the cap are the same. `largest_fitting` checks
-exactly that between the graphs it probes and raises ValueError where it fails.
+exactly that between the graphs it probes and raises ValueError where it fails. With offload
+it holds too: a copy's time is its value's bytes over the link's bandwidth, so no copy gets
+faster and no timeline ends sooner as the size grows, and the host limit does not change.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Protocol
 
 import networkx as nx
 
 from solver.core.budget import checkpoint_all_peak, parse_compute_budget
 from solver.core.graph import prepare
+from solver.core.link import Link
 from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
 from solver.deadline import Deadline
@@ -43,6 +53,11 @@ from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
 from solver.fitting.sizes import DOES_NOT_FIT, FITS, OPEN, largest_between
 from solver.heuristics.baselines import block_checkpoint
+from solver.milp.offload import OffloadTimes
+
+KEEP_RECOMPUTE_SHARE = 0.5
+"""With offload, the share of the time the keep/recompute search gets before the search with
+offload goes on from its answer (`largest_fitting`)."""
 
 
 @dataclass
@@ -91,6 +106,7 @@ def probe(
     *,
     size: int = 0,
     workers: int = 8,
+    offload: Link | None = None,
 ) -> Probe:
     """Decide whether a schedule of `graph` peaks at or under `memory` bytes within the compute
     budget (a factor of computing every node once, 1.3 or "1.3x", or "0.02units": the
@@ -98,12 +114,17 @@ def probe(
     proofs]). The peak floor above `memory`, or checkpoint-all within it, decides at once;
     else a quarter of the time goes to the least peak within the cap (it closes at once on
     chains and small graphs) and, where that leaves it open, the rest to the least cost within
-    `memory` against the cap."""
+    `memory` against the cap. With a host link (`offload`), the floor is the one-line floor and
+    the time goes to the least cost with offload within `memory` (its cost the compute plus
+    the stall; its schedule may hold bytes on the host): `largest_fitting` has decided the
+    keep/recompute schedules before (NOTE [fit proofs])."""
     started = time.perf_counter()
     problem = prepare(graph)
     cap = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
     peak: int | None = None
-    bound: int | None = problem.memory_lower_bound
+    bound: int | None = problem.memory_lower_bound if offload is None else problem.one_line_floor
+    # a cost bound with offload is over times rounded to whole units: less what rounding moves
+    slack = 0.0 if offload is None else OffloadTimes.of(problem, offload).rounding
 
     def done(verdict: str, reason: str, schedule: Schedule | None = None) -> Probe:
         seconds = time.perf_counter() - started
@@ -117,37 +138,42 @@ def probe(
         peak = plain.peak
         reason = f"computing every node once peaks at {peak} B"
         return done(FITS, reason, _checked(graph, plain, memory, cap))
-    limit = max(deadline.remaining() / 4, 0.05)
-    least = solve(
-        graph,
-        objective="memory",
-        compute_budget=compute_budget,
-        time_limit=limit,
-        workers=workers,
-        deadline=deadline,
-    )
-    peak, bound = least.peak, int(least.bound) if least.bound is not None else bound
-    if peak <= memory:
-        return done(FITS, f"a schedule peaks at {peak} B", _checked(graph, least, memory, cap))
-    if bound is not None and bound > memory:
-        return done(DOES_NOT_FIT, f"the least peak within the cap is proven >= {bound} B")
+    if offload is None:
+        limit = max(deadline.remaining() / 4, 0.05)
+        least = solve(
+            graph,
+            objective="memory",
+            compute_budget=compute_budget,
+            time_limit=limit,
+            workers=workers,
+            deadline=deadline,
+        )
+        peak, bound = least.peak, int(least.bound) if least.bound is not None else bound
+        if peak <= memory:
+            return done(FITS, f"a schedule peaks at {peak} B", _checked(graph, least, memory, cap))
+        if bound is not None and bound > memory:
+            return done(DOES_NOT_FIT, f"the least peak within the cap is proven >= {bound} B")
     limit = max(deadline.remaining(), 0.05)
     try:
-        cheapest = solve(graph, memory, time_limit=limit, workers=workers, deadline=deadline)
+        cheapest = solve(
+            graph, memory, time_limit=limit, workers=workers, deadline=deadline, offload=offload
+        )
     except InfeasibleBudgetError as error:
         return done(DOES_NOT_FIT, f"no schedule peaks within {memory} B ({error})")
     except SolverTimeoutError as error:
-        if cap is not None and error.cost_bound is not None and error.cost_bound > cap:
-            return done(DOES_NOT_FIT, _over_cap(error.cost_bound, cap, memory))
+        if cap is not None and error.cost_bound is not None and error.cost_bound - slack > cap:
+            return done(DOES_NOT_FIT, _over_cap(error.cost_bound - slack, cap, memory))
         cost = "nothing within the memory found"
     else:
         if cap is None or cheapest.cost <= cap * (1 + 1e-12):
-            peak = min(peak, cheapest.peak)
+            peak = cheapest.peak if peak is None else min(peak, cheapest.peak)
             checked = _checked(graph, cheapest, memory, cap)
             return done(FITS, f"a schedule within {memory} B costs {cheapest.cost:g}", checked)
-        if cheapest.bound is not None and cheapest.bound > cap:
-            return done(DOES_NOT_FIT, _over_cap(cheapest.bound, cap, memory))
+        if cheapest.bound is not None and cheapest.bound - slack > cap:
+            return done(DOES_NOT_FIT, _over_cap(cheapest.bound - slack, cap, memory))
         cost = f"least cost within the memory in [{cheapest.bound:g}, {cheapest.cost:g}]"
+    if offload is not None:
+        return done(OPEN, f"peak floor {bound} B; with offload, {cost}")
     return done(OPEN, f"least peak within the cap in [{bound}, {peak}] B; {cost}")
 
 
@@ -156,10 +182,11 @@ def _over_cap(cost_bound: float, cap: float, memory: int) -> str:
 
 
 def _checked(graph: nx.DiGraph, schedule: Schedule, memory: int, cap: float | None) -> Schedule:
-    """The schedule, after the simulator replays it within `memory` and the cap (NOTE [fit
-    proofs]); an internal error otherwise."""
-    run = simulate(graph, schedule.ops)
-    if run.peak > memory or (cap is not None and run.cost > cap * (1 + 1e-12)):
+    """The schedule, after the simulator replays it (over its link, within the link's host
+    limit) within `memory` and the cap (NOTE [fit proofs]); an internal error otherwise."""
+    run = simulate(graph, schedule.ops, schedule.link)
+    over = not run.valid or run.peak > memory
+    if over or (cap is not None and run.cost > cap * (1 + 1e-12)):
         raise AssertionError(
             f"internal error: a schedule replays at {run.peak} B, cost {run.cost:g}, outside "
             f"{memory} B and the cap {cap}; please report this"
@@ -178,6 +205,7 @@ def largest_fitting(
     deadline: Deadline | None = None,
     workers: int = 8,
     progress: Callable[[Probe], None] | None = None,
+    offload: Link | None = None,
 ) -> FitResult:
     """The largest size s in [low, high] whose graph `graph_at(s)` has a schedule peaking at or
     under `memory` bytes within `compute_budget` (a factor like 1.3 or "1.3x" of computing
@@ -190,6 +218,12 @@ def largest_fitting(
     probe as it ends. `deadline`, where given, is used instead of `time_limit` (a search that
     is one step of a longer piece of work: its stop ends the search too); `graph_at` may return
     None where it cannot give the graph by then, which ends the search as the time limit does.
+    `offload`: a host link; the schedules may then also copy values to the host and back over
+    it (`probe`; NOTE [fit proofs]).
+    With `offload`, keep/recompute is searched first (`KEEP_RECOMPUTE_SHARE` of the time; it
+    closes at once where it is easy): every size it shows to fit fits with offload too; the
+    search with offload goes on from the size after its answer, and its proofs alone bound the
+    answer (`probes`: the keep/recompute sizes that fit, then the sizes tried with offload).
     Returns a `FitResult` by the deadline: `proven` where the size after the answer is proven
     not to fit, else the interval the time left open.
 
@@ -199,6 +233,39 @@ def largest_fitting(
         raise ValueError(f"sizes must satisfy 0 <= low <= high, not low={low}, high={high}")
     started = time.perf_counter()
     deadline = Deadline(started + time_limit) if deadline is None else deadline
+    search = partial(
+        _search, graph_at, memory, compute_budget, high=high, workers=workers, progress=progress
+    )
+    if offload is None:
+        return search(low, deadline, None, started)
+    kept = search(low, deadline.share(KEEP_RECOMPUTE_SHARE), None, started)
+    fits = [p for p in kept.probes if p.verdict == FITS]  # the others prove nothing here
+    if kept.size is not None and high is not None and kept.size >= high:
+        return replace(kept, probes=fits, seconds=time.perf_counter() - started)
+    copied = search(low if kept.size is None else kept.size + 1, deadline, offload, started)
+    best = copied.size if copied.size is not None else kept.size
+    upper = copied.upper
+    proven = upper is not None and upper == (low if best is None else best + 1)
+    schedule = copied.schedule if copied.size is not None else kept.schedule
+    seconds = time.perf_counter() - started
+    return FitResult(best, upper, proven, schedule, fits + copied.probes, seconds)
+
+
+def _search(
+    graph_at: Callable[[int], nx.DiGraph | None],
+    memory: int | Callable[[int], int],
+    compute_budget: float | str | None,
+    low: int,
+    deadline: Deadline,
+    offload: Link | None,
+    started: float,
+    *,
+    high: int | None,
+    workers: int,
+    progress: Callable[[Probe], None] | None,
+) -> FitResult:
+    """`largest_fitting` over one schedule space: keep/recompute (`offload` None) or with
+    offload over the link, from `low` (`started`: the call's start, `time.perf_counter`)."""
     probes: dict[int, Probe] = {}
     graphs: dict[int, nx.DiGraph] = {}
 
@@ -213,7 +280,15 @@ def largest_fitting(
         memories[size] = memory(size) if callable(memory) else memory
         _check_memory(memories, size)
         share = deadline.share(0.25)
-        found = probe(graph, memories[size], compute_budget, share, size=size, workers=workers)
+        found = probe(
+            graph,
+            memories[size],
+            compute_budget,
+            share,
+            size=size,
+            workers=workers,
+            offload=offload,
+        )
         probes[size] = found
         if progress is not None:
             progress(found)

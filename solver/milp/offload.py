@@ -68,6 +68,17 @@ class OffloadTimes:
         whole = units.int_cost
         return cls(whole[:n], whole[n : 2 * n], whole[2 * n :], units, exact)
 
+    @property
+    def rounding(self) -> float:
+        """Graph units by which a timeline's end in these units can differ from its end in graph
+        units: 0 where the times are exact, else half a unit for each of the at most n^2 + n
+        durations on its path (computes n(n+1)/2, offloads n, reloads n(n-1)/2). A bound in
+        these units, less this, bounds the true times (`fit` compares it so with its cap)."""
+        if self.exact:
+            return 0.0
+        n = len(self.cost)
+        return n * (n + 1) * self.units.to_graph(1) / 2
+
 
 MAX_UNITS = 10**9
 """Whole units the costs and copy times of all nodes sum to at most: the clocks' domains stay
