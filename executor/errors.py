@@ -20,7 +20,9 @@ class RematerializeError(ExecutorError, ValueError):
 
 class InputMismatchError(ExecutorError, ValueError):
     """The inputs differ (count, shape, dtype, device) from the example the graph was captured
-    with; the captured graph is specialised to that example, so capture again for new shapes."""
+    with, or their values would make an HF model's mask code take another branch than on the
+    example (padding where the example had none, or the reverse); the captured graph is
+    specialised to that example, so capture again for such inputs."""
 
 
 class UnsupportedScheduleError(ExecutorError):

@@ -228,7 +228,9 @@ def _capture_estimated(
     device = torch.device("cpu")
     autocast = AutocastState.current(device)
     with fork_rng(device), fake_step(model, example_inputs, kwargs) as fake:
-        joint = _trace(model, fake.inputs, fake.kwargs, backward_from, fake.mode)
+        joint = _trace(
+            model, fake.inputs, fake.kwargs, backward_from, fake.mode, (example_inputs, kwargs)
+        )
         measured = estimate_joint(joint.gm, joint.args, target, fake.mode, joint.grad_positions)
     captured = _assemble(model, example_inputs, kwargs, joint, measured, grouping, target, autocast)
     dag = captured.dag
@@ -245,12 +247,14 @@ def _trace(
     kwargs: Mapping[str, torch.Tensor],
     backward_from: Sequence[OutputName] | None,
     tensor_mode: contextlib.AbstractContextManager,
+    values: tuple[Sequence[torch.Tensor], Mapping[str, torch.Tensor]] | None = None,
 ) -> _Joint:
-    """The joint graph of ``model(*inputs, **kwargs)`` (`trace_joint`), its layout
+    """The joint graph of ``model(*inputs, **kwargs)`` (`trace_joint`; ``values``: the real
+    inputs where these are an estimate's fakes), its layout
     (`_layout`), with the adds of known-zero tangents folded away (`fold_zero_tangent_adds`),
     the tangents (ones, zeros where known zero) made under ``tensor_mode`` (an estimate's fake
     mode, or a null context) and the arguments that run it."""
-    traced = trace_joint(model, inputs, kwargs)
+    traced = trace_joint(model, inputs, kwargs, values)
     layout = _layout(traced, model)
     gm = traced.graph_module
     output_specs = _output_specs(gm, layout["forward_output_indices"])
@@ -330,6 +334,7 @@ def _assemble(
         output_treespec=joint.traced.output_treespec,
         node_group=group,
         zero_tangent_outputs=tuple(joint.zero_outputs),
+        mask_guards=joint.traced.mask_guards,
         **{k: v for k, v in layout.items() if k != "grad_indices"},
     )
 

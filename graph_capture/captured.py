@@ -69,6 +69,7 @@ from torch import nn
 
 from graph_capture.errors import CaptureError
 from graph_capture.measurement.device import AutocastState, no_autocast
+from graph_capture.trace.hf_masks import MaskGuard
 from graph_capture.trace.zero_tangents import default_tangents, missing_gradient
 
 
@@ -123,7 +124,9 @@ class CapturedGraph:
     placeholders. ``autocast``: the autocast state the graph was traced under (its casts are
     in the graph), for the model's device type. ``zero_tangent_outputs``: forward output
     positions whose incoming gradient is known zero (capture's ``backward_from``; the graph is
-    specialised for it, `graph_capture.trace.zero_tangents`).
+    specialised for it, `graph_capture.trace.zero_tangents`). ``mask_guards``: the decisions
+    an HF model's mask code took from the example inputs' values, which the graph holds and
+    each step must take alike (`graph_capture.trace.hf_masks.MaskGuard`).
     """
 
     joint: torch.fx.GraphModule
@@ -151,6 +154,7 @@ class CapturedGraph:
     output_treespec: object = field(repr=False)
     node_group: dict[str, str] = field(default_factory=dict, repr=False)
     zero_tangent_outputs: tuple[int, ...] = ()
+    mask_guards: tuple[MaskGuard, ...] = field(default=(), repr=False)
 
     @property
     def order(self) -> list[str]:

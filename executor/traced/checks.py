@@ -1,9 +1,10 @@
 """What a training step must match of its capture: the inputs, and the autocast state.
 
 A captured graph is specialised to its example: input count, keyword names, shapes, dtypes,
-requires_grad and device, and the casts of the autocast state it was traced under. A step that
-differs would replay another computation than eager's, so it is refused with a message saying
-what differs and what to do.
+requires_grad and device, the branches an HF model's mask code took from the example's values
+(``CapturedGraph.mask_guards``: is a token padded, are sequences packed), and the casts of the
+autocast state it was traced under. A step that differs would replay another computation than
+eager's, so it is refused with a message saying what differs and what to do.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def check_inputs(
     kwargs: Mapping[str, object],
 ) -> None:
     """Raise InputMismatchError saying what differs from the captured example inputs
-    (``device``: the model's)."""
+    (``device``: the model's), or naming the inputs on whose values eager HF would take
+    another mask branch than the graph holds (`graph_capture.trace.hf_masks.MaskGuard`: one
+    pass over each such input, e.g. an ``all()`` of the attention mask)."""
     names = captured.kwarg_names
     specs = captured.input_specs
     if len(inputs) != len(specs) - len(names):
@@ -90,3 +93,6 @@ def check_inputs(
             raise InputMismatchError(
                 f"{what}: on {x.device}, but the model is on {device}; move it there"
             )
+    for guard in captured.mask_guards:
+        if why := guard.mismatch(inputs, kwargs):
+            raise InputMismatchError(why)

@@ -33,19 +33,22 @@ from graph_capture.trace.autograd_functions import (
 )
 from graph_capture.trace.dropout import dropout_as_eager_cpu
 from graph_capture.trace.fx_nodes import describe_op
-from graph_capture.trace.hf_masks import masks_as_eager
+from graph_capture.trace.hf_masks import MaskGuard, masks_as_eager
 from graph_capture.trace.lifted import LiftedConstant
 from solver.errors import RematError
 
 
 @dataclass
 class TracedJoint:
-    """The joint graph (flat positional codegen) and the descriptor of each placeholder/output."""
+    """The joint graph (flat positional codegen) and the descriptor of each placeholder/output;
+    ``mask_guards``: the data-dependent decisions of HF's mask code the graph holds
+    (`graph_capture.trace.hf_masks`)."""
 
     graph_module: torch.fx.GraphModule
     input_descs: list[object]
     output_descs: list[object]
     output_treespec: object
+    mask_guards: tuple[MaskGuard, ...] = ()
 
 
 def _check_model(model: nn.Module, inputs: Sequence[object], kwargs: Mapping[str, object]) -> None:
@@ -104,15 +107,19 @@ def _quiet_failures() -> Iterator[None]:
 
 
 def _export(
-    model: nn.Module, inputs: tuple[torch.Tensor, ...], kwargs: dict[str, torch.Tensor]
-) -> tuple[torch.fx.GraphModule, list[type]]:
-    """The exported module (sharing the model's state) and the custom autograd.Functions the
-    export applied to tensors that require grad (see `recording_functions`)."""
+    model: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    kwargs: dict[str, torch.Tensor],
+    values: tuple[Sequence[torch.Tensor], Mapping[str, torch.Tensor]],
+) -> tuple[torch.fx.GraphModule, list[type], list[MaskGuard]]:
+    """The exported module (sharing the model's state), the custom autograd.Functions the
+    export applied to tensors that require grad (see `recording_functions`) and the guards of
+    HF's data-dependent mask decisions, taken on ``values`` (`masks_as_eager`)."""
     _register_cache_outputs(model)
     with (
         module_stack(model) as stack,
         recording_functions() as functions,
-        masks_as_eager(model),
+        masks_as_eager(model, *values) as guards,
         _quiet_failures(),
     ):
         try:
@@ -138,7 +145,7 @@ def _export(
                 f"the model mutates its input '{spec.target}' in place; the joint graph cannot "
                 "replay that exactly: clone the input first"
             )
-    return _share_state(exported.module(), model), functions
+    return _share_state(exported.module(), model), functions, guards
 
 
 def _share_state(exported: torch.fx.GraphModule, model: nn.Module) -> torch.fx.GraphModule:
@@ -238,21 +245,25 @@ def trace_joint(
     model: nn.Module,
     inputs: Sequence[torch.Tensor],
     kwargs: Mapping[str, torch.Tensor] | None = None,
+    values: tuple[Sequence[torch.Tensor], Mapping[str, torch.Tensor]] | None = None,
 ) -> TracedJoint:
     """Trace ``model(*inputs, **kwargs)`` forward and backward into one functional aten graph.
 
     The joint's user inputs are ``inputs`` followed by the values of ``kwargs`` in its order.
+    ``values``: the inputs' real values (positional, keyword) where ``inputs`` are fake (an
+    estimate), for the decisions HF's mask code takes from data (`masks_as_eager`).
     Raises `CaptureError` naming the module and op on anything that would not replay exactly.
     """
     inputs = tuple(inputs)
     kwargs = dict(kwargs or {})
     _check_model(model, inputs, kwargs)
-    exported, functions = _export(model, inputs, kwargs)
+    exported, functions, guards = _export(model, inputs, kwargs, values or (inputs, kwargs))
     with contextlib.ExitStack() as stack:
         stack.enter_context(fx_traceback.preserve_node_meta())
         try:
-            if functions:
+            if functions:  # traced under the export's flags: HF builds its masks (no guards)
                 joint = trace_with_functions(stack, model, inputs, kwargs, functions)
+                guards = []
             else:
                 joint = aot_export_joint_with_descriptors(
                     stack, exported, inputs, kwargs, _record_nn_module_stack=True
@@ -283,4 +294,5 @@ def trace_joint(
         input_descs=[p.meta["desc"] for p in placeholders],
         output_descs=list(output.meta["desc"]),
         output_treespec=treespec,
+        mask_guards=tuple(guards),
     )
