@@ -19,6 +19,8 @@ from torch._functorch.partitioners import default_partition
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import executor
+import solver
+from benchmarks.running.offload import Reduction
 from executor.compiled import offload as transfer
 from executor.compiled.emit import COMPUTE, partition
 from executor.compiled.joint_dag import joint_dag, tangent_bytes
@@ -42,11 +44,18 @@ class Block(nn.Module):
 
 
 @pytest.fixture(scope="module")
-def joint(one_thread):
-    """(joint graph, number of forward outputs) of a two-block net's step, as AOTAutograd hands
-    them to a partitioner."""
+def joints(one_thread):
+    """Model name -> (joint graph, number of forward outputs) of its step, as AOTAutograd hands
+    them to a partitioner: "block", a two-block net; "reduction", `Reduction` (a small value
+    read at the end of a wide step: offloading it saves the bytes keep/recompute cannot)."""
     torch.manual_seed(0)
-    net, x = nn.Sequential(Block(), Block()), torch.randn(8, 16)
+    return {
+        "block": _joint(nn.Sequential(Block(), Block()), torch.randn(8, 16)),
+        "reduction": _joint(Reduction(), torch.randn(32, 16)),
+    }
+
+
+def _joint(net: nn.Module, x: torch.Tensor) -> tuple[torch.fx.GraphModule, int]:
     got = {}
 
     def record(gm, inputs, **kwargs):
@@ -84,6 +93,19 @@ def offload_schedule(gm: torch.fx.GraphModule, every: int):
     return built, make_schedule(dag, problem, out, method="test-offload", link=Link(1e9, 1e9))
 
 
+def _live_at_split(ops, backward: set) -> set:
+    """The DAG nodes whose device copy the schedule holds when the backward begins."""
+    live: set = set()
+    for kind, v in ops:
+        if kind == "compute" and v in backward:
+            break
+        if kind in ("compute", "reload"):
+            live.add(v)
+        elif kind == "free":
+            live.discard(v)
+    return live
+
+
 def _is(node: torch.fx.Node, name: str) -> bool:
     return node.op == "call_function" and node.target is getattr(transfer.ops(), name).default
 
@@ -109,13 +131,30 @@ def _fake_run(module: torch.fx.GraphModule, inputs: list) -> list:
     return list(outs)
 
 
-@pytest.mark.parametrize("every", [2, 3])
-def test_offloads_are_torchs_ops_where_the_schedule_puts_them(joint, every):
-    gm, num_fwd_outputs = joint
-    built, schedule = offload_schedule(gm, every)
+def solved_schedule(gm: torch.fx.GraphModule):
+    """(joint DAG, schedule): the solver's at the least any schedule needs (its one-line
+    floor, below the keep/recompute least on this net), over a link so fast that copies cost
+    nothing: every schedule within it offloads. Its incumbent is the offload heuristics',
+    so a solve cut short still offloads."""
+    built = joint_dag(gm, held_bytes=tangent_bytes(gm))
+    floor = prepare(built.dag).one_line_floor
+    link = Link(1e15, 1e15)
+    return built, solver.solve(built.dag, floor, offload=link, time_limit=4, workers=1)
+
+
+@pytest.mark.parametrize("made", ["keep every 2nd", "keep every 3rd", "solver"])
+# keep every k-th node: the block net, each recompute of a value with bytes a reload instead;
+# solver: `Reduction` at the least any schedule needs, over a link whose copies cost nothing
+def test_offloads_are_torchs_ops_where_the_schedule_puts_them(joints, made):
+    if made == "solver":
+        gm, num_fwd_outputs = joints["reduction"]
+        built, schedule = solved_schedule(gm)
+    else:
+        gm, num_fwd_outputs = joints["block"]
+        built, schedule = offload_schedule(gm, 2 if "2nd" in made else 3)
     offloaded = {v for kind, v in schedule.ops if kind == "offload"}
     reloaded = Counter(v for kind, v in schedule.ops if kind == "reload")
-    assert len(offloaded) >= 3 and reloaded, "the schedule offloads and reloads"
+    assert len(offloaded) >= 2 and reloaded, "the schedule offloads and reloads"
     backward = {v for v in built.dag.nodes if built.dag.nodes[v]["backward"]}
     cut = partition(gm, schedule.ops, built.members, backward, num_fwd_outputs, False)
     fw, bw = cut.forward.graph, cut.backward.graph
@@ -132,10 +171,11 @@ def test_offloads_are_torchs_ops_where_the_schedule_puts_them(joint, every):
             (wait,) = off.users
             assert _is(wait, "wait_tensor") and wait.args[0] is off
             assert off.meta["val"].device.type == "cpu"
-            if len(wait.args) > 1:
+            if len(wait.args) > 1:  # frees the source: nothing reads it later
                 source = wait.args[1]
                 assert source is off.args[0]
                 assert all(position[u] <= position[wait] for u in source.users)
+                assert source not in graph.output_node().args[0]
     forward_offloads = {n.meta[transfer.TRANSFER][1] for n in fw.nodes if _is(n, "offload")}
     assert forward_offloads == {v for v in offloaded if v not in backward}
 
@@ -144,7 +184,9 @@ def test_offloads_are_torchs_ops_where_the_schedule_puts_them(joint, every):
     assert saved_hosts and all(n.meta["val"].device.type == "cpu" for n in saved_hosts)
     assert {n.meta[transfer.TRANSFER][1] for n in saved_hosts} <= forward_offloads
     members = {name for v in offloaded for name in built.members[v]}
-    assert not set(cut.saved) & members, "no device copy of an offloaded value is saved"
+    freed = offloaded - _live_at_split(schedule.ops, backward)
+    dropped = {name for v in freed for name in built.members[v]}
+    assert not set(cut.saved) & dropped, "no device copy the schedule frees is saved"
     assert set(cut.offloaded) <= members and cut.offloaded
 
     # the backward reloads each saved host copy with ao.reload, and its data is read only

@@ -366,8 +366,11 @@ def partition(
                 if name not in host and _base_in(joint_nodes[name], members[v]):
                     retake[name] = (("reload", v, i), host[copied[0]].meta[transfer.FROM])
             continue
-        if v == END:
-            finish_reloads(in_backward)
+        if v == END:  # the gradients it reads; a reload nothing reads is left to dead code
+            (output,) = joint.graph.find_nodes(op="output")
+            for arg in list(output.args[0])[num_fwd_outputs:]:
+                if isinstance(arg, torch.fx.Node):
+                    ready(arg.name, in_backward)
             end = (dict(env), set(forward_side))
             continue
         by = (v, computes[v])
