@@ -160,7 +160,8 @@ class CompiledModel(nn.Module):
         that is all it measures. CompileError (one line) for a file of another model (its
         signature), a compiled region the file has no schedule for (another graph: other
         inputs, code, torch or options), a measured peak above the saved budget, or a file
-        that is not such a plan; ``time_limit`` bounds the compile, the measurement and the
+        that is not such a plan, a plan with offload ops where they cannot run (as `compile`'s
+        ``offload``); ``time_limit`` bounds the compile, the measurement and the
         check, which holds the loaded step against torch's as `compile` does (``check``)."""
         data = _read_plan(path)
         if data["model_signature"] != model_signature(model):
@@ -169,6 +170,9 @@ class CompiledModel(nn.Module):
                 f"{type(model).__name__}'s): compile this model with executor.compile"
             )
         inputs = positional_inputs(example_inputs, CompileError)
+        moves = {op[0] for r in data["regions"] for op in r.get("ops", ())} - {"compute", "free"}
+        if moves:
+            _on_accelerator(f"the plan at {path} offloads", model, inputs)
         with call_deadline(time_limit, CompileError) as deadline:
             steps = _Steps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
             return cls._replay(steps, path, data, check or CompileCheck())
@@ -479,17 +483,23 @@ def _offload_link(
         link = host_link(offload)
     except LinkError as e:
         raise CompileError(f"offload: {str(e).splitlines()[0]}") from e
+    _on_accelerator(f"offload={offload!r}", model, inputs)
+    return link
+
+
+def _on_accelerator(what: str, model: nn.Module, inputs: Sequence[object]) -> None:
+    """`CompileError` in one line where torch's offload ops cannot run the step: its tensors
+    are on the CPU, or no accelerator is available."""
     tensors = [*model.parameters(), *model.buffers()]
     tensors += [t for t in inputs if isinstance(t, torch.Tensor)]
     device = tensors[0].device if tensors else torch.device("cpu")
     if device.type == "cpu" or not torch.accelerator.is_available():
         raise CompileError(
-            f"offload={offload!r}: torch's offload ops (ao::offload, ao::reload) copy through "
-            f"pinned host memory on an accelerator's transfer stream, and this step runs on "
-            f"{device.type}: compile without offload, or offload with remat's own executor "
+            f"{what}: torch's offload ops (ao::offload, ao::reload) copy through pinned host "
+            f"memory on an accelerator's transfer stream, and this step runs on {device.type}: "
+            "compile without offload, or offload with remat's own executor "
             "(executor.rematerialize(..., offload=...))"
         )
-    return link
 
 
 def _check(
