@@ -16,6 +16,11 @@ unless it has an effect (the first compute of a node that draws random numbers o
 is left out of the graphs and listed (`Partition.dead`); every other compute of the schedule
 is one copy of its DAG node's fx nodes in the forward or the backward graph.
 
+A schedule's ``offload`` and ``reload`` ops become torch's ``ao.offload`` / ``ao.reload`` and
+their ``ao.wait_tensor``, placed as `executor.compiled.offload` says: the forward saves a host
+copy where the schedule offloads a value and reloads it in the backward. They are emitted and
+checked as graphs only (structure, fake tensors): no accelerator has run them.
+
 NOTE [one saved tensor per storage]: AOTAutograd donates to the backward every saved tensor
 that aliases no graph input or output (``torch._functorch.config.donated_buffer``), and inductor
 reuses a donated buffer once that tensor's own last reader has run. Two saved tensors of one
