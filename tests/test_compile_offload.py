@@ -22,7 +22,7 @@ import executor
 import solver
 from benchmarks.running.offload import Reduction
 from executor.compiled import offload as transfer
-from executor.compiled.emit import COMPUTE, partition
+from executor.compiled.emit import COMPUTE, _view_root, partition
 from executor.compiled.joint_dag import joint_dag, tangent_bytes
 from executor.errors import CompileError
 from solver import Link, prepare
@@ -139,7 +139,7 @@ def solved_schedule(gm: torch.fx.GraphModule):
     built = joint_dag(gm, held_bytes=tangent_bytes(gm))
     floor = prepare(built.dag).one_line_floor
     link = Link(1e15, 1e15)
-    return built, solver.solve(built.dag, floor, offload=link, time_limit=4, workers=1)
+    return built, solver.solve(built.dag, floor, offload=link, time_limit=10, workers=1)
 
 
 @pytest.mark.parametrize("made", ["keep every 2nd", "keep every 3rd", "solver"])
@@ -176,6 +176,7 @@ def test_offloads_are_torchs_ops_where_the_schedule_puts_them(joints, made):
                 assert source is off.args[0]
                 assert all(position[u] <= position[wait] for u in source.users)
                 assert source not in graph.output_node().args[0]
+                assert _view_root(source).op == "call_function", "never a graph input's"
     forward_offloads = {n.meta[transfer.TRANSFER][1] for n in fw.nodes if _is(n, "offload")}
     assert forward_offloads == {v for v in offloaded if v not in backward}
 
