@@ -18,15 +18,21 @@ How `emit.partition` places them (remat's schedule decides, not torch's heuristi
   the schedule's timeline makes that free wait for the copy (docs/offload.md). Where the
   device copy is still live when the forward ends, the wait closes the forward, as torch's
   ``activation_offload_sink_wait_async`` places it. The keepalive is dropped where a tensor of
-  the source's storage is still read after the wait, saved or returned: ``resize_(0)`` would
-  free a storage still in use.
+  the source's storage is still read after the wait, saved or returned, or the storage is a
+  graph input's: ``resize_(0)`` would free a storage still in use.
 - A host copy made by the forward and reloaded by the backward is what the forward saves: the
   offload's wait node, a host tensor, as torch's pass saves it; no device copy of v is saved
   unless the schedule itself keeps one across the split.
 - ``("reload", v)``: one ``ao.reload`` per host copy at the op's position (the schedule's
   prefetch); its ``ao.wait_tensor`` goes right before the first node that reads the reloaded
   tensor (a view of it taken again counts). Only the last reload of a host copy passes it as
-  keepalive (frees it): the schedule may reload one host copy more than once.
+  keepalive (frees it): the schedule may reload one host copy more than once. A reload whose
+  tensor nothing reads (one the schedule makes for the step's end, of a forward output the
+  forward returns itself) gets no wait and is left to dead-code elimination.
+- Each transfer node is tagged ``must_be_in_forward`` / ``must_be_in_backward``: the
+  ``ao.wait_tensor`` has a side effect, so dead-code elimination never drops it, and without
+  the tag torch's cut (``_extract_fwd_bwd_modules``) would copy a transfer whose inputs both
+  graphs hold into both.
 
 Nothing here runs the ops: they need an accelerator (pinned memory, a transfer stream; on a
 CPU-only build ``ao.offload`` raises "Accelerator expected"). Their fake kernels give the
@@ -70,8 +76,6 @@ def _run_fake(op: torch._ops.OpOverload, *args: object) -> torch.Tensor:
 def _tag(node: torch.fx.Node, what: tuple[str, Hashable, int], source: object, backward: bool):
     node.meta[TRANSFER] = what
     node.meta[FROM] = source
-    # ao.wait_tensor has a side effect: dead code elimination keeps it, so only the tag keeps
-    # the cut from copying a transfer into the other graph too (where its inputs are there)
     node.meta["partitioner_tag"] = "must_be_in_backward" if backward else "must_be_in_forward"
 
 
@@ -121,7 +125,3 @@ def reload_node(
     node.meta["val"] = _run_fake(op, _fake(host), like.device, size, stride)
     _tag(node, what, host.meta[FROM], backward)
     return node
-
-
-def is_wait(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target is ops().wait_tensor.default
