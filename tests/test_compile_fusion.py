@@ -109,8 +109,8 @@ class GeluNet(nn.Module):
 
 def test_fused_nodes_emit_graphs_bit_identical_to_eager(monkeypatch):
     class Fused(RematPartitioner):
-        def __init__(self, budget, deadline, replay_rng, fuse=False):
-            super().__init__(budget, deadline, replay_rng, fuse=True)
+        def __init__(self, budget, deadline, replay_rng, fuse=False, link=None):
+            super().__init__(budget, deadline, replay_rng, fuse=True, link=link)
 
     monkeypatch.setattr(api, "RematPartitioner", Fused)
     torch.manual_seed(0)

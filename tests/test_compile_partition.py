@@ -327,8 +327,8 @@ class DropoutMLP(nn.Module):
 class DrawsOnce(RematPartitioner):
     """Random ops whose draws do not replay, as under inductor: they must run once."""
 
-    def __init__(self, budget, deadline, replay_rng, fuse=False, schedules=None):
-        super().__init__(budget, deadline, False, fuse, schedules)
+    def __init__(self, budget, deadline, replay_rng, fuse=False, schedules=None, link=None):
+        super().__init__(budget, deadline, False, fuse, schedules, link)
 
 
 OVER = 8192

@@ -160,7 +160,8 @@ class CompiledModel(nn.Module):
         that is all it measures. CompileError (one line) for a file of another model (its
         signature), a compiled region the file has no schedule for (another graph: other
         inputs, code, torch or options), a measured peak above the saved budget, or a file
-        that is not such a plan; ``time_limit`` bounds the compile, the measurement and the
+        that is not such a plan, a plan with offload ops where they cannot run (as `compile`'s
+        ``offload``); ``time_limit`` bounds the compile, the measurement and the
         check, which holds the loaded step against torch's as `compile` does (``check``)."""
         data = _read_plan(path)
         if data["model_signature"] != model_signature(model):
@@ -169,6 +170,9 @@ class CompiledModel(nn.Module):
                 f"{type(model).__name__}'s): compile this model with executor.compile"
             )
         inputs = positional_inputs(example_inputs, CompileError)
+        moves = {op[0] for r in data["regions"] for op in r.get("ops", ())} - {"compute", "free"}
+        if moves:
+            _on_accelerator(f"the plan at {path} offloads", model, inputs)
         with call_deadline(time_limit, CompileError) as deadline:
             steps = _Steps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
             return cls._replay(steps, path, data, check or CompileCheck())
@@ -237,6 +241,7 @@ def compile(
     loss_fn: Callable[[object], torch.Tensor] = default_loss,
     max_compiles: int = 4,
     check: CompileCheck | None = None,
+    offload: solver.Link | str | None = None,
     **torch_compile_kwargs: Any,
 ) -> CompiledModel:
     """``model`` compiled by torch.compile (default backend inductor; ``torch_compile_kwargs``:
@@ -255,16 +260,24 @@ def compile(
     aot_eager, within ``check.rtol`` of torch's partition under inductor); a difference is a
     `CompileError`, never a model returned. Ctrl-C (from the main thread, where SIGINT has
     Python's default handler): the first ends the call as the time limit does, a second raises
-    KeyboardInterrupt."""
+    KeyboardInterrupt.
+
+    ``offload``: a host link (`solver.Link`, or a link's or target's name, ``"h100"``): the
+    schedules may also offload values to host memory and reload them (docs/offload.md), emitted
+    as torch's ``ao.offload`` / ``ao.reload`` ops (`executor.compiled.offload`). Those ops need
+    an accelerator (pinned host memory, a transfer stream): on a CPU the call refuses in one
+    line. Never run here: the graphs are checked as structure under fake tensors only
+    (docs/compile.md)."""
     name, options = _options(torch_compile_kwargs)
     inputs = positional_inputs(example_inputs, CompileError)
+    link = _offload_link(offload, model, inputs)
     try:
         wanted = Budget.of(budget)
     except BudgetError as e:
         raise CompileError(str(e)) from e
     with call_deadline(time_limit, CompileError) as deadline:
         steps = _Steps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
-        return _compile(steps, wanted, name, options, max_compiles, check or CompileCheck())
+        return _compile(steps, wanted, name, options, max_compiles, check or CompileCheck(), link)
 
 
 @dataclass
@@ -345,6 +358,7 @@ def _compile(
     options: dict[str, Any],
     max_compiles: int,
     check: CompileCheck,
+    link: solver.Link | None = None,
 ) -> CompiledModel:
     plain: list[int] = []
 
@@ -374,7 +388,11 @@ def _compile(
         solves = deadline.within(_solve_seconds(deadline.remaining(), left, steps.rest()))
         attempted.append(solver_budget)
         partitioner = RematPartitioner(
-            solver_budget, solves, replay_rng=name == "aot_eager", fuse=name == "inductor"
+            solver_budget,
+            solves,
+            replay_rng=name == "aot_eager",
+            fuse=name == "inductor",
+            link=link,
         )
         started = time.perf_counter()
         try:
@@ -449,6 +467,39 @@ def _compile(
         f"measured {tries[-1].measured} B ({human_bytes(tries[-1].measured)}); raise the "
         f"budget or max_compiles"
     )
+
+
+def _offload_link(
+    offload: solver.Link | str | None, model: nn.Module, inputs: Sequence[object]
+) -> solver.Link | None:
+    """The host link ``offload`` names (None: none), where torch's offload ops run: on the
+    accelerator that holds the step's tensors; `CompileError` in one line otherwise."""
+    if offload is None:
+        return None
+    from solver.core.link import LinkError
+    from solver.target.devices import host_link
+
+    try:
+        link = host_link(offload)
+    except LinkError as e:
+        raise CompileError(f"offload: {str(e).splitlines()[0]}") from e
+    _on_accelerator(f"offload={offload!r}", model, inputs)
+    return link
+
+
+def _on_accelerator(what: str, model: nn.Module, inputs: Sequence[object]) -> None:
+    """`CompileError` in one line where torch's offload ops cannot run the step: its tensors
+    are on the CPU, or no accelerator is available."""
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [t for t in inputs if isinstance(t, torch.Tensor)]
+    device = tensors[0].device if tensors else torch.device("cpu")
+    if device.type == "cpu" or not torch.accelerator.is_available():
+        raise CompileError(
+            f"{what}: torch's offload ops (ao::offload, ao::reload) copy through pinned host "
+            f"memory on an accelerator's transfer stream, and this step runs on {device.type}: "
+            "compile without offload, or offload with remat's own executor "
+            "(executor.rematerialize(..., offload=...))"
+        )
 
 
 def _check(

@@ -16,6 +16,11 @@ unless it has an effect (the first compute of a node that draws random numbers o
 is left out of the graphs and listed (`Partition.dead`); every other compute of the schedule
 is one copy of its DAG node's fx nodes in the forward or the backward graph.
 
+A schedule's ``offload`` and ``reload`` ops become torch's ``ao.offload`` / ``ao.reload`` and
+their ``ao.wait_tensor``, placed as `executor.compiled.offload` says: the forward saves a host
+copy where the schedule offloads a value and reloads it in the backward. They are emitted and
+checked as graphs only (structure, fake tensors): no accelerator has run them.
+
 NOTE [one saved tensor per storage]: AOTAutograd donates to the backward every saved tensor
 that aliases no graph input or output (``torch._functorch.config.donated_buffer``), and inductor
 reuses a donated buffer once that tensor's own last reader has run. Two saved tensors of one
@@ -27,6 +32,7 @@ from it (view ops allocate nothing).
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -37,6 +43,7 @@ import torch.utils._pytree as pytree
 from torch._functorch.partitioners import _extract_fwd_bwd_modules
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
+from executor.compiled import offload as transfer
 from executor.compiled.joint_dag import END, runs_once
 from executor.errors import CompileError
 from graph_capture.measurement.measure import is_random
@@ -50,13 +57,16 @@ class Partition:
     saves for the backward (parameters and inputs included); ``recomputes``: DAG node ->
     how many times the graphs compute it beyond its first (forward recomputes counted too,
     dead computes not); ``dead``: the schedule's computes left out as dead, each as (DAG node,
-    which of its computes, from 0), in the schedule's order."""
+    which of its computes, from 0), in the schedule's order; ``offloaded``: joint fx node
+    names whose host copy (`executor.compiled.offload`) the forward saves, never in
+    ``saved`` unless the schedule also keeps a device copy across the split."""
 
     forward: torch.fx.GraphModule
     backward: torch.fx.GraphModule
     saved: list[str]
     recomputes: dict[Hashable, int]
     dead: list[tuple[Hashable, int]]
+    offloaded: list[str] = dataclasses.field(default_factory=list)
 
 
 Compute = tuple[Hashable, int]
@@ -222,13 +232,6 @@ def partition(
     ``inlined``: DAG node -> fx nodes of other DAG nodes that each of its computes copies
     first, for its own ops alone (`joint_dag.inline_reads`): its ops read those copies, and
     freeing it or another node leaves them untouched."""
-    moved = next((v for kind, v in ops if kind not in ("compute", "free")), None)
-    if moved is not None:
-        raise CompileError(
-            f"the schedule offloads or reloads '{moved}': executor.compile runs keep/recompute "
-            "schedules (torch's offload ops need CUDA streams and pinned memory); run an "
-            "offload schedule where docs/offload.md says offload runs"
-        )
     inlined = inlined or {}
     graph = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
@@ -256,27 +259,123 @@ def partition(
         for name in members.get(v, ())
         if is_random(joint_nodes[name])
     }
+    # the schedule's offload and reload ops (`executor.compiled.offload`)
+    host: dict[str, torch.fx.Node] = {}  # joint name -> its host copy (an offload's wait)
+    host_side: set[str] = set()  # names whose host copy the forward made
+    offloading: dict[Hashable, list[tuple[torch.fx.Node, torch.fx.Node, str]]] = {}
+    arriving: dict[str, tuple[torch.fx.Node, torch.fx.Node | None]] = {}  # reload, keepalive
+    retake: dict[str, tuple[tuple, object]] = {}  # a view of a reloaded storage -> its tags
+    reloads_left = Counter(v for kind, v in ops if kind == "reload")
+    offload_waits: list[tuple[torch.fx.Node, torch.fx.Node]] = []  # (wait, source)
+
+    def made_by(node: torch.fx.Node) -> object:
+        return node.meta.get(COMPUTE, node.meta.get(transfer.FROM))
+
+    def finish_offloads(v: Hashable | None, in_backward: bool) -> None:
+        """The waits of ``v``'s pending offloads (all pending ones for None)."""
+        for u in [v] if v is not None else list(offloading):
+            for off, source, name in offloading.pop(u, ()):
+                wait = transfer.wait_node(graph, off, source, in_backward)
+                host[name] = wait
+                offload_waits.append((wait, source))
+                if not in_backward:
+                    host_side.add(name)
+
+    def ready(name: str, in_backward: bool) -> None:
+        """Wait for ``name``'s reload, or take its view again, where it is still to come."""
+        if name in arriving:
+            reload, keep = arriving.pop(name)
+            env[name] = transfer.wait_node(graph, reload, keep, in_backward)
+            origin[env[name]] = name
+        elif name in retake:  # taken again from its reloaded base at its first read
+            what, source = retake.pop(name)
+            node = joint_nodes[name]
+            copy = graph.node_copy(node, lambda a: taken(a.name, in_backward))
+            copy.meta[transfer.TRANSFER] = what
+            copy.meta[transfer.FROM] = source
+            if in_backward:
+                copy.meta["partitioner_tag"] = "is_backward"
+            env[name] = copy
+            origin[copy] = name
+        else:
+            return
+        if in_backward:
+            forward_side.discard(name)
+        else:
+            forward_side.add(name)
+            forward_copy[name] = env[name]
+
+    def taken(name: str, in_backward: bool) -> torch.fx.Node:
+        ready(name, in_backward)
+        return env[name]
+
+    def finish_reloads(in_backward: bool) -> None:
+        for name in [*arriving, *retake]:
+            ready(name, in_backward)
 
     def read(name: str, reader: torch.fx.Node, in_backward: bool, by: Compute) -> torch.fx.Node:
-        if name not in env:
+        if name not in env and name not in retake:
             raise CompileError(
                 f"the schedule computes '{reader.name}' when its input '{name}' is not live; "
                 "this is a defect in remat: report it with the model"
             )
+        ready(name, in_backward)
         if in_backward and (name in forward_side or name in static):
             saved.setdefault(env[name], name)
-        if COMPUTE in env[name].meta:
-            reads[by].add(env[name].meta[COMPUTE])
+        if made_by(env[name]) is not None:
+            reads[by].add(made_by(env[name]))
         return env[name]
 
     for i, (kind, v) in enumerate(ops):
         in_backward = i >= split
+        if i == split:  # the forward ends: its copies complete in it (torch's sunk waits)
+            finish_offloads(None, False)
+            finish_reloads(False)
         if kind == "free":
+            finish_offloads(v, in_backward)
             for name in members.get(v, ()):
                 env.pop(name, None)
+                arriving.pop(name, None)
+                retake.pop(name, None)
                 forward_side.discard(name)
             continue
-        if v == END:
+        if kind == "offload":
+            for name in members.get(v, ()):
+                copy = env.get(name)
+                if copy is None or not isinstance(copy.meta.get("val"), torch.Tensor):
+                    continue
+                if _base_in(joint_nodes[name], members[v]):
+                    continue  # its base's copy holds its storage
+                ready(name, in_backward)
+                copy = env[name]
+                if in_backward and (name in forward_side or name in static):
+                    saved.setdefault(copy, name)
+                off = transfer.offload_node(
+                    graph, copy, ("offload", v, i), made_by(copy), in_backward
+                )
+                offloading.setdefault(v, []).append((off, copy, name))
+            continue
+        if kind == "reload":
+            reloads_left[v] -= 1
+            copied = [name for name in members.get(v, ()) if name in host]
+            for name in copied:
+                copy = host[name]
+                if in_backward and name in host_side:
+                    saved.setdefault(copy, name)
+                like = joint_nodes[name].meta["val"]
+                reload = transfer.reload_node(graph, copy, like, ("reload", v, i), in_backward)
+                arriving[name] = (reload, copy if reloads_left[v] == 0 else None)
+                env[name] = reload
+                origin[reload] = name
+            for name in members.get(v, ()) if copied else ():
+                if name not in host and _base_in(joint_nodes[name], members[v]):
+                    retake[name] = (("reload", v, i), host[copied[0]].meta[transfer.FROM])
+            continue
+        if v == END:  # the gradients it reads; a reload nothing reads is left to dead code
+            (output,) = joint.graph.find_nodes(op="output")
+            for arg in list(output.args[0])[num_fwd_outputs:]:
+                if isinstance(arg, torch.fx.Node):
+                    ready(arg.name, in_backward)
             end = (dict(env), set(forward_side))
             continue
         by = (v, computes[v])
@@ -323,7 +422,11 @@ def partition(
                 forward_side.add(name)
                 forward_copy[name] = copy
         for added in _added(graph, last):
-            added.meta[COMPUTE] = by
+            if transfer.TRANSFER not in added.meta:
+                added.meta[COMPUTE] = by
+    if split == len(ops):
+        finish_offloads(None, False)
+        finish_reloads(False)
     live_at_end, side_at_end = end if end is not None else (env, forward_side)
     (output,) = joint.graph.find_nodes(op="output")
     flat = list(output.args[0])
@@ -343,8 +446,8 @@ def partition(
                 "is a defect in remat: report it with the model"
             )
         flat[position] = copy
-        if COMPUTE in copy.meta:
-            live.add(copy.meta[COMPUTE])
+        if made_by(copy) is not None:
+            live.add(made_by(copy))
     order = list(reads)
     live |= {(v, 0) for v, k in order if any(runs_once(joint_nodes[m]) for m in members[v])}
     for by in reversed(order):
@@ -353,9 +456,9 @@ def partition(
     dead = [by for by in order if by not in live]
     gone = set(dead)
     for node in reversed(graph.nodes):
-        if node.meta.get(COMPUTE) in gone:
+        if node.meta.get(COMPUTE) in gone or node.meta.get(transfer.FROM) in gone:
             graph.erase_node(node)
-    saved = {copy: name for copy, name in saved.items() if copy.meta.get(COMPUTE) not in gone}
+    saved = {copy: name for copy, name in saved.items() if made_by(copy) not in gone}
     saved = _one_per_storage(saved, origin)
     for copy in saved:
         if not isinstance(copy.meta.get("val"), torch.Tensor):
@@ -363,6 +466,7 @@ def partition(
                 f"the forward would save '{copy.name}', a {type(copy.meta.get('val')).__name__}"
                 " and not a tensor; this is a defect in remat: report it with the model"
             )
+    _keep_alive_where_read(graph, offload_waits, set(saved) | set(flat))
     graph.output(type(output.args[0])(flat) if isinstance(output.args[0], tuple) else flat)
     graph.output_node().meta = dict(output.meta)
     rewritten = torch.fx.GraphModule(joint, graph)
@@ -377,11 +481,42 @@ def partition(
             "this is a defect in remat: report it with the model"
         )
     joint_name = {copy.name: name for copy, name in saved.items()}
-    kept = [
-        joint_name[p.name]
-        for p in backward_module.graph.find_nodes(op="placeholder")
-        if p.name in joint_name
+    hosts = {copy.name for copy in saved if transfer.TRANSFER in copy.meta}
+    inputs = [
+        p.name for p in backward_module.graph.find_nodes(op="placeholder") if p.name in joint_name
     ]
+    kept = [joint_name[p] for p in inputs if p not in hosts]
+    offloaded = [joint_name[p] for p in inputs if p in hosts]
     made = Counter(v for v, k in order if (v, k) in live)
     recomputes = {v: c - 1 for v, c in made.items() if c > 1}
-    return Partition(forward, backward_module, kept, recomputes, dead)
+    return Partition(forward, backward_module, kept, recomputes, dead, offloaded)
+
+
+def _base_in(node: torch.fx.Node, names: Sequence[str]) -> bool:
+    """Whether ``node`` views the storage of another of ``names`` (its DAG node's members)."""
+    base = _view_base(node)
+    return base is not None and base.name in names
+
+
+def _keep_alive_where_read(
+    graph: torch.fx.Graph,
+    waits: list[tuple[torch.fx.Node, torch.fx.Node]],
+    escaping: set[torch.fx.Node],
+) -> None:
+    """Drop an offload wait's keepalive (which frees the source's storage) where a tensor of
+    that storage is read after the wait, saved or returned (``escaping``), or the storage is
+    a graph input's (a view of a parameter)."""
+    position = {n: k for k, n in enumerate(graph.nodes)}
+    sharing: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        sharing.setdefault(_view_root(node), []).append(node)
+    for wait, source in waits:
+        if wait not in position or len(wait.args) < 2:
+            continue
+        root = _view_root(source)
+        aliases = sharing.get(root, [source])
+        if root.op != "call_function" or any(
+            a in escaping or any(position[u] > position[wait] for u in a.users if u is not wait)
+            for a in aliases
+        ):
+            wait.args = wait.args[:1]

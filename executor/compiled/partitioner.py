@@ -70,7 +70,9 @@ class RematPartitioner(CustomPartitionerFn):
     (`joint_dag.fuse_groups`): values it computes inside a kernel hold no bytes.
     ``schedules`` (`CompiledModel.load`): graph fingerprint -> a saved schedule's JSON, taken
     instead of solving, checked on the joint graph's DAG (`solver.Schedule.from_json`); a
-    joint graph without one is refused (`CompileError`).
+    joint graph without one is refused (`CompileError`). ``link``: a host link; the solver
+    may then offload and reload values at a byte budget (docs/offload.md; "min" stays
+    keep/recompute), emitted as torch's offload ops (`executor.compiled.offload`).
     """
 
     def __init__(
@@ -80,8 +82,10 @@ class RematPartitioner(CustomPartitionerFn):
         replay_rng: bool,
         fuse: bool = False,
         schedules: Mapping[str, str] | None = None,
+        link: solver.Link | None = None,
     ) -> None:
         self.budget = budget
+        self.link = link
         self.replay_rng = replay_rng
         self.fuse = fuse
         self.deadline = deadline
@@ -203,7 +207,10 @@ class RematPartitioner(CustomPartitionerFn):
         recomputing."""
         least = self.budget == "min"
         limit = compute_budget if least else None
-        schedule = solver.solve(dag, self.budget, compute_budget=limit, **_within(self.deadline))
+        link = None if least else self.link  # the solver offloads at a byte budget only
+        schedule = solver.solve(
+            dag, self.budget, compute_budget=limit, offload=link, **_within(self.deadline)
+        )
         if least:
             self.cut_short |= schedule.extra["least_peak"]["status"] != "OPTIMAL"
         return schedule

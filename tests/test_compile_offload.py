@@ -1,0 +1,246 @@
+"""executor.compile's offload: a schedule's offload and reload ops as torch's activation-offloading
+ops (`executor.compiled.offload`). torch's ops need an accelerator, so here the emitted graphs are
+checked as structure and run under FakeTensorMode (the ops' fake kernels), never for real: each
+offloaded value is an ``ao.offload`` in the forward with its ``ao.wait_tensor``, the forward
+saves that host copy (no device copy of it), the backward reloads it with ``ao.reload`` at the
+schedule's reload and waits for it before the first read, and both graphs follow the schedule's
+op order. On a CPU the call refuses offload in one line."""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.partitioners import default_partition
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import executor
+import solver
+from benchmarks.running.offload import Reduction
+from executor.compiled import offload as transfer
+from executor.compiled.emit import COMPUTE, _view_root, partition
+from executor.compiled.joint_dag import joint_dag, tangent_bytes
+from executor.errors import CompileError
+from solver import Link, prepare
+from solver.core.schedule import make_schedule
+from solver.core.stages import plan_from_keep, plan_to_ops
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+@pytest.fixture(scope="module")
+def joints(one_thread):
+    """Model name -> (joint graph, number of forward outputs) of its step, as AOTAutograd hands
+    them to a partitioner: "block", a two-block net; "reduction", `Reduction` (a small value
+    read at the end of a wide step: offloading it saves the bytes keep/recompute cannot)."""
+    torch.manual_seed(0)
+    return {
+        "block": _joint(nn.Sequential(Block(), Block()), torch.randn(8, 16)),
+        "reduction": _joint(Reduction(), torch.randn(32, 16)),
+    }
+
+
+def _joint(net: nn.Module, x: torch.Tensor) -> tuple[torch.fx.GraphModule, int]:
+    got = {}
+
+    def record(gm, inputs, **kwargs):
+        got["gm"], got["n"] = gm, kwargs["num_fwd_outputs"]
+        return default_partition(gm, inputs, **kwargs)
+
+    nop = aot_autograd(fw_compiler=lambda g, _: g, partition_fn=record)
+    torch._dynamo.reset()
+    torch.compile(net, backend=nop, fullgraph=True)(x).sum().backward()
+    torch._dynamo.reset()
+    return got["gm"], got["n"]
+
+
+def offload_schedule(gm: torch.fx.GraphModule, every: int):
+    """(joint DAG, schedule): the keep/recompute plan keeping every ``every``-th node, where
+    each value it recomputes that owns bytes is offloaded after its first compute and reloaded
+    in place of each recompute (checked by the simulator over a fast link)."""
+    built = joint_dag(gm, held_bytes=tangent_bytes(gm))
+    dag = built.dag
+    problem = prepare(dag)
+    keep = [i for i in range(problem.n) if i % every == 0]
+    ops = plan_to_ops(problem, plan_from_keep(problem, keep)).ops
+    ids = problem.ids
+    again = Counter(v for kind, v in ops if kind == "compute")
+    chosen = {v for v, n in again.items() if n > 1 and dag.nodes[ids[v]]["mem"] > 0}
+    out, seen = [], set()
+    for kind, v in ops:
+        if kind != "compute" or v not in chosen:
+            out.append((kind, v))
+        elif v in seen:
+            out.append(("reload", v))
+        else:
+            out += [("compute", v), ("offload", v)]
+        seen.add(v)
+    return built, make_schedule(dag, problem, out, method="test-offload", link=Link(1e9, 1e9))
+
+
+def _live_at_split(ops, backward: set) -> set:
+    """The DAG nodes whose device copy the schedule holds when the backward begins."""
+    live: set = set()
+    for kind, v in ops:
+        if kind == "compute" and v in backward:
+            break
+        if kind in ("compute", "reload"):
+            live.add(v)
+        elif kind == "free":
+            live.discard(v)
+    return live
+
+
+def _is(node: torch.fx.Node, name: str) -> bool:
+    return node.op == "call_function" and node.target is getattr(transfer.ops(), name).default
+
+
+def _fake_run(module: torch.fx.GraphModule, inputs: list) -> list:
+    """``module`` run by the interpreter under a fresh FakeTensorMode: each placeholder a fake
+    tensor like its ``meta["val"]`` (or ``inputs``' where given); the outputs, each checked
+    against its node's ``meta["val"]``."""
+    mode = FakeTensorMode()
+    placeholders = module.graph.find_nodes(op="placeholder")
+    args = []
+    for k, p in enumerate(placeholders):
+        val = inputs[k] if k < len(inputs) else p.meta["val"]
+        real = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="cpu")
+        args.append(mode.from_tensor(real))
+    with mode:
+        outs = torch.fx.Interpreter(module).run(*args)
+    for out, node in zip(outs, module.graph.output_node().args[0], strict=True):
+        if isinstance(node, torch.fx.Node):
+            want = node.meta["val"]
+            assert (out.shape, out.stride(), out.dtype) == (want.shape, want.stride(), want.dtype)
+            assert out.device == want.device, node.name
+    return list(outs)
+
+
+def solved_schedule(gm: torch.fx.GraphModule):
+    """(joint DAG, schedule): the solver's at the least any schedule needs (its one-line
+    floor, below the keep/recompute least on this net), over a link so fast that copies cost
+    nothing: every schedule within it offloads. Its incumbent is the offload heuristics',
+    so a solve cut short still offloads."""
+    built = joint_dag(gm, held_bytes=tangent_bytes(gm))
+    floor = prepare(built.dag).one_line_floor
+    link = Link(1e15, 1e15)
+    return built, solver.solve(built.dag, floor, offload=link, time_limit=10, workers=1)
+
+
+@pytest.mark.parametrize("made", ["keep every 2nd", "keep every 3rd", "solver"])
+# keep every k-th node: the block net, each recompute of a value with bytes a reload instead;
+# solver: `Reduction` at the least any schedule needs, over a link whose copies cost nothing
+def test_offloads_are_torchs_ops_where_the_schedule_puts_them(joints, made):
+    if made == "solver":
+        gm, num_fwd_outputs = joints["reduction"]
+        built, schedule = solved_schedule(gm)
+    else:
+        gm, num_fwd_outputs = joints["block"]
+        built, schedule = offload_schedule(gm, 2 if "2nd" in made else 3)
+    offloaded = {v for kind, v in schedule.ops if kind == "offload"}
+    reloaded = Counter(v for kind, v in schedule.ops if kind == "reload")
+    assert len(offloaded) >= 2 and reloaded, "the schedule offloads and reloads"
+    backward = {v for v in built.dag.nodes if built.dag.nodes[v]["backward"]}
+    cut = partition(gm, schedule.ops, built.members, backward, num_fwd_outputs, False)
+    fw, bw = cut.forward.graph, cut.backward.graph
+    for graph in (fw, bw):
+        graph.lint()
+
+    # each offload is ao.offload + its wait in one graph; a keepalive wait comes after every
+    # other reader of its source
+    for graph in (fw, bw):
+        position = {n: k for k, n in enumerate(graph.nodes)}
+        for off in [n for n in graph.nodes if _is(n, "offload")]:
+            kind, v, _ = off.meta[transfer.TRANSFER]
+            assert kind == "offload" and v in offloaded
+            (wait,) = off.users
+            assert _is(wait, "wait_tensor") and wait.args[0] is off
+            assert off.meta["val"].device.type == "cpu"
+            if len(wait.args) > 1:  # frees the source: nothing reads it later
+                source = wait.args[1]
+                assert source is off.args[0]
+                assert all(position[u] <= position[wait] for u in source.users)
+                assert source not in graph.output_node().args[0]
+                assert _view_root(source).op == "call_function", "never a graph input's"
+    forward_offloads = {n.meta[transfer.TRANSFER][1] for n in fw.nodes if _is(n, "offload")}
+    assert forward_offloads == {v for v in offloaded if v not in backward}
+
+    # the forward saves each forward-offloaded value's host copy, no device copy of it
+    saved_hosts = [n for n in fw.output_node().args[0][num_fwd_outputs:] if _is(n, "wait_tensor")]
+    assert saved_hosts and all(n.meta["val"].device.type == "cpu" for n in saved_hosts)
+    assert {n.meta[transfer.TRANSFER][1] for n in saved_hosts} <= forward_offloads
+    members = {name for v in offloaded for name in built.members[v]}
+    freed = offloaded - _live_at_split(schedule.ops, backward)
+    dropped = {name for v in freed for name in built.members[v]}
+    assert not set(cut.saved) & dropped, "no device copy the schedule frees is saved"
+    assert set(cut.offloaded) <= members and cut.offloaded
+
+    # the backward reloads each saved host copy with ao.reload, and its data is read only
+    # through the reload's wait, which precedes every reader
+    placeholders = {p.name: p for p in bw.find_nodes(op="placeholder")}
+    reloads = [n for n in bw.nodes if _is(n, "reload")]
+    for host in saved_hosts:
+        users = placeholders[host.name].users
+        assert users and all(_is(u, "reload") or _is(u, "wait_tensor") for u in users)
+    for reload in reloads:
+        kind, v, _ = reload.meta[transfer.TRANSFER]
+        assert kind == "reload" and v in reloaded
+        (wait,) = reload.users
+        assert _is(wait, "wait_tensor") and wait.args[0] is reload
+        assert reload.meta["val"].device == reload.args[1]
+        assert list(reload.meta["val"].shape) == reload.args[2]
+    scheduled = {(kind, v, i) for i, (kind, v) in enumerate(schedule.ops) if kind == "reload"}
+    assert {r.meta[transfer.TRANSFER] for r in reloads} <= scheduled
+    # the last reload of a host copy frees it (keepalive), earlier ones do not
+    for graph in (fw, bw):
+        for reload in [n for n in graph.nodes if _is(n, "reload")]:
+            (wait,) = reload.users
+            if len(wait.args) > 1:
+                assert wait.args[1] is reload.args[0]
+
+    # the graphs follow the schedule's op order: computes and issued copies in sequence
+    index, count = {}, Counter()
+    for i, (kind, v) in enumerate(schedule.ops):
+        if kind == "compute":
+            index[(v, count[v])] = i
+            count[v] += 1
+    for graph in (fw, bw):
+        at = []
+        for n in graph.nodes:
+            if n.op != "call_function" or n.target is operator.getitem:
+                continue
+            if _is(n, "offload") or _is(n, "reload"):
+                at.append(n.meta[transfer.TRANSFER][2])
+            elif transfer.TRANSFER in n.meta:
+                continue  # a wait, or a view taken again: placed at the first read
+            elif COMPUTE in n.meta:
+                at.append(index[n.meta[COMPUTE]])
+        assert at == sorted(at)
+
+    # both graphs run on fake tensors (the ops' fake kernels) to the shapes they declare
+    outs = _fake_run(cut.forward, [])
+    saved = outs[num_fwd_outputs:]
+    _fake_run(cut.backward, saved)
+
+
+def test_compile_refuses_offload_on_a_cpu_in_one_line():
+    net, x = Block(), torch.randn(4, 16)
+    with pytest.raises(CompileError) as e:
+        executor.compile(net, "min", example_inputs=(x,), offload="h100", backend="aot_eager")
+    message = str(e.value)
+    assert "\n" not in message and "pinned" in message and "cpu" in message
