@@ -1,8 +1,9 @@
 """executor.compile on drawn transformer configurations (layers, width, heads, sequence,
 dropout on or off) at drawn budgets, "min" among them: under aot_eager two SGD steps are
 bit-identical to eager (the loss, every gradient, every parameter after the step; dropout's
-draws replayed), under inductor (a smaller draw: one layer of width 16, its compiles take the
-time) allclose to torch's own compiled partition.
+draws replayed), under inductor (a smaller draw: one layer of width 16 at percentages, its
+compiles take the time; "min" under inductor is tests/test_compile_inductor.py's) allclose to
+torch's own compiled partition.
 A budget below the least remat's partition reaches is refused in one line, never a model
 that misses it."""
 
@@ -30,7 +31,8 @@ configs = st.fixed_dictionaries(
         "dropout": st.sampled_from([0.0, 0.1]),
     }
 )
-budgets = st.one_of(st.just("min"), st.integers(40, 100).map(lambda p: f"{p}%"))
+percentages = st.integers(40, 100).map(lambda p: f"{p}%")
+budgets = st.one_of(st.just("min"), percentages)
 
 
 def _model(config: dict) -> tuple[GPT, tuple[torch.Tensor, torch.Tensor]]:
@@ -66,7 +68,7 @@ def _compile_or_refuse(model, inputs, budget, backend: str, time_limit: float):
         return None
 
 
-@settings(max_examples=6)
+@settings(max_examples=4)
 @given(config=configs.filter(lambda c: c["width"] % c["heads"] == 0), budget=budgets)
 def test_aot_eager_is_bit_identical_to_eager(config, budget):
     model, inputs = _model(config)
@@ -93,7 +95,7 @@ small = st.fixed_dictionaries(
 
 
 @settings(max_examples=2)
-@given(config=small, budget=budgets)
+@given(config=small, budget=percentages)
 def test_inductor_is_close_to_torchs_partition(config, budget):
     """Against torch's own partition compiled alike (inductor draws dropout's masks with its
     own seeded generator, so eager is no reference with dropout on)."""

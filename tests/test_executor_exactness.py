@@ -165,7 +165,7 @@ def assert_same_training(
         assert torch.equal(a, b), f"{name} differs after {steps} steps"
 
 
-@settings(max_examples=25)
+@settings(max_examples=16)
 @given(
     family=st.sampled_from(["seq", "conv"]),
     data=st.data(),
@@ -315,7 +315,7 @@ def measured_step_peak(model: nn.Module, captured, schedule: Schedule, x: torch.
         return measure_peak(step, x.device).peak_bytes
 
 
-@settings(max_examples=10)
+@settings(max_examples=6)
 @given(
     family=st.sampled_from(["seq", "conv"]),
     data=st.data(),
