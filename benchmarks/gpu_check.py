@@ -5,7 +5,8 @@
 
 Models (`MODELS`; ``--quick``: small shapes for the CPU): a GPT-2-size LM (HF GPT2LMHeadModel
 from config, random init), a Llama decoder stack at sequence 4096 (HF LlamaForCausalLM) and a
-ResNet-50 (`benchmarks.zoo`, torchvision's layout). Per model, after the capture
+ResNet-50 (`benchmarks.zoo`, torchvision's layout). First the host link is measured on the
+device (`measure_link`; ``--link NAME`` uses a published one instead). Per model, after the capture
 (`graph_capture.capture`, ``granularity="module"``: the offload model grows as n^2, docs/offload.md)
 and one eager step as the reference, the cells (`RUNTIMES`):
 
@@ -543,23 +544,51 @@ def report(cells: Sequence[Cell], header: Sequence[str]) -> str:
     return "\n".join(lines + [row(c) for c in cells]) + "\n"
 
 
-def describe(args: argparse.Namespace) -> list[str]:
+def measure_link(args: argparse.Namespace) -> Path:
+    """``--link measured``: the host link measured on ``--device``
+    (`graph_capture.measurement.link`: pinned memory, a side stream and CUDA events on CUDA; a
+    copy into a host pool on the CPU), saved as ``link.json`` in ``--out`` (a device file:
+    ``--target``'s published figures on CUDA, this processor's on the CPU, with the measured
+    link), which the workers read by path."""
+    import dataclasses
+
+    from graph_capture.measurement.link import measure_host_link
+    from graph_capture.measurement.roofline import cpu_device
+    from solver.target.devices import builtin_device
+
+    base = builtin_device(args.target) if args.device == "cuda" else cpu_device()
+    device = dataclasses.replace(base, host_link=measure_host_link(args.device))
+    path = args.out / "link.json"
+    device.save(path)
+    return path
+
+
+def describe(args: argparse.Namespace, measured: Path | None) -> list[str]:
     """The run's header lines: command, device, link, models, the most it can take."""
     from solver.target.devices import named_link
 
-    link = named_link(args.link)
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU, one thread"
     models = args.models or list(MODELS)
     cuda = args.device == "cuda"
     planned = f"estimate mode for target {args.target}" if cuda else "recorded here"
     backend = compile_backend(args.device)
+    if measured is None:
+        link = named_link(args.link)
+        source = "the published figure (`solver.target.devices.named_link`)"
+    else:
+        link = named_link(str(measured))
+        published = named_link(args.target)
+        how = "pinned, a side stream, CUDA events" if cuda else "a copy into a host pool"
+        source = (
+            f"measured here ({how}; `{measured.name}`); {args.target}'s published figure: "
+            f"{published.d2h / 1e9:g} and {published.h2d / 1e9:g} GB/s"
+        )
     return [
         f"`python -m benchmarks.gpu_check {' '.join(args.argv)}`".replace(" `", "`"),
         "",
         f"- device: {args.device} ({device}), torch {torch.__version__}",
         f"- link `{args.link}`: {link.d2h / 1e9:g} GB/s device-to-host, {link.h2d / 1e9:g} GB/s "
-        "host-to-device, the published figure (`solver.target.devices.named_link`; `remat "
-        "calibrate` measures op tables, not links)",
+        f"host-to-device, {source}",
         f"- SAC plans: {planned}; compile backend: {backend}",
         f"- shapes: {'--quick' if args.quick else 'full'}; "
         + "; ".join(f"{m}: {MODELS[m].description}" for m in models),
@@ -576,7 +605,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if cuda else "cpu")
     parser.add_argument("--quick", action="store_true", help="small shapes (for the CPU)")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), help="default: all")
-    parser.add_argument("--link", default="h100", help="host link or target name (default h100)")
+    parser.add_argument(
+        "--link",
+        default="measured",
+        help="host link: 'measured' (default: measured on --device, saved as link.json in "
+        "--out), a link or target name (h100, pcie5) or a device file",
+    )
     parser.add_argument("--target", default="h100", help="SAC's estimate target on CUDA")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per cell (median)")
     parser.add_argument("--limit-scale", type=float, default=1.0, help="times every limit")
@@ -598,9 +632,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"the phase limits add up to {most:.0f} s, over --max-seconds {args.max_seconds:g}: "
             "lower --limit-scale or run fewer --models"
         )
-    header = describe(args)
-    print("\n".join(header), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    measured = measure_link(args) if args.link == "measured" else None
+    header = describe(args, measured)
+    if measured is not None:
+        args.link = str(measured)  # the workers read the measured link by path
+    print("\n".join(header), flush=True)
     cells: list[Cell] = []
     for name in models:
         for cell in run_model(name, args):

@@ -92,7 +92,7 @@ SUBCOMMANDS = (
     ),
     Subcommand(
         "calibrate",
-        "measure this device's op seconds into a device file for --target FILE",
+        "measure this device's op seconds and host link into a device file for --target FILE",
         add_calibrate_arguments,
         run_calibrate,
     ),

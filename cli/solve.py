@@ -80,7 +80,8 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LINK",
         help="also solve with offload to host memory over LINK (docs/offload.md) and add its "
         f"row to the table: {', '.join(HOST_LINKS)}, a target ({', '.join(BUILT_IN)}: its "
-        "host link), or D2H,H2D[,HOST] in GB/s (10^9 bytes per second of the graph's costs) "
+        "host link), a device file (the link `remat calibrate` measured), or D2H,H2D[,HOST] "
+        "in GB/s (10^9 bytes per second of the graph's costs) "
         "with HOST the host bytes (512GiB); the exact solves share their time, and --out "
         "writes the offload schedule",
     )
@@ -95,11 +96,12 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_link(text: str) -> Link:
-    """The link `--offload` names: a name of `HOST_LINKS`, a built-in target (its host link),
-    or D2H,H2D[,HOST] (GB/s, and host bytes as a budget spells them)."""
+    """The link `--offload` names: a name of `HOST_LINKS`, a built-in target (its host link), a
+    device file (its measured link), or D2H,H2D[,HOST] (GB/s, and host bytes as a budget
+    spells them)."""
     key = text.strip().lower()
     if "," not in key:
-        return named_link(key)
+        return named_link(text.strip())
     parts = [part.strip() for part in key.split(",")]
     if len(parts) not in (2, 3):
         raise LinkError(f"--offload {text!r}: expected D2H,H2D[,HOST] (GB/s, host bytes)")

@@ -33,7 +33,7 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> dict:
     done = subprocess.run(command, capture_output=True, text=True, timeout=420, cwd=root, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     markdown = (out / "gpu_check.md").read_text()
-    return {"markdown": markdown, **json.loads((out / "gpu_check.json").read_text())}
+    return {"markdown": markdown, "out": out, **json.loads((out / "gpu_check.json").read_text())}
 
 
 def cells(table: dict) -> dict[str, dict]:
@@ -52,6 +52,14 @@ def test_every_runtime_is_a_result_or_a_refusal_with_its_reason(table: dict) -> 
     rows = [line for line in table["markdown"].splitlines() if line.startswith("| gpt2 |")]
     assert len(rows) == len(RUNTIMES)
     assert any("published figure" in line for line in table["header"])
+
+
+def test_the_link_is_measured_on_the_device_and_read_by_path(table: dict) -> None:
+    from solver.target.devices import named_link
+
+    link = named_link(str(table["out"] / "link.json"))  # the default: --link measured
+    line = next(line for line in table["header"] if line.startswith("- link "))
+    assert f"{link.d2h / 1e9:g} GB/s device-to-host" in line and "measured here" in line
 
 
 def test_runs_that_ran_are_bit_equal_and_measured(table: dict) -> None:

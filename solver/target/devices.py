@@ -292,18 +292,24 @@ def builtin_device(name: str) -> Device:
 
 
 def named_link(name: str) -> Link:
-    """The host link called ``name`` (case-insensitive): one of `HOST_LINKS`, or a built-in
-    target's (`builtin_device(name).host_link`). `UnknownTargetError` where it names neither,
-    `solver.core.link.LinkError` for a target without a host link."""
+    """The host link called ``name``: one of `HOST_LINKS` or a built-in target's
+    (`builtin_device(name).host_link`), case-insensitive, or a device file's (a path: the link
+    ``remat calibrate`` measured). `UnknownTargetError` where it names none of these,
+    `solver.core.link.LinkError` for a target or file without a host link."""
     key = name.strip().lower()
     if key in HOST_LINKS:
         return HOST_LINKS[key]
     try:
-        link = builtin_device(key).host_link
+        link = (
+            load_device(name).host_link if is_device_file(name) else builtin_device(key).host_link
+        )
     except UnknownTargetError as error:
         raise UnknownTargetError(f"{error}; or a host link: {', '.join(HOST_LINKS)}") from None
     if link is None:
-        raise LinkError(f"target {name!r} has no host link; give the link's bandwidths")
+        raise LinkError(
+            f"target {name!r} has no host link; give the link's bandwidths, or measure one "
+            "with `remat calibrate`"
+        )
     return link
 
 
