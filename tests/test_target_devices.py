@@ -6,7 +6,14 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from graph_capture.measurement.roofline import bytes_moved, op_flops, op_seconds, resolve_target
+from graph_capture.measurement.roofline import (
+    bytes_moved,
+    is_view,
+    op_flops,
+    op_seconds,
+    resolve_target,
+    target_key,
+)
 from solver.target import Device, UnknownTargetError, builtin_device, load_device
 from solver.target.devices import GIB, LAUNCH_SECONDS, MIB, NCCL_COMMUNICATOR_BYTES, OUTSIDE_BYTES
 
@@ -103,6 +110,34 @@ def test_op_costs_on_fake_tensors():
         seconds = op_seconds(h100, mm, (a, b), {}, mm(a, b))
     roofline = max(flops / h100.flops["float32"], moved / h100.bandwidth)
     assert seconds == roofline + h100.op_overhead and h100.op_overhead == LAUNCH_SECONDS
+
+
+def test_a_view_moves_no_bytes_and_launches_no_kernel():
+    aten = torch.ops.aten
+    h100 = builtin_device("h100")
+    cpu_like = Device("toy", {"float32": 1e12}, 1e11, 1 << 30, op_overhead=2e-6, kernels="cpu")
+    with FakeTensorMode():
+        big = torch.empty(4096, 4096)
+        views = [
+            (aten.view.default, (big, [16, 1024, 1024])),
+            (aten.t.default, (big,)),
+            (aten._unsafe_view.default, (big, [4096 * 4096])),
+            (aten.expand.default, (torch.empty(1, 4096), [4096, 4096])),
+            (aten.reshape.default, (big, [4096 * 4096])),  # contiguous: a view
+        ]
+        for func, args in views:
+            out = func(*args)
+            assert is_view(func, args, {}, out), func
+            assert op_seconds(h100, func, args, {}, out) == 0.0, func
+            assert op_seconds(cpu_like, func, args, {}, out) == 2e-6, func  # in-line dispatch
+        flat = aten.reshape.default(big.t(), [4096 * 4096])  # not viewable: reshape copies
+        assert not is_view(aten.reshape.default, (big.t(), [4096 * 4096]), {}, flat)
+        seconds = op_seconds(h100, aten.reshape.default, (big.t(), [4096 * 4096]), {}, flat)
+        assert seconds == 2 * big.numel() * 4 / h100.bandwidth + LAUNCH_SECONDS
+        key = target_key(aten.t.default, (big,), {})
+    calibrated = Device("cal", {"float32": 1e12}, 1e11, 1 << 30, op_seconds={key: 3e-7})
+    assert calibrated.view_seconds(key) == 3e-7  # a measured table wins
+    assert calibrated.view_seconds("other") == 0.0
 
 
 def test_cpu_fused_attention_counts_the_flash_kernels_flops():

@@ -22,7 +22,15 @@ from graph_capture.measurement.timing import median_seconds
 from solver.target import Device, builtin_device, load_device, op_key
 from solver.target.devices import is_device_file
 
-__all__ = ["bytes_moved", "cpu_device", "op_flops", "op_seconds", "resolve_target", "target_key"]
+__all__ = [
+    "bytes_moved",
+    "cpu_device",
+    "is_view",
+    "op_flops",
+    "op_seconds",
+    "resolve_target",
+    "target_key",
+]
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -74,10 +82,28 @@ def op_dtype(args: tuple, kwargs: dict, out: Any) -> str:
     return "float32"
 
 
+_VIEWS_BY_CONTRACT = frozenset({torch.ops.aten._unsafe_view.default})
+"""Ops that return a view although their schemas do not say so (`_unsafe_view`: a view whose
+autograd forgets its base)."""
+
+
+def is_view(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -> bool:
+    """Whether the call only views existing memory (no kernel, no bytes moved): a view op (its
+    schema's alias annotation, or `_VIEWS_BY_CONTRACT`) whose outputs all lie in its inputs'
+    storages (``reshape`` copies where it cannot view)."""
+    if not (func.is_view or func in _VIEWS_BY_CONTRACT):
+        return False
+    inputs = {StorageWeakRef(t.untyped_storage()) for t in _tensors((args, kwargs))}
+    return all(StorageWeakRef(t.untyped_storage()) in inputs for t in _tensors(out))
+
+
 def op_seconds(
     device: Device, func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any
 ) -> float:
-    """Predicted seconds of one call of ``func`` on ``device``."""
+    """Predicted seconds of one call of ``func`` on ``device``: a view's `Device.view_seconds`,
+    another op's `Device.seconds`."""
+    if is_view(func, args, kwargs, out):
+        return device.view_seconds(target_key(func, args, kwargs))
     return device.seconds(
         target_key(func, args, kwargs),
         op_flops(func, args, kwargs, out),

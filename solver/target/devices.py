@@ -151,6 +151,16 @@ class Device:
         rate = self.flops.get(dtype, self.flops["float32"])
         return max(flops / rate, bytes_moved / self.bandwidth) + self.op_overhead
 
+    def view_seconds(self, key: str) -> float:
+        """Predicted seconds of the view op ``key`` (it makes a new view of existing memory:
+        no bytes move): measured if calibrated, else the fixed `op_overhead` on ``"cpu"``
+        kernels (the dispatch the processor runs in line) and 0 on ``"cuda"`` (no kernel is
+        launched; the host's dispatch overlaps the device's work)."""
+        measured = self.op_seconds.get(key)
+        if measured is not None:
+            return measured
+        return self.op_overhead if self.kernels == "cpu" else 0.0
+
     def seconds(self, key: str, flops: float, bytes_moved: float, dtype: str) -> float:
         """Predicted seconds of the op ``key``: measured if calibrated, else its roofline."""
         measured = self.op_seconds.get(key)
