@@ -3,8 +3,8 @@ model", writes every row; the names below are its names).
 
 Stage t = 0..n-1 may compute the nodes `positions[t]` (every earlier value still readable in
 some stage from t on, and t); a value may be live in stage t only up to the last stage that can
-read it (`_last_reads`), as in `solver.milp.formulation`. Every time is a whole number of the
-units of `OffloadTimes` (the costs and both copy times).
+read it (`Problem.last_descendant`), as in `solver.milp.formulation`. Every time is a whole
+number of the units of `OffloadTimes` (the costs and both copy times).
 
     (1)  S[t+1,i] <= S[t,i] + R[t,i] + L[t,i]                kept values were live
     (2)  R[t,j] <= R[t,i] + S[t,i] + L[t,i]     for i -> j    inputs are live
@@ -97,16 +97,6 @@ class OffloadResult:
     bound: int
 
 
-def _last_reads(problem: Problem) -> list[int]:
-    """The last stage in which each value can be read: by a user j in stage j, or in any stage
-    in which j can be recomputed for a reader."""
-    last = list(range(problem.n))
-    for i in reversed(range(problem.n)):
-        for j in problem.succs[i]:
-            last[i] = max(last[i], last[j])
-    return last
-
-
 @dataclass(frozen=True)
 class _Shape:
     """Which variables the model has: `positions[t]` the nodes stage t may compute (t last),
@@ -120,7 +110,7 @@ class _Shape:
 
     @classmethod
     def of(cls, problem: Problem) -> _Shape:
-        n, last = problem.n, _last_reads(problem)
+        n, last = problem.n, problem.last_descendant
         readable = tuple(tuple(i for i in range(t) if t <= last[i]) for t in range(n + 1))
         return cls(
             tuple(last),
