@@ -21,8 +21,9 @@ MUST_SAVE for SAC, and its cache entry is replaced by a host copy (`Offloaded`):
   and hands SAC the device tensor.
 
 A region that is not checkpointed parks its saved storages with `SavedOnHost`, the
-`saved_tensors_hooks` its forward runs under (a whole storage per pack, its views rebuilt at
-unpack on the storage reloaded where the backward first reads it).
+`saved_tensors_hooks` its forward runs under (a whole storage per pack, copied to the host at
+the forward's end unless it is the region's output's, its views rebuilt at unpack on the
+storage reloaded where the backward first reads it).
 
 A copy is exact (`copy_`/`clone` of the same dtype and layout), so gradients are bit for bit
 those of the plan without offload, and of eager. The CUDA path is written for, not run here.
@@ -266,22 +267,29 @@ def measure_split(fn) -> SplitPeak:
 
 
 class _HostStorage:
-    """One storage a region not checkpointed saves, on the host from its pack until autograd
-    lets its saved tensors go; reloaded where the backward first reads it, held while the
-    reads it was packed for are pending."""
+    """One storage a region not checkpointed saves: the device storage (`source`) from its
+    pack to the region's forward's end, then, unless it is the region's output's (which stays
+    on the device), on the host (`park`) until autograd lets its saved tensors go; reloaded
+    where the backward first reads it, held while the reads it was packed for are pending."""
 
     def __init__(self, storage: torch.UntypedStorage, copies: HostCopies) -> None:
         self.copies, self.device = copies, storage.device
         self.source: torch.UntypedStorage | None = storage  # until the forward's end
-        self.host = copies.storage_to_host(storage)
+        self.host: torch.UntypedStorage | None = None  # from the forward's end
         self.reloaded: torch.UntypedStorage | None = None
         self.pending = 0
+
+    def park(self) -> None:
+        """Copy the storage to the host (issued now; the source is let go once it is done)."""
+        assert self.source is not None
+        self.host = self.copies.storage_to_host(self.source)
 
     def storage(self) -> torch.UntypedStorage:
         """The device storage, reloaded on the first pending read."""
         if self.source is not None:  # the region's output: never left the device
             return self.source
         if self.reloaded is None:
+            assert self.host is not None
             self.reloaded = self.copies.storage_to_device(self.host, self.device)
         storage = self.reloaded
         self.pending -= 1
@@ -292,13 +300,18 @@ class _HostStorage:
 
 class SavedOnHost:
     """`saved_tensors_hooks` for a region that is not checkpointed and offloads the storages its
-    ops create that autograd saves (NOTE [ SAC offload model ]): pack copies a saved tensor's
-    whole storage to the host once (its views share it) and returns the view's place in it;
-    unpack rebuilds the view on the reloaded storage (the same offset, sizes and strides, so
-    the backward's kernels see the layout they see eagerly). Tensors whose storage existed
-    before the region (`existing`: its parameters, buffers and inputs) are saved as they are;
-    at the forward's end (`forward_done`) the storages of the region's output stay on the
-    device (they live on whatever the plan) and the others' sources are let go."""
+    ops create that autograd saves (NOTE [ SAC offload model ]): pack records a saved tensor's
+    whole storage once (its views share it) and returns the view's place in it; unpack
+    rebuilds the view on the reloaded storage (the same offset, sizes and strides, so the
+    backward's kernels see the layout they see eagerly). Tensors whose storage existed before
+    the region (`existing`: its parameters, buffers and inputs) are saved as they are. At the
+    forward's end (`forward_done`) the storages of the region's output stay on the device (they
+    live on whatever the plan) and are never copied; every other recorded storage is copied to
+    the host and its source let go. The copies wait for the forward's end because only then is
+    the output known: a storage saved inside the region can turn out to be the output's (an
+    in-place ReLU saves its result, the output of a torchvision ResNet block), and a copy of it
+    at its pack would hold host bytes the model does not have (the output's, while the rest of
+    the forward runs)."""
 
     def __init__(self, existing: list[torch.Tensor]) -> None:
         self.existing = {t.untyped_storage().data_ptr() for t in existing}
@@ -328,18 +341,19 @@ class SavedOnHost:
         return view.set_(record.storage(), offset, size, stride)
 
     def forward_done(self, output: object) -> None:
-        """The forward's end: wait for the copies; the output's storages stay on the device,
-        every other source is let go."""
-        for device, stream in self.copies.streams.items():
-            torch.cuda.current_stream(device).wait_stream(stream)
+        """The forward's end: the output's storages stay on the device, uncopied; every other
+        recorded storage is copied to the host (in pack order), the copies waited for, and its
+        source let go."""
         kept = {
             t.untyped_storage().data_ptr()
             for t in torch.utils._pytree.tree_leaves(output)
             if isinstance(t, torch.Tensor)
         }
-        for ptr, record in self.records.items():
-            if ptr in kept:
-                record.host = None
-            else:
-                record.source = None
+        parked = [record for ptr, record in self.records.items() if ptr not in kept]
+        for record in parked:
+            record.park()
+        for device, stream in self.copies.streams.items():
+            torch.cuda.current_stream(device).wait_stream(stream)
+        for record in parked:
+            record.source = None
         self.records = {}

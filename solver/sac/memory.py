@@ -37,12 +37,14 @@ in the recompute for its reload. Copy seconds are `Link.offload_time` / `Link.re
 the bytes (predicted from the link's bandwidth); compute seconds are the ops' `seconds`.
 A region that is not checkpointed may offload too (`plain_offloaded`): every storage its ops
 create that autograd saves (`plain_offload_bytes`, its output left out) is copied to the host
-when autograd saves it and copied back when the backward reads it. Its forward and backward
-terms stay the plain step's (an upper bound: the device frees the storages earlier, and the
-backward reloads each only where it reads it); from its forward's end to its backward the
-device does not hold them (its savings) and the host does. Its copies are counted as if none
-overlapped compute (an upper bound on the stall): each is issued no later than the forward's
-end and each reload is read at once.
+at its forward's end and copied back when the backward reads it; the output's storages, which
+autograd may save too (an in-place ReLU saves its result), stay on the device and are never
+copied, so the host never holds them. Its forward term stays the plain step's (the device
+holds the storages through the forward, as the plain step does) and so does its backward's
+(an upper bound: the backward reloads each only where it reads it); from its forward's end to
+its backward the device does not hold them (its savings) and the host does. Its copies are
+counted as if none overlapped compute: the forward's end issues them and waits for them, and
+each reload is read at once.
 Units: bytes and seconds.
 """
 
