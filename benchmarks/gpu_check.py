@@ -369,8 +369,8 @@ def compile_cell(run: Run, cell: Cell, offload: bool) -> None:
     extra = {"offload": named_link(run.link_name)} if offload else {}
     cm = executor.compile(
         model,
+        run.inputs,
         cell.budget,
-        example_inputs=run.inputs,
         time_limit=run.limit(cell.runtime) * 0.8,
         max_compiles=2,
         backend=run.backend,

@@ -4,7 +4,7 @@
     rm = executor.Rematerialized.load("schedule.json", model, example_inputs)  # solved offline
     loss_fn(rm(*inputs)).backward(); optimizer.step()                  # bit-identical to eager
     plan = executor.checkpoint_plan(model, example_inputs, "50%", loss_fn=loss_fn, time_limit=60)
-    cm = executor.compile(model, "50%", example_inputs=inputs)  # inductor, remat's partition
+    cm = executor.compile(model, inputs, "50%")  # inductor, remat's partition
     found = executor.fit(factory, "24GiB", dim="batch", max_overhead=1.3)  # the largest batch
     fsdp = executor.fsdp_policy(8, "h100", param_dtype="bfloat16")  # fsdp= of fit and plans
 

@@ -60,9 +60,7 @@ def _steps(model: GPT, call, inputs, steps: int = 2) -> list[list[torch.Tensor]]
 def _compile_or_refuse(model, inputs, budget, backend: str, time_limit: float):
     """The compiled model, or None where the budget is below remat's least (refused)."""
     try:
-        return executor.compile(
-            model, budget, example_inputs=inputs, backend=backend, time_limit=time_limit
-        )
+        return executor.compile(model, inputs, budget, backend=backend, time_limit=time_limit)
     except executor.CompileError as e:
         assert "below the least" in str(e), str(e)
         return None

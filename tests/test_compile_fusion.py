@@ -116,7 +116,7 @@ def test_fused_nodes_emit_graphs_bit_identical_to_eager(monkeypatch):
     torch.manual_seed(0)
     net, x = GeluNet().train(), torch.randn(64, 32)
     eager = copy.deepcopy(net)
-    cm = executor.compile(net, "min", example_inputs=(x,), **SOLVED)
+    cm = executor.compile(net, (x,), "min", **SOLVED)
     (region,) = cm.remat.regions
     assert region.inlined, "the backward recomputes forward chains inside its kernels"
     assert region.partition.recomputes, "the least-peak plan recomputes fused nodes"
@@ -141,7 +141,7 @@ def test_a_measured_peak_that_does_not_move_lowers_the_solver_budget_faster(monk
 
     monkeypatch.setattr(api._Steps, "measure", stuck)
     x = torch.randn(16, 32)
-    cm = executor.compile(Net(layers=1), target, example_inputs=(x,), **SOLVED)
+    cm = executor.compile(Net(layers=1), (x,), target, **SOLVED)
     tries = cm.remat.tries
     assert tries[1].solver_budget == tries[0].predicted - step < target
     for k, t in enumerate(tries[1:], start=1):

@@ -108,10 +108,10 @@ def test_inductor_at_four_budgets_is_within_them_and_close_to_eager(make):
     and its step allclose to eager's (inductor reorders reductions: relative to each
     tensor's largest magnitude, 1e-4)."""
     model, inputs = make()
-    least = executor.compile(model, "min", example_inputs=inputs, time_limit=150)
+    least = executor.compile(model, inputs, "min", time_limit=150)
     runs = [least]
     if make is _gpt:
-        full = executor.compile(model, "100%", example_inputs=inputs, time_limit=150)
+        full = executor.compile(model, inputs, "100%", time_limit=150)
         assert full.remat.peak <= full.remat.budget == full.remat.plain_peak
         assert least.remat.peak < full.remat.plain_peak
         top, runs = full.remat.plain_peak, [*runs, full]
@@ -119,7 +119,7 @@ def test_inductor_at_four_budgets_is_within_them_and_close_to_eager(make):
         top = least.remat.peak * 5 // 4
     for third in (1, 2):
         budget = least.remat.peak + (top - least.remat.peak) * third // 3
-        runs.append(executor.compile(model, budget, example_inputs=inputs, time_limit=150))
+        runs.append(executor.compile(model, inputs, budget, time_limit=150))
         assert runs[-1].remat.peak <= budget
     for cm in runs:
         assert cm.remat.check is not None and not cm.remat.check.exact

@@ -241,6 +241,6 @@ def test_offloads_are_torchs_ops_where_the_schedule_puts_them(joints, made):
 def test_compile_refuses_offload_on_a_cpu_in_one_line():
     net, x = Block(), torch.randn(4, 16)
     with pytest.raises(CompileError) as e:
-        executor.compile(net, "min", example_inputs=(x,), offload="h100", backend="aot_eager")
+        executor.compile(net, (x,), "min", offload="h100", backend="aot_eager")
     message = str(e.value)
     assert "\n" not in message and "pinned" in message and "cpu" in message

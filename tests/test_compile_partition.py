@@ -84,7 +84,7 @@ def least(one_thread):
     torch.manual_seed(0)
     net, x = Net().train(), torch.randn(64, 32)
     eager = copy.deepcopy(net)
-    return net, eager, x, executor.compile(net, "min", example_inputs=(x,), **SOLVED)
+    return net, eager, x, executor.compile(net, (x,), "min", **SOLVED)
 
 
 @pytest.mark.parametrize("budget", ["min", "tight", "100%"])
@@ -96,7 +96,7 @@ def test_aot_eager_bit_identical_to_eager(budget, least):
         eager = copy.deepcopy(net)
         if budget == "tight":  # between the least and the plain compiled step
             budget = cm.remat.peak + 16384
-        cm = executor.compile(net, budget, example_inputs=(x,), **FAST)
+        cm = executor.compile(net, (x,), budget, **FAST)
     assert cm.remat.budget is None or cm.remat.peak <= cm.remat.budget
     assert_equal_steps(sgd_steps(net, cm, x), sgd_steps(eager, eager, x))
 
@@ -186,7 +186,7 @@ def test_every_solve_gets_the_calls_one_deadline_and_stop(monkeypatch):
     assert_solves_share_the_calls_deadline(
         monkeypatch,
         solver,
-        lambda: executor.compile(Net(layers=1), "1MiB", example_inputs=(x,), **FAST),
+        lambda: executor.compile(Net(layers=1), (x,), "1MiB", **FAST),
     )
 
 
@@ -214,7 +214,7 @@ def test_the_time_limit_covers_compiles_and_measurements(monkeypatch, budget, sh
     x = torch.randn(16, 32)
     kwargs = {**FAST, "time_limit": limit, "loss_fn": slow_first}
     with pytest.raises(executor.CompileError, match=says) as info:
-        executor.compile(Net(layers=1), budget, example_inputs=(x,), **kwargs)
+        executor.compile(Net(layers=1), (x,), budget, **kwargs)
     assert "would allow it" in str(info.value) and "\n" not in str(info.value)
 
 
@@ -232,9 +232,7 @@ def test_a_solve_cut_by_the_deadline_returns_its_plan_and_says_so(monkeypatch):
 
     monkeypatch.setattr(solver, "solve", late)
     x = torch.randn(16, 32)
-    cm = executor.compile(
-        Net(layers=1), "min", example_inputs=(x,), **{**FAST, "time_limit": limit}
-    )
+    cm = executor.compile(Net(layers=1), (x,), "min", **{**FAST, "time_limit": limit})
     assert cm.remat.stopped == "time limit" and cm.remat.peak > 0
 
 
@@ -267,7 +265,7 @@ def test_a_multi_output_op_is_saved_as_its_tensors(monkeypatch):
     torch.manual_seed(0)
     net, x = Net(layers=1).train(), torch.randn(16, 32)
     eager = copy.deepcopy(net)
-    cm = executor.compile(net, "min", example_inputs=(x,), **FAST)
+    cm = executor.compile(net, (x,), "min", **FAST)
     (region,) = cm.remat.regions
     saved = region.partition.backward.graph.find_nodes(op="placeholder")
     assert all(isinstance(p.meta["val"], torch.Tensor) for p in saved)
@@ -291,7 +289,7 @@ def test_a_failure_inside_remats_graphs_is_a_compile_error_naming_a_defect(monke
     monkeypatch.setattr(RematPartitioner, "__call__", failing)
     x = torch.randn(16, 32)
     with pytest.raises(executor.CompileError, match=r"AssertionError: deep in torch.*defect"):
-        executor.compile(Net(layers=1), "min", example_inputs=(x,), **FAST)
+        executor.compile(Net(layers=1), (x,), "min", **FAST)
 
 
 def test_a_budget_under_the_models_least_is_compiled_and_measured():
@@ -299,13 +297,13 @@ def test_a_budget_under_the_models_least_is_compiled_and_measured():
     measured peak, yet "100%" fits: the loop compiles the least-peak schedule and measures it
     within the budget. A budget under that measurement is refused after it, in one line."""
     x = torch.randn(16, 32)
-    cm = executor.compile(Net(layers=1), "100%", example_inputs=(x,), **SOLVED)
+    cm = executor.compile(Net(layers=1), (x,), "100%", **SOLVED)
     report = cm.remat
     assert report.tries[0].predicted > report.budget == report.plain_peak >= report.peak
     least = report.tries[-1].measured
     # "min" is time-limited: a second search may end at another least; its refusal names it
     with pytest.raises(executor.CompileError, match=r"least-peak schedule measured \d+ B"):
-        executor.compile(Net(layers=1), least - 1, example_inputs=(x,), **SOLVED)
+        executor.compile(Net(layers=1), (x,), least - 1, **SOLVED)
 
 
 class DropoutMLP(nn.Module):
@@ -350,10 +348,10 @@ def test_a_budget_whose_schedule_recomputes_dropout_compiles_the_least_that_runs
     torch.manual_seed(0)
     net, x = DropoutMLP().train(), torch.randn(64, 32)
     eager = copy.deepcopy(net)
-    least = executor.compile(net, "min", example_inputs=(x,), **SOLVED).remat
+    least = executor.compile(net, (x,), "min", **SOLVED).remat
     assert least.tries[0].predicted > least.peak + OVER // 2
     budget = least.peak + OVER // 2
-    cm = executor.compile(net, budget, example_inputs=(x,), **SOLVED)
+    cm = executor.compile(net, (x,), budget, **SOLVED)
     report = cm.remat
     assert report.compiles == 2, "the schedule solved at the budget is refused, then 'min'"
     assert [t.solver_budget for t in report.tries] == [None]
@@ -362,7 +360,7 @@ def test_a_budget_whose_schedule_recomputes_dropout_compiles_the_least_that_runs
     assert not [v for v in region.partition.recomputes if region.dag.nodes[v]["once"]]
     assert_equal_steps(sgd_steps(net, cm, x), sgd_steps(eager, eager, x))
     with pytest.raises(executor.CompileError, match=r"recompute aten.native_dropout") as refused:
-        executor.compile(net, report.peak - 1, example_inputs=(x,), **SOLVED)
+        executor.compile(net, (x,), report.peak - 1, **SOLVED)
     said = re.search(r"least peak that runs it once measured (\d+) B", str(refused.value))
     assert said and int(said[1]) >= report.peak, "the refusal says the least that fits"
 
@@ -404,7 +402,7 @@ def test_refusals_in_one_line(model, budget, kwargs, says):
     x = torch.randn(16, 32 if model is Net else 8)
     kwargs = {**FAST, **kwargs}
     with pytest.raises(executor.CompileError, match=says) as info:
-        executor.compile(model(), budget, example_inputs=(x,), **kwargs)
+        executor.compile(model(), (x,), budget, **kwargs)
     assert "\n" not in str(info.value)
 
 
@@ -436,8 +434,8 @@ def test_inductor_holds_the_budget_and_keeps_recomputes():
     budget = 560_000  # between the least (~460 KB) and the plain compiled step (~786 KB)
     cm = executor.compile(
         net,
+        (x,),
         budget,
-        example_inputs=(x,),
         loss_fn=loss_fn,
         time_limit=600,  # compiles included: up to 4 of 30-55 s here
         options={"post_grad_custom_post_pass": counts, "fx_graph_cache": False},
@@ -488,7 +486,7 @@ def test_a_recompile_of_the_same_graph_takes_its_solved_schedule(monkeypatch):
     net, x = SetsStateOnFirstCall().train(), torch.randn(16, 32)
     eager = copy.deepcopy(net)
     torch._dynamo.utils.counters.clear()
-    cm = executor.compile(net, "min", example_inputs=(x,), **FAST)
+    cm = executor.compile(net, (x,), "min", **FAST)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # it did recompile
     assert len(solves) == len(cm.remat.tries)  # one solve per try, none for the recompile
     (region,) = cm.remat.regions

@@ -59,7 +59,7 @@ def run(runtime: str, model: nn.Module, inputs: object, budget: object = "min", 
         return executor.checkpoint_plan(model, inputs, budget, loss_fn=sum_loss, **kwargs)
     if runtime == "compile":
         return executor.compile(
-            model, budget, example_inputs=inputs, loss_fn=sum_loss, backend="aot_eager", **kwargs
+            model, inputs, budget, loss_fn=sum_loss, backend="aot_eager", **kwargs
         )
     assert runtime == "fit"
     return executor.fit(
@@ -91,7 +91,7 @@ def test_an_output_without_a_loss_is_refused_in_one_line_by_every_runtime_runnin
     with pytest.raises(executor.PlanError) as planned:
         executor.checkpoint_plan(model, (x,), budget, time_limit=10)
     with pytest.raises(executor.CompileError) as compiled:
-        executor.compile(model, budget, example_inputs=(x,), backend="aot_eager", time_limit=10)
+        executor.compile(model, (x,), budget, backend="aot_eager", time_limit=10)
     with pytest.raises(executor.FitError) as fitted:
         executor.fit(lambda batch: tiny(batch), FIT_MEMORY, time_limit=10, run=False)
     message = str(planned.value)
@@ -104,8 +104,8 @@ def test_an_output_without_a_loss_is_refused_in_one_line_by_every_runtime_runnin
 
 @pytest.mark.parametrize("runtime", ["rematerialize", "checkpoint_plan", "compile"])
 def test_one_tensor_is_the_one_positional_input(runtime):
-    """`example_inputs=x` is `(x,)`, as README's `executor.compile(model, "50%",
-    example_inputs=x)` writes it; not the rows of `x`."""
+    """`example_inputs` given as one tensor `x` is `(x,)`, as README's
+    `executor.compile(model, x, "50%")` writes it; not the rows of `x`."""
     model, x = tiny(batch=4)
     made = run(runtime, model, x, time_limit=20)
     if runtime == "checkpoint_plan":

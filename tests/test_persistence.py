@@ -65,7 +65,7 @@ def test_rematerialized_saves_and_loads_bit_identically(tmp_path):
 def compiled(one_thread):
     torch.manual_seed(0)
     model, x = Tiny().train(), torch.randn(32, 64)
-    return model, x, executor.compile(model, "min", example_inputs=(x,), backend="aot_eager")
+    return model, x, executor.compile(model, (x,), "min", backend="aot_eager")
 
 
 def test_compiled_model_saves_and_loads_bit_identically(compiled, tmp_path):

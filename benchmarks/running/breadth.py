@@ -476,8 +476,8 @@ def compile_cells(
                 at = (least + max(least, plain)) // 2
             compiled = executor.compile(
                 run.model,
+                case.inputs,
                 at,
-                example_inputs=case.inputs,
                 example_kwargs=case.kwargs,
                 loss_fn=case.loss_fn,
                 time_limit=time_limit,

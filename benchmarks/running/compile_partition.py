@@ -105,7 +105,7 @@ def run(name: str, ratios: list[float], time_limit: float, rounds: int, layouts:
     plain = torch.compile(fresh_call(model), fullgraph=True, dynamic=False, options=LAYOUT)
     plain_grads = grads(model, plain, inputs)
     try:
-        least = executor.compile(model, "min", example_inputs=inputs, time_limit=time_limit)
+        least = executor.compile(model, inputs, "min", time_limit=time_limit)
     except executor.CompileError as e:
         print(f"{name} remat min: refused: {e}", flush=True)
         return
@@ -120,7 +120,7 @@ def run(name: str, ratios: list[float], time_limit: float, rounds: int, layouts:
     budgets = [int(low + f * (plain_peak - low)) for f in (0.1, 0.5, 0.9)]
     for budget in budgets:
         try:
-            cm = executor.compile(model, budget, example_inputs=inputs, time_limit=time_limit)
+            cm = executor.compile(model, inputs, budget, time_limit=time_limit)
         except executor.CompileError as e:
             print(f"{name} remat {budget / mib:.2f} MiB: refused: {e}", flush=True)
             continue
@@ -145,7 +145,7 @@ def run(name: str, ratios: list[float], time_limit: float, rounds: int, layouts:
         at = _at(aot_budget)
         try:
             cm = executor.compile(
-                model, aot_budget, example_inputs=inputs, backend="aot_eager", time_limit=time_limit
+                model, inputs, aot_budget, backend="aot_eager", time_limit=time_limit
             )
         except executor.CompileError as e:
             print(f"{name} aot_eager at {at}: refused: {e}", flush=True)

@@ -145,9 +145,9 @@ class CompiledModel(nn.Module):
         cls,
         path: str | Path,
         model: nn.Module,
-        *,
-        example_inputs: Sequence[object],
+        example_inputs: Sequence[object] | torch.Tensor,
         example_kwargs: Mapping[str, object] | None = None,
+        *,
         loss_fn: Callable[[object], torch.Tensor] = default_loss,
         time_limit: float = 60,
         check: CompileCheck | None = None,
@@ -233,9 +233,9 @@ def _options(kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 def compile(
     model: nn.Module,
+    example_inputs: Sequence[object] | torch.Tensor,
     budget: str | int | float,
     *,
-    example_inputs: Sequence[object] | torch.Tensor,
     example_kwargs: Mapping[str, object] | None = None,
     time_limit: float = 60,
     loss_fn: Callable[[object], torch.Tensor] = default_loss,
