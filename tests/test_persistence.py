@@ -75,7 +75,7 @@ def test_compiled_model_saves_and_loads_bit_identically(compiled, tmp_path):
     saved = json.loads(path.read_text())
     fingerprints = [r["graph_fingerprint"] for r in saved["regions"]]
     assert fingerprints == [r.schedule.graph_fingerprint for r in cm.remat.regions]
-    loaded = executor.CompiledModel.load(path, model, example_inputs=(x,))
+    loaded = executor.CompiledModel.load(path, model, (x,))  # positional, as Rematerialized.load
     assert [r.schedule.ops for r in loaded.remat.regions] == [
         r.schedule.ops for r in cm.remat.regions
     ]
