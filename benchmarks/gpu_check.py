@@ -77,6 +77,8 @@ RUNTIMES = (
     "compile",
     "compile+offload",
 )
+QUICK_LINK_BYTES = 16 << 20
+"""Bytes per timed host-link copy with ``--quick`` (small shapes: their values are KiB)."""
 LIMITS = {
     "setup": 20.0,
     "capture": 30.0,
@@ -549,15 +551,17 @@ def measure_link(args: argparse.Namespace) -> Path:
     (`graph_capture.measurement.link`: pinned memory, a side stream and CUDA events on CUDA; a
     copy into a host pool on the CPU), saved as ``link.json`` in ``--out`` (a device file:
     ``--target``'s published figures on CUDA, this processor's on the CPU, with the measured
-    link), which the workers read by path."""
+    link), which the workers read by path. Copies of `LINK_BYTES`, `QUICK_LINK_BYTES` with
+    ``--quick``."""
     import dataclasses
 
-    from graph_capture.measurement.link import measure_host_link
+    from graph_capture.measurement.link import LINK_BYTES, measure_host_link
     from graph_capture.measurement.roofline import cpu_device
     from solver.target.devices import builtin_device
 
     base = builtin_device(args.target) if args.device == "cuda" else cpu_device()
-    device = dataclasses.replace(base, host_link=measure_host_link(args.device))
+    nbytes = QUICK_LINK_BYTES if args.quick else LINK_BYTES
+    device = dataclasses.replace(base, host_link=measure_host_link(args.device, nbytes))
     path = args.out / "link.json"
     device.save(path)
     return path
