@@ -4,6 +4,8 @@ unless eager against itself differs as early."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -108,3 +110,13 @@ def test_compile_cells_hold_remat_against_eager_and_torch_compile(monkeypatch) -
     assert mid.result.endswith(") at step 0") and mid.differs_at == 0
     assert least.peak <= mid.budget  # torch's compiled step peaks no higher here
     assert breadth.summary([least, mid]) == "1 close, 1 WRONG of 2 cells"
+
+
+def test_compile_distances_take_a_missing_grad_as_equal_only_where_both_miss_it():
+    """A parameter the loss does not reach has no `.grad` (CLIP vision's): None against None
+    is no difference, None against a tensor an infinite one, never an AttributeError."""
+    one = torch.ones(3)
+    want = {"a": None, "b": one, "c": None}
+    got = {"a": None, "b": one * (1 + 1e-6), "c": one}
+    distances = breadth._distances(want, got, floor=1e-3)
+    assert distances["a"] == 0.0 and 0 < distances["b"] < 1e-5 and distances["c"] == math.inf

@@ -63,6 +63,7 @@ import argparse
 import copy
 import functools
 import json
+import math
 import subprocess
 import sys
 import time
@@ -401,8 +402,15 @@ class _Compiled:
 
 def _distances(want: dict, got: dict, floor: float) -> dict[str, float]:
     """Each value's relative difference from eager's (`relative_difference`, at least `floor`
-    as the scale)."""
-    return {key: relative_difference(got[key], ref, floor) for key, ref in want.items()}
+    as the scale): 0 where both are None (a parameter the loss does not reach has no `.grad`),
+    infinite where only one is."""
+    return {key: _distance(got[key], ref, floor) for key, ref in want.items()}
+
+
+def _distance(got: torch.Tensor | None, want: torch.Tensor | None, floor: float) -> float:
+    if got is None or want is None:
+        return 0.0 if got is want else math.inf
+    return relative_difference(got, want, floor)
 
 
 def _close(remat: float, torch_own: float) -> str:
