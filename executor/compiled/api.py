@@ -3,8 +3,8 @@ measured under the compiling backend.
 
 The budget holds by a bounded loop: solve at a solver budget, compile, measure the compiled
 step's peak on the example inputs, and where it exceeds the budget solve again below the
-schedule's predicted peak by the excess (doubled at each further miss), at most
-``max_compiles`` times (`CompileReport.compiles` counts them, the plain compile of a
+schedule's predicted peak by the excess (doubled at each further miss), the last time at
+"min" (the least-peak schedule), at most ``max_compiles`` times (`CompileReport.compiles` counts them, the plain compile of a
 percentage's basis included). Where a schedule solved at a solver budget recomputes an op
 that must run once (a random op whose draw does not replay, or a mutation:
 `RematPartitioner`), the next compile is "min", whose least-peak search keeps such ops once:
@@ -445,10 +445,14 @@ def _compile(
         if solver_budget == "min":
             break  # the least-peak schedule measured over the budget
         # below the schedule's predicted peak (the solver budget may lie far above it) by the
-        # excess, doubled at each further miss: inductor's peak moves in steps
+        # excess, doubled at each further miss: inductor's peak moves in steps; the last
+        # compile (or a budget lowered to nothing) is the least-peak schedule's, the likeliest
+        # to measure within the budget where the model's peaks miss inductor's
         below = min(int(solver_budget), predicted)
-        solver_budget = below - (measured.peak - target) * 2 ** (len(tries) - 1)
-        if solver_budget <= 0:
+        lowered = below - (measured.peak - target) * 2 ** (len(tries) - 1)
+        last = attempt == max_compiles - 2 or lowered <= 0
+        solver_budget = "min" if last and "min" not in attempted else lowered
+        if solver_budget != "min" and solver_budget <= 0:
             break
     if runs_twice is not None:  # "min" followed it: measured over the budget, or not compiled
         raise _runs_once(budget, target, tries, runs_twice, max_compiles) from runs_twice.error
