@@ -80,6 +80,31 @@ def _step_values(model: nn.Module, step: Callable[[], NamedValues]) -> NamedValu
     return values
 
 
+_KINDS = ("grad of ", "buffer ")
+
+
+def _kind(name: str) -> str | None:
+    """ "grad of " or "buffer " for a gradient's or a buffer's name, None for another value."""
+    return next((k for k in _KINDS if name.startswith(k)), None)
+
+
+def _floors(values: NamedValues, floor: float) -> dict[str, float]:
+    """Kind -> ``floor`` times the largest finite magnitude among the floating values of that
+    kind: a gradient that cancels to rounding noise (BatchNorm's bias where a linear layer and
+    another BatchNorm in training mode follow: analytically zero) is held to the scale of the
+    step's gradients, not to its own noise."""
+    largest: dict[str, float] = {}
+    for name, value in values:
+        kind = _kind(name)
+        if kind is None or not value.is_floating_point() or value.numel() == 0:
+            continue
+        finite = value[torch.isfinite(value)]
+        if finite.numel():
+            top = finite.abs().max().item()
+            largest[kind] = max(largest.get(kind, 0.0), top)
+    return {kind: floor * top for kind, top in largest.items()}
+
+
 def check_step(
     model: nn.Module,
     step: Callable[[], NamedValues],
@@ -90,10 +115,13 @@ def check_step(
     error: type[ExecutorError],
     advice: str,
     rtol: float | None = None,
+    floor: float = 0.0,
 ) -> CheckReport:
     """Hold ``step`` (one training step of the model to hand over, on ``model``'s parameters)
     against ``reference`` from the same state (module docstring). ``rtol`` None: every value
-    must be `torch.equal` to the reference's; else its `relative_difference` at most ``rtol``.
+    must be `torch.equal` to the reference's; else its `relative_difference` at most ``rtol``,
+    the scale of each gradient at least ``floor`` times the largest magnitude of the
+    reference's gradients, and of each buffer ``floor`` times its buffers' (`_floors`).
     Raises ``error`` naming ``subject``, the first value that differs and its relative
     difference, then ``advice`` (what to do; the model is not returned)."""
     started = time.perf_counter()
@@ -111,8 +139,9 @@ def check_step(
             "only); this is a defect in remat: report it with the model"
         )
     worst = 0.0
+    floors = _floors(expected, floor if rtol is not None else 0.0)
     for (name, value), (_, ref) in zip(got, expected, strict=True):
-        diff = relative_difference(value, ref)
+        diff = relative_difference(value, ref, floors.get(_kind(name), 0.0))
         worst = max(worst, diff)
         if diff > (0.0 if rtol is None else rtol):
             within = "bit for bit" if rtol is None else f"within rtol {rtol:g}"

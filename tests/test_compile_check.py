@@ -90,3 +90,48 @@ def test_a_floor_scales_a_reference_that_is_rounding_noise():
     assert relative_difference(torch.zeros(2), torch.zeros(2) + 1e-13) == 1.0
     big = torch.tensor([2.0, 0.0], dtype=torch.float64)
     assert relative_difference(big + 0.002, big, floor=1e-3) == pytest.approx(1e-3)
+
+
+def test_a_gradient_that_cancels_is_held_to_the_steps_gradients_not_its_noise():
+    """A BatchNorm's bias before a linear layer and another BatchNorm in training mode has an
+    analytically zero gradient: rounding noise, which another partition rounds differently
+    (EfficientNet's projection BatchNorms: 7e-6 apart where the value is 5e-6 and the largest
+    gradient 317). A difference of its noise's order passes with the floor (`CompileCheck
+    .floor`: the scale is at least 1e-3 of the step's largest gradient) and was refused
+    without it; a difference above the floor on it is still refused, naming it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)
+    )
+    inputs = (torch.randn(6, 4),)
+    model(*inputs).square().mean().backward()
+    noise = model[1].bias.grad.abs().max().item()
+    largest = max(p.grad.abs().max().item() for p in model.parameters())
+    model.zero_grad(set_to_none=True)
+    assert noise < 1e-6 * largest, "the bias gradient cancels"
+
+    def shifted(by: float):
+        def call(*args):
+            out = model(*args)
+            model[1].bias.register_hook(lambda g: g + by)
+            return out
+
+        return call
+
+    report = _check(model, shifted(noise), model, inputs, exact=False)
+    assert report.worst < 1e-3
+    with pytest.raises(executor.CompileError, match=r"grad of 1\.bias"):
+        check_compiled(
+            model,
+            shifted(noise),
+            model,
+            inputs,
+            {},
+            lambda out: out.square().mean(),
+            exact=False,
+            options=executor.CompileCheck(floor=0.0),
+            reference_name="the reference",
+            random_ops=False,
+        )
+    with pytest.raises(executor.CompileError, match=r"grad of 1\.bias"):
+        _check(model, shifted(1e-5 * largest), model, inputs, exact=False)

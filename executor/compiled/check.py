@@ -37,9 +37,14 @@ __all__ = ["CompileCheck", "check_compiled"]
 class CompileCheck:
     """How `executor.compile` checks its result. ``rtol``: under inductor, the largest
     difference allowed in a value, relative to the reference value's largest magnitude
-    (aot_eager is always checked bit for bit)."""
+    (aot_eager is always checked bit for bit). ``floor``: that magnitude is taken at least
+    ``floor`` times the largest magnitude among the reference step's gradients (for a
+    gradient; among its buffers for a buffer): a gradient that cancels to rounding noise in
+    both partitions (a BatchNorm bias before a 1x1 convolution and another BatchNorm:
+    analytically zero, 1e-8 of EfficientNet's largest gradient) is not held to its noise."""
 
     rtol: float = 1e-3
+    floor: float = 1e-3
 
 
 def _loss_step(
@@ -84,4 +89,5 @@ def check_compiled(
         error=CompileError,
         advice=f"{hint}report it with the model, and compile without remat meanwhile",
         rtol=None if exact else options.rtol,
+        floor=options.floor,
     )
