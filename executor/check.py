@@ -26,7 +26,7 @@ from torch import nn
 from executor.errors import ExecutorError
 from graph_capture.measurement.peak import Snapshot
 
-__all__ = ["CheckReport", "NamedValues", "check_step", "relative_difference"]
+__all__ = ["CheckReport", "NamedValues", "Noise", "check_step", "relative_difference"]
 
 NamedValues = list[tuple[str, torch.Tensor]]
 """What a step returns to be compared beside ``.grad`` and the buffers: (name, value) pairs,
@@ -37,15 +37,17 @@ writes."""
 @dataclass(frozen=True)
 class CheckReport:
     """The check's outcome: ``reference`` (what the step was held against), ``exact`` (bit for
-    bit required), ``worst`` (the largest relative difference over every value: 0.0 where all
-    are equal), ``values`` (how many tensors were compared) and ``seconds`` (wall seconds of
-    the check, both steps and whatever the reference compiled)."""
+    bit required), ``worst`` (the largest relative difference over the values held to the
+    tolerance: 0.0 where all are equal), ``values`` (how many tensors were compared),
+    ``seconds`` (wall seconds of the check, every step and whatever the reference compiled)
+    and ``noise`` (the values of rounding noise's size that passed by `Noise`'s allowance)."""
 
     reference: str
     exact: bool
     worst: float
     values: int
     seconds: float
+    noise: tuple[str, ...] = ()
 
 
 def relative_difference(value: torch.Tensor, reference: torch.Tensor, floor: float = 0.0) -> float:
@@ -80,6 +82,53 @@ def _step_values(model: nn.Module, step: Callable[[], NamedValues]) -> NamedValu
     return values
 
 
+_KINDS = ("grad of ", "buffer ")
+
+
+def _kind(name: str) -> str | None:
+    """ "grad of " or "buffer " for a gradient's or a buffer's name, None for another value."""
+    return next((k for k in _KINDS if name.startswith(k)), None)
+
+
+def _largest(values: NamedValues) -> dict[str, float]:
+    """Kind -> the largest finite magnitude among the floating values of that kind."""
+    largest: dict[str, float] = {}
+    for name, value in values:
+        kind = _kind(name)
+        if kind is None or not value.is_floating_point() or value.numel() == 0:
+            continue
+        finite = value[torch.isfinite(value)]
+        if finite.numel():
+            largest[kind] = max(largest.get(kind, 0.0), finite.abs().max().item())
+    return largest
+
+
+def _noise_sized(name: str, ref: torch.Tensor, largest: dict[str, float], small: float) -> bool:
+    """Whether ``ref`` (a gradient or buffer) is at most ``small`` times the largest of its kind."""
+    top = largest.get(_kind(name) or "", 0.0)
+    if top == 0.0 or not ref.is_floating_point() or ref.numel() == 0:
+        return False
+    finite = ref[torch.isfinite(ref)]
+    return finite.numel() > 0 and finite.abs().max().item() <= small * top
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Where a value may differ from the reference by more than ``rtol``: a value that cancels
+    to rounding noise (a BatchNorm's bias before a linear layer and another BatchNorm in
+    training mode: analytically zero) is rounded differently by each partition, and its
+    relative difference is noise over noise. ``step``: a third step from the same state
+    (eager) whose distance from the reference measures that noise. A value whose reference
+    magnitude is at most ``small`` times the largest of its kind (gradients, buffers) passes
+    where its difference is at most ``factor`` times the reference's own distance from
+    ``step``'s; every other value is held to ``rtol``."""
+
+    step: Callable[[], NamedValues]
+    name: str
+    small: float = 1e-3
+    factor: float = 10.0
+
+
 def check_step(
     model: nn.Module,
     step: Callable[[], NamedValues],
@@ -90,10 +139,12 @@ def check_step(
     error: type[ExecutorError],
     advice: str,
     rtol: float | None = None,
+    noise: Noise | None = None,
 ) -> CheckReport:
     """Hold ``step`` (one training step of the model to hand over, on ``model``'s parameters)
     against ``reference`` from the same state (module docstring). ``rtol`` None: every value
-    must be `torch.equal` to the reference's; else its `relative_difference` at most ``rtol``.
+    must be `torch.equal` to the reference's; else its `relative_difference` at most ``rtol``,
+    or, for a value of rounding noise's size, at most `Noise`'s allowance (``noise``).
     Raises ``error`` naming ``subject``, the first value that differs and its relative
     difference, then ``advice`` (what to do; the model is not returned)."""
     started = time.perf_counter()
@@ -102,6 +153,9 @@ def check_step(
         expected = _step_values(model, reference)
         snapshot.restore()
         got = _step_values(model, step)
+        if noise is not None and rtol is not None:
+            snapshot.restore()
+            third = dict(_step_values(model, noise.step))
     finally:
         snapshot.restore()
     if [n for n, _ in got] != [n for n, _ in expected]:
@@ -110,15 +164,25 @@ def check_step(
             f"{subject} and {reference_name} leave different values ({missing[0]} in one "
             "only); this is a defect in remat: report it with the model"
         )
-    worst = 0.0
+    worst, noisy = 0.0, []
+    largest = _largest(expected) if noise is not None and rtol is not None else {}
     for (name, value), (_, ref) in zip(got, expected, strict=True):
         diff = relative_difference(value, ref)
+        allowed, within = 0.0, "bit for bit"
+        if rtol is not None:
+            allowed, within = rtol, f"within rtol {rtol:g}"
+        if diff > allowed and noise is not None and _noise_sized(name, ref, largest, noise.small):
+            own = relative_difference(ref, third[name]) if name in third else 0.0
+            if diff <= noise.factor * own < float("inf"):
+                noisy.append(name)
+                continue
+            within += f" nor {noise.factor:g} times its own distance from {noise.name} ({own:.3g})"
         worst = max(worst, diff)
-        if diff > (0.0 if rtol is None else rtol):
-            within = "bit for bit" if rtol is None else f"within rtol {rtol:g}"
+        if diff > allowed:
             raise error(
                 f"{subject} differs from {reference_name}: {name} (relative difference "
                 f"{diff:.3g}, not {within}); no model is returned: {advice}"
             )
     exact = rtol is None
-    return CheckReport(reference_name, exact, worst, len(got), time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return CheckReport(reference_name, exact, worst, len(got), seconds, tuple(noisy))

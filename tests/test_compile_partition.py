@@ -26,6 +26,7 @@ from executor.compiled import api, partitioner
 from executor.compiled.emit import COMPUTE
 from executor.compiled.joint_dag import END, tangent_bytes
 from executor.compiled.partitioner import RematPartitioner, backend
+from graph_capture.measurement.measure import is_random
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -527,3 +528,55 @@ def test_inductor_compiles_remats_partition_without_layout_optimization_unless_a
     assert default["layout_optimization"] is False
     assert default["custom_partitioner_fn"] is partitioner
     assert asked.keywords["config_patches"]["layout_optimization"] is True
+
+
+class StochasticDepth(nn.Module):
+    """Residual convolution blocks whose branch is kept per sample with probability 0.8 (a
+    mask drawn into ``torch.empty``, as torchvision's ``stochastic_depth``), then BatchNorm,
+    dropout and a linear head."""
+
+    def __init__(self, c: int = 4, blocks: int = 2) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.convs = nn.ModuleList(nn.Conv2d(c, c, 3, padding=1, bias=False) for _ in range(blocks))
+        self.norms = nn.ModuleList(nn.BatchNorm2d(c) for _ in range(blocks))
+        self.drop = nn.Dropout(0.2)
+        self.head = nn.Linear(c, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for conv, norm in zip(self.convs, self.norms, strict=True):
+            keep = torch.empty(x.shape[0], 1, 1, 1).bernoulli_(0.8).div_(0.8)
+            x = x + torch.relu(norm(conv(x))) * keep
+        return self.head(self.drop(x.mean((2, 3)))).square().mean()
+
+
+def test_the_backward_draws_nothing_under_fallback_random():
+    """With inductor's ``fallback_random`` (random ops on eager's generator) torch's dead code
+    elimination keeps random ops, and its extraction copies every forward draw whose inputs
+    the backward has (the masks drawn into ``torch.empty``, dropout of a saved value) into the
+    backward, unread: the backward drew them again and the next step's masks differed from
+    eager's. The backward draws nothing: 3 steps without reseeding are bit-identical to eager,
+    and so is the generator after them."""
+    torch.manual_seed(0)
+    net, x = StochasticDepth().train(), torch.randn(4, 3, 8, 8)
+    eager = copy.deepcopy(net)
+    with torch._inductor.config.patch(fallback_random=True):
+        cm = executor.compile(net, (x,), "min", **FAST)
+    (region,) = cm.remat.regions
+    drawn = [n.name for n in region.partition.backward.graph.nodes if is_random(n)]
+    assert not drawn, f"the backward draws {drawn}"
+    runs = []
+    for model, call in ((eager, eager), (net, cm)):
+        torch.manual_seed(1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        seen = []
+        for _ in range(3):
+            loss = call(x)
+            loss.backward()
+            seen.append((loss.detach(), [p.grad.clone() for p in model.parameters()], []))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        runs.append((seen, torch.get_rng_state()))
+    assert_equal_steps(runs[1][0], runs[0][0])
+    assert torch.equal(runs[1][1], runs[0][1])

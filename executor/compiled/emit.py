@@ -473,6 +473,7 @@ def partition(
     forward, backward_module = _extract_fwd_bwd_modules(
         rewritten, list(saved), [], num_fwd_outputs=num_fwd_outputs
     )
+    _drop_unread_draws(backward_module)
     emitted = {n.meta.get(COMPUTE) for m in (forward, backward_module) for n in m.graph.nodes}
     missing = [by for by in live if members.get(by[0]) and by not in emitted]
     if missing:
@@ -490,6 +491,39 @@ def partition(
     made = Counter(v for v, k in order if (v, k) in live)
     recomputes = {v: c - 1 for v, c in made.items() if c > 1}
     return Partition(forward, backward_module, kept, recomputes, dead, offloaded)
+
+
+def _drop_unread_draws(backward: torch.fx.GraphModule) -> None:
+    """Erase the random ops of ``backward`` that nothing reads, and what only they read.
+
+    torch's extraction copies into each graph every node whose inputs that graph has, so a
+    forward draw whose inputs the backward holds too (a stochastic-depth mask drawn into
+    ``torch.empty``, a dropout of a saved value) is copied into the backward, unread; its dead
+    code elimination keeps a random op wherever inductor's ``fallback_random`` is set (in a
+    tracing context, `torch.fx.Graph.eliminate_dead_code`), so the backward would draw again
+    and leave the generator ahead of eager's: the next step draws other masks. torch's own
+    partition drops them by rebuilding the backward from its outputs. Every draw of the
+    schedule is made where it is live (a random op's first compute is in the forward, and a
+    recompute nothing reads is dead, `partition`), so an unread draw in the backward is
+    always such a copy."""
+    graph = backward.graph
+    for node in reversed(graph.nodes):
+        if not node.users and not _impure_unless_drawing(node):
+            graph.erase_node(node)
+    backward.recompile()
+
+
+def _impure_unless_drawing(node: torch.fx.Node) -> bool:
+    """`torch.fx.Node.is_impure`, an op that draws random numbers and mutates nothing counted
+    pure."""
+    target = node.target
+    if node.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(
+        target, "tags", ()
+    ):
+        schema = getattr(target, "_schema", None)
+        if schema is None or not schema.is_mutable:
+            return False
+    return node.is_impure()
 
 
 def _base_in(node: torch.fx.Node, names: Sequence[str]) -> bool:
