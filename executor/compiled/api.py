@@ -4,11 +4,12 @@ measured under the compiling backend.
 The budget holds by a bounded loop: solve at a solver budget, compile, measure the compiled
 step's peak on the example inputs, and where it exceeds the budget solve again below the
 schedule's predicted peak by the excess (doubled at each further miss), the last time at
-"min" (the least-peak schedule), at most ``max_compiles`` times (`CompileReport.compiles` counts them, the plain compile of a
-percentage's basis included). Where a schedule solved at a solver budget recomputes an op
-that must run once (a random op whose draw does not replay, or a mutation:
-`RematPartitioner`), the next compile is "min", whose least-peak search keeps such ops once:
-returned where its measured peak is within the budget, else the error says that least peak.
+"min" (the least-peak schedule), at most ``max_compiles`` times (`CompileReport.compiles`
+counts them, the plain compile of a percentage's basis included). Where a schedule solved at
+a solver budget recomputes an op that must run once (a random op whose draw does not replay,
+or a mutation: `RematPartitioner`), the next compile is "min", whose least-peak search keeps
+such ops once: returned where its measured peak is within the budget, else the error says
+that least peak.
 
 NOTE [one deadline]: ``time_limit`` bounds the whole call, compiles and measurements included,
 as `solver.solve`'s does: one `Deadline` (with the first Ctrl-C's `Stop`) is made at the call.
