@@ -90,26 +90,29 @@ def _kind(name: str) -> str | None:
     return next((k for k in _KINDS if name.startswith(k)), None)
 
 
+def _magnitude(value: torch.Tensor) -> float | None:
+    """The largest finite magnitude of a floating ``value`` (None: not floating, or nothing
+    finite)."""
+    if not value.is_floating_point():
+        return None
+    finite = value[torch.isfinite(value)]
+    return finite.abs().max().item() if finite.numel() else None
+
+
 def _largest(values: NamedValues) -> dict[str, float]:
     """Kind -> the largest finite magnitude among the floating values of that kind."""
     largest: dict[str, float] = {}
     for name, value in values:
-        kind = _kind(name)
-        if kind is None or not value.is_floating_point() or value.numel() == 0:
-            continue
-        finite = value[torch.isfinite(value)]
-        if finite.numel():
-            largest[kind] = max(largest.get(kind, 0.0), finite.abs().max().item())
+        kind, top = _kind(name), _magnitude(value)
+        if kind is not None and top is not None:
+            largest[kind] = max(largest.get(kind, 0.0), top)
     return largest
 
 
 def _noise_sized(name: str, ref: torch.Tensor, largest: dict[str, float], small: float) -> bool:
     """Whether ``ref`` (a gradient or buffer) is at most ``small`` times the largest of its kind."""
-    top = largest.get(_kind(name) or "", 0.0)
-    if top == 0.0 or not ref.is_floating_point() or ref.numel() == 0:
-        return False
-    finite = ref[torch.isfinite(ref)]
-    return finite.numel() > 0 and finite.abs().max().item() <= small * top
+    top, own = largest.get(_kind(name) or "", 0.0), _magnitude(ref)
+    return top > 0.0 and own is not None and own <= small * top
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ measurement.
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy
 import torch
 
+from graph_capture.measurement.timing import median_seconds
 from solver.core.link import Link
 
 __all__ = ["LINK_BYTES", "LINK_REPEATS", "measure_host_link"]
@@ -62,16 +62,8 @@ def _cpu_seconds(nbytes: int, repeats: int) -> tuple[float, float]:
     """Median wall seconds of a copy torch tensor -> numpy buffer, and back."""
     tensor = torch.ones(nbytes, dtype=torch.uint8)
     host = torch.from_numpy(numpy.empty(nbytes, dtype=numpy.uint8))
-
-    def timed(dst: torch.Tensor, src: torch.Tensor) -> float:
-        times = []
-        for _ in range(repeats + 1):
-            started = time.perf_counter()
-            dst.copy_(src)
-            times.append(time.perf_counter() - started)
-        return statistics.median(times[1:])
-
-    return timed(host, tensor), timed(tensor, host)
+    d2h = median_seconds(lambda: host.copy_(tensor), repeats=repeats, warmup=1)
+    return d2h, median_seconds(lambda: tensor.copy_(host), repeats=repeats, warmup=1)
 
 
 def _cuda_seconds(device: torch.device, nbytes: int, repeats: int) -> tuple[float, float]:
