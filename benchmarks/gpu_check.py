@@ -63,7 +63,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchmarks.running.breadth import _refusal, first_difference
+from benchmarks.running.breadth_report import _refusal
+from benchmarks.running.breadth_steps import first_difference
 from benchmarks.running.compile_partition import ignore_hf_logging
 from benchmarks.zoo import Bench, gpt2, llama, resnet50
 
