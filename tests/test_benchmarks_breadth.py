@@ -9,7 +9,13 @@ import math
 import pytest
 import torch
 
-from benchmarks.running import breadth
+from benchmarks.running import (
+    breadth,
+    breadth_compile,
+    breadth_models,
+    breadth_report,
+    breadth_steps,
+)
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -27,13 +33,16 @@ def test_a_row_trains_the_control_and_both_runtimes_against_eager() -> None:
     # by the loss's few bytes)
     assert abs(remat.budget - sac.budget) <= 0.001 * sac.budget, (remat.budget, sac.budget)
     assert sac.checkpointed.startswith("0 of ") and remat.checkpointed.endswith(" recomputes")
-    assert f"| vit | hf | remat | equal | {remat.checkpointed} |" in breadth.table(cells)
+    assert f"| vit | hf | remat | equal | {remat.checkpointed} |" in breadth_report.table(cells)
     nothing = sum(c.checkpointed.startswith("0 ") for c in (remat, sac))
-    assert breadth.summary(cells) == f"3 equal ({nothing} of them checkpointing nothing) of 3 cells"
+    assert (
+        breadth_report.summary(cells)
+        == f"3 equal ({nothing} of them checkpointing nothing) of 3 cells"
+    )
 
 
 def test_a_runtime_that_differs_from_eager_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
-    def doubled(case: breadth.Case, budget: str, time_limit: float):
+    def doubled(case: breadth_models.Case, budget: str, time_limit: float):
         def call(*args, **kwargs):
             out = case.model(*args, **kwargs)
             out.loss = out.loss * 2
@@ -48,7 +57,7 @@ def test_a_runtime_that_differs_from_eager_is_wrong(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_runtime_is_wrong_only_before_eager_against_itself_differs(monkeypatch) -> None:
-    def doubled_from_step_1(case: breadth.Case, budget: str, time_limit: float):
+    def doubled_from_step_1(case: breadth_models.Case, budget: str, time_limit: float):
         steps = iter(range(10))
 
         def call(*args, **kwargs):
@@ -67,13 +76,16 @@ def test_a_runtime_is_wrong_only_before_eager_against_itself_differs(monkeypatch
 
 def test_first_difference_compares_bits() -> None:
     a = torch.tensor([0.0, float("nan")])
-    assert breadth.first_difference({"loss": a, "g": None}, {"loss": a.clone(), "g": None}) is None
-    got = breadth.first_difference({"loss": a, "g": a}, {"loss": a + 1, "g": None})
+    assert (
+        breadth_steps.first_difference({"loss": a, "g": None}, {"loss": a.clone(), "g": None})
+        is None
+    )
+    got = breadth_steps.first_difference({"loss": a, "g": a}, {"loss": a + 1, "g": None})
     assert got == "loss differs (and 1 more)"
-    assert not breadth.same_bits(a, torch.tensor([-0.0, float("nan")]))
+    assert not breadth_steps.same_bits(a, torch.tensor([-0.0, float("nan")]))
 
 
-def _tiny() -> breadth.Case:
+def _tiny() -> breadth_models.Case:
     """A classifier small enough to compile in seconds: two linear layers, ReLU, dropout."""
     from benchmarks.running.breadth_models import Classify, tensor_loss
 
@@ -81,7 +93,9 @@ def _tiny() -> breadth.Case:
         torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(256, 4)
     )
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
-    return breadth.Case(Classify(net).train(), (x,), {"labels": torch.arange(64) % 4}, tensor_loss)
+    return breadth_models.Case(
+        Classify(net).train(), (x,), {"labels": torch.arange(64) % 4}, tensor_loss
+    )
 
 
 @pytest.mark.long  # inductor compiles: 21 s of CPU with a cold inductor cache, 11 s warm
@@ -92,24 +106,26 @@ def test_compile_cells_hold_remat_against_eager_and_torch_compile(monkeypatch) -
 
     compile_ = executor.compile
 
-    def scaled_at_mid(model, budget, **kwargs):
-        compiled = compile_(model, budget, **kwargs)
+    def scaled_at_mid(model, inputs, budget, **kwargs):
+        compiled = compile_(model, inputs, budget, **kwargs)
         if budget != "min":
             call = compiled._call
             compiled._call = lambda *a, **k: call(*a, **k) * 1.01
         return compiled
 
-    monkeypatch.setitem(breadth.ARCHITECTURES, "tiny", ("test", _tiny))
+    monkeypatch.setitem(breadth_models.ARCHITECTURES, "tiny", ("test", _tiny))
     monkeypatch.setattr(executor, "compile", scaled_at_mid)
-    tolerance = breadth.CompileTolerance()
-    least, mid = breadth.compile_cells("tiny", "mid", 2, time_limit=120, tolerance=tolerance)
+    tolerance = breadth_compile.CompileTolerance()
+    least, mid = breadth_compile.compile_cells(
+        "tiny", "mid", 2, time_limit=120, tolerance=tolerance
+    )
     assert (least.runtime, mid.runtime) == ("compile min", "compile mid")
     assert least.result.startswith("close: "), least
     assert least.budget is None and least.peak > 0
     assert mid.result.startswith("WRONG: loss differs by 0.01 (torch.compile "), mid
     assert mid.result.endswith(") at step 0") and mid.differs_at == 0
     assert least.peak <= mid.budget  # torch's compiled step peaks no higher here
-    assert breadth.summary([least, mid]) == "1 close, 1 WRONG of 2 cells"
+    assert breadth_report.summary([least, mid]) == "1 close, 1 WRONG of 2 cells"
 
 
 def test_compile_distances_take_a_missing_grad_as_equal_only_where_both_miss_it():
@@ -118,5 +134,5 @@ def test_compile_distances_take_a_missing_grad_as_equal_only_where_both_miss_it(
     one = torch.ones(3)
     want = {"a": None, "b": one, "c": None}
     got = {"a": None, "b": one * (1 + 1e-6), "c": one}
-    distances = breadth._distances(want, got, floor=1e-3)
+    distances = breadth_compile._distances(want, got, floor=1e-3)
     assert distances["a"] == 0.0 and 0 < distances["b"] < 1e-5 and distances["c"] == math.inf

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from benchmarks.gpu_check.spec import RUNTIMES, Cell, Mismatch, Run, _rng_devices
-from benchmarks.running.breadth import _refusal
+from benchmarks.running.breadth_report import _refusal
 
 
 class CellTimeout(Exception):

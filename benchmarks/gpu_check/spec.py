@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from benchmarks.running.breadth import first_difference
+from benchmarks.running.breadth_steps import first_difference
 from benchmarks.zoo import Bench, gpt2, llama, resnet50
 
 SEED = 1234

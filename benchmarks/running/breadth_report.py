@@ -1,0 +1,93 @@
+"""The breadth benchmark's cells as results: the `Cell` record, a refusal's one line
+(`_refusal`), the markdown table and the summary per result kind."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+COLUMNS = (
+    "architecture",
+    "family",
+    "runtime",
+    "result",
+    "checkpointed",
+    "measured peak",
+    "budget",
+    "seconds",
+)
+KINDS = (
+    "equal",
+    "close",
+    "as torch.compile",
+    "WRONG",
+    "over budget",
+    "refused",
+    "NOT REPRODUCIBLE",
+    "as eager",
+    "skipped",
+)
+
+
+@dataclass
+class Cell:
+    """One architecture in one runtime: the result and its numbers (bytes, seconds)."""
+
+    architecture: str
+    family: str
+    runtime: str
+    result: str
+    checkpointed: str = "-"
+    peak: int | None = None
+    budget: int | None = None
+    seconds: float = 0.0
+    differs_at: int | None = None
+
+    def markdown(self) -> str:
+        values = (
+            self.architecture,
+            self.family,
+            self.runtime,
+            self.result.replace("|", "\\|"),
+            self.checkpointed,
+            _mib(self.peak),
+            _mib(self.budget),
+            f"{self.seconds:.1f}",
+        )
+        return "| " + " | ".join(values) + " |"
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.3f} MiB"
+
+
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _refusal(error: BaseException) -> str:
+    """``refused: Type: first line``, with the chained cause's where there is one."""
+    cause = f" (from {_one_line(error.__cause__)})" if error.__cause__ is not None else ""
+    return f"refused: {_one_line(error)}{cause}"
+
+
+def table(cells: Sequence[Cell]) -> str:
+    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
+    return head + "\n".join(cell.markdown() for cell in cells) + "\n"
+
+
+def summary(cells: Sequence[Cell]) -> str:
+    """Cells per result; equal runtime cells whose schedule or plan checkpoints nothing (so that
+    they test little) are counted apart."""
+    counts = {k: sum(c.result.startswith(k) for c in cells) for k in KINDS}
+    idle = sum(c.result == "equal" and c.checkpointed.startswith("0 ") for c in cells)
+    parts = [f"{n} {k}" for k, n in counts.items() if n]
+    if idle:
+        parts[0] += f" ({idle} of them checkpointing nothing)"
+    return ", ".join(parts) + f" of {len(cells)} cells"
+
+
+def report(cells: Sequence[Cell], command: str) -> str:
+    """The markdown report: the command, the summary, the table."""
+    return f"`{command}`: {summary(cells)}\n\n{table(cells)}"
