@@ -28,8 +28,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_compiled_plan_saves_and_peaks_as_planned(record_property):
     net = transformer(layers=2, d=16)
     x = torch.randn(2, 8, 16)
-    plan = executor.checkpoint_plan(net, (x,), "min", time_limit=60, loss_fn=sum_loss)
-    assert plan.checkpointed_regions() and not any(plan.saved)
+    solved = executor.checkpoint_plan(net, (x,), "min", time_limit=60, loss_fn=sum_loss)
+    assert solved.checkpointed_regions()
+    # its regions saving nothing: at the least peak, saving an op or recomputing it can tie in
+    # bytes, and the measured seconds that break the tie move with the load
+    plan, _ = replanned(solved, tuple(frozenset() for _ in solved.saved))
+    assert plan.checkpointed_regions() == solved.checkpointed_regions() and not any(plan.saved)
     saving, _ = replanned(plan, every_saveable(plan))  # the same regions under SAC policies
     assert any(saving.saved)
     torch._dynamo.reset()
