@@ -17,7 +17,7 @@ from test_compile_partition import SOLVED, Net, assert_equal_steps, sgd_steps
 from torch import nn
 
 import executor
-from executor.compiled import api
+from executor.compiled import budget_loop
 from executor.compiled.joint_dag import joint_dag
 from executor.compiled.partitioner import RematPartitioner
 
@@ -112,7 +112,7 @@ def test_fused_nodes_emit_graphs_bit_identical_to_eager(monkeypatch):
         def __init__(self, budget, deadline, replay_rng, fuse=False, link=None):
             super().__init__(budget, deadline, replay_rng, fuse=True, link=link)
 
-    monkeypatch.setattr(api, "RematPartitioner", Fused)
+    monkeypatch.setattr(budget_loop, "RematPartitioner", Fused)
     torch.manual_seed(0)
     net, x = GeluNet().train(), torch.randn(64, 32)
     eager = copy.deepcopy(net)
@@ -130,7 +130,7 @@ def test_a_measured_peak_that_does_not_move_lowers_the_solver_budget_faster(monk
     miss solves below the last predicted peak by the excess doubled, so at most four compiles
     reach it."""
     target, step = 4 * 2**20, 64  # far above the net's step (values of 2 KiB): any fits
-    measure, first = api._Steps.measure, []
+    measure, first = budget_loop.Steps.measure, []
 
     def stuck(self, backend, partitioner):
         call, measured = measure(self, backend, partitioner)
@@ -139,7 +139,7 @@ def test_a_measured_peak_that_does_not_move_lowers_the_solver_budget_faster(monk
             measured = dataclasses.replace(measured, peak=target + step)
         return call, measured
 
-    monkeypatch.setattr(api._Steps, "measure", stuck)
+    monkeypatch.setattr(budget_loop.Steps, "measure", stuck)
     x = torch.randn(16, 32)
     cm = executor.compile(Net(layers=1), (x,), target, **SOLVED)
     tries = cm.remat.tries

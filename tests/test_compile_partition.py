@@ -22,7 +22,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import executor
 import solver
-from executor.compiled import api, partitioner
+from executor.compiled import budget_loop, partitioner
 from executor.compiled.emit import COMPUTE
 from executor.compiled.joint_dag import END, tangent_bytes
 from executor.compiled.partitioner import RematPartitioner, backend
@@ -344,7 +344,7 @@ def test_a_budget_whose_schedule_recomputes_dropout_compiles_the_least_that_runs
     at the budget is refused, and the loop compiles "min", which runs dropout once and measures
     within the budget: returned, bit-identical to eager. Under the least that runs dropout
     once the refusal says that least."""
-    monkeypatch.setattr(api, "RematPartitioner", DrawsOnce)
+    monkeypatch.setattr(budget_loop, "RematPartitioner", DrawsOnce)
     monkeypatch.setattr(partitioner, "tangent_bytes", lambda gm: tangent_bytes(gm) + OVER)
     torch.manual_seed(0)
     net, x = DropoutMLP().train(), torch.randn(64, 32)
@@ -371,7 +371,7 @@ def test_the_last_compile_of_the_loop_is_the_least_peak_one(monkeypatch, least):
     the model's, as on CLIP vision's mid budget) and the least-peak schedule fits, the loop's
     last compile is "min" and its model is returned, bit-identical to eager; before, the loop
     lowered the budget to its last compile and refused ("still measured")."""
-    measure = api._Steps.measure
+    measure = budget_loop.Steps.measure
 
     def over_unless_min(self, backend, partitioner):
         call, measured = measure(self, backend, partitioner)
@@ -379,7 +379,7 @@ def test_the_last_compile_of_the_loop_is_the_least_peak_one(monkeypatch, least):
             measured = dataclasses.replace(measured, peak=measured.peak + (1 << 30))
         return call, measured
 
-    monkeypatch.setattr(api._Steps, "measure", over_unless_min)
+    monkeypatch.setattr(budget_loop.Steps, "measure", over_unless_min)
     budget = 4 * least[3].remat.peak  # loose: its solve closes at once, its measure misses
     torch.manual_seed(0)
     net, x = Net().train(), torch.randn(64, 32)
