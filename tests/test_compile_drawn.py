@@ -1,9 +1,11 @@
 """executor.compile on drawn transformer configurations (layers, width, heads, sequence,
 dropout on or off) at drawn budgets, "min" among them: under aot_eager two SGD steps are
 bit-identical to eager (the loss, every gradient, every parameter after the step; dropout's
-draws replayed), under inductor (a smaller draw: one layer of width 16 at percentages, its
-compiles take the time; "min" under inductor is tests/test_compile_inductor.py's) allclose to
-torch's own compiled partition.
+draws replayed), under inductor (a smaller draw: one layer of width 16, its compiles take
+the time) allclose to torch's own compiled partition at 90% to 100% (the least under inductor
+measures 82-86% of torch's step on these configs; "min" and the budgets between it and 100%
+are tests/test_compile_inductor.py's: a draw under the least would spend the test on one
+refusal).
 A budget below the least remat's partition reaches is refused in one line, never a model
 that misses it."""
 
@@ -92,8 +94,8 @@ small = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=1)
-@given(config=small, budget=percentages)
+@settings(max_examples=2)
+@given(config=small, budget=st.integers(90, 100).map(lambda p: f"{p}%"))
 def test_inductor_is_close_to_torchs_partition(config, budget):
     """Against torch's own partition compiled alike (inductor draws dropout's masks with its
     own seeded generator, so eager is no reference with dropout on)."""

@@ -40,7 +40,7 @@ def test_every_solve_in_a_fit_gets_the_fits_one_deadline_and_stop(monkeypatch):
     assert_solves_share_the_calls_deadline(
         monkeypatch,
         solver.fitting.search,
-        lambda: executor.fit(attention, ATTENTION_MEMORY, dim="seq", time_limit=20, run=False),
+        lambda: executor.fit(attention, ATTENTION_MEMORY, dim="seq", time_limit=8, run=False),
     )
 
 
