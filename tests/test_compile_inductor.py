@@ -46,7 +46,7 @@ def _saved_storages(partitioner: RematPartitioner) -> list[list[str]]:
 
 @pytest.mark.parametrize("budget", ["min", 600_000, 900_000])
 def test_the_forward_saves_one_tensor_per_storage(budget):
-    """NOTE [one saved tensor per storage] in executor/compiled/emit.py: the attention's q, k
+    """NOTE [one saved tensor per storage] in executor/compiled/storage.py: the attention's q, k
     and v are views of one matmul's output, and a schedule keeping them must save that output
     once, not its views side by side."""
     torch.manual_seed(0)

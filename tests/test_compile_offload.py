@@ -22,8 +22,10 @@ import executor
 import solver
 from benchmarks.running.offload import Reduction
 from executor.compiled import offload as transfer
-from executor.compiled.emit import COMPUTE, _view_root, partition
+from executor.compiled.emit import partition
 from executor.compiled.joint_dag import joint_dag, tangent_bytes
+from executor.compiled.rewrite import COMPUTE
+from executor.compiled.storage import view_root
 from executor.errors import CompileError
 from solver import Link, prepare
 from solver.core.schedule import make_schedule
@@ -176,7 +178,7 @@ def test_offloads_are_torchs_ops_where_the_schedule_puts_them(joints, made):
                 assert source is off.args[0]
                 assert all(position[u] <= position[wait] for u in source.users)
                 assert source not in graph.output_node().args[0]
-                assert _view_root(source).op == "call_function", "never a graph input's"
+                assert view_root(source).op == "call_function", "never a graph input's"
     forward_offloads = {n.meta[transfer.TRANSFER][1] for n in fw.nodes if _is(n, "offload")}
     assert forward_offloads == {v for v in offloaded if v not in backward}
 

@@ -23,9 +23,9 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 import executor
 import solver
 from executor.compiled import budget_loop, partitioner
-from executor.compiled.emit import COMPUTE
 from executor.compiled.joint_dag import END, tangent_bytes
 from executor.compiled.partitioner import RematPartitioner, backend
+from executor.compiled.rewrite import COMPUTE
 from graph_capture.measurement.measure import is_random
 
 pytestmark = pytest.mark.usefixtures("one_thread")

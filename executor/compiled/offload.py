@@ -45,14 +45,24 @@ from collections.abc import Hashable
 
 import torch
 
-__all__ = ["FROM", "TRANSFER", "offload_node", "ops", "reload_node", "wait_node"]
+from executor.compiled.storage import view_root
+
+__all__ = [
+    "FROM",
+    "TRANSFER",
+    "keep_alive_where_read",
+    "offload_node",
+    "ops",
+    "reload_node",
+    "wait_node",
+]
 
 TRANSFER = "remat_transfer"
 """The fx node meta key of the nodes a schedule's offload or reload op emits: (kind, DAG node,
 index of the op in the schedule)."""
 
 FROM = "remat_from"
-"""The fx node meta key naming the `emit.Compute` whose value a transfer node copies."""
+"""The fx node meta key naming the `rewrite.Compute` whose value a transfer node copies."""
 
 
 def ops():
@@ -125,3 +135,27 @@ def reload_node(
     node.meta["val"] = _run_fake(op, _fake(host), like.device, size, stride)
     _tag(node, what, host.meta[FROM], backward)
     return node
+
+
+def keep_alive_where_read(
+    graph: torch.fx.Graph,
+    waits: list[tuple[torch.fx.Node, torch.fx.Node]],
+    escaping: set[torch.fx.Node],
+) -> None:
+    """Drop an offload wait's keepalive (which frees the source's storage) where a tensor of
+    that storage is read after the wait, saved or returned (``escaping``), or the storage is
+    a graph input's (a view of a parameter); ``waits``: (offload wait, its source)."""
+    position = {n: k for k, n in enumerate(graph.nodes)}
+    sharing: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        sharing.setdefault(view_root(node), []).append(node)
+    for wait, source in waits:
+        if wait not in position or len(wait.args) < 2:
+            continue
+        root = view_root(source)
+        aliases = sharing.get(root, [source])
+        if root.op != "call_function" or any(
+            a in escaping or any(position[u] > position[wait] for u in a.users if u is not wait)
+            for a in aliases
+        ):
+            wait.args = wait.args[:1]
