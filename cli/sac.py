@@ -32,7 +32,8 @@ from cli.solve import parse_link
 from executor.loss import default_loss
 from executor.memory import median_seconds
 from executor.sac.offload import measure_split
-from executor.sac.plan import REGIONS, CheckpointPlan, checkpoint_plan
+from executor.sac.plan import CheckpointPlan
+from executor.sac.planning import REGIONS, checkpoint_plan
 
 __all__ = ["add_sac_arguments", "measure_step", "run_sac"]
 

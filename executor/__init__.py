@@ -39,7 +39,8 @@ from executor.fitting.search import Fit, fit
 from executor.fsdp import FsdpPolicy, fsdp_policy
 from executor.loss import default_loss
 from executor.memory import PeakMemory, measure_peak, median_seconds
-from executor.sac.plan import CheckpointPlan, checkpoint_plan
+from executor.sac.plan import CheckpointPlan
+from executor.sac.planning import checkpoint_plan
 from executor.traced.estimated import EstimateCheck, EstimatedPeakWarning
 from executor.traced.module import Rematerialized, rematerialize
 

@@ -9,7 +9,8 @@ everywhere inside), so it saves fewer bytes than the plain compiled model and th
 regions with every saveable op MUST_SAVE. The plan's peak is measured and asserted below the
 plain compiled model's; the eager model's predicted bytes are not asserted (inductor's fusions
 change what a step allocates). Under compile the policy finds the plan's saved ops by op and
-occurrence, as SAC's own cache does (NOTE [ SAC plans under compile ] in executor/sac/plan.py)."""
+occurrence, as SAC's own cache does (NOTE [ SAC plans under compile ] in
+executor/sac/planned_forward.py)."""
 
 from __future__ import annotations
 

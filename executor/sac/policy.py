@@ -1,8 +1,8 @@
 """A region's SAC policy: MUST_SAVE for the plan's saved ops, MUST_RECOMPUTE for the others, with
 the plan's offloaded ops (saved ones) moved to the host and back (executor/sac/offload.py), and
 the op-stream check (NOTE [ SAC policy state ], NOTE [ SAC plans under compile ] in
-executor/sac/plan.py). Used by `CheckpointPlan.apply` and by the recording, which times it
-(`executor.sac.overhead.measure_overhead`)."""
+executor/sac/planned_forward.py). Used by `CheckpointPlan.apply` and by the recording, which
+times it (`executor.sac.overhead.measure_overhead`)."""
 
 from __future__ import annotations
 

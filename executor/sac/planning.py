@@ -1,0 +1,296 @@
+"""`checkpoint_plan`: record one step of a model and solve its SAC plan (`CheckpointPlan`,
+executor/sac/plan.py).
+
+    plan = executor.checkpoint_plan(model, (x,), "50%")   # record, solve (solver.sac)
+
+`checkpoint_plan` steps:
+1. `_run_eagerly`: one plain step, so a model that fails with the inputs fails with its own error;
+2. `select_blocks`: the blocks (executor/sac/blocks.py), and `_children`: each block's children;
+3. `record_union`: measured windows, op streams, checkpoint price and SAC overhead of both
+   (executor/sac/record.py);
+4. `solve_sac`: the least recompute seconds plus price and overhead under the budget over every
+   granularity (solver/sac/solve.py, solver/sac/union.py); with `offload=` a host link, each
+   saved op may wait on the host instead (NOTE [ SAC offload model ], executor/sac/offload.py).
+docs/sac.md gives the memory model and its measured accuracy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from executor.errors import PlanError
+from executor.fsdp import model_memory, resolve_policy, sharded_world_size
+from executor.loss import default_loss
+from executor.sac.blocks import select_blocks
+from executor.sac.measurer import Measured
+from executor.sac.overhead import measure_offload_seconds
+from executor.sac.plan import CheckpointPlan, model_signature
+from executor.sac.record import RECORDING_STEPS, record_union
+from executor.sac.sharded import solve_sharded
+from executor.sac.step import RecordingTime, Snapshot, in_call_order, leaf_tensors
+from graph_capture.inputs import positional_inputs
+from solver.core.budget import USABLE, Budget
+from solver.core.link import Link
+from solver.interrupt import call_deadline
+from solver.sac.solve import solve_sac
+from solver.sac.union import SacUnion, UnionPlan
+from solver.target import Device, FsdpPolicy
+from solver.target.devices import host_link
+
+__all__ = ["REGIONS", "checkpoint_plan"]
+
+
+def _run_eagerly(model: nn.Module, step: Callable[[], torch.Tensor]) -> None:
+    """One plain step (forward, loss, backward), leaving RNG, buffers and `.grad` as found: a
+    model that fails with the example inputs raises its own error here."""
+    snapshot = Snapshot(model)
+    try:
+        step().backward()
+    finally:
+        snapshot.restore()
+
+
+def _check_device(model: nn.Module, inputs: object, estimate: bool) -> None:
+    """PlanError unless the model's parameters and buffers and the inputs are on the CPU (or,
+    in estimate mode, the meta device): the recording measures bytes from the CPU allocator's
+    profiler events, seconds by wall clock and replays the CPU generator, none of which sees a
+    device's work; estimate mode runs fake CPU tensors."""
+    tensors = [*model.parameters(), *model.buffers(), *leaf_tensors(inputs)]
+    allowed = ("cpu", "meta") if estimate else ("cpu",)
+    devices = sorted({str(t.device) for t in tensors if t.device.type not in allowed})
+    if devices:
+        raise PlanError(
+            f"checkpoint_plan records on the CPU only (or the meta device with a target), and "
+            f"the model or its inputs are on {', '.join(devices)}: measuring a device's bytes, "
+            "seconds and RNG is not supported; solve the plan with the model and inputs on "
+            "the CPU, or on the meta device with target= the device (estimate mode)"
+        )
+
+
+def _measurer(target: str | Device | None) -> Measured:
+    """`Measured` without a target; `Estimate` for a device name, device file or `Device`
+    (`UnknownTargetError` for another)."""
+    if target is None:
+        return Measured()
+    from executor.sac.estimate import Estimate
+    from graph_capture.measurement.roofline import resolve_target
+
+    return Estimate(resolve_target(target))
+
+
+def _check_world_size(world_size: int) -> None:
+    if not isinstance(world_size, int) or world_size < 1:
+        raise PlanError(f"world_size must be a positive integer, not {world_size!r}")
+
+
+REGIONS = ("choose", "blocks", "children")
+"""The candidate regions `checkpoint_plan` solves over (its `regions` argument)."""
+
+
+def checkpoint_plan(
+    model: nn.Module,
+    example_inputs: Sequence[object] | torch.Tensor,
+    budget: str | int | float | None,
+    *,
+    example_kwargs: Mapping[str, object] | None = None,
+    blocks: Sequence[str] | None = None,
+    regions: str = "choose",
+    time_limit: float = 60,
+    loss_fn: Callable[[object], torch.Tensor] = default_loss,
+    target: str | Device | None = None,
+    world_size: int = 1,
+    fsdp: FsdpPolicy | None = None,
+    offload: Link | str | None = None,
+) -> CheckpointPlan:
+    """The SAC plan of least cost (recompute seconds plus checkpoint's price per region plus SAC
+    overhead) for one training step of `model` on the example inputs
+    (`loss_fn(model(*example_inputs, **example_kwargs)).backward()`; `example_inputs`: a tuple
+    or list, or one tensor) whose predicted peak is at most `budget`
+    (`solver.core.budget.Budget`): bytes, units ("512MiB"), a percentage of the step without
+    checkpointing ("50%") or "min" (the least peak of any plan, then the least cost at it).
+    `blocks`: module names or glob patterns of the blocks, run once each per step, in sequence
+    (default: the model's repeated blocks).
+    `regions`: "choose" (per block: no region, the whole block, or some of its children; one
+    exact solve over all of these), "blocks" (whole blocks only) or "children" (children only,
+    where a block's children run once each in sequence; a block with fewer than two children,
+    or whose children do not, stays whole). `time_limit`: seconds for the whole call, the
+    recording and the solve: the recording repeats its measurements (op times thrice, region
+    prices five times) only within half of it, the solve gets what is left; PlanError where the
+    recording, each measurement run once, does not finish within it (naming what it recorded
+    and about how long it needs). InfeasibleBudgetError names the least budget when none
+    fits. `target`: None measures a real step here; a device name (`solver.target`), a
+    device file or a `Device` plans in estimate mode (executor/sac/estimate.py): no real step
+    runs, the model may be on the meta device, bytes and seconds (and `plain_peak`) are
+    predicted for the target, and `plan.target` names it. `world_size` > 1 (or `fsdp`, a
+    `solver.target.FsdpPolicy`, NOTE [ one FSDP policy ] in executor/fsdp.py): the model is
+    sharded by FSDP2 (`fully_shard` on each block and at the root; without `fsdp`, the policy
+    `executor.fsdp_policy` makes for the target, the model's dtype gathered); `budget` is then the
+    device memory per rank (a percentage: of the per-rank peak without checkpointing; None:
+    what the target lets PyTorch allocate, `solver.target.Device.usable`: its capacity less
+    the process's memory outside PyTorch, NCCL's included), and `plan.peak`, `plan.budget`,
+    `plan.plain_peak` are per rank (docs/sac.md, "Under FSDP2"). `offload`: a host link
+    (`solver.Link`: bytes per second each way, `host_memory` bytes), a name of
+    `solver.target.HOST_LINKS` or a built-in target (its host link); the plan may then also
+    offload saved ops of checkpointed regions to the host until the recompute, and park the
+    saved tensors of regions it does not checkpoint until their backward (NOTE [ SAC offload
+    model ], docs/sac.md "Offload"): the least cost with the copies' time predicted from the
+    link, the host copies within `host_memory`; None: keep or recompute only. PlanError (one
+    line) for a model allocating real memory or with data-dependent shapes in estimate mode;
+    `solver.target.UnknownTargetError` for an unknown target. Ctrl-C (from the main thread,
+    where SIGINT has Python's default handler): the first ends the call as the time limit
+    does (the best plan the solve has, or PlanError during the recording), a second raises
+    KeyboardInterrupt."""
+    if regions not in REGIONS:
+        raise PlanError(f"regions must be one of {REGIONS}, not {regions!r}")
+    _check_world_size(world_size)
+    world_size = sharded_world_size(world_size, fsdp)
+    sharded = world_size > 1 or fsdp is not None
+    link = _link(offload)
+    if link is not None and sharded:
+        raise PlanError(
+            "offload= plans one process's step, not a sharded one: leave offload out with "
+            "world_size > 1 or fsdp"
+        )
+    wanted = Budget.of(budget)  # an unreadable budget fails before any recording
+    example_inputs = positional_inputs(example_inputs, PlanError)
+    kwargs = dict(example_kwargs or {})
+    measurer = _measurer(target)
+    device = getattr(measurer, "device", None)
+    if wanted.kind == USABLE and not (sharded and device is not None):
+        raise PlanError(
+            "budget None is a target's usable memory per rank, for a sharded plan (a target "
+            "and world_size > 1): give bytes, units, a percentage or 'min'"
+        )
+    policy = resolve_policy(model, world_size, fsdp, device) if sharded else None
+    _check_device(model, (example_inputs, kwargs), measurer.target is not None)
+    with call_deadline(time_limit, PlanError) as deadline:
+        sets = 1 if regions == "blocks" else 2  # the blocks, and their children
+        clock = RecordingTime(
+            time_limit,
+            deadline,
+            deadline.share(0.5),
+            sum(RECORDING_STEPS[k] for k in ("eager", "windows", "order"))
+            + sets * sum(RECORDING_STEPS[k] for k in ("ops", "prices")),
+        )
+
+        with measurer.running(model, (example_inputs, kwargs)) as (inputs, kw):
+
+            def step() -> torch.Tensor:
+                return loss_fn(model(*inputs, **kw))
+
+            if measurer.runs_warmup:
+                _run_eagerly(model, step)
+            clock.finished("a plain step", RECORDING_STEPS["eager"])
+            selected = select_blocks(model, blocks)
+            kids = [] if regions == "blocks" else _kids(selected)
+            order = in_call_order(model, selected + kids, step)
+            blocks_ = {
+                id(pair) for pair in selected
+            }  # the pairs themselves: a child may be a block
+            named = [pair for pair in order if id(pair) in blocks_]
+            children = [None] * len(named) if regions == "blocks" else _children(named, order)
+            clock.finished("the call order", RECORDING_STEPS["order"])
+            union, kept = record_union(model, named, children, step, clock=clock, measurer=measurer)
+        whole = regions != "children"
+        if policy is None:
+            if link is not None:
+                seconds = measure_offload_seconds()
+                union = replace(union, blocks=replace(union.blocks, offload_seconds=seconds))
+            solution = solve_sac(union, wanted, deadline, whole=whole, link=link)
+            plan = _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
+            return plan if link is None else replace(plan, link=link, host=solution.host)
+        memory = model_memory(model, [m for _, m in named], policy)
+        done = solve_sharded(
+            union, memory, wanted, device, deadline, whole, policy.nccl_communicators
+        )
+        plan = _plan(model, named, kept, union, done.solution, measurer.target, done.plain_peak)
+        return replace(plan, world_size=policy.world_size)
+
+
+def _link(offload: Link | str | None) -> Link | None:
+    """The host link `offload=` names (None: none); PlanError for anything else."""
+    if offload is None:
+        return None
+    if not isinstance(offload, Link | str):
+        raise PlanError(
+            f"offload must be a solver.Link, a host link or target name, or None, not {offload!r}"
+        )
+    return host_link(offload)
+
+
+def _kids(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """The children of the blocks of `named`, (qualified name, module)."""
+    return [(f"{name}.{c}", m) for name, block in named for c, m in block.named_children()]
+
+
+def _children(
+    named: list[tuple[str, nn.Module]], order: list[tuple[str, nn.Module]]
+) -> list[list[tuple[str, nn.Module]] | None]:
+    """Per block, its children in the order a forward first calls them (`order`: the blocks'
+    and children's, from `in_call_order`), None for a block with fewer than two."""
+    rank = {id(m): k for k, (_, m) in enumerate(order)}
+    out: list[list[tuple[str, nn.Module]] | None] = []
+    for name, block in named:
+        kids = _kids([(name, block)])
+        called = sorted((k for k in kids if id(k[1]) in rank), key=lambda k: rank[id(k[1])])
+        out.append(called if len(kids) >= 2 else None)
+    return out
+
+
+def _plan(
+    model: nn.Module, named, kept, union: SacUnion, solution, target: str | None, plain: int
+) -> CheckpointPlan:
+    """The plan's regions in order: each block, then its children where it has a split."""
+    names, types_, ops, checkpointed, saved, offloaded, parked = [], [], [], [], [], [], []
+    plan: UnionPlan = solution.plan
+    for j, (name, module) in enumerate(named):
+        block = union.blocks.blocks[j]
+        names.append(name)
+        types_.append(type(module).__name__)
+        ops.append(tuple(op.name for op in block.ops))
+        checkpointed.append(plan.blocks.checkpointed[j])
+        saved.append(plan.blocks.saved[j])
+        offloaded.append(plan.blocks.offloads()[j])
+        parked.append(plan.blocks.plain_offloads()[j])
+        if kept[j] is None:
+            continue
+        split, sub = union.splits[j], plan.children[j]
+        for (kid, m), child, c, s, o, q in zip(
+            kept[j],
+            split.children,
+            sub.checkpointed,
+            sub.saved,
+            sub.offloads(),
+            sub.plain_offloads(),
+            strict=True,
+        ):
+            names.append(kid)
+            types_.append(type(m).__name__)
+            ops.append(tuple(op.name for op in child.ops))
+            checkpointed.append(c)
+            saved.append(s)
+            offloaded.append(o)
+            parked.append(q)
+    return CheckpointPlan(
+        model_signature=model_signature(model),
+        regions=tuple(names),
+        region_types=tuple(types_),
+        ops=tuple(ops),
+        checkpointed=tuple(checkpointed),
+        saved=tuple(saved),
+        status=solution.status,
+        peak=solution.peak,
+        cost=solution.cost,
+        bound=solution.bound,
+        gap=solution.gap,
+        budget=solution.budget,
+        plain_peak=plain,
+        problem=union,
+        target=target,
+        offloaded=tuple(offloaded) if any(offloaded) else None,
+        plain_offloaded=tuple(parked) if any(parked) else None,
+    )
