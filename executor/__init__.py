@@ -42,7 +42,8 @@ from executor.memory import PeakMemory, measure_peak, median_seconds
 from executor.sac.plan import CheckpointPlan
 from executor.sac.planning import checkpoint_plan
 from executor.traced.estimated import EstimateCheck, EstimatedPeakWarning
-from executor.traced.module import Rematerialized, rematerialize
+from executor.traced.module import Rematerialized
+from executor.traced.rematerialize import rematerialize
 
 __all__ = [
     "AutocastMismatchError",

@@ -15,7 +15,7 @@ from capture_checks import assert_exact_replay
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from executor.traced.module import rematerialize
+from executor.traced.rematerialize import rematerialize
 from graph_capture import CaptureError, capture
 from graph_capture.models import hf_models
 from graph_capture.trace.autograd_functions import recording_functions

@@ -14,7 +14,8 @@ from torch import nn
 import solver
 from executor.errors import InputMismatchError, UnsupportedScheduleError
 from executor.memory import measure_peak
-from executor.traced.module import Rematerialized, rematerialize
+from executor.traced.module import Rematerialized
+from executor.traced.rematerialize import rematerialize
 from graph_capture import capture
 from graph_capture.measurement.device import fork_rng, generator
 from graph_capture.measurement.peak import plain_step_peak

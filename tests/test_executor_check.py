@@ -16,7 +16,8 @@ from torch import nn
 import solver
 from cli.main import main
 from executor.errors import RematerializeError
-from executor.traced.module import Rematerialized, rematerialize
+from executor.traced.module import Rematerialized
+from executor.traced.rematerialize import rematerialize
 from graph_capture import capture
 
 pytestmark = pytest.mark.usefixtures("one_thread")

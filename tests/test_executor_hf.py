@@ -13,7 +13,8 @@ import torch
 import solver
 from executor.errors import InputMismatchError, UnusedOutputGradientError
 from executor.memory import measure_peak
-from executor.traced.module import Rematerialized, check_against_eager, rematerialize
+from executor.traced.module import Rematerialized, check_against_eager
+from executor.traced.rematerialize import rematerialize
 from graph_capture import CaptureError, capture
 from graph_capture.models import hf_models
 from solver import prepare

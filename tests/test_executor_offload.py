@@ -26,8 +26,9 @@ from benchmarks.running.offload import Reduction, measure, solved
 from executor.errors import ExecutorError, RematerializeError, UnsupportedScheduleError
 from executor.memory import measure_peak
 from executor.traced.interpreter import ScheduleInterpreter
-from executor.traced.module import Rematerialized, rematerialize
+from executor.traced.module import Rematerialized
 from executor.traced.offload import StepCopies, Transfers
+from executor.traced.rematerialize import rematerialize
 from graph_capture import capture
 from graph_capture.measurement.device import fork_rng
 from graph_capture.models.demo_models import TinyGPT
