@@ -28,9 +28,11 @@ def test_measure_each_sees_a_temporary_freed_before_the_call_returns():
 
 def test_garbage_of_earlier_work_is_not_freed_inside_a_measurement():
     """A tensor allocated in an earlier measurement and then held only by a reference cycle
-    (as a compiled model's copies hold their gradients) is collected before the next window
-    opens: a collection inside the window (forced here by the call itself) finds nothing of it,
-    so its free (which the profiler knows the size of) never lowers the call's peak."""
+    (as a compiled model's copies hold their gradients) is frozen while the next window is
+    open: a collection inside the window (forced here by the call itself) finds nothing of it,
+    so its free (which the profiler knows the size of) never lowers the call's peak. The
+    window leaves the collector's freeze as it found it, and collects where objects are
+    frozen already."""
     held: list = []
 
     def leave_a_cycle() -> None:
@@ -53,6 +55,16 @@ def test_garbage_of_earlier_work_is_not_freed_inside_a_measurement():
             gc.enable()
     assert measured.peak_bytes == 3000
     assert measured.end_bytes == 0
+    assert gc.get_freeze_count() == 0
+    measure_peak(leave_a_cycle)
+    held.clear()
+    gc.freeze()  # the caller's: the window collects the cycle before it opens
+    try:
+        frozen = gc.get_freeze_count()
+        assert measure_peak(call).peak_bytes == 3000
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
 
 
 def test_a_measurement_writes_nothing_to_stderr(capfd):
