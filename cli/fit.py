@@ -30,8 +30,8 @@ import torch
 
 from cli.profile import add_target_argument
 from cli.solve import parse_link
+from executor.fitting.api import fit
 from executor.fitting.memory import FSDP_OPTIMIZERS, OPTIMIZERS
-from executor.fitting.search import fit
 from executor.fsdp import FsdpPolicy, fsdp_policy
 from graph_capture.models.factories import import_factory
 

@@ -35,7 +35,7 @@ from executor.errors import (
     UnsupportedScheduleError,
     UnusedOutputGradientError,
 )
-from executor.fitting.search import Fit, fit
+from executor.fitting.api import fit
 from executor.fsdp import FsdpPolicy, fsdp_policy
 from executor.loss import default_loss
 from executor.memory import PeakMemory, measure_peak, median_seconds
@@ -44,6 +44,7 @@ from executor.sac.planning import checkpoint_plan
 from executor.traced.estimated import EstimateCheck, EstimatedPeakWarning
 from executor.traced.module import Rematerialized
 from executor.traced.rematerialize import rematerialize
+from solver.fitting.result import Fit
 
 __all__ = [
     "AutocastMismatchError",
