@@ -2,7 +2,7 @@
 profiler's allocation events, wall-clock seconds, regions timed alone) or
 `executor.sac.estimate.Estimate` (a step under fake tensors: storages created and freed,
 seconds from a target device's model). The recording (executor/sac/record.py, windows.py,
-overhead.py) is one code path; it asks its measurer for each number."""
+op_streams.py, overhead.py) is one code path; it asks its measurer for each number."""
 
 from __future__ import annotations
 

@@ -10,13 +10,13 @@ Steps (`record_union`):
    previous one, and its output's gradient completes before the previous child's (a child
    called twice, such as one ReLU module used twice, or an in-place child whose output is its
    input, is not).
-2. `record_ops`: for the blocks, then for the split blocks' children: the forward again,
-   `repeats` times, under a TorchDispatchMode that sees the ops the SAC policy sees (every
-   dispatched op but `SAC_IGNORED_OPS`) and under saved-tensor hooks that see what autograd
-   saves: per op its new storage bytes (deduplicated by storage), the last op reading it,
-   whether autograd saves it, whether it may be MUST_SAVE, and its median wall time (pointwise
-   ops count 0 FLOPs yet take real time on CPU); then once more under the profiler, each op in
-   a window, for its scratch bytes (`_measure_scratch`).
+2. `record_ops` (`executor.sac.op_streams`): for the blocks, then for the split blocks'
+   children: the forward again, `repeats` times, under a TorchDispatchMode that sees the ops
+   the SAC policy sees and under saved-tensor hooks that see what autograd saves: per op its
+   new storage bytes, the last op reading it, whether autograd saves it, whether it may be
+   MUST_SAVE, its wall time and, once more under the profiler, its scratch bytes; `sac_block`
+   (`executor.sac.facts`) makes a block's facts a torch-free block, each op's seconds the
+   median of its runs.
 3. `measure_overhead` (`executor.sac.overhead`): per region, the seconds its SAC policy costs
    beyond plain checkpoint, and plain checkpoint beyond none; the latter less the recorded
    seconds of the ops a full recompute reruns is the region's `price` (where it is less, those
@@ -32,187 +32,26 @@ target's workspace model).
 
 from __future__ import annotations
 
-import contextlib
 import statistics
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 
-import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from executor.errors import PlanError
 from executor.sac.alike import region_kinds
+from executor.sac.facts import BlockFacts, sac_block
 from executor.sac.measurer import Measured, storage_key
+from executor.sac.op_streams import record_ops
 from executor.sac.overhead import RegionTimes, Stream, measure_overhead, pooled, priced
-from executor.sac.region import buffer_state, cache_off_hooks, mutated_buffers
-from executor.sac.step import RecordingTime, Snapshot, Step, hooked, leaf_tensors
+from executor.sac.region import cache_off_hooks
+from executor.sac.step import RecordingTime, Step, hooked
 from executor.sac.windows import measure_windows
-from graph_capture.measurement.peak import memory_profile
-from solver.sac import SacBlock, SacOp, SacProblem
-from solver.sac.memory import plain_forward_live
+from solver.sac import SacProblem
 from solver.sac.union import SacSplit, SacUnion
 from solver.sac.windows import Windows
 
 
-@dataclass
-class _OpFacts:
-    name: str
-    last_read: int
-    random: bool
-    seconds: list[float] = field(default_factory=list)
-    storages: dict[int, int] = field(default_factory=dict)  # new storage -> bytes
-    saved: set[int] = field(default_factory=set)  # of those, the ones autograd saves
-    outputs: set[int] = field(default_factory=set)  # and the block's outputs
-    mutated: bool = False
-    scratch: int = 0
-
-
-@dataclass
-class _BlockFacts:
-    ops: list[_OpFacts] = field(default_factory=list)
-    stop: int = -1
-    inputs: dict[int, int] = field(default_factory=dict)  # storage -> bytes
-    packed: set[int] = field(default_factory=set)  # storages autograd saved
-    buffers: dict[str, int] = field(default_factory=dict)  # mutated buffer -> bytes
-
-
-class _Recorder(TorchDispatchMode):
-    """Attributes each dispatched op to the block running (`block`, None outside blocks)."""
-
-    def __init__(
-        self, blocks: list[_BlockFacts], first: bool, measurer: Measured, mark_ops: bool = False
-    ) -> None:
-        super().__init__()
-        self.blocks = blocks
-        self.measurer = measurer
-        self.first = first
-        self.mark_ops = mark_ops  # each op in a profiler window, in `marked` order
-        self.marked: list[tuple[int, int]] = []  # (block, op) of each window
-        self.block: int | None = None
-        self.position = 0
-        self.creator: dict[int, int] = {}  # storage -> op index in the current block
-
-    def enter(self, j: int, inputs: Sequence[torch.Tensor]) -> None:
-        self.block, self.position, self.creator = j, 0, {}
-        if self.first:
-            self.blocks[j].inputs = {storage_key(t): self.measurer.nbytes(t) for t in inputs}
-
-    def leave(self, outputs: Sequence[torch.Tensor]) -> None:
-        if not self.first and self.position != len(self.blocks[self.block].ops):
-            raise PlanError(
-                f"the forward of block {self.block} dispatches {self.position} ops in one run "
-                f"and {len(self.blocks[self.block].ops)} in another: SAC cannot plan it"
-            )
-        if self.first:
-            ops = self.blocks[self.block].ops
-            for t in outputs:
-                if (c := self.creator.get(storage_key(t))) is not None:
-                    ops[c].last_read = len(ops) - 1
-                    ops[c].outputs.add(storage_key(t))
-        self.block = None
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        if self.block is not None and self.first:
-            facts = self.blocks[self.block]
-            facts.stop = self.position - 1
-            facts.packed.add(storage_key(t))
-            if (c := self.creator.get(storage_key(t))) is not None:
-                facts.ops[c].saved.add(storage_key(t))
-        return t
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in SAC_IGNORED_OPS or self.block is None:
-            return func(*args, **kwargs)
-        if self.mark_ops:
-            from torch._C._profiler import _RecordFunctionFast
-
-            self.marked.append((self.block, self.position))
-            with _RecordFunctionFast(f"remat.sacop:{len(self.marked) - 1}"):
-                out = func(*args, **kwargs)
-            self.position += 1
-            return out
-        out, seconds = self.measurer.call(func, args, kwargs)
-        facts = self.blocks[self.block]
-        i, self.position = self.position, self.position + 1
-        if not self.first:
-            if i >= len(facts.ops) or facts.ops[i].name != str(func):
-                raise PlanError(
-                    f"the forward of block {self.block} dispatches {func} at op {i} in one run "
-                    "and not in another: its op stream is not deterministic, SAC cannot plan it"
-                )
-            facts.ops[i].seconds.append(seconds)
-            return out
-        read = {storage_key(t) for t in leaf_tensors((args, kwargs))}
-        for s in read:
-            if (c := self.creator.get(s)) is not None:
-                facts.ops[c].last_read = i
-        storages: dict[int, int] = {}
-        seen = set()
-        for t in leaf_tensors(out):
-            s = storage_key(t)
-            if s in seen:
-                continue
-            seen.add(s)
-            if s in read:
-                if func._schema.is_mutable and (c := self.creator.get(s)) is not None:
-                    facts.ops[c].mutated = True
-            else:  # a new storage, possibly where a freed one was
-                self.creator[s] = i
-                storages[s] = self.measurer.nbytes(t)
-        random = torch.Tag.nondeterministic_seeded in func.tags
-        scratch = self.measurer.scratch(func, args, kwargs, out)
-        facts.ops.append(_OpFacts(str(func), i, random, [seconds], storages, scratch=scratch))
-        return out
-
-
-def _hooks(blocks: Sequence[nn.Module], on_enter, on_leave) -> list:
-    handles = []
-    for j, block in enumerate(blocks):
-        handles.append(
-            block.register_forward_pre_hook(
-                lambda _m, a, k, j=j: on_enter(j, leaf_tensors((a, k))), with_kwargs=True
-            )
-        )
-        handles.append(block.register_forward_hook(lambda _m, _a, o, j=j: on_leave(j, o)))
-    return handles
-
-
-def _buffer_hooks(
-    blocks: Sequence[nn.Module], facts: list[_BlockFacts], measurer: Measured
-) -> list:
-    """Hooks recording, per block, the buffers its forward mutates and their bytes; registered
-    after `_hooks`, they run outside the recorder's block (the pre-hook first, the hook last),
-    so their copies and comparisons are not ops of the block."""
-    before: dict[int, dict] = {}
-
-    def leave(j: int, block: nn.Module) -> None:
-        named = dict(block.named_buffers())
-        for n in mutated_buffers(block, before.pop(j), measurer.changed):
-            facts[j].buffers[n] = measurer.nbytes(named[n])
-
-    handles = []
-    for j, block in enumerate(blocks):
-        handles.append(
-            block.register_forward_pre_hook(
-                lambda m, _a, j=j: before.__setitem__(j, buffer_state(m)), prepend=True
-            )
-        )
-        handles.append(block.register_forward_hook(lambda m, _a, _o, j=j: leave(j, m)))
-    return handles
-
-
-class _Recorded(Exception):
-    """The blocks to record have run: the rest of the forward is not needed."""
-
-
-def _end_forward(_module: nn.Module, _args, _out) -> None:
-    raise _Recorded
-
-
-def _record_alike(model, modules, step: Step, runs, measurer, kinds) -> list[_BlockFacts]:
+def _record_alike(model, modules, step: Step, runs, measurer, kinds) -> list[BlockFacts]:
     """`record_ops` over `modules` (in call order); with `kinds` (executor/sac/alike.py), of
     the first module of each kind only, the forward ending after the last of them, each
     other module given the facts of the first of its kind."""
@@ -227,102 +66,12 @@ def _record_alike(model, modules, step: Step, runs, measurer, kinds) -> list[_Bl
     return [recorded[first[kind]] for kind in kinds]
 
 
-def record_ops(
-    model: nn.Module,
-    blocks: Sequence[nn.Module],
-    step: Step,
-    runs: Iterable[int] = range(3),
-    measurer: Measured | None = None,
-    whole: bool = True,
-) -> list[_BlockFacts]:
-    """Each block's forward op stream over the forwards `runs` (0, 1, ...; module docstring,
-    step 2), its bytes and seconds from `measurer` (default `Measured`); `whole=False`: each
-    forward ends where the last of `blocks` (in call order) returns."""
-    measurer = measurer or Measured()
-    facts = [_BlockFacts() for _ in blocks]
-    snapshot = Snapshot(model)
-    try:
-        for run in runs:
-            recorder = _Recorder(facts, run == 0, measurer)
-            handles = _hooks(
-                blocks, recorder.enter, lambda _j, o, r=recorder: r.leave(leaf_tensors(o))
-            )
-            if run == 0:
-                handles += _buffer_hooks(blocks, facts, measurer)
-            if not whole:
-                handles.append(blocks[-1].register_forward_hook(_end_forward))
-            saves = torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t)
-            with hooked(handles), recorder, saves, contextlib.suppress(_Recorded):
-                step()
-            snapshot.restore()
-        if measurer.measures_scratch:
-            _measure_scratch(model, blocks, step, facts, measurer)
-    finally:
-        snapshot.restore()
-    return facts
-
-
-def _measure_scratch(model, blocks, step: Step, facts: list[_BlockFacts], measurer) -> None:
-    """Each op's scratch bytes: the most it held at once during its call beyond what it left
-    allocated at its end (its outputs), from the profiler's allocation events in a window
-    around the call."""
-    from graph_capture.measurement.peak import window_peaks
-
-    recorder = _Recorder(facts, False, measurer, mark_ops=True)
-    handles = _hooks(blocks, recorder.enter, lambda _j, _o: setattr(recorder, "block", None))
-    with hooked(handles), memory_profile() as prof, recorder:
-        loss = step()
-        del loss
-    for (j, i), (peak, end) in zip(
-        recorder.marked, window_peaks(prof, "remat.sacop:"), strict=True
-    ):
-        facts[j].ops[i].scratch = max(facts[j].ops[i].scratch, peak - end)
-
-
 RECORDING_STEPS = {"eager": 1, "order": 1, "windows": 2, "ops": 3, "prices": 7}
 """Plain steps' worth of each part of a recording at one run per measurement (`RecordingTime`):
 a plain step, a forward finding the call order (per set of regions), the profiled step of the
 windows, an op-stream recording (a forward with a backward, then one under the profiler), the
 prices of a set of regions (their inputs, then each region alone six times). Estimates, for
 the time a recording needs."""
-
-
-def _op(o: _OpFacts) -> SacOp:
-    """The torch-free op: bytes per kind of storage, the median of its measured seconds."""
-    new_bytes = sum(o.storages.values())
-    return SacOp(
-        name=o.name,
-        new_bytes=new_bytes,
-        seconds=statistics.median(o.seconds),
-        last_read=o.last_read,
-        saved_bytes=sum(o.storages[s] for s in o.saved - o.outputs),
-        saveable=new_bytes > 0 and not o.mutated and not o.random,
-        scratch=o.scratch,
-        output_bytes=sum(o.storages[s] for s in o.outputs),
-    )
-
-
-def _block(
-    name: str,
-    f: _BlockFacts,
-    window: tuple[int, int, int, int],
-    params: set[int],
-    rng_bytes: int,
-):
-    """The torch-free block of recorded facts and its plain windows (f_start, f_peak, b_start,
-    b_peak), its `workspace` the plain forward's measured peak beyond the op-level model;
-    `rng_bytes` the RNG state a checkpoint keeps (`Measured.rng_state_bytes`)."""
-    ops = tuple(_op(o) for o in f.ops)
-    copies = sum(f.buffers.values())  # the mutated buffers' values from before the forward
-    held_extra = (
-        rng_bytes
-        + copies
-        + sum(nbytes for s, nbytes in f.inputs.items() if s not in f.packed and s not in params)
-    )
-    block = SacBlock(name, ops, f.stop, held_extra, 0, *window, buffers=tuple(sorted(f.buffers)))
-    modelled = max((plain_forward_live(block, t) for t in range(len(ops))), default=0)
-    workspace = max(0, window[1] - window[0] - modelled)
-    return replace(block, workspace=workspace, recompute_extra=rng_bytes + copies)
 
 
 def record_union(
@@ -362,7 +111,7 @@ def _record_union(model, blocks, children, step, repeats, clock: RecordingTime, 
        kind, from one forward
     3. `_op_streams`: the blocks' op streams, then the kept children's
     4. `_prices`: each region's SAC overhead and plain checkpoint's price
-    5. `_block` per block, priced, and `_splits`: the kept children as torch-free blocks
+    5. `sac_block` per block, priced, and `_splits`: the kept children as torch-free blocks
 
     then the `SacUnion` (its bytes' basis "measured" or, with a target, "predicted") and the
     children kept per block (None where the block is not split).
@@ -395,7 +144,7 @@ def _record_union(model, blocks, children, step, repeats, clock: RecordingTime, 
     out = []
     for j, (name, f) in enumerate(zip(names, facts, strict=True)):
         window = (windows.f_start[j], windows.f_peak[j], windows.b_start[j], windows.b_peak[j])
-        out.append(priced(_block(name, f, window, params, rng_bytes), overheads[j]))
+        out.append(priced(sac_block(name, f, window, params, rng_bytes), overheads[j]))
     splits, kept = _splits(kept, windows, flat_facts, overheads[len(blocks) :], params, rng_bytes)
     basis = "measured" if measurer.target is None else "predicted"
     problem = SacProblem(tuple(out), tuple(windows.segments), windows.peak, basis)
@@ -411,7 +160,7 @@ def _op_streams(
     clock: RecordingTime,
     measurer: Measured,
     kinds: list | None,
-) -> tuple[list[_BlockFacts], list[_BlockFacts]]:
+) -> tuple[list[BlockFacts], list[BlockFacts]]:
     """The recorded facts of the blocks' (`modules`) op streams, then of the kept children's
     (`kids`, none recorded where there are none), each up to `repeats` runs within `clock`'s
     spare time (a third of it to the blocks, half the rest to the children); `kinds` (per
@@ -433,7 +182,7 @@ def _prices(
     model: nn.Module,
     regions: list[nn.Module],
     block_names: list[str],
-    facts: list[_BlockFacts],
+    facts: list[BlockFacts],
     step: Step,
     clock: RecordingTime,
     measurer: Measured,
@@ -471,7 +220,7 @@ def _prices(
 def _splits(
     kept: list[list[tuple[str, nn.Module]] | None],
     windows: Windows,
-    kid_facts: list[_BlockFacts],
+    kid_facts: list[BlockFacts],
     kid_overheads: list[RegionTimes | RuntimeError],
     params: set[int],
     rng_bytes: int,
@@ -488,7 +237,7 @@ def _splits(
             splits.append(None)
             continue
         made = [
-            priced(_block(n, next(facts), w, params, rng_bytes), next(overheads))
+            priced(sac_block(n, next(facts), w, params, rng_bytes), next(overheads))
             for (n, _), w in zip(kids, windows.splits[j], strict=True)
         ]
         if any(child is None for child in made):

@@ -1,5 +1,5 @@
 """How a region runs inside `torch.utils.checkpoint`, at runtime (`executor.sac`) and in the
-recording (`executor.sac.record`, `executor.sac.overhead`) alike:
+recording (`executor.sac.record`, `executor.sac.op_streams`, `executor.sac.overhead`) alike:
 
 - `cache_off`: a region that runs inside checkpoint gets HuggingFace's KV cache off, as under
   HF's own gradient checkpointing (`GradientCheckpointingLayer`): `use_cache=True` becomes
