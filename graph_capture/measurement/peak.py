@@ -234,10 +234,11 @@ def memory_profile() -> Iterator[torch.profiler.profile]:
     gradients), and where such a tensor was allocated in an earlier session the profiler knows
     its size and records the free, which lowers the running sum (the SAC tests after a
     torch.compile test read peaks 3,072 and 12,288 B short). Freezing and unfreezing move the
-    collector's lists whole: a full collection before the session, which also keeps them out,
-    takes 0.3-0.7 s in a process that has run many tests, at every measurement. Where objects
-    are frozen already (an enclosing session, or the caller's own `gc.freeze`), the session
-    leaves the freeze as found and collects instead (the frozen objects are not scanned)."""
+    collector's lists whole, where a full collection before the session, which also keeps
+    them out, costs 0.66 s a measurement on average in a process running the whole test
+    suite. Where objects are frozen already (an enclosing session, or the caller's own
+    `gc.freeze`), the session leaves the freeze as found and collects instead (the frozen
+    objects are not scanned)."""
     from torch.profiler import ProfilerActivity, profile
 
     freezes = gc.get_freeze_count() == 0
