@@ -114,3 +114,16 @@ def test_cover_ceiling_is_under_a_schedule_it_bounds() -> None:
     schedule = solver.solve(graph, row["bytes"], time_limit=5)
     first = sum(graph.nodes[v]["cost"] for v in graph)
     assert row["bound"] <= (schedule.cost - first) / first + 1e-4  # rounded to 4 places
+
+
+def test_sac_estimate_row_runs_both_plans_on_the_real_model() -> None:
+    """`benchmarks.planning.sac_estimate.compare` on its smallest model: both plans at one
+    budget in bytes, each measured within it on the real model."""
+    pytest.importorskip("transformers")
+    from benchmarks.planning.sac_estimate import MIB, compare
+
+    row = compare("gpt2_tiny", "60%", steps=1, time_limit=10)
+    assert row["estimate budget"] == "measured plan's"
+    for mode in ("measured", "estimate"):
+        assert 0 < row[f"{mode} measured MiB"] * MIB <= row["budget MiB"] * MIB
+        assert row[f"{mode} ms"] > 0

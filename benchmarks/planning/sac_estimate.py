@@ -78,11 +78,11 @@ def compare(name: str, budget: str, steps: int, time_limit: float) -> dict:
     row["budget MiB"] = plans["measured"].budget / MIB
     for mode, plan in plans.items():
         row[f"{mode} plain MiB"] = plan.plain_peak / MIB
-    eager_peak, eager_s = measure_step(copy.deepcopy(model), inputs, kwargs, steps)
+    eager_peak, eager_s, _ = measure_step(copy.deepcopy(model), inputs, kwargs, steps)
     row["eager MiB"] = eager_peak / MIB
     row["eager ms"] = eager_s * 1e3
     for mode, plan in plans.items():
-        peak, seconds = measure_step(plan.apply(copy.deepcopy(model)), inputs, kwargs, steps)
+        peak, seconds, _ = measure_step(plan.apply(copy.deepcopy(model)), inputs, kwargs, steps)
         row[f"{mode} predicted MiB"] = plan.peak / MIB
         row[f"{mode} measured MiB"] = peak / MIB
         row[f"{mode} ms"] = seconds * 1e3
