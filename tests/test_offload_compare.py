@@ -1,6 +1,7 @@
-"""The whole-activation offload baselines of benchmarks/running/offload_compare.py: the hooks
-copy exactly (gradients `torch.equal` to eager's), their host bytes are counted from the pool,
-and torchtune's copies as ops on the keep-all schedule are a valid schedule."""
+"""The whole-activation offload baselines of benchmarks/running/offload_compare_baselines.py: the
+hooks copy exactly (gradients `torch.equal` to eager's), their host bytes are counted from the
+pool, and torchtune's copies as ops on the keep-all schedule
+(benchmarks/running/offload_compare_predict.py) are a valid schedule."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ import torch
 from torch import nn
 
 import solver
-from benchmarks.running.offload_compare import (
+from benchmarks.running.offload_compare_baselines import (
     SaveOnCpu,
     TorchtuneOffload,
-    _grads,
-    _hooked_step,
-    _loss_step,
-    torchtune_ops,
+    hooked_step,
+    loss_step,
+    step_gradients,
 )
+from benchmarks.running.offload_compare_predict import torchtune_ops
 from executor.memory import measure_peak
 from executor.traced.offload import HostPool
 from graph_capture import capture
@@ -39,14 +40,14 @@ def test_baseline_hooks_copy_exactly_and_count_host_bytes() -> None:
     torch.manual_seed(0)
     model, inputs = _Net().train(), (torch.randn(16, 64),)
     eager = copy.deepcopy(model)
-    eager_step = _loss_step(eager, inputs)
-    reference = _grads(eager, eager_step, seed=3)
+    eager_step = loss_step(eager, inputs)
+    reference = step_gradients(eager, eager_step, seed=3)
     copied = {}
     for make in (SaveOnCpu, TorchtuneOffload):
         pool = HostPool()
         replica = copy.deepcopy(model)
-        step, last = _hooked_step(replica, inputs, lambda make=make, pool=pool: make(pool))
-        grads = _grads(replica, step, seed=3)
+        step, last = hooked_step(replica, inputs, lambda make=make, pool=pool: make(pool))
+        grads = step_gradients(replica, step, seed=3)
         assert all(torch.equal(a, b) for a, b in zip(grads, reference, strict=True))
         pool.reset_peak()
         measure_peak(step)
