@@ -27,7 +27,8 @@ from solver.exact.offload import solve_with_offload
 from solver.examples import chain, uniform_training_chain
 from solver.heuristics.offload import offload_runs
 from solver.io import save_graph
-from solver.milp.offload import OffloadTimes, _Model, variable_count
+from solver.milp.offload_model import OffloadModel, variable_count
+from solver.milp.offload_times import OffloadTimes
 from solver.target.devices import BUILT_IN, HOST_LINKS, Device, UnknownTargetError, builtin_device
 
 TIME_LIMIT = 30.0
@@ -297,7 +298,7 @@ def test_the_offload_model_is_counted_as_built():
         problem = solver.prepare(graph)
         for link in (Link(1, 1), Link(1, 1, host_memory=4)):
             times = OffloadTimes.of(problem, link)
-            model = _Model(problem, 10, link, times, None, NEVER)
+            model = OffloadModel(problem, 10, link, times, None, NEVER)
             assert variable_count(problem, link) == len(model.m.proto.variables)
 
 
@@ -315,7 +316,7 @@ def _model_time(problem, link: Link, plan, budget: int) -> float | None:
     """The least T of the offload model with every choice fixed to `plan`'s (graph units), or
     None where the model refutes the plan within `budget` bytes."""
     times = OffloadTimes.of(problem, link)
-    model = _Model(problem, budget, link, times, None, NEVER)
+    model = OffloadModel(problem, budget, link, times, None, NEVER)
     model.hint(plan)
     proto = model.m.proto
     for var, value in zip(proto.solution_hint.vars, proto.solution_hint.values, strict=True):
