@@ -39,7 +39,10 @@ def print_progress(seconds: float, objective: float, bound: float) -> None:
     print(f"  [{seconds:7.2f}s] incumbent {objective:.6g}  bound {bound:.6g}", file=sys.stderr)
 
 
-class _Progress(cp_model.CpSolverSolutionCallback):
+class Progress(cp_model.CpSolverSolutionCallback):
+    """CP-SAT's solution callback reporting (wall seconds, objective, best bound) to
+    ``report`` at each solution found."""
+
     def __init__(self, report: ProgressFn) -> None:
         super().__init__()
         self._report = report
@@ -152,7 +155,7 @@ class CpSatModel:
         # Ctrl-C is the solve's to handle (`solver.interrupt`): CP-SAT's own handler would end
         # this call only, and the next step would run on.
         solver.parameters.catch_sigint_signal = False
-        callback = _Progress(progress) if progress else None
+        callback = Progress(progress) if progress else None
         with deadline.on_stop(solver.stop_search):
             status = solver.solve(m, callback)
         name = solver.status_name(status)

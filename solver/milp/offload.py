@@ -13,7 +13,7 @@ from solver.core.link import Link
 from solver.core.offload import OffloadPlan
 from solver.deadline import Deadline
 from solver.errors import InvalidScheduleError
-from solver.milp.cpsat import OVERRUN_PER_VARIABLE, OVERRUN_SHARE, ProgressFn
+from solver.milp.cpsat import OVERRUN_PER_VARIABLE, OVERRUN_SHARE, Progress, ProgressFn
 from solver.milp.offload_model import OffloadModel
 from solver.milp.offload_times import OffloadTimes
 
@@ -66,7 +66,7 @@ def solve_offload_model(
     solver.parameters.max_presolve_iterations = 1
     solver.parameters.cp_model_probing_level = 0
     solver.parameters.catch_sigint_signal = False
-    callback = _Progress(progress) if progress else None
+    callback = Progress(progress) if progress else None
     with deadline.on_stop(solver.stop_search):
         status = solver.solve(model.m, callback)
     name = solver.status_name(status)
@@ -81,12 +81,3 @@ def solve_offload_model(
 def _whole_bound(bound: float) -> int:
     """CP-SAT's bound (a whole number handed over as a float) as an int; 0 where not finite."""
     return max(0, round(bound)) if bound == bound and abs(bound) < 2**62 else 0
-
-
-class _Progress(cp_model.CpSolverSolutionCallback):
-    def __init__(self, report: ProgressFn) -> None:
-        super().__init__()
-        self._report = report
-
-    def on_solution_callback(self) -> None:
-        self._report(self.wall_time, self.objective_value, self.best_objective_bound)
