@@ -3,14 +3,15 @@
 
 The compile cells are not bit for bit: inductor reorders reductions. Both compiled steps,
 remat's and torch's own (``torch.compile`` of a third copy with the same inductor options,
-`COMPILE_OPTIONS`: random ops drawn by eager's kernels), train in lockstep with eager over the
-same steps, and each value's distance from eager's is `relative_difference` (its largest
-difference over eager's largest magnitude, at least ``--floor``). A compile cell is ``close``
-(every value within ``--rtol``), ``as torch.compile`` (a value beyond ``--rtol`` but no more
-than ``--factor`` times as far as torch's own compiled step's) or ``WRONG``
-(`CompileTolerance.wrong`), and reports both largest distances: remat's, then
-torch.compile's. The evaluations are not run for compile: without gradients the compiled
-forward is torch's inference graph, with no partition.
+`COMPILE_OPTIONS`: random ops drawn by eager's kernels), train beside eager over the same
+steps, each step from eager's state (`start_from`: a distance is one step's, not the drift of
+earlier steps' rounding). Each value's distance from eager's is `relative_difference` (its
+largest difference over eager's largest magnitude, at least ``--floor``). A compile cell is
+``close`` (every value within ``--rtol``), ``as torch.compile`` (a value beyond ``--rtol`` but
+no more than ``--factor`` times as far as torch's own compiled step's) or ``WRONG``
+(`CompileTolerance.wrong`), and reports both largest distances: remat's, then torch.compile's.
+The evaluations are not run for compile: without gradients the compiled forward is torch's
+inference graph, with no partition.
 """
 
 from __future__ import annotations
@@ -75,6 +76,23 @@ class _Compiled:
         self.cell.seconds += time.perf_counter() - started
 
 
+def start_from(eager: nn.Module, model: nn.Module) -> None:
+    """Copy `eager`'s parameters and buffers into `model`'s, in place (a compiled step holds
+    them), so that each compiled step is judged from eager's state; what the step leaves
+    (buffers, updated parameters) is still compared. Trained in lockstep instead, each model
+    would step from its own state, and on an ill-conditioned value the rounding of earlier
+    steps decides the distance: torchvision's ShuffleNetV2 at 32x32 normalises its last stage
+    over 2 values (1x1 maps, batch 2); eager's own first gradient there is 0.032 relative
+    from float64's at step 1, and eager from parameters scaled by 1 + 1e-6 noise is 0.83
+    from itself. In lockstep, remat's compiled step was 0.14 from eager at step 1 and torch's
+    own 0.0026 (another run: both 0.14); from eager's state both are within 5.4e-4 of it."""
+    with torch.no_grad():
+        for mine, theirs in zip(model.parameters(), eager.parameters(), strict=True):
+            mine.copy_(theirs)
+        for mine, theirs in zip(model.buffers(), eager.buffers(), strict=True):
+            mine.copy_(theirs)
+
+
 def _distances(want: dict, got: dict, floor: float) -> dict[str, float]:
     """Each value's relative difference from eager's (`relative_difference`, at least `floor`
     as the scale): 0 where both are None (a parameter the loss does not reach has no `.grad`),
@@ -101,8 +119,9 @@ def compile_cells(
     eager_differs_at: int | None = None,
 ) -> list[Cell]:
     """`executor.compile` (inductor, `COMPILE_OPTIONS`) at "min" and at `budget` on copies of
-    one architecture's model, trained in lockstep with eager and with torch's own compiled step
-    (``torch.compile`` with the same options); never raises. ``mid`` is midway between the
+    one architecture's model, trained beside eager and torch's own compiled step
+    (``torch.compile`` with the same options), each step from eager's state (`start_from`);
+    never raises. ``mid`` is midway between the
     "min" compile's measured peak and torch's own compiled step's (`plain_step_peak`, after
     its compile), the "min" compile's where torch's peaks lower (its partition is not remat's
     model: on small convolutional models it can); `time_limit` bounds each executor.compile
@@ -181,6 +200,8 @@ def compile_cells(
         for k in range(steps):
             if not any(run.call for run in runs):
                 break
+            for model in (own, *(run.model for run in runs if run.call is not None)):
+                start_from(eager, model)
             want = train_step(eager, eager, case, opts[0], k)
             theirs = _distances(want, train_step(reference, own, case, opts[1], k), tolerance.floor)
             for run in (run for run in runs if run.call is not None):
