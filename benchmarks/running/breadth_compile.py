@@ -52,9 +52,10 @@ class CompileTolerance:
 
     def wrong(self, remat: float, torch_own: float) -> bool:
         """True where remat's distance from eager is beyond ``rtol`` and more than ``factor``
-        times torch's own compiled step's: two correct compiled steps are both rounding away
-        from eager's, amplified alike over the steps (ResNet-50 at batch 2: a BatchNorm
-        statistic 1e4 away in both at step 1), so only an order of magnitude sets them apart."""
+        times torch's own compiled step's: where a value is ill-conditioned within one step,
+        two correct compiled steps are both far from eager's rounding on it (ResNet-50 at batch
+        2 and 32x32, its last stage normalised over 2 values: 8.2 relative in both from eager's
+        state), so only an order of magnitude sets a defect apart."""
         return remat > self.rtol and remat > self.factor * torch_own
 
 
@@ -77,16 +78,16 @@ class _Compiled:
 
 
 def start_from(eager: nn.Module, model: nn.Module) -> None:
-    """Copy `eager`'s parameters and buffers into `model`'s, in place (a compiled step holds
-    them), so that each compiled step is judged from eager's state; what the step leaves
-    (buffers, updated parameters) is still compared. Trained in lockstep instead, each model
-    would step from its own state, and on an ill-conditioned value the rounding of earlier
-    steps decides the distance. torchvision's ShuffleNetV2 at 32x32 normalises its last stage
-    over 2 values (1x1 maps, batch 2): at step 1 eager's gradient of its first convolution is
-    0.032 relative from float64's, and eager started from parameters scaled by 1 + 1e-6 noise
-    is up to 0.83 from eager's gradients. In lockstep remat's compiled step was 0.14 from eager there and
-    torch's own 0.0026 (in another run both 0.14); from eager's state both are within 5.4e-4
-    of eager."""
+    """Copy `eager`'s parameters and buffers into `model`'s, in place (a compiled step holds them),
+    so that each compiled step is judged from eager's state; what the step leaves (buffers,
+    updated parameters) is still compared. Trained in lockstep instead, each model would
+    step from its own state, and on an ill-conditioned value the rounding of earlier steps
+    decides the distance. torchvision's ShuffleNetV2 at 32x32 normalises its last stage over
+    2 values (1x1 maps, batch 2): at step 1 eager's gradient of its first convolution is
+    0.032 relative from float64's, and eager started from parameters scaled by 1 + 1e-6
+    noise is up to 0.83 from eager's gradients. In lockstep remat's compiled step was 0.14
+    from eager there and torch's own 0.0026 (in another run both 0.14); from eager's state
+    both are within 5.4e-4 of eager."""
     with torch.no_grad():
         for mine, theirs in zip(model.parameters(), eager.parameters(), strict=True):
             mine.copy_(theirs)
