@@ -120,17 +120,16 @@ def compile_cells(
     tolerance: CompileTolerance,
     eager_differs_at: int | None = None,
 ) -> list[Cell]:
-    """`executor.compile` (inductor, `COMPILE_OPTIONS`) at "min" and at `budget` on copies of
-    one architecture's model, trained beside eager and torch's own compiled step
+    """`executor.compile` (inductor, `COMPILE_OPTIONS`) at "min" and at `budget` on copies of one
+    architecture's model, trained beside eager and torch's own compiled step
     (``torch.compile`` with the same options), each step from eager's state (`start_from`);
-    never raises. ``mid`` is midway between the
-    "min" compile's measured peak and torch's own compiled step's (`plain_step_peak`, after
-    its compile), the "min" compile's where torch's peaks lower (its partition is not remat's
-    model: on small convolutional models it can); `time_limit` bounds each executor.compile
-    call. A cell is ``close`` where every value is within `tolerance` of eager's, ``as
-    torch.compile`` where a value is not but torch's own compiled step is nearly as far from
-    eager's on it, WRONG where `tolerance` says so; each reports remat's largest distance and
-    torch's. The first cell's seconds
+    never raises. ``mid`` is midway between the "min" compile's measured peak and torch's
+    own compiled step's (`plain_step_peak`, after its compile), the "min" compile's where
+    torch's peaks lower (its partition is not remat's model: on small convolutional models
+    it can); `time_limit` bounds each executor.compile call. A cell is ``close`` where every
+    value is within `tolerance` of eager's, ``as torch.compile`` where a value is not but
+    torch's own compiled step is nearly as far from eager's on it, WRONG where `tolerance`
+    says so; each reports remat's largest distance and torch's. The first cell's seconds
     include eager's steps and torch's compile."""
     from torch._inductor.compile_fx import compile_fx
 
