@@ -23,7 +23,7 @@ from sac_models import (
 
 import executor
 from executor import PlanError
-from solver.errors import InfeasibleBudgetError, ScheduleMismatchError
+from solver.errors import InfeasibleBudgetError, ScheduleMismatchError, SolverTimeoutError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -210,16 +210,35 @@ def test_the_time_limit_bounds_the_recording_and_names_what_it_needs():
     assert re.search(r"needs about \d+ s.*give time_limit=\d+", str(info.value)), info.value
 
 
+def test_a_solve_the_recording_left_too_little_time_says_what_time_limit_to_give():
+    """A solve that finds no plan before the call's deadline: its SolverTimeoutError names
+    the recording's seconds and a time_limit above both twice that and the one given."""
+    from executor.sac.step import RecordingTime
+    from solver.deadline import Deadline
+
+    clock = RecordingTime(time_limit=0.5, deadline=Deadline.after(0.5))
+    clock.began -= 0.4  # the recording took 0.4 s
+    with pytest.raises(SolverTimeoutError) as info, clock.solving():
+        raise SolverTimeoutError("no SAC plan found within the time limit", cost_bound=3.0)
+    message = str(info.value)
+    assert re.search(r"time_limit=0.5 s: the recording took 0.4 s .* give time_limit=2 or", message)
+    assert info.value.cost_bound == 3.0
+    with pytest.raises(SolverTimeoutError, match=r"^no SAC plan"), RecordingTime().solving():
+        raise SolverTimeoutError("no SAC plan found within the time limit")  # no time_limit
+
+
 @pytest.mark.parametrize("limit", [0.5, 2.0])
 def test_a_short_time_limit_returns_a_plan_in_time_or_says_what_it_needs(limit):
     """Measurements repeat only while time is left: the call returns within its limit (with
     the solver's margin and a generous one for a loaded machine) or raises the recording's
-    PlanError; the plan it returns is exact."""
+    PlanError, or the solve's SolverTimeoutError where the recording left it too little (a
+    loaded machine at 0.5 s), each saying what time_limit to give; the plan it returns is
+    exact."""
     net, x = transformer(layers=2), torch.randn(4, 16, 32)
     began = time.perf_counter()
     try:
         plan = executor.checkpoint_plan(net, (x,), "min", time_limit=limit, loss_fn=sum_loss)
-    except PlanError as error:
+    except (PlanError, SolverTimeoutError) as error:
         assert "give time_limit=" in str(error)
     else:
         runs = [copy.deepcopy(net), plan.apply(copy.deepcopy(net))]

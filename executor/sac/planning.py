@@ -200,13 +200,15 @@ def checkpoint_plan(
             if link is not None:
                 seconds = measure_offload_seconds()
                 union = replace(union, blocks=replace(union.blocks, offload_seconds=seconds))
-            solution = solve_sac(union, wanted, deadline, whole=whole, link=link)
+            with clock.solving():
+                solution = solve_sac(union, wanted, deadline, whole=whole, link=link)
             plan = _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
             return plan if link is None else replace(plan, link=link, host=solution.host)
         memory = model_memory(model, [m for _, m in named], policy)
-        done = solve_sharded(
-            union, memory, wanted, device, deadline, whole, policy.nccl_communicators
-        )
+        with clock.solving():
+            done = solve_sharded(
+                union, memory, wanted, device, deadline, whole, policy.nccl_communicators
+            )
         plan = _plan(model, named, kept, union, done.solution, measurer.target, done.plain_peak)
         return replace(plan, world_size=policy.world_size)
 

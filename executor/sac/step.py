@@ -5,6 +5,7 @@ modules in, and the time it may take (`RecordingTime`)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from torch.utils.hooks import RemovableHandle
 from executor.errors import PlanError
 from graph_capture.measurement.peak import Snapshot
 from solver.deadline import NEVER, Deadline
+from solver.errors import SolverTimeoutError
 
 __all__ = ["RecordingTime", "Snapshot", "Step", "hooked", "in_call_order", "leaf_tensors"]
 
@@ -88,6 +90,24 @@ class RecordingTime:
             f"measurement run once, needs about {need:.0f} s, the solve more: give "
             f"time_limit={max(2 * need, self.time_limit + 1):.0f} or more"
         )
+
+    @contextlib.contextmanager
+    def solving(self) -> Iterator[None]:
+        """The solve after the recording: where it finds no plan before `deadline`
+        (`SolverTimeoutError`, not a stop), the error says how long the recording took and
+        what time_limit to give."""
+        recorded = time.perf_counter() - self.began
+        try:
+            yield
+        except SolverTimeoutError as error:
+            if self.deadline.stopped() or math.isinf(self.time_limit):
+                raise
+            raise SolverTimeoutError(
+                f"checkpoint_plan found no plan within time_limit={self.time_limit:g} s: the "
+                f"recording took {recorded:.1f} s and the solve found none in what was left; "
+                f"give time_limit={math.ceil(max(2 * recorded, self.time_limit + 1))} or more",
+                error.cost_bound,
+            ) from error
 
 
 def in_call_order(
