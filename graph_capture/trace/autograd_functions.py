@@ -84,6 +84,8 @@ def recording_functions() -> Iterator[list[type]]:
     """Record the custom ``torch.autograd.Function`` classes applied, while the block runs,
     to a tensor that requires grad with grad mode on (those whose backward a step runs), each
     once, in order of first use."""
+    # A Python `classmethod` up to torch 2.13, a C `classmethod_descriptor` from 2.14: both
+    # bind to a class through the descriptor protocol (`__get__(None, cls)`).
     original = torch.autograd.Function.__dict__["apply"]
     applied: list[type] = []
 
@@ -92,7 +94,7 @@ def recording_functions() -> Iterator[list[type]]:
             leaves = tree_leaves((args, kwargs))
             if any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
                 applied.append(cls)
-        return original.__func__(cls, *args, **kwargs)
+        return original.__get__(None, cls)(*args, **kwargs)
 
     torch.autograd.Function.apply = classmethod(apply)
     try:
