@@ -22,6 +22,9 @@ See docs/executor.md for the forward/backward split, RNG replay, BatchNorm stati
 peak memory is measured.
 """
 
+import graph_capture.torch_range  # noqa: F401  (first: refuses an unsupported torch in one line)
+
+# isort: split
 from executor.compiled import CompileCheck, CompiledModel, CompileReport, compile
 from executor.errors import (
     AutocastMismatchError,

@@ -1,5 +1,8 @@
 """Capture a PyTorch model's training step as a joint fx graph and a DAG for the solver."""
 
+from graph_capture.torch_range import UnsupportedTorchError  # first: refuses an unsupported torch
+
+# isort: split
 from graph_capture.capture import capture
 from graph_capture.captured import CapturedGraph, JointResult, TensorSpec, eager_reference
 from graph_capture.errors import CaptureError
@@ -9,6 +12,7 @@ __all__ = [
     "CapturedGraph",
     "JointResult",
     "TensorSpec",
+    "UnsupportedTorchError",
     "capture",
     "eager_reference",
 ]
