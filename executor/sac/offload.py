@@ -9,24 +9,31 @@ MUST_SAVE for SAC, and its cache entry is replaced by a host copy (`Offloaded`):
 
 - pack, right after the op: the policy, which torch 2.13 calls after the op with its output
   (`ctx.op_output`), copies the output to the host (`HostCopies.pack`): on CUDA a non-blocking
-  copy into pinned host memory on a side stream, on the CPU a separate host tensor (`clone()`,
-  allocated inside the profiler scope `HOST_SCOPE`, so `measure_split` tells its bytes apart);
+  copy into pinned host memory on the device-to-host stream, on the CPU a separate host tensor
+  (`clone()`, allocated inside the profiler scope `HOST_SCOPE`, so `measure_split` tells its
+  bytes apart);
 - the region's forward, at its end (`HostCopies.forward_done`), waits for its copies, puts
   each host copy in place of SAC's cache entry (SAC wrote it after the policy returned; the
   entry held the device source until now, as the model says) and refuses a source mutated
   since its op, as SAC refuses a mutated cache entry;
 - the recompute, on entry, issues every reload of the call's entries in op order
-  (`HostCopies.reload`; on CUDA on the side stream, an event each) and drops the host copies
-  once copied; each entry's `get_val`, where the recompute reaches the op, waits for its reload
-  and hands SAC the device tensor.
+  (`HostCopies.reload`; on CUDA on the host-to-device stream, an event each); each entry's
+  `get_val`, where the recompute reaches the op, makes the compute stream wait for its reload
+  and hands SAC the device tensor, and the host copy is let go.
 
 A region that is not checkpointed parks its saved storages with `SavedOnHost`, the
 `saved_tensors_hooks` its forward runs under (a whole storage per pack, copied to the host at
 the forward's end unless it is the region's output's, its views rebuilt at unpack on the
 storage reloaded where the backward first reads it).
 
+Every copy goes through `CopyStreams`: per CUDA device one device-to-host and one host-to-device
+stream, shared by all the plan's regions (the model's two in-order copy engines); it says how
+a source and a reload's device tensor are kept from the compute stream until their copy ends.
+
 A copy is exact (`copy_`/`clone` of the same dtype and layout), so gradients are bit for bit
-those of the plan without offload, and of eager. The CUDA path is written for, not run here.
+those of the plan without offload, and of eager. The CUDA path is written for, not run here:
+`tests/test_sac_offload_streams.py` checks the calls it issues, with a recording fake of the
+CUDA calls (`TorchCuda`), on the CPU.
 """
 
 from __future__ import annotations
@@ -42,53 +49,174 @@ HOST_SCOPE = "remat.sac.host_copy"
 """The profiler scope (`record_function`) the CPU host copies are allocated in."""
 
 
-class Offloaded(_VersionWrapper):
-    """A SAC cache entry held on the host: `host` from the pack until its reload, `val` (the
-    reloaded device tensor) from the reload until SAC reads it (`get_val`)."""
+class TorchCuda:
+    """The CUDA calls `CopyStreams` makes, each one line over `torch.cuda` and the tensor API
+    (a test passes a fake with the same methods that records them). Streams returned here
+    have `wait_stream` and `wait_event`, events `record`."""
 
-    def __init__(self, host: torch.Tensor, device: torch.device, copies: HostCopies) -> None:
-        self.copies, self.device, self.version = copies, device, None
+    def streams(self, device: torch.device) -> bool:
+        """Whether copies to and from `device` run on streams (a CUDA device)."""
+        return device.type == "cuda"
+
+    def new_stream(self, device: torch.device) -> torch.cuda.Stream:
+        return torch.cuda.Stream(device)
+
+    def current_stream(self, device: torch.device) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(device)
+
+    def use(self, stream: torch.cuda.Stream) -> torch.cuda.StreamContext:
+        """The context in which `stream` is the current stream."""
+        return torch.cuda.stream(stream)
+
+    def new_event(self) -> torch.cuda.Event:
+        return torch.cuda.Event()
+
+    def pinned_like(self, tensor: torch.Tensor) -> torch.Tensor:
+        """An uninitialised pinned host tensor of `tensor`'s dtype, shape and strides."""
+        return torch.empty_like(tensor, device="cpu", pin_memory=True)
+
+    def empty_like(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """An uninitialised tensor like `tensor` on `device`, from the current stream's pool."""
+        return torch.empty_like(tensor, device=device)
+
+    def copy(self, target: torch.Tensor, source: torch.Tensor) -> None:
+        """`source` copied into `target`, issued on the current stream."""
+        target.copy_(source, non_blocking=True)
+
+    def record_stream(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
+        """The caching allocator keeps `tensor`'s block from reuse, once it is freed, until
+        the work issued on `stream` by then has ended."""
+        tensor.record_stream(stream)
+
+
+class CopyStreams:
+    """The copy engines of SAC offload. On each CUDA device, one device-to-host stream and one
+    host-to-device stream, each carrying its copies one at a time in issue order: the two FIFO
+    engines of NOTE [ SAC offload model ]. One `CopyStreams` serves every region of a plan and
+    every checkpoint call of a step (`CheckpointPlan.apply` makes one; a deep copy of the model
+    shares it): each region's forward waits for its own copies out at its end, and each
+    reload is read before the next region's reloads are issued, so the engine a region's
+    copies find is idle, as the model's per-region timeline has it. On the CPU a copy is
+    synchronous (`clone`; a host copy allocated inside `HOST_SCOPE`). `cuda`: the CUDA calls
+    (`TorchCuda()` by default).
+
+    A copy out (`to_host`) is issued on the device-to-host stream after the compute stream's
+    work so far (which wrote the source), into pinned memory, and the source is recorded to
+    that stream (`record_stream`): whenever the forward drops it, its block is not handed to
+    the compute stream until the copy has read it. A reload (`to_device`) allocates its
+    device tensor on the compute stream (its block returns to the compute stream's pool: one
+    allocated on a side stream would be held back from it, while `max_memory_allocated` counts
+    it the same), then the host-to-device stream waits for the compute stream's work so far
+    (the block's earlier users) and copies into it; the tensor is recorded to that stream, so
+    that freed unread it waits for the copy. Each copy records an event; the compute stream
+    waits for it (`wait`) before the host copy replaces the source (copies out) or the device
+    tensor is read (reloads)."""
+
+    def __init__(self, cuda: TorchCuda | None = None) -> None:
+        self.cuda = TorchCuda() if cuda is None else cuda
+        self.d2h: dict[torch.device, torch.cuda.Stream] = {}
+        self.h2d: dict[torch.device, torch.cuda.Stream] = {}
+
+    def __deepcopy__(self, memo: dict) -> CopyStreams:
+        return self  # a device's engines are the process's, whichever model copy runs
+
+    def to_host(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """A host copy of `source` (bytes: its storage's, for a dense tensor), issued now, and
+        the event its copy ends at (None on the CPU, where the copy is done on return)."""
+        cuda = self.cuda
+        with _disable_current_modes(), torch.no_grad():
+            source = source.detach()
+            if not cuda.streams(source.device):
+                with torch.profiler.record_function(HOST_SCOPE):
+                    return source.clone(), None
+            stream = self._stream(self.d2h, source.device)
+            host = cuda.pinned_like(source)
+            stream.wait_stream(cuda.current_stream(source.device))
+            with cuda.use(stream):
+                cuda.copy(host, source)
+            cuda.record_stream(source, stream)
+            return host, self._event(stream)
+
+    def to_device(
+        self, host: torch.Tensor, device: torch.device
+    ) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """A copy of `host` on `device`, issued now, and the event its copy ends at (None on
+        the CPU, where the copy is done on return)."""
+        cuda = self.cuda
+        with _disable_current_modes(), torch.no_grad():
+            if not cuda.streams(device):
+                return host.clone(), None
+            compute = cuda.current_stream(device)
+            target = cuda.empty_like(host, device)
+            stream = self._stream(self.h2d, device)
+            stream.wait_stream(compute)
+            with cuda.use(stream):
+                cuda.copy(target, host)
+            cuda.record_stream(target, stream)
+            return target, self._event(stream)
+
+    def wait(self, event: torch.cuda.Event | None, device: torch.device) -> None:
+        """Make `device`'s compute stream wait for the copy that ends at `event` (None: a copy
+        done on return)."""
+        if event is not None:
+            self.cuda.current_stream(device).wait_event(event)
+
+    def _stream(
+        self, streams: dict[torch.device, torch.cuda.Stream], device: torch.device
+    ) -> torch.cuda.Stream:
+        if device not in streams:
+            streams[device] = self.cuda.new_stream(device)
+        return streams[device]
+
+    def _event(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
+        event = self.cuda.new_event()
+        event.record(stream)
+        return event
+
+
+class Offloaded(_VersionWrapper):
+    """A SAC cache entry held on the host: `host` from the pack until its reload has arrived,
+    `val` (the reloaded device tensor) from the reload until SAC reads it (`get_val`),
+    `event` the reload's end (None on the CPU)."""
+
+    def __init__(self, host: torch.Tensor, device: torch.device, streams: CopyStreams) -> None:
+        self.streams, self.device, self.version = streams, device, None
         self.host: torch.Tensor | None = host
         self.val: torch.Tensor | None = None
         self.event: torch.cuda.Event | None = None
 
     def reload(self) -> None:
-        """Copy the host tensor back to the device (on CUDA: issued on the side stream)."""
+        """Copy the host tensor back to the device (issued now; on CUDA on the host-to-device
+        stream, the host tensor held until the compute stream waited for it)."""
         assert self.host is not None
-        self.val, self.event = self.copies.to_device(self.host, self.device)
+        self.val, self.event = self.streams.to_device(self.host, self.device)
         self.host = None if self.event is None else self.host
 
     def get_val(self, allow_cache_entry_mutation: bool) -> torch.Tensor:
-        """The reloaded device tensor, once its copy has arrived."""
+        """The reloaded device tensor, the compute stream made to wait for its copy."""
         if self.val is None:
             raise RuntimeError(
                 "an offloaded SAC cache entry was read before its reload: the recompute ran "
                 "without the plan's recompute context"
             )
         val, self.val = self.val, None
-        if self.event is not None:
-            stream = torch.cuda.current_stream(self.device)
-            stream.wait_event(self.event)
-            val.record_stream(stream)
-            self.host = self.event = None
+        self.streams.wait(self.event, self.device)
+        self.host = self.event = None
         return val
 
 
 class HostCopies:
-    """The host copies of one checkpoint call's offloaded ops, in op order; on CUDA one side
-    stream carries them (the model's copy engine, one per direction, in order). `caching`: SAC's
-    forward mode of the call, whose cache entries the copies replace."""
+    """The host copies of one checkpoint call's offloaded ops, in op order, or of a region's
+    parked storages, on `streams` (shared by the plan's regions). `caching`: SAC's forward
+    mode of the call, whose cache entries the copies replace; `copying`: the copies out not
+    yet waited for (device, event)."""
 
-    def __init__(self) -> None:
+    def __init__(self, streams: CopyStreams) -> None:
+        self.streams = streams
         self.caching: TorchDispatchMode | None = None
         self.pending: list[tuple[object, int, object]] = []  # (key, index, host copies)
+        self.copying: list[tuple[torch.device, torch.cuda.Event]] = []
         self.entries: list[Offloaded] = []
-        self.streams: dict[torch.device, torch.cuda.Stream] = {}
-
-    def _stream(self, device: torch.device) -> torch.cuda.Stream:
-        if device not in self.streams:
-            self.streams[device] = torch.cuda.Stream(device)
-        return self.streams[device]
 
     def pack(self, func, args: tuple, output: object) -> None:
         """Copy the output of the op SAC just ran (`func` on `args`) to the host, for the cache
@@ -100,63 +228,23 @@ class HostCopies:
         self.pending.append((key, index, hosts))
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A host copy of `tensor` (bytes: its storage's), issued now."""
-        with _disable_current_modes(), torch.no_grad():
-            if tensor.device.type == "cpu":
-                with torch.profiler.record_function(HOST_SCOPE):
-                    return tensor.detach().clone()
-            stream = self._stream(tensor.device)
-            host = torch.empty_like(tensor, device="cpu", pin_memory=True)
-            stream.wait_stream(torch.cuda.current_stream(tensor.device))
-            with torch.cuda.stream(stream):
-                host.copy_(tensor.detach(), non_blocking=True)
-            return host
+        """A host copy of `tensor`, issued now (waited for by `copies_done`)."""
+        host, event = self.streams.to_host(tensor)
+        if event is not None:
+            self.copying.append((tensor.device, event))
+        return host
 
-    def to_device(
-        self, host: torch.Tensor, device: torch.device
-    ) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """A device copy of `host`, issued now, and the event its copy ends at (None on the
-        CPU, where the copy is done on return)."""
-        with _disable_current_modes(), torch.no_grad():
-            if device.type == "cpu":
-                return host.clone(), None
-            stream = self._stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                val = host.to(device, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(stream)
-            return val, event
-
-    def storage_to_host(self, storage: torch.UntypedStorage) -> torch.UntypedStorage:
-        """A host copy of a whole storage, issued now."""
-        with _disable_current_modes(), torch.no_grad():
-            if storage.device.type == "cpu":
-                with torch.profiler.record_function(HOST_SCOPE):
-                    return storage.clone()
-            stream = self._stream(storage.device)
-            host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True)
-            stream.wait_stream(torch.cuda.current_stream(storage.device))
-            with torch.cuda.stream(stream):
-                host.untyped_storage().copy_(storage, non_blocking=True)
-            return host.untyped_storage()
-
-    @staticmethod
-    def storage_to_device(host: torch.UntypedStorage, device: torch.device) -> torch.UntypedStorage:
-        """A device copy of a host storage, on the compute stream (read at once)."""
-        with _disable_current_modes(), torch.no_grad():
-            if device.type == "cpu":
-                return host.clone()
-            out = torch.empty(host.nbytes(), dtype=torch.uint8, device=device).untyped_storage()
-            out.copy_(host, non_blocking=True)
-            return out
+    def copies_done(self) -> None:
+        """Make the compute stream wait for every copy out issued so far."""
+        for device, event in self.copying:
+            self.streams.wait(event, device)
+        self.copying = []
 
     def forward_done(self) -> None:
         """The forward's end: wait for the copies, refuse a source mutated since its op, and
         put the host copies in place of SAC's cache entries (which held the sources)."""
         assert self.caching is not None
-        for device, stream in self.streams.items():
-            torch.cuda.current_stream(device).wait_stream(stream)
+        self.copies_done()
         for key, index, hosts in self.pending:
             storage = self.caching.storage[key]
             storage[index] = tree_map(self._offloaded, storage[index], hosts)
@@ -170,14 +258,14 @@ class HostCopies:
                 "Tensor cached during selective activation checkpoint has been mutated (an "
                 "offloaded op's output, after its copy to the host)"
             )
-        offloaded = Offloaded(host, entry.val.device, self)
+        offloaded = Offloaded(host, entry.val.device, self.streams)
         self.entries.append(offloaded)
         return offloaded
 
     def reload(self) -> None:
         """The recompute's start: issue every reload, in op order."""
         for entry in self.entries:
-            if entry.host is not None:
+            if entry.host is not None and entry.val is None:
                 entry.reload()
 
 
@@ -275,22 +363,28 @@ class _HostStorage:
     def __init__(self, storage: torch.UntypedStorage, copies: HostCopies) -> None:
         self.copies, self.device = copies, storage.device
         self.source: torch.UntypedStorage | None = storage  # until the forward's end
-        self.host: torch.UntypedStorage | None = None  # from the forward's end
+        self.host: torch.Tensor | None = None  # its bytes, from the forward's end
         self.reloaded: torch.UntypedStorage | None = None
         self.pending = 0
 
     def park(self) -> None:
-        """Copy the storage to the host (issued now; the source is let go once it is done)."""
+        """Copy the storage to the host (issued now; the source is let go once the compute
+        stream waited for it, `HostCopies.copies_done`)."""
         assert self.source is not None
-        self.host = self.copies.storage_to_host(self.source)
+        whole = torch.empty(0, dtype=torch.uint8, device=self.device).set_(self.source)
+        self.host = self.copies.to_host(whole)  # the storage's bytes
 
     def storage(self) -> torch.UntypedStorage:
-        """The device storage, reloaded on the first pending read."""
+        """The device storage, reloaded on the first pending read (read at once: the compute
+        stream waits for the reload here)."""
         if self.source is not None:  # the region's output: never left the device
             return self.source
         if self.reloaded is None:
             assert self.host is not None
-            self.reloaded = self.copies.storage_to_device(self.host, self.device)
+            streams = self.copies.streams
+            reloaded, event = streams.to_device(self.host, self.device)
+            streams.wait(event, self.device)
+            self.reloaded = reloaded.untyped_storage()
         storage = self.reloaded
         self.pending -= 1
         if self.pending <= 0:
@@ -300,22 +394,22 @@ class _HostStorage:
 
 class SavedOnHost:
     """`saved_tensors_hooks` for a region that is not checkpointed and offloads the storages its
-    ops create that autograd saves (NOTE [ SAC offload model ]): pack records a saved tensor's
-    whole storage once (its views share it) and returns the view's place in it; unpack
-    rebuilds the view on the reloaded storage (the same offset, sizes and strides, so the
-    backward's kernels see the layout they see eagerly). Tensors whose storage existed before
-    the region (`existing`: its parameters, buffers and inputs) are saved as they are. At the
-    forward's end (`forward_done`) the storages of the region's output stay on the device (they
-    live on whatever the plan) and are never copied; every other recorded storage is copied to
-    the host and its source let go. The copies wait for the forward's end because only then is
-    the output known: a storage saved inside the region can turn out to be the output's (an
-    in-place ReLU saves its result, the output of a torchvision ResNet block), and a copy of it
-    at its pack would hold host bytes the model does not have (the output's, while the rest of
-    the forward runs)."""
+    ops create that autograd saves (NOTE [ SAC offload model ]), its copies on `streams`: pack
+    records a saved tensor's whole storage once (its views share it) and returns the view's
+    place in it; unpack rebuilds the view on the reloaded storage (the same offset, sizes and
+    strides, so the backward's kernels see the layout they see eagerly). Tensors whose storage
+    existed before the region (`existing`: its parameters, buffers and inputs) are saved as
+    they are. At the forward's end (`forward_done`) the storages of the region's output stay on
+    the device (they live on whatever the plan) and are never copied; every other recorded
+    storage is copied to the host and its source let go. The copies wait for the forward's end
+    because only then is the output known: a storage saved inside the region can turn out to
+    be the output's (an in-place ReLU saves its result, the output of a torchvision ResNet
+    block), and a copy of it at its pack would hold host bytes the model does not have (the
+    output's, while the rest of the forward runs)."""
 
-    def __init__(self, existing: list[torch.Tensor]) -> None:
+    def __init__(self, existing: list[torch.Tensor], streams: CopyStreams) -> None:
         self.existing = {t.untyped_storage().data_ptr() for t in existing}
-        self.copies = HostCopies()
+        self.copies = HostCopies(streams)
         self.records: dict[int, _HostStorage] = {}
 
     def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
@@ -352,8 +446,7 @@ class SavedOnHost:
         parked = [record for ptr, record in self.records.items() if ptr not in kept]
         for record in parked:
             record.park()
-        for device, stream in self.copies.streams.items():
-            torch.cuda.current_stream(device).wait_stream(stream)
+        self.copies.copies_done()
         for record in parked:
             record.source = None
         self.records = {}

@@ -18,6 +18,7 @@ from pathlib import Path
 from torch import nn
 
 from executor.errors import PlanError
+from executor.sac.offload import CopyStreams
 from executor.sac.planned_forward import checkpointed_forward, offloading_forward
 from executor.sac.policy import Policy
 from solver.core.budget import plain_step
@@ -141,25 +142,29 @@ class CheckpointPlan:
                     "the plan was solved for other modules; solve one for these"
                 )
 
-    def apply(self, model: nn.Module) -> nn.Module:
+    def apply(self, model: nn.Module, streams: CopyStreams | None = None) -> nn.Module:
         """Wrap each checkpointed block's `forward` (its class's) in `torch.utils.checkpoint(
         use_reentrant=False)` with its SAC policy (module hooks, FSDP2's included, stay
         outside); in place, returns `model`. A deep copy of the model keeps the plan. The
         buffers each region's forward mutates (recorded with the plan) are restored around its
-        recompute, so the step updates them once."""
+        recompute, so the step updates them once. The regions' host copies run on `streams`
+        (one device-to-host and one host-to-device stream per CUDA device, shared by every
+        region; a new `CopyStreams` by default)."""
         self.check_model(model)
         modules = dict(model.named_modules())
         regions = self.problem.regions()
+        streams = CopyStreams() if streams is None else streams
         for j, name in enumerate(self.regions):
             module = modules[name]
             if hasattr(module, "remat_sac_policy") or hasattr(module, "remat_sac_offload"):
                 raise PlanError(f"block {name} already runs under a SAC plan: apply it once")
             if self.plain_offloads()[j]:
-                module.remat_sac_offload = name
+                module.remat_sac_offload = streams
                 module.forward = types.MethodType(offloading_forward, module)
             if not self.checkpointed[j]:
                 continue
-            module.remat_sac_policy = Policy(name, self.ops[j], self.saved[j], self.offloads()[j])
+            offloaded = self.offloads()[j]
+            module.remat_sac_policy = Policy(name, self.ops[j], self.saved[j], offloaded, streams)
             module.remat_sac_buffers = regions[j].buffers
             module.forward = types.MethodType(checkpointed_forward, module)
         return model

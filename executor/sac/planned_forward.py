@@ -47,16 +47,17 @@ def checkpointed_forward(module: nn.Module, *args: object, **kwargs: object) -> 
 def offloading_forward(module: nn.Module, *args: object, **kwargs: object) -> object:
     """A region's `forward` where it is not checkpointed and its saved storages wait on the host
     (NOTE [ SAC offload model ]): its class's forward under `SavedOnHost`'s
-    `saved_tensors_hooks`, HF's KV cache off as in the recording (`cache_off`); without grad
-    or in eval mode, the plain forward. torch.compile leaves it out of its graphs
-    (`torch.compiler.disable`: dynamo does not trace saved-tensor hooks): it runs eagerly,
-    hooks and all, between the compiled pieces (docs/sac.md, "Offload")."""
+    `saved_tensors_hooks`, copying on the plan's `CopyStreams` (`module.remat_sac_offload`),
+    HF's KV cache off as in the recording (`cache_off`); without grad or in eval mode, the
+    plain forward. torch.compile leaves it out of its graphs (`torch.compiler.disable`: dynamo
+    does not trace saved-tensor hooks): it runs eagerly, hooks and all, between the compiled
+    pieces (docs/sac.md, "Offload")."""
     forward = type(module).forward.__get__(module)
     if not torch.is_grad_enabled() or not module.training:
         return forward(*args, **kwargs)
     args, kwargs = cache_off(module, args, kwargs)
     existing = [*module.parameters(), *module.buffers(), *leaf_tensors((args, kwargs))]
-    saved = SavedOnHost(existing)
+    saved = SavedOnHost(existing, module.remat_sac_offload)
     with saved.hooks():
         out = forward(*args, **kwargs)
     saved.forward_done(out)

@@ -17,15 +17,15 @@ from torch.utils.checkpoint import (
 )
 
 from executor.errors import OpStreamMismatchError, PlanError
-from executor.sac.offload import HostCopies, offloading_contexts
+from executor.sac.offload import CopyStreams, HostCopies, offloading_contexts
 
 
 class Policy:
     """A block's SAC policy: MUST_SAVE for its saved ops, MUST_RECOMPUTE for the others, looked
     up by position in the block's forward op stream; `offloaded` (a subset of `saved`): the
-    saved ops whose outputs wait on the host between the forward and the recompute. `contexts`
-    is the `context_fn`: it makes a fresh position counter for each checkpoint call (NOTE [ SAC
-    policy state ])."""
+    saved ops whose outputs wait on the host between the forward and the recompute, copied on
+    `streams` (the plan's; a new `CopyStreams` by default). `contexts` is the `context_fn`: it
+    makes a fresh position counter for each checkpoint call (NOTE [ SAC policy state ])."""
 
     def __init__(
         self,
@@ -33,8 +33,10 @@ class Policy:
         ops: Sequence[str],
         saved: frozenset[int],
         offloaded: frozenset[int] = frozenset(),
+        streams: CopyStreams | None = None,
     ) -> None:
         self.name, self.ops, self.saved, self.offloaded = name, tuple(ops), saved, offloaded
+        self.streams = CopyStreams() if streams is None else streams
         self.position = [0]
         self.saved_occurrences = {(ops[i], ops[:i].count(ops[i])) for i in saved}
 
@@ -43,7 +45,7 @@ class Policy:
         # finds values by op and occurrence index, so the counter lives per checkpoint call.
         position = self.position = [0]
         occurrences: dict[str, int] = {}
-        copies = HostCopies()  # the offloaded outputs (executor/sac/offload.py)
+        copies = HostCopies(self.streams)  # the offloaded outputs (executor/sac/offload.py)
 
         def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
             if _tracing(op, args, kwargs):
