@@ -28,8 +28,10 @@ from solver.deadline import Deadline, Stop
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
 from solver.exact.offload import solve_with_offload
+from solver.exact.pipeline import print_interrupted
 from solver.heuristics.registry import HEURISTICS, members
 from solver.interrupt import first_sigint_stops
+from solver.milp.cpsat import print_progress
 from solver.target.devices import BUILT_IN, HOST_LINKS, named_link
 
 TABLE_SHARE = 0.2
@@ -133,11 +135,23 @@ def _row(method: str, cost, total: float, peak, ref_peak: int, status: str, gap,
 def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None = None) -> int:
     """Solve `graph` as `args` say, print the table (stdout) and write --out, all within
     `--time-limit` seconds of `began` (an instant on `time.perf_counter()`'s clock: the
-    command's start, its imports and the graph's loading counted; None: now). Returns 0."""
+    command's start, its imports and the graph's loading counted; None: now). Returns 0.
+
+    One stop for the whole command: the first Ctrl-C ends the solve in progress (the
+    keep/recompute one, the offload one, or the heuristic rows) and every later phase, and the
+    table and --out are written with what was found; a second raises KeyboardInterrupt."""
     began = time.perf_counter() if began is None else began
-    deadline = Deadline(began + args.time_limit)
+    stop = Stop()
+    with first_sigint_stops(stop, None if args.quiet else print_interrupted):
+        return _solve_and_print(args, graph, began, stop)
+
+
+def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, stop: Stop) -> int:
+    """`run_solve` with the command's `stop`, which every deadline below carries."""
+    deadline = Deadline(began + args.time_limit, stop)
     share = 1 if args.no_baselines else 1 - TABLE_SHARE
-    exact_limit = began + share * args.time_limit - time.perf_counter()
+    exact_deadline = Deadline(began + share * args.time_limit, stop)
+    exact_limit = exact_deadline.at - time.perf_counter()
     if exact_limit <= 0:
         raise ValueError(
             f"--time-limit {args.time_limit:g} s was spent before the solve began (starting, "
@@ -159,9 +173,9 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
         )
     if args.objective == "cost" and args.compute_budget is not None:
         raise ValueError("--compute-budget is for --objective memory; give --budget instead")
-    link = None if args.offload is None else parse_link(args.offload)
-    if link is not None and args.objective != "cost":
+    if args.offload is not None and args.objective != "cost":
         raise ValueError("--offload is for --objective cost")
+    link = None if args.offload is None else parse_link(args.offload)
     offloaded: Schedule | None = None
     if args.objective == "cost":
         wanted = Budget.of(args.budget or "80%")
@@ -181,6 +195,7 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
                 time_limit=keep_share * exact_limit,
                 workers=args.workers,
                 progress=not args.quiet,
+                deadline=exact_deadline,
             )
         except (InfeasibleBudgetError, SolverTimeoutError) as exc:
             if link is None:
@@ -190,17 +205,16 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
             missing = "INFEASIBLE" if isinstance(exc, InfeasibleBudgetError) else "NONE FOUND"
         if link is not None:
             assert isinstance(budget, int)
-            stop = Stop()
-            with first_sigint_stops(stop):
-                offloaded = solve_with_offload(
-                    graph,
-                    problem,
-                    budget,
-                    link,
-                    Deadline(began + share * args.time_limit, stop),
-                    workers=args.workers,
-                    start=schedule,
-                )
+            offloaded = solve_with_offload(
+                graph,
+                problem,
+                budget,
+                link,
+                exact_deadline,
+                workers=args.workers,
+                progress=None if args.quiet else print_progress,
+                start=schedule,
+            )
     else:
         limit = (
             None
@@ -215,6 +229,7 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
             time_limit=exact_limit,
             workers=args.workers,
             progress=not args.quiet,
+            deadline=exact_deadline,
         )
     print()
     print(
@@ -241,9 +256,7 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
     if schedule.extra.get("interrupted"):
         print("(interrupted: no heuristic rows)")
     elif not args.no_baselines:
-        stop = Stop()
-        with first_sigint_stops(stop):
-            _heuristic_rows(args, problem, schedule, ref_peak, Deadline(deadline.at, stop))
+        _heuristic_rows(args, problem, schedule, ref_peak, deadline)
     return 0
 
 
