@@ -121,11 +121,19 @@ def graph_from_args(args: argparse.Namespace) -> nx.DiGraph:
     sources = [bool(args.graph), args.demo is not None, bool(args.model)]
     if sum(sources) > 1:
         raise RematError("give one graph source: a graph file, --demo or --model")
-    if args.graph:
-        return load_graph(args.graph)
     if args.demo is not None and args.demo not in DEMOS:
         raise RematError(f"unknown demo {args.demo!r}; choose from {', '.join(DEMOS)}")
     demo = DEMOS.get(args.demo)
+    built = bool(args.graph) or (demo is not None and demo.graph is not None)
+    if built and getattr(args, "target", None) is not None:
+        source = f"the graph file {args.graph}" if args.graph else f"the demo graph {args.demo}"
+        raise RematError(
+            f"--target estimates a capture for a device, and {source} is not captured: its "
+            "costs are fixed; drop --target, or capture the model with it (--model M:F or a "
+            "demo model)"
+        )
+    if args.graph:
+        return load_graph(args.graph)
     if demo is not None and demo.graph is not None:
         return demo.graph()
     if demo is None and not args.model:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 
 import networkx as nx
 
@@ -28,9 +29,18 @@ from solver.deadline import Deadline, Stop
 from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
 from solver.exact.offload import solve_with_offload
+from solver.exact.pipeline import print_interrupted
 from solver.heuristics.registry import HEURISTICS, members
 from solver.interrupt import first_sigint_stops
-from solver.target.devices import BUILT_IN, HOST_LINKS, named_link
+from solver.milp.cpsat import print_progress
+from solver.target.devices import (
+    BUILT_IN,
+    HOST_LINKS,
+    builtin_device,
+    is_device_file,
+    load_device,
+    named_link,
+)
 
 TABLE_SHARE = 0.2
 OFFLOAD_SHARE = 0.5
@@ -82,8 +92,10 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
         f"row to the table: {', '.join(HOST_LINKS)}, a target ({', '.join(BUILT_IN)}: its "
         "host link), a device file (the link `remat calibrate` measured), or D2H,H2D[,HOST] "
         "in GB/s (10^9 bytes per second of the graph's costs) "
-        "with HOST the host bytes (512GiB); the exact solves share their time, and --out "
-        "writes the offload schedule",
+        "with HOST the host bytes (512GiB); a named link pairs with its device's seconds "
+        "(a GPU's with --target or a GPU capture, the CPU's file with a CPU capture; other "
+        "pairs are refused); the exact solves share their time, and --out writes the offload "
+        "schedule",
     )
     parser.add_argument("--workers", type=int, default=8, help="CP-SAT workers (default 8)")
     parser.add_argument("--out", default=None, help="write the exact schedule to this JSON file")
@@ -113,6 +125,98 @@ def parse_link(text: str) -> Link:
     return Link(d2h, h2d, host)
 
 
+@dataclass(frozen=True)
+class _Owner:
+    """A device as far as a host link is concerned: the kind of its kernels ("cpu", "cuda";
+    None: unknown) and its name (a built-in target's or a device file's; None: unknown)."""
+
+    kernels: str | None
+    name: str | None
+
+
+def _link_owner(text: str) -> _Owner | None:
+    """The device whose link `--offload text` names: a GPU for a bus of `HOST_LINKS`, the
+    target for a built-in target, the file's device for a device file; None for D2H,H2D
+    (numbers in the graph's own units, owned by no device)."""
+    key = text.strip().lower()
+    if "," in key:
+        return None
+    if key in HOST_LINKS:
+        return _Owner("cuda", None)
+    if is_device_file(text.strip()):
+        device = load_device(text.strip())
+        return _Owner(device.kernels, device.name)
+    return _Owner("cuda", builtin_device(key).name)
+
+
+def _graph_owner(graph: nx.DiGraph) -> tuple[_Owner, str] | None:
+    """The device whose seconds the graph's costs are, and those seconds in words: the target
+    of an estimate (graph attribute `target`), else the device a capture was measured on
+    (`device`); None where the graph does not say (a published graph, one built in Python)."""
+    target = graph.graph.get("target")
+    if isinstance(target, str):
+        kernels = "cpu" if target == "cpu" else "cuda" if target in BUILT_IN else None
+        return _Owner(kernels, target), f"predicted for {target}"
+    device = graph.graph.get("device")
+    if isinstance(device, str):
+        return _Owner(device, None), f"measured on {device}"
+    return None
+
+
+def offload_link(text: str, graph: nx.DiGraph) -> tuple[Link, str]:
+    """The link `--offload text` names (`parse_link`) for a plan of `graph`, and one line for
+    the table's header that says whose seconds and whose link the plan pairs. A link belongs
+    with the seconds of the device it is attached to: LinkError, saying what to give instead,
+    where the link is a device's (a name or a device file) and the graph's costs are another
+    device's seconds (the graph attributes `target` and `device`) or no seconds at all
+    (`cost_model` "flops"). D2H,H2D is in the graph's own units and pairs with any graph."""
+    link = parse_link(text)
+    rates = f"d2h {link.d2h / 1e9:g} GB/s, h2d {link.h2d / 1e9:g} GB/s"
+    owner = _link_owner(text)
+    if owner is None:
+        return link, f"offload link: {rates} (10^9 bytes per unit of the graph's costs)"
+    spelled = f"--offload {text.strip()}"
+    whose = f"{owner.name}'s host link" if owner.name else "a GPU's host link"
+    numbers = "or D2H,H2D in 10^9 bytes per unit of the graph's costs"
+    if graph.graph.get("cost_model") == "flops":
+        raise LinkError(
+            f"{spelled} is bytes per second, and this graph's costs are FLOPs (--cost-model "
+            f"flops): capture with --cost-model time, {numbers}"
+        )
+    seconds = _graph_owner(graph)
+    if seconds is None:
+        return link, (
+            f"offload link: {whose}, {rates}, taken per unit of the graph's costs (the graph "
+            "does not say which device's seconds they are)"
+        )
+    device, words = seconds
+    names_differ = None not in (owner.name, device.name) and owner.name != device.name
+    kinds_differ = None not in (owner.kernels, device.kernels) and owner.kernels != device.kernels
+    if names_differ or kinds_differ:
+        raise LinkError(
+            f"{spelled} pairs with {owner.name or 'a GPU'}'s seconds, and this graph's seconds "
+            f"are {words}: {_pairing_advice(owner, device)}, {numbers}"
+        )
+    return link, f"offload link: {whose}, {rates}; the graph's seconds {words}"
+
+
+def _pairing_advice(link: _Owner, graph: _Owner) -> str:
+    """What to give where a link of device `link` meets the seconds of device `graph`."""
+    buses = ", ".join(HOST_LINKS)
+    if graph.name in BUILT_IN:  # an estimate for a built-in GPU: its link, or a bus
+        return f"give --offload {graph.name} (or a bus: {buses}) to pair with --target {graph.name}"
+    if graph.name is not None:  # an estimate for the CPU or a device file: that file's link
+        return f"give --offload the device file of `remat calibrate` for {graph.name}"
+    if graph.kernels == "cpu":  # measured here
+        target = link.name or f"GPU (one of {', '.join(BUILT_IN)})"
+        return (
+            f"add --target {target} to the capture (estimate mode: seconds predicted for the "
+            "GPU), or give this machine's link: the device file of `remat calibrate --model "
+            "M:F --out FILE`"
+        )
+    return f"give a GPU's link ({buses}, a built-in target's, or `remat calibrate --base`'s file)"
+
+
 def _host_bytes(text: str) -> int:
     """The host bytes of --offload D2H,H2D,HOST: bytes or units, not a percentage."""
     wanted = Budget.of(text)
@@ -133,11 +237,23 @@ def _row(method: str, cost, total: float, peak, ref_peak: int, status: str, gap,
 def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None = None) -> int:
     """Solve `graph` as `args` say, print the table (stdout) and write --out, all within
     `--time-limit` seconds of `began` (an instant on `time.perf_counter()`'s clock: the
-    command's start, its imports and the graph's loading counted; None: now). Returns 0."""
+    command's start, its imports and the graph's loading counted; None: now). Returns 0.
+
+    One stop for the whole command: the first Ctrl-C ends the solve in progress (the
+    keep/recompute one, the offload one, or the heuristic rows) and every later phase, and the
+    table and --out are written with what was found; a second raises KeyboardInterrupt."""
     began = time.perf_counter() if began is None else began
-    deadline = Deadline(began + args.time_limit)
+    stop = Stop()
+    with first_sigint_stops(stop, None if args.quiet else print_interrupted):
+        return _solve_and_print(args, graph, began, stop)
+
+
+def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, stop: Stop) -> int:
+    """`run_solve` with the command's `stop`, which every deadline below carries."""
+    deadline = Deadline(began + args.time_limit, stop)
     share = 1 if args.no_baselines else 1 - TABLE_SHARE
-    exact_limit = began + share * args.time_limit - time.perf_counter()
+    exact_deadline = Deadline(began + share * args.time_limit, stop)
+    exact_limit = exact_deadline.at - time.perf_counter()
     if exact_limit <= 0:
         raise ValueError(
             f"--time-limit {args.time_limit:g} s was spent before the solve began (starting, "
@@ -159,9 +275,9 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
         )
     if args.objective == "cost" and args.compute_budget is not None:
         raise ValueError("--compute-budget is for --objective memory; give --budget instead")
-    link = None if args.offload is None else parse_link(args.offload)
-    if link is not None and args.objective != "cost":
+    if args.offload is not None and args.objective != "cost":
         raise ValueError("--offload is for --objective cost")
+    link, pairing = (None, "") if args.offload is None else offload_link(args.offload, graph)
     offloaded: Schedule | None = None
     if args.objective == "cost":
         wanted = Budget.of(args.budget or "80%")
@@ -173,6 +289,8 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
         else:
             budget = wanted.bytes(lambda: ref_peak)
             print(f"objective: least cost with peak <= {human_bytes(budget)} ({budget} bytes)")
+        if link is not None:
+            print(pairing)
         keep_share = 1.0 if link is None else OFFLOAD_SHARE
         try:
             schedule = solve(
@@ -181,6 +299,7 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
                 time_limit=keep_share * exact_limit,
                 workers=args.workers,
                 progress=not args.quiet,
+                deadline=exact_deadline,
             )
         except (InfeasibleBudgetError, SolverTimeoutError) as exc:
             if link is None:
@@ -190,17 +309,16 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
             missing = "INFEASIBLE" if isinstance(exc, InfeasibleBudgetError) else "NONE FOUND"
         if link is not None:
             assert isinstance(budget, int)
-            stop = Stop()
-            with first_sigint_stops(stop):
-                offloaded = solve_with_offload(
-                    graph,
-                    problem,
-                    budget,
-                    link,
-                    Deadline(began + share * args.time_limit, stop),
-                    workers=args.workers,
-                    start=schedule,
-                )
+            offloaded = solve_with_offload(
+                graph,
+                problem,
+                budget,
+                link,
+                exact_deadline,
+                workers=args.workers,
+                progress=None if args.quiet else print_progress,
+                start=schedule,
+            )
     else:
         limit = (
             None
@@ -215,6 +333,7 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
             time_limit=exact_limit,
             workers=args.workers,
             progress=not args.quiet,
+            deadline=exact_deadline,
         )
     print()
     print(
@@ -241,9 +360,7 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
     if schedule.extra.get("interrupted"):
         print("(interrupted: no heuristic rows)")
     elif not args.no_baselines:
-        stop = Stop()
-        with first_sigint_stops(stop):
-            _heuristic_rows(args, problem, schedule, ref_peak, Deadline(deadline.at, stop))
+        _heuristic_rows(args, problem, schedule, ref_peak, deadline)
     return 0
 
 

@@ -45,7 +45,8 @@ def assemble(
     its ops grouped (`group_ops`; by module at granularity "module"), the static and held bytes
     (`_static_bytes`, `_held_bytes`; rounded as ``target``'s allocator rounds), the DAG
     (`build_dag`) and its graph attributes ``structure``, ``target`` (estimate mode),
-    ``held_bytes``, ``static_bytes``, ``granularity``, ``threads`` and ``name``."""
+    ``held_bytes``, ``static_bytes``, ``granularity``, ``cost_model`` ("time": node costs in
+    seconds; "flops"), ``threads`` and ``name``."""
     gm, layout = joint.gm, joint.layout
     group = group_ops(gm, measured.nodes)
     order = op_group_order(gm, group)
@@ -66,6 +67,7 @@ def assemble(
     dag.graph["held_bytes"] = held
     dag.graph["static_bytes"] = static
     dag.graph["granularity"] = grouping.granularity
+    dag.graph["cost_model"] = grouping.cost_model
     dag.graph["threads"] = torch.get_num_threads()
     dag.graph["name"] = f"{type(model).__name__} ({grouping.granularity})"
     return CapturedGraph(

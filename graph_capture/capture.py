@@ -56,7 +56,10 @@ def capture(
     ``cost_model``: "time" (DAG ``cost`` in seconds, each op's least over ``repeats - 1``
     passes over the graph in step order, `graph_capture.measurement.measure.measure_joint`; the
     graph attribute ``step_cost``, seconds, is the least of those passes' whole wall times plus the
-    gradient accumulation: one plain step with what runs between ops) or "flops".
+    gradient accumulation: one plain step with what runs between ops) or "flops"; the graph
+    attribute ``cost_model`` records it, and a measured graph's ``device`` the type of the
+    device its seconds were measured on (``"cpu"``, ``"cuda"``: the host link a plan pairs
+    with, docs/offload.md).
     ``backward_from``: the outputs the training step backpropagates from, by
     top-level name (``["loss"]`` for a HuggingFace ``ModelOutput``; a tuple's indices); the
     other outputs' incoming gradients are known zero and the graph is specialised for that
@@ -114,8 +117,10 @@ def _capture_measured(
     3. `add_accumulation_seconds`: the gradient accumulation's seconds
     4. `_plain_peak` (where ``measure_plain_peak``): one eager step's measured peak bytes
 
-    then `assemble`, with the graph attributes ``plain_peak`` (where measured) and
-    ``step_cost`` (seconds, the least whole pass plus the accumulation; cost model "time").
+    then `assemble`, with the graph attributes ``device`` (the type of the device the step ran
+    on, ``"cpu"`` or ``"cuda"``: the device whose seconds the costs are), ``plain_peak`` (where
+    measured) and ``step_cost`` (seconds, the least whole pass plus the accumulation; cost model
+    "time").
     """
     device = model_device(model)
     autocast = AutocastState.current(device)
@@ -139,6 +144,7 @@ def _capture_measured(
             else None
         )
     captured = assemble(model, example_inputs, kwargs, joint, measured, grouping, None, autocast)
+    captured.dag.graph["device"] = device.type
     if plain_peak is not None:
         captured.dag.graph["plain_peak"] = plain_peak
     if grouping.cost_model == "time" and measured.pass_seconds is not None:

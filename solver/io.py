@@ -87,7 +87,9 @@ def graph_from_node_link(data: object) -> nx.DiGraph:
     for key in ("step_cost", "plain_peak"):  # checked by prepare, as for a graph built in Python
         if key in attributes:
             graph.graph[key] = attributes[key]
-    for key in ("target", "structure"):  # estimate mode (graph_capture.capture's target)
+    # the device whose seconds the costs are (estimate mode's target, a measured capture's
+    # device), what the costs are, and the ops' structure (graph_capture.capture)
+    for key in ("target", "device", "cost_model", "structure"):
         if isinstance(attributes.get(key), str):
             graph.graph[key] = attributes[key]
     if "threads" in attributes:
@@ -120,7 +122,8 @@ def load_graph(path: str | Path) -> nx.DiGraph:
 
 def save_graph(graph: nx.DiGraph, path: str | Path) -> None:
     """Write a solver graph as node-link JSON with its `order`, `name`, `step_cost`,
-    `plain_peak`, `threads`, `target` and `structure`, readable by `load_graph`."""
+    `plain_peak`, `threads`, `target`, `device`, `cost_model` and `structure`, readable by
+    `load_graph`."""
     data = nx.node_link_data(graph, edges="links")
     kept = (
         "order",
@@ -130,6 +133,8 @@ def save_graph(graph: nx.DiGraph, path: str | Path) -> None:
         "plain_peak_basis",
         "threads",
         "target",
+        "device",
+        "cost_model",
         "structure",
     )
     data["graph"] = {k: v for k, v in graph.graph.items() if k in kept}

@@ -6,6 +6,8 @@ after a fixed sleep, and checks how soon the answer comes after it."""
 from __future__ import annotations
 
 import os
+import random
+import re
 import signal
 import subprocess
 import sys
@@ -13,14 +15,17 @@ import threading
 import time
 from pathlib import Path
 
+import networkx as nx
 import pytest
 from solver_checks import GRAPHS
 
 import solver
 from cli.main import main
-from solver.deadline import Stop
+from solver.deadline import Deadline, Stop
+from solver.exact.offload import solve_with_offload
+from solver.examples import training_graph
 from solver.interrupt import first_sigint_stops
-from solver.io import load_graph
+from solver.io import load_graph, save_graph
 
 RANDOM_1000 = GRAPHS / "random_layered_n1000_w0.31_nlv0.75_ed0.2_scd0.14.json"
 needs_random_1000 = pytest.mark.skipif(not RANDOM_1000.exists(), reason="published graphs absent")
@@ -194,3 +199,79 @@ def test_remat_solve_prints_its_table_after_the_first_sigint(tmp_path):
     assert "(interrupted: no heuristic rows)" in stdout
     assert "interrupted: returning the best schedule found" in stderr
     assert solver.Schedule.load(out, load_graph(RANDOM_1000)).extra["interrupted"] is True
+
+
+def _hard_training_graph(n: int = 60, seed: int = 0) -> nx.DiGraph:
+    """The training graph of a random forward DAG of `n` nodes (a chain with skips, random
+    bytes and costs) whose solves at 50% run to their time limit, keep/recompute and offload
+    alike (40 s each on two cores), reporting incumbents as they go."""
+    rng = random.Random(seed)
+    forward = nx.DiGraph()
+    for i in range(n):
+        forward.add_node(i, mem=rng.randint(1, 100), cost=rng.uniform(1, 10))
+        if i:
+            forward.add_edge(i - 1, i)
+        if i > 3 and rng.random() < 0.3:
+            forward.add_edge(rng.randrange(i - 3), i)
+    return training_graph(forward)
+
+
+SLOW_LINK = solver.Link(5, 5)
+"""5 bytes per cost unit each way: copies that cost, so that offload has a search to do."""
+
+
+def test_an_offload_solve_stopped_returns_its_incumbent_marked_interrupted():
+    # the stop of the first Ctrl-C, requested before the offload solve begins (as when it
+    # came during the keep/recompute solve before it): the incumbent comes back at once
+    graph = _hard_training_graph()
+    problem = solver.prepare(graph)
+    budget = solver.checkpoint_all_peak(problem) // 2
+    start = solver.solve(graph, budget, time_limit=2)
+    stop = Stop()
+    stop.request()
+    began = time.perf_counter()
+    schedule = solve_with_offload(
+        graph, problem, budget, SLOW_LINK, Deadline.after(LIMIT, stop), start=start
+    )
+    assert time.perf_counter() - began < PROMPT
+    assert schedule.extra["interrupted"] is True and schedule.cost <= start.cost
+    assert schedule.extra["offload_model"] == "interrupted before the exact offload model was built"
+    assert [step["step"] for step in schedule.extra["steps"]] == [
+        "checkpoint-all",
+        "offload heuristics from checkpoint-all",
+        "offload heuristics from keep/recompute",
+        "offload model",
+    ]
+    solver.simulate(graph, schedule.ops, SLOW_LINK).raise_if_invalid()
+
+
+def _offload_command(tmp_path: Path) -> list[str]:
+    """`remat solve` of `_hard_training_graph` with --offload over `SLOW_LINK`, --out s.json."""
+    save_graph(_hard_training_graph(), tmp_path / "g.json")
+    link = f"{SLOW_LINK.d2h / 1e9:g},{SLOW_LINK.h2d / 1e9:g}"
+    command = ["solve", str(tmp_path / "g.json"), "--budget", "50%", "--offload", link]
+    return [*command, "--time-limit", str(LIMIT), "--out", str(tmp_path / "s.json")]
+
+
+def test_one_sigint_ends_remat_solve_offload_with_its_table(tmp_path, monkeypatch, capsys):
+    # the SIGINT comes during the keep/recompute solve: the offload solve after it and the
+    # heuristic rows are ended by the same stop, and the table is printed at once
+    err = _SigintOn("incumbent")
+    monkeypatch.setattr(sys, "stderr", err)
+    sent = time.perf_counter()
+    assert main(_offload_command(tmp_path)) == 0
+    assert time.perf_counter() - sent < PROMPT
+    out = capsys.readouterr().out
+    assert re.search(r"^exact \+ offload .* FEASIBLE", out, re.MULTILINE)
+    assert "(interrupted: no heuristic rows)" in out
+    assert err.text.count("interrupted: returning the best schedule found") == 1
+    saved = solver.Schedule.load(tmp_path / "s.json", load_graph(tmp_path / "g.json"))
+    assert saved.extra["interrupted"] is True and saved.link == SLOW_LINK
+
+
+def test_a_second_sigint_aborts_remat_solve_offload(tmp_path, monkeypatch, capsys):
+    err = _SigintOn("incumbent", "interrupted")
+    monkeypatch.setattr(sys, "stderr", err)
+    assert main(_offload_command(tmp_path)) == 130
+    assert err.text.splitlines()[-1] == "remat: interrupted: aborted"
+    assert "exact" not in capsys.readouterr().out

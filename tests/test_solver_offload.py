@@ -133,6 +133,35 @@ def test_offload_makes_a_budget_below_the_keep_recompute_least_feasible(tmp_path
     assert re.search(r"exact \+ offload +6 ", table)
 
 
+REDUCTION_STEPS = {
+    100: ["checkpoint-all"],
+    7: [
+        "checkpoint-all",
+        "offload heuristics from checkpoint-all",
+        "keep/recompute",
+        "offload model",
+    ],
+}
+"""The steps of the offload solves of `_reduction` by budget: at 100 B checkpoint-all fits; at
+7 B no keep/recompute schedule fits, and the offload model proves the optimum."""
+
+
+@pytest.mark.parametrize("budget", sorted(REDUCTION_STEPS))
+def test_offload_schedules_list_their_steps_and_whether_interrupted(tmp_path, budget):
+    """As every exact schedule: `extra["steps"]` and `extra["interrupted"]`, in the file too."""
+    graph = _reduction()
+    schedule = solver.solve(graph, budget, offload=Link(1, 1), time_limit=TIME_LIMIT)
+    steps = schedule.extra["steps"]
+    assert [step["step"] for step in steps] == REDUCTION_STEPS[budget]
+    assert schedule.extra["interrupted"] is False and all(step["seconds"] >= 0 for step in steps)
+    assert steps[0]["fits"] is (budget == 100)
+    if budget == 7:
+        assert steps[2]["found"] == "InfeasibleBudgetError" and steps[3]["status"] == "OPTIMAL"
+    schedule.save(tmp_path / "s.json")
+    loaded = solver.Schedule.load(tmp_path / "s.json", graph)
+    assert loaded.extra["steps"] == steps and loaded.extra["interrupted"] is False
+
+
 @pytest.mark.parametrize("read_by_2", [False, True])
 def test_the_step_waits_where_a_source_is_freed_before_its_copy_ends(read_by_2):
     """Node 0 (4 B, cost 5) is offloaded at 5 over a d2h of 1 B per unit (4 units: until 9);

@@ -82,7 +82,47 @@ def solve_with_offload(
     incumbent comes back, "FEASIBLE" with the cost of computing every node once as its bound
     (graph units), and `extra["offload_model"]` saying why where its size kept the model from
     being built. Raises InfeasibleBudgetError where no schedule fits (below the one-line
-    floor, or proven by CP-SAT) and SolverTimeoutError where none is found in time."""
+    floor, or proven by CP-SAT) and SolverTimeoutError where none is found in time.
+
+    As every exact schedule, it lists in `extra["steps"]` the steps that ran (`_Steps`: each
+    one's seconds and findings), and says in `extra["interrupted"]` whether `deadline`'s stop
+    was requested (the first Ctrl-C: the best schedule found by then comes back)."""
+    steps = _Steps()
+    schedule = _search(
+        graph, problem, budget, link, deadline, workers, progress, start, options, steps
+    )
+    schedule.extra["steps"] = steps.trace
+    schedule.extra["interrupted"] = deadline.stopped()
+    return schedule
+
+
+class _Steps:
+    """The steps of an offload solve as they end: `done(step, **facts)` records the step's
+    seconds since the previous one ended (or the solve began) and what it found."""
+
+    def __init__(self) -> None:
+        self.trace: list[dict] = []
+        self._at = time.perf_counter()
+
+    def done(self, step: str, **facts: object) -> None:
+        now = time.perf_counter()
+        self.trace.append({"step": step, "seconds": now - self._at, **facts})
+        self._at = now
+
+
+def _search(
+    graph: nx.DiGraph,
+    problem: Problem,
+    budget: int,
+    link: Link,
+    deadline: Deadline,
+    workers: int,
+    progress: ProgressFn | None,
+    start: Schedule | None,
+    options: SolveOptions,
+    steps: _Steps,
+) -> Schedule:
+    """`solve_with_offload`, each step recorded in `steps`."""
     from solver.exact.pipeline import solve  # the keep/recompute solve; imports this module
 
     started = time.perf_counter()
@@ -98,11 +138,13 @@ def solve_with_offload(
     times = OffloadTimes.of(problem, link)
     everything = plan_from_keep(problem, range(problem.n))
     indexed = plan_to_ops(problem, everything)
+    steps.done("checkpoint-all", peak=indexed.peak, fits=indexed.peak <= budget)
     if indexed.peak <= budget:
         return _schedule(graph, problem, indexed.ops, link, budget, "OPTIMAL", None, started)
     bases = {"checkpoint-all": everything}
     runs = offload_runs(graph, problem, budget, link, bases, deadline.share(HEURISTIC_SHARE))
     incumbent = _cheapest(runs, budget)
+    steps.done("offload heuristics from checkpoint-all", **_found(runs, incumbent))
     if _at_compute_cost(incumbent, problem):
         return _run_schedule(graph, problem, incumbent, link, budget, "OPTIMAL", None, started)
     room = offload_model_room(options, deadline.remaining() * (1 - KEEP_RECOMPUTE_SHARE))
@@ -118,11 +160,15 @@ def solve_with_offload(
                 deadline=deadline,
                 options=options,
             )
-        except (InfeasibleBudgetError, SolverTimeoutError):
+        except (InfeasibleBudgetError, SolverTimeoutError) as error:
             start = None
+            steps.done("keep/recompute", found=type(error).__name__)
+        else:
+            steps.done("keep/recompute", status=start.status, cost=start.cost)
     if start is not None:
         runs += _from_start(graph, problem, budget, link, start, deadline.share(HEURISTIC_SHARE))
         incumbent = _cheapest(runs, budget)
+        steps.done("offload heuristics from keep/recompute", **_found(runs, incumbent))
     if _at_compute_cost(incumbent, problem):
         return _run_schedule(graph, problem, incumbent, link, budget, "OPTIMAL", None, started)
     cap = None if incumbent is None else _model_units(incumbent, times)
@@ -131,7 +177,12 @@ def solve_with_offload(
     tried = size <= room
     if not tried:
         result = OffloadResult("UNKNOWN", None, None, 0)
-        no_model = _too_large(size, room, left, options)
+        no_model = (
+            "interrupted before the exact offload model was built"
+            if deadline.stopped()
+            else _too_large(size, room, left, options)
+        )
+        steps.done("offload model", variables=size, built=False)
     else:
         result = solve_offload_model(
             problem,
@@ -145,6 +196,7 @@ def solve_with_offload(
             progress=None if progress is None else _in_graph_units(progress, times),
         )
         no_model = "the exact offload model was not solved in the time left"
+        steps.done("offload model", variables=size, built=True, status=result.status)
     if result.status == "INFEASIBLE" and cap is not None:
         raise InvalidScheduleError(
             "internal error: the offload model refutes the incumbent's own cost; please report this"
@@ -216,6 +268,14 @@ def _from_start(
     none = OffloadPlan(plan, (frozenset(),) * problem.n, frozenset())
     run = OffloadRun("keep/recompute", none, ops, True, start.peak, start.cost)
     return [run, *offload_runs(graph, problem, budget, link, {"keep/recompute": plan}, deadline)]
+
+
+def _found(runs: list[OffloadRun], incumbent: OffloadRun | None) -> dict[str, object]:
+    """What the offload heuristics found, for `extra["steps"]`: how many runs there are, and
+    the incumbent's cost and who found it (None where no run fits)."""
+    if incumbent is None:
+        return {"runs": len(runs), "cost": None, "found_by": None}
+    return {"runs": len(runs), "cost": incumbent.cost, "found_by": incumbent.param}
 
 
 def _cheapest(runs: list[OffloadRun], budget: int) -> OffloadRun | None:

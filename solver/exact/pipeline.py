@@ -160,7 +160,7 @@ def solve(
         return run_steps(least_peak.begin(search), steps)
 
     whole = Deadline(at, stop)
-    with first_sigint_stops(stop, _print_interrupted if progress is True else None):
+    with first_sigint_stops(stop, print_interrupted if progress is True else None):
         if least:
             return _least_then_cheapest(run, units, limit, whole)
         if objective == "memory":
@@ -200,7 +200,8 @@ def _least_then_cheapest(
     return schedule
 
 
-def _print_interrupted() -> None:
+def print_interrupted() -> None:
+    """The notice of the first Ctrl-C (stderr): the solve ends with what it found."""
     print(
         "  interrupted: returning the best schedule found (Ctrl-C again to abort)",
         file=sys.stderr,
