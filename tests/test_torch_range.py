@@ -77,3 +77,49 @@ def test_function_recording_restores_torchs_own_apply():
     assert torch.autograd.Function.__dict__["apply"] is original
     y.sum().backward()
     assert torch.equal(x.grad, torch.full((3,), 3.0))
+
+
+def _private_torch_imports() -> set[tuple[str, str | None]]:
+    """(module, name) of every import of a private torch module or name in the library
+    (`from torch._x import y`, `import torch._x`, `from torch.a import _b`), name None for a
+    module import."""
+    import ast
+
+    found: set[tuple[str, str | None]] = set()
+    for package in ("graph_capture", "solver", "executor", "cli", "benchmarks"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+                    private_module = "._" in node.module
+                    for alias in node.names:
+                        if private_module or alias.name.startswith("_"):
+                            found.add((node.module, alias.name))
+                elif isinstance(node, ast.Import):
+                    found.update(
+                        (alias.name, None)
+                        for alias in node.names
+                        if alias.name.startswith("torch") and "._" in alias.name
+                    )
+    return found
+
+
+def test_every_private_torch_name_the_library_imports_exists_on_this_torch():
+    """The names a new torch release may drop, each checked: a failure names the module and the
+    name, and graph_capture/torch_range.py's range is what must change."""
+    import importlib
+
+    imports = _private_torch_imports()
+    assert ("torch.utils.checkpoint", "_sac_storage_key") in imports  # the walk sees them
+    missing = []
+    for module, name in sorted(imports, key=str):
+        try:
+            loaded = importlib.import_module(module)
+        except ImportError as error:
+            missing.append(f"{module} ({error})")
+            continue
+        if name is not None and not hasattr(loaded, name):
+            try:
+                importlib.import_module(f"{module}.{name}")
+            except ImportError:
+                missing.append(f"{module}.{name}")
+    assert not missing, f"torch {torch.__version__} lacks: {', '.join(missing)}"
