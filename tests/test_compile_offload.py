@@ -374,3 +374,78 @@ def test_inductor_keeps_the_schedules_prefetch(one_thread):
     wait = r"ao\.wait_tensor\.default\(\w+, (?:keepalive=)?(\w+)"
     kept = {m.group(1) for line in lines if (m := re.search(wait, line))}
     assert sources and not sources & kept
+
+
+def test_an_offloading_model_holds_torchs_pinned_pool_across_steps(monkeypatch):
+    # torch's ao.offload pins a new host buffer per copy unless its pool is on; the pool's
+    # context frees the buffers when left, so the model holds it open from its first step
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch._functorch._activation_offloading.offload_ops as offload_ops
+
+    from executor.compiled.api import CompiledModel
+    from executor.compiled.report import CompileReport
+
+    events = []
+
+    @contextlib.contextmanager
+    def pool():
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    monkeypatch.setattr(offload_ops, "pinned_memory_pool", pool)
+    schedule = SimpleNamespace(ops=[("compute", "a"), ("offload", "a"), ("reload", "a")])
+    report = CompileReport(None, 0, None, 1, regions=[SimpleNamespace(schedule=schedule)])
+    model = CompiledModel(nn.Identity(), lambda x: x + 1, report, "inductor", {})
+    assert model.host_pool is not None and events == []
+    for _ in range(3):
+        assert model(torch.zeros(2)).tolist() == [1.0, 1.0]
+    assert events == ["enter"], "entered at the first step, held across steps"
+    buffers = {(4, torch.float32): [torch.empty(4)], (2, torch.int64): [torch.empty(2).long()] * 2}
+    monkeypatch.setattr(offload_ops, "_pinned_pool", buffers)
+    assert model.host_pool.bytes() == 4 * 4 + 2 * 2 * 8
+    model.host_pool.close()
+    assert events == ["enter", "exit"]
+    kept = CompileReport(
+        None,
+        0,
+        None,
+        1,
+        regions=[SimpleNamespace(schedule=SimpleNamespace(ops=[("compute", "a")]))],
+    )
+    assert CompiledModel(nn.Identity(), lambda x: x, kept, "inductor", {}).host_pool is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compile_offload_on_cuda_matches_torch_within_its_predicted_peak(one_thread):
+    # below keep/recompute's least measured peak ("min") only copies fit: the plan moves
+    # copies, its step matches torch.compile's (inductor: allclose), its measured peak is
+    # within the schedule's prediction, and torch's pinned pool holds the same bytes each step
+    import copy
+
+    torch.manual_seed(0)
+    net = nn.Sequential(*(Block(512) for _ in range(4))).cuda()
+    x = torch.randn(1024, 512, device="cuda")
+    least = executor.compile(copy.deepcopy(net), (x,), "min", time_limit=240)
+    budget = int(least.remat.peak * 0.9)
+    model = executor.compile(net, (x,), budget, offload="h100", time_limit=300)
+    ops = [kind for r in model.remat.regions for kind, _ in r.schedule.ops]
+    assert ops.count("offload") >= 1 and ops.count("reload") >= 1
+    last = model.remat.tries[-1]
+    assert model.remat.peak <= budget and last.measured <= last.predicted, last
+
+    reference = copy.deepcopy(net)
+    for p in [*net.parameters(), *reference.parameters()]:
+        p.grad = None
+    model(x).sum().backward()
+    torch.compile(reference, fullgraph=True)(x).sum().backward()
+    for got, want in zip(net.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-3, atol=1e-5)
+    held = model.host_pool.bytes()
+    assert held > 0, "the copies' pinned buffers went back to the pool"
+    model(x).sum().backward()
+    assert model.host_pool.bytes() == held, "the next step reused them"
+    model.host_pool.close()

@@ -29,9 +29,9 @@ How `emit.partition` places them (remat's schedule decides, not torch's heuristi
   ``last_use_of_storage``, never its ``keepalive``: the graph itself (inductor's buffer
   planning, or the fx code's ``del``) frees the source after its last reader, which the wait is
   among, so no order a scheduler picks frees it while the copy reads it, and no buffer the
-  wait freed behind the scheduler's back is read or reused (with ``keepalive``, inductor moved
-  a reader of the source after the wait and reused the freed buffer: on this machine's
-  inductor, `tests/test_compile_offload.py`).
+  wait freed behind the scheduler's back is read or reused (inductor's wrapper for a graph
+  with ``keepalive=x``, generated on this machine, ran a reader of ``x`` after the wait and
+  reused ``x``'s buffer for a later kernel; docs/compile.md).
 - A host copy made by the forward and reloaded by the backward is what the forward saves: the
   offload's wait node, a host tensor, as torch's pass saves it; no device copy of v is saved
   unless the schedule itself keeps one across the split.
