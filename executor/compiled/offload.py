@@ -66,7 +66,6 @@ import contextlib
 from collections.abc import Hashable
 
 import torch
-from torch.utils._ordered_set import OrderedSet
 
 __all__ = [
     "FROM",
@@ -190,9 +189,14 @@ def pin_order(module: torch.fx.GraphModule) -> None:
     ``ao.wait_tensor``) after the compute before it in the graph, and a wait that hands a host
     copy back (its ``keepalive``) after every reload of that copy, with torch's
     ``control_deps`` (module docstring); a graph without transfers is left as it is."""
+    if not any(TRANSFER in node.meta for node in module.graph.nodes):
+        return  # nothing to pin, and torch's offload ops need not exist
+    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch.utils._ordered_set import OrderedSet
+
     ao = ops()
     transfers = {ao.offload.default, ao.reload.default, ao.wait_tensor.default}
-    after: dict[torch.fx.Node, OrderedSet[torch.fx.Node]] = {}
+    after: dict[torch.fx.Node, OrderedSet] = {}
     reloads: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # host copy -> its reloads so far
     compute = None  # the last compute seen
     for node in module.graph.nodes:
@@ -210,8 +214,6 @@ def pin_order(module: torch.fx.GraphModule) -> None:
         if deps:
             after[node] = deps
     if after:
-        from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
-
         preserve_node_ordering(module.graph, after)
         module.recompile()
 
