@@ -9,6 +9,7 @@ op order. On a CPU the call refuses offload in one line."""
 from __future__ import annotations
 
 import operator
+import re
 from collections import Counter
 
 import pytest
@@ -25,7 +26,6 @@ from executor.compiled import offload as transfer
 from executor.compiled.emit import partition
 from executor.compiled.joint_dag import joint_dag, tangent_bytes
 from executor.compiled.rewrite import COMPUTE
-from executor.compiled.storage import view_root
 from executor.errors import CompileError
 from solver import Link, prepare
 from solver.core.schedule import make_schedule
@@ -57,24 +57,29 @@ def joints(one_thread):
     }
 
 
-def _joint(net: nn.Module, x: torch.Tensor) -> tuple[torch.fx.GraphModule, int]:
+def _joint(
+    net: nn.Module, x: torch.Tensor, decompositions: dict | None = None
+) -> tuple[torch.fx.GraphModule, int]:
     got = {}
 
     def record(gm, inputs, **kwargs):
         got["gm"], got["n"] = gm, kwargs["num_fwd_outputs"]
         return default_partition(gm, inputs, **kwargs)
 
-    nop = aot_autograd(fw_compiler=lambda g, _: g, partition_fn=record)
+    nop = aot_autograd(
+        fw_compiler=lambda g, _: g, partition_fn=record, decompositions=decompositions
+    )
     torch._dynamo.reset()
     torch.compile(net, backend=nop, fullgraph=True)(x).sum().backward()
     torch._dynamo.reset()
     return got["gm"], got["n"]
 
 
-def offload_schedule(gm: torch.fx.GraphModule, every: int):
+def offload_schedule(gm: torch.fx.GraphModule, every: int, empty: bool = False):
     """(joint DAG, schedule): the keep/recompute plan keeping every ``every``-th node, where
-    each value it recomputes that owns bytes is offloaded after its first compute and reloaded
-    in place of each recompute (checked by the simulator over a fast link)."""
+    each value it recomputes that owns bytes (``empty``: each that has a zero-element tensor)
+    is offloaded after its first compute and reloaded in place of each recompute (checked by
+    the simulator over a fast link)."""
     built = joint_dag(gm, held_bytes=tangent_bytes(gm))
     dag = built.dag
     problem = prepare(dag)
@@ -82,7 +87,15 @@ def offload_schedule(gm: torch.fx.GraphModule, every: int):
     ops = plan_to_ops(problem, plan_from_keep(problem, keep)).ops
     ids = problem.ids
     again = Counter(v for kind, v in ops if kind == "compute")
-    chosen = {v for v, n in again.items() if n > 1 and dag.nodes[ids[v]]["mem"] > 0}
+    nodes = {n.name: n for n in gm.graph.nodes}
+
+    def wanted(v) -> bool:
+        if not empty:
+            return dag.nodes[ids[v]]["mem"] > 0
+        vals = [nodes[m].meta.get("val") for m in built.members[ids[v]]]
+        return any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in vals)
+
+    chosen = {v for v, n in again.items() if n > 1 and wanted(v)}
     out, seen = [], set()
     for kind, v in ops:
         if kind != "compute" or v not in chosen:
@@ -163,22 +176,18 @@ def test_offloads_are_torchs_ops_where_the_schedule_puts_them(joints, made):
     for graph in (fw, bw):
         graph.lint()
 
-    # each offload is ao.offload + its wait in one graph; a keepalive wait comes after every
-    # other reader of its source
+    # each offload is ao.offload + its wait in one graph; the wait reads the source as its
+    # last use of the storage and never frees it (no keepalive): the graph frees it after its
+    # last reader, whatever order inductor picks
     for graph in (fw, bw):
-        position = {n: k for k, n in enumerate(graph.nodes)}
         for off in [n for n in graph.nodes if _is(n, "offload")]:
             kind, v, _ = off.meta[transfer.TRANSFER]
             assert kind == "offload" and v in offloaded
             (wait,) = off.users
-            assert _is(wait, "wait_tensor") and wait.args[0] is off
+            assert _is(wait, "wait_tensor") and wait.args == (off,)
+            assert wait.kwargs == {"last_use_of_storage": off.args[0]}
             assert off.meta["val"].device.type == "cpu"
-            if len(wait.args) > 1:  # frees the source: nothing reads it later
-                source = wait.args[1]
-                assert source is off.args[0]
-                assert all(position[u] <= position[wait] for u in source.users)
-                assert source not in graph.output_node().args[0]
-                assert view_root(source).op == "call_function", "never a graph input's"
+            assert off.args[0].meta["val"].numel() > 0
     forward_offloads = {n.meta[transfer.TRANSFER][1] for n in fw.nodes if _is(n, "offload")}
     assert forward_offloads == {v for v in offloaded if v not in backward}
 
@@ -203,17 +212,18 @@ def test_offloads_are_torchs_ops_where_the_schedule_puts_them(joints, made):
         kind, v, _ = reload.meta[transfer.TRANSFER]
         assert kind == "reload" and v in reloaded
         (wait,) = reload.users
-        assert _is(wait, "wait_tensor") and wait.args[0] is reload
+        assert _is(wait, "wait_tensor") and wait.args == (reload,)
         assert reload.meta["val"].device == reload.args[1]
         assert list(reload.meta["val"].shape) == reload.args[2]
     scheduled = {(kind, v, i) for i, (kind, v) in enumerate(schedule.ops) if kind == "reload"}
     assert {r.meta[transfer.TRANSFER] for r in reloads} <= scheduled
-    # the last reload of a host copy frees it (keepalive), earlier ones do not
+    # the last reload of a host copy hands it back (keepalive), earlier ones do not
     for graph in (fw, bw):
         for reload in [n for n in graph.nodes if _is(n, "reload")]:
             (wait,) = reload.users
-            if len(wait.args) > 1:
-                assert wait.args[1] is reload.args[0]
+            assert set(wait.kwargs) <= {"keepalive"}
+            if wait.kwargs:
+                assert wait.kwargs["keepalive"] is reload.args[0]
 
     # the graphs follow the schedule's op order: computes and issued copies in sequence
     index, count = {}, Counter()
@@ -246,3 +256,196 @@ def test_compile_refuses_offload_on_a_cpu_in_one_line():
         executor.compile(net, (x,), "min", offload="h100", backend="aot_eager")
     message = str(e.value)
     assert "\n" not in message and "pinned" in message and "cpu" in message
+
+
+class Empty(nn.Module):
+    """A block whose input first gets a value of a zero-element tensor (a 16 -> 0 linear): its
+    joint graph holds zero-element values in the forward and the backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.none = nn.Linear(16, 0)
+        self.block = Block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.none(x)
+        return self.block(x + (z * z).sum(-1, keepdim=True))
+
+
+def test_zero_element_values_are_never_copied(one_thread):
+    # torch's wait registry is keyed by data_ptr, 0 for every zero-element tensor: two such
+    # copies in flight collide. None is copied; its reload makes it again, empty
+    torch.manual_seed(0)
+    gm, num_fwd_outputs = _joint(Empty(), torch.randn(8, 16))
+    built, schedule = offload_schedule(gm, 2, empty=True)
+    assert sum(kind == "offload" for kind, _ in schedule.ops) >= 2
+    backward = {v for v in built.dag.nodes if built.dag.nodes[v]["backward"]}
+    cut = partition(gm, schedule.ops, built.members, backward, num_fwd_outputs, False)
+    made = []
+    for graph in (cut.forward.graph, cut.backward.graph):
+        graph.lint()
+        for n in graph.nodes:
+            if _is(n, "offload") or _is(n, "reload"):
+                assert n.args[0].meta["val"].numel() > 0, n.format_node()
+            if n.target is torch.ops.aten.empty_strided.default and transfer.TRANSFER in n.meta:
+                assert n.meta[transfer.TRANSFER][0] == "reload"
+                made.append(n)
+    assert made and all(n.meta["val"].numel() == 0 for n in made)
+    outs = _fake_run(cut.forward, [])
+    _fake_run(cut.backward, outs[num_fwd_outputs:])
+
+
+def _wrapper_code(module: torch.fx.GraphModule) -> str:
+    """The ``call`` of inductor's wrapper for ``module`` (generated, not run: torch's offload
+    ops need an accelerator)."""
+    from unittest import mock
+
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.graph import GraphLowering
+
+    inputs = []
+    for p in module.graph.find_nodes(op="placeholder"):
+        val = p.meta["val"]
+        inputs.append(torch.empty_strided(val.shape, val.stride(), dtype=val.dtype))
+    codes = []
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        compile_fx_inner(module, inputs)
+    code = codes[-1]
+    return code[code.index("def call(") : code.index("runner = Runner")]
+
+
+def _kernels_between_reload_and_wait(lines: list[str]) -> list[int]:
+    """For each reload whose wait hands its host copy back (``keepalive``, the host copy's
+    name): how many compute kernels run between the two, in inductor's wrapper."""
+    issued, gaps, kernels = {}, [], 0
+    for line in lines:
+        if "extern_kernels." in line or re.search(r"cpp_fused\w*\(", line):
+            kernels += 1
+        if m := re.search(r"ao\.reload\.default\((\w+)", line):
+            issued[m.group(1)] = kernels
+        if (m := re.search(r"ao\.wait_tensor\.default\(\w+, (?:keepalive=)?(\w+)", line)) and (
+            m.group(1) in issued
+        ):
+            gaps.append(kernels - issued[m.group(1)])
+    return gaps
+
+
+def test_inductor_keeps_the_schedules_prefetch(one_thread):
+    # the block net as inductor decomposes it, with its keep-every-2nd plan's recomputes as
+    # reloads; inductor generates (not runs) the partitioner's graphs on this CPU. Unpinned,
+    # its peak-memory reordering moved every reload's wait up to the reload, so the compute
+    # stream would wait for each whole copy; pinned, the computes the schedule puts between a
+    # reload and its wait stay between them, and no wait frees a buffer inductor manages
+    from torch._inductor.decomposition import select_decomp_table
+
+    torch.manual_seed(0)
+    net, x = nn.Sequential(Block(), Block()), torch.randn(8, 16)
+    gm, num_fwd_outputs = _joint(net, x, decompositions=select_decomp_table())
+    built, schedule = offload_schedule(gm, 2)
+    backward = {v for v in built.dag.nodes if built.dag.nodes[v]["backward"]}
+    cut = partition(gm, schedule.ops, built.members, backward, num_fwd_outputs, False)
+    module = cut.backward
+    module.graph.eliminate_dead_code()
+    position = {n: k for k, n in enumerate(module.graph.nodes)}
+    computes = [  # the nodes inductor runs a kernel for: no getitem, no view
+        n
+        for n in module.graph.nodes
+        if n.op == "call_function"
+        and COMPUTE in n.meta
+        and n.target is not operator.getitem
+        and n.target._schema.returns[0].alias_info is None
+    ]
+    prefetched = 0
+    for wait in [n for n in module.graph.nodes if _is(n, "wait_tensor")]:
+        reload = wait.args[0]
+        if _is(reload, "reload") and (len(wait.args) > 1 or "keepalive" in wait.kwargs):
+            between = [c for c in computes if position[reload] < position[c] < position[wait]]
+            prefetched += bool(between)
+    assert prefetched, "the schedule overlaps a reload with computes"
+    module.recompile()
+    transfer.pin_order(module)
+    lines = _wrapper_code(module).splitlines()
+    gaps = _kernels_between_reload_and_wait(lines)
+    assert gaps and sum(g > 0 for g in gaps) >= prefetched, gaps
+    # an offload's wait reads its source as its last use: inductor frees it, never the wait
+    sources = {
+        m.group(1) for line in lines if (m := re.search(r"ao\.offload\.default\((\w+)", line))
+    }
+    wait = r"ao\.wait_tensor\.default\(\w+, (?:keepalive=)?(\w+)"
+    kept = {m.group(1) for line in lines if (m := re.search(wait, line))}
+    assert sources and not sources & kept
+
+
+def test_an_offloading_model_holds_torchs_pinned_pool_across_steps(monkeypatch):
+    # torch's ao.offload pins a new host buffer per copy unless its pool is on; the pool's
+    # context frees the buffers when left, so the model holds it open from its first step
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch._functorch._activation_offloading.offload_ops as offload_ops
+
+    from executor.compiled.api import CompiledModel
+    from executor.compiled.report import CompileReport
+
+    events = []
+
+    @contextlib.contextmanager
+    def pool():
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    monkeypatch.setattr(offload_ops, "pinned_memory_pool", pool)
+    schedule = SimpleNamespace(ops=[("compute", "a"), ("offload", "a"), ("reload", "a")])
+    report = CompileReport(None, 0, None, 1, regions=[SimpleNamespace(schedule=schedule)])
+    model = CompiledModel(nn.Identity(), lambda x: x + 1, report, "inductor", {})
+    assert model.host_pool is not None and events == []
+    for _ in range(3):
+        assert model(torch.zeros(2)).tolist() == [1.0, 1.0]
+    assert events == ["enter"], "entered at the first step, held across steps"
+    buffers = {(4, torch.float32): [torch.empty(4)], (2, torch.int64): [torch.empty(2).long()] * 2}
+    monkeypatch.setattr(offload_ops, "_pinned_pool", buffers)
+    assert model.host_pool.bytes() == 4 * 4 + 2 * 2 * 8
+    model.host_pool.close()
+    assert events == ["enter", "exit"]
+    kept = CompileReport(
+        None,
+        0,
+        None,
+        1,
+        regions=[SimpleNamespace(schedule=SimpleNamespace(ops=[("compute", "a")]))],
+    )
+    assert CompiledModel(nn.Identity(), lambda x: x, kept, "inductor", {}).host_pool is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compile_offload_on_cuda_matches_torch_within_its_predicted_peak(one_thread):
+    # below keep/recompute's least measured peak ("min") only copies fit: the plan moves
+    # copies, its step matches torch.compile's (inductor: allclose), its measured peak is
+    # within the schedule's prediction, and torch's pinned pool holds the same bytes each step
+    import copy
+
+    torch.manual_seed(0)
+    net = nn.Sequential(*(Block(512) for _ in range(4))).cuda()
+    x = torch.randn(1024, 512, device="cuda")
+    least = executor.compile(copy.deepcopy(net), (x,), "min", time_limit=240)
+    budget = int(least.remat.peak * 0.9)
+    model = executor.compile(net, (x,), budget, offload="h100", time_limit=300)
+    ops = [kind for r in model.remat.regions for kind, _ in r.schedule.ops]
+    assert ops.count("offload") >= 1 and ops.count("reload") >= 1
+    last = model.remat.tries[-1]
+    assert model.remat.peak <= budget and last.measured <= last.predicted, last
+
+    reference = copy.deepcopy(net)
+    for p in [*net.parameters(), *reference.parameters()]:
+        p.grad = None
+    model(x).sum().backward()
+    torch.compile(reference, fullgraph=True)(x).sum().backward()
+    for got, want in zip(net.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-3, atol=1e-5)
+    held = model.host_pool.bytes()
+    assert held > 0, "the copies' pinned buffers went back to the pool"
+    model(x).sum().backward()
+    assert model.host_pool.bytes() == held, "the next step reused them"
+    model.host_pool.close()

@@ -15,6 +15,7 @@ from torch import nn
 import solver
 from executor.compiled.budget_loop import Steps, compile_within_budget
 from executor.compiled.check import CompileCheck
+from executor.compiled.offload import PinnedPool
 from executor.compiled.plan_file import read_plan, replay_plan, write_plan
 from executor.compiled.report import CompileReport
 from executor.errors import CompileError
@@ -33,7 +34,10 @@ class CompiledModel(nn.Module):
     it as the model; ``remat`` is the `CompileReport`; ``backend`` and ``options`` are the
     compile's (torch.compile's backend name, inductor's options). ``save(path)`` writes the
     plan, ``CompiledModel.load(path, model, example_inputs=...)`` compiles it again without
-    solving."""
+    solving. ``host_pool``: where the plan offloads, torch's pinned host-memory pool for its
+    offload ops (`executor.compiled.offload.PinnedPool`), opened at the first call and held
+    open across steps, so each step reuses the pinned buffers of the one before
+    (``host_pool.bytes()`` counts them; ``host_pool.close()`` frees them); None otherwise."""
 
     def __init__(
         self,
@@ -49,8 +53,12 @@ class CompiledModel(nn.Module):
         self.remat = report
         self.backend = backend
         self.options = dict(options)
+        offloads = any(kind == "offload" for r in report.regions for kind, _ in r.schedule.ops)
+        self.host_pool = PinnedPool() if offloads else None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.host_pool is not None:
+            self.host_pool.open()
         return self._call(*args, **kwargs)
 
     def save(self, path: str | Path) -> None:

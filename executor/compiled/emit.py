@@ -83,7 +83,6 @@ def partition(
         if node.meta.get(COMPUTE) in gone or node.meta.get(transfer.FROM) in gone:
             graph.erase_node(node)
     saved = _saved(rewrite, gone)
-    transfer.keep_alive_where_read(graph, rewrite.offload_waits, set(saved) | set(flat))
     (output,) = joint.graph.find_nodes(op="output")
     graph.output(type(output.args[0])(flat) if isinstance(output.args[0], tuple) else flat)
     graph.output_node().meta = dict(output.meta)

@@ -3,36 +3,57 @@
 torch's ops (``torch/_functorch/_activation_offloading/offload_ops.py``) are the ones its own
 pass (``activation_offloading.py``, ``offload_chosen_sets_async``) emits and inductor lowers:
 
-- ``host = ao.offload(x)``: a device-to-host copy of ``x`` into pinned host memory, issued on a
-  transfer stream; ``host = ao.wait_tensor(host, keepalive=x)`` makes the compute stream wait
-  for it and then frees ``x``'s storage (``resize_(0)``);
-- ``x = ao.reload(host, device, size, stride)``: the host-to-device copy back into a tensor of
-  the original size and stride; ``x = ao.wait_tensor(x, keepalive=host)`` waits for it and
-  then frees the host buffer.
+- ``host = ao.offload(x)``: a device-to-host copy of ``x`` into pinned host memory, issued on
+  the device's one transfer stream (both directions share it, in issue order), which first
+  waits for the compute stream; the copy's completion event is registered under the host
+  tensor's ``data_ptr``;
+- ``x = ao.reload(host, device, size, stride)``: a device tensor of the original size and stride,
+  allocated on the compute stream, filled by a host-to-device copy on the same transfer stream;
+  its event registered under the device tensor's ``data_ptr``;
+- ``y = ao.wait_tensor(y, keepalive=k, last_use_of_storage=s)``: the compute stream waits for the
+  event registered under ``y``'s ``data_ptr``; then ``k``'s storage is freed (``resize_(0)``, or a
+  pinned buffer the pool lent goes back to it). ``k`` and ``s`` are read by the op, so the graph
+  holds them at least until the wait.
 
 How `emit.partition` places them (remat's schedule decides, not torch's heuristics):
 
 - ``("offload", v)``: one ``ao.offload`` per tensor member of DAG node v that owns its storage
-  (its views share it: they are taken again from the reloaded base), at the op's position.
-  Its ``ao.wait_tensor`` (keepalive the source) goes where the schedule frees v's device copy:
-  the schedule's timeline makes that free wait for the copy (docs/offload.md). Where the
-  device copy is still live when the forward ends, the wait closes the forward, as torch's
-  ``activation_offload_sink_wait_async`` places it. The keepalive is dropped where a tensor of
-  the source's storage is still read after the wait, saved or returned, or the storage is a
-  graph input's: ``resize_(0)`` would free a storage still in use.
+  and holds at least one element (its views share it: they are taken again from the reloaded
+  base), at the op's position. A zero-element tensor is never copied: its ``data_ptr`` is 0,
+  so two of them would collide in torch's wait registry (keyed by ``data_ptr``); the reload
+  makes it again as an empty tensor of its size and stride (it holds no bytes to copy).
+- Its ``ao.wait_tensor`` goes where the schedule frees v's device copy: the schedule's timeline
+  makes that free wait for the copy (docs/offload.md). Where the device copy is still live when
+  the forward ends, the wait closes the forward, as torch's
+  ``activation_offload_sink_wait_async`` places it. The source is the wait's
+  ``last_use_of_storage``, never its ``keepalive``: the graph itself (inductor's buffer
+  planning, or the fx code's ``del``) frees the source after its last reader, which the wait is
+  among, so no order a scheduler picks frees it while the copy reads it, and no buffer the
+  wait freed behind the scheduler's back is read or reused (inductor's wrapper for a graph
+  with ``keepalive=x``, generated on this machine, ran a reader of ``x`` after the wait and
+  reused ``x``'s buffer for a later kernel; docs/compile.md).
 - A host copy made by the forward and reloaded by the backward is what the forward saves: the
   offload's wait node, a host tensor, as torch's pass saves it; no device copy of v is saved
   unless the schedule itself keeps one across the split.
 - ``("reload", v)``: one ``ao.reload`` per host copy at the op's position (the schedule's
   prefetch); its ``ao.wait_tensor`` goes right before the first node that reads the reloaded
   tensor (a view of it taken again counts). Only the last reload of a host copy passes it as
-  keepalive (frees it): the schedule may reload one host copy more than once. A reload whose
-  tensor nothing reads (one the schedule makes for the step's end, of a forward output the
-  forward returns itself) gets no wait and is left to dead-code elimination.
+  keepalive, which hands the pinned buffer back (to torch's pool, `PinnedPool`): the schedule
+  may reload one host copy more than once. A reload whose tensor nothing reads (one the
+  schedule makes for the step's end, of a forward output the forward returns itself) gets no
+  wait and is left to dead-code elimination.
 - Each transfer node is tagged ``must_be_in_forward`` / ``must_be_in_backward``: the
   ``ao.wait_tensor`` has a side effect, so dead-code elimination never drops it, and without
   the tag torch's cut (``_extract_fwd_bwd_modules``) would copy a transfer whose inputs both
   graphs hold into both.
+- `pin_order`, on each cut graph: every transfer node runs after the compute the schedule puts
+  before it, and the wait that hands a host copy back after every reload of that copy, through
+  torch's ``control_deps`` (the ordering edges inductor's scheduler and its peak-memory
+  reordering keep). Without them inductor moved a reload's wait up to the reload, making the
+  compute stream wait for the whole copy where the schedule overlaps it. Not pinned: a
+  transfer running *before* the compute the schedule puts after it (``control_deps`` orders a
+  node after others, and a compute inductor fuses into its reader creates no operation to
+  order); the measured peak and seconds show where inductor departs.
 
 Nothing here runs the ops: they need an accelerator (pinned memory, a transfer stream; on a
 CPU-only build ``ao.offload`` raises "Accelerator expected"). Their fake kernels give the
@@ -41,18 +62,19 @@ emitted nodes' ``meta["val"]``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Hashable
 
 import torch
 
-from executor.compiled.storage import view_root
-
 __all__ = [
     "FROM",
     "TRANSFER",
-    "keep_alive_where_read",
+    "PinnedPool",
+    "empty_node",
     "offload_node",
     "ops",
+    "pin_order",
     "reload_node",
     "wait_node",
 ]
@@ -108,12 +130,18 @@ def offload_node(
 def wait_node(
     graph: torch.fx.Graph,
     transfer: torch.fx.Node,
-    keepalive: torch.fx.Node | None,
     backward: bool,
+    *,
+    keepalive: torch.fx.Node | None = None,
+    last_use: torch.fx.Node | None = None,
 ) -> torch.fx.Node:
-    """``ao.wait_tensor(transfer, keepalive)`` appended to ``graph``; tagged as ``transfer``."""
+    """``ao.wait_tensor(transfer, keepalive=, last_use_of_storage=last_use)`` appended to
+    ``graph`` (each left out where None); tagged as ``transfer``."""
+    kwargs = {"keepalive": keepalive, "last_use_of_storage": last_use}
     node = graph.call_function(
-        ops().wait_tensor.default, (transfer,) if keepalive is None else (transfer, keepalive)
+        ops().wait_tensor.default,
+        (transfer,),
+        {k: v for k, v in kwargs.items() if v is not None},
     )
     node.meta["val"] = transfer.meta["val"]
     _tag(node, transfer.meta[TRANSFER], transfer.meta[FROM], backward)
@@ -137,25 +165,95 @@ def reload_node(
     return node
 
 
-def keep_alive_where_read(
+def empty_node(
     graph: torch.fx.Graph,
-    waits: list[tuple[torch.fx.Node, torch.fx.Node]],
-    escaping: set[torch.fx.Node],
-) -> None:
-    """Drop an offload wait's keepalive (which frees the source's storage) where a tensor of
-    that storage is read after the wait, saved or returned (``escaping``), or the storage is
-    a graph input's (a view of a parameter); ``waits``: (offload wait, its source)."""
-    position = {n: k for k, n in enumerate(graph.nodes)}
-    sharing: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-    for node in graph.nodes:
-        sharing.setdefault(view_root(node), []).append(node)
-    for wait, source in waits:
-        if wait not in position or len(wait.args) < 2:
+    like: torch.Tensor,
+    what: tuple[str, Hashable, int],
+    backward: bool,
+) -> torch.fx.Node:
+    """``aten.empty_strided`` of ``like``'s size, stride, dtype and device appended to
+    ``graph``: a zero-element tensor made again at its reload (it holds no bytes to copy, and
+    reads no compute)."""
+    op = torch.ops.aten.empty_strided.default
+    size, stride = list(like.size()), list(like.stride())
+    kwargs = {"dtype": like.dtype, "device": like.device}
+    node = graph.call_function(op, (size, stride), kwargs)
+    with like.fake_mode:
+        node.meta["val"] = op(size, stride, **kwargs)
+    _tag(node, what, None, backward)
+    return node
+
+
+def pin_order(module: torch.fx.GraphModule) -> None:
+    """Order each transfer node of ``module`` (``ao.offload``, ``ao.reload``,
+    ``ao.wait_tensor``) after the compute before it in the graph, and a wait that hands a host
+    copy back (its ``keepalive``) after every reload of that copy, with torch's
+    ``control_deps`` (module docstring); a graph without transfers is left as it is."""
+    if not any(TRANSFER in node.meta for node in module.graph.nodes):
+        return  # nothing to pin, and torch's offload ops need not exist
+    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch.utils._ordered_set import OrderedSet
+
+    ao = ops()
+    transfers = {ao.offload.default, ao.reload.default, ao.wait_tensor.default}
+    after: dict[torch.fx.Node, OrderedSet] = {}
+    reloads: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # host copy -> its reloads so far
+    compute = None  # the last compute seen
+    for node in module.graph.nodes:
+        if node.op != "call_function":
             continue
-        root = view_root(source)
-        aliases = sharing.get(root, [source])
-        if root.op != "call_function" or any(
-            a in escaping or any(position[u] > position[wait] for u in a.users if u is not wait)
-            for a in aliases
-        ):
-            wait.args = wait.args[:1]
+        if node.target not in transfers:
+            compute = node
+            continue
+        deps = OrderedSet([compute] if compute is not None else [])
+        if node.target is ao.reload.default:
+            reloads.setdefault(node.args[0], []).append(node)
+        host = node.kwargs.get("keepalive")
+        if host is not None:
+            deps.update(r for r in reloads.get(host, ()) if r is not node.args[0])
+        if deps:
+            after[node] = deps
+    if after:
+        preserve_node_ordering(module.graph, after)
+        module.recompile()
+
+
+class PinnedPool:
+    """torch's pinned host-memory pool for its offload ops (``pinned_memory_pool``), held open
+    from `open` to `close`: while it is open, each ``ao.offload`` takes a pinned buffer of its
+    element count and dtype from the pool (allocating one where none is free), and the wait of
+    the host copy's last reload hands it back, so each step reuses the buffers of the step
+    before instead of pinning new memory per copy. The pool is torch's, one per process:
+    ``bytes()`` counts every buffer it holds free (all of them between steps), in requested
+    bytes (element count times element size; torch's host allocator may round the
+    allocation up)."""
+
+    def __init__(self) -> None:
+        self._stack: contextlib.ExitStack | None = None
+
+    def open(self) -> None:
+        """Enable the pool (no-op where this object already holds it open)."""
+        if self._stack is None:
+            import torch._functorch._activation_offloading.offload_ops as offload_ops
+
+            stack = contextlib.ExitStack()
+            stack.enter_context(offload_ops.pinned_memory_pool())
+            self._stack = stack
+
+    def close(self) -> None:
+        """Leave the pool: torch frees its buffers unless an outer pool holds them."""
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._stack is not None
+
+    @staticmethod
+    def bytes() -> int:
+        """The bytes of the pinned buffers torch's pool holds free (requested bytes)."""
+        import torch._functorch._activation_offloading.offload_ops as offload_ops
+
+        pool = getattr(offload_ops, "_pinned_pool", {})
+        return sum(b.numel() * b.element_size() for bucket in pool.values() for b in bucket)

@@ -22,6 +22,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 import solver
+from executor.compiled import offload as transfer
 from executor.compiled.emit import Partition, partition
 from executor.compiled.joint_dag import joint_dag, tangent_bytes
 from executor.errors import CompileError
@@ -146,6 +147,7 @@ class RematPartitioner(CustomPartitionerFn):
         for module in (cut.forward, cut.backward):
             module.graph.eliminate_dead_code()
             module.recompile()
+            transfer.pin_order(module)
         nodes = {n.name: n for n in gm.graph.nodes}
         ops = {v: [str(nodes[m].target) for m in names] for v, names in joint.members.items()}
         cost = schedule.cost - penalty * len(once)

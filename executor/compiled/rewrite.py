@@ -56,8 +56,7 @@ class Rewrite:
     gradients as the schedule's ``END`` finds them); ``output_computes``: the computes that made
     them; ``saved``: a forward copy the backward reads -> its joint name; ``reads``: compute ->
     the computes whose copies it reads, in the schedule's order; ``origin``: a copy -> the joint
-    node it copies; ``offload_waits``: (an offload's wait, its source); ``joint_nodes``: joint
-    name -> node."""
+    node it copies; ``joint_nodes``: joint name -> node."""
 
     def __init__(
         self,
@@ -104,7 +103,7 @@ class Rewrite:
         self._arriving: dict[str, tuple[torch.fx.Node, torch.fx.Node | None]] = {}  # reload, keep
         self._retake: dict[str, tuple[tuple, object]] = {}  # a view of a reloaded storage -> tags
         self._reloads_left = Counter(v for kind, v in ops if kind == "reload")
-        self.offload_waits: list[tuple[torch.fx.Node, torch.fx.Node]] = []
+        self._empty: set[str] = set()  # offloaded zero-element tensors, made again at reload
         self._walk(ops, backward, num_fwd_outputs)
         self.outputs, self.output_computes = self._outputs(num_fwd_outputs)
 
@@ -146,7 +145,7 @@ class Rewrite:
 
     def _offload(self, v: Hashable, i: int, in_backward: bool) -> None:
         """An ``ao.offload`` (op ``i``) of each live tensor member of ``v`` that owns its
-        storage."""
+        storage and holds an element (a zero-element one is made again at the reload)."""
         for name in self._members.get(v, ()):
             copy = self._env.get(name)
             if copy is None or not isinstance(copy.meta.get("val"), torch.Tensor):
@@ -155,6 +154,9 @@ class Rewrite:
                 continue  # its base's copy holds its storage
             self._ready(name, in_backward)
             copy = self._env[name]
+            if copy.meta["val"].numel() == 0:  # nothing to copy; made again at the reload
+                self._empty.add(name)
+                continue
             if in_backward and (name in self._forward_side or name in self._static):
                 self.saved.setdefault(copy, name)
             off = transfer.offload_node(
@@ -163,8 +165,8 @@ class Rewrite:
             self._offloading.setdefault(v, []).append((off, copy, name))
 
     def _reload(self, v: Hashable, i: int, in_backward: bool) -> None:
-        """An ``ao.reload`` (op ``i``) of each host copy of ``v``'s members; their views are
-        taken again from it at their first read."""
+        """An ``ao.reload`` (op ``i``) of each host copy of ``v``'s members, an empty tensor
+        for each zero-element one; their views are taken again at their first read."""
         self._reloads_left[v] -= 1
         copied = [name for name in self._members.get(v, ()) if name in self._host]
         for name in copied:
@@ -176,9 +178,25 @@ class Rewrite:
             self._arriving[name] = (reload, copy if self._reloads_left[v] == 0 else None)
             self._env[name] = reload
             self.origin[reload] = name
-        for name in self._members.get(v, ()) if copied else ():
-            if name not in self._host and base_in(self.joint_nodes[name], self._members[v]):
-                self._retake[name] = (("reload", v, i), self._host[copied[0]].meta[transfer.FROM])
+        made = [name for name in self._members.get(v, ()) if name in self._empty]
+        for name in made:
+            like = self.joint_nodes[name].meta["val"]
+            made_again = transfer.empty_node(self.graph, like, ("reload", v, i), in_backward)
+            self._env[name] = made_again
+            self.origin[made_again] = name
+            if in_backward:
+                self._forward_side.discard(name)
+            else:
+                self._forward_side.add(name)
+                self._forward_copy[name] = made_again
+        if not copied and not made:
+            return
+        source = self._host[copied[0]].meta[transfer.FROM] if copied else None
+        for name in self._members.get(v, ()):
+            if name in self._host or name in self._empty:
+                continue
+            if base_in(self.joint_nodes[name], self._members[v]):
+                self._retake[name] = (("reload", v, i), source)
 
     def _end(self, num_fwd_outputs: int, in_backward: bool) -> None:
         """The gradients the step's end reads made ready; a reload nothing reads is left to
@@ -270,9 +288,8 @@ class Rewrite:
         """The waits of ``v``'s pending offloads (all pending ones for None)."""
         for u in [v] if v is not None else list(self._offloading):
             for off, source, name in self._offloading.pop(u, ()):
-                wait = transfer.wait_node(self.graph, off, source, in_backward)
+                wait = transfer.wait_node(self.graph, off, in_backward, last_use=source)
                 self._host[name] = wait
-                self.offload_waits.append((wait, source))
                 if not in_backward:
                     self._host_side.add(name)
 
@@ -280,7 +297,7 @@ class Rewrite:
         """Wait for ``name``'s reload, or take its view again, where it is still to come."""
         if name in self._arriving:
             reload, keep = self._arriving.pop(name)
-            self._env[name] = transfer.wait_node(self.graph, reload, keep, in_backward)
+            self._env[name] = transfer.wait_node(self.graph, reload, in_backward, keepalive=keep)
             self.origin[self._env[name]] = name
         elif name in self._retake:  # taken again from its reloaded base at its first read
             what, source = self._retake.pop(name)
