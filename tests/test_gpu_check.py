@@ -195,3 +195,36 @@ def test_a_runtime_that_differs_is_wrong_only_where_eager_repeats_itself() -> No
     run.spread = dict.fromkeys(run.spread, 1e-6)
     with pytest.raises(Unsure, match="beyond eager's own spread"):
         run.check(model, model, exact=True)
+
+
+def test_the_own_executor_cells_start_from_the_pristine_buffers() -> None:
+    """The own executor's cells share the captured model: each starts from its buffers as
+    captured, not as the cell before left them (BatchNorm's running statistics advance with
+    every step), so a second cell is not WRONG with remat blameless."""
+    import torch
+    from torch import nn
+
+    from benchmarks.gpu_check.cells import CELLS, capture_phase, guarded, setup
+    from benchmarks.gpu_check.spec import Cell, Run
+    from benchmarks.zoo import Bench
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Tanh())
+            self.head = nn.Linear(16, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.layers(x)).square().mean()
+
+    torch.manual_seed(0)
+    bench = Bench(Net().train(), (torch.randn(4, 8),), [])
+    run = Run("net", bench, torch.device("cpu"), "h100", None, "aot_eager", 1, 0.2)
+    setup(run)
+    assert (
+        guarded(run, Cell("net", "capture"), "capture", lambda: capture_phase(run)).result == "ok"
+    )
+    for _ in range(2):
+        cell = Cell("net", "remat")
+        done = guarded(run, cell, "remat", lambda c=cell: CELLS["remat"](run, c))
+        assert done.result == "ok" and done.grads == "bit-equal", done

@@ -63,6 +63,7 @@ def capture_phase(run: Run) -> None:
     run.shared.update(
         captured=captured,
         model=model,
+        buffers=[b.detach().clone() for b in model.buffers()],
         budget=(least.peak + full) // 2,
         offload_budget=offload_budget(least.peak, problem.one_line_floor),
         least=least.peak,
@@ -94,6 +95,9 @@ def remat_cell(run: Run, cell: Cell, offload: bool) -> None:
     if "captured" not in run.shared:
         raise RuntimeError("no capture (see the capture's failure)")
     captured, model = run.shared["captured"], run.shared["model"]
+    with torch.no_grad():  # the cells before advanced them (BatchNorm's running statistics)
+        for buffer, pristine in zip(model.buffers(), run.shared["buffers"], strict=True):
+            buffer.copy_(pristine)
     cell.budget = run.shared["offload_budget" if offload else "budget"]
     if cell.budget is None:
         raise NoCopy(
