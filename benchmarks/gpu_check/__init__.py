@@ -34,8 +34,10 @@ docs/offload.md), then the cells (`RUNTIMES`):
   parked region gets there). SAC's per-copy offload overhead is measured on the host's CPU
   inside `checkpoint_plan` (the sac+offload row says so);
 - ``compile``: `executor.compile` (inductor on CUDA; ``aot_eager`` on the CPU, where inductor
-  compiles for tens of seconds per model) at the own executor's midway budget in bytes, for
-  ``--compile-models`` (default ``gpt2``; the others' compile cells are skipped);
+  compiles for tens of seconds per model) at the own executor's midway budget in bytes plus
+  the parameters' gradients (which the compiled step creates, where the own executor's budget
+  has them allocated before the step), for ``--compile-models`` (default ``gpt2``; the
+  others' compile cells are skipped);
 - ``compile+offload``: `executor.compile(..., offload=link)` at the offload budget: on CUDA
   emitted as torch's ``ao.offload`` / ``ao.reload`` ops (`executor.compiled.offload`; never
   run before this script: docs/compile.md); on the CPU the call refuses in one line (the ops

@@ -64,6 +64,7 @@ def capture_phase(run: Run) -> None:
         captured=captured,
         model=model,
         buffers=[b.detach().clone() for b in model.buffers()],
+        grad_bytes=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
         budget=(least.peak + full) // 2,
         offload_budget=offload_budget(least.peak, problem.one_line_floor),
         least=least.peak,
@@ -200,11 +201,14 @@ def compile_cell(run: Run, cell: Cell, offload: bool) -> None:
             f"{run.limit(cell.runtime):g} s per cell, and the 10 minutes hold one model's"
         )
     model = run.fresh()
-    cell.budget = run.shared.get("offload_budget" if offload else "budget")
     if "captured" not in run.shared:
         raise RuntimeError("no budget: the capture failed (see its cell)")
-    if cell.budget is None:
+    own = run.shared["offload_budget" if offload else "budget"]
+    if own is None:
         raise NoCopy("keep/recompute's least peak found is the one-op floor: no room for a copy")
+    # the own executor's budget has `.grad` allocated before the step; compile's peak holds the
+    # gradients the step creates
+    cell.budget = own + run.shared["grad_bytes"]
     extra = {"offload": named_link(run.link_name)} if offload else {}
     cm = executor.compile(
         model,
