@@ -103,7 +103,11 @@ class ModelSpec:
 def _eager_attention(bench: Bench) -> None:
     """HF's eager attention (matmul, softmax): SDPA picks other kernels on CUDA than on the
     CPU, and each is another op in the stream."""
-    bench.model.model.set_attn_implementation("eager")
+    model = bench.model.model
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation("eager")
+    else:  # transformers before set_attn_implementation reads the config's at each forward
+        model.config._attn_implementation = "eager"
 
 
 _HF_ALIKE = (
