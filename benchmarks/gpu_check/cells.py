@@ -11,12 +11,16 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from benchmarks.gpu_check.spec import RUNTIMES, Cell, Mismatch, Run, _rng_devices
+from benchmarks.gpu_check.spec import RUNTIMES, Cell, Mismatch, NoCopy, Run, Unsure
 from benchmarks.running.breadth_report import _refusal
 
 
 class CellTimeout(Exception):
     """A cell ran past its time limit."""
+
+
+class Skipped(Exception):
+    """A cell the run leaves out (why, in one line)."""
 
 
 @contextlib.contextmanager
@@ -37,16 +41,16 @@ def time_limit(seconds: float, what: str) -> Iterator[None]:
 
 
 def setup(run: Run) -> None:
-    """The inputs on the device and the reference step (eager, from `.grad` None)."""
-    run.inputs = tuple(t.to(run.device) for t in run.bench.inputs)
-    model = run.fresh()
-    with torch.random.fork_rng(devices=_rng_devices(run.device)):
-        run.reference = run.state(model, run.step(model))
+    """The reference step and eager's repeat, for the model and for SAC's model."""
+    run.reference_and_repeat()
+    if run.alike is not None:
+        run.alike.reference_and_repeat()
 
 
 def capture_phase(run: Run) -> None:
     """Capture the model on the device (module granularity) and solve the least peak within a
-    share of the limit: the own executor's midway budget."""
+    share of the limit: the own executor's midway budget, and its offload budget, below that
+    least peak and above the one-op floor (`offload_budget`)."""
     import solver
     from graph_capture import capture
 
@@ -55,19 +59,32 @@ def capture_phase(run: Run) -> None:
     captured = capture(model, run.inputs, granularity="module", repeats=repeats)
     problem = solver.prepare(captured.dag)
     full = solver.checkpoint_all_peak(problem)
-    least = solver.solve(captured.dag, objective="memory", time_limit=run.limit("capture") / 4)
+    least = solver.solve(captured.dag, objective="memory", time_limit=run.limit("capture") / 5)
     run.shared.update(
         captured=captured,
         model=model,
+        buffers=[b.detach().clone() for b in model.buffers()],
+        grad_bytes=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
         budget=(least.peak + full) // 2,
+        offload_budget=offload_budget(least.peak, problem.one_line_floor),
+        least=least.peak,
         plain_s=problem.total_cost,
     )
+
+
+def offload_budget(least: int, floor: int) -> int | None:
+    """A budget that only offload meets: an eighth of the way from keep/recompute's least peak
+    found (`least`) down to the one-op floor (bytes no schedule goes below, with offload too),
+    at least a byte below `least`; None where no byte lies between."""
+    if least - 1 <= floor:
+        return None
+    return max(floor, least - max(1, (least - floor) // 8))
 
 
 def eager_cell(run: Run, cell: Cell) -> None:
     model = run.fresh()
     cell.predicted_s = run.shared.get("plain_s")
-    cell.grads = run.check(model, model, exact=True)
+    cell.grads = "repeats bit for bit" if run.repeats is None else f"does not repeat: {run.repeats}"
     run.measure(cell, model, model, grads_before=True)
 
 
@@ -79,79 +96,125 @@ def remat_cell(run: Run, cell: Cell, offload: bool) -> None:
     if "captured" not in run.shared:
         raise RuntimeError("no capture (see the capture's failure)")
     captured, model = run.shared["captured"], run.shared["model"]
-    cell.budget = run.shared["budget"]
+    with torch.no_grad():  # the cells before advanced them (BatchNorm's running statistics)
+        for buffer, pristine in zip(model.buffers(), run.shared["buffers"], strict=True):
+            buffer.copy_(pristine)
+    cell.budget = run.shared["offload_budget" if offload else "budget"]
+    if cell.budget is None:
+        raise NoCopy(
+            f"keep/recompute's least peak found ({run.shared['least']} B) is the one-op floor: "
+            "no budget below it leaves room for a copy"
+        )
     link = named_link(run.link_name) if offload else None
+    # a fifth of the limit: near the one-op floor the offload model's solve runs to its time
+    # limit (FEASIBLE), its schedule at the floor
     schedule = solver.solve(
-        captured.dag, cell.budget, time_limit=run.limit(cell.runtime) / 2, offload=link
+        captured.dag, cell.budget, time_limit=run.limit(cell.runtime) / 5, offload=link
     )
     rm = Rematerialized(model, captured, schedule)
     cell.status = schedule.status
     cell.predicted_peak, cell.predicted_s = schedule.peak, schedule.cost
     if offload:
         cell.host_predicted = schedule.extra.get("host_peak", 0)
-        cell.copies = f"{sum(kind == 'offload' for kind, _ in schedule.ops)} offloads"
+        cell.copies = sum(kind == "offload" for kind, _ in schedule.ops)
+        cell.moved = f"{cell.copies} offloads"
     cell.grads = run.check(rm, model, exact=True)
     if rm.host_pool is not None:
         rm.host_pool.reset_peak()
     run.measure(cell, rm, model, grads_before=True)
     if rm.host_pool is not None:
         cell.host_measured = rm.host_pool.peak_bytes
+    if offload:
+        moves(cell, f"at {cell.budget} B, below keep/recompute's least peak found")
+
+
+def moves(cell: Cell, where: str) -> None:
+    """`NoCopy` where the offload cell's plan moves no copy (the cell's other figures stand)."""
+    if not cell.copies:
+        raise NoCopy(f"the plan {where} moves nothing to the host: not an offload check")
 
 
 def sac_cell(run: Run, cell: Cell, offload: bool) -> None:
+    """SAC's model (`Run.alike`: its forward dispatches the same ops on the CPU and on CUDA)
+    planned from the CPU (measured there; on CUDA in estimate mode for ``--target``:
+    `checkpoint_plan` records on the CPU only), applied on the device. ``sac``: at the midway
+    budget between the least plan and the plain step; ``sac+offload``: the least plan with
+    the link, below keep/recompute's least where a parked region is what gets there."""
     import executor
 
-    planned = copy.deepcopy(run.bench.model)  # recorded on the CPU, or estimated for a target
+    alike = run.alike
+    planned = copy.deepcopy(alike.bench.model)
 
     def plan_at(budget: str | int, link: str | None, share: float) -> executor.CheckpointPlan:
         return executor.checkpoint_plan(
             planned,
-            run.bench.inputs,
+            alike.bench.inputs,
             budget,
             time_limit=run.limit(cell.runtime) * share,
             target=run.target,
             offload=link,
         )
 
-    if "sac_budget" not in run.shared:
+    if offload:
+        plan = plan_at("min", run.link_name, 0.6)
+    else:
         least = plan_at("min", None, 0.4)
-        run.shared["sac_budget"] = (least.peak + least.plain_peak) // 2
-    cell.budget = run.shared["sac_budget"]
-    plan = plan_at(cell.budget, run.link_name if offload else None, 0.4)
-    cell.status, cell.predicted_peak = plan.status, plan.peak
+        alike.shared["least"] = least.peak
+        plan = plan_at((least.peak + least.plain_peak) // 2, None, 0.4)
+    cell.budget, cell.status, cell.predicted_peak = plan.budget, plan.status, plan.peak
     plain_s = run.shared.get("plain_s")
     cell.predicted_s = None if plain_s is None else plain_s + plan.cost
     if offload:
         cell.host_predicted = plan.host
         ops, parked = sum(len(o) for o in plan.offloads()), sum(plan.plain_offloads())
-        cell.copies = f"{ops} ops, {parked} regions parked"
-    model = plan.apply(run.fresh())
-    cell.grads = run.check(model, model, exact=True)
-    run.measure(cell, model, model, grads_before=False)
+        cell.copies = ops + parked
+        seconds = plan.problem.blocks.offload_seconds
+        where = "here" if run.device.type == "cpu" else "on this host's CPU, not the device"
+        cell.moved = (
+            f"{ops} ops offloaded, {parked} regions parked; {seconds * 1e6:.0f} us overhead "
+            f"per copy, measured {where}"
+        )
+    model = plan.apply(alike.fresh())
+    cell.grads = alike.check(model, model, exact=True)
+    alike.measure(cell, model, model, grads_before=False)
     if offload and run.device.type == "cpu":
         from executor.sac.offload import measure_split
 
         model.zero_grad(set_to_none=True)
         with torch.random.fork_rng(devices=[]):
-            split = measure_split(lambda: run.step(model))
+            split = measure_split(lambda: alike.step(model))
         model.zero_grad(set_to_none=True)
         cell.measured_peak, cell.host_measured = split.device, split.host
+    if offload:
+        least = alike.shared.get("least")
+        below = "" if least is None else f" (keep/recompute's least: {least} B)"
+        moves(cell, f"at its least peak {plan.peak} B{below}")
 
 
 def compile_cell(run: Run, cell: Cell, offload: bool) -> None:
     import executor
     from solver.target.devices import named_link
 
+    if not run.compiles:
+        raise Skipped(
+            f"{run.name} is not in --compile-models: inductor compiles take up to "
+            f"{run.limit(cell.runtime):g} s per cell, and the 10 minutes hold one model's"
+        )
     model = run.fresh()
-    cell.budget = run.shared.get("budget")
-    if cell.budget is None:
+    if "captured" not in run.shared:
         raise RuntimeError("no budget: the capture failed (see its cell)")
+    own = run.shared["offload_budget" if offload else "budget"]
+    if own is None:
+        raise NoCopy("keep/recompute's least peak found is the one-op floor: no room for a copy")
+    # the own executor's budget has `.grad` allocated before the step; compile's peak holds the
+    # gradients the step creates
+    cell.budget = own + run.shared["grad_bytes"]
     extra = {"offload": named_link(run.link_name)} if offload else {}
     cm = executor.compile(
         model,
         run.inputs,
         cell.budget,
-        time_limit=run.limit(cell.runtime) * 0.8,
+        time_limit=run.limit(cell.runtime) * 0.9,
         max_compiles=2,
         backend=run.backend,
         **extra,
@@ -159,12 +222,15 @@ def compile_cell(run: Run, cell: Cell, offload: bool) -> None:
     regions = cm.remat.regions
     if offload:
         ops = [kind for r in regions for kind, _ in r.schedule.ops]
-        cell.copies = f"{ops.count('offload')} offloads, {ops.count('reload')} reloads"
+        cell.copies = ops.count("offload")
+        cell.moved = f"{cell.copies} offloads, {ops.count('reload')} reloads"
     cell.predicted_peak = max(r.schedule.peak for r in regions)
     cell.predicted_s = sum(r.cost for r in regions)
     cell.status = ", ".join(sorted({r.schedule.status for r in regions}))
     cell.grads = run.check(cm, model, exact=run.backend == "aot_eager")
     run.measure(cell, cm, model, grads_before=False)
+    if offload:
+        moves(cell, f"at {cell.budget} B, below keep/recompute's least peak found")
 
 
 CELLS: dict[str, Callable[[Run, Cell], None]] = {
@@ -187,6 +253,12 @@ def guarded(run: Run, cell: Cell, phase: str, work: Callable[[], None]) -> Cell:
         cell.result = "ok"
     except Mismatch as wrong:
         cell.result = f"WRONG: {wrong}"
+    except Unsure as unsure:
+        cell.result = f"UNSURE: {unsure}"
+    except NoCopy as none:
+        cell.result = f"no copy: {none}"
+    except Skipped as skipped:
+        cell.result = f"skipped: {skipped}"
     except Exception as error:
         cell.result = _refusal(error)
     cell.seconds = time.perf_counter() - start

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_check.spec import MODELS, QUICK_LINK_BYTES, Cell, compile_backend, model_budget
+from benchmarks.gpu_check.spec import (
+    DETERMINISM,
+    MODELS,
+    QUICK_LINK_BYTES,
+    RUN_LIMITS,
+    Cell,
+    compile_backend,
+    model_budget,
+    run_budget,
+)
 
 COLUMNS = (
     "model",
@@ -26,6 +35,7 @@ COLUMNS = (
     "host predicted",
     "host measured",
     "copies",
+    "what moves",
     "seconds",
 )
 
@@ -58,7 +68,8 @@ def row(cell: Cell) -> str:
         cell.grads or "-",
         _mib(cell.host_predicted),
         _mib(cell.host_measured),
-        cell.copies or "-",
+        "-" if cell.copies is None else str(cell.copies),
+        (cell.moved or "-").replace("|", "\\|"),
         f"{cell.seconds:.1f}",
     )
     return "| " + " | ".join(values) + " |"
@@ -91,15 +102,14 @@ def measure_link(args: argparse.Namespace) -> Path:
     return path
 
 
-def describe(args: argparse.Namespace, measured: Path | None) -> list[str]:
-    """The run's header lines: command, device, link, models, the most it can take."""
+def describe(args: argparse.Namespace, measured: Path | None, structure: str) -> list[str]:
+    """The run's header lines: command, device, the deterministic settings, link, how SAC and
+    compile run, models, the structure step's line, the most the run can take."""
     from solver.target.devices import named_link
 
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU, one thread"
-    models = args.models or list(MODELS)
     cuda = args.device == "cuda"
-    planned = f"estimate mode for target {args.target}" if cuda else "recorded here"
-    backend = compile_backend(args.device)
+    planned = f"estimate mode for target {args.target}" if cuda else "measured here"
     if measured is None:
         link = named_link(args.link)
         source = "the published figure (`solver.target.devices.named_link`)"
@@ -111,15 +121,34 @@ def describe(args: argparse.Namespace, measured: Path | None) -> list[str]:
             f"measured here ({how}; `{measured.name}`); {args.target}'s published figure: "
             f"{published.d2h / 1e9:g} and {published.h2d / 1e9:g} GB/s"
         )
+    sac_models = "; ".join(f"{m}: {MODELS[m].sac_model}" for m in args.models)
+    scale = args.limit_scale
+    budgets = ", ".join(
+        f"{m} {model_budget(scale, m in args.compile_models):.0f} s" for m in args.models
+    )
+    own = ", ".join(f"{k} {v * scale:.0f} s" for k, v in RUN_LIMITS.items())
     return [
         f"`python -m benchmarks.gpu_check {' '.join(args.argv)}`".replace(" `", "`"),
         "",
         f"- device: {args.device} ({device}), torch {torch.__version__}",
+        f"- deterministic: {', '.join(DETERMINISM)} (the variable set before torch is "
+        "imported in each model's process); a cell is WRONG only where eager repeats itself "
+        "bit for bit (the eager row's grads) and the runtime differs; where eager does not, "
+        "the runtime is held to eager's own spread (UNSURE beyond it)",
         f"- link `{args.link}`: {link.d2h / 1e9:g} GB/s device-to-host, {link.h2d / 1e9:g} GB/s "
         f"host-to-device, {source}",
-        f"- SAC plans: {planned}; compile backend: {backend}",
+        f"- SAC: `checkpoint_plan` records on the CPU only, so SAC's cells run a model whose "
+        f"forward dispatches the same ops on the CPU and on CUDA ({sac_models}), planned "
+        f"{planned}, with their own reference step and eager repeat; its per-copy offload "
+        "overhead is measured on the CPU (the sac+offload row)",
+        f"- compile: backend {compile_backend(args.device)}, cells for "
+        f"{' '.join(args.compile_models) or 'no model'} (--compile-models; the others skipped)",
+        "- offload cells: budgets below keep/recompute's least peak (own executor, compile: "
+        "an eighth of the way to the one-op floor; SAC: the least plan with the link), so "
+        "that the plan moves copies; a plan that moves none reads `no copy`",
         f"- shapes: {'--quick' if args.quick else 'full'}; "
-        + "; ".join(f"{m}: {MODELS[m].description}" for m in models),
-        f"- at most {model_budget(args.limit_scale) * len(models):.0f} s "
-        f"({len(models)} models x {model_budget(args.limit_scale):.0f} s of phase limits)",
+        + "; ".join(f"{m}: {MODELS[m].description}" for m in args.models),
+        f"- structure: {structure}",
+        f"- at most {run_budget(scale, args.models, args.compile_models):.0f} s ({own}; "
+        f"{budgets} of phase limits)",
     ]
