@@ -74,13 +74,16 @@ def eager_cell(run: Run, cell: Cell) -> None:
 def remat_cell(run: Run, cell: Cell, offload: bool) -> None:
     import solver
     from executor import Rematerialized
+    from executor.traced.offload import link_on
     from solver.target.devices import named_link
 
     if "captured" not in run.shared:
         raise RuntimeError("no capture (see the capture's failure)")
     captured, model = run.shared["captured"], run.shared["model"]
     cell.budget = run.shared["budget"]
-    link = named_link(run.link_name) if offload else None
+    # the link's host rounding is the pool's on the device the copies run on
+    device = next(model.parameters()).device
+    link = link_on(named_link(run.link_name), device) if offload else None
     schedule = solver.solve(
         captured.dag, cell.budget, time_limit=run.limit(cell.runtime) / 2, offload=link
     )
