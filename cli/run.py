@@ -51,6 +51,7 @@ from cli.profile import (
 from cli.solve import parse_link
 from executor.memory import measure_peak
 from executor.traced.module import Rematerialized, check_against_eager, load_schedule
+from executor.traced.offload import link_on
 from graph_capture.models.demos import demo_model
 from graph_capture.trace.zero_tangents import selected_outputs
 
@@ -181,14 +182,16 @@ def _threads(args: argparse.Namespace) -> int:
     return 1
 
 
-def _schedule(args: argparse.Namespace, captured):  # -> solver.Schedule
+def _schedule(args: argparse.Namespace, captured, device: torch.device):  # -> solver.Schedule
+    """The --schedule file's schedule, or the solve's, its link's host rounding that of the
+    host pool on `device` (where the copies run)."""
     import solver
 
     if args.schedule:
         if args.offload:
             raise ValueError("--offload solves; a --schedule file has its own link (or none)")
         return load_schedule(args.schedule, captured.dag)
-    link = None if args.offload is None else parse_link(args.offload)
+    link = None if args.offload is None else link_on(parse_link(args.offload), device)
     return solver.solve(captured.dag, budget=args.budget, time_limit=args.time_limit, offload=link)
 
 
@@ -257,7 +260,8 @@ def _train_and_report(
 
     captured = capture_with_args(args, model, inputs, kwargs, summary=sys.stdout)
     call = (inputs, kwargs)
-    schedule = _schedule(args, captured)
+    device = next(model.parameters()).device
+    schedule = _schedule(args, captured, device)
     runners = _runners(model, captured, schedule, args.lr, output_names(args), call)
     eager, remat = runners[0], runners[1]
 

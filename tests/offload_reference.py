@@ -1,14 +1,17 @@
 """An exhaustive reference for the stage space with offload (docs/offload.md), written without
 the package's code.
 
-`offload_min_cost(graph, budget, d2h, h2d, host_memory)` searches every stage plan of the space:
-per stage, any set of earlier values recomputed, any set of host copies reloaded (each read in
-the stage or kept), whether the stage's node is offloaded, any set of live values kept, and, with
-a host limit, any set of host copies released. Each stage's ops (docs/offload.md, "The stage
-space with offload") run on the timeline of docs/offload.md, "Ops and their timeline". Dynamic
-programming over (live set, first copies, host copies, copy times relative to the clock) with the
-least clock per state: the future of a state depends only on the relative times. Exponential:
-graphs of at most about 5 nodes.
+`offload_min_cost(graph, budget, d2h, h2d, host_memory, host_bytes)` searches every stage plan
+of the space: per stage, any set of earlier values recomputed, any set of host copies reloaded
+(each read in the stage or kept), whether the stage's node is offloaded, any set of live values
+kept, and, with a host limit, any set of host copies retired after the stage's reloads (never
+reloaded again). A retired copy's host bytes (`host_bytes(mem)`, the mem itself by default) are
+held until the clock has waited for its last reload: the first compute reading the reloaded
+value, or its free. Each stage's ops (docs/offload.md, "The stage space with offload") run on
+the timeline of docs/offload.md, "Ops and their timeline". Dynamic programming over (live set,
+first copies, host copies, retired copies still held, copy times relative to the clock) with
+the least clock per state: the future of a state depends only on the relative times.
+Exponential: graphs of at most about 5 nodes.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ def _subsets(items):
 class _Stage:
     """One stage's ops on the timeline, from absolute times; `fails` once a rule is broken."""
 
-    def __init__(self, graph, order, link, budget, state, clock):
-        carried, _, _, host, d2h_rel, h2d_rel, off_rel, arr_rel = state
+    def __init__(self, graph, order, link, budget, state, clock, host_bytes):
+        carried, _, _, host, retiring, d2h_rel, h2d_rel, off_rel, arr_rel = state
         self.graph, self.order, self.link, self.budget = graph, order, link, budget
+        self.host_bytes = host_bytes
+        self.retiring = set(retiring)  # retired, their last reload not yet waited for
         self.live = set(carried)
         self.clock = clock
         self.d2h_free, self.h2d_free = clock + d2h_rel, clock + h2d_rel
@@ -55,9 +60,15 @@ class _Stage:
     def wait(self, until):
         self.clock = max(self.clock, until)
 
+    def waited_for(self, v):
+        if v in self.retiring:
+            self.retiring.discard(v)
+            self.host.discard(v)
+
     def free(self, v):
         self.wait(self.off_end.get(v, 0))
         self.wait(self.arrival.pop(v, 0))
+        self.waited_for(v)
         self.live.discard(v)
 
     def reload(self, v):
@@ -73,7 +84,8 @@ class _Stage:
             self.fails = True
             return
         for u in self.graph.predecessors(v):
-            self.wait(self.arrival.get(u, 0))
+            self.wait(self.arrival.pop(u, 0))  # later reads find the clock past it
+            self.waited_for(u)
         self.clock += self.graph.nodes[v]["cost"]
         self.live.add(v)
         if self.bytes_live() + self.graph.nodes[v].get("transient", 0) > self.budget:
@@ -84,29 +96,36 @@ class _Stage:
         self.d2h_free = max(self.clock, self.d2h_free) + d
         self.off_end[v] = self.d2h_free
         self.host.add(v)
-        if host_memory is not None and sum(self.mem(u) for u in self.host) > host_memory:
+        held = sum(self.host_bytes(self.mem(u)) for u in self.host)
+        if host_memory is not None and held > host_memory:
             self.fails = True
 
 
 def offload_min_cost(
-    graph: nx.DiGraph, budget: int, d2h: float, h2d: float, host_memory: int | None = None
+    graph: nx.DiGraph,
+    budget: int,
+    d2h: float,
+    h2d: float,
+    host_memory: int | None = None,
+    host_bytes=lambda nbytes: nbytes,
 ) -> float | None:
     """The least cost (compute plus stall) of a plan within `budget` device bytes and
-    `host_memory` host bytes, or None where none fits."""
+    `host_memory` host bytes (a copy of mem bytes holding `host_bytes(mem)`), or None where
+    none fits."""
     order = _order(graph)
     preds = {v: set(graph.predecessors(v)) for v in order}
-    empty = (frozenset(), frozenset(), frozenset(), frozenset(), 0, 0, (), ())
+    empty = (frozenset(),) * 5 + (0, 0, (), ())
     states = {empty: 0}
     for t, node in enumerate(order):
         last = t == len(order) - 1
         following = {}
         for state, clock in states.items():
-            carried, host = state[0], state[3]
+            carried, host, retiring = state[0], state[3], state[4]
             earlier = [v for v in order[:t] if v not in carried]
             for recomputed in _subsets(earlier):
                 stage = [v for v in order if v in recomputed] + [node]
                 read = set().union(*(preds[v] for v in stage))
-                reloadable = [v for v in earlier if v in host and v not in recomputed]
+                reloadable = [v for v in earlier if v in host - retiring and v not in recomputed]
                 for reloads in _subsets(reloadable):
                     live_after = carried | reloads | set(stage)
                     keeps = [frozenset()] if last else _subsets(o for o in order if o in live_after)
@@ -114,13 +133,14 @@ def offload_min_cost(
                         if not reloads <= read | keep:
                             continue
                         for offload in (False, True) if graph.nodes[node]["mem"] else (False,):
-                            for release in _releases([o for o in order if o in host], host_memory):
+                            retirable = [o for o in order if o in host - retiring]
+                            for release in _releases(retirable, host_memory):
                                 run = _run_stage(
                                     graph,
                                     order,
                                     (d2h, h2d),
                                     budget,
-                                    host_memory,
+                                    (host_memory, host_bytes),
                                     state,
                                     clock,
                                     (stage, reloads, keep, offload, release, read),
@@ -131,12 +151,12 @@ def offload_min_cost(
                                 if value < following.get(key, math.inf):
                                     following[key] = value
         states = following
-    ends = [clock + max(0, state[4], state[5]) for state, clock in states.items()]
+    ends = [clock + max(0, state[5], state[6]) for state, clock in states.items()]
     return min(ends, default=None)
 
 
 def _releases(host, host_memory):
-    """Host copies to release after a stage's reloads (`host` in node order): none, or with a
+    """Host copies to retire after a stage's reloads (`host` in node order): none, or with a
     host limit any set."""
     if host_memory is None:
         yield frozenset()
@@ -144,19 +164,24 @@ def _releases(host, host_memory):
         yield from _subsets(host)
 
 
-def _run_stage(graph, order, link, budget, host_memory, state, clock, choice):
+def _run_stage(graph, order, link, budget, host, state, clock, choice):
     """The state after the stage `choice` describes and its clock, or None where it breaks a
-    rule or the budgets."""
+    rule or the budgets. `host`: (host_memory, host_bytes)."""
     stage, reloads, keep, offload, release, read = choice
+    host_memory, host_bytes = host
     carried, first, offloaded = state[:3]
     node = stage[-1]
-    run = _Stage(graph, order, link, budget, state, clock)
+    run = _Stage(graph, order, link, budget, state, clock, host_bytes)
     held = {v for v in carried if v in offloaded and v in first and v not in read | keep}
     for v in sorted(carried - read - keep - held, key=order.index):  # 1
         run.free(v)
     for v in sorted(reloads, key=order.index):  # 2
         run.reload(v)
-    run.host -= release
+    for v in release:  # held until the clock waits for a reload still unread
+        if v in run.arrival:
+            run.retiring.add(v)
+        else:
+            run.host.discard(v)
     last_read = {}
     for k in stage:
         last_read[k] = k
@@ -184,6 +209,7 @@ def _run_stage(graph, order, link, budget, host_memory, state, clock, choice):
         new_first,
         frozenset(new_offloaded),
         frozenset(run.host),
+        frozenset(run.retiring),
         max(0, run.d2h_free - now),
         max(0, run.h2d_free - now),
         tuple(sorted(((v, max(0, e - now)) for v, e in run.off_end.items()), key=repr)),

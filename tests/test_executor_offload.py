@@ -14,6 +14,7 @@ import copy
 import dataclasses
 from collections import Counter
 
+import networkx as nx
 import pytest
 import torch
 from hypothesis import given, settings
@@ -27,7 +28,7 @@ from executor.errors import ExecutorError, RematerializeError, UnsupportedSchedu
 from executor.memory import measure_peak
 from executor.traced.interpreter import ScheduleInterpreter
 from executor.traced.module import Rematerialized
-from executor.traced.offload import StepCopies, Transfers
+from executor.traced.offload import HostPool, StepCopies, Transfers
 from executor.traced.rematerialize import rematerialize
 from graph_capture import capture
 from graph_capture.measurement.device import fork_rng
@@ -139,7 +140,9 @@ def test_rematerialize_solves_with_a_link_and_refuses_what_names_none():
     torch.manual_seed(0)
     model, x = Reduction(factor=2).train(), torch.randn(8, 16)
     rm = rematerialize(copy.deepcopy(model), x, "100%", offload="pcie5", time_limit=20)
-    assert rm.schedule.link == solver.target.devices.HOST_LINKS["pcie5"]
+    pcie5 = solver.target.devices.HOST_LINKS["pcie5"]
+    # the link's bandwidths, with the host rounding of the CPU pool that runs the copies
+    assert rm.schedule.link == dataclasses.replace(pcie5, host_rounding="exact")
     assert rm.host_pool is not None
     eager = copy.deepcopy(model)
     ones_backward(eager(x))
@@ -322,7 +325,71 @@ def test_a_copy_keeps_views_aliases_strides_and_dtypes_and_counts_its_storages()
         assert back[0].untyped_storage().data_ptr() == back[1].untyped_storage().data_ptr()
         assert back[0].untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
         assert back[4].untyped_storage().data_ptr() == static.untyped_storage().data_ptr()
+    # the last reload holds the copy until the compute stream has waited for it
+    assert transfers.pool.held_bytes == stored
+    transfers.ready(copies, "v")
     assert transfers.pool.held_bytes == 0 and transfers.pool.peak_bytes == stored
+
+
+def test_a_reloaded_copy_is_held_until_the_compute_stream_waits_for_it():
+    """As `solver.simulate` charges it: an offload issued while a last reload is in flight
+    counts both copies; the CPU pool counts the bytes exactly."""
+    transfers, copies = Transfers(torch.device("cpu"), {"a": 1}), StepCopies()
+    transfers.offload(copies, "a", {0: torch.ones(3, dtype=torch.float64)}, set())
+    transfers.reload(copies, "a")
+    transfers.offload(copies, "c", {0: torch.ones(5, dtype=torch.uint8)}, set())
+    assert transfers.pool.peak_bytes == 24 + 5 and transfers.pool.held_bytes == 24
+    transfers.ready(copies, "a")  # the first read of the reloaded value
+    assert transfers.pool.held_bytes == 0
+    ops = [("compute", "a"), ("offload", "a"), ("free", "a"), ("reload", "a")]
+    ops += [("compute", "c"), ("offload", "c"), ("compute", "d")]
+    schedule_peak = solver.simulate(_held_graph(), ops, Link(1, 1)).host_peak
+    assert schedule_peak == transfers.pool.peak_bytes
+
+
+def _held_graph():
+    """a (24 B) -> d, c (5 B) -> d: the graph of the copies above."""
+    graph = nx.DiGraph()
+    for v, mem in [("a", 24), ("c", 5), ("d", 0)]:
+        graph.add_node(v, mem=mem, cost=1)
+    graph.add_edges_from([("a", "d"), ("c", "d")])
+    return graph
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pinned_buffers_count_the_bytes_torch_s_host_allocator_takes():
+    stats = torch.cuda.host_memory_stats
+    key = next(k for k in ("active_bytes.current", "allocated_bytes.current") if k in stats())
+    pool, mib = HostPool(pinned=True), 1 << 20
+    before = stats()[key]
+    buffer = pool.allocate(3 * mib)
+    assert buffer.numel() == 3 * mib and buffer.is_pinned()
+    assert pool.held_bytes == pool.peak_bytes == stats()[key] - before == 4 * mib
+    event = torch.cuda.Event()
+    event.record()
+    pool.release(buffer, event)
+    again = pool.allocate(3 * mib + 1)  # its idle block, once the event has completed
+    assert again.data_ptr() == buffer.data_ptr() and event.query()
+    assert stats()[key] - before == 4 * mib and pool.held_bytes == 4 * mib
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_pinned_pool_s_peak_is_the_predicted_host_peak():
+    torch.manual_seed(0)
+    model, x = Reduction().train(), torch.randn(32, 16)
+    captured = capture(copy.deepcopy(model), [x])
+    pinned = Link(1e9, 1e9, host_rounding="power-of-two")
+    schedule = with_offloads(captured, [False], [True], pinned)
+    assert copies_of(schedule)[1] > 0
+    rm = Rematerialized(copy.deepcopy(model).cuda(), captured, schedule)
+    for _ in range(2):  # the second step reuses the pool's idle blocks
+        rm.host_pool.reset_peak()
+        rm(x.cuda()).sum().backward()
+        torch.cuda.synchronize()
+    assert rm.host_pool.peak_bytes == schedule.extra["host_peak"] > 0
+    assert rm.host_pool.held_bytes == 0
 
 
 def test_offload_ops_without_a_way_to_run_them_are_refused(below_least):

@@ -4,6 +4,7 @@ against the exhaustive reference of the stage space with offload."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 
@@ -21,7 +22,8 @@ from cli.main import main
 from cli.solve import parse_link
 from solver import Link
 from solver.core.link import LinkError
-from solver.core.stages import plan_from_keep
+from solver.core.offload import OffloadPlan, offload_ops
+from solver.core.stages import StagePlan, plan_from_keep
 from solver.deadline import NEVER, Deadline
 from solver.exact.offload import solve_with_offload
 from solver.examples import chain, uniform_training_chain
@@ -111,6 +113,32 @@ def test_host_bytes_are_held_from_the_offload_to_the_last_reload():
     assert solver.simulate(graph, early, Link(1, 1)).host_peak == 6  # b's copy was never reloaded
     held = [*early[:2], ("offload", "b"), ("free", "b"), ("offload", "a"), ("reload", "b")]
     assert solver.simulate(graph, held, Link(1, 1)).host_peak == 7
+
+
+def test_a_host_copy_is_held_until_the_clock_has_waited_for_its_last_reload():
+    graph = _reduction()
+    reloaded = [*REDUCTION_OPS[:9], ("offload", "e")]  # b's reload is in flight
+    assert solver.simulate(graph, reloaded, Link(1, 1)).host_peak == 2
+    read = [*REDUCTION_OPS[:10], ("offload", "d")]  # d read b: the clock waited for its reload
+    assert solver.simulate(graph, read, Link(1, 1)).host_peak == 1
+    freed = [*REDUCTION_OPS[:9], ("free", "b"), ("offload", "e")]  # its free waited too
+    assert solver.simulate(graph, freed, Link(1, 1)).host_peak == 1
+    limited = solver.simulate(graph, reloaded, Link(1, 1, host_memory=1))
+    assert not limited.valid and "over the link's host_memory of 1" in limited.error
+
+
+def test_host_bytes_are_rounded_as_the_link_s_host_allocator_rounds():
+    mib = 1 << 20
+    graph = chain([3 * mib, mib, 0], [1, 1, 1])
+    ops = [("compute", 0), ("offload", 0), ("compute", 1), ("offload", 1), ("offload", 2)]
+    assert solver.simulate(graph, ops, Link(1, 1)).host_peak == 3 * mib
+    pinned = Link(1, 1, host_rounding="power-of-two")
+    assert solver.simulate(graph, ops, pinned).host_peak == 4 * mib  # 3 MiB takes 4 MiB
+    assert [pinned.host_bytes(b) for b in (0, 1, 3, 4, 5, 3 * mib)] == [0, 1, 4, 4, 8, 4 * mib]
+    with pytest.raises(LinkError, match="host_rounding must be one of exact, power-of-two"):
+        Link(1, 1, host_rounding="pages")
+    assert Link.from_json(pinned.to_json()) == pinned
+    assert Link.from_json({"d2h": 1, "h2d": 1, "host_memory": None}) == Link(1, 1)
 
 
 def test_offload_makes_a_budget_below_the_keep_recompute_least_feasible(tmp_path, capsys):
@@ -220,30 +248,38 @@ links = st.tuples(
     st.sampled_from([1, 2, 8]),
     st.sampled_from([0.5, 1, 4, 8]),
     st.one_of(st.none(), st.integers(min_value=0, max_value=8)),
+    st.sampled_from(["exact", "power-of-two"]),
 )
+
+
+def _rounded(rounding: str):
+    """The oracle's host bytes of a copy of n bytes, written here without the package's code."""
+    if rounding == "exact":
+        return lambda n: n
+    return lambda n: 0 if n == 0 else 2 ** math.ceil(math.log2(n))
 
 
 @settings(max_examples=40)
 @given(st.one_of(held_dags(), training_graphs(forward_nodes=2)), links)
 def test_the_offload_optimum_equals_the_exhaustive_search(graph, link):
-    d2h, h2d, host = link
+    d2h, h2d, host, rounding = link
     problem = solver.prepare(graph)
     floor = max(problem.compute_floor(v) for v in range(problem.n))
     top = solver.checkpoint_all_peak(problem)
     for budget in sorted({floor, (floor + top) // 2, top - 1}):
         if budget < floor:
             continue
-        expected = offload_min_cost(graph, budget, d2h, h2d, host)
+        expected = offload_min_cost(graph, budget, d2h, h2d, host, _rounded(rounding))
         try:
             schedule = solver.solve(
-                graph, budget, offload=Link(d2h, h2d, host), time_limit=TIME_LIMIT
+                graph, budget, offload=Link(d2h, h2d, host, rounding), time_limit=TIME_LIMIT
             )
         except solver.InfeasibleBudgetError:
             assert expected is None
             continue
         assert expected is not None, f"{budget}: solver found {schedule.cost}, reference none"
         assert schedule.status == "OPTIMAL" and schedule.cost == pytest.approx(expected)
-        check = solver.simulate(graph, schedule.ops, Link(d2h, h2d, host))
+        check = solver.simulate(graph, schedule.ops, Link(d2h, h2d, host, rounding))
         assert check.valid and check.peak == schedule.peak <= budget
         assert check.cost == pytest.approx(schedule.cost)
 
@@ -286,11 +322,12 @@ def test_links_are_checked_and_every_built_in_target_has_one():
     with pytest.raises(LinkError, match="host_memory"):
         Link(1, 1, host_memory=1.5)
     assert all(device.host_link is not None for device in BUILT_IN.values())
-    assert builtin_device("h100").host_link == HOST_LINKS["pcie5"] == Link(64e9, 64e9)
+    pcie5 = Link(64e9, 64e9, host_rounding="power-of-two")
+    assert builtin_device("h100").host_link == HOST_LINKS["pcie5"] == pcie5
     assert builtin_device("a100").host_link == HOST_LINKS["pcie4"]
     device = builtin_device("h100")
     assert Device.from_json(device.to_json()).host_link == device.host_link
-    assert parse_link("c2c") == Link(450e9, 450e9)
+    assert parse_link("c2c") == Link(450e9, 450e9, host_rounding="power-of-two")
     assert parse_link("a100-40gb") == HOST_LINKS["pcie4"]
     assert parse_link("25, 20, 64GiB") == Link(25e9, 20e9, 64 << 30)
     with pytest.raises(LinkError, match="expected D2H,H2D"):
@@ -361,8 +398,8 @@ def _model_time(problem, link: Link, plan, budget: int) -> float | None:
 @settings(max_examples=15)
 @given(st.one_of(held_dags(), training_graphs(forward_nodes=2)), links)
 def test_offload_heuristics_are_plans_of_the_space_never_below_the_exhaustive_optimum(graph, link):
-    d2h, h2d, host = link
-    link = Link(d2h, h2d, host)
+    d2h, h2d, host, rounding = link
+    link = Link(d2h, h2d, host, rounding)
     problem = solver.prepare(graph)
     floor = max(problem.compute_floor(v) for v in range(problem.n))
     top = solver.checkpoint_all_peak(problem)
@@ -370,7 +407,7 @@ def test_offload_heuristics_are_plans_of_the_space_never_below_the_exhaustive_op
     for budget in sorted({floor, (floor + top) // 2, top - 1}):
         if budget < floor:
             continue
-        optimum = offload_min_cost(graph, budget, d2h, h2d, host)
+        optimum = offload_min_cost(graph, budget, d2h, h2d, host, _rounded(rounding))
         for run in offload_runs(graph, problem, budget, link, bases):
             assert run.valid or host is not None, run.param  # only a host limit refuses one
             if not run.valid:
@@ -379,6 +416,43 @@ def test_offload_heuristics_are_plans_of_the_space_never_below_the_exhaustive_op
             assert _model_time(problem, link, run.plan, run.peak) == pytest.approx(run.cost)
             if run.fits(budget):
                 assert optimum is not None and run.cost >= optimum - 1e-9, run.param
+
+
+@settings(max_examples=15)
+@given(st.one_of(held_dags(), training_graphs(forward_nodes=2)), links)
+def test_the_model_s_host_rows_hold_a_plan_exactly_at_the_simulated_host_peak(graph, link):
+    d2h, h2d, _, rounding = link
+    problem = solver.prepare(graph)
+    bases = {"checkpoint-all": plan_from_keep(problem, range(problem.n))}
+    unlimited = Link(d2h, h2d, None, rounding)
+    budget = solver.checkpoint_all_peak(problem)
+    for run in offload_runs(graph, problem, budget, unlimited, bases):
+        peak = solver.simulate(graph, offload_ops(problem, run.plan), unlimited).host_peak
+        at_peak = Link(d2h, h2d, peak, rounding)
+        assert _model_time(problem, at_peak, run.plan, budget) == pytest.approx(run.cost)
+        if peak > 0:
+            below = Link(d2h, h2d, peak - 1, rounding)
+            assert _model_time(problem, below, run.plan, budget) is None, run.param
+
+
+def test_a_prefetched_reload_holds_its_host_copy_in_the_model_as_in_the_simulator():
+    """0 -> 1 -> 2 -> 3 -> 4, 3 reads 0 and 4 reads 2, 1 B each: stage 2 prefetches 0 (read
+    in stage 3) and offloads 2, so 0's host copy is held at 2's offload: 2 B on the host."""
+    graph = chain([1] * 5, [1] * 5)
+    graph.add_edges_from([(0, 3), (2, 4)])
+    problem = solver.prepare(graph)
+    empty = frozenset()
+    stages = StagePlan(
+        tuple((t,) for t in range(5)),
+        (empty, frozenset({0}), frozenset({1}), frozenset({0, 2}), frozenset({3}), empty),
+    )
+    plan = OffloadPlan(stages, (empty, empty, frozenset({0}), empty, frozenset({2})), {0, 2})
+    ops = offload_ops(problem, plan)
+    run = solver.simulate(graph, ops, Link(1, 1))
+    assert run.valid and run.host_peak == 2, run.error
+    assert not solver.simulate(graph, ops, Link(1, 1, host_memory=1)).valid
+    assert _model_time(problem, Link(1, 1, 2), plan, run.peak) == pytest.approx(run.cost)
+    assert _model_time(problem, Link(1, 1, 1), plan, run.peak) is None
 
 
 def test_rounded_times_move_a_plan_s_timeline_by_at_most_their_rounding():

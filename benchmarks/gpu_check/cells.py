@@ -91,6 +91,7 @@ def eager_cell(run: Run, cell: Cell) -> None:
 def remat_cell(run: Run, cell: Cell, offload: bool) -> None:
     import solver
     from executor import Rematerialized
+    from executor.traced.offload import link_on
     from solver.target.devices import named_link
 
     if "captured" not in run.shared:
@@ -105,7 +106,9 @@ def remat_cell(run: Run, cell: Cell, offload: bool) -> None:
             f"keep/recompute's least peak found ({run.shared['least']} B) is the one-op floor: "
             "no budget below it leaves room for a copy"
         )
-    link = named_link(run.link_name) if offload else None
+    # the link's host rounding is the pool's on the device the copies run on
+    device = next(model.parameters()).device
+    link = link_on(named_link(run.link_name), device) if offload else None
     # a fifth of the limit: near the one-op floor the offload model's solve runs to its time
     # limit (FEASIBLE), its schedule at the floor
     schedule = solver.solve(

@@ -50,7 +50,7 @@ def _host_tensor(pool: HostPool, like: torch.Tensor, stride: Sequence[int]) -> t
     nbytes = like.numel() * like.element_size()
     buffer = pool.allocate(nbytes)
     host = torch.empty(0, dtype=like.dtype).set_(buffer.untyped_storage(), 0, like.size(), stride)
-    weakref.finalize(host, pool.release, nbytes)
+    weakref.finalize(host, pool.release, buffer)
     return host
 
 

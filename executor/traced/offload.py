@@ -10,7 +10,8 @@ copied: it stays on the device for the whole step anyway, and the value keeps vi
 
 Where the copies go, `HostPool`:
 
-- CUDA: pinned host buffers; each copy runs on its direction's stream (one per direction, so
+- CUDA: pinned host buffers (one per copy, its storages back to back, sized as torch's
+  pinned allocator rounds it); each copy runs on its direction's stream (one per direction, so
   copies of a direction run in issue order, as the `Link`'s one engine per direction), after
   the compute stream's work issued before it, and records an event. The compute stream waits
   for the offload's event before the source is freed (the source lives until its copy ends),
@@ -27,6 +28,7 @@ a side stream with an event differ by device.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -35,76 +37,123 @@ import torch
 import torch.utils._pytree as pytree
 
 from executor.errors import UnsupportedScheduleError
+from solver.core.link import Link, host_block_bytes
 
-__all__ = ["HostCopy", "HostPool", "StepCopies", "Transfers", "static_storages"]
+__all__ = ["HostCopy", "HostPool", "StepCopies", "Transfers", "link_on", "static_storages"]
 
 
 @dataclass
 class HostPool:
     """The host memory offloaded copies occupy, in bytes.
 
-    `held_bytes`: bytes of host copies held now; `peak_bytes`: the most held at once since the
-    pool was made or `reset_peak`. A copy is held from its offload op through its value's last
-    reload op in the step (through the offload op where never reloaded), the span
+    `held_bytes`: bytes of host buffers held now, each counted as the host allocator takes it
+    (`rounding`); `peak_bytes`: the most held at once since the pool was made or
+    `reset_peak`. `Transfers` holds a copy from its offload op until the compute stream has
+    waited for its value's last reload (through the offload op where never reloaded), the span
     `solver.simulate` charges to the host; so a step's `peak_bytes` is the schedule's predicted
-    host peak (``Simulation.host_peak``), counted here from the real buffers' sizes.
+    host peak (``Simulation.host_peak``) where the schedule's link has the pool's `rounding`.
+
+    Pinned (CUDA): each buffer is a block of torch's pinned memory of its rounded size
+    (``"power-of-two"``, as torch's CachingHostAllocator rounds; `solver.core.link`); a
+    released block stays in the pool with the event of the last copy that used it, and is
+    handed out again for a buffer of its size only once that event has completed. Not pinned
+    (CPU): numpy memory of exactly the bytes asked (``"exact"``), dropped when released.
     """
 
     pinned: bool = False
     held_bytes: int = 0
     peak_bytes: int = 0
+    _idle: dict[int, list[tuple[torch.Tensor, torch.cuda.Event | None]]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    @property
+    def rounding(self) -> str:
+        """How the pool sizes a buffer (`solver.core.link.HOST_ROUNDINGS`)."""
+        return "power-of-two" if self.pinned else "exact"
+
+    def block_bytes(self, nbytes: int) -> int:
+        """Host bytes a buffer of `nbytes` bytes takes."""
+        return host_block_bytes(nbytes, self.rounding)
 
     def allocate(self, nbytes: int) -> torch.Tensor:
-        """A host buffer of `nbytes` bytes (uint8), counted as held: pinned memory where
-        `pinned` (CUDA), else numpy's memory (outside torch's CPU allocator)."""
+        """A host buffer of `nbytes` bytes (uint8), counted as held at `block_bytes(nbytes)`:
+        pinned memory where `pinned` (CUDA), else numpy's memory (outside torch's CPU
+        allocator)."""
+        size = self.block_bytes(nbytes)
         if self.pinned:
-            buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            block = self._reuse(size)
+            if block is None:
+                block = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            buffer = block[:nbytes]
         else:
             buffer = torch.from_numpy(numpy.empty(nbytes, dtype=numpy.uint8))
-        self.held_bytes += nbytes
+        self.held_bytes += size
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         return buffer
 
-    def release(self, nbytes: int) -> None:
-        """`nbytes` of host copies are no longer held (their buffers are dropped by the caller)."""
-        self.held_bytes -= nbytes
+    def release(self, buffer: torch.Tensor, after: torch.cuda.Event | None = None) -> None:
+        """`buffer` (from `allocate`) is no longer held; `after`: the event of the last copy
+        that reads or writes it (CUDA), which a later buffer from its block waits for."""
+        self.held_bytes -= self.block_bytes(buffer.numel())
+        if self.pinned:  # the whole block: its storage is the rounded size allocated
+            block = torch.empty(0, dtype=torch.uint8).set_(buffer.untyped_storage())
+            self._idle.setdefault(block.numel(), []).append((block, after))
+
+    def _reuse(self, size: int) -> torch.Tensor | None:
+        """An idle block of `size` bytes, once the last copy that used it has ended."""
+        idle = self._idle.get(size)
+        if not idle:
+            return None
+        block, event = idle.pop()
+        if event is not None and not event.query():
+            event.synchronize()
+        return block
 
     def reset_peak(self) -> None:
         """Start a new peak from the bytes held now."""
         self.peak_bytes = self.held_bytes
 
 
+def link_on(link: Link | None, device: torch.device) -> Link | None:
+    """`link` with the host rounding of the pool `Transfers` copies into on `device` (pinned
+    on CUDA, numpy memory elsewhere): a schedule solved over it predicts the pool's peak."""
+    if link is None:
+        return None
+    return dataclasses.replace(link, host_rounding=HostPool(pinned=device.type == "cuda").rounding)
+
+
 @dataclass
 class HostCopy:
     """The host copy of one DAG node's values in one step.
 
-    `buffers`: one host buffer per distinct storage copied. `treespec`, `leaves`: the values as
-    a pytree; a leaf is ``("copied", buffer index, dtype, shape, stride, storage offset)``,
-    ``("kept", tensor)`` (a view of a placeholder's storage) or ``("constant", object)``.
-    `offloaded`: the CUDA event of its device-to-host copy (None on CPU, where it has ended).
+    `buffer`: one host buffer holding every distinct storage copied, back to back; `spans`:
+    each storage's (offset, bytes) in it. `treespec`, `leaves`: the values as a pytree; a leaf
+    is ``("copied", span index, dtype, shape, stride, storage offset)``, ``("kept", tensor)``
+    (a view of a placeholder's storage) or ``("constant", object)``. `offloaded`: the CUDA
+    event of its device-to-host copy (None on CPU, where it has ended).
     """
 
-    buffers: list[torch.Tensor]
+    buffer: torch.Tensor
+    spans: list[tuple[int, int]]
     treespec: pytree.TreeSpec
     leaves: list[tuple]
     offloaded: torch.cuda.Event | None
 
-    @property
-    def nbytes(self) -> int:
-        """Host bytes the copy holds."""
-        return sum(b.numel() for b in self.buffers)
-
 
 @dataclass
 class StepCopies:
-    """One step's copies: host copies and reloads done so far, by DAG node; on CUDA, the events
-    the compute stream has yet to wait for: a node's offload (before its source is freed) and
-    the reload that made its device values (before they are read or freed)."""
+    """One step's copies: host copies and reloads done so far, by DAG node; the copies the
+    compute stream has yet to wait for: a node's offload (before its source is freed; CUDA
+    events) and the reload that made its device values (before they are read or freed; the
+    event, None on CPU); and the host copies whose last reload is one of those (released to
+    the pool once the compute stream has waited for it)."""
 
     host: dict[Hashable, HostCopy] = field(default_factory=dict)
     reloads: dict[Hashable, int] = field(default_factory=dict)
     offloading: dict[Hashable, torch.cuda.Event] = field(default_factory=dict)
-    arriving: dict[Hashable, torch.cuda.Event] = field(default_factory=dict)
+    arriving: dict[Hashable, torch.cuda.Event | None] = field(default_factory=dict)
+    releasing: dict[Hashable, HostCopy] = field(default_factory=dict)
 
 
 class Transfers:
@@ -112,7 +161,8 @@ class Transfers:
     `pool` (a new one by default).
 
     `reloads`: how many reload ops the schedule has of each DAG node: a host copy is released
-    at its node's last reload of the step (at the offload where the node has none).
+    once the compute stream has waited for its node's last reload of the step (`ready`), at
+    the offload where the node has none.
     """
 
     def __init__(
@@ -138,6 +188,7 @@ class Transfers:
         leaves, treespec = pytree.tree_flatten(dict(values))
         index: dict[int, int] = {}
         sources: list[torch.Tensor] = []
+        spans: list[tuple[int, int]] = []
         layout: list[tuple] = []
         for leaf in leaves:
             if not isinstance(leaf, torch.Tensor):
@@ -151,21 +202,22 @@ class Transfers:
             if key not in index:
                 index[key] = len(sources)
                 sources.append(_bytes_of(storage, leaf.device))
+                spans.append((sum(n for _, n in spans), storage.nbytes()))
             layout.append(
                 ("copied", index[key], leaf.dtype, leaf.shape, leaf.stride(), leaf.storage_offset())
             )
-        buffers = [self.pool.allocate(s.numel()) for s in sources]
+        buffer = self.pool.allocate(sum(n for _, n in spans))
         with self._on(self._d2h) as stream:
-            for buffer, source in zip(buffers, sources, strict=True):
-                buffer.copy_(source, non_blocking=stream is not None)
+            for (offset, n), source in zip(spans, sources, strict=True):
+                buffer[offset : offset + n].copy_(source, non_blocking=stream is not None)
             event = _record(stream)
-        copy = HostCopy(buffers, treespec, layout, event)
+        copy = HostCopy(buffer, spans, treespec, layout, event)
         if event is not None:
             copies.offloading[node] = event
         if self.reloads.get(node, 0):
             copies.host[node] = copy
         else:
-            self.pool.release(copy.nbytes)
+            self.pool.release(buffer, event)
 
     def reload(self, copies: StepCopies, node: Hashable) -> dict[int, object]:
         """Copy node's values back into new device memory and return them by slot, as they
@@ -174,27 +226,28 @@ class Transfers:
         copies.reloads[node] = done
         last = done == self.reloads[node]
         copy = copies.host.pop(node) if last else copies.host[node]
-        targets = [
-            torch.empty(b.numel(), dtype=torch.uint8, device=self.device) for b in copy.buffers
-        ]
+        targets = [torch.empty(n, dtype=torch.uint8, device=self.device) for _, n in copy.spans]
         with self._on(self._h2d, copy.offloaded) as stream:
-            for target, buffer in zip(targets, copy.buffers, strict=True):
-                target.copy_(buffer, non_blocking=stream is not None)
+            for target, (offset, n) in zip(targets, copy.spans, strict=True):
+                target.copy_(copy.buffer[offset : offset + n], non_blocking=stream is not None)
             event = _record(stream)
-        if event is not None:
-            copies.arriving[node] = event
+        copies.arriving[node] = event
         if last:
-            self.pool.release(copy.nbytes)
+            copies.releasing[node] = copy
         leaves = [_rebuild(leaf, targets, self.device) for leaf in copy.leaves]
         return pytree.tree_unflatten(leaves, copy.treespec)
 
     def ready(self, copies: StepCopies, node: Hashable) -> None:
         """Make the compute stream wait for the reload that made node's device values, before
-        they are read. On CPU, where a copy ends before the op that issued it returns, there is
-        nothing to wait for."""
+        they are read (on CPU, where a copy ends before the op that issued it returns, there is
+        nothing to wait for); where it was node's last reload, release its host copy to the
+        pool with the reload's event."""
         event = copies.arriving.pop(node, None)
         if event is not None:
             event.wait(torch.cuda.current_stream(self.device))
+        copy = copies.releasing.pop(node, None)
+        if copy is not None:
+            self.pool.release(copy.buffer, event)
 
     def settle(self, copies: StepCopies, node: Hashable) -> None:
         """Make the compute stream wait for every copy node's device values take part in (its

@@ -12,6 +12,7 @@ from torch import nn
 
 from executor.errors import RematerializeError
 from executor.traced.module import Rematerialized, check_against_eager
+from executor.traced.offload import link_on
 from graph_capture.captured import CapturedGraph
 from solver.core.budget import PERCENT, Budget
 from solver.core.link import Link
@@ -74,12 +75,18 @@ def rematerialize(
             wanted,
             time_limit=time_limit,
             deadline=_leave_for_check(deadline, captured),
-            offload=link,
+            offload=link_on(link, _device_of(model)),
             **solve_options,
         )
     remat = Rematerialized(model, captured, schedule)
     check_against_eager(remat, example_inputs, example_kwargs)
     return remat
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    """Where the model's parameters are (the CPU for a model without any)."""
+    first = next(model.parameters(), None)
+    return torch.device("cpu") if first is None else first.device
 
 
 def _leave_for_check(deadline: Deadline, captured: CapturedGraph) -> Deadline:

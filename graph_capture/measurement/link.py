@@ -13,7 +13,8 @@
   bandwidth, the rate remat's CPU offload really copies at; it is not a GPU's link.
 
 The host limit is left unset (None): how much host memory copies may hold is a choice, not a
-measurement.
+measurement. The host rounding is the pool's on that device: ``"power-of-two"`` for CUDA's
+pinned memory, ``"exact"`` for the CPU's numpy memory (`solver.core.link.HOST_ROUNDINGS`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def measure_host_link(
         d2h, h2d = _cpu_seconds(nbytes, repeats)
     else:
         raise ValueError(f"host links are measured on 'cpu' or a CUDA device, not {device}")
-    return Link(d2h=nbytes / d2h, h2d=nbytes / h2d)
+    rounding = "power-of-two" if device.type == "cuda" else "exact"  # pinned, or numpy's
+    return Link(d2h=nbytes / d2h, h2d=nbytes / h2d, host_rounding=rounding)
 
 
 def _cpu_seconds(nbytes: int, repeats: int) -> tuple[float, float]:

@@ -20,8 +20,10 @@ the reloads of its inputs still arriving; a free waits for the end of v's offloa
 reload that made this copy; an offload (reload) is issued at the clock and runs on its
 direction's engine, one copy at a time in issue order, a reload not before its value's offload
 has ended. The cost is the time at which the clock and both engines are done. A host copy
-holds its bytes from its offload through its value's last reload; the host peak, after each
-offload, must be within the link's `host_memory`.
+holds `link.host_bytes(mem)` bytes from its offload until the compute stream has waited for the
+end of its value's last reload (the first compute that reads the reloaded value, or its free),
+through the offload itself where never reloaded: a reload still in flight holds its host
+buffer. The host peak, after each offload, must be within the link's `host_memory`.
 
 This module reads the graph's attributes directly and shares no code with the solvers, so that
 every schedule they produce is checked by something that did not produce it.
@@ -89,6 +91,7 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op], link: Link | None = None) -> 
     offload_end: dict[Hashable, float] = {}
     arrival: dict[Hashable, float] = {}  # end of the reload that made v's live copy
     last_reload = {op[1]: step for step, op in _indexed(ops) if op[0] == "reload"}
+    releasing: set[Hashable] = set()  # last reload issued, not yet waited for: still held
     host_bytes = host_peak = 0
     offloads = reloads = 0
 
@@ -114,6 +117,14 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op], link: Link | None = None) -> 
             waited += until - clock
             clock = until
 
+    def release(v: Hashable) -> None:
+        """The clock has waited for v's last reload: its host copy is held no longer."""
+        nonlocal host_bytes
+        if v in releasing:
+            assert link is not None
+            releasing.remove(v)
+            host_bytes -= link.host_bytes(graph.nodes[v]["mem"])
+
     for step, op in enumerate(ops):
         if not (isinstance(op, tuple | list) and len(op) == 2):
             return result(f"op {step}: {op!r} is not a (kind, node) pair")
@@ -131,6 +142,7 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op], link: Link | None = None) -> 
                 return result(f"op {step}: compute {v!r} needs {missing[0]!r}, which is not live")
             for u in graph.predecessors(v):
                 wait(arrival.get(u, 0.0))
+                release(u)
             clock += graph.nodes[v]["cost"]
             live.add(v)
             live_bytes += mem
@@ -145,6 +157,7 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op], link: Link | None = None) -> 
                 return result(f"op {step}: free {v!r}, which is not live")
             wait(offload_end.get(v, 0.0))
             wait(arrival.pop(v, 0.0))
+            release(v)
             live.remove(v)
             live_bytes -= mem
         elif kind == "offload":
@@ -156,7 +169,7 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op], link: Link | None = None) -> 
             d2h_free = max(clock, d2h_free) + mem / link.d2h
             offload_end[v] = d2h_free
             offloads += 1
-            host_bytes += mem
+            host_bytes += link.host_bytes(mem)
             host_peak = max(host_peak, host_bytes)
             if link.host_memory is not None and host_bytes > link.host_memory:
                 return result(
@@ -164,7 +177,7 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op], link: Link | None = None) -> 
                     f"link's host_memory of {link.host_memory}"
                 )
             if v not in last_reload or last_reload[v] < step:  # never reloaded: held no longer
-                host_bytes -= mem
+                host_bytes -= link.host_bytes(mem)
         elif kind == "reload":
             assert link is not None
             if v not in offload_end:
@@ -177,8 +190,8 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op], link: Link | None = None) -> 
             live.add(v)
             live_bytes += mem
             peak = max(peak, live_bytes)
-            if last_reload[v] == step:  # its host copy is no longer needed
-                host_bytes -= mem
+            if last_reload[v] == step:  # held until the compute stream waits for this copy
+                releasing.add(v)
         else:
             return result(
                 f"op {step}: unknown op kind {kind!r} (expected 'compute', 'free', 'offload' or "

@@ -16,7 +16,9 @@ number of the units of `OffloadTimes` (the costs and both copy times).
     (6') S[t,i] <= S[t+1,i] + reads of i in t + Z[t,i];  Z <= P[t,i], Z <= O[i]
     (7') R[t,i] (i < t) and L[t,i] <= S[t+1,i] + reads of i in t after it;  O[i] <= sum_t L[t,i]
     (H)  L[t,i] <= O[i];  A[t,i] >= A[t+1,i], A[t,i] >= L[t+1,i];
-         sum_i mem_i A[t,i] + mem_t O[t] <= host_memory
+         A[t,i] >= L[t,i] - reads of i in t;
+         A[t,i] >= A[t-1,i] + S[t+1,i] - 1 - reads of i in t;
+         sum_i host_i A[t,i] + host_t O[t] <= host_memory   (host_i = link.host_bytes(mem_i))
     (T)  the timeline's rows, each a lower bound of its max-plus recurrence (docs/offload.md)
 
 Objective: minimise T, the step's end (compute cost plus stall).
@@ -222,6 +224,8 @@ class OffloadModel:
                 m.add(reload <= offloaded)
         if link.host_memory is None:
             return
+        # A[t,i]: i's host copy is held at t's offload: a later stage reloads it, or the
+        # last reload so far is unread (the compute stream has not waited for its end)
         A = {}
         for i in self.O:
             for t in reversed(range(i, last[i])):
@@ -231,9 +235,15 @@ class OffloadModel:
                     m.add(a >= self.L[t + 1][i])
                 if (t + 1, i) in A:
                     m.add(a >= A[(t + 1, i)])
+            for t in range(i + 1, last[i]):
+                reads = [self.R[t][j] for j in problem.succs[i] if j in self.R[t]]
+                if i in self.L[t]:
+                    m.add(A[(t, i)] >= self.L[t][i] - sum(reads))
+                m.add(A[(t, i)] >= A[(t - 1, i)] + self.S[t + 1][i] - 1 - sum(reads))
+        host = [link.host_bytes(b) for b in problem.mem]
         for t in range(n):
-            held = [problem.mem[i] * a for (s, i), a in A.items() if s == t and i < t]
-            mine = [problem.mem[t] * self.O[t]] if t in self.O else []
+            held = [host[i] * a for (s, i), a in A.items() if s == t and i < t]
+            mine = [host[t] * self.O[t]] if t in self.O else []
             if held or mine:
                 m.add(sum(held + mine) <= link.host_memory)
 

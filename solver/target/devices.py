@@ -221,9 +221,9 @@ def op_key(op: str, shapes: list[tuple[int, ...]], dtypes: list[str]) -> str:
 GB = 1e9
 
 HOST_LINKS: dict[str, Link] = {
-    "pcie5": Link(64 * GB, 64 * GB),
-    "pcie4": Link(32 * GB, 32 * GB),
-    "c2c": Link(450 * GB, 450 * GB),
+    "pcie5": Link(64 * GB, 64 * GB, host_rounding="power-of-two"),
+    "pcie4": Link(32 * GB, 32 * GB, host_rounding="power-of-two"),
+    "c2c": Link(450 * GB, 450 * GB, host_rounding="power-of-two"),
 }
 """Host links by name, each direction's published peak (bytes/s): PCIe Gen5 x16 and Gen4 x16
 as NVIDIA's datasheets state them for the H100 SXM (128 GB/s) and the A100 (64 GB/s), both
@@ -231,7 +231,8 @@ directions together, and the NVLink-C2C of a GH200 Grace Hopper Superchip (900 G
 directions together). Upper bounds, like the other built-in figures: pinned host-to-device
 copies are commonly reported near 80% of the PCIe figures (not measured here), so predicted
 stalls are lower bounds. No GH200 device is built in (its usable memory is not known here):
-`c2c` is its link, for `remat solve --offload c2c`."""
+`c2c` is its link, for `remat solve --offload c2c`. Each holds its copies in pinned host
+memory (``host_rounding="power-of-two"``, as torch's pinned allocator rounds them)."""
 
 
 def _gpu(
