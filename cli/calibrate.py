@@ -33,6 +33,7 @@ from graph_capture.measurement.roofline import cpu_device, target_key
 from graph_capture.models.demos import MODELS, demo_model
 from graph_capture.models.factories import import_factory, unpack_model
 from solver.core.link import Link
+from solver.errors import ArgumentError
 from solver.target.devices import BUILT_IN, Device, builtin_device
 
 __all__ = ["add_calibrate_arguments", "op_table", "run_calibrate", "transient_table"]
@@ -102,12 +103,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
     """Measure, write the device file; exit status 0."""
     if args.base is not None:
         if args.model or args.demo:
-            raise ValueError(
+            raise ArgumentError(
                 "--base measures the GPU's host link only: op tables are measured on this "
                 "processor; drop --model/--demo, or --base for a CPU device file"
             )
         if not torch.cuda.is_available():
-            raise ValueError(
+            raise ArgumentError(
                 f"--base {args.base} measures the host link over CUDA, and this machine has no "
                 "CUDA device: run it on the GPU machine"
             )
@@ -119,7 +120,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}: {_link_line(device, published.host_link)}", file=sys.stderr)
         return 0
     if not args.model and not args.demo:
-        raise ValueError("give at least one --model MODULE:FACTORY or --demo NAME to measure")
+        raise ArgumentError("give at least one --model MODULE:FACTORY or --demo NAME to measure")
     torch.set_num_threads(args.threads)
     factories = [import_factory(m) for m in args.model] + [demo_model(d) for d in args.demo]
     table: dict[str, float] = {}

@@ -34,6 +34,7 @@ from executor.fitting.api import fit
 from executor.fitting.memory import FSDP_OPTIMIZERS, OPTIMIZERS
 from executor.fsdp import FsdpPolicy, fsdp_policy
 from graph_capture.models.factories import import_factory
+from solver.errors import ArgumentError
 
 __all__ = ["add_fit_arguments", "run_fit"]
 
@@ -111,9 +112,9 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
 def run_fit(args: argparse.Namespace) -> int:
     """Fit, print the summary; the exit status (module docstring)."""
     if args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, not {args.threads}")
+        raise ArgumentError(f"--threads must be at least 1, not {args.threads}")
     if args.low < 1 or (args.high is not None and args.high < args.low):
-        raise ValueError(f"sizes must satisfy 1 <= --low <= --high, not {args.low}, {args.high}")
+        raise ArgumentError(f"sizes must satisfy 1 <= --low <= --high, not {args.low}, {args.high}")
     link = None if args.offload is None else parse_link(args.offload)
     factory = import_factory(args.model)
     threads = torch.get_num_threads()
@@ -155,7 +156,7 @@ def _fsdp_policy(args: argparse.Namespace) -> FsdpPolicy | None:
     if not fields:
         return None
     if args.world_size < 2:
-        raise ValueError(
+        raise ArgumentError(
             f"FSDP options ({', '.join(sorted(fields))}) apply only with --world-size above 1"
         )
     optimizer = FSDP_OPTIMIZERS[args.optimizer]

@@ -38,7 +38,7 @@ from cli.run import add_run_arguments, run_run
 from cli.sac import add_sac_arguments, run_sac
 from cli.solve import add_solve_arguments, run_solve
 from solver.deadline import process_start
-from solver.errors import RematError
+from solver.errors import ArgumentError, RematError
 
 
 @dataclass(frozen=True)
@@ -126,9 +126,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
             continue
         directory = Path(path).resolve().parent
         if not directory.is_dir():
-            raise ValueError(f"cannot write {flag} {path}: no directory {directory}")
+            raise ArgumentError(f"cannot write {flag} {path}: no directory {directory}")
         if not os.access(directory, os.W_OK):
-            raise ValueError(f"cannot write {flag} {path}: directory {directory} is not writable")
+            raise ArgumentError(
+                f"cannot write {flag} {path}: directory {directory} is not writable"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,6 +54,7 @@ from executor.traced.module import Rematerialized, check_against_eager, load_sch
 from executor.traced.offload import link_on
 from graph_capture.models.demos import demo_model
 from graph_capture.trace.zero_tangents import selected_outputs
+from solver.errors import ArgumentError
 
 __all__ = ["BUDGET_HELP", "add_run_arguments", "run_run", "sqrt_checkpointed"]
 
@@ -189,7 +190,7 @@ def _schedule(args: argparse.Namespace, captured, device: torch.device):  # -> s
 
     if args.schedule:
         if args.offload:
-            raise ValueError("--offload solves; a --schedule file has its own link (or none)")
+            raise ArgumentError("--offload solves; a --schedule file has its own link (or none)")
         return load_schedule(args.schedule, captured.dag)
     link = None if args.offload is None else link_on(parse_link(args.offload), device)
     return solver.solve(captured.dag, budget=args.budget, time_limit=args.time_limit, offload=link)
@@ -203,12 +204,12 @@ def run_run(args: argparse.Namespace) -> int:
     """Train ``--demo`` or ``--model`` for ``--steps`` steps under the schedule; print the
     comparison."""
     if args.demo and args.model:
-        raise ValueError("give either --demo or --model, not both")
+        raise ArgumentError("give either --demo or --model, not both")
     if not args.model:
         args.demo = args.demo or "gpt"
         demo_model(args.demo)  # a demo model, or CaptureError naming them
     if args.steps < 2:
-        raise ValueError("--steps must be at least 2 (the first step is warm-up for timing)")
+        raise ArgumentError("--steps must be at least 2 (the first step is warm-up for timing)")
     threads = torch.get_num_threads()
     args.threads = _threads(args)
     torch.set_num_threads(args.threads)

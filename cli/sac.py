@@ -34,6 +34,7 @@ from executor.memory import median_seconds
 from executor.sac.offload import measure_split
 from executor.sac.plan import CheckpointPlan
 from executor.sac.planning import REGIONS, checkpoint_plan
+from solver.errors import ArgumentError
 
 __all__ = ["add_sac_arguments", "measure_step", "run_sac"]
 
@@ -120,7 +121,7 @@ def measure_step(
 
 def run_sac(args: argparse.Namespace) -> int:
     if args.steps < 1:
-        raise ValueError("--steps must be at least 1")
+        raise ArgumentError("--steps must be at least 1")
     before = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:

@@ -26,7 +26,7 @@ from solver.core.link import Link, LinkError
 from solver.core.schedule import Schedule
 from solver.core.stages import cheapest_within, smallest_within
 from solver.deadline import Deadline, Stop
-from solver.errors import InfeasibleBudgetError, SolverTimeoutError
+from solver.errors import ArgumentError, InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
 from solver.exact.offload import solve_with_offload
 from solver.exact.pipeline import print_interrupted
@@ -255,7 +255,7 @@ def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, 
     exact_deadline = Deadline(began + share * args.time_limit, stop)
     exact_limit = exact_deadline.at - time.perf_counter()
     if exact_limit <= 0:
-        raise ValueError(
+        raise ArgumentError(
             f"--time-limit {args.time_limit:g} s was spent before the solve began (starting, "
             f"imports and loading the graph took {time.perf_counter() - began:.1f} s); raise it"
         )
@@ -269,20 +269,20 @@ def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, 
         f"{human_bytes(ref_peak)}"
     )
     if args.objective == "memory" and args.budget is not None:
-        raise ValueError(
+        raise ArgumentError(
             "--budget is for --objective cost; --objective memory minimises the peak (bound "
             "its recomputation with --compute-budget)"
         )
     if args.objective == "cost" and args.compute_budget is not None:
-        raise ValueError("--compute-budget is for --objective memory; give --budget instead")
+        raise ArgumentError("--compute-budget is for --objective memory; give --budget instead")
     if args.offload is not None and args.objective != "cost":
-        raise ValueError("--offload is for --objective cost")
+        raise ArgumentError("--offload is for --objective cost")
     link, pairing = (None, "") if args.offload is None else offload_link(args.offload, graph)
     offloaded: Schedule | None = None
     if args.objective == "cost":
         wanted = Budget.of(args.budget or "80%")
         if wanted.least and link is not None:
-            raise ValueError("--offload needs a budget in bytes or percent, not 'min'")
+            raise ArgumentError("--offload needs a budget in bytes or percent, not 'min'")
         if wanted.least:
             print("objective: the least peak, then the least cost at it")
             budget: Budget | int = wanted

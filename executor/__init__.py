@@ -28,6 +28,7 @@ import graph_capture.torch_range  # noqa: F401  (first: refuses an unsupported t
 from executor.compiled import CompileCheck, CompiledModel, CompileReport, compile
 from executor.errors import (
     AutocastMismatchError,
+    BackwardError,
     CompileError,
     ExecutorError,
     FitError,
@@ -51,6 +52,7 @@ from solver.fitting.result import Fit
 
 __all__ = [
     "AutocastMismatchError",
+    "BackwardError",
     "CheckpointPlan",
     "CompileCheck",
     "CompileError",

@@ -41,6 +41,12 @@ class UnusedOutputGradientError(ExecutorError):
     zero, so capture again with ``backward_from`` naming the output."""
 
 
+class BackwardError(ExecutorError, RuntimeError):
+    """A backward the executor cannot run as asked: a second backward through one step of
+    `Rematerialized` (retain_graph=True), or, under a SAC plan that offloads, a recompute
+    outside the plan's recompute context or an offloaded op's output mutated after its copy."""
+
+
 class PlanError(ExecutorError, ValueError):
     """`executor.checkpoint_plan` or `CheckpointPlan` cannot plan or load: inputs off the CPU,
     blocks that do not run once each per step, a recording that cannot finish within the time

@@ -23,6 +23,7 @@ from graph_capture.measurement.roofline import resolve_target
 from graph_capture.trace.zero_tangents import OutputName
 from solver.core.budget import checkpoint_all_peak
 from solver.core.graph import prepare
+from solver.errors import ArgumentError
 from solver.target import Device
 
 GRANULARITIES = ("op", "module")
@@ -87,7 +88,7 @@ def capture(
     `_capture_measured` (no ``target``) and `_capture_estimated`.
     """
     if granularity not in GRANULARITIES:
-        raise ValueError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")
+        raise ArgumentError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")
     example_inputs = positional_inputs(example_inputs)
     kwargs = dict(example_kwargs or {})
     target_device = _target_device(target)

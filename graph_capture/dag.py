@@ -13,6 +13,7 @@ from graph_capture.errors import CaptureError
 from graph_capture.measurement.measure import NodeMeasure, is_random
 from graph_capture.measurement.transient import group_transient
 from graph_capture.trace.fx_nodes import module_of, phase_of
+from solver.errors import ArgumentError
 
 
 def build_dag(
@@ -33,7 +34,7 @@ def build_dag(
     Returns (dag, members). O(nodes + edges).
     """
     if cost_model not in ("time", "flops"):
-        raise ValueError(f"cost_model must be 'time' or 'flops', not {cost_model!r}")
+        raise ArgumentError(f"cost_model must be 'time' or 'flops', not {cost_model!r}")
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     members: dict[str, list[str]] = {g: [] for g in order}
     for node in nodes:

@@ -9,35 +9,51 @@ optimality). docs/solver.md describes each.
 
 from solver.core.budget import Budget, checkpoint_all_peak, parse_budget, parse_compute_budget
 from solver.core.graph import Problem, prepare
-from solver.core.link import Link
+from solver.core.link import Link, LinkError
 from solver.core.schedule import Schedule
 from solver.core.simulate import Simulation, simulate
 from solver.deadline import Deadline
 from solver.errors import (
+    ArgumentError,
     BudgetError,
     ComputeBudgetError,
+    DeadlineError,
     GraphError,
     InfeasibleBudgetError,
+    InternalError,
+    InvalidPlanError,
     InvalidScheduleError,
     RematError,
     ScheduleMismatchError,
     SolverTimeoutError,
+    SpellingError,
 )
 from solver.exact import SolveOptions, solve
+from solver.fitting.result import StaticBytesError
 from solver.heuristics.baselines import BASELINES
 from solver.heuristics.registry import HEURISTICS, baseline, evict
+from solver.heuristics.rotor import NotAChainError
+from solver.sac.windows import WindowError
+from solver.target.devices import DeviceError, UnknownTargetError
 
 __all__ = [
     "BASELINES",
     "HEURISTICS",
+    "ArgumentError",
     "Budget",
     "BudgetError",
     "ComputeBudgetError",
     "Deadline",
+    "DeadlineError",
+    "DeviceError",
     "GraphError",
     "InfeasibleBudgetError",
+    "InternalError",
+    "InvalidPlanError",
     "InvalidScheduleError",
     "Link",
+    "LinkError",
+    "NotAChainError",
     "Problem",
     "RematError",
     "Schedule",
@@ -45,6 +61,10 @@ __all__ = [
     "Simulation",
     "SolveOptions",
     "SolverTimeoutError",
+    "SpellingError",
+    "StaticBytesError",
+    "UnknownTargetError",
+    "WindowError",
     "baseline",
     "checkpoint_all_peak",
     "evict",

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from solver.errors import ArgumentError, DeadlineError, RematError
+
 
 class Stop:
     """A request to end work now, made once from any thread (`request`) and seen by every
@@ -118,7 +120,7 @@ class Deadline:
 
 class Paced:
     """Work done in parts of known sizes (`work[k]`: any unit proportional to its time, e.g. a
-    model stage's variables) by `deadline`: `check(k)` before part k raises TimeoutError where
+    model stage's variables) by `deadline`: `check(k)` before part k raises DeadlineError where
     the deadline has passed or, past 5% of the work, where the rate so far says that the rest
     and `reserve` seconds (what must follow it) would not end by it."""
 
@@ -128,12 +130,12 @@ class Paced:
         self.total, self.done = sum(self.work), 0
 
     def check(self, k: int) -> None:
-        """Raise TimeoutError before part k unless the rest can be done in time."""
+        """Raise DeadlineError before part k unless the rest can be done in time."""
         done, left = self.done, self.total - self.done
         rest = (time.perf_counter() - self.began) * left / done if done else 0.0
         late = done > 0.05 * self.total and not self.deadline.leaves(rest + self.reserve)
         if self.deadline.passed() or late:
-            raise TimeoutError(
+            raise DeadlineError(
                 f"the model would not be built by the deadline (part {k} of {len(self.work)})"
             )
         self.done += self.work[k]
@@ -143,7 +145,7 @@ NEVER = Deadline(math.inf)
 """No deadline: the work runs to completion."""
 
 
-def check_time_limit(time_limit: object, error: type[Exception] = ValueError) -> None:
+def check_time_limit(time_limit: object, error: type[RematError] = ArgumentError) -> None:
     """Refuse, as `error` (the caller's class), a `time_limit` that is not a positive number of
     seconds (0, negative, NaN, not a number): one message for every call that takes one."""
     number = isinstance(time_limit, int | float) and not isinstance(time_limit, bool)

@@ -9,9 +9,20 @@ class GraphError(RematError, ValueError):
     """The graph does not meet the solver contract (acyclic, `mem` and `cost` on every node)."""
 
 
+class ArgumentError(RematError, ValueError):
+    """An argument (or command-line option) that the function or command cannot take, or
+    arguments that do not go together; the message names them and what to give instead."""
+
+
+class SpellingError(RematError, TypeError):
+    """A function, method or parameter spelled other than remat spells it; the message names
+    remat's spelling."""
+
+
 class BudgetError(RematError, ValueError):
-    """A memory budget that cannot be read, or that has no bytes where bytes are needed
-    (`solver.core.budget.Budget`)."""
+    """A budget that cannot be read: a memory budget (`solver.core.budget.Budget`), or one
+    without bytes where bytes are needed; a compute budget or overhead cap that is not a
+    factor of at least 1."""
 
 
 class InfeasibleBudgetError(RematError):
@@ -49,3 +60,25 @@ class ScheduleMismatchError(RematError):
 
 class InvalidScheduleError(RematError):
     """A schedule violates the execution semantics (see `solver.core.simulate`)."""
+
+
+class InvalidPlanError(RematError, ValueError):
+    """A SAC plan that its problem cannot run: another number of blocks or child plans, an op
+    saved or offloaded that cannot be, an offload without the link it was solved with
+    (`solver.sac.memory.check_plan`)."""
+
+
+class DeadlineError(RematError, TimeoutError):
+    """The deadline passed before a piece of a solve was built (an exact model, a heuristic's
+    table); the solve catches it and goes on with what it has."""
+
+
+class InternalError(RematError, RuntimeError):
+    """A state remat's own code must never reach: remat's bug, never the caller's. The message
+    asks for a report."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(
+            f"internal error: {message}; this is remat's bug: please report it with the call "
+            "that raised it"
+        )

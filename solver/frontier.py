@@ -9,7 +9,7 @@ import networkx as nx
 from solver.core.budget import parse_budget
 from solver.core.graph import prepare
 from solver.core.stages import cheapest_within
-from solver.errors import InfeasibleBudgetError, SolverTimeoutError
+from solver.errors import ArgumentError, InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
 from solver.heuristics.registry import HEURISTICS, members
 
@@ -51,7 +51,10 @@ def frontier(
     names = methods or ["exact", *applicable]
     unknown = set(names) - {"exact", *applicable}
     if unknown:
-        raise ValueError(f"unknown or inapplicable methods {sorted(unknown)}")
+        raise ArgumentError(
+            f"unknown or inapplicable methods {sorted(unknown)}: choose from this graph's "
+            f"{', '.join(['exact', *applicable])}"
+        )
     chosen = [name for name in names if name != "exact"]
     policies = members(problem, None, [n for n in chosen if not HEURISTICS[n].at_budget])
     points = []

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+import executor
 import solver
 from executor.errors import InputMismatchError, UnsupportedScheduleError
 from executor.memory import measure_peak
@@ -346,3 +347,13 @@ def test_pytree_outputs_and_non_differentiable_outputs_match_eager():
         assert torch.equal(outs[0][key], outs[1][key])
     for a, b in zip(eager.parameters(), remat_model.parameters(), strict=True):
         assert torch.equal(a.grad, b.grad)
+
+
+def test_a_second_backward_through_one_step_is_a_backward_error(captured_small):
+    model, x, captured = captured_small
+    rm = Rematerialized(model, captured, keep_schedule(captured, 1))
+    loss = rm(x).sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(executor.BackwardError, match="retain_graph=True is not supported") as info:
+        loss.backward()
+    assert isinstance(info.value, RuntimeError)

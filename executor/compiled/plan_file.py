@@ -51,13 +51,13 @@ def read_plan(path: str | Path) -> dict[str, Any]:
         data = json.loads(Path(path).read_text())
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             found = data.get("format") if isinstance(data, dict) else None
-            raise ValueError(f"format {found!r}, not {FORMAT!r}")
+            raise CompileError(f"format {found!r}, not {FORMAT!r}")
         keys = ("model_signature", "backend", "options", "budget", "plain_peak", "stopped")
         missing = [k for k in (*keys, "regions") if k not in data]
         if missing:
-            raise ValueError(f"no {', '.join(missing)}")
+            raise CompileError(f"no {', '.join(missing)}")
         if not all(isinstance(r, dict) and "graph_fingerprint" in r for r in data["regions"]):
-            raise ValueError("a region without a schedule")
+            raise CompileError("a region without a schedule")
     except (OSError, ValueError) as e:
         raise CompileError(
             f"{path} is not a compiled plan file ({e}): write one with CompiledModel.save"

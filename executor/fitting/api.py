@@ -105,23 +105,24 @@ def fit(
 
     Raises FitError (which size failed and why; a memory below the parameters, gradients and
     optimizer state; a graph that changes shape with the size; nothing known by the deadline;
-    a `time_limit` that is not a positive number of seconds), `solver.target.UnknownTargetError`
-    (an unknown target or link name), `solver.core.link.LinkError` (a target without a host
-    link) and ValueError (bad arguments).
+    a `time_limit` that is not a positive number of seconds; an argument it cannot take),
+    `solver.BudgetError` (a `memory` or `max_overhead` that cannot be read),
+    `solver.UnknownTargetError` (an unknown target or link name) and `solver.LinkError` (a
+    target without a host link).
     """
     if dim not in ("batch", "seq"):
-        raise ValueError(f"dim must be 'batch' or 'seq', not {dim!r}")
+        raise FitError(f"dim must be 'batch' or 'seq', not {dim!r}")
     if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
+        raise FitError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
     if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, not {world_size!r}")
+        raise FitError(f"world_size must be at least 1, not {world_size!r}")
     try:
         world_size = sharded_world_size(world_size, fsdp)
     except PlanError as e:
         raise FitError(str(e)) from e
     sharded = world_size > 1 or fsdp is not None
     if sharded and target is None:
-        raise ValueError(
+        raise FitError(
             f"world_size={world_size} needs estimate mode: pass target= (--target); this machine "
             f"cannot run {world_size} ranks' real steps"
         )
@@ -130,7 +131,7 @@ def fit(
     link = None if offload is None else host_link(offload)  # UnknownTargetError, LinkError
     wanted = Budget.of(memory)
     if wanted.kind in (PERCENT, LEAST):
-        raise ValueError(
+        raise FitError(
             f"memory {memory!r} is device memory: give bytes or units (24GiB), not a "
             "percentage or 'min'"
         )

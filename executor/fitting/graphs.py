@@ -89,7 +89,7 @@ class SizedGraphs:
         capture_options: Mapping[str, object] | None = None,
     ) -> None:
         if len(sizes) < 3 or sorted(set(sizes)) != list(sizes) or sizes[0] < 1:
-            raise ValueError(f"capture sizes must be 3 or more increasing sizes >= 1: {sizes}")
+            raise FitError(f"capture sizes must be 3 or more increasing sizes >= 1: {sizes}")
         self.factory, self.dim = factory, dim
         # fit's budgets are bytes: no plain step's peak (a percentage's basis) to measure
         self.options = dict(capture_options or {})

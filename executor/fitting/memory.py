@@ -33,7 +33,7 @@ def make_optimizer(name: str, params: Iterable[nn.Parameter]) -> torch.optim.Opt
         return torch.optim.SGD(params, lr=0.01, momentum=0.9)
     if name == "none":
         return None
-    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {name!r}")
+    raise FitError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {name!r}")
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:

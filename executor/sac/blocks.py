@@ -72,7 +72,7 @@ def _children_of(model: nn.Module, name: str) -> list[str]:
 
 def select_blocks(model: nn.Module, blocks: Sequence[str] | None) -> list[tuple[str, nn.Module]]:
     """(name, module) of each block: `default_blocks`, or the modules whose names match the
-    given names / glob patterns (the outermost of nested matches). ValueError naming a pattern
+    given names / glob patterns (the outermost of nested matches). PlanError naming a pattern
     that matches nothing."""
     modules = dict(model.named_modules())
     if blocks is None:

@@ -45,6 +45,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import _sac_storage_key, _VersionWrapper
 
+from executor.errors import BackwardError
+
 HOST_SCOPE = "remat.sac.host_copy"
 """The profiler scope (`record_function`) the CPU host copies are allocated in."""
 
@@ -195,7 +197,7 @@ class Offloaded(_VersionWrapper):
     def get_val(self, allow_cache_entry_mutation: bool) -> torch.Tensor:
         """The reloaded device tensor, the compute stream made to wait for its copy."""
         if self.val is None:
-            raise RuntimeError(
+            raise BackwardError(
                 "an offloaded SAC cache entry was read before its reload: the recompute ran "
                 "without the plan's recompute context"
             )
@@ -254,7 +256,7 @@ class HostCopies:
         if not isinstance(entry, _VersionWrapper) or not isinstance(entry.val, torch.Tensor):
             return entry
         if entry.val._version != entry.version:
-            raise RuntimeError(
+            raise BackwardError(
                 "Tensor cached during selective activation checkpoint has been mutated (an "
                 "offloaded op's output, after its copy to the host)"
             )

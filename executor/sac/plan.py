@@ -206,7 +206,7 @@ class CheckpointPlan:
     @classmethod
     def load(cls, path: str | Path, model: nn.Module) -> CheckpointPlan:
         """Read a plan written by `save` (format 6, or 5: offloading nothing), checked against
-        `model` (ScheduleMismatchError for a plan of another model or other blocks, ValueError
+        `model` (ScheduleMismatchError for a plan of another model or other blocks, PlanError
         for a file that is not a plan)."""
         try:
             data = json.loads(Path(path).read_text())

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from executor.errors import PlanError
 from solver.core.budget import USABLE, Budget
 from solver.deadline import Deadline
-from solver.errors import InfeasibleBudgetError
+from solver.errors import InfeasibleBudgetError, InternalError
 from solver.sac.memory import SacPlan
 from solver.sac.sharded import rank_peak, shifted
 from solver.sac.solve import SacSolution, solve_sac
@@ -84,5 +84,5 @@ def solve_sharded(
     peak = rank_peak(union, solution.plan, memory)
     bound = memory.resident + solution.budget
     if peak.peak > bound:
-        raise AssertionError(f"per-rank peak {peak.peak} B above the solved bound {bound} B")
+        raise InternalError(f"per-rank peak {peak.peak} B above the solved bound {bound} B")
     return ShardedSolution(replace(solution, peak=peak.peak, budget=bound), plain, memory)

@@ -26,7 +26,7 @@ from graph_capture.inputs import positional_inputs
 from graph_capture.trace.zero_tangents import output_leaves
 from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
-from solver.errors import ScheduleMismatchError
+from solver.errors import ScheduleMismatchError, SpellingError
 
 __all__ = ["Rematerialized", "check_against_eager", "load_schedule"]
 
@@ -101,7 +101,7 @@ class Rematerialized(nn.Module):
     @classmethod
     def from_file(cls, *_args: object, **_kwargs: object) -> NoReturn:
         """Refused: loading is `Rematerialized.load(path, model, example_inputs, ...)`."""
-        raise TypeError(
+        raise SpellingError(
             "Rematerialized.from_file is not the spelling: use Rematerialized.load(path, "
             "model, example_inputs, example_kwargs=None, *, capture_options=None)"
         )

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from executor.errors import UnsupportedScheduleError, UnusedOutputGradientError
+from executor.errors import BackwardError, UnsupportedScheduleError, UnusedOutputGradientError
 from executor.traced.codegen import SliceState, compile_ops
 from executor.traced.estimated import FirstStepPeak
 from executor.traced.interpreter import ScheduleInterpreter, Step
@@ -255,7 +255,7 @@ class RematFunction(torch.autograd.Function):
         step: Step = ctx.step
         ctx.step = None
         if step is None:
-            raise RuntimeError(
+            raise BackwardError(
                 "Rematerialized: backward ran twice through the same step; the schedule frees "
                 "its values, so retain_graph=True is not supported"
             )

@@ -26,6 +26,7 @@ import torch
 
 from graph_capture.measurement.timing import median_seconds
 from solver.core.link import Link
+from solver.errors import ArgumentError
 
 __all__ = ["LINK_BYTES", "LINK_REPEATS", "measure_host_link"]
 
@@ -41,13 +42,13 @@ def measure_host_link(
 ) -> Link:
     """The measured link between ``device``'s memory and host memory: the median bytes per
     second of ``repeats`` copies of ``nbytes`` bytes each way. ``device`` is ``"cpu"`` or a
-    CUDA device; ValueError for another device or where CUDA is asked for and absent."""
+    CUDA device; ArgumentError for another device or where CUDA is asked for and absent."""
     device = torch.device(device)
     if nbytes < 1 or repeats < 1:
-        raise ValueError(f"nbytes and repeats must be at least 1, not {nbytes} and {repeats}")
+        raise ArgumentError(f"nbytes and repeats must be at least 1, not {nbytes} and {repeats}")
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(
+            raise ArgumentError(
                 "no CUDA device here: measure the host link on the GPU machine, or measure "
                 "this machine's CPU copy with device 'cpu'"
             )
@@ -55,7 +56,7 @@ def measure_host_link(
     elif device.type == "cpu":
         d2h, h2d = _cpu_seconds(nbytes, repeats)
     else:
-        raise ValueError(f"host links are measured on 'cpu' or a CUDA device, not {device}")
+        raise ArgumentError(f"host links are measured on 'cpu' or a CUDA device, not {device}")
     rounding = "power-of-two" if device.type == "cuda" else "exact"  # pinned, or numpy's
     return Link(d2h=nbytes / d2h, h2d=nbytes / h2d, host_rounding=rounding)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from solver.core.graph import Problem
 from solver.core.stages import checkpoint_all
-from solver.errors import BudgetError
+from solver.errors import ArgumentError, BudgetError
 
 _UNITS = {
     "": 1,
@@ -61,7 +61,7 @@ BASES = ("measured", "predicted")
 def plain_step(basis: str) -> str:
     """The name of 100% for a plain peak `basis` ("measured" or "predicted")."""
     if basis not in BASES:
-        raise ValueError(f"plain peak basis {basis!r} is not one of {BASES}")
+        raise ArgumentError(f"plain peak basis {basis!r} is not one of {BASES}")
     return PLAIN_STEP if basis == "measured" else PREDICTED_PLAIN_STEP
 
 
@@ -191,7 +191,7 @@ def parse_compute_budget(text: str | int | float, problem: Problem) -> float:
     s = str(text).strip().lower()
     match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(x|units)?", s)
     if isinstance(text, bool) or not match:
-        raise ValueError(
+        raise BudgetError(
             f"cannot read compute budget {text!r}: give a factor of computing every node once "
             "(1.2 or 1.2x) or an absolute cost in the graph's units (0.02units)"
         )
@@ -201,18 +201,18 @@ def parse_compute_budget(text: str | int | float, problem: Problem) -> float:
 
 def parse_overhead(max_overhead: float | str | None) -> str | None:
     """A compute cap, a factor of computing every node once (1.3 or "1.3x"), as the text
-    `parse_compute_budget` reads ("1.3x"); None stays None (no cap). ValueError below 1.0."""
+    `parse_compute_budget` reads ("1.3x"); None stays None (no cap). BudgetError below 1.0."""
     if max_overhead is None:
         return None
     text = str(max_overhead).strip().lower().removesuffix("x")
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(
+        raise BudgetError(
             f"max overhead {max_overhead!r} is not a number like 1.3 or 1.3x"
         ) from None
     if not value >= 1.0:
-        raise ValueError(
+        raise BudgetError(
             f"max overhead {max_overhead!r} is below 1.0: a step computes every node at least "
             "once (1.0x is no recomputation; 1.3x allows 30% more)"
         )
@@ -221,8 +221,8 @@ def parse_overhead(max_overhead: float | str | None) -> str | None:
 
 def human_bytes(n: float) -> str:
     """Bytes as text with a binary unit, e.g. 1536 -> '1.50 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
-    raise AssertionError
+    return f"{n:.2f} GiB"

@@ -14,7 +14,7 @@ from solver.core.graph import Problem, prepare
 from solver.core.link import Link, LinkError
 from solver.core.simulate import simulate
 from solver.core.stages import IndexedSchedule
-from solver.errors import InvalidScheduleError, ScheduleMismatchError
+from solver.errors import InternalError, InvalidScheduleError, ScheduleMismatchError
 
 FORMAT = "remat.schedule"
 FORMAT_VERSION = 2
@@ -268,20 +268,21 @@ def make_schedule(
     """Turn index ops into a Schedule, checked by the independent simulator (replaying the
     copies over `link`, where given: `extra` then records the stall, copies and host peak).
 
-    Raises InvalidScheduleError if the simulator rejects the ops or disagrees with the peak and
-    cost the producer computed: a solver bug must never reach the user as a schedule.
+    Raises InternalError if the simulator rejects the ops or disagrees with the peak and cost
+    the producer computed: a solver bug must never reach the user as a schedule.
     """
     index_ops = indexed.ops if isinstance(indexed, IndexedSchedule) else indexed
     ops = [(kind, problem.ids[i]) for kind, i in index_ops]
     checked = simulate(graph, ops, link)
-    checked.raise_if_invalid()
+    if not checked.valid:
+        raise InternalError(f"{method}: the simulator rejects the schedule ({checked.error})")
     if isinstance(indexed, IndexedSchedule) and (
         checked.peak != indexed.peak
         or not math.isclose(checked.cost, indexed.cost, rel_tol=1e-9, abs_tol=1e-9)
     ):
-        raise InvalidScheduleError(
-            f"{method}: internal accounting (peak {indexed.peak}, cost {indexed.cost}) disagrees "
-            f"with the simulator (peak {checked.peak}, cost {checked.cost}); please report this"
+        raise InternalError(
+            f"{method}: its accounting (peak {indexed.peak}, cost {indexed.cost}) disagrees "
+            f"with the simulator (peak {checked.peak}, cost {checked.cost})"
         )
     extra = dict(extra or {})
     if "threads" in graph.graph:  # bytes measured with this many intra-op threads

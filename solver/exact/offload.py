@@ -39,7 +39,7 @@ from solver.core.stages import StagePlan, plan_from_keep, plan_to_ops
 from solver.deadline import Deadline
 from solver.errors import (
     InfeasibleBudgetError,
-    InvalidScheduleError,
+    InternalError,
     SolverTimeoutError,
 )
 from solver.exact.options import DEFAULT, SolveOptions
@@ -198,9 +198,7 @@ def _search(
         no_model = "the exact offload model was not solved in the time left"
         steps.done("offload model", variables=size, built=True, status=result.status)
     if result.status == "INFEASIBLE" and cap is not None:
-        raise InvalidScheduleError(
-            "internal error: the offload model refutes the incumbent's own cost; please report this"
-        )
+        raise InternalError("the offload model refutes the incumbent's own cost")
     if result.status == "INFEASIBLE":
         raise InfeasibleBudgetError(
             f"no schedule with offload fits a budget of {budget} bytes ({human_bytes(budget)}) "
@@ -347,9 +345,8 @@ def _schedule(
     else:
         schedule.bound = None if bound is None else min(bound, schedule.cost)
     if schedule.peak > budget:
-        raise InvalidScheduleError(
-            f"internal error: the offload schedule peaks at {schedule.peak} bytes, over the "
-            f"budget of {budget}; please report this"
+        raise InternalError(
+            f"the offload schedule peaks at {schedule.peak} bytes, over the budget of {budget}"
         )
     schedule.solve_seconds = time.perf_counter() - started
     return schedule
@@ -364,9 +361,9 @@ def _check_accounting(schedule: Schedule, objective: int | None, times: OffloadT
     tolerance = 1e-9 * max(1.0, abs(model)) + slack
     proven = schedule.status == "OPTIMAL"
     if schedule.cost > model + tolerance or (proven and schedule.cost < model - tolerance):
-        raise InvalidScheduleError(
-            f"internal error: the offload model's timeline ({model:g}) disagrees with the "
-            f"simulator's ({schedule.cost:g}); please report this"
+        raise InternalError(
+            f"the offload model's timeline ({model:g}) disagrees with the simulator's "
+            f"({schedule.cost:g})"
         )
 
 

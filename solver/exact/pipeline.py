@@ -36,7 +36,7 @@ from solver.core.link import Link
 from solver.core.schedule import Schedule, make_schedule
 from solver.core.stages import Member
 from solver.deadline import Deadline, Stop, check_time_limit
-from solver.errors import InvalidScheduleError, SolverTimeoutError
+from solver.errors import ArgumentError, InternalError, SolverTimeoutError
 from solver.exact import least_peak, warm_start
 from solver.exact.cascade import cascade_cover, lifetime_polish
 from solver.exact.cover import read_gap_cover
@@ -89,7 +89,7 @@ def solve(
             with the rest (`extra["least_peak"]`: the status and bound of the least-peak
             search; where the second search finds nothing in time, the least-peak schedule,
             "FEASIBLE"). None means unconstrained. With objective="memory" it must be None
-            (ValueError), as compute_budget must be with objective="cost" but for "min".
+            (ArgumentError), as compute_budget must be with objective="cost" but for "min".
         objective: "cost" (least total cost with peak <= budget) or "memory" (least peak with
             total cost <= compute_budget).
         compute_budget: for objective="memory" and for "min": a factor of computing every node
@@ -128,19 +128,21 @@ def solve(
     """
     started = time.perf_counter()
     if objective not in ("cost", "memory"):
-        raise ValueError(f"objective must be 'cost' or 'memory', not {objective!r}")
+        raise ArgumentError(f"objective must be 'cost' or 'memory', not {objective!r}")
     check_time_limit(time_limit)
     if objective == "memory" and budget is not None:
-        raise ValueError(
+        raise ArgumentError(
             "a memory budget is for objective 'cost'; objective 'memory' minimises the peak "
             "(bound its recomputation with compute_budget)"
         )
     wanted = None if budget is None else Budget.of(budget)
     least = wanted is not None and wanted.least
     if objective == "cost" and compute_budget is not None and not least:
-        raise ValueError("compute_budget is for objective 'memory' or budget 'min'")
+        raise ArgumentError("compute_budget is for objective 'memory' or budget 'min'")
     if offload is not None and (objective != "cost" or wanted is None or least):
-        raise ValueError("offload is for objective 'cost' at a memory budget in bytes or percent")
+        raise ArgumentError(
+            "offload is for objective 'cost' at a memory budget in bytes or percent"
+        )
     link = None if offload is None else host_link(offload)
     problem = prepare(graph)
     units = CostUnits.of(problem)
@@ -243,9 +245,9 @@ def finish(search: Search) -> Schedule:
     value = schedule.cost if goal.objective == "cost" else float(schedule.peak)
     schedule.bound = value if optimal else min(value, goal.in_graph_units(search.floor))
     if not (goal.fits(incumbent) and _within_budgets(schedule)):
-        raise InvalidScheduleError(
-            f"internal error: the schedule found ({incumbent.param}) does not meet the budgets "
-            f"when replayed (peak {schedule.peak}, cost {schedule.cost:g}); please report this"
+        raise InternalError(
+            f"the schedule found ({incumbent.param}) does not meet the budgets when replayed "
+            f"(peak {schedule.peak}, cost {schedule.cost:g})"
         )
     schedule.solve_seconds = search.elapsed()
     return schedule

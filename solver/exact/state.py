@@ -48,6 +48,7 @@ import networkx as nx
 from solver.core.graph import Problem
 from solver.core.stages import Member
 from solver.deadline import Deadline
+from solver.errors import InternalError
 from solver.exact.options import SolveOptions, Step
 from solver.milp.cpsat import ProgressFn
 from solver.milp.lp import DualBound
@@ -168,9 +169,9 @@ class Search:
                 ):
                     continue
                 if self.goal.value(member) < self.floor:
-                    raise RuntimeError(
-                        f"internal error: a schedule of value {self.goal.value(member)} under "
-                        f"the proven floor {self.floor} ({member.param}); please report this"
+                    raise InternalError(
+                        f"a schedule of value {self.goal.value(member)} under the proven floor "
+                        f"{self.floor} ({member.param})"
                     )
                 self.incumbent = member
                 self.show()

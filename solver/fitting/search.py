@@ -28,7 +28,7 @@ NOTE [monotone sizes]: that a size is the largest rests on the least peak within
 falling as the size grows. It holds when the graphs at every size have the same nodes, edges and
 costs and each node's bytes (`mem`, `transient`) never fall as the size grows: every schedule's
 peak then never falls and the schedules within the cap are the same. `largest_fitting` checks
-exactly that between the graphs it probes and raises ValueError where it fails. With offload
+exactly that between the graphs it probes and raises GraphError where it fails. With offload
 it holds too: a copy's time is its value's bytes over the link's bandwidth, so no copy gets
 faster and no timeline ends sooner as the size grows, and the host limit does not change.
 """
@@ -49,7 +49,13 @@ from solver.core.link import Link
 from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
 from solver.deadline import Deadline
-from solver.errors import InfeasibleBudgetError, SolverTimeoutError
+from solver.errors import (
+    ArgumentError,
+    GraphError,
+    InfeasibleBudgetError,
+    InternalError,
+    SolverTimeoutError,
+)
 from solver.exact import solve
 from solver.fitting.sizes import DOES_NOT_FIT, FITS, OPEN, largest_between
 from solver.heuristics.baselines import block_checkpoint
@@ -187,9 +193,9 @@ def _checked(graph: nx.DiGraph, schedule: Schedule, memory: int, cap: float | No
     run = simulate(graph, schedule.ops, schedule.link)
     over = not run.valid or run.peak > memory
     if over or (cap is not None and run.cost > cap * (1 + 1e-12)):
-        raise AssertionError(
-            f"internal error: a schedule replays at {run.peak} B, cost {run.cost:g}, outside "
-            f"{memory} B and the cap {cap}; please report this"
+        raise InternalError(
+            f"a schedule replays at {run.peak} B, cost {run.cost:g}, outside {memory} B and "
+            f"the cap {cap}"
         )
     return schedule
 
@@ -227,10 +233,11 @@ def largest_fitting(
     Returns a `FitResult` by the deadline: `proven` where the size after the answer is proven
     not to fit, else the interval the time left open.
 
-    Raises ValueError for `low` < 0, `high` < `low`, or graphs that break NOTE [monotone sizes].
+    Raises ArgumentError for `low` < 0, `high` < `low` or a `memory` that grows with the size,
+    GraphError for graphs that break NOTE [monotone sizes].
     """
     if low < 0 or (high is not None and high < low):
-        raise ValueError(f"sizes must satisfy 0 <= low <= high, not low={low}, high={high}")
+        raise ArgumentError(f"sizes must satisfy 0 <= low <= high, not low={low}, high={high}")
     started = time.perf_counter()
     deadline = Deadline(started + time_limit) if deadline is None else deadline
     search = partial(
@@ -331,7 +338,7 @@ def _check_memory(memories: dict[int, int], size: int) -> None:
     """NOTE [monotone sizes]: the memory left to the step never grows with the size."""
     for other, bytes_ in memories.items():
         if (other < size and bytes_ < memories[size]) or (other > size and bytes_ > memories[size]):
-            raise ValueError(
+            raise ArgumentError(
                 f"the memory left to the step grows from {min(bytes_, memories[size])} B to "
                 f"{max(bytes_, memories[size])} B between sizes {min(other, size)} and "
                 f"{max(other, size)}: it must not grow with the size"
@@ -348,14 +355,14 @@ def _check_monotone(graphs: dict[int, nx.DiGraph], size: int, graph: nx.DiGraph)
     for small, large in pairs:
         a, b = every[small], every[large]
         if set(a.nodes) != set(b.nodes) or set(a.edges) != set(b.edges):
-            raise ValueError(f"the graphs at sizes {small} and {large} differ in nodes or edges")
+            raise GraphError(f"the graphs at sizes {small} and {large} differ in nodes or edges")
         for v, attrs in a.nodes(data=True):
             other = b.nodes[v]
             if attrs["cost"] != other["cost"]:
-                raise ValueError(f"node {v!r}'s cost differs between sizes {small} and {large}")
+                raise GraphError(f"node {v!r}'s cost differs between sizes {small} and {large}")
             for key in ("mem", "transient"):
                 if attrs.get(key, 0) > other.get(key, 0):
-                    raise ValueError(
+                    raise GraphError(
                         f"node {v!r}'s {key} falls from {attrs.get(key, 0)} B at size {small} "
                         f"to {other.get(key, 0)} B at size {large}: the least peak must not fall "
                         "as the size grows"

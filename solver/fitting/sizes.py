@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 
+from solver.errors import ArgumentError
+
 FITS, DOES_NOT_FIT, OPEN = "fits", "does not fit", "open"
 
 
@@ -49,7 +51,9 @@ def largest_between(
         elif verdict == OPEN:
             left_open.add(middle)
         else:
-            raise ValueError(f"decide returned {verdict!r}: give FITS, DOES_NOT_FIT, OPEN or None")
+            raise ArgumentError(
+                f"decide returned {verdict!r}: give FITS, DOES_NOT_FIT, OPEN or None"
+            )
     return fits, fails, fails - fits == 1
 
 
@@ -68,7 +72,7 @@ def affine(values: Mapping[int, int]) -> Affine | None:
     """The affine function of the size, with a whole slope, through every ``size: bytes`` of
     `values` (two sizes or more); None where there is none."""
     if len(values) < 2:
-        raise ValueError(f"an affine fit needs two sizes or more, got {sorted(values)}")
+        raise ArgumentError(f"an affine fit needs two sizes or more, got {sorted(values)}")
     sizes = sorted(values)
     a, b = sizes[0], sizes[1]
     slope, rest = divmod(values[b] - values[a], b - a)

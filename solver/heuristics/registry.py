@@ -25,6 +25,7 @@ from solver.core.graph import Problem, prepare
 from solver.core.schedule import Schedule, make_schedule
 from solver.core.stages import Member, cheapest_within
 from solver.deadline import NEVER, Deadline
+from solver.errors import ArgumentError, BudgetError
 from solver.heuristics.backward import backward_runs
 from solver.heuristics.baselines import BASELINES, Family, every_k_recompute_each_use
 from solver.heuristics.eviction import eviction_runs
@@ -155,11 +156,11 @@ def baseline(
     within `budget` (bytes, or text like "80%" of the checkpoint-all peak; None: any), or None
     when none fits."""
     if name not in HEURISTICS:
-        raise ValueError(f"unknown heuristic {name!r}; choose from {', '.join(HEURISTICS)}")
+        raise ArgumentError(f"unknown heuristic {name!r}; choose from {', '.join(HEURISTICS)}")
     problem = prepare(graph)
     limit = None if budget is None else parse_budget(budget, problem)
     if HEURISTICS[name].at_budget and limit is None:
-        raise ValueError(f"{name} runs at a memory budget: give one")
+        raise BudgetError(f"{name} runs at a memory budget: give one")
     found = members(problem, limit, [name], deadline).get(name, [])
     best = cheapest_within(found, limit)
     if best is None:

@@ -42,7 +42,7 @@ from solver.core.budget import checkpoint_all_peak
 from solver.core.graph import Problem
 from solver.core.stages import Member, StagePlan, plan_to_ops
 from solver.deadline import NEVER, Deadline
-from solver.errors import GraphError
+from solver.errors import DeadlineError, GraphError
 from solver.heuristics.baselines import SWEEP_POINTS
 
 MAX_UNITS = 4096
@@ -107,7 +107,7 @@ class _Program:
     """The table Opt(s, t, L, .) over the memory grid and the choices that reach it."""
 
     def __init__(self, problem: Problem, shape: ChainShape, unit: int, deadline: Deadline) -> None:
-        """Fills the table; raises TimeoutError when `deadline` passes first."""
+        """Fills the table; raises DeadlineError when `deadline` passes first."""
         self.problem, self.shape, self.deadline = problem, shape, deadline
         n = len(shape.forward)
         self.size = -(-checkpoint_all_peak(problem) // unit) + 3 * n + 1
@@ -139,7 +139,7 @@ class _Program:
         prefix = np.concatenate([[0.0], np.cumsum(self.cf)])
         for length in range(1, n + 1):
             if self.deadline.passed():
-                raise TimeoutError("rotor's table was not filled by the deadline")
+                raise DeadlineError("rotor's table was not filled by the deadline")
             for s in range(n - length + 1):
                 t = s + length - 1
                 for top_live in (False, True):

@@ -63,6 +63,7 @@ from collections.abc import Container, Sequence
 
 from solver.core.graph import Problem
 from solver.deadline import NEVER, Deadline, Paced
+from solver.errors import ArgumentError, DeadlineError
 from solver.milp.model import LinearModel
 
 
@@ -96,7 +97,7 @@ def _variables(
     can still be read (`_last_reads`) and only from `lm.first_stage` on; an absent R or S is 0.
     A value that is never recomputed is live from its computation to its last user ((1), (2)
     and (6) force it). F only where (4) needs it, and not in moment_stages. All R first, then all
-    S, then all F; TimeoutError once `deadline` passes."""
+    S, then all F; DeadlineError once `deadline` passes."""
     n, first = problem.n, lm.first_stage
     one = lm.var("one", 1, 1)
     last_read = _last_reads(problem, recomputable)
@@ -127,10 +128,10 @@ def _variables(
 
 
 def _checked(stages: range, deadline: Deadline):
-    """`stages`, raising TimeoutError before a stage once `deadline` has passed."""
+    """`stages`, raising DeadlineError before a stage once `deadline` has passed."""
     for t in stages:
         if deadline.passed():
-            raise TimeoutError(f"the model was not built by the deadline (stage {t})")
+            raise DeadlineError(f"the model was not built by the deadline (stage {t})")
         yield t
 
 
@@ -311,12 +312,12 @@ def build(
     after it and the freedom of its S variables are left out. The exact solver passes its
     incumbent's cost, which keeps the incumbent and every better schedule.
 
-    Raises TimeoutError when `deadline` passes before the model is complete.
+    Raises DeadlineError when `deadline` passes before the model is complete.
     """
     if moment_stages and budget is None:
-        raise ValueError("the moment relaxation bounds memory by a budget: pass one")
+        raise ArgumentError("the moment relaxation bounds memory by a budget: pass one")
     if deadline.passed():
-        raise TimeoutError("the deadline passed before the model was begun")
+        raise DeadlineError("the deadline passed before the model was begun")
     lm = LinearModel(first_stage=first_stage)
     mem_cap = sum(problem.mem) + max(problem.transient)
     recomputable = _recomputable(int_cost, recompute_limit)

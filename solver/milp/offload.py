@@ -12,7 +12,7 @@ from solver.core.graph import Problem
 from solver.core.link import Link
 from solver.core.offload import OffloadPlan
 from solver.deadline import Deadline
-from solver.errors import InvalidScheduleError
+from solver.errors import InternalError
 from solver.milp.cpsat import OVERRUN_PER_VARIABLE, OVERRUN_SHARE, Progress, ProgressFn
 from solver.milp.offload_model import OffloadModel
 from solver.milp.offload_times import OffloadTimes
@@ -52,7 +52,7 @@ def solve_offload_model(
         model.hint(hint)
     invalid = model.m.validate()
     if invalid:
-        raise InvalidScheduleError(f"internal error: the offload model is invalid ({invalid})")
+        raise InternalError(f"the offload model is invalid ({invalid})")
     left = deadline.remaining()
     overrun = OVERRUN_PER_VARIABLE * len(model.m.proto.variables) + OVERRUN_SHARE * left
     if left <= overrun:

@@ -54,6 +54,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from solver.core.link import Link
+from solver.errors import InvalidPlanError
 from solver.sac.problem import SacBlock, SacOp, SacProblem
 
 
@@ -149,20 +150,20 @@ def check_plan(problem: SacProblem, plan: SacPlan) -> None:
     n = len(problem.blocks)
     offloads, plain = plan.offloads(), plan.plain_offloads()
     if len({len(plan.checkpointed), len(plan.saved), len(offloads), len(plain), n}) != 1:
-        raise ValueError(f"plan has {len(plan.checkpointed)} blocks, the problem {n}")
+        raise InvalidPlanError(f"plan has {len(plan.checkpointed)} blocks, the problem {n}")
     for block, ckpt, saved, off, whole in zip(
         problem.blocks, plan.checkpointed, plan.saved, offloads, plain, strict=True
     ):
         if whole and (ckpt or not plain_offload_bytes(block)):
-            raise ValueError(f"block {block.name} cannot offload its saved storages")
+            raise InvalidPlanError(f"block {block.name} cannot offload its saved storages")
         if saved and not ckpt:
-            raise ValueError(f"block {block.name} saves ops but is not checkpointed")
+            raise InvalidPlanError(f"block {block.name} saves ops but is not checkpointed")
         for i in saved:
             if not (0 <= i <= block.stop and block.ops[i].saveable):
-                raise ValueError(f"op {i} of block {block.name} cannot be MUST_SAVE")
+                raise InvalidPlanError(f"op {i} of block {block.name} cannot be MUST_SAVE")
         for i in off:
             if i not in saved or not offloadable(block.ops[i]):
-                raise ValueError(f"op {i} of block {block.name} cannot be offloaded")
+                raise InvalidPlanError(f"op {i} of block {block.name} cannot be offloaded")
 
 
 def plan_terms(problem: SacProblem, plan: SacPlan) -> list[tuple[str, int, int]]:
@@ -255,7 +256,7 @@ def plan_stall(problem: SacProblem, plan: SacPlan, link: Link | None) -> float:
     check_plan(problem, plan)
     if link is None:
         if any(plan.offloads()) or any(plan.plain_offloads()):
-            raise ValueError("the plan offloads ops: give the link it was solved with")
+            raise InvalidPlanError("the plan offloads ops: give the link it was solved with")
         return 0.0
     plain = sum(
         link.offload_time(plain_offload_bytes(b)) + link.reload_time(plain_offload_bytes(b))

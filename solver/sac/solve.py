@@ -68,7 +68,7 @@ from ortools.sat.python import cp_model
 from solver.core.budget import Budget, as_percent, plain_step
 from solver.core.link import Link
 from solver.deadline import Deadline
-from solver.errors import InfeasibleBudgetError, SolverTimeoutError
+from solver.errors import InfeasibleBudgetError, InternalError, SolverTimeoutError
 from solver.sac.memory import SacPlan, offloadable, plain_offload_bytes, plain_offload_count
 from solver.sac.problem import SacBlock, SacProblem
 from solver.sac.union import SacUnion, UnionPlan, union_cost, union_host, union_peak
@@ -440,7 +440,7 @@ def solve_sac(
     plan = model.plan(solver)
     peak, cost = union_peak(union, plan), union_cost(union, plan, link)
     if peak > budget:
-        raise AssertionError(f"CP-SAT's plan peaks at {peak} > {budget} bytes in the reference")
+        raise InternalError(f"CP-SAT's plan peaks at {peak} > {budget} bytes in the reference")
     bound = min(solver.BestObjectiveBound() / NS, cost)
     optimal = status == cp_model.OPTIMAL
     gap = 0.0 if optimal or cost <= 0 else (cost - bound) / cost

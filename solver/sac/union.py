@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from solver.core.link import Link
+from solver.errors import ArgumentError, InvalidPlanError
 from solver.sac.memory import SacPlan, plan_cost, plan_host, plan_peak
 from solver.sac.problem import SacBlock, SacProblem, Segment
 
@@ -54,7 +55,7 @@ class SacUnion:
 
     def __post_init__(self) -> None:
         if len(self.splits) != len(self.blocks.blocks):
-            raise ValueError(f"{len(self.splits)} splits for {len(self.blocks.blocks)} blocks")
+            raise ArgumentError(f"{len(self.splits)} splits for {len(self.blocks.blocks)} blocks")
 
     @property
     def plain_peak(self) -> int:
@@ -100,20 +101,20 @@ class UnionPlan:
 
 
 def check_union_plan(union: SacUnion, plan: UnionPlan) -> None:
-    """ValueError unless the plan fits the union: a child plan exactly where there is a split,
+    """InvalidPlanError unless the plan fits the union: a child plan exactly where there is a split,
     and no block checkpointed both whole and in a child."""
     if len(plan.children) != len(union.splits):
         n = len(union.splits)
-        raise ValueError(f"plan has {len(plan.children)} child plans, the union {n} blocks")
+        raise InvalidPlanError(f"plan has {len(plan.children)} child plans, the union {n} blocks")
     for j, (split, sub) in enumerate(zip(union.splits, plan.children, strict=True)):
         if (split is None) != (sub is None):
-            raise ValueError(f"block {j}: a child plan must exist exactly where a split does")
+            raise InvalidPlanError(f"block {j}: a child plan must exist exactly where a split does")
         if sub is not None and plan.blocks.checkpointed[j] and any(sub.checkpointed):
-            raise ValueError(f"block {j} is checkpointed whole and in a child")
+            raise InvalidPlanError(f"block {j} is checkpointed whole and in a child")
         if sub is not None and plan.blocks.plain_offloads()[j]:
-            raise ValueError(f"block {j} has children: its children offload, not the block")
+            raise InvalidPlanError(f"block {j} has children: its children offload, not the block")
         if sub is not None and plan.blocks.checkpointed[j] and any(sub.plain_offloads()):
-            raise ValueError(f"block {j} is checkpointed whole and offloads in a child")
+            raise InvalidPlanError(f"block {j} is checkpointed whole and offloads in a child")
 
 
 def flatten(union: SacUnion, plan: UnionPlan) -> tuple[SacProblem, SacPlan]:

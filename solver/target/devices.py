@@ -69,6 +69,12 @@ class UnknownTargetError(RematError, ValueError):
     """A target that is neither a built-in device nor a readable device file."""
 
 
+class DeviceError(RematError, ValueError):
+    """A `Device` (built, or read from a device file) with a figure a plan cannot use: no
+    float32 rate, a rate or rounding that is not positive, a negative op overhead, unknown
+    kernels, or outside bytes not below the capacity."""
+
+
 @dataclass(frozen=True)
 class Device:
     """A device a plan is made for.
@@ -106,15 +112,15 @@ class Device:
 
     def __post_init__(self) -> None:
         if "float32" not in self.flops:
-            raise ValueError(f"device {self.name!r}: flops needs a 'float32' rate")
+            raise DeviceError(f"device {self.name!r}: flops needs a 'float32' rate")
         if min(self.flops.values()) <= 0 or self.bandwidth <= 0 or self.rounding < 1:
-            raise ValueError(f"device {self.name!r}: rates and rounding must be positive")
+            raise DeviceError(f"device {self.name!r}: rates and rounding must be positive")
         if self.op_overhead < 0:
-            raise ValueError(f"device {self.name!r}: op_overhead must be at least 0 seconds")
+            raise DeviceError(f"device {self.name!r}: op_overhead must be at least 0 seconds")
         if self.kernels not in KERNELS:
-            raise ValueError(f"device {self.name!r}: kernels must be one of {KERNELS}")
+            raise DeviceError(f"device {self.name!r}: kernels must be one of {KERNELS}")
         if self.outside < 0 or self.usable() <= 0:
-            raise ValueError(
+            raise DeviceError(
                 f"device {self.name!r}: outside ({self.outside} B) must be at least 0 and less "
                 f"than the capacity ({self.total} B)"
             )

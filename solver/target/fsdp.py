@@ -58,6 +58,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from solver.errors import ArgumentError
+
 Shape = tuple[int, ...]
 DTYPE_BYTES = {
     "float64": 8,
@@ -85,7 +87,9 @@ def _itemsize(dtype: str) -> int:
     try:
         return DTYPE_BYTES[dtype]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPE_BYTES)}") from None
+        raise ArgumentError(
+            f"unknown dtype {dtype!r}: use one of {', '.join(DTYPE_BYTES)}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -115,13 +119,13 @@ class FsdpPolicy:
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"need world_size >= 1 and 0 <= rank < world_size: {self}")
+            raise ArgumentError(f"need world_size >= 1 and 0 <= rank < world_size: {self}")
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+            raise ArgumentError(f"optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
         if self.backend not in BACKENDS:
-            raise ValueError(f"backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
+            raise ArgumentError(f"backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
         if self.rounding < 1:
-            raise ValueError(f"rounding must be at least 1 byte, not {self.rounding}")
+            raise ArgumentError(f"rounding must be at least 1 byte, not {self.rounding}")
         for dtype in (self.master_dtype, self.param_dtype, self.reduce_dtype):
             if dtype is not None:
                 _itemsize(dtype)
@@ -182,7 +186,9 @@ class FsdpMemory:
 def _numels(shape: Shape, world_size: int, rank: int) -> tuple[int, int, int]:
     """(numel, padded shard numel, rank's local numel) of a parameter."""
     if not shape or min(shape) < 0:
-        raise ValueError(f"parameter shape {shape!r}: FSDP2 shards dim 0 of a tensor of dim >= 1")
+        raise ArgumentError(
+            f"parameter shape {shape!r}: FSDP2 shards dim 0 of a tensor of dim >= 1"
+        )
     rest = math.prod(shape[1:])
     rows = -(-shape[0] // world_size)
     local = max(0, min(rows, shape[0] - rank * rows))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from solver.errors import ArgumentError
 from solver.target.fsdp import FsdpMemory, Moment
 
 
@@ -47,7 +48,7 @@ class StepWindows:
         n = len(self.f_start)
         sizes = (len(self.f_peak), len(self.b_start), len(self.b_peak), len(self.between) + 1)
         if any(m != n for m in sizes) or n == 0:
-            raise ValueError(f"StepWindows: per-block lists of unequal length {n}, {sizes}")
+            raise ArgumentError(f"StepWindows: per-block lists of unequal length {n}, {sizes}")
 
     @classmethod
     def from_segments(
