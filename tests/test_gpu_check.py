@@ -144,7 +144,7 @@ def test_every_offload_cell_moves_a_copy_or_says_why_it_cannot(table: dict) -> N
         assert cell["host_predicted"] > 0 and cell["host_measured"] > 0, cell
         assert cell["budget"] < by_runtime[runtime.removesuffix("+offload")]["predicted_peak"]
     sac = by_runtime["sac+offload"]["moved"]
-    assert "per copy, measured here" in sac and "regions parked" in sac
+    assert "per copy, measured on the device (cpu)" in sac and "regions parked" in sac
     refused = by_runtime["compile+offload"]["result"]
     assert refused.startswith("refused: ") and "accelerator" in refused and "\n" not in refused
 
@@ -219,7 +219,7 @@ def test_the_own_executor_cells_start_from_the_pristine_buffers() -> None:
 
     torch.manual_seed(0)
     bench = Bench(Net().train(), (torch.randn(4, 8),), [])
-    run = Run("net", bench, torch.device("cpu"), "h100", None, "aot_eager", 1, 0.2)
+    run = Run("net", bench, torch.device("cpu"), "h100", "aot_eager", 1, 0.2)
     setup(run)
     assert (
         guarded(run, Cell("net", "capture"), "capture", lambda: capture_phase(run)).result == "ok"

@@ -188,10 +188,10 @@ def test_out_of_memory_while_pricing_propagates(solved, monkeypatch):
         executor.checkpoint_plan(net, (x,), "min", time_limit=60, loss_fn=sum_loss)
 
 
-def test_a_model_off_the_cpu_is_refused_before_recording():
-    """The recording measures the CPU allocator, wall time and the CPU generator only."""
+def test_a_model_on_the_meta_device_without_a_target_is_refused_before_recording():
+    """Measured mode records a real step, on the CPU or one CUDA device."""
     net = transformer(layers=2).to("meta")
-    with pytest.raises(PlanError, match=r"records on the CPU only.*meta"):
+    with pytest.raises(PlanError, match=r"measures on the CPU or a CUDA device.*meta"):
         executor.checkpoint_plan(
             net, (torch.randn(2, 8, 32, device="meta"),), "50%", loss_fn=sum_loss
         )

@@ -23,16 +23,12 @@ docs/offload.md), then the cells (`RUNTIMES`):
   the offload budget (`cells.offload_budget`: an eighth of the way from keep/recompute's least
   peak found down to the one-op floor, so that values must wait on the host);
 - ``sac`` / ``sac+offload``: a SAC plan (`executor.checkpoint_plan(..., offload=None | link)`,
-  then `CheckpointPlan.apply`) of SAC's model (`ModelSpec.alike`): `checkpoint_plan` records
-  on the CPU only (measured mode reads the CPU allocator's events, times ops by wall clock and
-  replays the CPU generator; estimate mode runs fake CPU tensors), and a plan's saved ops are
-  positions in the CPU's op stream, so SAC's cells run the model changed where the CPU and
-  CUDA dispatch other ops: dropout 0 and HF's eager attention for the transformers, cuDNN off
-  on CUDA for ResNet-50 (batch norm), with their own reference step and eager repeat. Planned
-  measured on the CPU, in estimate mode for ``--target`` on CUDA; ``sac`` at the midway budget,
-  ``sac+offload`` at the least plan with the link (below keep/recompute's least where a
-  parked region gets there). SAC's per-copy offload overhead is measured on the host's CPU
-  inside `checkpoint_plan` (the sac+offload row says so);
+  then `CheckpointPlan.apply`) of the model itself, planned on the device (measured mode
+  records where the model and inputs are: the device's op stream, bytes from its allocation
+  events, seconds with it synchronized, its generator replayed); ``sac`` at the midway
+  budget, ``sac+offload`` at the least plan with the link (below keep/recompute's least where
+  a parked region gets there). SAC's per-copy offload overhead is measured on the device
+  inside `checkpoint_plan`, with the runtime's own copies (the sac+offload row says so);
 - ``compile``: `executor.compile` (inductor on CUDA; ``aot_eager`` on the CPU, where inductor
   compiles for tens of seconds per model) at the own executor's midway budget in bytes plus
   the parameters' gradients (which the compiled step creates, where the own executor's budget

@@ -4,7 +4,6 @@ under its own time limit (`guarded`), in order (`model_cells`)."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -41,10 +40,8 @@ def time_limit(seconds: float, what: str) -> Iterator[None]:
 
 
 def setup(run: Run) -> None:
-    """The reference step and eager's repeat, for the model and for SAC's model."""
+    """The reference step and eager's repeat."""
     run.reference_and_repeat()
-    if run.alike is not None:
-        run.alike.reference_and_repeat()
 
 
 def capture_phase(run: Run) -> None:
@@ -138,23 +135,21 @@ def moves(cell: Cell, where: str) -> None:
 
 
 def sac_cell(run: Run, cell: Cell, offload: bool) -> None:
-    """SAC's model (`Run.alike`: its forward dispatches the same ops on the CPU and on CUDA)
-    planned from the CPU (measured there; on CUDA in estimate mode for ``--target``:
-    `checkpoint_plan` records on the CPU only), applied on the device. ``sac``: at the midway
-    budget between the least plan and the plain step; ``sac+offload``: the least plan with
-    the link, below keep/recompute's least where a parked region is what gets there."""
+    """The model planned on the device (`checkpoint_plan` measured there: the device's op
+    stream, its allocation events, seconds synchronized) and the plan applied to a fresh
+    copy. ``sac``: at the midway budget between the least plan and the plain step;
+    ``sac+offload``: the least plan with the link, below keep/recompute's least where a parked
+    region is what gets there; its per-copy overhead is measured on the device too."""
     import executor
 
-    alike = run.alike
-    planned = copy.deepcopy(alike.bench.model)
+    planned = run.fresh()
 
     def plan_at(budget: str | int, link: str | None, share: float) -> executor.CheckpointPlan:
         return executor.checkpoint_plan(
             planned,
-            alike.bench.inputs,
+            run.inputs,
             budget,
             time_limit=run.limit(cell.runtime) * share,
-            target=run.target,
             offload=link,
         )
 
@@ -162,7 +157,7 @@ def sac_cell(run: Run, cell: Cell, offload: bool) -> None:
         plan = plan_at("min", run.link_name, 0.6)
     else:
         least = plan_at("min", None, 0.4)
-        alike.shared["least"] = least.peak
+        run.shared["sac_least"] = least.peak
         plan = plan_at((least.peak + least.plain_peak) // 2, None, 0.4)
     cell.budget, cell.status, cell.predicted_peak = plan.budget, plan.status, plan.peak
     plain_s = run.shared.get("plain_s")
@@ -172,24 +167,23 @@ def sac_cell(run: Run, cell: Cell, offload: bool) -> None:
         ops, parked = sum(len(o) for o in plan.offloads()), sum(plan.plain_offloads())
         cell.copies = ops + parked
         seconds = plan.problem.blocks.offload_seconds
-        where = "here" if run.device.type == "cpu" else "on this host's CPU, not the device"
         cell.moved = (
             f"{ops} ops offloaded, {parked} regions parked; {seconds * 1e6:.0f} us overhead "
-            f"per copy, measured {where}"
+            f"per copy, measured on the device ({run.device})"
         )
-    model = plan.apply(alike.fresh())
-    cell.grads = alike.check(model, model, exact=True)
-    alike.measure(cell, model, model, grads_before=False)
+    model = plan.apply(run.fresh())
+    cell.grads = run.check(model, model, exact=True)
+    run.measure(cell, model, model, grads_before=False)
     if offload and run.device.type == "cpu":
         from executor.sac.offload import measure_split
 
         model.zero_grad(set_to_none=True)
         with torch.random.fork_rng(devices=[]):
-            split = measure_split(lambda: alike.step(model))
+            split = measure_split(lambda: run.step(model))
         model.zero_grad(set_to_none=True)
         cell.measured_peak, cell.host_measured = split.device, split.host
     if offload:
-        least = alike.shared.get("least")
+        least = run.shared.get("sac_least")
         below = "" if least is None else f" (keep/recompute's least: {least} B)"
         moves(cell, f"at its least peak {plan.peak} B{below}")
 

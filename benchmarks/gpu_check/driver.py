@@ -46,22 +46,16 @@ def _worker(args: argparse.Namespace) -> int:
     spec = MODELS[args.worker]
     torch.manual_seed(0)
 
-    def run_of(alike: bool) -> Run:
-        return Run(
-            args.worker,
-            spec.bench(args.quick, alike),
-            torch.device(args.device),
-            args.link,
-            args.target if args.device == "cuda" else None,
-            compile_backend(args.device),
-            args.steps,
-            args.limit_scale,
-            compiles=args.worker in args.compile_models,
-            cudnn_off=alike and spec.cudnn_off,
-        )
-
-    run = run_of(False)
-    run.alike = run_of(True)
+    run = Run(
+        args.worker,
+        spec.bench(args.quick),
+        torch.device(args.device),
+        args.link,
+        compile_backend(args.device),
+        args.steps,
+        args.limit_scale,
+        compiles=args.worker in args.compile_models,
+    )
     ignore_hf_logging()
     for cell in model_cells(run):
         print("CELL " + json.dumps(asdict(cell)), flush=True)
@@ -72,7 +66,7 @@ def run_model(name: str, args: argparse.Namespace) -> list[Cell]:
     """One model's cells, in a subprocess under its limits and `DETERMINISM_ENV`; a cell it
     did not report (a crash, a hang) is refused with the reason."""
     command = [sys.executable, "-m", "benchmarks.gpu_check", "--worker", name]
-    command += ["--device", args.device, "--link", args.link, "--target", args.target]
+    command += ["--device", args.device, "--link", args.link]
     command += ["--steps", str(args.steps), "--limit-scale", str(args.limit_scale)]
     command += ["--compile-models", *args.compile_models]
     command += ["--quick"] if args.quick else []
@@ -150,7 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="host link: 'measured' (default: measured on --device, saved as link.json in "
         "--out), a link or target name (h100, pcie5) or a device file",
     )
-    parser.add_argument("--target", default="h100", help="SAC's estimate target on CUDA")
+    parser.add_argument(
+        "--target",
+        default="h100",
+        help="the device whose published figures the measured link is saved with and set "
+        "beside on CUDA (default: %(default)s)",
+    )
     parser.add_argument("--steps", type=int, default=10, help="timed steps per cell (median)")
     parser.add_argument("--limit-scale", type=float, default=1.0, help="times every limit")
     parser.add_argument(

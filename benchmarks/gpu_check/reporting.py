@@ -109,7 +109,6 @@ def describe(args: argparse.Namespace, measured: Path | None, structure: str) ->
 
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU, one thread"
     cuda = args.device == "cuda"
-    planned = f"estimate mode for target {args.target}" if cuda else "measured here"
     if measured is None:
         link = named_link(args.link)
         source = "the published figure (`solver.target.devices.named_link`)"
@@ -121,7 +120,6 @@ def describe(args: argparse.Namespace, measured: Path | None, structure: str) ->
             f"measured here ({how}; `{measured.name}`); {args.target}'s published figure: "
             f"{published.d2h / 1e9:g} and {published.h2d / 1e9:g} GB/s"
         )
-    sac_models = "; ".join(f"{m}: {MODELS[m].sac_model}" for m in args.models)
     scale = args.limit_scale
     budgets = ", ".join(
         f"{m} {model_budget(scale, m in args.compile_models):.0f} s" for m in args.models
@@ -137,10 +135,9 @@ def describe(args: argparse.Namespace, measured: Path | None, structure: str) ->
         "the runtime is held to eager's own spread (UNSURE beyond it)",
         f"- link `{args.link}`: {link.d2h / 1e9:g} GB/s device-to-host, {link.h2d / 1e9:g} GB/s "
         f"host-to-device, {source}",
-        f"- SAC: `checkpoint_plan` records on the CPU only, so SAC's cells run a model whose "
-        f"forward dispatches the same ops on the CPU and on CUDA ({sac_models}), planned "
-        f"{planned}, with their own reference step and eager repeat; its per-copy offload "
-        "overhead is measured on the CPU (the sac+offload row)",
+        "- SAC: the model itself planned on the device (`checkpoint_plan` measured there: its "
+        "op stream, the device's allocation events, seconds with the device synchronized); "
+        "its per-copy offload overhead is measured on the device too (the sac+offload row)",
         f"- compile: backend {compile_backend(args.device)}, cells for "
         f"{' '.join(args.compile_models) or 'no model'} (--compile-models; the others skipped)",
         "- offload cells: budgets below keep/recompute's least peak (own executor, compile: "

@@ -4,10 +4,9 @@ step, eager's repeat, the gradient check and measurement)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -62,7 +61,7 @@ LIMITS = {
     "compile+offload": 90.0,
 }
 """Seconds per phase of a model: ``start`` (the subprocess's imports), ``setup`` (the model,
-its reference step and eager's repeat, for the model and for SAC's model), ``capture``, then
+its reference step and eager's repeat), ``capture``, then
 each cell; `--limit-scale` multiplies them all. The compile cells (inductor on CUDA): at most
 two compiles (remat's partition, and torch's own partition that the check holds it against;
 a third where the first measures over the budget, as time allows), at about 40 s each for
@@ -78,74 +77,34 @@ cuda`` on the device (the CUDA-only tests)."""
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model at its GPU shape and its CPU ``--quick`` shape (`Bench` factories taking the
-    factory's keyword overrides), and SAC's model (`alike`): the overrides and the change in
-    place (`prepare`) that make its forward dispatch the same ops on the CPU and on CUDA
-    (`checkpoint_plan` records or estimates on the CPU only, and a plan's ops are positions in
-    that stream), with ``cudnn_off`` where cuDNN must be off on CUDA for that (batch norm:
-    ``cudnn_batch_norm`` on CUDA, ``native_batch_norm`` on the CPU)."""
+    """A model at its GPU shape and its CPU ``--quick`` shape (`Bench` factories)."""
 
-    full: Callable[..., Bench]
-    quick: Callable[..., Bench]
+    full: Callable[[], Bench]
+    quick: Callable[[], Bench]
     description: str
-    alike: dict = field(default_factory=dict)
-    prepare: Callable[[Bench], None] | None = None
-    cudnn_off: bool = False
-    sac_model: str = ""
 
-    def bench(self, quick: bool, alike: bool) -> Bench:
-        bench = (self.quick if quick else self.full)(**(self.alike if alike else {}))
-        if alike and self.prepare is not None:
-            self.prepare(bench)
-        return bench
+    def bench(self, quick: bool) -> Bench:
+        return (self.quick if quick else self.full)()
 
-
-def _eager_attention(bench: Bench) -> None:
-    """HF's eager attention (matmul, softmax): SDPA picks other kernels on CUDA than on the
-    CPU, and each is another op in the stream."""
-    model = bench.model.model
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation("eager")
-    else:  # transformers before set_attn_implementation reads the config's at each forward
-        model.config._attn_implementation = "eager"
-
-
-_HF_ALIKE = (
-    "dropout 0 (dropout is native_dropout on CUDA, bernoulli_ and mul on the CPU) and HF's "
-    "eager attention (SDPA runs other kernels on CUDA)"
-)
 
 MODELS: dict[str, ModelSpec] = {
     "gpt2": ModelSpec(
-        lambda **kw: gpt2(layers=4, hidden=768, heads=12, batch=4, seq=1024, vocab=50257, **kw),
-        lambda **kw: gpt2(layers=2, hidden=64, heads=2, batch=2, seq=32, vocab=256, **kw),
+        lambda: gpt2(layers=4, hidden=768, heads=12, batch=4, seq=1024, vocab=50257),
+        lambda: gpt2(layers=2, hidden=64, heads=2, batch=2, seq=32, vocab=256),
         "GPT2LMHeadModel, 4 layers (inductor compiles fit the run's 10 minutes), width 768, "
         "vocabulary 50257, batch 4 x 1024; --quick: 2 layers, width 64, batch 2 x 32",
-        {"dropout": 0.0},
-        _eager_attention,
-        sac_model=_HF_ALIKE,
     ),
     "llama": ModelSpec(
-        lambda **kw: llama(
-            layers=4, hidden=1024, heads=16, kv_heads=4, batch=1, seq=4096, vocab=32000, **kw
-        ),
-        lambda **kw: llama(
-            layers=2, hidden=64, heads=2, kv_heads=1, batch=1, seq=64, vocab=256, **kw
-        ),
+        lambda: llama(layers=4, hidden=1024, heads=16, kv_heads=4, batch=1, seq=4096, vocab=32000),
+        lambda: llama(layers=2, hidden=64, heads=2, kv_heads=1, batch=1, seq=64, vocab=256),
         "LlamaForCausalLM, 4 decoder layers, width 1024, 16 heads (4 KV), vocabulary 32000, "
         "batch 1 x 4096; --quick: 2 layers, width 64, batch 1 x 64",
-        {"dropout": 0.0},
-        _eager_attention,
-        sac_model=_HF_ALIKE,
     ),
     "resnet50": ModelSpec(
-        lambda **kw: resnet50(batch=32, image=224, classes=1000, **kw),
-        lambda **kw: resnet50(batch=2, image=32, width=8, **kw),
+        lambda: resnet50(batch=32, image=224, classes=1000),
+        lambda: resnet50(batch=2, image=32, width=8),
         "ResNet-50 (torchvision's layout), batch 32 of 224x224, 1000 classes; --quick: batch 2 "
         "of 32x32, width 8",
-        cudnn_off=True,
-        sac_model="cuDNN off on CUDA (batch norm is cudnn_batch_norm with it, native_batch_norm "
-        "on the CPU)",
     ),
 }
 DEFAULT_MODELS = ("gpt2", "resnet50")
@@ -189,21 +148,16 @@ class Cell:
 class Run:
     """One model on one device: the pristine model (CPU), its inputs on the device, the
     reference step and eager's repeat of it, the link, and what the cells share (the capture,
-    budgets). ``compiles``: whether its compile cells run; ``cudnn_off``: every step runs
-    with cuDNN off (SAC's model on CUDA, `ModelSpec`); ``alike``: SAC's model, a `Run` of its
-    own."""
+    budgets). ``compiles``: whether its compile cells run."""
 
     name: str
     bench: Bench
     device: torch.device
     link_name: str
-    target: str | None
     backend: str
     steps: int
     scale: float
     compiles: bool = True
-    cudnn_off: bool = False
-    alike: Run | None = None
     inputs: tuple[torch.Tensor, ...] = ()
     reference: dict = field(default_factory=dict)
     repeats: str | None = None
@@ -217,25 +171,11 @@ class Run:
         """A copy of the pristine model on the device."""
         return copy.deepcopy(self.bench.model).to(self.device)
 
-    @contextlib.contextmanager
-    def running(self) -> Iterator[None]:
-        """The context of every step: cuDNN off where `cudnn_off` (on CUDA)."""
-        if not (self.cudnn_off and self.device.type == "cuda"):
-            yield
-            return
-        enabled = torch.backends.cudnn.enabled
-        torch.backends.cudnn.enabled = False
-        try:
-            yield
-        finally:
-            torch.backends.cudnn.enabled = enabled
-
     def step(self, module: Callable) -> torch.Tensor:
         """One training step of `module` from the seed: the loss, after its backward."""
         torch.manual_seed(SEED)
-        with self.running():
-            loss = module(*self.inputs)
-            loss.backward()
+        loss = module(*self.inputs)
+        loss.backward()
         return loss
 
     def state(self, model: nn.Module, loss: torch.Tensor) -> dict:

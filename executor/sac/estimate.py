@@ -279,6 +279,7 @@ class Estimate(Measured):
     records_alike = True
 
     def __init__(self, device: Device) -> None:
+        super().__init__()  # the CPU's meter: the fake step and SAC's offload overhead run here
         self.device = device
         self.target = device.name
         self.tracker = _Tracker(device)

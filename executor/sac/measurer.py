@@ -1,5 +1,6 @@
-"""Where a recording's bytes and seconds come from: `Measured` (a real step here: the
-profiler's allocation events, wall-clock seconds, regions timed alone) or
+"""Where a recording's bytes and seconds come from: `Measured` (a real step here, on the device
+the model and inputs are on, `DeviceMeter`: the profiler's allocation events of that device,
+wall-clock seconds with the device synchronized, regions timed alone) or
 `executor.sac.estimate.Estimate` (a step under fake tensors: storages created and freed,
 seconds from a target device's model). The recording (executor/sac/record.py, windows.py,
 op_streams.py, overhead.py) is one code path; it asks its measurer for each number."""
@@ -8,13 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from graph_capture.measurement.peak import allocation_events, marked_windows, memory_profile
+from graph_capture.measurement.peak import CPU, allocation_events, marked_windows, memory_profile
+
+CUDA_BLOCK = 512
+"""Bytes the CUDA caching allocator rounds every request up to a multiple of
+(``kMinBlockSize`` in c10/cuda/CUDACachingAllocator.cpp's ``round_size``; at least one block;
+``roundup_power2_divisions`` in ``PYTORCH_CUDA_ALLOC_CONF`` rounds further, and is not
+modelled)."""
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -46,15 +53,72 @@ class _Profiled(Timeline):
             self.count += 1
 
 
+class DeviceMeter:
+    """The device a measured recording runs on (the CPU or one CUDA device), and how it is
+    read: `now` the host's clock (`clock`, seconds) after the device's queued work has
+    ended (`cuda.synchronize`: a CUDA op's seconds are its launch and its kernels, and a
+    region's also the host's Python around them, which is what checkpoint's price and SAC's
+    overhead are; CUDA events would time the stream alone), `events` the profiler's
+    allocation events of the device, `nbytes` what its allocator holds for a storage, and
+    `rng_states` the generator states a checkpoint keeps (the CPU's and, on CUDA, the
+    device's). `cuda`: the `torch.cuda` calls it makes (`synchronize`, `get_rng_state`); a
+    test passes a recording fake."""
+
+    def __init__(
+        self,
+        device: torch.device = CPU,
+        cuda: Any = torch.cuda,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.device = torch.device(device)
+        self.cuda = cuda
+        self.clock = clock
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def now(self) -> float:
+        """Seconds on the host's clock once the device has finished what was queued."""
+        if self.is_cuda:
+            self.cuda.synchronize(self.device)
+        return self.clock()
+
+    def events(self, prof: torch.profiler.profile) -> list[tuple[int, int]]:
+        """(time ns, bytes) of the device's allocations and frees the profiler saw."""
+        return allocation_events(prof, self.device)
+
+    def nbytes(self, storage_bytes: int) -> int:
+        """Bytes the device's allocator holds for a storage of `storage_bytes`: as many on the
+        CPU; on CUDA rounded up to `CUDA_BLOCK` (0 for an empty storage, which takes no
+        block)."""
+        if not self.is_cuda or storage_bytes == 0:
+            return storage_bytes
+        return -(-storage_bytes // CUDA_BLOCK) * CUDA_BLOCK
+
+    def rng_states(self) -> list[torch.Tensor]:
+        """The generator states a checkpoint keeps from its forward to its backward
+        (`preserve_rng_state=True`): the CPU generator's and, on CUDA, the device's
+        (`torch.cuda.get_rng_state`, a host tensor)."""
+        states = [torch.get_rng_state()]
+        if self.is_cuda:
+            states.append(self.cuda.get_rng_state(self.device))
+        return states
+
+
 class Measured:
-    """A real step here: bytes from the CPU allocator's profiler events and storages' sizes,
-    seconds by wall clock, each region's checkpoint price and SAC overhead timed alone
+    """A real step here, on `meter`'s device (default the CPU): bytes from that device's
+    allocation events and storages' sizes, seconds by the host's clock with the device
+    synchronized, each region's checkpoint price and SAC overhead timed alone
     (`executor.sac.overhead`). `target` is None: the plan is measured, not predicted."""
 
     target: str | None = None
     measures_scratch = True  # each op's kernel scratch, from a profiled forward
     runs_warmup = True  # one plain step first, so the model's own errors surface as they are
     records_alike = False  # regions of one kind recorded once (executor/sac/alike.py)
+
+    def __init__(self, meter: DeviceMeter | None = None) -> None:
+        self.meter = meter or DeviceMeter()
 
     @contextlib.contextmanager
     def running(self, model: nn.Module, inputs: Any) -> Iterator[Any]:
@@ -63,14 +127,14 @@ class Measured:
         yield inputs
 
     def nbytes(self, t: torch.Tensor) -> int:
-        """Bytes held for `t`'s storage."""
-        return t.untyped_storage().nbytes()
+        """Bytes held for `t`'s storage (`DeviceMeter.nbytes`)."""
+        return self.meter.nbytes(t.untyped_storage().nbytes())
 
     def call(self, func, args: tuple, kwargs: dict) -> tuple[Any, float]:
-        """Run one dispatched op: its output and its seconds."""
-        start = time.perf_counter()
+        """Run one dispatched op: its output and its seconds (`DeviceMeter.now`)."""
+        start = self.meter.now()
         out = func(*args, **kwargs)
-        return out, time.perf_counter() - start
+        return out, self.meter.now() - start
 
     def scratch(self, func, args: tuple, kwargs: dict, out: Any) -> int:
         """Scratch bytes of an op just run by `call`: 0 here, where a profiled forward measures
@@ -84,7 +148,7 @@ class Measured:
         with memory_profile() as prof:
             yield line
         line.times = [start for start, _ in marked_windows(prof, "remat.sac:")]
-        line.events = allocation_events(prof)
+        line.events = self.meter.events(prof)
 
     def changed(self, buffer: torch.Tensor, before: torch.Tensor) -> bool:
         """Whether `buffer` holds other values than its copy `before` (a kernel writing a
@@ -92,9 +156,12 @@ class Measured:
         return not torch.equal(buffer, before)
 
     def rng_state_bytes(self) -> int:
-        """Bytes of the RNG state a checkpoint keeps on the device from its forward to its
-        backward (`preserve_rng_state=True`, the default): the CPU generator's."""
-        return torch.get_rng_state().untyped_storage().nbytes()
+        """Bytes of the RNG states a checkpoint keeps on the device from its forward to its
+        backward (`preserve_rng_state=True`, the default): those of `DeviceMeter.rng_states`
+        that lie on the device (on the CPU the CPU generator's; on CUDA none: both states
+        are host tensors, outside the device's budget)."""
+        states = self.meter.rng_states()
+        return sum(s.untyped_storage().nbytes() for s in states if s.device == self.meter.device)
 
     def region_times(self, module: nn.Module, call, name: str, stream, rounds: Iterable[int]):
         """The region's `RegionTimes` (executor/sac/overhead.py), measured: `rounds` (0, 1,
@@ -102,7 +169,7 @@ class Measured:
         `stream` its recorded op stream (`overhead.Stream`)."""
         from executor.sac import overhead
 
-        return overhead._region_times(module, call, name, stream.ops, rounds)
+        return overhead._region_times(module, call, name, stream.ops, rounds, self.meter.now)
 
     def repeats(self, most: int) -> int:
         """How many runs a measurement takes at most (noisy ones repeat)."""

@@ -205,7 +205,6 @@ def _measure_scratch(model, blocks, step: Step, facts: list[BlockFacts], measure
     with hooked(handles), memory_profile() as prof, recorder:
         loss = step()
         del loss
-    for (j, i), (peak, end) in zip(
-        recorder.marked, window_peaks(prof, "remat.sacop:"), strict=True
-    ):
+    peaks = window_peaks(prof, "remat.sacop:", measurer.meter.device)
+    for (j, i), (peak, end) in zip(recorder.marked, peaks, strict=True):
         facts[j].ops[i].scratch = max(facts[j].ops[i].scratch, peak - end)

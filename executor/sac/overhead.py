@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointError
 
 from executor.errors import PlanError
-from executor.sac.measurer import Measured
+from executor.sac.measurer import DeviceMeter, Measured
 from executor.sac.policy import Policy
 from executor.sac.region import run_checkpointed
 from executor.sac.step import RecordingTime, Snapshot, Step, hooked, leaf_tensors
@@ -88,23 +88,28 @@ def region_inputs(
 
 
 def _region_step(
-    module: nn.Module, call, policy: Policy | None, checkpointed: bool = True
+    module: nn.Module,
+    call,
+    policy: Policy | None,
+    checkpointed: bool = True,
+    now: Callable[[], float] = time.perf_counter,
 ) -> float:
     """Seconds of one forward and backward of the region alone inside `checkpoint(
     use_reentrant=False)`, under `policy` (None: plain checkpoint), the backward rerunning it;
-    `checkpointed=False`: without checkpoint."""
+    `checkpointed=False`: without checkpoint. `now`: the clock (`DeviceMeter.now`: on CUDA,
+    the device synchronized before each read)."""
     # a non-leaf copy: the region may write its inputs in place
     args, kwargs = copy_tensors(call, lambda t: t.clone() if t.requires_grad else t)
     for p in module.parameters():
         p.grad = None
-    start = time.perf_counter()
+    start = now()
     if checkpointed:
         out = run_checkpointed(module, args, kwargs, policy)
     else:
         out = type(module).forward(module, *args, **kwargs)
     outs = [t for t in leaf_tensors(out) if t.requires_grad]
     torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
-    return time.perf_counter() - start
+    return now() - start
 
 
 def _refused_by_checkpoint(error: RuntimeError) -> bool:
@@ -126,15 +131,20 @@ class RegionTimes(NamedTuple):
 
 
 def _region_times(
-    module: nn.Module, call, name: str, ops: Sequence[str], rounds: Iterable[int]
+    module: nn.Module,
+    call,
+    name: str,
+    ops: Sequence[str],
+    rounds: Iterable[int],
+    now: Callable[[], float] = time.perf_counter,
 ) -> RegionTimes:
     """The region's step without checkpoint, under plain checkpoint and under its all-recompute
     policy, one warm-up of each, then the `rounds` (0, 1, ...) of the three side by side, the
-    order rotated each round; the medians of the rounds' differences."""
+    order rotated each round; the medians of the rounds' differences, timed by `now`."""
     runs = (
-        lambda: _region_step(module, call, None, checkpointed=False),
-        lambda: _region_step(module, call, None),
-        lambda: _region_step(module, call, Policy(name, ops, frozenset())),
+        lambda: _region_step(module, call, None, checkpointed=False, now=now),
+        lambda: _region_step(module, call, None, now=now),
+        lambda: _region_step(module, call, Policy(name, ops, frozenset()), now=now),
     )
     for run in runs:
         run()
@@ -247,16 +257,20 @@ def priced(block: SacBlock, times: RegionTimes | RuntimeError) -> SacBlock | Non
     return replace(block, ops=ops, overhead=times.overhead, price=0.0)
 
 
-def measure_offload_seconds(rounds: int = 60) -> float:
+def measure_offload_seconds(rounds: int = 60, meter: DeviceMeter | None = None) -> float:
     """Seconds the runtime spends per offloaded op besides its copies (`SacProblem.
     offload_seconds`): a 4-op region (two matmuls and tanh, 16 KiB outputs) inside
     checkpoint, forward and backward, its 4 ops saved and offloaded against saved and kept,
     the two interleaved `rounds` times; the difference of the medians over 4, at least 0.
-    Measured on this machine's CPU: the runtime's Python (the pack, the cache entry's swap, the
-    reload's issue and read) and the small copies."""
+    Measured on `meter`'s device (default the CPU; the plan's, `checkpoint_plan`), timed by
+    `DeviceMeter.now`: the runtime's Python (the pack, the cache entry's swap, the reload's
+    issue and read) and the small copies, on CUDA the runtime's own (into pinned host memory
+    on its copy streams, `executor.sac.offload.CopyStreams`), the device synchronized
+    before each read of the clock."""
+    meter = meter or DeviceMeter()
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(128, 32, generator=generator, requires_grad=True)
-    w = torch.randn(32, 32, generator=generator, requires_grad=True)
+    x = torch.randn(128, 32, generator=generator).to(meter.device).requires_grad_()
+    w = torch.randn(32, 32, generator=generator).to(meter.device).requires_grad_()
     ops = ("aten.mm.default", "aten.tanh.default", "aten.mm.default", "aten.tanh.default")
     every = frozenset(range(len(ops)))
     policies = {
@@ -270,11 +284,11 @@ def measure_offload_seconds(rounds: int = 60) -> float:
     times: dict[str, list[float]] = {name: [] for name in policies}
     for _ in range(rounds):
         for name, policy in policies.items():
-            start = time.perf_counter()
+            start = meter.now()
             out = torch.utils.checkpoint.checkpoint(
                 region, x, w, use_reentrant=False, context_fn=policy.contexts
             )
             out.sum().backward()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(meter.now() - start)
     extra = statistics.median(times["offloaded"]) - statistics.median(times["kept"])
     return max(extra, 0.0) / len(ops)

@@ -26,13 +26,14 @@ from executor.errors import PlanError
 from executor.fsdp import model_memory, resolve_policy, sharded_world_size
 from executor.loss import default_loss
 from executor.sac.blocks import select_blocks
-from executor.sac.measurer import Measured
+from executor.sac.measurer import DeviceMeter, Measured
 from executor.sac.overhead import measure_offload_seconds
 from executor.sac.plan import CheckpointPlan, model_signature
 from executor.sac.record import RECORDING_STEPS, record_union
 from executor.sac.sharded import solve_sharded
 from executor.sac.step import RecordingTime, Snapshot, in_call_order, leaf_tensors
 from graph_capture.inputs import positional_inputs
+from graph_capture.measurement.peak import CPU
 from solver.core.budget import USABLE, Budget
 from solver.core.link import Link
 from solver.interrupt import call_deadline
@@ -54,28 +55,42 @@ def _run_eagerly(model: nn.Module, step: Callable[[], torch.Tensor]) -> None:
         snapshot.restore()
 
 
-def _check_device(model: nn.Module, inputs: object, estimate: bool) -> None:
-    """PlanError unless the model's parameters and buffers and the inputs are on the CPU (or,
-    in estimate mode, the meta device): the recording measures bytes from the CPU allocator's
-    profiler events, seconds by wall clock and replays the CPU generator, none of which sees a
-    device's work; estimate mode runs fake CPU tensors."""
+def _recording_device(model: nn.Module, inputs: object, estimate: bool) -> torch.device:
+    """The device the recording runs on: where the model's parameters and buffers and the
+    inputs are, the CPU or one CUDA device (in estimate mode, the CPU or the meta device,
+    recorded as fake CPU tensors: the CPU). PlanError (one line) for any other device, and for
+    tensors on more than one device."""
     tensors = [*model.parameters(), *model.buffers(), *leaf_tensors(inputs)]
-    allowed = ("cpu", "meta") if estimate else ("cpu",)
-    devices = sorted({str(t.device) for t in tensors if t.device.type not in allowed})
-    if devices:
+    devices = sorted({str(t.device) for t in tensors})
+    if estimate:
+        other = [d for d in devices if torch.device(d).type not in ("cpu", "meta")]
+        if other:
+            raise PlanError(
+                f"checkpoint_plan with a target runs fake CPU tensors, and the model or its "
+                f"inputs are on {', '.join(other)}: move them to the CPU or the meta device, "
+                "or leave target out to measure on the device"
+            )
+        return CPU
+    if len(devices) > 1:
         raise PlanError(
-            f"checkpoint_plan records on the CPU only (or the meta device with a target), and "
-            f"the model or its inputs are on {', '.join(devices)}: measuring a device's bytes, "
-            "seconds and RNG is not supported; solve the plan with the model and inputs on "
-            "the CPU, or on the meta device with target= the device (estimate mode)"
+            f"checkpoint_plan records one step on one device, and the model and its inputs "
+            f"are on {', '.join(devices)}: move the model and the inputs to one device"
         )
+    device = torch.device(devices[0]) if devices else CPU
+    if device.type not in ("cpu", "cuda"):
+        raise PlanError(
+            f"checkpoint_plan measures on the CPU or a CUDA device, and the model and its "
+            f"inputs are on {device}: measure on the CPU or CUDA, or on the meta device "
+            "with target= the device (estimate mode)"
+        )
+    return device
 
 
-def _measurer(target: str | Device | None) -> Measured:
-    """`Measured` without a target; `Estimate` for a device name, device file or `Device`
-    (`UnknownTargetError` for another)."""
+def _measurer(target: str | Device | None, device: torch.device) -> Measured:
+    """`Measured` on `device` without a target; `Estimate` for a device name, device file or
+    `Device` (`UnknownTargetError` for another)."""
     if target is None:
-        return Measured()
+        return Measured(DeviceMeter(device))
     from executor.sac.estimate import Estimate
     from graph_capture.measurement.roofline import resolve_target
 
@@ -158,7 +173,8 @@ def checkpoint_plan(
     wanted = Budget.of(budget)  # an unreadable budget fails before any recording
     example_inputs = positional_inputs(example_inputs, PlanError)
     kwargs = dict(example_kwargs or {})
-    measurer = _measurer(target)
+    recorded_on = _recording_device(model, (example_inputs, kwargs), target is not None)
+    measurer = _measurer(target, recorded_on)
     device = getattr(measurer, "device", None)
     if wanted.kind == USABLE and not (sharded and device is not None):
         raise PlanError(
@@ -166,7 +182,6 @@ def checkpoint_plan(
             "and world_size > 1): give bytes, units, a percentage or 'min'"
         )
     policy = resolve_policy(model, world_size, fsdp, device) if sharded else None
-    _check_device(model, (example_inputs, kwargs), measurer.target is not None)
     with call_deadline(time_limit, PlanError) as deadline:
         sets = 1 if regions == "blocks" else 2  # the blocks, and their children
         clock = RecordingTime(
@@ -198,7 +213,7 @@ def checkpoint_plan(
         whole = regions != "children"
         if policy is None:
             if link is not None:
-                seconds = measure_offload_seconds()
+                seconds = measure_offload_seconds(meter=measurer.meter)
                 union = replace(union, blocks=replace(union.blocks, offload_seconds=seconds))
             with clock.solving():
                 solution = solve_sac(union, wanted, deadline, whole=whole, link=link)

@@ -28,6 +28,8 @@ from torch import nn
 
 from graph_capture.measurement.device import generator
 
+CPU = torch.device("cpu")
+
 __all__ = [
     "PeakMemory",
     "PeakWindow",
@@ -55,19 +57,31 @@ class PeakMemory:
     method: str
 
 
-def allocation_events(prof: torch.profiler.profile) -> list[tuple[int, int]]:
-    """(time ns, bytes) of every CPU allocation (+) and free (-) the profiler saw, in time order."""
+def allocation_events(
+    prof: torch.profiler.profile, device: torch.device = CPU
+) -> list[tuple[int, int]]:
+    """(time ns, bytes) of every allocation (+) and free (-) on `device` the profiler saw, in
+    time order. The profiler with ``profile_memory`` records each allocator's reports with
+    their device (type and index): the CPU allocator's (requested bytes) and, on CUDA, the
+    caching allocator's (its blocks' bytes, at the host's time of the call: a block is taken
+    and given back on the host, in stream order), from every thread the profiled code runs
+    on (autograd's device threads included)."""
     from torch._C._profiler import _EventType
 
     events: list[tuple[int, int]] = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
-        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+        if node.tag == _EventType.Allocation and _on(node.extra_fields.device, device):
             events.append((node.start_time_ns, node.extra_fields.alloc_size))
         stack.extend(node.children)
     events.sort(key=lambda e: e[0])
     return events
+
+
+def _on(where: torch.device, device: torch.device) -> bool:
+    """Whether an event on `where` is on `device` (any index where `device` names none)."""
+    return where.type == device.type and (device.index is None or where.index == device.index)
 
 
 def marked_windows(prof: torch.profiler.profile, prefix: str) -> list[tuple[int, int]]:
@@ -204,10 +218,12 @@ def measure_each(
     return measured
 
 
-def window_peaks(prof: torch.profiler.profile, prefix: str) -> list[tuple[int, int]]:
-    """(peak, end) bytes allocated within each window named ``prefix<i>`` (in order of i),
-    above the bytes live at its start."""
-    events = allocation_events(prof)
+def window_peaks(
+    prof: torch.profiler.profile, prefix: str, device: torch.device = CPU
+) -> list[tuple[int, int]]:
+    """(peak, end) bytes allocated on `device` within each window named ``prefix<i>`` (in
+    order of i), above the bytes live at its start."""
+    events = allocation_events(prof, device)
     out = []
     k = 0
     for start, end in marked_windows(prof, prefix):
@@ -224,7 +240,8 @@ def window_peaks(prof: torch.profiler.profile, prefix: str) -> list[tuple[int, i
 
 @contextlib.contextmanager
 def memory_profile() -> Iterator[torch.profiler.profile]:
-    """A CPU profiler session recording allocations. Its start and stop, where torch's kineto
+    """A profiler session (CPU activity) recording allocations, every allocator's with its
+    device (`allocation_events`). Its start and stop, where torch's kineto
     writes a notice line to the process's stderr each time, run with file descriptor 2 on
     the null device, so a command that measures prints only its own lines.
 
