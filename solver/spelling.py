@@ -48,8 +48,9 @@ def spelled(function: F) -> F:
 
     @functools.wraps(function)
     def checked(*args: Any, **kwargs: Any) -> Any:
-        for old in kwargs.keys() & respelled.keys():
-            raise SpellingError(f"{name}({old}=...) is spelled {name}({respelled[old]}=...)")
+        for old, new in respelled.items():
+            if old in kwargs:
+                raise SpellingError(f"{name}({old}=...) is spelled {name}({new}=...)")
         if len(args) > len(positional) and not takes_any_number:
             extra = keyword_only[: len(args) - len(positional)]
             raise SpellingError(
