@@ -1,14 +1,16 @@
 """`remat fit`: the largest batch or sequence length whose training step fits a memory.
 
-    remat fit --model mypkg.models:make [--memory 24GiB] --dim batch [--max-overhead 1.3x]
+    remat fit --model mypkg.models:make [--budget 24GiB] --dim batch [--compute-budget 1.3x]
               [--optimizer adamw|sgd|none] [--time-limit 60] [--low N] [--high N] [--no-run]
               [--target NAME|FILE [--world-size N [--param-dtype D] [--reduce-dtype D]
               [--master-dtype D] [--no-reshard-after-forward]]] [--offload LINK]
 
 ``--model MODULE:FACTORY`` names a function of the size returning ``(model, example_inputs[,
-example_kwargs])``; ``--memory`` is needed without ``--target`` (with it, the default is what
-the target lets PyTorch allocate: `solver.target.Device.usable`); the step's loss is
-`executor.default_loss` of the output. Prints
+example_kwargs])``; ``--budget`` is needed without ``--target`` (with it, the default is what
+the target lets PyTorch allocate: `solver.target.Device.usable`); ``--memory`` and
+``--max-overhead`` are read as ``--budget`` and ``--compute-budget`` (`executor.fit`'s
+``budget`` and ``compute_budget``); the step's loss is `executor.default_loss` of the output.
+Prints
 `executor.Fit.summary`: the size, the proof at size + 1, what exists before the step, the
 schedule, one real step's measured peak under remat's executor, and eager's and per-block
 checkpointing's largest sizes (per rank under FSDP2 with ``--world-size``, estimate mode only:
@@ -48,6 +50,7 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
         "scalar",
     )
     parser.add_argument(
+        "--budget",
         "--memory",
         help="the memory the step may use: bytes or 24GiB (default with --target: what the "
         "target lets PyTorch allocate, its capacity less the process's memory outside PyTorch, "
@@ -55,6 +58,7 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dim", choices=("batch", "seq"), default="batch")
     parser.add_argument(
+        "--compute-budget",
         "--max-overhead",
         help="compute cap, a multiple of computing every node once (1.3x); default: unlimited",
     )
@@ -122,9 +126,9 @@ def run_fit(args: argparse.Namespace) -> int:
     try:
         found = fit(
             factory,
-            args.memory,
+            args.budget,
             dim=args.dim,
-            max_overhead=args.max_overhead,
+            compute_budget=args.compute_budget,
             optimizer=args.optimizer,
             time_limit=max(args.time_limit - (time.perf_counter() - args.began), 1e-3),
             low=args.low,

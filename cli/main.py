@@ -5,7 +5,7 @@ remat profile --demo gpt | --model M:F                  where the activation byt
                                                         (cli.profile)
 remat run --demo gpt | --model M:F --budget 50%         train under the schedule, measured
                                                         (cli.run)
-remat fit --model M:F --memory 24GiB --dim batch        the largest size that fits, proven
+remat fit --model M:F --budget 24GiB --dim batch        the largest size that fits, proven
                                                         and run (cli.fit)
 remat sac --model M:F --budget 50% [--out plan.json]    a SAC plan inside torch's checkpoint,
                                                         run against eager (cli.sac)

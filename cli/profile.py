@@ -183,7 +183,7 @@ def capture_with_args(
     graph = capture(
         model,
         inputs,
-        kwargs,
+        example_kwargs=kwargs,
         granularity=args.granularity,
         cost_model=args.cost_model,
         module_depth=args.module_depth,

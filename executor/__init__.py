@@ -5,7 +5,7 @@
     loss_fn(rm(*inputs)).backward(); optimizer.step()                  # bit-identical to eager
     plan = executor.checkpoint_plan(model, example_inputs, "50%", loss_fn=loss_fn, time_limit=60)
     cm = executor.compile(model, inputs, "50%")  # inductor, remat's partition
-    found = executor.fit(factory, "24GiB", dim="batch", max_overhead=1.3)  # the largest batch
+    found = executor.fit(factory, "24GiB", dim="batch", compute_budget=1.3)  # the largest batch
     fsdp = executor.fsdp_policy(8, "h100", param_dtype="bfloat16")  # fsdp= of fit and plans
 
 One interface: `example_inputs` a tuple or list, or one tensor; a budget read by

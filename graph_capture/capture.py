@@ -24,16 +24,18 @@ from graph_capture.trace.zero_tangents import OutputName
 from solver.core.budget import checkpoint_all_peak
 from solver.core.graph import prepare
 from solver.errors import ArgumentError
+from solver.spelling import spelled
 from solver.target import Device
 
 GRANULARITIES = ("op", "module")
 
 
+@spelled
 def capture(
     model: nn.Module,
     example_inputs: Sequence[torch.Tensor] | torch.Tensor,
-    example_kwargs: Mapping[str, torch.Tensor] | None = None,
     *,
+    example_kwargs: Mapping[str, torch.Tensor] | None = None,
     granularity: str = "op",
     cost_model: str = "time",
     module_depth: int | None = None,

@@ -177,4 +177,4 @@ def test_op_failing_while_measured_names_the_op_and_module() -> None:
 
 def test_non_tensor_keyword_input_is_rejected() -> None:
     with pytest.raises(CaptureError, match="example keyword input 'scale' is a float"):
-        capture(nn.Linear(4, 4), (torch.randn(2, 4),), {"scale": 0.5})
+        capture(nn.Linear(4, 4), (torch.randn(2, 4),), example_kwargs={"scale": 0.5})

@@ -353,7 +353,7 @@ def test_lifted_constant_is_static_memory_and_replays_bit_identical() -> None:
 
 def test_keyword_inputs_follow_the_positional_ones() -> None:
     model, x, y = nn.Bilinear(4, 3, 2).train(), torch.randn(5, 4), torch.randn(5, 3)
-    graph = capture(model, (x,), {"input2": y}, repeats=1)
+    graph = capture(model, (x,), example_kwargs={"input2": y}, repeats=1)
     assert graph.kwarg_names == ("input2",) and len(graph.input_placeholders) == 2
     torch.manual_seed(0)
     result = graph.run_plain(model, [x], graph.default_tangents(), {"input2": y})

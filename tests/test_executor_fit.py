@@ -196,7 +196,7 @@ def factories(tmp_path, monkeypatch):
         ),
         (
             ["--model", "test_executor_fit:blocks", "--memory", "1MiB", "--max-overhead", "0.9x"],
-            "max overhead '0.9x' is below 1.0",
+            "compute budget '0.9x' is below 1.0",
         ),
     ],
 )

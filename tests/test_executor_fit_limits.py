@@ -140,7 +140,7 @@ def gpt2(seq: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 
 def test_a_hf_gpt2_fit_over_the_sequence_starts_where_its_graph_is_stable():
-    found = executor.fit(gpt2, "1MiB", dim="seq", max_overhead="1.3x", high=4, run=False)
+    found = executor.fit(gpt2, "1MiB", dim="seq", compute_budget="1.3x", high=4, run=False)
     assert found.low == 2 and any("changes shape below seq 2" in n for n in found.notes)
     assert found.size is not None and found.size >= 2
 
@@ -149,7 +149,7 @@ def test_per_block_checkpointing_is_compared_within_the_cap():
     graph = SizedGraphs(blocks, (2, 3, 4), "batch")(4)
     assert per_block_peak(graph, None) is not None
     assert per_block_peak(graph, "1.0x") is None  # every depth recomputes a forward
-    found = executor.fit(blocks, MEMORY, max_overhead="1.0x", time_limit=30, run=False)
+    found = executor.fit(blocks, MEMORY, compute_budget="1.0x", time_limit=30, run=False)
     assert found.per_block_size is None
     assert "per-block checkpoint (predicted, within 1.0x)" in found.summary()
 

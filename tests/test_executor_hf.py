@@ -39,7 +39,7 @@ def test_hf_training_call_is_bit_identical_at_half_the_checkpoint_all_peak(famil
     torch.manual_seed(0)
     model, args, kwargs = to_device(getattr(hf_models, family)(), device)
     eager, remat_model = copy.deepcopy(model), copy.deepcopy(model)
-    captured = capture(remat_model, args, kwargs, repeats=1)
+    captured = capture(remat_model, args, example_kwargs=kwargs, repeats=1)
     assert captured.kwarg_names == tuple(kwargs)
     # half of the checkpoint-all peak above what the executor holds whatever the schedule
     # (held_bytes: the logits the caller keeps and their tangent are most of it here)
@@ -75,7 +75,7 @@ def test_llama_with_grouped_query_attention_and_no_mask_trains_bit_identically()
     torch.manual_seed(0)
     model, args, kwargs = hf_models.llama_lm(seq=64, layers=1, kv_heads=1)
     eager, remat_model = copy.deepcopy(model), copy.deepcopy(model)
-    captured = capture(remat_model, args, kwargs, repeats=1)
+    captured = capture(remat_model, args, example_kwargs=kwargs, repeats=1)
     everything = solver.checkpoint_all_peak(prepare(captured.dag))
     held = sum(captured.dag.graph["held_bytes"].values())
     for budget in (everything, held + (everything - held) // 2):
@@ -161,7 +161,7 @@ def test_a_step_whose_mask_makes_eager_take_the_other_branch_is_refused():
         (ones, padded, builds, leaves),
         (padded, ones, leaves, builds),
     ):
-        captured = capture(copy.deepcopy(model), args, example, repeats=1)
+        captured = capture(copy.deepcopy(model), args, example_kwargs=example, repeats=1)
         rm = Rematerialized(copy.deepcopy(model), captured, solver.solve(captured.dag))
         rm(*args, **example).loss.backward()
         refused = (
@@ -195,8 +195,10 @@ def test_outputs_the_loss_does_not_use_cost_no_tangent_and_train_bit_identically
     # executor paths still train exactly like eager
     torch.manual_seed(0)
     model, args, kwargs = hf_models.gpt2_lm()
-    before = capture(copy.deepcopy(model), args, kwargs, repeats=1)
-    captured = capture(copy.deepcopy(model), args, kwargs, repeats=1, backward_from=["loss"])
+    before = capture(copy.deepcopy(model), args, example_kwargs=kwargs, repeats=1)
+    captured = capture(
+        copy.deepcopy(model), args, example_kwargs=kwargs, repeats=1, backward_from=["loss"]
+    )
     assert before.dag.graph["held_bytes"]["tangents"] > 30_000
     assert captured.dag.graph["held_bytes"]["tangents"] <= 4 * len(captured.tangent_placeholders)
     assert captured.dag.number_of_nodes() < before.dag.number_of_nodes()  # the adds are gone
@@ -244,4 +246,4 @@ def test_a_gradient_into_an_output_captured_as_unused_is_refused():
     with pytest.raises(UnusedOutputGradientError, match="backward_from naming it"):
         (out.loss + out.logits.sum()).backward()
     with pytest.raises(CaptureError, match=r"not outputs of the model; its outputs are \['loss'"):
-        capture(model, args, kwargs, repeats=1, backward_from=["los"])
+        capture(model, args, example_kwargs=kwargs, repeats=1, backward_from=["los"])

@@ -6,11 +6,16 @@ end at the first Ctrl-C with what they have. Tiny models: each test runs in seco
 
 from __future__ import annotations
 
+import argparse
+import inspect
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,6 +48,11 @@ class Tiny(nn.Module):
         for block in self.blocks:
             x = block(x)
         return x
+
+
+class Untouched(Tiny):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the model ran")
 
 
 def tiny(batch: int = 2) -> tuple[nn.Module, torch.Tensor]:
@@ -187,11 +197,6 @@ def test_a_time_limit_that_is_no_positive_number_of_seconds_is_refused_in_one_li
     runtime, time_limit
 ):
     """Refused before any capture, recording or compile: the model never runs."""
-
-    class Untouched(Tiny):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            raise AssertionError("the model ran")
-
     with pytest.raises(RematError) as info:
         run(runtime, Untouched(), (torch.randn(2, 16),), time_limit=time_limit)
     assert str(info.value) == (
@@ -274,3 +279,153 @@ def test_an_unknown_target_is_one_error_listing_the_known_ones():
             call()
         raised.append(str(info.value))
     assert len(set(raised)) == 1 and "unknown target 'tpu9': use one of h100" in raised[0]
+
+
+# 6. one spelling per concept
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+ENTRY_POINTS = {
+    "solver.solve": solver.solve,
+    "solver.baseline": solver.baseline,
+    "solver.evict": solver.evict,
+    "solver.simulate": solver.simulate,
+    "graph_capture.capture": capture,
+    "executor.rematerialize": executor.rematerialize,
+    "executor.checkpoint_plan": executor.checkpoint_plan,
+    "executor.fit": executor.fit,
+    "executor.compile": executor.compile,
+    "solver.Schedule.load": solver.Schedule.load,
+    "executor.Rematerialized.load": executor.Rematerialized.load,
+    "executor.CheckpointPlan.load": executor.CheckpointPlan.load,
+    "executor.CompiledModel.load": executor.CompiledModel.load,
+}
+
+
+def readme_signatures() -> dict[str, tuple[list[str], list[str]]]:
+    """README "One interface"'s table: entry point -> (positional, keyword-only) names."""
+    section = README.read_text().split("### One interface", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    table = {}
+    for row in rows:
+        name, positional, keyword_only = (cell.strip() for cell in row.strip("|").split("|"))
+        table[name.strip("`")] = (
+            re.findall(r"`([^`]+)`", positional),
+            re.findall(r"`([^`]+)`", keyword_only),
+        )
+    return table
+
+
+def signature_of(function: Callable[..., object]) -> tuple[list[str], list[str]]:
+    """(positional, keyword-only) names, `*args`/`**kwargs` spelled so, as README writes them."""
+    positional, keyword_only = [], []
+    for p in inspect.signature(function).parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            positional.append(p.name)
+        else:
+            stars = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "")
+            keyword_only.append(stars + p.name)
+    return positional, keyword_only
+
+
+def test_readmes_signature_table_holds_for_every_entry_point():
+    table = readme_signatures()
+    assert list(table) == list(ENTRY_POINTS)
+    for name, function in ENTRY_POINTS.items():
+        assert table[name] == signature_of(function), name
+
+
+def test_each_concept_has_one_spelling_across_the_entry_points():
+    """A parameter named for a concept is named the same wherever it appears: no entry point
+    takes `memory`, `max_overhead` (or `deadline`, but `solver.solve`'s caller's Deadline)."""
+    names = {n for f in ENTRY_POINTS.values() for group in signature_of(f) for n in group}
+    assert not names & {"memory", "max_overhead"}
+    takes_deadline = [n for n, f in ENTRY_POINTS.items() if "deadline" in signature_of(f)[1]]
+    assert takes_deadline == ["solver.solve"]
+
+
+def _other_spellings(tmp_path: Path) -> list[tuple[Callable[[], object], str]]:
+    model, x = Untouched(), torch.randn(2, 16)
+    graph = residual_demo(4)
+    path = tmp_path / "unread.json"
+    return [
+        (
+            lambda: executor.fit(lambda b: tiny(b), memory=FIT_MEMORY),
+            "fit(memory=...) is spelled fit(budget=...)",
+        ),
+        (
+            lambda: executor.fit(lambda b: tiny(b), FIT_MEMORY, max_overhead=1.3),
+            "fit(max_overhead=...) is spelled fit(compute_budget=...)",
+        ),
+        (
+            lambda: executor.fit(lambda b: tiny(b), FIT_MEMORY, "batch", 1.3, "adamw", 60),
+            "fit takes 2 arguments by position (factory, budget); pass dim=, compute_budget=, "
+            "optimizer=, time_limit= by keyword",
+        ),
+        (
+            lambda: capture(model, (x,), {}),
+            "capture takes 2 arguments by position (model, example_inputs); pass "
+            "example_kwargs= by keyword",
+        ),
+        (
+            lambda: solver.baseline(
+                graph, "checkpoint_all", None, deadline=solver.Deadline.after(1)
+            ),
+            "baseline(deadline=...) is spelled baseline(time_limit=...)",
+        ),
+        (
+            lambda: solver.evict(graph, "80%", deadline=solver.Deadline.after(1)),
+            "evict(deadline=...) is spelled evict(time_limit=...)",
+        ),
+        (
+            lambda: solver.solve(graph, memory="80%"),
+            "solve(memory=...) is spelled solve(budget=...)",
+        ),
+        (
+            lambda: solver.solve(graph, objective="memory", max_overhead=1.2),
+            "solve(max_overhead=...) is spelled solve(compute_budget=...)",
+        ),
+        (
+            lambda: executor.rematerialize(model, (x,), "min", deadline=1),
+            "rematerialize(deadline=...) is spelled rematerialize(time_limit=...)",
+        ),
+        (
+            lambda: executor.checkpoint_plan(model, (x,), memory="1MiB"),
+            "checkpoint_plan(memory=...) is spelled checkpoint_plan(budget=...)",
+        ),
+        (
+            lambda: executor.compile(model, (x,), "min", deadline=1),
+            "compile(deadline=...) is spelled compile(time_limit=...)",
+        ),
+        (
+            lambda: executor.Rematerialized.load(path, model, (x,), {}),
+            "Rematerialized.load takes 3 arguments by position (path, model, example_inputs); "
+            "pass example_kwargs= by keyword",
+        ),
+        (
+            lambda: executor.CompiledModel.load(path, model, (x,), {}),
+            "CompiledModel.load takes 3 arguments by position (path, model, example_inputs); "
+            "pass example_kwargs= by keyword",
+        ),
+    ]
+
+
+def test_another_spelling_is_refused_in_one_line_naming_remats(tmp_path):
+    """Before anything runs: no model call, no file read, no solve."""
+    for call, message in _other_spellings(tmp_path):
+        with pytest.raises(solver.SpellingError) as info:
+            call()
+        assert str(info.value) == message
+        assert isinstance(info.value, TypeError) and isinstance(info.value, RematError)
+
+
+def test_remat_fit_reads_memory_and_max_overhead_as_budget_and_compute_budget():
+    import cli.fit
+
+    parser = argparse.ArgumentParser()
+    cli.fit.add_fit_arguments(parser)
+    for argv in (
+        ["--model", "m:f", "--budget", "1MiB", "--compute-budget", "1.3x"],
+        ["--model", "m:f", "--memory", "1MiB", "--max-overhead", "1.3x"],
+    ):
+        args = parser.parse_args(argv)
+        assert (args.budget, args.compute_budget) == ("1MiB", "1.3x")

@@ -8,7 +8,7 @@ over), and the largest size at which checkpointing every block of one module dep
 solver's simulator predicts it (`block_checkpoint`, the depth of least peak). AdamW state,
 gradients, parameters and inputs are counted (`executor.fitting.memory`).
 
-Run: nice -n 5 python -m benchmarks.planning.fit_zoo [--time-limit 60] [--max-overhead 1.3x]
+Run: nice -n 5 python -m benchmarks.planning.fit_zoo [--time-limit 60] [--compute-budget 1.3x]
      [--out results]
 """
 
@@ -100,13 +100,13 @@ CASES = (
 )
 
 
-def fit_row(case: Case, time_limit: float, max_overhead: str | None) -> Row:
+def fit_row(case: Case, time_limit: float, compute_budget: str | None) -> Row:
     started = time.perf_counter()
     found = executor.fit(
         case.factory,
         case.memory,
         dim=case.dim,
-        max_overhead=max_overhead,
+        compute_budget=compute_budget,
         time_limit=time_limit,
         low=2,  # the language models' graphs differ at sequence length 1
     )
@@ -115,7 +115,7 @@ def fit_row(case: Case, time_limit: float, max_overhead: str | None) -> Row:
         "model": case.label,
         "dim": case.dim,
         "memory": case.memory,
-        "max overhead": max_overhead or "unlimited",
+        "compute budget": compute_budget or "unlimited",
         "remat": found.size,
         "proven": "yes" if found.proven else f"open to {found.upper}",
         "remat measured peak (B)": found.measured_peak,
@@ -130,13 +130,13 @@ def fit_row(case: Case, time_limit: float, max_overhead: str | None) -> Row:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=60.0, help="solver seconds per fit")
-    parser.add_argument("--max-overhead", default="1.3x")
+    parser.add_argument("--compute-budget", "--max-overhead", default="1.3x")
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        rows = [fit_row(case, args.time_limit, args.max_overhead) for case in CASES]
+        rows = [fit_row(case, args.time_limit, args.compute_budget) for case in CASES]
     finally:
         torch.set_num_threads(before)
     path = write_table(rows, args.out, "fit_zoo", "Largest size at a fixed memory")

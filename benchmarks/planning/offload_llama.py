@@ -73,7 +73,12 @@ def point(name: str, layers: int | None, time_limit: float, tight: float) -> dic
     device, fsdp = scale_llama.policy(name)
     start = time.perf_counter()
     dag = graph_capture.capture(
-        model, (ids,), kw, target=device, granularity="module", backward_from=["loss"]
+        model,
+        (ids,),
+        example_kwargs=kw,
+        target=device,
+        granularity="module",
+        backward_from=["loss"],
     ).dag
     captured = time.perf_counter() - start
     sharded = fsdp_bytes(model, (ids,), kw, fsdp)

@@ -219,7 +219,9 @@ def part_capture(name: str, path: str, granularity: str = "op") -> dict:
     model, ids, kw = build(name)
     device, _ = policy(name)
     start = time.perf_counter()
-    captured = graph_capture.capture(model, (ids,), kw, target=device, granularity=granularity)
+    captured = graph_capture.capture(
+        model, (ids,), example_kwargs=kw, target=device, granularity=granularity
+    )
     seconds = time.perf_counter() - start
     save_graph(captured.dag, path)
     dag = captured.dag

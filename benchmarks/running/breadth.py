@@ -120,7 +120,9 @@ def own_executor(case: Case, budget: str, time_limit: float) -> Built:
             time_limit=time_limit,
         )
         return rm, rm.schedule.budget, f"{rm.schedule.recomputes} recomputes"
-    captured = capture(case.model, case.inputs, case.kwargs, **_capture_options(case))
+    captured = capture(
+        case.model, case.inputs, example_kwargs=case.kwargs, **_capture_options(case)
+    )
     least = solver.solve(captured.dag, objective="memory", time_limit=time_limit).peak
     full = solver.checkpoint_all_peak(solver.prepare(captured.dag))
     schedule = solver.solve(captured.dag, budget=(least + full) // 2, time_limit=time_limit)

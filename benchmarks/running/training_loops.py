@@ -168,7 +168,7 @@ def run_hf(time_limit: float) -> None:
         torch.manual_seed(0)
         model, args, kwargs = getattr(hf_models, family)()
         started = time.perf_counter()
-        captured = capture(copy.deepcopy(model), args, kwargs)
+        captured = capture(copy.deepcopy(model), args, example_kwargs=kwargs)
         seconds = time.perf_counter() - started
         schedule = solver.solve(captured.dag, "50%", time_limit=time_limit)
         rm = Rematerialized(copy.deepcopy(model), captured, schedule)

@@ -73,7 +73,7 @@ def run_model(name: str, rounds: int) -> list[Row]:
     facts: dict[str, Row] = {}
     for variant, backward_from in VARIANTS.items():
         own = copy.deepcopy(model)
-        captured = capture(own, (), batch, backward_from=backward_from)
+        captured = capture(own, (), example_kwargs=batch, backward_from=backward_from)
         schedule = solver.baseline(captured.dag, "checkpoint_all")
         remats[variant] = Rematerialized(own, captured, schedule)
         facts[variant] = {

@@ -25,6 +25,7 @@ from graph_capture.inputs import positional_inputs
 from solver.core.budget import Budget
 from solver.errors import BudgetError
 from solver.interrupt import call_deadline
+from solver.spelling import spelled
 
 __all__ = ["CompileCheck", "CompileReport", "CompiledModel", "compile"]
 
@@ -69,13 +70,14 @@ class CompiledModel(nn.Module):
         write_plan(path, self.model, self.backend, self.options, self.remat)
 
     @classmethod
+    @spelled
     def load(
         cls,
         path: str | Path,
         model: nn.Module,
         example_inputs: Sequence[object] | torch.Tensor,
-        example_kwargs: Mapping[str, object] | None = None,
         *,
+        example_kwargs: Mapping[str, object] | None = None,
         loss_fn: Callable[[object], torch.Tensor] = default_loss,
         time_limit: float = 60,
         check: CompileCheck | None = None,
@@ -127,6 +129,7 @@ def _options(kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return name, options
 
 
+@spelled
 def compile(
     model: nn.Module,
     example_inputs: Sequence[object] | torch.Tensor,

@@ -2,7 +2,7 @@
 proven in the solver's model and run, all within one deadline (NOTE [one deadline] in
 executor/fitting/search.py).
 
-    fit(factory, "24GiB", dim="batch", max_overhead=1.3, optimizer="adamw", time_limit=60,
+    fit(factory, "24GiB", dim="batch", compute_budget=1.3, optimizer="adamw", time_limit=60,
         offload=None)
       SizedGraphs(factory, capture_sizes)   the DAG at any size: captures, affine between them;
                                             `stable_from` skips small sizes whose graph differs
@@ -40,18 +40,20 @@ from solver.core.budget import LEAST, PERCENT, USABLE, Budget, parse_overhead
 from solver.core.link import Link
 from solver.fitting.result import Fit
 from solver.interrupt import call_deadline
+from solver.spelling import spelled
 from solver.target import Device, FsdpPolicy
 from solver.target.devices import host_link
 
 
+@spelled
 def fit(
     factory: Callable[[int], object],
-    memory: int | str | None,
+    budget: int | str | None,
+    *,
     dim: str = "batch",
-    max_overhead: float | str | None = None,
+    compute_budget: float | str | None = None,
     optimizer: str = "adamw",
     time_limit: float = 60.0,
-    *,
     loss_fn: Callable[[object], torch.Tensor] = default_loss,
     capture_sizes: Sequence[int] = (2, 3, 4),
     low: int = 1,
@@ -64,7 +66,7 @@ def fit(
     fsdp: FsdpPolicy | None = None,
     offload: Link | str | None = None,
 ) -> Fit:
-    """The largest size whose training step fits `memory` (bytes or "24GiB"; None with a
+    """The largest size whose training step fits `budget` (bytes or "24GiB"; None with a
     `target`: what the target lets PyTorch allocate, `solver.target.Device.usable`: its
     capacity less the process's memory outside PyTorch, an NCCL communicator's included at
     `world_size` > 1 over NCCL).
@@ -73,7 +75,7 @@ def fit(
     tensor as the one input);
     `loss_fn(output)` is the step's scalar loss, as in `checkpoint_plan` (default
     `default_loss`: ``output.loss``, or the output itself where the forward returns the
-    loss). `max_overhead`: the compute cap, a multiple of computing
+    loss). `compute_budget`: the compute cap, a multiple of computing
     every node once (1.3 or "1.3x"; None: unlimited). `optimizer`: "adamw", "sgd" or "none".
     `time_limit`: seconds for the whole call, captures and real steps included (NOTE [one
     deadline] in executor/fitting/search.py); at the limit the best proven answer comes back
@@ -106,7 +108,7 @@ def fit(
     Raises FitError (which size failed and why; a memory below the parameters, gradients and
     optimizer state; a graph that changes shape with the size; nothing known by the deadline;
     a `time_limit` that is not a positive number of seconds; an argument it cannot take),
-    `solver.BudgetError` (a `memory` or `max_overhead` that cannot be read),
+    `solver.BudgetError` (a `budget` or `compute_budget` that cannot be read),
     `solver.UnknownTargetError` (an unknown target or link name) and `solver.LinkError` (a
     target without a host link).
     """
@@ -126,13 +128,13 @@ def fit(
             f"world_size={world_size} needs estimate mode: pass target= (--target); this machine "
             f"cannot run {world_size} ranks' real steps"
         )
-    cap = parse_overhead(max_overhead)
+    cap = parse_overhead(compute_budget)
     device = None if target is None else resolve_target(target)  # UnknownTargetError
     link = None if offload is None else host_link(offload)  # UnknownTargetError, LinkError
-    wanted = Budget.of(memory)
+    wanted = Budget.of(budget)
     if wanted.kind in (PERCENT, LEAST):
         raise FitError(
-            f"memory {memory!r} is device memory: give bytes or units (24GiB), not a "
+            f"budget {budget!r} is device memory: give bytes or units (24GiB), not a "
             "percentage or 'min'"
         )
     policy = None

@@ -135,7 +135,7 @@ class SizedGraphs:
         started = time.perf_counter()
         model, inputs, kwargs = made = build(self.factory, size, self.dim)
         try:
-            graph = capture(model, inputs, kwargs, **self.options)
+            graph = capture(model, inputs, example_kwargs=kwargs, **self.options)
         except CaptureError as error:
             raise FitError(f"capture at {self.dim} {size}: {error}") from error
         self.seconds[size] = time.perf_counter() - started

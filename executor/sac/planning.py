@@ -39,6 +39,7 @@ from solver.core.link import Link
 from solver.interrupt import call_deadline
 from solver.sac.solve import solve_sac
 from solver.sac.union import SacUnion, UnionPlan
+from solver.spelling import spelled
 from solver.target import Device, FsdpPolicy
 from solver.target.devices import host_link
 
@@ -106,6 +107,7 @@ REGIONS = ("choose", "blocks", "children")
 """The candidate regions `checkpoint_plan` solves over (its `regions` argument)."""
 
 
+@spelled
 def checkpoint_plan(
     model: nn.Module,
     example_inputs: Sequence[object] | torch.Tensor,

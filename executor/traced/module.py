@@ -27,6 +27,7 @@ from graph_capture.trace.zero_tangents import output_leaves
 from solver.core.schedule import Schedule
 from solver.core.simulate import simulate
 from solver.errors import ScheduleMismatchError, SpellingError
+from solver.spelling import spelled
 
 __all__ = ["Rematerialized", "check_against_eager", "load_schedule"]
 
@@ -72,13 +73,14 @@ class Rematerialized(nn.Module):
         self.schedule.save(path)
 
     @classmethod
+    @spelled
     def load(
         cls,
         path: str | Path,
         model: nn.Module,
         example_inputs: Sequence[torch.Tensor] | torch.Tensor,
-        example_kwargs: Mapping[str, torch.Tensor] | None = None,
         *,
+        example_kwargs: Mapping[str, torch.Tensor] | None = None,
         capture_options: Mapping[str, object] | None = None,
     ) -> Rematerialized:
         """Capture `model` on the example inputs and load the schedule at `path` (`save`, or
@@ -93,7 +95,9 @@ class Rematerialized(nn.Module):
         """
         from graph_capture import capture
 
-        captured = capture(model, example_inputs, example_kwargs, **(capture_options or {}))
+        captured = capture(
+            model, example_inputs, example_kwargs=example_kwargs, **(capture_options or {})
+        )
         loaded = cls(model, captured, load_schedule(path, captured.dag))
         check_against_eager(loaded, example_inputs, example_kwargs)
         return loaded
@@ -103,7 +107,7 @@ class Rematerialized(nn.Module):
         """Refused: loading is `Rematerialized.load(path, model, example_inputs, ...)`."""
         raise SpellingError(
             "Rematerialized.from_file is not the spelling: use Rematerialized.load(path, "
-            "model, example_inputs, example_kwargs=None, *, capture_options=None)"
+            "model, example_inputs, *, example_kwargs=None, capture_options=None)"
         )
 
     @property

@@ -19,11 +19,13 @@ from solver.core.link import Link
 from solver.deadline import Deadline
 from solver.errors import SolverTimeoutError
 from solver.interrupt import call_deadline
+from solver.spelling import spelled
 from solver.target.devices import host_link
 
 __all__ = ["rematerialize"]
 
 
+@spelled
 def rematerialize(
     model: nn.Module,
     example_inputs: Sequence[torch.Tensor] | torch.Tensor,
@@ -63,7 +65,7 @@ def rematerialize(
     link = _link(offload)
     options = {"plain_peak": wanted.kind == PERCENT, **(capture_options or {})}
     with call_deadline(time_limit, RematerializeError) as deadline:
-        captured = capture(model, example_inputs, example_kwargs, **options)
+        captured = capture(model, example_inputs, example_kwargs=example_kwargs, **options)
         if deadline.passed() and not deadline.stopped():
             took = time.perf_counter() - (deadline.at - time_limit)
             raise SolverTimeoutError(

@@ -16,7 +16,7 @@ kinds:
 - usable: None where a device is known, what it lets PyTorch allocate
   (`solver.target.Device.usable`: its capacity less the process's memory outside PyTorch).
 
-Compute budgets and overhead caps (`parse_compute_budget`; `fit`'s `max_overhead`): a bare
+Compute budgets and overhead caps (`parse_compute_budget`; `fit`'s `compute_budget`): a bare
 number, or one with an `x` (`1.3`, `"1.3x"`), is a factor of computing every node once;
 an absolute cost in the graph's units (seconds for captured graphs) is spelled with the unit
 `units` (`"0.02units"`).
@@ -199,21 +199,21 @@ def parse_compute_budget(text: str | int | float, problem: Problem) -> float:
     return value if match.group(2) == "units" else value * problem.total_cost
 
 
-def parse_overhead(max_overhead: float | str | None) -> str | None:
+def parse_overhead(compute_budget: float | str | None) -> str | None:
     """A compute cap, a factor of computing every node once (1.3 or "1.3x"), as the text
     `parse_compute_budget` reads ("1.3x"); None stays None (no cap). BudgetError below 1.0."""
-    if max_overhead is None:
+    if compute_budget is None:
         return None
-    text = str(max_overhead).strip().lower().removesuffix("x")
+    text = str(compute_budget).strip().lower().removesuffix("x")
     try:
         value = float(text)
     except ValueError:
         raise BudgetError(
-            f"max overhead {max_overhead!r} is not a number like 1.3 or 1.3x"
+            f"compute budget {compute_budget!r} is not a number like 1.3 or 1.3x"
         ) from None
     if not value >= 1.0:
         raise BudgetError(
-            f"max overhead {max_overhead!r} is below 1.0: a step computes every node at least "
+            f"compute budget {compute_budget!r} is below 1.0: a step computes every node at least "
             "once (1.0x is no recomputation; 1.3x allows 30% more)"
         )
     return f"{value}x"

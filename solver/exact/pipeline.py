@@ -49,6 +49,7 @@ from solver.exact.state import Goal, Search, run_steps
 from solver.interrupt import first_sigint_stops
 from solver.milp.cpsat import ProgressFn, print_progress
 from solver.milp.units import CostUnits
+from solver.spelling import spelled
 from solver.target.devices import host_link
 
 COST_STEPS = (
@@ -64,6 +65,7 @@ COST_STEPS = (
 """The steps of objective "cost", in order, after `warm_start.begin`."""
 
 
+@spelled
 def solve(
     graph: nx.DiGraph,
     budget: Budget | int | str | None = None,

@@ -24,12 +24,13 @@ from solver.core.budget import parse_budget
 from solver.core.graph import Problem, prepare
 from solver.core.schedule import Schedule, make_schedule
 from solver.core.stages import Member, cheapest_within
-from solver.deadline import NEVER, Deadline
+from solver.deadline import NEVER, Deadline, check_time_limit
 from solver.errors import ArgumentError, BudgetError
 from solver.heuristics.backward import backward_runs
 from solver.heuristics.baselines import BASELINES, Family, every_k_recompute_each_use
 from solver.heuristics.eviction import eviction_runs
 from solver.heuristics.rotor import NotAChainError, chain_shape, rotor
+from solver.spelling import spelled
 
 Runs = Callable[[Problem, int | None, Deadline], list[Member]]
 """A heuristic's schedules on a problem at a byte budget (None: none given), by a deadline."""
@@ -149,12 +150,19 @@ def cheapest_policy(
     return cheapest_within(every_k_recompute_each_use(problem, deadline), budget)
 
 
+@spelled
 def baseline(
-    graph: nx.DiGraph, name: str, budget: int | str | None = None, deadline: Deadline = NEVER
+    graph: nx.DiGraph,
+    name: str,
+    budget: int | str | None = None,
+    *,
+    time_limit: float | None = None,
 ) -> Schedule | None:
-    """Run one heuristic of `HEURISTICS` on `graph` until `deadline`: its cheapest schedule
-    within `budget` (bytes, or text like "80%" of the checkpoint-all peak; None: any), or None
-    when none fits."""
+    """Run one heuristic of `HEURISTICS` on `graph` for at most `time_limit` seconds (None: to
+    its end): its cheapest schedule within `budget` (bytes, or text like "80%" of the
+    checkpoint-all peak; None: any), or None when none fits. ArgumentError for an unknown
+    heuristic or a `time_limit` that is not a positive number of seconds."""
+    deadline = _deadline(time_limit)
     if name not in HEURISTICS:
         raise ArgumentError(f"unknown heuristic {name!r}; choose from {', '.join(HEURISTICS)}")
     problem = prepare(graph)
@@ -170,7 +178,20 @@ def baseline(
     )
 
 
-def evict(graph: nx.DiGraph, budget: int | str, deadline: Deadline = NEVER) -> Schedule | None:
+@spelled
+def evict(
+    graph: nx.DiGraph, budget: int | str, *, time_limit: float | None = None
+) -> Schedule | None:
     """The eviction heuristic on `graph` within `budget` (bytes, or text like "80%" of the
-    checkpoint-all peak) until `deadline`: its schedule, or None where every run gets stuck."""
-    return baseline(graph, "eviction", budget, deadline)
+    checkpoint-all peak) for at most `time_limit` seconds (None: to its end): its schedule, or
+    None where every run gets stuck."""
+    return baseline(graph, "eviction", budget, time_limit=time_limit)
+
+
+def _deadline(time_limit: float | None) -> Deadline:
+    """`time_limit` seconds from now (None: never); ArgumentError where it is not a positive
+    number of seconds."""
+    if time_limit is None:
+        return NEVER
+    check_time_limit(time_limit)
+    return Deadline.after(time_limit)
