@@ -318,6 +318,7 @@ def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, 
                 workers=args.workers,
                 progress=None if args.quiet else print_progress,
                 start=schedule,
+                keep_recompute=solve,
             )
     else:
         limit = (

@@ -4,8 +4,9 @@ from graph_capture.torch_range import UnsupportedTorchError  # first: refuses an
 
 # isort: split
 from graph_capture.capture import capture
-from graph_capture.captured import CapturedGraph, JointResult, TensorSpec, eager_reference
+from graph_capture.captured import CapturedGraph, JointResult, eager_reference
 from graph_capture.errors import CaptureError
+from graph_capture.tensor_spec import TensorSpec
 
 __all__ = [
     "CaptureError",

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from graph_capture.captured import CapturedGraph, TensorSpec
+from graph_capture.captured import CapturedGraph
 from graph_capture.dag import build_dag, structure_fingerprint
 from graph_capture.grouping import group_modules, group_ops, op_group_order
 from graph_capture.joint import Joint
 from graph_capture.measurement.device import AutocastState, generator
 from graph_capture.measurement.estimate import CUDA_GENERATOR_STATE_BYTES
 from graph_capture.measurement.measure import JointMeasure, StorageKey, is_random, storages_of
+from graph_capture.tensor_spec import TensorSpec
 from graph_capture.trace.fx_nodes import device_of
 from graph_capture.trace.lifted import lifted_constants
 from solver.target import Device

@@ -69,22 +69,9 @@ from torch import nn
 
 from graph_capture.errors import CaptureError
 from graph_capture.measurement.device import AutocastState, no_autocast
+from graph_capture.tensor_spec import TensorSpec
 from graph_capture.trace.hf_masks import MaskGuard
 from graph_capture.trace.zero_tangents import default_tangents, missing_gradient
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Shape, dtype, requires_grad and device of one example input or traced output."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    requires_grad: bool
-    device: torch.device
-
-    @classmethod
-    def of(cls, tensor: torch.Tensor) -> TensorSpec:
-        return cls(tuple(tensor.shape), tensor.dtype, tensor.requires_grad, tensor.device)
 
 
 @dataclass

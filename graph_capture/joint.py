@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from graph_capture.captured import TensorSpec
 from graph_capture.errors import CaptureError
+from graph_capture.tensor_spec import TensorSpec
 from graph_capture.trace.trace import TracedJoint, trace_joint
 from graph_capture.trace.zero_tangents import (
     OutputName,

@@ -29,7 +29,7 @@ from solver.errors import (
     SpellingError,
 )
 from solver.exact import SolveOptions, solve
-from solver.fitting.result import StaticBytesError
+from solver.fitting.static import StaticBytesError
 from solver.heuristics.baselines import BASELINES
 from solver.heuristics.registry import HEURISTICS, baseline, evict
 from solver.heuristics.rotor import NotAChainError

@@ -17,7 +17,7 @@ from torch import nn
 
 from executor.errors import FitError
 from executor.memory import measure_peak
-from solver.fitting.result import StaticBytes
+from solver.fitting.static import StaticBytes
 
 OPTIMIZERS = ("adamw", "sgd", "none")
 """The optimizers a fit accounts for: AdamW (torch defaults), SGD with momentum 0.9, none."""

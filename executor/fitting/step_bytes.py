@@ -22,7 +22,7 @@ from executor.fsdp import resolve_policy
 from graph_capture.measurement.roofline import resolve_target
 from solver.core.link import Link
 from solver.fitting.fsdp import FsdpBytes
-from solver.fitting.result import StaticBytes, StaticBytesError, affine_static
+from solver.fitting.static import StaticBytes, StaticBytesError, affine_static
 from solver.target import FsdpPolicy
 
 

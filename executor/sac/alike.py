@@ -23,8 +23,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from executor.sac.measurer import storage_key
-from executor.sac.overhead import region_inputs
-from executor.sac.step import Step, leaf_tensors
+from executor.sac.region_timing import copy_tensors
+from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
 
 
 def _tensor_sig(t: torch.Tensor) -> tuple:
@@ -129,10 +129,45 @@ class Fingerprints(TorchDispatchMode):
         return out
 
 
+def region_inputs(
+    model: nn.Module, regions: Sequence[nn.Module], step: Step, prints: Fingerprints | None = None
+) -> list:
+    """Per region, the (args, kwargs) it is called with in one forward of the step: tensors
+    detached and cloned, each with its `requires_grad`, identity and aliasing kept
+    (`copy_tensors`); with `prints`, each region's fingerprint taken in the same forward
+    (executor/sac/alike.py)."""
+    calls: list = [None] * len(regions)
+
+    def keep(j: int, args, kwargs) -> None:
+        if calls[j] is None:
+            with prints.pausing() if prints is not None else contextlib.nullcontext():
+                calls[j] = copy_tensors(
+                    (args, kwargs), lambda t: t.detach().clone().requires_grad_(t.requires_grad)
+                )
+
+    handles = [
+        m.register_forward_pre_hook(lambda _m, a, k, j=j: keep(j, a, k), with_kwargs=True)
+        for j, m in enumerate(regions)
+    ]
+    watching = contextlib.ExitStack()
+    if prints is not None:
+        handles += prints.hooks(regions)
+        watching.enter_context(prints)
+        watching.enter_context(torch.autograd.graph.saved_tensors_hooks(prints.pack, lambda t: t))
+    snapshot = Snapshot(model)
+    try:
+        with hooked(handles), watching:
+            loss = step()
+        del loss
+    finally:
+        snapshot.restore()
+    return calls
+
+
 def region_kinds(
     model: nn.Module, regions: Sequence[nn.Module], step: Step
 ) -> tuple[list, list[Hashable]]:
-    """Per region, its inputs in one forward of the step (`overhead.region_inputs`) and its
+    """Per region, its inputs in one forward of the step (`region_inputs`) and its
     kind (module docstring), from that forward: equal kinds record equal facts."""
     prints = Fingerprints(regions, {storage_key(p) for p in model.parameters()})
     calls = region_inputs(model, regions, step, prints)

@@ -59,6 +59,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from executor.errors import PlanError
 from executor.sac.measurer import Measured, Timeline, storage_key
+from executor.sac.region_timing import RegionTimes, region_step
 from executor.sac.step import leaf_tensors
 from graph_capture.errors import data_dependence
 from graph_capture.measurement.roofline import op_seconds
@@ -338,12 +339,10 @@ class Estimate(Measured):
         recompute, checkpoint the seconds of the ops up to `stop` (its price 0). The region
         runs alone once per kind (class and op stream), fake, inside plain checkpoint: its
         error where checkpoint refuses it."""
-        from executor.sac.overhead import RegionTimes, _region_step
-
         kind = (type(module), stream.ops)
         if kind not in self.refused:
             try:
-                _region_step(module, call, None)
+                region_step(module, call, None)
                 self.refused[kind] = None
             except RuntimeError as e:
                 self.refused[kind] = e

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from executor.sac import region_timing
 from graph_capture.measurement.peak import CPU, allocation_events, marked_windows, memory_profile
 
 CUDA_BLOCK = 512
@@ -164,12 +165,10 @@ class Measured:
         return sum(s.untyped_storage().nbytes() for s in states if s.device == self.meter.device)
 
     def region_times(self, module: nn.Module, call, name: str, stream, rounds: Iterable[int]):
-        """The region's `RegionTimes` (executor/sac/overhead.py), measured: `rounds` (0, 1,
-        ...) of it alone on `call` (its args and kwargs in the step), three ways side by side;
-        `stream` its recorded op stream (`overhead.Stream`)."""
-        from executor.sac import overhead
-
-        return overhead._region_times(module, call, name, stream.ops, rounds, self.meter.now)
+        """The region's `RegionTimes` (executor/sac/region_timing.py), measured: `rounds` (0,
+        1, ...) of it alone on `call` (its args and kwargs in the step), three ways side by
+        side, on the meter's clock; `stream` its recorded op stream (`overhead.Stream`)."""
+        return region_timing.region_times(module, call, name, stream.ops, rounds, self.meter.now)
 
     def repeats(self, most: int) -> int:
         """How many runs a measurement takes at most (noisy ones repeat)."""

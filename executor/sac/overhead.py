@@ -4,112 +4,22 @@ and under plain checkpoint rather than without."""
 
 from __future__ import annotations
 
-import contextlib
 import statistics
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
-import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import CheckpointError
 
 from executor.errors import PlanError
+from executor.sac.alike import region_inputs
 from executor.sac.measurer import DeviceMeter, Measured
 from executor.sac.policy import Policy
-from executor.sac.region import run_checkpointed
-from executor.sac.step import RecordingTime, Snapshot, Step, hooked, leaf_tensors
+from executor.sac.region_timing import RegionTimes
+from executor.sac.step import RecordingTime, Snapshot, Step
 from solver.sac import SacBlock
-
-if TYPE_CHECKING:
-    from executor.sac.alike import Fingerprints
-
-
-def copy_tensors(tree: object, copy: Callable[[torch.Tensor], torch.Tensor]) -> object:
-    """`tree` with its tensors replaced by `copy` of them as the model sees them: one tensor
-    passed twice (``mha(x, x, x)``) stays one tensor, and views of one base stay views of one
-    copied base (`copy` is applied to bases only), so that a module that branches on identity
-    or aliasing (`nn.MultiheadAttention`'s ``query is key``) takes the path it takes in the
-    step."""
-    copies: dict[int, torch.Tensor] = {}
-
-    def one(t: torch.Tensor) -> torch.Tensor:
-        if id(t) not in copies:
-            base = t if t._base is None else t._base
-            if id(base) not in copies:
-                copies[id(base)] = copy(base)
-            if base is not t:
-                copied = copies[id(base)]
-                copies[id(t)] = (
-                    t
-                    if copied is base
-                    else copied.as_strided(t.size(), t.stride(), t.storage_offset())
-                )
-        return copies[id(t)]
-
-    return pytree.tree_map_only(torch.Tensor, one, tree)
-
-
-def region_inputs(
-    model: nn.Module, regions: Sequence[nn.Module], step: Step, prints: Fingerprints | None = None
-) -> list:
-    """Per region, the (args, kwargs) it is called with in one forward of the step: tensors
-    detached and cloned, each with its `requires_grad`, identity and aliasing kept
-    (`copy_tensors`); with `prints`, each region's fingerprint taken in the same forward
-    (executor/sac/alike.py)."""
-    calls: list = [None] * len(regions)
-
-    def keep(j: int, args, kwargs) -> None:
-        if calls[j] is None:
-            with prints.pausing() if prints is not None else contextlib.nullcontext():
-                calls[j] = copy_tensors(
-                    (args, kwargs), lambda t: t.detach().clone().requires_grad_(t.requires_grad)
-                )
-
-    handles = [
-        m.register_forward_pre_hook(lambda _m, a, k, j=j: keep(j, a, k), with_kwargs=True)
-        for j, m in enumerate(regions)
-    ]
-    watching = contextlib.ExitStack()
-    if prints is not None:
-        handles += prints.hooks(regions)
-        watching.enter_context(prints)
-        watching.enter_context(torch.autograd.graph.saved_tensors_hooks(prints.pack, lambda t: t))
-    snapshot = Snapshot(model)
-    try:
-        with hooked(handles), watching:
-            loss = step()
-        del loss
-    finally:
-        snapshot.restore()
-    return calls
-
-
-def _region_step(
-    module: nn.Module,
-    call,
-    policy: Policy | None,
-    checkpointed: bool = True,
-    now: Callable[[], float] = time.perf_counter,
-) -> float:
-    """Seconds of one forward and backward of the region alone inside `checkpoint(
-    use_reentrant=False)`, under `policy` (None: plain checkpoint), the backward rerunning it;
-    `checkpointed=False`: without checkpoint. `now`: the clock (`DeviceMeter.now`: on CUDA,
-    the device synchronized before each read)."""
-    # a non-leaf copy: the region may write its inputs in place
-    args, kwargs = copy_tensors(call, lambda t: t.clone() if t.requires_grad else t)
-    for p in module.parameters():
-        p.grad = None
-    start = now()
-    if checkpointed:
-        out = run_checkpointed(module, args, kwargs, policy)
-    else:
-        out = type(module).forward(module, *args, **kwargs)
-    outs = [t for t in leaf_tensors(out) if t.requires_grad]
-    torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
-    return now() - start
 
 
 def _refused_by_checkpoint(error: RuntimeError) -> bool:
@@ -118,46 +28,6 @@ def _refused_by_checkpoint(error: RuntimeError) -> bool:
     if isinstance(error, torch.OutOfMemoryError):
         return False
     return isinstance(error, CheckpointError) or "modified by an inplace operation" in str(error)
-
-
-class RegionTimes(NamedTuple):
-    """A region's measured prices, seconds: `overhead`, its step under its all-recompute SAC
-    policy minus under plain checkpoint (at least 0); `checkpoint`, its step under plain
-    checkpoint minus without checkpoint (full recompute and checkpoint's own machinery; may be
-    negative within the timing's noise)."""
-
-    overhead: float
-    checkpoint: float
-
-
-def _region_times(
-    module: nn.Module,
-    call,
-    name: str,
-    ops: Sequence[str],
-    rounds: Iterable[int],
-    now: Callable[[], float] = time.perf_counter,
-) -> RegionTimes:
-    """The region's step without checkpoint, under plain checkpoint and under its all-recompute
-    policy, one warm-up of each, then the `rounds` (0, 1, ...) of the three side by side, the
-    order rotated each round; the medians of the rounds' differences, timed by `now`."""
-    runs = (
-        lambda: _region_step(module, call, None, checkpointed=False, now=now),
-        lambda: _region_step(module, call, None, now=now),
-        lambda: _region_step(module, call, Policy(name, ops, frozenset()), now=now),
-    )
-    for run in runs:
-        run()
-    overheads, checkpoints = [], []
-    for r in rounds:
-        seconds = [0.0] * 3
-        for k in range(3):
-            which = (k + r) % 3
-            seconds[which] = runs[which]()
-        bare, plain, sac = seconds
-        overheads.append(sac - plain)
-        checkpoints.append(plain - bare)
-    return RegionTimes(max(0.0, statistics.median(overheads)), statistics.median(checkpoints))
 
 
 class Stream(NamedTuple):

@@ -42,8 +42,9 @@ from executor.sac.alike import region_kinds
 from executor.sac.facts import BlockFacts, sac_block
 from executor.sac.measurer import Measured, storage_key
 from executor.sac.op_streams import record_ops
-from executor.sac.overhead import RegionTimes, Stream, measure_overhead, pooled, priced
+from executor.sac.overhead import Stream, measure_overhead, pooled, priced
 from executor.sac.region import cache_off_hooks
+from executor.sac.region_timing import RegionTimes
 from executor.sac.step import RecordingTime, Step, hooked
 from executor.sac.windows import measure_windows
 from solver.sac import SacProblem

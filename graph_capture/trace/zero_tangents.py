@@ -25,15 +25,12 @@ field; every tensor under a name is selected.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 import torch.fx
 
 from graph_capture.errors import CaptureError
-
-if TYPE_CHECKING:
-    from graph_capture.captured import TensorSpec
+from graph_capture.tensor_spec import TensorSpec
 
 __all__ = [
     "default_tangents",

@@ -129,7 +129,7 @@ class Problem:
         """Bytes no schedule can go below: computing a node needs its output, all of its inputs
         and its transient bytes at once (the one-line bound), raised where the input computed
         last was computed beside the others (`solver.core.peak_floor`)."""
-        return pending_inputs_floor(self)
+        return max(self.one_line_floor, pending_inputs_floor(self.mem, self.transient, self.preds))
 
     @cached_property
     def one_line_floor(self) -> int:

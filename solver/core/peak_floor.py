@@ -29,10 +29,7 @@ last was computed with the other live beside its own 1 MB input. On GPT-2 graphs
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from solver.core.graph import Problem
+from collections.abc import Sequence
 
 DEPTH = 3
 """How many computations back from each node the argument is followed."""
@@ -41,11 +38,19 @@ WIDTH = 8
 """Largest pending set branched on (a node reading many values would multiply the work)."""
 
 
-def pending_inputs_floor(problem: Problem, depth: int = DEPTH, width: int = WIDTH) -> int:
-    """Bytes no schedule of `problem` can peak below (module docstring): at least the one-line
-    bound, `max(problem.compute_floor(v))`. Deterministic; about a second on 10,000 nodes."""
-    mem, transient = problem.mem, problem.transient
-    inputs = [frozenset(u for u in preds if mem[u] > 0) for preds in problem.preds]
+def pending_inputs_floor(
+    mem: Sequence[int],
+    transient: Sequence[int],
+    preds: Sequence[Sequence[int]],
+    depth: int = DEPTH,
+    width: int = WIDTH,
+) -> int:
+    """Bytes no schedule of the graph can peak below for the inputs pending at each compute
+    (module docstring): the most over nodes v of F(inputs(v), depth). The graph is in index
+    form, `solver.core.graph.Problem`'s `mem`, `transient` and `preds`; `Problem.
+    memory_lower_bound` is the larger of this and the one-line bound. Deterministic; about a
+    second on 10,000 nodes."""
+    inputs = [frozenset(u for u in p if mem[u] > 0) for p in preds]
     memo: dict[tuple[frozenset[int], int], int] = {}
 
     def pending(live: frozenset[int], d: int) -> int:
@@ -64,7 +69,4 @@ def pending_inputs_floor(problem: Problem, depth: int = DEPTH, width: int = WIDT
         memo[key] = here
         return here
 
-    return max(
-        (max(problem.compute_floor(v), pending(inputs[v], depth)) for v in range(problem.n)),
-        default=0,
-    )
+    return max((pending(inputs[v], depth) for v in range(len(preds))), default=0)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import networkx as nx
 
@@ -73,11 +73,13 @@ def solve_with_offload(
     progress: ProgressFn | None = None,
     start: Schedule | None = None,
     options: SolveOptions = DEFAULT,
+    keep_recompute: Callable[..., Schedule] | None = None,
 ) -> Schedule:
     """The least-cost schedule with offload over `link` within `budget` bytes, by `deadline`:
     never costlier than the offload heuristics' runs that fit, nor than the keep/recompute
-    schedule `start` (the caller's; else one is solved in `KEEP_RECOMPUTE_SHARE` of the
-    time, none where no time is left). The offload model is built only where its variables
+    schedule `start` (the caller's; else one is solved by `keep_recompute`, `solver.solve`
+    without offload, in `KEEP_RECOMPUTE_SHARE` of the time; none where no time is left or
+    `keep_recompute` is None). The offload model is built only where its variables
     are within `offload_model_room` of the time left, and within the deadline; otherwise the
     incumbent comes back, "FEASIBLE" with the cost of computing every node once as its bound
     (graph units), and `extra["offload_model"]` saying why where its size kept the model from
@@ -89,7 +91,17 @@ def solve_with_offload(
     was requested (the first Ctrl-C: the best schedule found by then comes back)."""
     steps = _Steps()
     schedule = _search(
-        graph, problem, budget, link, deadline, workers, progress, start, options, steps
+        graph,
+        problem,
+        budget,
+        link,
+        deadline,
+        workers,
+        progress,
+        start,
+        options,
+        steps,
+        keep_recompute,
     )
     schedule.extra["steps"] = steps.trace
     schedule.extra["interrupted"] = deadline.stopped()
@@ -121,10 +133,9 @@ def _search(
     start: Schedule | None,
     options: SolveOptions,
     steps: _Steps,
+    keep_recompute: Callable[..., Schedule] | None,
 ) -> Schedule:
     """`solve_with_offload`, each step recorded in `steps`."""
-    from solver.exact.pipeline import solve  # the keep/recompute solve; imports this module
-
     started = time.perf_counter()
     floor = problem.one_line_floor
     if budget < floor:
@@ -149,10 +160,10 @@ def _search(
         return _run_schedule(graph, problem, incumbent, link, budget, "OPTIMAL", None, started)
     room = offload_model_room(options, deadline.remaining() * (1 - KEEP_RECOMPUTE_SHARE))
     size = variable_count(problem, link, above=options.max_model_variables)
-    if start is None and deadline.remaining() > 0:
+    if start is None and keep_recompute is not None and deadline.remaining() > 0:
         share = KEEP_RECOMPUTE_SHARE if size <= room else KEEP_RECOMPUTE_ALONE_SHARE
         try:
-            start = solve(
+            start = keep_recompute(
                 graph,
                 budget,
                 time_limit=share * deadline.remaining(),

@@ -11,13 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from solver.exact.state import Search
-
-Step = Callable[["Search"], "Search"]
-"""One step of the search: it takes the state and returns it (`solver.exact.pipeline`)."""
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -103,7 +97,7 @@ class SolveOptions:
             takes this share of the remaining time and leaves the rest to `lifetime_polish`.
     steps: the pipeline's steps in order (None: `solver.exact.pipeline.COST_STEPS` for objective
         "cost", `solver.exact.least_peak.STEPS` for "memory"); a step is a function of the
-        search state (`solver.exact.state.Search`) that returns it.
+        search state that returns it (`solver.exact.state.SearchStep`).
     """
 
     warm_starts: Sequence[str] = ("eviction", "backward", "policies")
@@ -138,7 +132,7 @@ class SolveOptions:
     climb_growth: float = 1.5
     climb_pairs: bool = True
     minimise_share: float = 0.5
-    steps: Sequence[Step] | None = None
+    steps: Sequence[Callable[[Any], Any]] | None = None
 
 
 DEFAULT = SolveOptions()

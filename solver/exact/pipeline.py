@@ -181,6 +181,7 @@ def solve(
                 workers=workers,
                 progress=report,
                 options=options,
+                keep_recompute=solve,
             )
         return finish(run(Goal("cost", units, budget=bytes_), whole))
 

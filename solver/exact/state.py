@@ -49,7 +49,7 @@ from solver.core.graph import Problem
 from solver.core.stages import Member
 from solver.deadline import Deadline
 from solver.errors import InternalError
-from solver.exact.options import SolveOptions, Step
+from solver.exact.options import SolveOptions
 from solver.milp.cpsat import ProgressFn
 from solver.milp.lp import DualBound
 from solver.milp.model import LinearModel, ModelResult
@@ -268,7 +268,12 @@ class Search:
         return result[0]
 
 
-def run_steps(search: Search, steps: Sequence[Step]) -> Search:
+SearchStep = Callable[[Search], Search]
+"""One step of the search: it takes the state and returns it (`solver.exact.pipeline`;
+`SolveOptions.steps`)."""
+
+
+def run_steps(search: Search, steps: Sequence[SearchStep]) -> Search:
     """Run `steps` in order until the search is closed or its deadline passes (NOTE
     [deadline]); each step's seconds and notes go to `search.trace`."""
     for step in steps:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solver.fitting.result import StaticBytes
+from solver.fitting.static import StaticBytes
 from solver.target import FsdpMemory, Moment, activation_budget
 
 

@@ -1,50 +1,19 @@
-"""What `fit` answers (`Fit`), what exists before a step (`StaticBytes`) and the torch-free
-rules around them: the bytes before a step at any size (`affine_static`), the eager measurement
-that contradicts a proof (`eager_above`). Sizes are in the fitted dimension's units, bytes
-whole-step bytes unless named."""
+"""What `fit` answers (`Fit`) and the torch-free rules around it: the eager measurement that
+contradicts a proof (`eager_above`). Sizes are in the fitted dimension's units, bytes whole-step
+bytes unless named."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from solver.core.budget import human_bytes
 from solver.core.link import Link
 from solver.core.schedule import Schedule
-from solver.errors import RematError
+from solver.fitting.fsdp import FsdpBytes
 from solver.fitting.search import Probe
-from solver.fitting.sizes import affine
-
-if TYPE_CHECKING:
-    from solver.fitting.fsdp import FsdpBytes
+from solver.fitting.static import StaticBytes
 
 RUNTIME = "remat's executor (executor.Rematerialized)"
-
-
-class StaticBytesError(RematError, ValueError):
-    """The bytes before a step are not the model's plus inputs affine in the size."""
-
-
-@dataclass(frozen=True)
-class StaticBytes:
-    """Bytes that exist before a training step, by part (unique storages)."""
-
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    buffers: int
-    inputs: int
-
-    @property
-    def model(self) -> int:
-        """Parameters, gradients, optimizer state and buffers: what does not depend on the
-        inputs."""
-        return self.parameters + self.gradients + self.optimizer_state + self.buffers
-
-    @property
-    def total(self) -> int:
-        return self.model + self.inputs
 
 
 @dataclass
@@ -215,22 +184,3 @@ def eager_above(
         )
     else:
         notes.append(f"{fact}, a size the search left open: larger sizes were not tried")
-
-
-def affine_static(statics: dict[int, StaticBytes]) -> Callable[[int], StaticBytes]:
-    """The bytes before a step at any size: the model's the same at every captured size, the
-    inputs' affine (FitError otherwise)."""
-    base = statics[min(statics)]
-    inputs = affine({s: static.inputs for s, static in statics.items()})
-    if inputs is None or any(static.model != base.model for static in statics.values()):
-        raise StaticBytesError(
-            f"the bytes before a step are not the model's plus inputs affine in the size: "
-            f"{statics}; remat fit needs parameters that do not change with the size"
-        )
-
-    def at(size: int) -> StaticBytes:
-        return StaticBytes(
-            base.parameters, base.gradients, base.optimizer_state, base.buffers, inputs(size)
-        )
-
-    return at
