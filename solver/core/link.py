@@ -1,7 +1,9 @@
 """The host link that offload and reload ops copy over (docs/offload.md).
 
-A `Link` is one copy engine per direction, each carrying one copy at a time in the order the
-copies are issued, and an optional limit on the host bytes the copies hold.
+A `Link` is its copy engines, each carrying one copy at a time in the order the copies are
+issued: one per direction (`duplex`), or one both directions share; each copy takes its
+direction's fixed latency plus its bytes over its direction's bandwidth. And an optional limit
+on the host bytes the copies hold.
 """
 
 from __future__ import annotations
@@ -13,7 +15,15 @@ from solver.errors import RematError
 
 
 class LinkError(RematError, ValueError):
-    """A link with a bandwidth that is not a positive finite number, or a bad host limit."""
+    """A link with a bandwidth that is not a positive finite number, a latency that is not a
+    finite number >= 0, or a bad host limit or duplex flag."""
+
+
+REQUIRED = ("d2h", "h2d", "host_memory")
+"""The fields every `Link.to_json` holds."""
+OPTIONAL = {"d2h_latency": 0.0, "h2d_latency": 0.0, "duplex": True}
+"""The fields a link file may leave out, with the value read in their place (a file written
+before a field existed reads as the link it described: no latency, one engine per direction)."""
 
 
 @dataclass(frozen=True)
@@ -25,11 +35,20 @@ class Link:
             graphs, whose costs are seconds).
         h2d: host-to-device bandwidth, same unit.
         host_memory: bytes the host copies may hold at once; None: unlimited.
+        d2h_latency: graph units (seconds on captured graphs) every device-to-host copy takes
+            besides its bytes over `d2h` (the copy's launch and completion), one per copy.
+        h2d_latency: the same for every host-to-device copy.
+        duplex: True: one copy engine per direction, the two running at once; False: one engine
+            that both directions share, carrying every copy in the order they are issued
+            (torch's `ao` offload ops, one transfer stream for both directions).
     """
 
     d2h: float
     h2d: float
     host_memory: int | None = None
+    d2h_latency: float = 0.0
+    h2d_latency: float = 0.0
+    duplex: bool = True
 
     def __post_init__(self) -> None:
         for name in ("d2h", "h2d"):
@@ -38,25 +57,53 @@ class Link:
                 raise LinkError(f"link {name} must be a number of bytes per unit, not {value!r}")
             if not (math.isfinite(value) and value > 0):
                 raise LinkError(f"link {name} must be a finite number > 0, not {value!r}")
+        for name in ("d2h_latency", "h2d_latency"):
+            value = getattr(self, name)
+            number = not isinstance(value, bool) and isinstance(value, int | float)
+            if not (number and math.isfinite(value) and value >= 0):
+                raise LinkError(
+                    f"link {name} must be a finite number of units >= 0 (seconds on captured "
+                    f"graphs), not {value!r}"
+                )
         host = self.host_memory
         if host is not None and (isinstance(host, bool) or not isinstance(host, int) or host < 0):
             raise LinkError(f"link host_memory must be whole bytes >= 0 or None, not {host!r}")
+        if not isinstance(self.duplex, bool):
+            raise LinkError(f"link duplex must be True or False, not {self.duplex!r}")
 
     def offload_time(self, nbytes: int) -> float:
-        """Graph units a device-to-host copy of `nbytes` bytes takes."""
-        return nbytes / self.d2h
+        """Graph units a device-to-host copy of `nbytes` bytes takes: its latency plus its
+        bytes over the bandwidth."""
+        return self.d2h_latency + nbytes / self.d2h
 
     def reload_time(self, nbytes: int) -> float:
-        """Graph units a host-to-device copy of `nbytes` bytes takes."""
-        return nbytes / self.h2d
+        """Graph units a host-to-device copy of `nbytes` bytes takes: its latency plus its
+        bytes over the bandwidth."""
+        return self.h2d_latency + nbytes / self.h2d
 
     def to_json(self) -> dict:
-        """{"d2h", "h2d", "host_memory"}: the schedule file's `link`."""
-        return {"d2h": self.d2h, "h2d": self.h2d, "host_memory": self.host_memory}
+        """{"d2h", "h2d", "host_memory", "d2h_latency", "h2d_latency", "duplex"}: the schedule
+        file's `link`."""
+        return {
+            "d2h": self.d2h,
+            "h2d": self.h2d,
+            "host_memory": self.host_memory,
+            "d2h_latency": self.d2h_latency,
+            "h2d_latency": self.h2d_latency,
+            "duplex": self.duplex,
+        }
 
     @classmethod
     def from_json(cls, data: object) -> Link:
-        """The link of `to_json`; LinkError where a field is missing or wrong."""
-        if not isinstance(data, dict) or set(data) != {"d2h", "h2d", "host_memory"}:
-            raise LinkError(f"a link is {{'d2h', 'h2d', 'host_memory'}}, not {data!r}")
-        return cls(data["d2h"], data["h2d"], data["host_memory"])
+        """The link of `to_json`, the fields of `OPTIONAL` at their defaults where absent;
+        LinkError where a field is missing, unknown or wrong."""
+        if (
+            not isinstance(data, dict)
+            or not set(REQUIRED) <= set(data)
+            or not set(data) <= {*REQUIRED, *OPTIONAL}
+        ):
+            raise LinkError(
+                f"a link is {{'d2h', 'h2d', 'host_memory'}} and optionally "
+                f"{', '.join(repr(k) for k in OPTIONAL)}, not {data!r}"
+            )
+        return cls(**{**OPTIONAL, **data})

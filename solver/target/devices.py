@@ -220,18 +220,27 @@ def op_key(op: str, shapes: list[tuple[int, ...]], dtypes: list[str]) -> str:
 
 GB = 1e9
 
+COPY_LATENCY = 5e-6
+"""Seconds every host copy takes besides its bytes over the bandwidth (`Link.d2h_latency`,
+`Link.h2d_latency`): the lower end of the 5-7 microseconds per ``cudaMemcpyAsync`` call
+measured for small copies in "DualPath: Breaking the Storage Bandwidth Bottleneck in Agentic
+LLM Inference" (Wu et al., arXiv 2602.21548, 2026, section 5.2), a per-call cost of the CUDA
+driver, so the same over PCIe and NVLink-C2C. The lower end, as the bandwidths are peaks: the
+predicted stalls stay lower bounds. `remat calibrate --base` measures it."""
+
 HOST_LINKS: dict[str, Link] = {
-    "pcie5": Link(64 * GB, 64 * GB),
-    "pcie4": Link(32 * GB, 32 * GB),
-    "c2c": Link(450 * GB, 450 * GB),
+    "pcie5": Link(64 * GB, 64 * GB, d2h_latency=COPY_LATENCY, h2d_latency=COPY_LATENCY),
+    "pcie4": Link(32 * GB, 32 * GB, d2h_latency=COPY_LATENCY, h2d_latency=COPY_LATENCY),
+    "c2c": Link(450 * GB, 450 * GB, d2h_latency=COPY_LATENCY, h2d_latency=COPY_LATENCY),
 }
 """Host links by name, each direction's published peak (bytes/s): PCIe Gen5 x16 and Gen4 x16
 as NVIDIA's datasheets state them for the H100 SXM (128 GB/s) and the A100 (64 GB/s), both
 directions together, and the NVLink-C2C of a GH200 Grace Hopper Superchip (900 GB/s, both
-directions together). Upper bounds, like the other built-in figures: pinned host-to-device
-copies are commonly reported near 80% of the PCIe figures (not measured here), so predicted
-stalls are lower bounds. No GH200 device is built in (its usable memory is not known here):
-`c2c` is its link, for `remat solve --offload c2c`."""
+directions together), with `COPY_LATENCY` per copy each way; one copy engine per direction.
+Upper bounds, like the other built-in figures: pinned host-to-device copies are commonly
+reported near 80% of the PCIe figures (not measured here), so predicted stalls are lower
+bounds. No GH200 device is built in (its usable memory is not known here): `c2c` is its link,
+for `remat solve --offload c2c`."""
 
 
 def _gpu(
