@@ -6,8 +6,9 @@ device's rates (this processor's, `graph_capture.measurement.roofline.cpu_device
 key (`graph_capture.measurement.roofline.target_key`: the op and its inputs' shapes and dtypes),
 the least measured seconds of that op among the captured graphs, and the most scratch bytes
 (workspace) measured for it (``op_transient``), and the host link that CPU offloads copy over
-(`graph_capture.measurement.link`: this machine's copy into a host pool, bytes/s per
-direction). An estimate for that file then takes each op's seconds and workspace from the
+(`graph_capture.measurement.link`: this machine's copy into a host pool, per direction the
+latency in seconds and the bandwidth in bytes/s fitted to copies from 1 KiB to
+``--link-bytes``). An estimate for that file then takes each op's seconds and workspace from the
 tables where they have the op, the models elsewhere (the roofline with this processor's fixed
 seconds per op; `graph_capture.measurement.workspace`); ``--offload FILE`` solves with its link.
 
@@ -27,7 +28,7 @@ import torch
 
 from cli.profile import capture_with_args
 from graph_capture.captured import CapturedGraph
-from graph_capture.measurement.link import LINK_BYTES, measure_host_link
+from graph_capture.measurement.link import LINK_BYTES, MIN_LINK_BYTES, measure_host_link
 from graph_capture.measurement.measure import SCRATCH_KEY, SECONDS_KEY
 from graph_capture.measurement.roofline import cpu_device, target_key
 from graph_capture.models.demos import MODELS, demo_model
@@ -62,7 +63,8 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=LINK_BYTES,
         metavar="BYTES",
-        help=f"bytes per timed host-link copy (default {LINK_BYTES})",
+        help=f"bytes of the largest timed host-link copy (default {LINK_BYTES}); the others "
+        f"are a quarter of the one above, down to {MIN_LINK_BYTES}",
     )
     parser.set_defaults(
         granularity="op", cost_model="time", module_depth=None, backward_from=None, target=None
@@ -148,10 +150,14 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def _link_line(device: Device, published: Link | None) -> str:
-    """The measured host link in GB/s per direction, beside the published one where given."""
+    """The measured host link in GB/s and microseconds per copy per direction, beside the
+    published one where given."""
     link = device.host_link
     line = f"{device.name!r} host link measured d2h {link.d2h / 1e9:.1f} GB/s, "
     line += f"h2d {link.h2d / 1e9:.1f}"
     if published is not None:
         line += f" (published {published.d2h / 1e9:.0f} and {published.h2d / 1e9:.0f})"
+    line += f"; latency d2h {link.d2h_latency * 1e6:.2f} us, h2d {link.h2d_latency * 1e6:.2f} us"
+    if published is not None:
+        line += f" (published {published.d2h_latency * 1e6:g} and {published.h2d_latency * 1e6:g})"
     return line

@@ -1,17 +1,19 @@
 """An exhaustive reference for the stage space with offload (docs/offload.md), written without
 the package's code.
 
-`offload_min_cost(graph, budget, d2h, h2d, host_memory, host_bytes)` searches every stage plan
-of the space: per stage, any set of earlier values recomputed, any set of host copies reloaded
-(each read in the stage or kept), whether the stage's node is offloaded, any set of live values
-kept, and, with a host limit, any set of host copies retired after the stage's reloads (never
-reloaded again). A retired copy's host bytes (`host_bytes(mem)`, the mem itself by default) are
-held until the clock has waited for its last reload: the first compute reading the reloaded
-value, or its free. Each stage's ops (docs/offload.md, "The stage space with offload") run on
-the timeline of docs/offload.md, "Ops and their timeline". Dynamic programming over (live set,
-first copies, host copies, retired copies still held, copy times relative to the clock) with
-the least clock per state: the future of a state depends only on the relative times.
-Exponential: graphs of at most about 5 nodes.
+`offload_min_cost(graph, budget, d2h, h2d, host_memory, host_bytes, latency=(0, 0),
+duplex=True)` searches every stage plan of the space: per stage, any set of earlier values
+recomputed, any set of host copies reloaded (each read in the stage or kept), whether the
+stage's node is offloaded, any set of live values kept, and, with a host limit, any set of host
+copies retired after the stage's reloads (never reloaded again). A retired copy's host bytes
+(`host_bytes(mem)`, the mem itself by default) are held until the clock has waited for its last
+reload: the first compute reading the reloaded value, or its free. Each stage's ops
+(docs/offload.md, "The stage space with offload") run on the timeline of docs/offload.md, "Ops
+and their timeline". Dynamic programming over (live set, first copies, host copies, retired
+copies still held, copy times relative to the clock) with the least clock per state: the future
+of a state depends only on the relative times. A copy takes its direction's latency plus its
+bytes over its bandwidth, on its direction's engine, or on the one engine both directions share
+where `duplex` is False. Exponential: graphs of at most about 5 nodes.
 """
 
 from __future__ import annotations
@@ -72,8 +74,13 @@ class _Stage:
         self.live.discard(v)
 
     def reload(self, v):
-        d = self.mem(v) / self.link[1]
-        self.h2d_free = max(self.clock, self.h2d_free, self.off_end[v]) + d
+        bandwidth, latency, duplex = self.link[1], self.link[2][1], self.link[3]
+        start = max(self.clock, self.h2d_free, self.off_end[v])
+        if not duplex:
+            start = max(start, self.d2h_free)
+        self.h2d_free = start + latency + self.mem(v) / bandwidth
+        if not duplex:
+            self.d2h_free = self.h2d_free
         self.arrival[v] = self.h2d_free
         self.live.add(v)
         if self.bytes_live() > self.budget:
@@ -92,8 +99,13 @@ class _Stage:
             self.fails = True
 
     def offload(self, v, host_memory):
-        d = self.mem(v) / self.link[0]
-        self.d2h_free = max(self.clock, self.d2h_free) + d
+        bandwidth, latency, duplex = self.link[0], self.link[2][0], self.link[3]
+        start = max(self.clock, self.d2h_free)
+        if not duplex:
+            start = max(start, self.h2d_free)
+        self.d2h_free = start + latency + self.mem(v) / bandwidth
+        if not duplex:
+            self.h2d_free = self.d2h_free
         self.off_end[v] = self.d2h_free
         self.host.add(v)
         held = sum(self.host_bytes(self.mem(u)) for u in self.host)
@@ -108,10 +120,13 @@ def offload_min_cost(
     h2d: float,
     host_memory: int | None = None,
     host_bytes=lambda nbytes: nbytes,
+    latency: tuple[float, float] = (0.0, 0.0),
+    duplex: bool = True,
 ) -> float | None:
     """The least cost (compute plus stall) of a plan within `budget` device bytes and
     `host_memory` host bytes (a copy of mem bytes holding `host_bytes(mem)`), or None where
-    none fits."""
+    none fits. `latency`: units each offload and each reload takes besides its bytes; `duplex`:
+    one engine per direction, else one shared."""
     order = _order(graph)
     preds = {v: set(graph.predecessors(v)) for v in order}
     empty = (frozenset(),) * 5 + (0, 0, (), ())
@@ -138,7 +153,7 @@ def offload_min_cost(
                                 run = _run_stage(
                                     graph,
                                     order,
-                                    (d2h, h2d),
+                                    (d2h, h2d, latency, duplex),
                                     budget,
                                     (host_memory, host_bytes),
                                     state,
@@ -218,3 +233,17 @@ def _run_stage(graph, order, link, budget, host, state, clock, choice):
         ),
     )
     return key, now
+
+
+def crossing_copies() -> nx.DiGraph:
+    """0 -> 1 -> ... -> 5, 0 -> 3 and 2 -> 5; 0 and 2 are 4 B and cost 6 (each node else 1 B,
+    cost 1), 2 and 4 have 4 B of workspace. At 9 B over a link of 2 B per unit each way, the
+    optimum offloads 0 and 2 and reloads 0 at stage 3's start while 2's offload still runs:
+    21 units over one engine per direction, 23 where both directions share one (the reload
+    queues behind the offload)."""
+    graph = nx.DiGraph()
+    for v, cost in enumerate((6, 1, 6, 1, 1, 1)):
+        big = v in (0, 2)
+        graph.add_node(v, mem=4 if big else 1, cost=cost, transient=4 if v in (2, 4) else 0)
+    graph.add_edges_from([(i, i + 1) for i in range(5)] + [(0, 3), (2, 5)])
+    return graph

@@ -14,6 +14,7 @@ from collections import Counter
 
 import pytest
 import torch
+from offload_reference import crossing_copies
 from torch import nn
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import default_partition
@@ -22,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import executor
 import solver
 from benchmarks.running.offload import Reduction
+from executor.compiled import api
 from executor.compiled import offload as transfer
 from executor.compiled.emit import partition
 from executor.compiled.joint_dag import joint_dag, tangent_bytes
@@ -248,6 +250,23 @@ def test_offloads_are_torchs_ops_where_the_schedule_puts_them(joints, made):
     outs = _fake_run(cut.forward, [])
     saved = outs[num_fwd_outputs:]
     _fake_run(cut.backward, saved)
+
+
+def test_compile_plans_over_one_engine_for_both_directions(monkeypatch):
+    """torch's ops carry both directions on one transfer stream, so executor.compile solves
+    over that link (`transfer.transfer_link`): where the optimum reloads while an offload
+    runs, its predicted stall is the shared engine's, above the own executor's (one engine per
+    direction, the link as given)."""
+    monkeypatch.setattr(api, "_on_accelerator", lambda *args: None)  # the ops need a GPU to run
+    link = api._offload_link(Link(2, 2), nn.Linear(2, 2), [torch.zeros(1, 2)])
+    assert link == Link(2, 2, duplex=False)
+    h100 = api._offload_link("h100", nn.Linear(2, 2), [torch.zeros(1, 2)])
+    assert not h100.duplex and h100.d2h_latency == solver.target.devices.COPY_LATENCY
+    graph = crossing_copies()
+    own = solver.solve(graph, 9, offload=Link(2, 2), time_limit=30)
+    compiled = solver.solve(graph, 9, offload=link, time_limit=30)
+    assert (own.extra["stall"], compiled.extra["stall"]) == (21 - 16, 23 - 16)  # 16: computes
+    assert solver.simulate(graph, compiled.ops, link).stall == compiled.extra["stall"]
 
 
 def test_compile_refuses_offload_on_a_cpu_in_one_line():

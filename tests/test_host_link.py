@@ -11,7 +11,12 @@ import torch
 
 import solver
 from cli.main import main
-from graph_capture.measurement.link import measure_host_link
+from graph_capture.measurement.link import (
+    MIN_LINK_BYTES,
+    fit_copy_times,
+    link_sizes,
+    measure_host_link,
+)
 from solver.core.link import Link, LinkError
 from solver.examples import residual_demo
 from solver.target.devices import Device, UnknownTargetError, builtin_device, named_link
@@ -21,12 +26,36 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 SMALL = 1 << 20
 
 
-def test_the_cpu_link_is_a_positive_rate_each_way_with_no_host_limit():
+def test_the_cpu_link_is_a_positive_rate_and_a_latency_each_way_with_no_host_limit():
     link = measure_host_link("cpu", SMALL, repeats=3)
     for rate in (link.d2h, link.h2d):
         assert math.isfinite(rate) and rate > 0
-    assert link.host_memory is None
-    assert link.offload_time(SMALL) == pytest.approx(SMALL / link.d2h)
+    for latency in (link.d2h_latency, link.h2d_latency):
+        assert math.isfinite(latency) and 0 <= latency < 1e-3
+    assert link.host_memory is None and link.duplex
+    assert link.offload_time(SMALL) == pytest.approx(link.d2h_latency + SMALL / link.d2h)
+
+
+def test_the_copy_sizes_run_from_a_kibibyte_to_the_largest_in_fourfold_steps():
+    assert link_sizes(64 << 20) == [1 << k for k in range(10, 27, 2)]
+    assert link_sizes(3000) == [MIN_LINK_BYTES, 3000]
+    with pytest.raises(ValueError, match="at least 2048 bytes"):
+        link_sizes(2047)
+
+
+def test_the_fit_recovers_a_known_latency_and_bandwidth_from_synthetic_timings():
+    sizes = link_sizes(64 << 20)
+    latency, bandwidth = 7e-6, 25e9
+    exact = [latency + n / bandwidth for n in sizes]
+    assert fit_copy_times(sizes, exact) == (pytest.approx(latency), pytest.approx(bandwidth))
+    noisy = [t * (1 + 0.03 * (-1) ** i) for i, t in enumerate(exact)]  # +-3% per size
+    fitted = fit_copy_times(sizes, noisy)
+    assert fitted == (pytest.approx(latency, rel=0.05), pytest.approx(bandwidth, rel=0.05))
+    # a free fit below 0 (timer noise on a fast copy): the latency is held at 0
+    held = fit_copy_times([1024, 2048, 4096], [0.9e-7, 2e-7, 4e-7])
+    assert held[0] == 0 and held[1] == pytest.approx(1024 / 1e-7, rel=0.05)
+    with pytest.raises(ValueError, match="do not grow with the size"):
+        fit_copy_times([1024, 4096], [2e-6, 1e-6])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")

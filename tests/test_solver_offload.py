@@ -12,7 +12,7 @@ import networkx as nx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from offload_reference import offload_min_cost
+from offload_reference import crossing_copies, offload_min_cost
 from ortools.sat.python import cp_model
 from solver_reference import min_cost_within, stage_space_frontier
 from solver_strategies import training_graphs
@@ -87,6 +87,81 @@ def test_a_source_lives_until_its_copy_ends_and_copies_queue_on_their_engine():
     ]
     run = solver.simulate(graph, ops, Link(1, 1))
     assert run.valid and (run.cost, run.stall) == (5, 2)
+
+
+def test_each_copy_takes_its_direction_s_latency_besides_its_bytes():
+    run = solver.simulate(
+        _reduction(), REDUCTION_OPS, Link(1, 1, d2h_latency=0.5, h2d_latency=0.25)
+    )
+    # b's offload runs 2 to 3.5: freeing b after c waits 0.5, e runs 3.5 to 4.5; the reload
+    # runs 4.5 to 5.75: d waits 1.25, then 5.75 to 6.75
+    assert run.valid and (run.cost, run.stall) == (6.75, 1.75)
+
+
+def _crossing_ops() -> tuple[nx.DiGraph, list]:
+    """y (2 B) -> x (2 B) -> z, y -> z: y's reload is issued while x's offload runs."""
+    graph = nx.DiGraph()
+    for v, mem in [("y", 2), ("x", 2), ("z", 1)]:
+        graph.add_node(v, mem=mem, cost=1)
+    graph.add_edges_from([("y", "x"), ("x", "z"), ("y", "z")])
+    ops = [
+        ("compute", "y"),  # 0 to 1
+        ("offload", "y"),  # 1 to 3
+        ("compute", "x"),  # 1 to 2
+        ("free", "y"),  # waits until 3
+        ("offload", "x"),  # 3 to 5
+        ("reload", "y"),  # its own engine: 3 to 5; one shared engine: 5 to 7
+        ("compute", "z"),  # waits for y: 5 to 6, or 7 to 8
+        ("free", "x"),
+        ("free", "y"),
+        ("free", "z"),
+    ]
+    return graph, ops
+
+
+def test_over_one_shared_engine_a_reload_queues_behind_an_offload():
+    graph, ops = _crossing_ops()
+    duplex = solver.simulate(graph, ops, Link(1, 1))
+    shared = solver.simulate(graph, ops, Link(1, 1, duplex=False))
+    assert duplex.valid and (duplex.cost, duplex.stall) == (6, 3)
+    assert shared.valid and (shared.cost, shared.stall) == (8, 5)
+
+
+def test_the_exact_optimum_over_a_shared_engine_equals_the_exhaustive_search():
+    """The drawn graphs of the exhaustive test seldom reload while an offload runs; this one's
+    optimum does, so the model's shared engine decides its cost."""
+    graph = crossing_copies()
+    for duplex, cost in [(True, 21), (False, 23)]:
+        link = Link(2, 2, duplex=duplex)
+        schedule = solver.solve(graph, 9, offload=link, time_limit=TIME_LIMIT)
+        assert schedule.status == "OPTIMAL" and schedule.cost == cost == _reference(graph, 9, link)
+        assert solver.simulate(graph, schedule.ops, link).cost == cost
+
+
+def test_a_copy_s_latency_decides_whether_a_value_is_worth_moving():
+    """At 8 B the chain recomputes one value (13 units) or moves one over the fast link: with
+    no latency the copies hide but for 0.02 units; at 2 units a copy, recomputing is cheaper."""
+    graph = uniform_training_chain(4, mem=2)
+    assert solver.solve(graph, 8, time_limit=TIME_LIMIT).cost == 13
+    costs = {}
+    for latency in (0, 0.5, 2):
+        link = Link(100, 100, d2h_latency=latency, h2d_latency=latency)
+        schedule = solver.solve(graph, 8, offload=link, time_limit=TIME_LIMIT)
+        assert schedule.status == "OPTIMAL"
+        costs[latency] = (schedule.cost, schedule.extra["offloads"])
+    assert costs == {0: (12.02, 1), 0.5: (12.52, 1), 2: (13, 0)}
+
+
+def test_a_link_without_latency_or_duplex_fields_loads_as_before_and_new_ones_round_trip():
+    schedule = solver.solve(_reduction(), 7, offload=Link(1, 1), time_limit=TIME_LIMIT)
+    payload = json.loads(schedule.to_json())
+    payload["link"] = {"d2h": 1, "h2d": 1, "host_memory": None}  # a file of an older remat
+    loaded = solver.Schedule.from_json(json.dumps(payload), _reduction())
+    assert loaded.link == Link(1, 1) and loaded.link.d2h_latency == 0 and loaded.link.duplex
+    link = Link(1, 2, 9, d2h_latency=0.5, h2d_latency=0.25, duplex=False)
+    assert Link.from_json(json.loads(json.dumps(link.to_json()))) == link
+    with pytest.raises(LinkError, match="optionally"):
+        Link.from_json({"d2h": 1, "h2d": 1, "host_memory": None, "latency": 1})
 
 
 @pytest.mark.parametrize(
@@ -244,12 +319,34 @@ def held_dags(draw) -> nx.DiGraph:
     return graph
 
 
-links = st.tuples(
+latencies = st.sampled_from([0, 0.5, 2])
+links = st.builds(
+    Link,
     st.sampled_from([1, 2, 8]),
     st.sampled_from([0.5, 1, 4, 8]),
     st.one_of(st.none(), st.integers(min_value=0, max_value=8)),
+    latencies,
+    latencies,
+    st.booleans(),
     st.sampled_from(["exact", "power-of-two"]),
 )
+"""Links of every kind: bandwidths, a host limit or none, a latency per direction (0 for some),
+one engine per direction or one shared, host bytes exact or rounded to powers of two."""
+
+
+def _reference(graph: nx.DiGraph, budget: int, link: Link) -> float | None:
+    """`offload_min_cost` over `link`."""
+    latency = (link.d2h_latency, link.h2d_latency)
+    return offload_min_cost(
+        graph,
+        budget,
+        link.d2h,
+        link.h2d,
+        link.host_memory,
+        _rounded(link.host_rounding),
+        latency,
+        link.duplex,
+    )
 
 
 def _rounded(rounding: str):
@@ -262,24 +359,21 @@ def _rounded(rounding: str):
 @settings(max_examples=40)
 @given(st.one_of(held_dags(), training_graphs(forward_nodes=2)), links)
 def test_the_offload_optimum_equals_the_exhaustive_search(graph, link):
-    d2h, h2d, host, rounding = link
     problem = solver.prepare(graph)
     floor = max(problem.compute_floor(v) for v in range(problem.n))
     top = solver.checkpoint_all_peak(problem)
     for budget in sorted({floor, (floor + top) // 2, top - 1}):
         if budget < floor:
             continue
-        expected = offload_min_cost(graph, budget, d2h, h2d, host, _rounded(rounding))
+        expected = _reference(graph, budget, link)
         try:
-            schedule = solver.solve(
-                graph, budget, offload=Link(d2h, h2d, host, rounding), time_limit=TIME_LIMIT
-            )
+            schedule = solver.solve(graph, budget, offload=link, time_limit=TIME_LIMIT)
         except solver.InfeasibleBudgetError:
             assert expected is None
             continue
         assert expected is not None, f"{budget}: solver found {schedule.cost}, reference none"
         assert schedule.status == "OPTIMAL" and schedule.cost == pytest.approx(expected)
-        check = solver.simulate(graph, schedule.ops, Link(d2h, h2d, host, rounding))
+        check = solver.simulate(graph, schedule.ops, link)
         assert check.valid and check.peak == schedule.peak <= budget
         assert check.cost == pytest.approx(schedule.cost)
 
@@ -321,13 +415,20 @@ def test_links_are_checked_and_every_built_in_target_has_one():
             Link(bad, 1)
     with pytest.raises(LinkError, match="host_memory"):
         Link(1, 1, host_memory=1.5)
+    for bad in (-1e-6, float("nan"), True):
+        with pytest.raises(LinkError, match="latency must be a finite number"):
+            Link(1, 1, h2d_latency=bad)
+    with pytest.raises(LinkError, match="duplex must be True or False"):
+        Link(1, 1, duplex=1)
     assert all(device.host_link is not None for device in BUILT_IN.values())
-    pcie5 = Link(64e9, 64e9, host_rounding="power-of-two")
+    pcie5 = Link(64e9, 64e9, d2h_latency=5e-6, h2d_latency=5e-6, host_rounding="power-of-two")
     assert builtin_device("h100").host_link == HOST_LINKS["pcie5"] == pcie5
     assert builtin_device("a100").host_link == HOST_LINKS["pcie4"]
     device = builtin_device("h100")
     assert Device.from_json(device.to_json()).host_link == device.host_link
-    assert parse_link("c2c") == Link(450e9, 450e9, host_rounding="power-of-two")
+    assert parse_link("c2c") == Link(
+        450e9, 450e9, d2h_latency=5e-6, h2d_latency=5e-6, host_rounding="power-of-two"
+    )
     assert parse_link("a100-40gb") == HOST_LINKS["pcie4"]
     assert parse_link("25, 20, 64GiB") == Link(25e9, 20e9, 64 << 30)
     with pytest.raises(LinkError, match="expected D2H,H2D"):
@@ -398,8 +499,6 @@ def _model_time(problem, link: Link, plan, budget: int) -> float | None:
 @settings(max_examples=15)
 @given(st.one_of(held_dags(), training_graphs(forward_nodes=2)), links)
 def test_offload_heuristics_are_plans_of_the_space_never_below_the_exhaustive_optimum(graph, link):
-    d2h, h2d, host, rounding = link
-    link = Link(d2h, h2d, host, rounding)
     problem = solver.prepare(graph)
     floor = max(problem.compute_floor(v) for v in range(problem.n))
     top = solver.checkpoint_all_peak(problem)
@@ -407,9 +506,11 @@ def test_offload_heuristics_are_plans_of_the_space_never_below_the_exhaustive_op
     for budget in sorted({floor, (floor + top) // 2, top - 1}):
         if budget < floor:
             continue
-        optimum = offload_min_cost(graph, budget, d2h, h2d, host, _rounded(rounding))
+        optimum = _reference(graph, budget, link)
         for run in offload_runs(graph, problem, budget, link, bases):
-            assert run.valid or host is not None, run.param  # only a host limit refuses one
+            assert run.valid or link.host_memory is not None, (
+                run.param
+            )  # only a host limit refuses one
             if not run.valid:
                 continue
             # the model's timeline and memory of the plan are the simulator's

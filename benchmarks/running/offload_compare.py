@@ -24,9 +24,10 @@ in the step), ``grads`` (``equal``: every gradient `torch.equal` to eager's, ass
 ``cpu step`` (measured: median seconds over ``--reps`` interleaved rounds, one thread; a copy
 here is a memcpy), ``h100 step`` (*predicted*: the captured DAG with each node's seconds from
 the H100 roofline of estimate mode, `graph_capture.capture(..., target="h100")`, and copies over
-its PCIe Gen5 link, 64 GB/s each way: eager is the keep-all schedule's compute; ``save_on_cpu``
-and HF add every measured copy's link time in full (serial with compute; HF also reruns its
-blocks' forward nodes once); torchtune is the keep-all schedule with an offload op after each
+its PCIe Gen5 link, 64 GB/s each way and 5 microseconds a copy: eager is the keep-all schedule's
+compute; ``save_on_cpu`` and HF add every measured copy's link time (its latency and its bytes
+over the bandwidth) in full (serial with compute; HF also reruns its blocks' forward nodes
+once); torchtune is the keep-all schedule with an offload op after each
 saved value of >= 1 KiB, its free five offloads later (or after its last forward read) and a
 reload right before its first backward read, simulated by `solver.simulate` (copies overlap
 compute on one engine per direction, the clock waits where a value is read before its reload
@@ -111,7 +112,7 @@ def compare(
     replica = copy.deepcopy(model)
     step, last = hooked_step(replica, inputs, lambda: SaveOnCpu(pool))
     row = run_hooked("save_on_cpu", step, last, pool, replica)
-    row.h100_step = compute + row.d2h / link.d2h + row.h2d / link.h2d
+    row.h100_step = compute + _copy_seconds(last[0], link)
     rows.append(row)
 
     if bench.blocks:
@@ -128,7 +129,7 @@ def compare(
             if not d.get("backward")
             and any(d["module"] == p or d["module"].startswith(p + ".") for p in prefixes)
         )
-        row.h100_step = compute + rerun + row.d2h / link.d2h + row.h2d / link.h2d
+        row.h100_step = compute + rerun + _copy_seconds(last[0], link)
         rows.append(row)
 
     pool = HostPool()
@@ -158,6 +159,13 @@ def compare(
     for row in rows:
         row.cpu_step = seconds.get(row.method, 0.0)
     return rows
+
+
+def _copy_seconds(hooks: SaveOnCpu | TorchtuneOffload, link: Link) -> float:
+    """Seconds the copies ``hooks`` counted take over ``link``, one after another: per
+    direction, each copy's latency plus the bytes over the bandwidth."""
+    d2h = hooks.d2h_copies * link.d2h_latency + hooks.d2h_bytes / link.d2h
+    return d2h + hooks.h2d_copies * link.h2d_latency + hooks.h2d_bytes / link.h2d
 
 
 def _remat_row(

@@ -64,11 +64,14 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 class SaveOnCpu:
     """`torch.autograd.graph.save_on_cpu(pin_memory=True)`'s pack and unpack, the host tensors
     in `pool`: every saved tensor to a new contiguous host tensor, back to a new device tensor
-    at each read. `d2h_bytes`, `h2d_bytes`: bytes copied each way since made."""
+    at each read. `d2h_bytes`, `h2d_bytes`: bytes copied each way since made; `d2h_copies`,
+    `h2d_copies`: the copies."""
 
     pool: HostPool
     d2h_bytes: int = 0
     h2d_bytes: int = 0
+    d2h_copies: int = 0
+    h2d_copies: int = 0
 
     def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
@@ -77,11 +80,13 @@ class SaveOnCpu:
         host = _host_tensor(self.pool, tensor, torch.empty(tensor.size(), device="meta").stride())
         host.copy_(tensor)
         self.d2h_bytes += tensor.numel() * tensor.element_size()
+        self.d2h_copies += 1
         return tensor.device, host
 
     def unpack(self, packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
         device, host = packed
         self.h2d_bytes += host.numel() * host.element_size()
+        self.h2d_copies += 1
         return _to_device(host, device)
 
 
@@ -89,13 +94,15 @@ class SaveOnCpu:
 class TorchtuneOffload:
     """torchtune's ``OffloadActivations`` (``use_streams=True``) pack and unpack for one step,
     the host tensors in `pool` (the module docstring states what it does). `d2h_bytes`,
-    `h2d_bytes`: bytes copied each way since made."""
+    `h2d_bytes`: bytes copied each way since made; `d2h_copies`, `h2d_copies`: the copies."""
 
     pool: HostPool
     min_offload_bytes: int = 1024
     max_fwd_stash: int = 5
     d2h_bytes: int = 0
     h2d_bytes: int = 0
+    d2h_copies: int = 0
+    h2d_copies: int = 0
     tracker: dict[int, tuple[torch.Tensor, bool]] = field(default_factory=dict)
     fwd_stash: dict[int, torch.Tensor] = field(default_factory=dict)
     bwd_stash: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -117,6 +124,7 @@ class TorchtuneOffload:
         host = _host_tensor(self.pool, activation, stride)
         host.copy_(activation)
         self.d2h_bytes += nbytes
+        self.d2h_copies += 1
         self.tracker[tensor_id] = (host, True)
         self.fwd_stash[tensor_id] = activation
         return tensor_id
@@ -133,6 +141,7 @@ class TorchtuneOffload:
         else:
             tensor = _to_device(tensor, tensor.device)
             self.h2d_bytes += tensor.numel() * tensor.element_size()
+            self.h2d_copies += 1
             self.bwd_stash[tensor_id] = tensor
 
         def after_node(outputs: object, inputs: object) -> None:

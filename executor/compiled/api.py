@@ -15,7 +15,7 @@ from torch import nn
 import solver
 from executor.compiled.budget_loop import Steps, compile_within_budget
 from executor.compiled.check import CompileCheck
-from executor.compiled.offload import PinnedPool
+from executor.compiled.offload import PinnedPool, transfer_link
 from executor.compiled.plan_file import read_plan, replay_plan, write_plan
 from executor.compiled.report import CompileReport
 from executor.errors import CompileError
@@ -185,8 +185,9 @@ def compile(
 def _offload_link(
     offload: solver.Link | str | None, model: nn.Module, inputs: Sequence[object]
 ) -> solver.Link | None:
-    """The host link ``offload`` names (None: none), where torch's offload ops run: on the
-    accelerator that holds the step's tensors; `CompileError` in one line otherwise."""
+    """The host link ``offload`` names (None: none), as torch's offload ops run it (one engine
+    for both directions, `transfer_link`), where they run: on the accelerator that holds the
+    step's tensors; `CompileError` in one line otherwise."""
     if offload is None:
         return None
     from solver.core.link import LinkError
@@ -197,7 +198,7 @@ def _offload_link(
     except LinkError as e:
         raise CompileError(f"offload: {str(e).splitlines()[0]}") from e
     _on_accelerator(f"offload={offload!r}", model, inputs)
-    return link
+    return transfer_link(link)
 
 
 def _on_accelerator(what: str, model: nn.Module, inputs: Sequence[object]) -> None:

@@ -63,9 +63,12 @@ emitted nodes' ``meta["val"]``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Hashable
 
 import torch
+
+import solver
 
 __all__ = [
     "FROM",
@@ -76,8 +79,18 @@ __all__ = [
     "ops",
     "pin_order",
     "reload_node",
+    "transfer_link",
     "wait_node",
 ]
+
+
+def transfer_link(link: solver.Link) -> solver.Link:
+    """The link the ops copy over: ``link`` with one engine for both directions
+    (``duplex=False``). ``ao.offload`` and ``ao.reload`` issue every copy on one transfer stream
+    per device (``_get_or_create_transfer_stream``), so a copy queues behind every copy issued
+    before it, in either direction; the schedules are solved over this link."""
+    return dataclasses.replace(link, duplex=False)
+
 
 TRANSFER = "remat_transfer"
 """The fx node meta key of the nodes a schedule's offload or reload op emits: (kind, DAG node,

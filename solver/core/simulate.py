@@ -18,12 +18,14 @@ value) and `("reload", v)` copies it back (v offloaded before and not live; v be
 One clock, the compute stream's: a compute advances it by the node's cost, after waiting for
 the reloads of its inputs still arriving; a free waits for the end of v's offload and of the
 reload that made this copy; an offload (reload) is issued at the clock and runs on its
-direction's engine, one copy at a time in issue order, a reload not before its value's offload
-has ended. The cost is the time at which the clock and both engines are done. A host copy
-holds `link.host_bytes(mem)` bytes from its offload until the compute stream has waited for the
-end of its value's last reload (the first compute that reads the reloaded value, or its free),
-through the offload itself where never reloaded: a reload still in flight holds its host
-buffer. The host peak, after each offload, must be within the link's `host_memory`.
+direction's engine (on the one engine of a link that is not `duplex`), one copy at a time in
+issue order, a reload not before its value's offload has ended, each taking its direction's
+latency plus its bytes over its bandwidth. The cost is the time at which the clock and the
+engines are done. A host copy holds `link.host_bytes(mem)` bytes from its offload until the
+compute stream has waited for the end of its value's last reload (the first compute that reads
+the reloaded value, or its free), through the offload itself where never reloaded: a reload
+still in flight holds its host buffer. The host peak, after each offload, must be within the
+link's `host_memory`.
 
 This module reads the graph's attributes directly and shares no code with the solvers, so that
 every schedule they produce is checked by something that did not produce it.
@@ -87,7 +89,7 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op], link: Link | None = None) -> 
     recomputes = 0
     clock = 0.0  # the compute stream's time
     waited = 0.0
-    d2h_free = h2d_free = 0.0  # when each copy engine is next idle
+    d2h_free = h2d_free = 0.0  # when each copy engine is next idle (equal: one shared engine)
     offload_end: dict[Hashable, float] = {}
     arrival: dict[Hashable, float] = {}  # end of the reload that made v's live copy
     last_reload = {op[1]: step for step, op in _indexed(ops) if op[0] == "reload"}
@@ -166,7 +168,9 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op], link: Link | None = None) -> 
                 return result(f"op {step}: offload {v!r}, which is not live")
             if v in offload_end:
                 return result(f"op {step}: offload {v!r} a second time (once per value)")
-            d2h_free = max(clock, d2h_free) + mem / link.d2h
+            d2h_free = max(clock, d2h_free) + link.d2h_latency + mem / link.d2h
+            if not link.duplex:  # one engine: the next reload queues behind this copy
+                h2d_free = d2h_free
             offload_end[v] = d2h_free
             offloads += 1
             host_bytes += link.host_bytes(mem)
@@ -184,7 +188,9 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op], link: Link | None = None) -> 
                 return result(f"op {step}: reload {v!r}, which was never offloaded")
             if v in live:
                 return result(f"op {step}: reload {v!r} while it is already live")
-            h2d_free = max(clock, h2d_free, offload_end[v]) + mem / link.h2d
+            h2d_free = max(clock, h2d_free, offload_end[v]) + link.h2d_latency + mem / link.h2d
+            if not link.duplex:
+                d2h_free = h2d_free
             arrival[v] = h2d_free
             reloads += 1
             live.add(v)

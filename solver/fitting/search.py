@@ -29,8 +29,9 @@ falling as the size grows. It holds when the graphs at every size have the same 
 costs and each node's bytes (`mem`, `transient`) never fall as the size grows: every schedule's
 peak then never falls and the schedules within the cap are the same. `largest_fitting` checks
 exactly that between the graphs it probes and raises GraphError where it fails. With offload
-it holds too: a copy's time is its value's bytes over the link's bandwidth, so no copy gets
-faster and no timeline ends sooner as the size grows, and the host limit does not change.
+it holds too: a copy's time is the link's fixed latency plus its value's bytes over the
+link's bandwidth, so no copy gets faster and no timeline ends sooner as the size grows, and the
+host limit does not change.
 """
 
 from __future__ import annotations

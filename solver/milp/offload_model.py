@@ -19,7 +19,9 @@ number of the units of `OffloadTimes` (the costs and both copy times).
          A[t,i] >= L[t,i] - reads of i in t;
          A[t,i] >= A[t-1,i] + S[t+1,i] - 1 - reads of i in t;
          sum_i host_i A[t,i] + host_t O[t] <= host_memory   (host_i = link.host_bytes(mem_i))
-    (T)  the timeline's rows, each a lower bound of its max-plus recurrence (docs/offload.md)
+    (T)  the timeline's rows, each a lower bound of its max-plus recurrence (docs/offload.md);
+         over a link that is not duplex, the offloads and reloads chain on one engine in their
+         issue order (stage t's reloads, then t's offload)
 
 Objective: minimise T, the step's end (compute cost plus stall).
 """
@@ -135,6 +137,7 @@ class OffloadModel:
             {i: m.new_bool_var(f"L[{t},{i}]") for i in readable[t] if i in self.O} for t in range(n)
         ]
         self.budget = budget
+        self.duplex = link.duplex
         self.P: dict[tuple[int, int], cp_model.IntVar] = {}
         self._stages(last)
         self._offload_rows(last, link)
@@ -262,12 +265,12 @@ class OffloadModel:
 
         tau = [m.new_constant(0)] + [window(f"tau[{t}]", t, t) for t in range(1, n + 1)]
         G: dict[int, cp_model.IntVar] = {}
-        engine = m.new_constant(0)  # the d2h engine's end so far
+        engine = m.new_constant(0)  # the d2h engine's end so far (both directions' if shared)
         self.tau, self.G = tau, G
         for i in off:
             G[i] = clock(f"G[{i}]")
         Y: dict[tuple[int, int], cp_model.IntVar] = {}
-        h2d = m.new_constant(0)
+        h2d = m.new_constant(0)  # the h2d engine's end so far (both directions' if shared)
         for t in range(n):
             self.paced.check(n + t)
             for i, reload in L[t].items():  # the reloads at t's start, ascending
@@ -276,6 +279,8 @@ class OffloadModel:
                 m.add(k >= tau[t] + times.h2d[i]).only_enforce_if(reload)
                 m.add(k >= G[i] + times.h2d[i]).only_enforce_if(reload)
                 h2d = k
+                if not self.duplex:
+                    engine = k
                 y = clock(f"Y[{t},{i}]")
                 m.add(y >= k).only_enforce_if(reload)
                 if (t - 1, i) in Y:
@@ -293,6 +298,8 @@ class OffloadModel:
                     m.add(G[t] >= engine + times.d2h[t] * off[t])
                     m.add(G[t] >= a + times.cost[t] + times.d2h[t]).only_enforce_if(off[t])
                     engine = G[t]
+                    if not self.duplex:
+                        h2d = engine
                 for (i, after), f in self.F[t].items():
                     if after == k and i in off:
                         m.add(b >= G[i]).only_enforce_if([f, off[i]])

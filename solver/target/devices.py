@@ -226,19 +226,34 @@ def op_key(op: str, shapes: list[tuple[int, ...]], dtypes: list[str]) -> str:
 
 GB = 1e9
 
+COPY_LATENCY = 5e-6
+"""Seconds every host copy takes besides its bytes over the bandwidth (`Link.d2h_latency`,
+`Link.h2d_latency`): the lower end of the 5-7 microseconds per ``cudaMemcpyAsync`` call
+measured for small copies in "DualPath: Breaking the Storage Bandwidth Bottleneck in Agentic
+LLM Inference" (Wu et al., arXiv 2602.21548, 2026, section 5.2), a per-call cost of the CUDA
+driver, so the same over PCIe and NVLink-C2C. The lower end, as the bandwidths are peaks: the
+predicted stalls stay lower bounds. `remat calibrate --base` measures it."""
+_PINNED = {
+    "d2h_latency": COPY_LATENCY,
+    "h2d_latency": COPY_LATENCY,
+    "host_rounding": "power-of-two",
+}
+"""A GPU's host link's copies: `COPY_LATENCY` each way, into pinned host memory."""
+
 HOST_LINKS: dict[str, Link] = {
-    "pcie5": Link(64 * GB, 64 * GB, host_rounding="power-of-two"),
-    "pcie4": Link(32 * GB, 32 * GB, host_rounding="power-of-two"),
-    "c2c": Link(450 * GB, 450 * GB, host_rounding="power-of-two"),
+    "pcie5": Link(64 * GB, 64 * GB, **_PINNED),
+    "pcie4": Link(32 * GB, 32 * GB, **_PINNED),
+    "c2c": Link(450 * GB, 450 * GB, **_PINNED),
 }
 """Host links by name, each direction's published peak (bytes/s): PCIe Gen5 x16 and Gen4 x16
 as NVIDIA's datasheets state them for the H100 SXM (128 GB/s) and the A100 (64 GB/s), both
 directions together, and the NVLink-C2C of a GH200 Grace Hopper Superchip (900 GB/s, both
-directions together). Upper bounds, like the other built-in figures: pinned host-to-device
-copies are commonly reported near 80% of the PCIe figures (not measured here), so predicted
-stalls are lower bounds. No GH200 device is built in (its usable memory is not known here):
-`c2c` is its link, for `remat solve --offload c2c`. Each holds its copies in pinned host
-memory (``host_rounding="power-of-two"``, as torch's pinned allocator rounds them)."""
+directions together), with `COPY_LATENCY` per copy each way; one copy engine per direction.
+Upper bounds, like the other built-in figures: pinned host-to-device copies are commonly
+reported near 80% of the PCIe figures (not measured here), so predicted stalls are lower
+bounds. No GH200 device is built in (its usable memory is not known here): `c2c` is its link,
+for `remat solve --offload c2c`. Each holds its copies in pinned host memory
+(``host_rounding="power-of-two"``, as torch's pinned allocator rounds them)."""
 
 
 def _gpu(
