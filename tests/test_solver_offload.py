@@ -3,6 +3,7 @@ against the exhaustive reference of the stage space with offload."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -522,17 +523,16 @@ def test_offload_heuristics_are_plans_of_the_space_never_below_the_exhaustive_op
 @settings(max_examples=15)
 @given(st.one_of(held_dags(), training_graphs(forward_nodes=2)), links)
 def test_the_model_s_host_rows_hold_a_plan_exactly_at_the_simulated_host_peak(graph, link):
-    d2h, h2d, _, rounding = link
     problem = solver.prepare(graph)
     bases = {"checkpoint-all": plan_from_keep(problem, range(problem.n))}
-    unlimited = Link(d2h, h2d, None, rounding)
+    unlimited = dataclasses.replace(link, host_memory=None)
     budget = solver.checkpoint_all_peak(problem)
     for run in offload_runs(graph, problem, budget, unlimited, bases):
         peak = solver.simulate(graph, offload_ops(problem, run.plan), unlimited).host_peak
-        at_peak = Link(d2h, h2d, peak, rounding)
+        at_peak = dataclasses.replace(link, host_memory=peak)
         assert _model_time(problem, at_peak, run.plan, budget) == pytest.approx(run.cost)
         if peak > 0:
-            below = Link(d2h, h2d, peak - 1, rounding)
+            below = dataclasses.replace(link, host_memory=peak - 1)
             assert _model_time(problem, below, run.plan, budget) is None, run.param
 
 
