@@ -14,7 +14,7 @@ from pathlib import Path
 import networkx as nx
 
 import solver
-from solver.frontier import frontier
+from benchmarks.frontier_points import frontier
 
 Row = dict[str, object]
 
@@ -75,8 +75,9 @@ def exact_row(graph: nx.DiGraph, budget: int, settings: Settings) -> tuple[Row, 
 def predicted_frontier(
     graph: nx.DiGraph, fractions: Sequence[float], settings: Settings, label: str
 ) -> list[Row]:
-    """`solver.frontier.frontier` at each budget (a fraction of the checkpoint-all peak) as rows:
-    overhead = cost / the checkpoint-all cost - 1; peak_frac = peak / checkpoint-all peak."""
+    """`benchmarks.frontier_points.frontier` at each budget (a fraction of the checkpoint-all
+    peak) as rows: overhead = cost / the checkpoint-all cost - 1; peak_frac = peak /
+    checkpoint-all peak."""
     problem = solver.prepare(graph)
     full_peak, total = solver.checkpoint_all_peak(problem), problem.total_cost
     fraction_of = {int(full_peak * fraction): fraction for fraction in fractions}

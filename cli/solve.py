@@ -29,7 +29,7 @@ from solver.deadline import Deadline, Stop
 from solver.errors import ArgumentError, InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
 from solver.exact.offload import solve_with_offload
-from solver.exact.pipeline import print_interrupted
+from solver.exact.pipeline import check_arguments, print_interrupted
 from solver.heuristics.registry import HEURISTICS, members
 from solver.interrupt import first_sigint_stops
 from solver.milp.cpsat import print_progress
@@ -71,8 +71,8 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compute-budget",
         default=None,
-        help="for --objective memory: 1.2 or 1.2x (times computing every node once) or an "
-        "absolute cost in the graph's units, 0.02units",
+        help="for --objective memory or --budget min: 1.2 or 1.2x (times computing every node "
+        "once) or an absolute cost in the graph's units, 0.02units",
     )
     parser.add_argument(
         "--time-limit",
@@ -225,6 +225,13 @@ def _host_bytes(text: str) -> int:
     return wanted.bytes()
 
 
+def _option(parameter: str, value: str | None = None) -> str:
+    """The option of `solve`'s parameter, or the option given `value`: --budget, --budget min
+    (`solver.exact.pipeline.check_arguments`)."""
+    flag = "--" + parameter.replace("_", "-")
+    return flag if value is None else f"{flag} {value}"
+
+
 def _row(method: str, cost, total: float, peak, ref_peak: int, status: str, gap, seconds) -> str:
     cost_s = "-" if cost is None else f"{cost:.6g}"
     over = "-" if cost is None else f"{100 * (cost / total - 1):+.1f}%"
@@ -268,21 +275,11 @@ def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, 
         f"lower bound {human_bytes(problem.memory_lower_bound)}; 100% = {basis}, "
         f"{human_bytes(ref_peak)}"
     )
-    if args.objective == "memory" and args.budget is not None:
-        raise ArgumentError(
-            "--budget is for --objective cost; --objective memory minimises the peak (bound "
-            "its recomputation with --compute-budget)"
-        )
-    if args.objective == "cost" and args.compute_budget is not None:
-        raise ArgumentError("--compute-budget is for --objective memory; give --budget instead")
-    if args.offload is not None and args.objective != "cost":
-        raise ArgumentError("--offload is for --objective cost")
+    given = (args.budget or "80%") if args.objective == "cost" else args.budget
+    wanted = check_arguments(args.objective, given, args.compute_budget, args.offload, _option)
     link, pairing = (None, "") if args.offload is None else offload_link(args.offload, graph)
     offloaded: Schedule | None = None
-    if args.objective == "cost":
-        wanted = Budget.of(args.budget or "80%")
-        if wanted.least and link is not None:
-            raise ArgumentError("--offload needs a budget in bytes or percent, not 'min'")
+    if wanted is not None:  # objective cost
         if wanted.least:
             print("objective: the least peak, then the least cost at it")
             budget: Budget | int = wanted
@@ -296,6 +293,7 @@ def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, 
             schedule = solve(
                 graph,
                 budget,
+                compute_budget=args.compute_budget,
                 time_limit=keep_share * exact_limit,
                 workers=args.workers,
                 progress=not args.quiet,

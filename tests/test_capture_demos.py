@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 from capture_checks import assert_exact_replay
-
-from graph_capture import capture
-from graph_capture.measurement.accounting import (
+from saved_bytes import (
     eager_saved_bytes,
     expected_graph_saved_bytes,
     graph_saved_bytes,
 )
+
+from graph_capture import capture
 from graph_capture.models.demos import MODELS, demo_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # exactness holds at one thread

@@ -8,15 +8,15 @@ import torch
 from capture_checks import assert_exact_replay
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
-
-from graph_capture import CapturedGraph, capture, eager_reference
-from graph_capture.measurement.accounting import (
+from saved_bytes import (
     eager_saved_bytes,
     expected_graph_saved_bytes,
     graph_saved_bytes,
 )
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from graph_capture import CapturedGraph, capture, eager_reference
 from graph_capture.measurement.measure import is_random
 from graph_capture.models.demo_models import Block, TinyUNet
 from graph_capture.trace.lifted import LiftedConstant

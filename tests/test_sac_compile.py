@@ -19,9 +19,9 @@ import copy
 import pytest
 import torch
 from sac_models import every_saveable, replanned, sum_loss, transformer
+from saved_bytes import eager_saved_bytes
 
 import executor
-from graph_capture.measurement.accounting import eager_saved_bytes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -83,10 +83,27 @@ def test_errors_exit_2_with_a_message(tmp_path, capsys):
     mixed = {
         ("--objective", "memory", "--budget", "80%"): "--budget is for --objective cost",
         ("--compute-budget", "1.2x"): "--compute-budget is for --objective memory",
+        ("--objective", "memory", "--offload", "pcie5"): "--offload is for --objective cost",
+        ("--budget", "min", "--offload", "pcie5"): "--offload is for --objective cost at a "
+        "--budget in bytes or percent, not --budget min",
     }
     for flags, message in mixed.items():  # a budget the objective would ignore is refused
         assert main(["solve", path, *flags, "--quiet"]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_the_least_peak_takes_a_compute_budget_as_the_library_does(tmp_path, capsys):
+    """`remat solve` checks its options with `solve`'s own check: --budget min bounds the
+    recomputation of its least peak with --compute-budget, as `solve(graph, "min",
+    compute_budget=...)` does."""
+    save_graph(residual_demo(blocks=1), tmp_path / "g.json")
+    argv = ["solve", str(tmp_path / "g.json"), "--budget", "min", "--compute-budget", "1.05x"]
+    out = tmp_path / "s.json"
+    assert main([*argv, "--quiet", "--no-baselines", "--time-limit", "30", "--out", str(out)]) == 0
+    schedule = solver.Schedule.load(out)
+    assert schedule.compute_budget is not None
+    assert schedule.cost <= schedule.compute_budget * (1 + 1e-12)
+    assert "the least peak, then the least cost at it" in capsys.readouterr().out
 
 
 def test_an_output_file_that_cannot_be_written_is_refused_before_solving(tmp_path, capsys):

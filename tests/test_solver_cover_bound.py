@@ -16,7 +16,7 @@ import solver
 from solver.core.stages import checkpoint_all
 from solver.deadline import Deadline
 from solver.io import load_graph
-from solver.milp.cover import read_gap_cover, read_gap_model
+from solver.milp.cover import _build, read_gap_cover
 from solver.milp.units import CostUnits
 
 
@@ -62,7 +62,7 @@ def test_the_model_has_a_variable_per_read_gap_and_a_row_per_stage_over_the_budg
     for v, mem in enumerate([4, 2, 3, 1]):
         graph.nodes[v].update(mem=mem, cost=5)
     problem = solver.prepare(graph)
-    lm = read_gap_model(problem, 8, [5, 5, 5, 5])
+    lm = _build(problem, 8, [5, 5, 5, 5]).lm  # the covering model: cost units, bytes
     assert lm.names == ["away[0,2..2]"]
     # stage 2: node 2 (3 bytes) + its input 1 (2) + value 0 crossing (4) = 9 > 8
     assert lm.rows == [([0], [4], 1, None)]

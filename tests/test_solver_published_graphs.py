@@ -97,7 +97,7 @@ def test_random_layered_graphs_load_with_their_order():
 
 
 def test_vgg16_frontier_exact_is_never_above_a_heuristic():
-    from solver.frontier import frontier
+    from benchmarks.frontier_points import frontier
 
     points = frontier(_graph("VGG16_256_224x224x3"), ["100%", "95%", "90%", "85%"], time_limit=60)
     by_budget: dict[int, dict[str, float | None]] = {}

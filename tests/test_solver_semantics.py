@@ -231,7 +231,7 @@ def test_min_never_costs_more_than_its_least_peak_schedule(blocks):
 
 def test_a_budget_the_objective_would_ignore_is_refused():
     graph = uniform_training_chain(3)
-    with pytest.raises(ValueError, match="memory budget is for objective 'cost'"):
+    with pytest.raises(ValueError, match="budget is for objective 'cost'"):
         solver.solve(graph, "80%", objective="memory", time_limit=5)
     with pytest.raises(ValueError, match="compute_budget is for objective 'memory'"):
         solver.solve(graph, "80%", compute_budget="1.2x", time_limit=5)

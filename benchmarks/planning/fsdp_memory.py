@@ -120,20 +120,17 @@ def live_peak(prof) -> tuple[int, int]:
     So a block a `c10d::` collective allocates inside an `FSDP::post_backward_reduce` whose
     pointer is next allocated again, or never freed, ends with that reduce. A free of a block
     from before the profile counts as `graph_capture.measurement.peak` counts it."""
-    from torch._C._profiler import _EventType
+    from graph_capture.measurement.peak import event_tree, is_allocation
 
     events = []  # (ns, pointer, bytes, end of the enclosing reduce or None)
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+    for node, _ in event_tree(prof):
+        if is_allocation(node):
             f, up, collective = node.extra_fields, node.parent, False
             while up is not None and not up.name.startswith("FSDP::post_backward_reduce"):
                 collective |= up.name.startswith("c10d::")
                 up = up.parent
             end = up.end_time_ns if up is not None and collective else None
             events.append((node.start_time_ns, f.ptr, f.alloc_size, end))
-        stack.extend(node.children)
     events.sort(key=lambda e: e[0])
     freed: set[int] = set()  # indices of allocations whose free is recorded
     last: dict[int, int] = {}

@@ -46,6 +46,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import _sac_storage_key, _VersionWrapper
 
 from executor.errors import BackwardError
+from executor.storage_views import View, storage_bytes
 
 HOST_SCOPE = "remat.sac.host_copy"
 """The profiler scope (`record_function`) the CPU host copies are allocated in."""
@@ -325,22 +326,16 @@ def measure_split(fn) -> SplitPeak:
     """Run `fn()` once on the CPU under the profiler's allocation events: an allocation made
     inside `HOST_SCOPE` is a host copy until its address is freed, every other is the device's
     (bytes above the start; a CPU run's "device" is the same allocator, told apart by scope)."""
-    from torch._C._profiler import _EventType
-
-    from graph_capture.measurement.peak import memory_profile
+    from graph_capture.measurement.peak import event_tree, is_allocation, memory_profile
 
     with memory_profile() as prof:
         result = fn()
         del result
-    events: list[tuple[int, int, int, bool]] = []
-    stack = [(node, False) for node in prof.profiler.kineto_results.experimental_event_tree()]
-    while stack:
-        node, inside = stack.pop()
-        inside = inside or node.name == HOST_SCOPE
-        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
-            fields = node.extra_fields
-            events.append((node.start_time_ns, fields.alloc_size, fields.ptr, inside))
-        stack.extend((child, inside) for child in node.children)
+    events = [
+        (node.start_time_ns, node.extra_fields.alloc_size, node.extra_fields.ptr, inside)
+        for node, inside in event_tree(prof, HOST_SCOPE)
+        if is_allocation(node)
+    ]
     events.sort(key=lambda e: e[0])
     host_ptrs: set[int] = set()
     device = host = total = device_peak = host_peak = total_peak = 0
@@ -373,8 +368,7 @@ class _HostStorage:
         """Copy the storage to the host (issued now; the source is let go once the compute
         stream waited for it, `HostCopies.copies_done`)."""
         assert self.source is not None
-        whole = torch.empty(0, dtype=torch.uint8, device=self.device).set_(self.source)
-        self.host = self.copies.to_host(whole)  # the storage's bytes
+        self.host = self.copies.to_host(storage_bytes(self.source))
 
     def storage(self) -> torch.UntypedStorage:
         """The device storage, reloaded on the first pending read (read at once: the compute
@@ -426,15 +420,14 @@ class SavedOnHost:
             self.records[ptr] = _HostStorage(storage, self.copies)
         record = self.records[ptr]
         record.pending += 1
-        return record, tensor.dtype, tensor.storage_offset(), tensor.size(), tensor.stride()
+        return record, View.of(tensor)
 
     @staticmethod
     def unpack(packed: object) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
-        record, dtype, offset, size, stride = packed
-        view = torch.empty(0, dtype=dtype, device=record.device)
-        return view.set_(record.storage(), offset, size, stride)
+        record, view = packed
+        return view.on(record.storage())
 
     def forward_done(self, output: object) -> None:
         """The forward's end: the output's storages stay on the device, uncopied; every other

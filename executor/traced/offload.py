@@ -37,6 +37,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from executor.errors import UnsupportedScheduleError
+from executor.storage_views import View, storage_bytes
 from solver.core.link import Link, host_block_bytes
 
 __all__ = ["HostCopy", "HostPool", "StepCopies", "Transfers", "link_on", "static_storages"]
@@ -97,7 +98,7 @@ class HostPool:
         that reads or writes it (CUDA), which a later buffer from its block waits for."""
         self.held_bytes -= self.block_bytes(buffer.numel())
         if self.pinned:  # the whole block: its storage is the rounded size allocated
-            block = torch.empty(0, dtype=torch.uint8).set_(buffer.untyped_storage())
+            block = storage_bytes(buffer.untyped_storage())
             self._idle.setdefault(block.numel(), []).append((block, after))
 
     def _reuse(self, size: int) -> torch.Tensor | None:
@@ -129,8 +130,9 @@ class HostCopy:
 
     `buffer`: one host buffer holding every distinct storage copied, back to back; `spans`:
     each storage's (offset, bytes) in it. `treespec`, `leaves`: the values as a pytree; a leaf
-    is ``("copied", span index, dtype, shape, stride, storage offset)``, ``("kept", tensor)``
-    (a view of a placeholder's storage) or ``("constant", object)``. `offloaded`: the CUDA
+    is ``("copied", span index, View)`` (`executor.storage_views.View`: its place in the
+    storage), ``("kept", tensor)`` (a view of a placeholder's storage) or
+    ``("constant", object)``. `offloaded`: the CUDA
     event of its device-to-host copy (None on CPU, where it has ended).
     """
 
@@ -201,11 +203,9 @@ class Transfers:
                 continue
             if key not in index:
                 index[key] = len(sources)
-                sources.append(_bytes_of(storage, leaf.device))
+                sources.append(storage_bytes(storage))
                 spans.append((sum(n for _, n in spans), storage.nbytes()))
-            layout.append(
-                ("copied", index[key], leaf.dtype, leaf.shape, leaf.stride(), leaf.storage_offset())
-            )
+            layout.append(("copied", index[key], View.of(leaf)))
         buffer = self.pool.allocate(sum(n for _, n in spans))
         with self._on(self._d2h) as stream:
             for (offset, n), source in zip(spans, sources, strict=True):
@@ -234,7 +234,7 @@ class Transfers:
         copies.arriving[node] = event
         if last:
             copies.releasing[node] = copy
-        leaves = [_rebuild(leaf, targets, self.device) for leaf in copy.leaves]
+        leaves = [_rebuild(leaf, targets) for leaf in copy.leaves]
         return pytree.tree_unflatten(leaves, copy.treespec)
 
     def ready(self, copies: StepCopies, node: Hashable) -> None:
@@ -286,12 +286,6 @@ def static_storages(values: Sequence[object]) -> set[int]:
     return {v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor)}
 
 
-def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
-    """A uint8 tensor over the whole of `storage`."""
-    whole = torch.empty(0, dtype=torch.uint8, device=device)
-    return whole.set_(storage, 0, (storage.nbytes(),), (1,))
-
-
 def _record(stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
     if stream is None:
         return None
@@ -300,10 +294,9 @@ def _record(stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
     return event
 
 
-def _rebuild(leaf: tuple, targets: list[torch.Tensor], device: torch.device) -> object:
-    kind = leaf[0]
-    if kind != "copied":
+def _rebuild(leaf: tuple, targets: list[torch.Tensor]) -> object:
+    """A `HostCopy` leaf's value, a copied one rebuilt on its reloaded storage in `targets`."""
+    if leaf[0] != "copied":
         return leaf[1]
-    _, index, dtype, shape, stride, offset = leaf
-    storage = targets[index].untyped_storage()
-    return torch.empty(0, dtype=dtype, device=device).set_(storage, offset, shape, stride)
+    _, index, view = leaf
+    return view.on(targets[index].untyped_storage())

@@ -31,6 +31,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from graph_capture.errors import CaptureError
+from graph_capture.measurement.calibrate import add_per_gradient
 from graph_capture.measurement.measure import (
     JointMeasure,
     NodeMeasure,
@@ -191,16 +192,10 @@ def _accumulation_seconds(
 ) -> float:
     """Add to each parameter gradient's node the predicted seconds of adding it into
     ``.grad`` (`graph_capture.measurement.calibrate` measures the same add); returns the sum."""
-    (output,) = gm.graph.find_nodes(op="output")
     add = torch.ops.aten.add_.Tensor
-    added = 0.0
-    for position in grad_positions:
-        node = output.args[0][position]
-        grad = outputs[position]
-        if not isinstance(node, torch.fx.Node) or node.name not in measures:
-            continue
+
+    def predicted_add(grad: torch.Tensor) -> float:
         into = torch.empty_like(grad)  # fake: ``mode`` is on
-        seconds = op_seconds(device, add, (into, grad), {}, into)
-        measures[node.name].seconds += seconds
-        added += seconds
-    return added
+        return op_seconds(device, add, (into, grad), {}, into)
+
+    return add_per_gradient(gm, grad_positions, outputs, measures, predicted_add)

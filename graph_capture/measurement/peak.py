@@ -22,6 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,12 +30,15 @@ from torch import nn
 from graph_capture.measurement.device import generator
 
 CPU = torch.device("cpu")
+_ALLOCATION = torch._C._profiler._EventType.Allocation
 
 __all__ = [
     "PeakMemory",
     "PeakWindow",
     "Snapshot",
     "allocation_events",
+    "event_tree",
+    "is_allocation",
     "marked_windows",
     "measure_each",
     "measure_peak",
@@ -66,34 +70,54 @@ def allocation_events(
     caching allocator's (its blocks' bytes, at the host's time of the call: a block is taken
     and given back on the host, in stream order), from every thread the profiled code runs
     on (autograd's device threads included)."""
-    from torch._C._profiler import _EventType
-
-    events: list[tuple[int, int]] = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.tag == _EventType.Allocation and _on(node.extra_fields.device, device):
-            events.append((node.start_time_ns, node.extra_fields.alloc_size))
-        stack.extend(node.children)
+    events = [
+        (node.start_time_ns, node.extra_fields.alloc_size)
+        for node, _ in event_tree(prof)
+        if is_allocation(node, device)
+    ]
     events.sort(key=lambda e: e[0])
     return events
 
 
-def _on(where: torch.device, device: torch.device) -> bool:
-    """Whether an event on `where` is on `device` (any index where `device` names none)."""
+def event_tree(
+    prof: torch.profiler.profile,
+    scope: str | None = None,
+    leaf: Callable[[Any], bool] | None = None,
+) -> Iterator[tuple[Any, bool]]:
+    """Every event of the profiler's tree (a profiler event node: `name`, `tag`,
+    `start_time_ns`, `end_time_ns`, `extra_fields`, `children`), depth first, each with whether
+    it or an event enclosing it is named `scope` (False where `scope` is None). The events
+    inside one for which `leaf` is true are left out (a tree read for its marked windows alone
+    walks a thousandth of it)."""
+    stack = [(node, False) for node in prof.profiler.kineto_results.experimental_event_tree()]
+    while stack:
+        node, inside = stack.pop()
+        if scope is not None and not inside:
+            inside = node.name == scope
+        yield node, inside
+        if leaf is None or not leaf(node):
+            stack.extend([(child, inside) for child in node.children])
+
+
+def is_allocation(node: object, device: torch.device = CPU) -> bool:
+    """Whether the profiler event `node` is an allocation or free (`extra_fields.alloc_size`
+    bytes, + or -, at `extra_fields.ptr`) on `device` (any index where `device` names none)."""
+    if node.tag != _ALLOCATION:
+        return False
+    where = node.extra_fields.device
     return where.type == device.type and (device.index is None or where.index == device.index)
 
 
 def marked_windows(prof: torch.profiler.profile, prefix: str) -> list[tuple[int, int]]:
     """(start ns, end ns) of the profiler's events named ``prefix<i>`` (at any depth), by i."""
     found: dict[int, tuple[int, int]] = {}
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.name.startswith(prefix):
+
+    def marked(node: Any) -> bool:
+        return node.name.startswith(prefix)
+
+    for node, _ in event_tree(prof, leaf=marked):
+        if marked(node):
             found[int(node.name[len(prefix) :])] = (node.start_time_ns, node.end_time_ns)
-        else:
-            stack.extend(node.children)
     return [found[i] for i in range(len(found))]
 
 

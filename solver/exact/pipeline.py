@@ -129,22 +129,9 @@ def solve(
         SolverTimeoutError: no schedule within the budget was found within the time limit.
     """
     started = time.perf_counter()
-    if objective not in ("cost", "memory"):
-        raise ArgumentError(f"objective must be 'cost' or 'memory', not {objective!r}")
+    wanted = check_arguments(objective, budget, compute_budget, offload)
     check_time_limit(time_limit)
-    if objective == "memory" and budget is not None:
-        raise ArgumentError(
-            "a memory budget is for objective 'cost'; objective 'memory' minimises the peak "
-            "(bound its recomputation with compute_budget)"
-        )
-    wanted = None if budget is None else Budget.of(budget)
     least = wanted is not None and wanted.least
-    if objective == "cost" and compute_budget is not None and not least:
-        raise ArgumentError("compute_budget is for objective 'memory' or budget 'min'")
-    if offload is not None and (objective != "cost" or wanted is None or least):
-        raise ArgumentError(
-            "offload is for objective 'cost' at a memory budget in bytes or percent"
-        )
     link = None if offload is None else host_link(offload)
     problem = prepare(graph)
     units = CostUnits.of(problem)
@@ -184,6 +171,47 @@ def solve(
                 keep_recompute=solve,
             )
         return finish(run(Goal("cost", units, budget=bytes_), whole))
+
+
+def check_arguments(
+    objective: str,
+    budget: Budget | int | str | None,
+    compute_budget: float | str | None,
+    offload: object,
+    name: Callable[..., str] | None = None,
+) -> Budget | None:
+    """`solve`'s arguments that do not go together refused (ArgumentError), in `name`'s
+    spelling of them: ``name(parameter)`` and ``name(parameter, value)`` (the parameter's
+    spelling alone and given that value; `remat solve` spells them as its options). Returns
+    `budget` read (`Budget.of`; None where None)."""
+    name = name or _parameter
+    if objective not in ("cost", "memory"):
+        raise ArgumentError(f"{name('objective')} must be 'cost' or 'memory', not {objective!r}")
+    if objective == "memory" and budget is not None:
+        raise ArgumentError(
+            f"{name('budget')} is for {name('objective', 'cost')}; "
+            f"{name('objective', 'memory')} minimises the peak (bound its recomputation with "
+            f"{name('compute_budget')})"
+        )
+    wanted = None if budget is None else Budget.of(budget)
+    least = wanted is not None and wanted.least
+    if objective == "cost" and compute_budget is not None and not least:
+        raise ArgumentError(
+            f"{name('compute_budget')} is for {name('objective', 'memory')} or "
+            f"{name('budget', 'min')}; give {name('budget')} instead"
+        )
+    if offload is not None and (objective != "cost" or wanted is None or least):
+        given = f", not {name('budget', 'min')}" if least else ""
+        raise ArgumentError(
+            f"{name('offload')} is for {name('objective', 'cost')} at a {name('budget')} in "
+            f"bytes or percent{given}"
+        )
+    return wanted
+
+
+def _parameter(parameter: str, value: str | None = None) -> str:
+    """`solve`'s spelling of a parameter, or of it given `value`: budget, objective 'cost'."""
+    return parameter if value is None else f"{parameter} {value!r}"
 
 
 def _least_then_cheapest(

@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 
 from solver.core.graph import Problem
-from solver.core.stages import Member, StagePlan, cheapest_within, plan_to_ops
+from solver.core.stages import Member, StagePlan, plan_to_ops
 from solver.deadline import NEVER, Deadline
 
 MAX_STATES = 200_000
@@ -70,11 +70,6 @@ def backward_runs(problem: Problem, budget: int, deadline: Deadline = NEVER) -> 
     cap = min(MAX_STATES, COST_STATES_FACTOR * states + COST_STATES_EXTRA)
     by_cost, _ = search(problem, budget, True, deadline, cap)
     return [by_bytes, *filter(None, [by_cost])]
-
-
-def backward_within(problem: Problem, budget: int, deadline: Deadline = NEVER) -> Member | None:
-    """The cheaper of `backward_runs` at `budget` bytes, or None when neither reaches a plan."""
-    return cheapest_within(backward_runs(problem, budget, deadline), budget)
 
 
 def search(

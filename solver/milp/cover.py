@@ -91,11 +91,6 @@ def _build(problem: Problem, budget: int, int_cost: Sequence[int]) -> _Model:
     return _Model(lm, gaps)
 
 
-def read_gap_model(problem: Problem, budget: int, int_cost: Sequence[int]) -> LinearModel:
-    """The covering model above: objective in `int_cost` units, rows in bytes."""
-    return _build(problem, budget, int_cost).lm
-
-
 def read_gap_cover(
     problem: Problem, budget: int, int_cost: Sequence[int], *, deadline: Deadline, workers: int
 ) -> ReadGapCover:

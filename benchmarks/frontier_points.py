@@ -1,4 +1,5 @@
-"""The memory/compute frontier: the exact solver and every heuristic over a list of budgets."""
+"""The memory/compute frontier: the exact solver and every heuristic over a list of budgets
+(the frontier benchmarks' points, `benchmarks.common.predicted_frontier`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Cross-checks of a capture's bytes against what eager autograd really saves.
+"""Cross-checks of a capture's bytes against what eager autograd really saves (the capture tests'
+helper; docs/capture.md, "Bytes: graph vs `saved_tensors_hooks`").
 
 `eager_saved_bytes` counts the tensors autograd saves for backward during an eager forward
 (``torch.autograd.graph.saved_tensors_hooks``), storage-deduplicated and excluding parameters,
