@@ -35,8 +35,8 @@ device through the recompute as a kept one is (term 2 unchanged). Each offloaded
 runtime's `offload_seconds` (`SacProblem`). The copies overlap compute; the clock waits where a
 copy has not ended (`plan_stall`): at the forward's end for the last offload, at each
 reloaded op's place in the recompute for its reload. Copy seconds are `Link.offload_time` /
-`Link.reload_time` of the bytes (predicted from the link's latency and bandwidth); compute seconds are the
-ops' `seconds`.
+`Link.reload_time` of the bytes (predicted from the link's latency and bandwidth); compute
+seconds are the ops' `seconds`.
 A region that is not checkpointed may offload too (`plain_offloaded`): every storage its ops
 create that autograd saves (`plain_offload_bytes`, its output left out) is copied to the host
 at its forward's end and copied back when the backward reads it; the output's storages, which
