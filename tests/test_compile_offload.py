@@ -438,6 +438,7 @@ def test_an_offloading_model_holds_torchs_pinned_pool_across_steps(monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.long  # five inductor compiles: gpu_check's structure step leaves it to its cells
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_compile_offload_on_cuda_matches_torch_within_its_predicted_peak(one_thread):
     # below keep/recompute's least measured peak ("min") only copies fit: the plan moves

@@ -157,11 +157,41 @@ def test_pytest_summary_counts_and_first_failure() -> None:
     )
     line, failed = pytest_summary(out, 1)
     assert failed and line == (
-        "`pytest -m cuda`: 2 passed, 1 failed, 3 skipped, 0 errors (exit status 1); first: "
+        "`pytest -m 'cuda and not long'`: 2 passed, 1 failed, 3 skipped, 0 errors (exit status "
+        "1); first: "
         "FAILED tests/test_x.py::test_a - AssertionError: no"
     )
     line, failed = pytest_summary("no tests ran in 0.1s", 5)  # none marked cuda selected
-    assert not failed and line.startswith("`pytest -m cuda`: 0 passed, 0 failed, 0 skipped")
+    assert not failed and line.startswith("`pytest -m 'cuda and not long'`: 0 passed, 0 failed")
+
+
+def test_the_structure_step_leaves_the_inductor_compiling_cuda_test_to_the_compile_cells() -> None:
+    """The structure step's 40 s hold the collection and the short CUDA tests; the compile
+    offload test's five inductor compiles take minutes: it is marked `long`, which the step's
+    expression leaves out, and every other CUDA test is selected."""
+    import ast
+    from pathlib import Path
+
+    from _pytest.mark.expression import Expression
+
+    from benchmarks.gpu_check.spec import STRUCTURE_TESTS
+
+    selects = Expression.compile(STRUCTURE_TESTS)
+    selected, left = [], []
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            marks = {
+                d.attr if isinstance(d, ast.Attribute) else getattr(d.func, "attr", None)
+                for d in node.decorator_list
+                if isinstance(d, ast.Attribute | ast.Call)
+            }
+            if "cuda" in marks:
+                chosen = selects.evaluate(lambda name, marks=marks: name in marks)
+                (selected if chosen else left).append(node.name)
+    assert left == ["test_compile_offload_on_cuda_matches_torch_within_its_predicted_peak"]
+    assert len(selected) >= 5
 
 
 def test_a_runtime_that_differs_is_wrong_only_where_eager_repeats_itself() -> None:

@@ -10,8 +10,9 @@ a ResNet-50 (`benchmarks.zoo`, torchvision's layout); a Llama decoder stack at s
 (`DETERMINISM`: ``torch.use_deterministic_algorithms(True)``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``
 in its environment before torch is imported, cuDNN deterministic, its benchmark off), named in
 the header. First the host link is measured on the device (`measure_link`; ``--link NAME``
-uses a published one instead), then the structure step runs ``pytest -m cuda`` (the tests of
-the CUDA paths) on the device, its passed, failed and skipped counts a header line (not run on
+uses a published one instead), then the structure step runs ``pytest -m "cuda and not long"``
+(the tests of the CUDA paths but those that compile with inductor for minutes; the compile
+cells run that path) on the device, its passed, failed and skipped counts a header line (not run on
 the CPU, where they skip). Per model, one eager step as the reference and a second from a fresh
 copy (eager's repeat: the eager row's grads say whether eager repeats itself bit for bit), the
 capture (`graph_capture.capture`, ``granularity="module"``: the offload model grows as n^2,

@@ -1,6 +1,6 @@
-"""The driver: `main` (the command line), the structure step (`structure`: ``pytest -m cuda``),
-each model in its own subprocess (`run_model`), which runs `_worker` and reports its cells as
-``CELL <json>`` lines."""
+"""The driver: `main` (the command line), the structure step (`structure`: the CUDA-only tests,
+``pytest -m "cuda and not long"``), each model in its own subprocess (`run_model`), which runs
+`_worker` and reports its cells as ``CELL <json>`` lines."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from benchmarks.gpu_check.spec import (
     MODELS,
     RUN_LIMITS,
     RUNTIMES,
+    STRUCTURE_TESTS,
     Cell,
     Run,
     compile_backend,
@@ -89,19 +90,20 @@ def run_model(name: str, args: argparse.Namespace) -> list[Cell]:
 
 
 def structure(args: argparse.Namespace) -> tuple[str, bool]:
-    """``pytest -m cuda`` (the tests of the CUDA paths) on the device, under its limit: (one
-    line: passed, failed and skipped counts, the first failure; or why it did not run,
-    whether it failed)."""
+    """``pytest -m STRUCTURE_TESTS`` (the tests of the CUDA paths but the long ones) on the
+    device, under its limit: (one line: passed, failed and skipped counts, the first failure;
+    or why it did not run, whether it failed)."""
     if args.device != "cuda":
         return "not run: --device cpu (the `cuda` tests skip without a CUDA device)", False
     limit = RUN_LIMITS["structure"] * args.limit_scale
-    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rf", "-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", "-m", STRUCTURE_TESTS, "-q", "-rf"]
+    command += ["-p", "no:cacheprovider"]
     try:
         done = subprocess.run(
             [*command, "tests"], capture_output=True, text=True, timeout=limit, cwd=ROOT
         )
     except subprocess.TimeoutExpired:
-        return f"`pytest -m cuda` ran past its limit of {limit:g} s", True
+        return f"`pytest -m '{STRUCTURE_TESTS}'` ran past its limit of {limit:g} s", True
     return pytest_summary(done.stdout, done.returncode)
 
 
@@ -113,7 +115,7 @@ def pytest_summary(out: str, returncode: int) -> tuple[str, bool]:
     for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", last[0]):
         counts[kind.rstrip("s") if kind.startswith("error") else kind] += int(n)
     line = (
-        f"`pytest -m cuda`: {counts['passed']} passed, {counts['failed']} failed, "
+        f"`pytest -m '{STRUCTURE_TESTS}'`: {counts['passed']} passed, {counts['failed']} failed, "
         f"{counts['skipped']} skipped, {counts['error']} errors (exit status {returncode})"
     )
     first = next((x for x in out.splitlines() if x.startswith(("FAILED", "ERROR"))), None)
