@@ -252,6 +252,17 @@ def test_offloads_are_torchs_ops_where_the_schedule_puts_them(joints, made):
     _fake_run(cut.backward, saved)
 
 
+def test_offload_on_a_cpu_is_refused_in_a_short_line():
+    """The refusal names a link given by name, and a `solver.Link` without its repr (a
+    measured link's repr, every float's digits, filled gpu_check's compile+offload cell)."""
+    measured = Link(27436496171.751377, 27974391264.84376, d2h_latency=7.260621605383842e-07)
+    for offload, named in ((measured, "offload (a solver.Link)"), ("h100", "offload='h100'")):
+        with pytest.raises(CompileError) as refused:
+            api._offload_link(offload, nn.Linear(2, 2), [torch.zeros(1, 2)])
+        line = str(refused.value)
+        assert line.startswith(f"{named}: torch's offload ops") and "Link(" not in line
+
+
 def test_compile_plans_over_one_engine_for_both_directions(monkeypatch):
     """torch's ops carry both directions on one transfer stream, so executor.compile solves
     over that link (`transfer.transfer_link`): where the optimum reloads while an offload

@@ -197,7 +197,9 @@ def _offload_link(
         link = host_link(offload)
     except LinkError as e:
         raise CompileError(f"offload: {str(e).splitlines()[0]}") from e
-    _on_accelerator(f"offload={offload!r}", model, inputs)
+    # a name as given; a Link not by its repr (every field's digits: a table cell's line)
+    what = f"offload={offload!r}" if isinstance(offload, str) else "offload (a solver.Link)"
+    _on_accelerator(what, model, inputs)
     return transfer_link(link)
 
 
