@@ -41,7 +41,7 @@ from solver.exact import least_peak, warm_start
 from solver.exact.cascade import cascade_cover, lifetime_polish
 from solver.exact.cover import read_gap_cover
 from solver.exact.moments import moment_relaxation
-from solver.exact.offload import solve_with_offload
+from solver.exact.offload import OffloadProblem, solve_with_offload
 from solver.exact.options import DEFAULT, SolveOptions
 from solver.exact.probes import probes
 from solver.exact.stage_model import lp_relaxation, stage_model
@@ -160,10 +160,7 @@ def solve(
         if link is not None:
             assert bytes_ is not None
             return solve_with_offload(
-                graph,
-                problem,
-                bytes_,
-                link,
+                OffloadProblem(graph, problem, bytes_, link),
                 whole,
                 workers=workers,
                 progress=report,
