@@ -23,6 +23,8 @@ class OpFacts:
     outputs: set[int] = field(default_factory=set)  # and the block's outputs
     mutated: bool = False
     scratch: int = 0
+    host_sizes: tuple[int, ...] = ()  # bytes of a host copy of each output tensor
+    requested: dict[int, int] = field(default_factory=dict)  # new storage -> bytes, unrounded
 
 
 @dataclass
@@ -35,7 +37,8 @@ class BlockFacts:
 
 
 def _op(o: OpFacts) -> SacOp:
-    """The torch-free op: bytes per kind of storage, the median of its measured seconds."""
+    """The torch-free op: bytes per kind of storage, the median of its measured seconds, and
+    the sizes of the host buffers its offload and a park of its saved storages allocate."""
     new_bytes = sum(o.storages.values())
     return SacOp(
         name=o.name,
@@ -46,6 +49,8 @@ def _op(o: OpFacts) -> SacOp:
         saveable=new_bytes > 0 and not o.mutated and not o.random,
         scratch=o.scratch,
         output_bytes=sum(o.storages[s] for s in o.outputs),
+        host_sizes=o.host_sizes,
+        saved_sizes=tuple(sorted(o.requested[s] for s in o.saved - o.outputs)),
     )
 
 

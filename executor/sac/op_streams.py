@@ -1,13 +1,15 @@
 """Record each block's forward op stream (`record_ops`): the forward, once per run, under a
 TorchDispatchMode that sees the ops the SAC policy sees (every dispatched op but
 `SAC_IGNORED_OPS`) and under saved-tensor hooks that see what autograd saves: per op its new
-storage bytes (deduplicated by storage), the last op reading it, whether autograd saves it,
-whether it may be MUST_SAVE, and its wall time in each run (pointwise ops count 0 FLOPs yet
-take real time on CPU); per block its inputs' bytes, `stop` (its last op before its last pack)
-and the buffers its forward mutates. A run whose op stream differs from the first's is a PlanError.
-Then once more under the profiler, each op in a window, for its scratch bytes
-(`_measure_scratch`). The facts are `executor.sac.facts.BlockFacts`; bytes and seconds come
-from a measurer (`executor.sac.measurer`)."""
+storage bytes (deduplicated by storage; and unrounded, for a park's host copies), the bytes
+of a host copy of each of its output tensors (for an offload's), the last op reading it,
+whether autograd saves it, whether it may be MUST_SAVE, and its wall time in each run
+(pointwise ops count 0 FLOPs yet take real time on CPU); per block its inputs' bytes, `stop`
+(its last op before its last pack) and the buffers its forward mutates. A run whose op stream
+differs from the first's is a PlanError. Then once more under the profiler, each op in a
+window, for its scratch bytes (`_measure_scratch`). The facts are
+`executor.sac.facts.BlockFacts`; bytes and seconds come from a measurer
+(`executor.sac.measurer`)."""
 
 from __future__ import annotations
 
@@ -99,6 +101,7 @@ class _Recorder(TorchDispatchMode):
             if (c := self.creator.get(s)) is not None:
                 facts.ops[c].last_read = i
         storages: dict[int, int] = {}
+        requested: dict[int, int] = {}  # the same storages' bytes, unrounded
         seen = set()
         for t in leaf_tensors(out):
             s = storage_key(t)
@@ -111,9 +114,23 @@ class _Recorder(TorchDispatchMode):
             else:  # a new storage, possibly where a freed one was
                 self.creator[s] = i
                 storages[s] = self.measurer.nbytes(t)
+                requested[s] = t.untyped_storage().nbytes()
         random = torch.Tag.nondeterministic_seeded in func.tags
         scratch = self.measurer.scratch(func, args, kwargs, out)
-        facts.ops.append(OpFacts(str(func), i, random, [seconds], storages, scratch=scratch))
+        # an offload copies each output tensor to a host buffer of its own (HostCopies.pack)
+        copies = tuple(t.numel() * t.element_size() for t in leaf_tensors(out))
+        facts.ops.append(
+            OpFacts(
+                str(func),
+                i,
+                random,
+                [seconds],
+                storages,
+                scratch=scratch,
+                host_sizes=copies,
+                requested=requested,
+            )
+        )
         return out
 
 

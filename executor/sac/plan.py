@@ -28,10 +28,11 @@ from solver.sac.union import SacUnion
 
 __all__ = ["CheckpointPlan", "model_signature"]
 
-FORMAT = "remat-sac-plan/6"
-READS = ("remat-sac-plan/5", FORMAT)
-"""The plan formats `CheckpointPlan.load` reads: 6 adds the offload choices and the link; a
-format 5 file offloads nothing."""
+FORMAT = "remat-sac-plan/7"
+READS = ("remat-sac-plan/5", "remat-sac-plan/6", FORMAT)
+"""The plan formats `CheckpointPlan.load` reads: 6 adds the offload choices and the link, 7 the
+sizes of each op's host buffers (`solver.sac.SacOp.host_sizes`, `saved_sizes`; a format 6
+file's ops have one buffer of their bytes); a format 5 file offloads nothing."""
 
 
 def model_signature(model: nn.Module) -> str:
@@ -205,9 +206,9 @@ class CheckpointPlan:
 
     @classmethod
     def load(cls, path: str | Path, model: nn.Module) -> CheckpointPlan:
-        """Read a plan written by `save` (format 6, or 5: offloading nothing), checked against
-        `model` (ScheduleMismatchError for a plan of another model or other blocks, PlanError
-        for a file that is not a plan)."""
+        """Read a plan written by `save` (format 7; 6: one host buffer per op; 5: offloading
+        nothing), checked against `model` (ScheduleMismatchError for a plan of another model
+        or other blocks, PlanError for a file that is not a plan)."""
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:

@@ -32,6 +32,7 @@ from executor.sac.plan import CheckpointPlan, model_signature
 from executor.sac.record import RECORDING_STEPS, record_union
 from executor.sac.sharded import solve_sharded
 from executor.sac.step import RecordingTime, Snapshot, in_call_order, leaf_tensors
+from executor.traced.offload import link_on
 from graph_capture.inputs import positional_inputs
 from graph_capture.measurement.peak import CPU
 from solver.core.budget import USABLE, Budget
@@ -155,9 +156,11 @@ def checkpoint_plan(
     offload saved ops of checkpointed regions to the host until the recompute, and park the
     saved tensors of regions it does not checkpoint until their backward (NOTE [ SAC offload
     model ], docs/sac.md "Offload"): the least cost with the copies' time predicted from the
-    link, the host copies within `host_memory`; None: keep or recompute only. PlanError (one
-    line) for a model allocating real memory or with data-dependent shapes in estimate mode;
-    `solver.target.UnknownTargetError` for an unknown target. Ctrl-C (from the main thread,
+    link, the host copies within `host_memory` (each buffer rounded as the host allocator of
+    the device the copies run on rounds it, `executor.traced.offload.link_on`); None: keep or
+    recompute only. PlanError (one line) for a model allocating real memory or with
+    data-dependent shapes in estimate mode; `solver.target.UnknownTargetError` for an unknown
+    target. Ctrl-C (from the main thread,
     where SIGINT has Python's default handler): the first ends the call as the time limit
     does (the best plan the solve has, or PlanError during the recording), a second raises
     KeyboardInterrupt."""
@@ -178,6 +181,8 @@ def checkpoint_plan(
     recorded_on = _recording_device(model, (example_inputs, kwargs), target is not None)
     measurer = _measurer(target, recorded_on)
     device = getattr(measurer, "device", None)
+    # the host rounding of the device the plan's copies run on: the recording's, or the target's
+    link = link_on(link, recorded_on if device is None else torch.device(device.kernels))
     if wanted.kind == USABLE and not (sharded and device is not None):
         raise PlanError(
             "budget None is a target's usable memory per rank, for a sharded plan (a target "

@@ -27,21 +27,23 @@ device-to-host engine (FIFO); the region's forward waits for its copies at its e
 device storage lives through the forward as a kept one does (term 1 unchanged). From the
 forward's end to the region's recompute the device does not hold it: the savings `d_j` grow by
 its `new_bytes`, and the host holds them (`plan_host`: every offloaded byte is on the host at
-once between the last forward and the first backward). The recompute, on entry, issues the
-reloads of every offloaded op of the region in op order on the one host-to-device engine and
-reads each at the op's place: the reloaded storage is on the device through the recompute as a
-kept one is (term 2 unchanged). Each offloaded op costs the runtime's `offload_seconds`
-(`SacProblem`). The copies overlap compute; the clock waits where a copy has
-not ended (`plan_stall`): at the forward's end for the last offload, at each reloaded op's place
-in the recompute for its reload. Copy seconds are `Link.offload_time` / `Link.reload_time` of
-the bytes (predicted from the link's latency and bandwidth); compute seconds are the ops'
-`seconds`.
+once between the last forward and the first backward; each output tensor is its own host
+buffer, `SacOp.host_sizes`, which the link's host allocator rounds, `Link.host_bytes`). The
+recompute, on entry, issues the reloads of every offloaded op of the region in op order on the
+one host-to-device engine and reads each at the op's place: the reloaded storage is on the
+device through the recompute as a kept one is (term 2 unchanged). Each offloaded op costs the
+runtime's `offload_seconds` (`SacProblem`). The copies overlap compute; the clock waits where a
+copy has not ended (`plan_stall`): at the forward's end for the last offload, at each
+reloaded op's place in the recompute for its reload. Copy seconds are `Link.offload_time` /
+`Link.reload_time` of the bytes (predicted from the link's latency and bandwidth); compute
+seconds are the ops' `seconds`.
 A region that is not checkpointed may offload too (`plain_offloaded`): every storage its ops
 create that autograd saves (`plain_offload_bytes`, its output left out) is copied to the host
 at its forward's end and copied back when the backward reads it; the output's storages, which
 autograd may save too (an in-place ReLU saves its result), stay on the device and are never
-copied, so the host never holds them. Its forward term stays the plain step's (the device
-holds the storages through the forward, as the plain step does) and so does its backward's
+copied, so the host never holds them (each parked storage is its own host buffer, rounded as
+an offloaded op's are). Its forward term stays the plain step's (the device holds the storages
+through the forward, as the plain step does) and so does its backward's
 (an upper bound: the backward reloads each only where it reads it); from its forward's end to
 its backward the device does not hold them (its savings) and the host does. Its copies are
 counted as if none overlapped compute: the forward's end issues them and waits for them, and
@@ -86,6 +88,29 @@ def plain_offload_bytes(block: SacBlock) -> int:
     """Bytes a region that is not checkpointed offloads: the storages its ops create that
     autograd saves, its output left out."""
     return sum(op.saved_bytes for op in block.ops)
+
+
+def offload_host(op: SacOp, link: Link | None) -> int:
+    """Host bytes the op's offload holds: each of its host buffers (`SacOp.host_sizes`) as
+    `link`'s host allocator rounds it (None: as requested)."""
+    sizes = (op.new_bytes,) if op.host_sizes is None else op.host_sizes
+    return _held(sizes, link)
+
+
+def park_host(block: SacBlock, link: Link | None) -> int:
+    """Host bytes a region that is not checkpointed holds when it parks: each saved storage
+    (`SacOp.saved_sizes`, its output's left out) in its own host buffer, as `link`'s host
+    allocator rounds it (None: as requested)."""
+    sizes = [
+        size
+        for op in block.ops
+        for size in ((op.saved_bytes,) if op.saved_sizes is None else op.saved_sizes)
+    ]
+    return _held(sizes, link)
+
+
+def _held(sizes: Collection[int], link: Link | None) -> int:
+    return sum(sizes) if link is None else sum(link.host_bytes(size) for size in sizes)
 
 
 def plain_offload_count(block: SacBlock) -> int:
@@ -211,18 +236,17 @@ def plan_peak(problem: SacProblem, plan: SacPlan) -> int:
     return max(value for _, _, value in plan_terms(problem, plan))
 
 
-def plan_host(problem: SacProblem, plan: SacPlan) -> int:
-    """Bytes the plan's host copies hold at their most: every offloaded op's storage, all on
-    the host between the last block's forward and the first block's backward (NOTE [ SAC
-    offload model ])."""
+def plan_host(problem: SacProblem, plan: SacPlan, link: Link | None = None) -> int:
+    """Bytes the plan's host copies hold at their most: every offloaded op's host buffers and
+    every parked storage's, all on the host between the last block's forward and the first
+    block's backward (NOTE [ SAC offload model ]), each as `link`'s host allocator rounds it
+    (`offload_host`, `park_host`; None: as requested)."""
     check_plan(problem, plan)
     plain = sum(
-        plain_offload_bytes(b)
-        for b, p in zip(problem.blocks, plan.plain_offloads(), strict=True)
-        if p
+        park_host(b, link) for b, p in zip(problem.blocks, plan.plain_offloads(), strict=True) if p
     )
     return plain + sum(
-        block.ops[i].new_bytes
+        offload_host(block.ops[i], link)
         for block, off in zip(problem.blocks, plan.offloads(), strict=True)
         for i in off
     )

@@ -32,7 +32,12 @@ class SacOp:
     out. `saveable`: whether MUST_SAVE is offered: new storage that no later op mutates, from a
     non-random op. `scratch`: bytes the op holds during its call beyond its outputs (kernel
     workspace). `output_bytes`: bytes of its storages that are the block's output, live after
-    the block whatever the plan (the next block's input).
+    the block whatever the plan (the next block's input). `host_sizes`: bytes of each host
+    buffer its offload allocates, one per output tensor (numel times element size: what the
+    runtime's copy of it takes); None: one buffer of `new_bytes`. `saved_sizes`: bytes of each
+    storage in `saved_bytes` as requested (a parked region copies each whole storage to its
+    own host buffer); None: one storage of `saved_bytes`. The host allocator rounds each size
+    (`solver.Link.host_bytes`).
     """
 
     name: str
@@ -43,6 +48,13 @@ class SacOp:
     saveable: bool
     scratch: int = 0
     output_bytes: int = 0
+    host_sizes: tuple[int, ...] | None = None
+    saved_sizes: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_json(cls, d: dict) -> SacOp:
+        sizes = {k: tuple(d[k]) for k in ("host_sizes", "saved_sizes") if d.get(k) is not None}
+        return cls(**{**d, **sizes})
 
 
 @dataclass(frozen=True)
@@ -92,7 +104,7 @@ class SacBlock:
 
     @classmethod
     def from_json(cls, d: dict) -> SacBlock:
-        ops = tuple(SacOp(**op) for op in d["ops"])
+        ops = tuple(SacOp.from_json(op) for op in d["ops"])
         return cls(**{**d, "ops": ops, "buffers": tuple(d.get("buffers", ()))})
 
 

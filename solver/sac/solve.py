@@ -40,9 +40,10 @@ terms (with D_{j,l} = D_j + the savings of children 0..l-1) and its inner stretc
 With a host link (NOTE [ SAC offload model ], solver/sac/memory.py) each offloadable op i of
 a region also has o_i <= s_i (offloaded): d_j gains sum_i o_i b_i (the host holds them), every
 recompute term keeps the offload-free d_j (the reloads are back on the device through the
-recompute), sum o_i b_i <= host_memory over every region, and the cost gains per region the
-stall of its copies, exact for the FIFO engines without big-M terms, and the runtime's
-`offload_seconds` per offloaded op:
+recompute), sum o_i h_i <= host_memory over every region (h_i: the host bytes of op i's host
+buffers, one per output tensor, each rounded by the link's host allocator: `offload_host`),
+and the cost gains per region the stall of its copies, exact for the FIFO engines without
+big-M terms, and the runtime's `offload_seconds` per offloaded op:
 
     forward:    w_f >= T_i - T + sum_{k>=i} o_k off_k      (every offloadable i; w_f >= 0)
     recompute:  w_r >= sum_{k<=i} o_k re_k - R_i            (every offloadable i <= stop)
@@ -52,8 +53,9 @@ s_k): the rerun seconds before op i; off_k, re_k: the link's copy seconds of b_k
 an op that is not offloaded is implied by the next offloaded op's (forward) or the previous
 one's (recompute), so the largest term over offloaded ops, the FIFO's wait, is what binds.
 A region r that may park (a block without a split, or a child) has q_r <= 1 - c_r (a child's
-also <= 1 - c_j): d gains q_r times its saved bytes, the host those bytes, the cost its copies'
-seconds both ways plus `offload_seconds` per saved storage.
+also <= 1 - c_j): d gains q_r times its saved bytes, the host those storages' host buffers
+(`park_host`, rounded as h_i is), the cost its copies' seconds (of the saved bytes) both ways
+plus `offload_seconds` per saved storage.
 
 Every returned plan is evaluated by the reference (`solver.sac.union.union_peak`, which runs
 `solver.sac.memory`), whose peak and cost are the ones reported.
@@ -69,7 +71,14 @@ from solver.core.budget import Budget, as_percent, plain_step
 from solver.core.link import Link
 from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError, InternalError, SolverTimeoutError
-from solver.sac.memory import SacPlan, offloadable, plain_offload_bytes, plain_offload_count
+from solver.sac.memory import (
+    SacPlan,
+    offload_host,
+    offloadable,
+    park_host,
+    plain_offload_bytes,
+    plain_offload_count,
+)
 from solver.sac.problem import SacBlock, SacProblem
 from solver.sac.union import SacUnion, UnionPlan, union_cost, union_host, union_peak
 
@@ -89,7 +98,7 @@ class SacSolution:
     model, `status` ("OPTIMAL" or "FEASIBLE"), `bound` (proven lower bound on the cost, seconds),
     `gap` ((cost - bound) / cost, 0 when cost is 0) and `budget` (bytes); with a link, the cost
     includes the copies' predicted stall and `host` is the bytes the host copies hold at their
-    most (0 without offload)."""
+    most, as the link's host allocator rounds each buffer (0 without offload)."""
 
     plan: SacPlan | UnionPlan
     peak: int
@@ -117,7 +126,7 @@ class _Model:
         self.peak = m.NewIntVar(-(2**50), budget, "P")
         # nanoseconds of the SAC runtime's overhead and the copies' stall
         self.runtime: cp_model.LinearExpr = 0
-        self.host: cp_model.LinearExpr = 0  # bytes offloaded
+        self.host: cp_model.LinearExpr = 0  # host bytes, as the link's allocator rounds them
         self.c, self.s, self.o, self.q = self._regions(
             union.blocks.blocks, "b", [s is None for s in union.splits]
         )
@@ -165,7 +174,7 @@ class _Model:
                 if self.link is not None and offloadable(op):
                     off[i] = self.m.NewBoolVar(f"o{prefix}{j}_{i}")
                     self.m.AddImplication(off[i], choices[i])
-                    self.host += op.new_bytes * off[i]
+                    self.host += offload_host(op, self.link) * off[i]
                     self.runtime += round(self.union.blocks.offload_seconds * NS) * off[i]
             s.append(choices)
             o.append(off)
@@ -189,7 +198,7 @@ class _Model:
             return None
         v = self.m.NewBoolVar(f"q{name}")
         self.m.AddImplication(v, c.Not())
-        self.host += nbytes * v
+        self.host += park_host(block, self.link) * v
         copies = self.link.offload_time(nbytes) + self.link.reload_time(nbytes)
         price = plain_offload_count(block) * round(self.union.blocks.offload_seconds * NS)
         self.runtime += (round(copies * NS) + price) * v
@@ -446,5 +455,5 @@ def solve_sac(
     gap = 0.0 if optimal or cost <= 0 else (cost - bound) / cost
     result = plan if isinstance(problem, SacUnion) else plan.blocks
     status_ = "OPTIMAL" if optimal else "FEASIBLE"
-    host = union_host(union, plan)
+    host = union_host(union, plan, link)
     return SacSolution(result, peak, cost, status_, bound, gap, budget, host)

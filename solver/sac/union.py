@@ -168,7 +168,7 @@ def union_cost(union: SacUnion, plan: UnionPlan, link: Link | None = None) -> fl
     return plan_cost(*flatten(union, plan), link)
 
 
-def union_host(union: SacUnion, plan: UnionPlan) -> int:
-    """Host bytes the union plan's offloaded storages hold at their most
-    (`solver.sac.memory.plan_host`)."""
-    return plan_host(*flatten(union, plan))
+def union_host(union: SacUnion, plan: UnionPlan, link: Link | None = None) -> int:
+    """Host bytes the union plan's offloaded storages hold at their most, each host buffer as
+    `link`'s host allocator rounds it (`solver.sac.memory.plan_host`; None: as requested)."""
+    return plan_host(*flatten(union, plan), link)
