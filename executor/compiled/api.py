@@ -168,7 +168,8 @@ def compile(
     line. Never run here: the graphs are checked as structure under fake tensors only
     (docs/compile.md).
 
-    Exception to the 8-parameter rule: a public entry point whose keyword-only parameters are the one interface's options."""
+    Exception to the 8-parameter rule: a public entry point whose keyword-only parameters are
+    the one interface's options."""
     name, options = _options(torch_compile_kwargs)
     inputs = positional_inputs(example_inputs, CompileError)
     link = _offload_link(offload, model, inputs)

@@ -128,7 +128,8 @@ def solve(
         ComputeBudgetError: objective="memory" and the compute budget is below the total cost.
         SolverTimeoutError: no schedule within the budget was found within the time limit.
 
-    Exception to the 8-parameter and 80-line rules: a public entry point whose keyword-only parameters are the one interface's options, each documented here.
+    Exception to the 8-parameter and 80-line rules: a public entry point whose keyword-only
+    parameters are the one interface's options, each documented here.
     """
     started = time.perf_counter()
     wanted = check_arguments(objective, budget, compute_budget, offload)
