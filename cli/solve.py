@@ -28,7 +28,7 @@ from solver.core.stages import cheapest_within, smallest_within
 from solver.deadline import Deadline, Stop
 from solver.errors import ArgumentError, InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
-from solver.exact.offload import solve_with_offload
+from solver.exact.offload import OffloadProblem, solve_with_offload
 from solver.exact.pipeline import check_arguments, print_interrupted
 from solver.heuristics.registry import HEURISTICS, members
 from solver.interrupt import first_sigint_stops
@@ -308,10 +308,7 @@ def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, 
         if link is not None:
             assert isinstance(budget, int)
             offloaded = solve_with_offload(
-                graph,
-                problem,
-                budget,
-                link,
+                OffloadProblem(graph, problem, budget, link),
                 exact_deadline,
                 workers=args.workers,
                 progress=None if args.quiet else print_progress,

@@ -88,6 +88,9 @@ def capture(
     Two paths share the tracing (`graph_capture.joint.trace_step`) and the DAG's assembly
     (`graph_capture.assemble.assemble`):
     `_capture_measured` (no ``target``) and `_capture_estimated`.
+
+    Exception to the 8-parameter rule: a public entry point whose keyword-only parameters are
+    the one interface's options.
     """
     if granularity not in GRANULARITIES:
         raise ArgumentError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")

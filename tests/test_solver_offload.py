@@ -26,7 +26,7 @@ from solver.core.link import LinkError
 from solver.core.offload import OffloadPlan, offload_ops
 from solver.core.stages import StagePlan, plan_from_keep
 from solver.deadline import NEVER, Deadline
-from solver.exact.offload import solve_with_offload
+from solver.exact.offload import OffloadProblem, solve_with_offload
 from solver.examples import chain, uniform_training_chain
 from solver.heuristics.offload import offload_runs
 from solver.io import save_graph
@@ -607,9 +607,10 @@ def test_with_no_time_left_or_too_large_a_model_the_incumbent_comes_back():
     budget = solver.baseline(graph, "checkpoint_all").peak - 1
     slow = Link(0.01, 0.01)  # no copy pays: the heuristics do not close the search
     with pytest.raises(solver.SolverTimeoutError, match="with offload or without"):
-        solve_with_offload(graph, problem, budget, slow, Deadline.after(0))
+        solve_with_offload(OffloadProblem(graph, problem, budget, slow), Deadline.after(0))
     start = solver.solve(graph, budget, time_limit=TIME_LIMIT)
-    late = solve_with_offload(graph, problem, budget, slow, Deadline.after(0), start=start)
+    asked = OffloadProblem(graph, problem, budget, slow)
+    late = solve_with_offload(asked, Deadline.after(0), start=start)
     assert late.ops == start.ops and late.status == "FEASIBLE"
     assert late.bound == problem.total_cost == 18
     assert "too many for the 0.0 s left" in late.extra["offload_model"]

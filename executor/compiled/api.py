@@ -166,7 +166,10 @@ def compile(
     as torch's ``ao.offload`` / ``ao.reload`` ops (`executor.compiled.offload`). Those ops need
     an accelerator (pinned host memory, a transfer stream): on a CPU the call refuses in one
     line. Never run here: the graphs are checked as structure under fake tensors only
-    (docs/compile.md)."""
+    (docs/compile.md).
+
+    Exception to the 8-parameter rule: a public entry point whose keyword-only parameters are
+    the one interface's options."""
     name, options = _options(torch_compile_kwargs)
     inputs = positional_inputs(example_inputs, CompileError)
     link = _offload_link(offload, model, inputs)

@@ -29,7 +29,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
@@ -139,117 +139,166 @@ def compile_within_budget(
     over ``link`` where one is given) and lowered until the measured peak is within it, at
     most ``max_compiles`` times, then held against torch's step (``check``); `CompileError`
     where no compile measures within the budget in time."""
-    plain: list[int] = []
+    return _BudgetLoop(steps, wanted, name, options, max_compiles, check, link).run()
 
-    def hundred() -> int:
-        if not plain:
-            _, measured = steps.measure(name if not options else _plain(name, options), None)
-            plain.append(measured.peak)
-        return plain[0]
 
-    budget, minimum = wanted.text, wanted.least
-    try:
-        target = None if minimum else wanted.bytes(hundred)
-    except BudgetError as e:
-        raise CompileError(str(e)) from e
-    deadline = steps.deadline
-    tries: list[Try] = []
-    solver_budget: int | str = "min" if minimum else target
-    attempted: list[int | str] = []  # the solver budgets of the loop's compiles
-    infeasible: _Infeasible | None = None  # the last compile's solve, below the least
-    runs_twice: _RunsTwice | None = None  # a schedule refused for recomputing a run-once op
-    for attempt in range(max_compiles):
+class _BudgetLoop:
+    """One `compile_within_budget` call. A solver budget is bytes, or None for "min" (the
+    least-peak schedule). ``tries``: the measured compiles; ``attempted``: the solver budget
+    of every compile, measured or not; ``infeasible``: the last compile's solve, below the
+    least; ``runs_twice``: a schedule refused for recomputing a run-once op;
+    ``plain_peak``: the plain compile's measured peak (bytes), once a percentage needed it."""
+
+    def __init__(
+        self,
+        steps: Steps,
+        wanted: Budget,
+        name: str,
+        options: dict[str, Any],
+        max_compiles: int,
+        check: CompileCheck,
+        link: solver.Link | None,
+    ) -> None:
+        self.steps, self.name, self.options = steps, name, options
+        self.max_compiles, self.check, self.link = max_compiles, check, link
+        self.plain_peak: int | None = None
+        self.budget, self.minimum = wanted.text, wanted.least
+        try:
+            self.target = None if self.minimum else wanted.bytes(self.hundred)
+        except BudgetError as e:
+            raise CompileError(str(e)) from e
+        self.tries: list[Try] = []
+        self.attempted: list[int | None] = []
+        self.infeasible: _Infeasible | None = None
+        self.runs_twice: _RunsTwice | None = None
+
+    def hundred(self) -> int:
+        """Bytes: the plain compile's measured peak (compiled and measured at the first call)."""
+        if self.plain_peak is None:
+            plain = self.name if not self.options else _plain(self.name, self.options)
+            _, measured = self.steps.measure(plain, None)
+            self.plain_peak = measured.peak
+        return self.plain_peak
+
+    def run(self) -> tuple[Callable[..., Any], CompileReport]:
+        solver_budget: int | None = None if self.minimum else self.target
+        for attempt in range(self.max_compiles):
+            self.attempted.append(solver_budget)
+            partitioner = self._partitioner(solver_budget, attempt)
+            started = time.perf_counter()
+            try:
+                call, measured = self.steps.measure(
+                    backend(self.name, partitioner, self.options), partitioner
+                )
+            except _Infeasible as e:
+                solver_budget = self._after_infeasible(e, partitioner)
+                if solver_budget in self.attempted:
+                    break
+                continue
+            self.infeasible = None
+            predicted = max(r.schedule.peak for r in partitioner.regions)
+            seconds = time.perf_counter() - started
+            self.tries.append(Try(solver_budget, predicted, measured.peak, seconds))
+            if self.minimum or measured.peak <= self.target:
+                return call, self._report(call, measured, partitioner)
+            if solver_budget is None:
+                break  # the least-peak schedule measured over the budget
+            lowered = self._lowered(solver_budget, predicted, measured.peak)
+            if (attempt == self.max_compiles - 2 or lowered <= 0) and None not in self.attempted:
+                solver_budget = None
+            elif lowered <= 0:
+                break
+            else:
+                solver_budget = lowered
+        self._fail()
+
+    def _partitioner(self, solver_budget: int | None, attempt: int) -> RematPartitioner:
+        """The partition of compile ``attempt``, its solves ending by their share of the time
+        left (NOTE [one deadline])."""
         # "min" returns its first measured compile: its solves take a quarter of the time,
         # as the first of two compiles would, leaving the compile, whose seconds are not
         # known before it, and the measurement the rest
         # under inductor the check compiles torch's partition once more: a share of its own
-        left = (2 if minimum else max_compiles - attempt) + (name == "inductor")
-        solves = deadline.within(_solve_seconds(deadline.remaining(), left, steps.rest()))
-        attempted.append(solver_budget)
-        partitioner = RematPartitioner(
-            solver_budget,
+        left = (2 if self.minimum else self.max_compiles - attempt) + (self.name == "inductor")
+        deadline = self.steps.deadline
+        solves = deadline.within(_solve_seconds(deadline.remaining(), left, self.steps.rest()))
+        return RematPartitioner(
+            "min" if solver_budget is None else solver_budget,
             solves,
-            replay_rng=name == "aot_eager",
-            fuse=name == "inductor",
-            link=link,
+            replay_rng=self.name == "aot_eager",
+            fuse=self.name == "inductor",
+            link=self.link,
         )
-        started = time.perf_counter()
-        try:
-            call, measured = steps.measure(backend(name, partitioner, options), partitioner)
-        except _Infeasible as e:
-            timed_out = isinstance(e.error, solver.SolverTimeoutError)
-            refused = isinstance(e, _RunsTwice)
-            if refused:
-                runs_twice = e
-            # a solve cut short finds no schedule, and one that recomputes an op that must run
-            # once is refused: the least-peak one ("min") is within the budget wherever any
-            # schedule is, in the model, its search keeps run-once ops once, and the
-            # measurement decides
-            next_budget = "min" if timed_out or refused else _above_least(e, target, tries)
-            if timed_out and next_budget in attempted:
-                raise CompileError(
-                    f"budget {budget} ({target} B): the solver found no schedule within it in "
-                    f"its {partitioner.solve_seconds:.1f} s share of time_limit "
-                    f"({str(e.error).splitlines()[0]}); raise time_limit or the budget"
-                ) from e.error
-            infeasible, solver_budget = e, next_budget
-            if solver_budget in attempted:
-                break
-            continue
-        infeasible = None
-        predicted = max(r.schedule.peak for r in partitioner.regions)
-        seconds = time.perf_counter() - started
-        tries.append(
-            Try(
-                None if solver_budget == "min" else int(solver_budget),
-                predicted,
-                measured.peak,
-                seconds,
-            )
-        )
-        if minimum or measured.peak <= target:
-            checked = check_step(steps, call, name, options, partitioner.regions, check)
-            stopped = "interrupted" if deadline.stopped() else "time limit"
-            report = CompileReport(
-                None if minimum else target,
-                measured.peak,
-                plain[0] if plain else None,
-                steps.compiles,
-                tries,
-                partitioner.regions,
-                stopped if partitioner.cut_short else None,
-                checked,
-            )
-            return call, report
-        if solver_budget == "min":
-            break  # the least-peak schedule measured over the budget
+
+    def _after_infeasible(self, e: _Infeasible, partitioner: RematPartitioner) -> int | None:
+        """The next solver budget after a compile whose solve found no schedule (``e``)."""
+        timed_out = isinstance(e.error, solver.SolverTimeoutError)
+        refused = isinstance(e, _RunsTwice)
+        if refused:
+            self.runs_twice = e
+        # a solve cut short finds no schedule, and one that recomputes an op that must run
+        # once is refused: the least-peak one ("min") is within the budget wherever any
+        # schedule is, in the model, its search keeps run-once ops once, and the
+        # measurement decides
+        next_budget = None if timed_out or refused else _above_least(e, self.target, self.tries)
+        if timed_out and next_budget in self.attempted:
+            raise CompileError(
+                f"budget {self.budget} ({self.target} B): the solver found no schedule within "
+                f"it in its {partitioner.solve_seconds:.1f} s share of time_limit "
+                f"({str(e.error).splitlines()[0]}); raise time_limit or the budget"
+            ) from e.error
+        self.infeasible = e
+        return next_budget
+
+    def _lowered(self, solver_budget: int, predicted: int, measured: int) -> int:
+        """The next solver budget (bytes; 0 or less: nothing left) after a compile that
+        measured over the target."""
         # below the schedule's predicted peak (the solver budget may lie far above it) by the
         # excess, doubled at each further miss: inductor's peak moves in steps; the last
         # compile (or a budget lowered to nothing) is the least-peak schedule's, the likeliest
         # to measure within the budget where the model's peaks miss inductor's
-        below = min(int(solver_budget), predicted)
-        lowered = below - (measured.peak - target) * 2 ** (len(tries) - 1)
-        last = attempt == max_compiles - 2 or lowered <= 0
-        solver_budget = "min" if last and "min" not in attempted else lowered
-        if solver_budget != "min" and solver_budget <= 0:
-            break
-    if runs_twice is not None:  # "min" followed it: measured over the budget, or not compiled
-        raise _runs_once(budget, target, tries, runs_twice, max_compiles) from runs_twice.error
-    if infeasible is not None:
-        raise _below_least(budget, target, tries, infeasible) from infeasible.error
-    if tries[-1].solver_budget is None:
-        raise CompileError(
-            f"budget {budget} ({target} B) is below the least remat's partition reaches "
-            f"compiled: its least-peak schedule measured {tries[-1].measured} B "
-            f"({human_bytes(tries[-1].measured)}): raise the budget, use 'min', or compile "
-            "without remat (torch's partition can measure lower where inductor's layout or "
-            "fusion choices differ from remat's model)"
+        below = min(solver_budget, predicted)
+        return below - (measured - self.target) * 2 ** (len(self.tries) - 1)
+
+    def _report(
+        self, call: Callable[..., Any], measured: Measured, partitioner: RematPartitioner
+    ) -> CompileReport:
+        """The report of the compile returned, checked against torch's step."""
+        steps = self.steps
+        checked = check_step(steps, call, self.name, self.options, partitioner.regions, self.check)
+        stopped = "interrupted" if steps.deadline.stopped() else "time limit"
+        return CompileReport(
+            None if self.minimum else self.target,
+            measured.peak,
+            self.plain_peak,
+            steps.compiles,
+            self.tries,
+            partitioner.regions,
+            stopped if partitioner.cut_short else None,
+            checked,
         )
-    raise CompileError(
-        f"budget {budget} ({target} B): after {len(tries)} compiles the compiled step still "
-        f"measured {tries[-1].measured} B ({human_bytes(tries[-1].measured)}); raise the "
-        f"budget or max_compiles"
-    )
+
+    def _fail(self) -> NoReturn:
+        """Raises the error where no compile measured within the budget."""
+        budget, target, tries = self.budget, self.target, self.tries
+        if self.runs_twice is not None:  # "min" followed it: over the budget, or not compiled
+            error = _runs_once(budget, target, tries, self.runs_twice, self.max_compiles)
+            raise error from self.runs_twice.error
+        if self.infeasible is not None:
+            raise _below_least(budget, target, tries, self.infeasible) from self.infeasible.error
+        if tries[-1].solver_budget is None:
+            raise CompileError(
+                f"budget {budget} ({target} B) is below the least remat's partition reaches "
+                f"compiled: its least-peak schedule measured {tries[-1].measured} B "
+                f"({human_bytes(tries[-1].measured)}): raise the budget, use 'min', or compile "
+                "without remat (torch's partition can measure lower where inductor's layout or "
+                "fusion choices differ from remat's model)"
+            )
+        raise CompileError(
+            f"budget {budget} ({target} B): after {len(tries)} compiles the compiled step still "
+            f"measured {tries[-1].measured} B ({human_bytes(tries[-1].measured)}); raise the "
+            f"budget or max_compiles"
+        )
 
 
 def check_step(
@@ -308,15 +357,15 @@ def _plain(name: str, options: dict[str, Any]) -> Callable:
     return functools.partial(compile_fx, config_patches=options)
 
 
-def _above_least(e: _Infeasible, target: int, tries: list[Try]) -> int | str:
+def _above_least(e: _Infeasible, target: int, tries: list[Try]) -> int | None:
     """The next solver budget where ``target`` is below the least schedule's peak in the
     solver's model: the budget is about the measured peak, which the model overestimates by
     up to what the tries measured under their prediction, so the next try solves at the
-    target raised by that overestimate, at least the model's least ("min" where the least is
-    not known)."""
+    target raised by that overestimate, at least the model's least (None, "min", where the
+    least is not known)."""
     least = getattr(e.error, "minimum_bytes", None)
     if least is None:
-        return "min"
+        return None
     over = max((t.predicted - t.measured for t in tries), default=0)
     return max(int(least), target + over)
 

@@ -32,7 +32,7 @@ from executor.errors import FitError, PlanError
 from executor.fitting.graphs import with_loss
 from executor.fitting.memory import OPTIMIZERS
 from executor.fitting.search import fit_sizes
-from executor.fitting.step_bytes import Sizes, Step
+from executor.fitting.step_bytes import Sizes, StepSetup
 from executor.fsdp import fsdp_policy, sharded_world_size
 from executor.loss import default_loss
 from graph_capture.measurement.roofline import resolve_target
@@ -111,7 +111,41 @@ def fit(
     `solver.BudgetError` (a `budget` or `compute_budget` that cannot be read),
     `solver.UnknownTargetError` (an unknown target or link name) and `solver.LinkError` (a
     target without a host link).
+
+    Exception to the 8-parameter and 80-line rules: a public entry point whose keyword-only
+    parameters are the one interface's options, each documented here.
     """
+    world_size, sharded = _ranks(dim, optimizer, world_size, fsdp, target)
+    cap = parse_overhead(compute_budget)
+    device = None if target is None else resolve_target(target)  # UnknownTargetError
+    link = None if offload is None else host_link(offload)  # UnknownTargetError, LinkError
+    memory, memory_note = _memory(budget, device, fsdp, world_size, sharded)
+    if target is not None:
+        capture_options = {**(capture_options or {}), "target": target}
+        run = False
+    with call_deadline(time_limit, FitError, on_interrupt) as deadline:
+        return fit_sizes(
+            Sizes(with_loss(factory, loss_fn), dim, capture_sizes, low, high, capture_options),
+            StepSetup(
+                memory=memory,
+                cap=cap,
+                optimizer=optimizer,
+                run=run,
+                world_size=world_size,
+                fsdp=fsdp,
+                sharded=sharded,
+                memory_note=memory_note,
+                link=link,
+            ),
+            deadline,
+        )
+
+
+def _ranks(
+    dim: str, optimizer: str, world_size: int, fsdp: FsdpPolicy | None, target: object
+) -> tuple[int, bool]:
+    """(the world size, whether the step is sharded under FSDP2): `fit`'s arguments checked
+    (FitError where one cannot be taken)."""
     if dim not in ("batch", "seq"):
         raise FitError(f"dim must be 'batch' or 'seq', not {dim!r}")
     if optimizer not in OPTIMIZERS:
@@ -128,9 +162,19 @@ def fit(
             f"world_size={world_size} needs estimate mode: pass target= (--target); this machine "
             f"cannot run {world_size} ranks' real steps"
         )
-    cap = parse_overhead(compute_budget)
-    device = None if target is None else resolve_target(target)  # UnknownTargetError
-    link = None if offload is None else host_link(offload)  # UnknownTargetError, LinkError
+    return world_size, sharded
+
+
+def _memory(
+    budget: int | str | None,
+    device: Device | None,
+    fsdp: FsdpPolicy | None,
+    world_size: int,
+    sharded: bool,
+) -> tuple[int, str | None]:
+    """(bytes the step fits in, how they were derived from the target; None: given): `budget`
+    read, on `device` where it names the device's usable memory (less the NCCL communicators
+    of the FSDP2 policy where `sharded`)."""
     wanted = Budget.of(budget)
     if wanted.kind in (PERCENT, LEAST):
         raise FitError(
@@ -145,12 +189,4 @@ def fit(
     memory_note = None
     if wanted.kind == USABLE and device is not None:
         memory_note = f"memory: {device.name}'s {device.describe_usable(nccl)}"
-    if target is not None:
-        capture_options = {**(capture_options or {}), "target": target}
-        run = False
-    with call_deadline(time_limit, FitError, on_interrupt) as deadline:
-        return fit_sizes(
-            Sizes(with_loss(factory, loss_fn), dim, capture_sizes, low, high, capture_options),
-            Step(memory, cap, optimizer, run, world_size, fsdp, sharded, memory_note, link),
-            deadline,
-        )
+    return memory, memory_note

@@ -19,7 +19,7 @@ import networkx as nx
 from executor.errors import FitError
 from executor.fitting.baselines import eager, per_block, run_step
 from executor.fitting.graphs import SizedGraphs
-from executor.fitting.step_bytes import Sizes, Step, StepBytes, step_bytes
+from executor.fitting.step_bytes import Sizes, StepBytes, StepSetup, step_bytes
 from solver.core.schedule import Schedule
 from solver.deadline import Deadline
 from solver.fitting.result import Fit, cut_short, eager_above
@@ -30,7 +30,7 @@ SEARCH_SHARE = 0.6
 real steps and the baselines (and, where a capture refutes the prediction, the second search)."""
 
 
-def fit_sizes(sizes: Sizes, step: Step, deadline: Deadline) -> Fit:
+def fit_sizes(sizes: Sizes, step: StepSetup, deadline: Deadline) -> Fit:
     """`executor.fitting.api.fit` below its argument checks, on its one deadline (NOTE [one
     deadline]), in order:
 
@@ -90,7 +90,7 @@ def fit_sizes(sizes: Sizes, step: Step, deadline: Deadline) -> Fit:
 def _search(
     at: StepBytes,
     sizes: Sizes,
-    step: Step,
+    step: StepSetup,
     deadline: Deadline,
     notes: list[str],
     begun: float,

@@ -1,5 +1,5 @@
 """The training step a fit sizes and its bytes at any size: `Sizes` (the sizes searched),
-`Step` (the memory, compute cap, optimizer, ranks and host link the step is sized for) and
+`StepSetup` (the memory, compute cap, optimizer, ranks and host link the step is sized for) and
 `step_bytes`, the step's graph at any size and what exists before it, affine in the size
 (`StepBytes`).
 
@@ -40,8 +40,8 @@ class Sizes:
     capture_options: Mapping[str, object] | None
 
 
-@dataclass(frozen=True)
-class Step:
+@dataclass(frozen=True, kw_only=True)
+class StepSetup:
     """The training step a fit sizes: `memory` bytes to fit in (`memory_note`: how they were
     derived from the target; None: given), the compute cap `cap` (`parse_overhead`'s form; None:
     unlimited), fit's `optimizer`, `world_size` ranks under FSDP2 with the given policy `fsdp`
@@ -83,7 +83,7 @@ class StepBytes:
         return budget if budget >= self.optimizer_temporaries else -1
 
 
-def step_bytes(sizes: Sizes, step: Step, notes: list[str]) -> StepBytes:
+def step_bytes(sizes: Sizes, step: StepSetup, notes: list[str]) -> StepBytes:
     """The step's graphs (`SizedGraphs`, from the least size whose graph has the captured shape)
     and what exists before it at each captured size (`_statics`; per rank under FSDP2,
     `_per_rank`), made affine in the size (`_static_at`); what was assumed goes to `notes`."""
@@ -109,7 +109,7 @@ def step_bytes(sizes: Sizes, step: Step, notes: list[str]) -> StepBytes:
     return StepBytes(graphs, steps, low, static_at, temporaries, sharded, step.memory)
 
 
-def _per_rank(graphs: SizedGraphs, sizes: Sizes, step: Step) -> FsdpBytes:
+def _per_rank(graphs: SizedGraphs, sizes: Sizes, step: StepSetup) -> FsdpBytes:
     """Rank 0's FSDP2 bytes for the model at the first capture size (estimate mode: the
     target's allocator rounding)."""
     device = resolve_target(graphs.options["target"])

@@ -163,18 +163,11 @@ def checkpoint_plan(
     target. Ctrl-C (from the main thread,
     where SIGINT has Python's default handler): the first ends the call as the time limit
     does (the best plan the solve has, or PlanError during the recording), a second raises
-    KeyboardInterrupt."""
-    if regions not in REGIONS:
-        raise PlanError(f"regions must be one of {REGIONS}, not {regions!r}")
-    _check_world_size(world_size)
-    world_size = sharded_world_size(world_size, fsdp)
-    sharded = world_size > 1 or fsdp is not None
-    link = _link(offload)
-    if link is not None and sharded:
-        raise PlanError(
-            "offload= plans one process's step, not a sharded one: leave offload out with "
-            "world_size > 1 or fsdp"
-        )
+    KeyboardInterrupt.
+
+    Exception to the 8-parameter and 80-line rules: a public entry point whose keyword-only
+    parameters are the one interface's options, each documented here."""
+    link, world_size, sharded = _checked(regions, world_size, fsdp, offload)
     wanted = Budget.of(budget)  # an unreadable budget fails before any recording
     example_inputs = positional_inputs(example_inputs, PlanError)
     kwargs = dict(example_kwargs or {})
@@ -198,25 +191,8 @@ def checkpoint_plan(
             sum(RECORDING_STEPS[k] for k in ("eager", "windows", "order"))
             + sets * sum(RECORDING_STEPS[k] for k in ("ops", "prices")),
         )
-
-        with measurer.running(model, (example_inputs, kwargs)) as (inputs, kw):
-
-            def step() -> torch.Tensor:
-                return loss_fn(model(*inputs, **kw))
-
-            if measurer.runs_warmup:
-                _run_eagerly(model, step)
-            clock.finished("a plain step", RECORDING_STEPS["eager"])
-            selected = select_blocks(model, blocks)
-            kids = [] if regions == "blocks" else _kids(selected)
-            order = in_call_order(model, selected + kids, step)
-            blocks_ = {
-                id(pair) for pair in selected
-            }  # the pairs themselves: a child may be a block
-            named = [pair for pair in order if id(pair) in blocks_]
-            children = [None] * len(named) if regions == "blocks" else _children(named, order)
-            clock.finished("the call order", RECORDING_STEPS["order"])
-            union, kept = record_union(model, named, children, step, clock=clock, measurer=measurer)
+        step = _Recording(model, (example_inputs, kwargs), loss_fn, measurer, clock)
+        named, kept, union = step.record(blocks, regions)
         whole = regions != "children"
         if policy is None:
             if link is not None:
@@ -233,6 +209,76 @@ def checkpoint_plan(
             )
         plan = _plan(model, named, kept, union, done.solution, measurer.target, done.plain_peak)
         return replace(plan, world_size=policy.world_size)
+
+
+def _checked(
+    regions: str, world_size: int, fsdp: FsdpPolicy | None, offload: Link | str | None
+) -> tuple[Link | None, int, bool]:
+    """(the host link, the world size, whether the plan is sharded under FSDP2):
+    `checkpoint_plan`'s arguments checked (PlanError where they do not go together)."""
+    if regions not in REGIONS:
+        raise PlanError(f"regions must be one of {REGIONS}, not {regions!r}")
+    _check_world_size(world_size)
+    world_size = sharded_world_size(world_size, fsdp)
+    sharded = world_size > 1 or fsdp is not None
+    link = _link(offload)
+    if link is not None and sharded:
+        raise PlanError(
+            "offload= plans one process's step, not a sharded one: leave offload out with "
+            "world_size > 1 or fsdp"
+        )
+    return link, world_size, sharded
+
+
+class _Recording:
+    """`checkpoint_plan`'s recording: `model`'s training step on the example inputs
+    (`loss_fn` of its output), run under `measurer` within `clock`'s share of the time."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        inputs: tuple[Sequence[object], dict[str, object]],
+        loss_fn: Callable[[object], torch.Tensor],
+        measurer: Measured,
+        clock: RecordingTime,
+    ) -> None:
+        self.model, self.inputs, self.loss_fn = model, inputs, loss_fn
+        self.measurer, self.clock = measurer, clock
+
+    def record(self, blocks: Sequence[str] | None, regions: str) -> tuple[list, list, SacUnion]:
+        """(the blocks in call order, per block its children kept or None, the union of their
+        candidate regions): `blocks` selected (`select_blocks`), and their children unless
+        `regions` is "blocks", recorded."""
+        model, measurer, clock = self.model, self.measurer, self.clock
+        with measurer.running(model, self.inputs) as (inputs, kw):
+
+            def step() -> torch.Tensor:
+                return self.loss_fn(model(*inputs, **kw))
+
+            if measurer.runs_warmup:
+                _run_eagerly(model, step)
+            clock.finished("a plain step", RECORDING_STEPS["eager"])
+            named, children = _in_call_order(model, blocks, regions, step)
+            clock.finished("the call order", RECORDING_STEPS["order"])
+            union, kept = record_union(model, named, children, step, clock=clock, measurer=measurer)
+        return named, kept, union
+
+
+def _in_call_order(
+    model: nn.Module,
+    blocks: Sequence[str] | None,
+    regions: str,
+    step: Callable[[], torch.Tensor],
+) -> tuple[list[tuple[str, nn.Module]], list[list[tuple[str, nn.Module]] | None]]:
+    """(the blocks `blocks` selects, in the order a forward first calls them; per block its
+    children in that order, None where it has fewer than two or `regions` is "blocks")."""
+    selected = select_blocks(model, blocks)
+    kids = [] if regions == "blocks" else _kids(selected)
+    order = in_call_order(model, selected + kids, step)
+    chosen = {id(pair) for pair in selected}  # the pairs themselves: a child may be a block
+    named = [pair for pair in order if id(pair) in chosen]
+    children = [None] * len(named) if regions == "blocks" else _children(named, order)
+    return named, children
 
 
 def _link(offload: Link | str | None) -> Link | None:

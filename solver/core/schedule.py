@@ -270,6 +270,9 @@ def make_schedule(
 
     Raises InternalError if the simulator rejects the ops or disagrees with the peak and cost
     the producer computed: a solver bug must never reach the user as a schedule.
+
+    Exception to the 8-parameter rule: its keyword-only parameters are the `Schedule` fields
+    it records as given.
     """
     index_ops = indexed.ops if isinstance(indexed, IndexedSchedule) else indexed
     ops = [(kind, problem.ids[i]) for kind, i in index_ops]

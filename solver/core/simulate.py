@@ -80,133 +80,164 @@ def simulate(graph: nx.DiGraph, ops: Iterable[Op], link: Link | None = None) -> 
     is invalid (call `raise_if_invalid()` to turn that into an exception).
     """
     ops = list(ops)
-    live: set[Hashable] = set()
-    computed: set[Hashable] = set()
-    live_bytes = 0
-    peak = 0
-    costs: list[float] = []
-    computes = 0
-    recomputes = 0
-    clock = 0.0  # the compute stream's time
-    waited = 0.0
-    d2h_free = h2d_free = 0.0  # when each copy engine is next idle (equal: one shared engine)
-    offload_end: dict[Hashable, float] = {}
-    arrival: dict[Hashable, float] = {}  # end of the reload that made v's live copy
-    last_reload = {op[1]: step for step, op in _indexed(ops) if op[0] == "reload"}
-    releasing: set[Hashable] = set()  # last reload issued, not yet waited for: still held
-    host_bytes = host_peak = 0
-    offloads = reloads = 0
-
-    def result(error: str | None) -> Simulation:
-        end = max(clock, d2h_free, h2d_free)
-        stall = waited + (end - clock)
-        return Simulation(
-            error is None,
-            peak,
-            math.fsum(costs) + stall,
-            computes,
-            recomputes,
-            error,
-            stall,
-            host_peak,
-            offloads,
-            reloads,
-        )
-
-    def wait(until: float) -> None:
-        nonlocal clock, waited
-        if until > clock:
-            waited += until - clock
-            clock = until
-
-    def release(v: Hashable) -> None:
-        """The clock has waited for v's last reload: its host copy is held no longer."""
-        nonlocal host_bytes
-        if v in releasing:
-            assert link is not None
-            releasing.remove(v)
-            host_bytes -= link.host_bytes(graph.nodes[v]["mem"])
-
+    replay = _Replay(graph, link, {op[1]: step for step, op in _indexed(ops) if op[0] == "reload"})
     for step, op in enumerate(ops):
         if not (isinstance(op, tuple | list) and len(op) == 2):
-            return result(f"op {step}: {op!r} is not a (kind, node) pair")
+            return replay.result(f"op {step}: {op!r} is not a (kind, node) pair")
         kind, v = op
         if v not in graph:
-            return result(f"op {step}: {kind} of unknown node {v!r}")
-        mem = graph.nodes[v]["mem"]
+            return replay.result(f"op {step}: {kind} of unknown node {v!r}")
         if kind in ("offload", "reload") and link is None:
-            return result(f"op {step}: {kind} {v!r} needs a host link (simulate(..., link=))")
-        if kind == "compute":
-            if v in live:
-                return result(f"op {step}: compute {v!r} while it is already live")
-            missing = [u for u in graph.predecessors(v) if u not in live]
-            if missing:
-                return result(f"op {step}: compute {v!r} needs {missing[0]!r}, which is not live")
-            for u in graph.predecessors(v):
-                wait(arrival.get(u, 0.0))
-                release(u)
-            clock += graph.nodes[v]["cost"]
-            live.add(v)
-            live_bytes += mem
-            peak = max(peak, live_bytes + graph.nodes[v].get("transient", 0))
-            costs.append(graph.nodes[v]["cost"])
-            computes += 1
-            if v in computed:
-                recomputes += 1
-            computed.add(v)
-        elif kind == "free":
-            if v not in live:
-                return result(f"op {step}: free {v!r}, which is not live")
-            wait(offload_end.get(v, 0.0))
-            wait(arrival.pop(v, 0.0))
-            release(v)
-            live.remove(v)
-            live_bytes -= mem
-        elif kind == "offload":
-            assert link is not None
-            if v not in live:
-                return result(f"op {step}: offload {v!r}, which is not live")
-            if v in offload_end:
-                return result(f"op {step}: offload {v!r} a second time (once per value)")
-            d2h_free = max(clock, d2h_free) + link.d2h_latency + mem / link.d2h
-            if not link.duplex:  # one engine: the next reload queues behind this copy
-                h2d_free = d2h_free
-            offload_end[v] = d2h_free
-            offloads += 1
-            host_bytes += link.host_bytes(mem)
-            host_peak = max(host_peak, host_bytes)
-            if link.host_memory is not None and host_bytes > link.host_memory:
-                return result(
-                    f"op {step}: offload {v!r} puts {host_bytes} bytes on the host, over the "
-                    f"link's host_memory of {link.host_memory}"
-                )
-            if v not in last_reload or last_reload[v] < step:  # never reloaded: held no longer
-                host_bytes -= link.host_bytes(mem)
-        elif kind == "reload":
-            assert link is not None
-            if v not in offload_end:
-                return result(f"op {step}: reload {v!r}, which was never offloaded")
-            if v in live:
-                return result(f"op {step}: reload {v!r} while it is already live")
-            h2d_free = max(clock, h2d_free, offload_end[v]) + link.h2d_latency + mem / link.h2d
-            if not link.duplex:
-                d2h_free = h2d_free
-            arrival[v] = h2d_free
-            reloads += 1
-            live.add(v)
-            live_bytes += mem
-            peak = max(peak, live_bytes)
-            if last_reload[v] == step:  # held until the compute stream waits for this copy
-                releasing.add(v)
-        else:
-            return result(
+            return replay.result(
+                f"op {step}: {kind} {v!r} needs a host link (simulate(..., link=))"
+            )
+        if kind not in _KINDS:
+            return replay.result(
                 f"op {step}: unknown op kind {kind!r} (expected 'compute', 'free', 'offload' or "
                 "'reload')"
             )
-    never = [v for v in graph.nodes if v not in computed]
+        error = getattr(replay, kind)(v, step)
+        if error is not None:
+            return replay.result(f"op {step}: {error}")
+    never = [v for v in graph.nodes if v not in replay.computed]
     if never:
-        return result(f"node {never[0]!r} is never computed ({len(never)} nodes never computed)")
-    return result(None)
+        return replay.result(
+            f"node {never[0]!r} is never computed ({len(never)} nodes never computed)"
+        )
+    return replay.result(None)
+
+
+_KINDS = ("compute", "free", "offload", "reload")
+
+
+class _Replay:
+    """`simulate`'s state: what is live (and its bytes, the peak), the compute stream's clock
+    and its waits, when each copy engine is next idle (equal: one shared engine), the host's
+    bytes. Each op kind is a method that applies the op and returns None, or what makes it
+    invalid. `last_reload`: the step of each value's last reload."""
+
+    def __init__(
+        self, graph: nx.DiGraph, link: Link | None, last_reload: dict[Hashable, int]
+    ) -> None:
+        self.graph, self.link, self.last_reload = graph, link, last_reload
+        self.live: set[Hashable] = set()
+        self.computed: set[Hashable] = set()
+        self.live_bytes = self.peak = 0
+        self.costs: list[float] = []
+        self.computes = self.recomputes = 0
+        self.clock = 0.0  # the compute stream's time
+        self.waited = 0.0
+        self.d2h_free = self.h2d_free = 0.0
+        self.offload_end: dict[Hashable, float] = {}
+        self.arrival: dict[Hashable, float] = {}  # end of the reload that made v's live copy
+        self.releasing: set[Hashable] = set()  # last reload issued, not yet waited for: held
+        self.host_bytes = self.host_peak = 0
+        self.offloads = self.reloads = 0
+
+    def result(self, error: str | None) -> Simulation:
+        end = max(self.clock, self.d2h_free, self.h2d_free)
+        stall = self.waited + (end - self.clock)
+        return Simulation(
+            error is None,
+            self.peak,
+            math.fsum(self.costs) + stall,
+            self.computes,
+            self.recomputes,
+            error,
+            stall,
+            self.host_peak,
+            self.offloads,
+            self.reloads,
+        )
+
+    def _wait(self, until: float) -> None:
+        if until > self.clock:
+            self.waited += until - self.clock
+            self.clock = until
+
+    def _release(self, v: Hashable) -> None:
+        """The clock has waited for v's last reload: its host copy is held no longer."""
+        if v in self.releasing:
+            assert self.link is not None
+            self.releasing.remove(v)
+            self.host_bytes -= self.link.host_bytes(self.graph.nodes[v]["mem"])
+
+    def compute(self, v: Hashable, step: int) -> str | None:
+        if v in self.live:
+            return f"compute {v!r} while it is already live"
+        graph = self.graph
+        missing = [u for u in graph.predecessors(v) if u not in self.live]
+        if missing:
+            return f"compute {v!r} needs {missing[0]!r}, which is not live"
+        for u in graph.predecessors(v):
+            self._wait(self.arrival.get(u, 0.0))
+            self._release(u)
+        node = graph.nodes[v]
+        self.clock += node["cost"]
+        self.live.add(v)
+        self.live_bytes += node["mem"]
+        self.peak = max(self.peak, self.live_bytes + node.get("transient", 0))
+        self.costs.append(node["cost"])
+        self.computes += 1
+        if v in self.computed:
+            self.recomputes += 1
+        self.computed.add(v)
+        return None
+
+    def free(self, v: Hashable, step: int) -> str | None:
+        if v not in self.live:
+            return f"free {v!r}, which is not live"
+        self._wait(self.offload_end.get(v, 0.0))
+        self._wait(self.arrival.pop(v, 0.0))
+        self._release(v)
+        self.live.remove(v)
+        self.live_bytes -= self.graph.nodes[v]["mem"]
+        return None
+
+    def offload(self, v: Hashable, step: int) -> str | None:
+        link = self.link
+        assert link is not None
+        if v not in self.live:
+            return f"offload {v!r}, which is not live"
+        if v in self.offload_end:
+            return f"offload {v!r} a second time (once per value)"
+        mem = self.graph.nodes[v]["mem"]
+        self.d2h_free = max(self.clock, self.d2h_free) + link.d2h_latency + mem / link.d2h
+        if not link.duplex:  # one engine: the next reload queues behind this copy
+            self.h2d_free = self.d2h_free
+        self.offload_end[v] = self.d2h_free
+        self.offloads += 1
+        self.host_bytes += link.host_bytes(mem)
+        self.host_peak = max(self.host_peak, self.host_bytes)
+        if link.host_memory is not None and self.host_bytes > link.host_memory:
+            return (
+                f"offload {v!r} puts {self.host_bytes} bytes on the host, over the link's "
+                f"host_memory of {link.host_memory}"
+            )
+        if v not in self.last_reload or self.last_reload[v] < step:  # never reloaded
+            self.host_bytes -= link.host_bytes(mem)  # held no longer
+        return None
+
+    def reload(self, v: Hashable, step: int) -> str | None:
+        link = self.link
+        assert link is not None
+        if v not in self.offload_end:
+            return f"reload {v!r}, which was never offloaded"
+        if v in self.live:
+            return f"reload {v!r} while it is already live"
+        mem = self.graph.nodes[v]["mem"]
+        ready = max(self.clock, self.h2d_free, self.offload_end[v])
+        self.h2d_free = ready + link.h2d_latency + mem / link.h2d
+        if not link.duplex:
+            self.d2h_free = self.h2d_free
+        self.arrival[v] = self.h2d_free
+        self.reloads += 1
+        self.live.add(v)
+        self.live_bytes += mem
+        self.peak = max(self.peak, self.live_bytes)
+        if self.last_reload[v] == step:  # held until the compute stream waits for this copy
+            self.releasing.add(v)
+        return None
 
 
 def _indexed(ops: list) -> Iterable[tuple[int, tuple]]:

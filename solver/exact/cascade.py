@@ -17,12 +17,14 @@ from solver.exact.state import Search
 from solver.exact.warm_start import moment_first, small_model
 from solver.heuristics.eviction_search import eviction_search
 from solver.heuristics.lifetimes import (
+    Lifetimes,
     lifetime_search,
     longest,
     start_from_away,
     start_from_member,
 )
 from solver.milp.cascade_rounds import CascadeBound, away_stages, cascade_bound
+from solver.milp.cpsat import ProgressFn
 
 
 def cascade_cover(search: Search) -> Search:
@@ -76,101 +78,130 @@ def cascade_cover(search: Search) -> Search:
         # Where the moment relaxation runs next, it finds the plans (random_layered n=250 at
         # 90%: the optimum); the lifetime search would only delay it.
         return search
-    deadline = search.share_of_limit(_share(search))
-    away = None if first.values is None else away_stages(first.model, first.values)
-    rows = first.model.rows
-    last_change = [time.perf_counter()]
-    bound_done = threading.Event()
+    run = _CascadeRun(search, first, progress)
+    search.defer("lifetimes", run.search_lifetimes, before=("policies", "backward"))
+    final = search.beside(run.raise_bound)
+    search.raise_floor(final.bound)
+    search.note(bound=final.bound, rows=len(final.model.rows))
+    return search
 
-    def raise_bound() -> CascadeBound:
+
+class _CascadeRun:
+    """The cascade step's second part (`cascade_cover`'s item 2): HiGHS raising the bound on one
+    thread (`raise_bound`) while the lifetime and eviction searches look for plans on the other
+    (`search_lifetimes`), until `deadline`. `last_change` (a `time.perf_counter()` reading) is
+    when a better plan was last offered; `bound_done` is set once the bound is final."""
+
+    def __init__(self, search: Search, first: CascadeBound, progress: ProgressFn | None) -> None:
+        self.search = search
+        self.options = search.options
+        self.problem = search.problem
+        budget = search.goal.budget
+        assert budget is not None
+        self.budget = budget
+        self.deadline = search.share_of_limit(_share(search))
+        self.away = None if first.values is None else away_stages(first.model, first.values)
+        self.rows = first.model.rows
+        self.progress = progress
+        self.last_change = time.perf_counter()
+        self.bound_done = threading.Event()
+
+    def raise_bound(self) -> CascadeBound:
         try:
             return cascade_bound(
-                problem,
-                budget,
-                units.int_cost,
-                deadline=deadline,
-                cap=_cap(search),
-                progress=progress,
-                rows=rows,
+                self.problem,
+                self.budget,
+                self.search.units.int_cost,
+                deadline=self.deadline,
+                cap=_cap(self.search),
+                progress=self.progress,
+                rows=self.rows,
             )
         finally:
-            bound_done.set()
+            self.bound_done.set()
 
-    def found(member: Member) -> None:
-        last_change[0] = time.perf_counter()
-        search.offer(member)
+    def found(self, member: Member) -> None:
+        self.last_change = time.perf_counter()
+        self.search.offer(member)
 
-    def idle(share: float) -> bool:
+    def idle(self, share: float) -> bool:
         """No better plan for `share` of the limit."""
-        return time.perf_counter() - last_change[0] > share * search.time_limit
+        return time.perf_counter() - self.last_change > share * self.search.time_limit
 
-    def stalled() -> bool:
+    def stalled(self) -> bool:
         """The bound is final and the search has not improved for `cascade_stall` of the
         limit: the steps after this one may close the gap (the moment relaxation, probes)."""
-        return bound_done.is_set() and idle(options.cascade_stall)
+        return self.bound_done.is_set() and self.idle(self.options.cascade_stall)
 
-    def found_lifetimes(member: Member) -> None:
-        assert search.lifetime_best is not None  # set before the search starts
-        search.lifetime_best = min(search.lifetime_best, member.schedule.cost)
-        found(member)
+    def found_lifetimes(self, member: Member) -> None:
+        assert self.search.lifetime_best is not None  # set before the search starts
+        self.search.lifetime_best = min(self.search.lifetime_best, member.schedule.cost)
+        self.found(member)
 
-    def done() -> bool:
+    def done(self) -> bool:
         """Stalled, or the incumbent proven optimal: nothing is left to search for."""
-        return stalled() or search.closed
+        return self.stalled() or self.search.closed
 
-    def search_evictions() -> None:
+    def search_evictions(self) -> None:
         """The eviction search from the incumbent (where that is an eviction run, else from the
         rule's runs) for the rest of the step, each better run offered as it comes."""
         eviction_search(
-            problem,
-            budget,
-            deadline=deadline,
-            resume=search.incumbent,
-            found=found,
-            stop=done,
-            mirrored=options.mirror_moves,
+            self.problem,
+            self.budget,
+            deadline=self.deadline,
+            resume=self.search.incumbent,
+            found=self.found,
+            stop=self.done,
+            mirrored=self.options.mirror_moves,
         )
 
-    def search_lifetimes() -> list[Member]:
+    def search_lifetimes(self) -> list[Member]:
         """Where the budget is tight (`_tight`), the eviction search instead, for the whole
         time. Elsewhere the lifetime search from checkpoint-all (on the 12-layer transformers of
         `benchmarks.zoo` the best of the three), the incumbent when it starts (per-block
         checkpointing runs first) and the relaxation's solution; then, where that search is
         behind, the eviction search; where it is not behind but has gone quiet, the eviction
         search and the lifetime search from its best (`_from_evictions`)."""
+        search = self.search
         if _tight(search):
-            search_evictions()
+            self.search_evictions()
             return []
-        starts = [longest(problem)]
-        if search.incumbent is not None:
-            starts.append(start_from_member(problem, search.incumbent))
-        if away is not None:
-            starts.append(start_from_away(problem, *away))
         if search.lifetime_best is None:
             search.lifetime_best = math.inf
         lifetime_search(
-            problem,
-            budget,
-            starts,
-            deadline=deadline,
-            found=found_lifetimes,
+            self.problem,
+            self.budget,
+            self._starts(),
+            deadline=self.deadline,
+            found=self.found_lifetimes,
             enough=lambda member: search.goal.value(member) <= search.floor,
-            stop=lambda: stalled() or _lifetimes_behind(search) or idle(options.lifetime_quiet),
-            mirrored=options.mirror_moves,
+            stop=self._lifetimes_stop,
+            mirrored=self.options.mirror_moves,
         )
-        if done() or deadline.passed():
+        if self.done() or self.deadline.passed():
             return []
         if _lifetimes_behind(search):
-            search_evictions()
+            self.search_evictions()
         else:
-            _from_evictions(search, deadline, found, found_lifetimes, done)
+            _from_evictions(search, self.deadline, self.found, self.found_lifetimes, self.done)
         return []  # each better plan was offered as it came
 
-    search.defer("lifetimes", search_lifetimes, before=("policies", "backward"))
-    final = search.beside(raise_bound)
-    search.raise_floor(final.bound)
-    search.note(bound=final.bound, rows=len(final.model.rows))
-    return search
+    def _starts(self) -> list[Lifetimes]:
+        """The lifetime search's starts: checkpoint-all's lifetimes, the incumbent's, the
+        relaxation's solution (the last two where there is one)."""
+        starts = [longest(self.problem)]
+        if self.search.incumbent is not None:
+            starts.append(start_from_member(self.problem, self.search.incumbent))
+        if self.away is not None:
+            starts.append(start_from_away(self.problem, *self.away))
+        return starts
+
+    def _lifetimes_stop(self) -> bool:
+        return (
+            self.stalled()
+            or _lifetimes_behind(self.search)
+            or self.idle(self.options.lifetime_quiet)
+        )
 
 
 def _from_evictions(

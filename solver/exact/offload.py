@@ -1,6 +1,6 @@
 """`solve(..., offload=link)`: the exact search of the stage space with offload (docs/offload.md).
 
-    solve_with_offload(graph, budget, link)
+    solve_with_offload(OffloadProblem(graph, problem, budget, link), deadline)
       the one-line floor            a budget below it fits no schedule
       checkpoint-all                closes the search where it fits
       offload heuristics            from checkpoint-all (`solver.heuristics.offload`); one at
@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 
 import networkx as nx
 
@@ -62,11 +63,19 @@ HEURISTIC_SHARE = 0.5
 replays by the simulator)."""
 
 
+@dataclass(frozen=True)
+class OffloadProblem:
+    """What a solve with offload is asked: `graph`, its prepared `problem`, the `budget`
+    (bytes) and the host `link` values are offloaded over."""
+
+    graph: nx.DiGraph
+    problem: Problem
+    budget: int
+    link: Link
+
+
 def solve_with_offload(
-    graph: nx.DiGraph,
-    problem: Problem,
-    budget: int,
-    link: Link,
+    asked: OffloadProblem,
     deadline: Deadline,
     *,
     workers: int = 8,
@@ -75,11 +84,11 @@ def solve_with_offload(
     options: SolveOptions = DEFAULT,
     keep_recompute: Callable[..., Schedule] | None = None,
 ) -> Schedule:
-    """The least-cost schedule with offload over `link` within `budget` bytes, by `deadline`:
-    never costlier than the offload heuristics' runs that fit, nor than the keep/recompute
-    schedule `start` (the caller's; else one is solved by `keep_recompute`, `solver.solve`
-    without offload, in `KEEP_RECOMPUTE_SHARE` of the time; none where no time is left or
-    `keep_recompute` is None). The offload model is built only where its variables
+    """The least-cost schedule with offload over `asked.link` within `asked.budget` bytes, by
+    `deadline`: never costlier than the offload heuristics' runs that fit, nor than the
+    keep/recompute schedule `start` (the caller's; else one is solved by `keep_recompute`,
+    `solver.solve` without offload, in `KEEP_RECOMPUTE_SHARE` of the time; none where no time
+    is left or `keep_recompute` is None). The offload model is built only where its variables
     are within `offload_model_room` of the time left, and within the deadline; otherwise the
     incumbent comes back, "FEASIBLE" with the cost of computing every node once as its bound
     (graph units), and `extra["offload_model"]` saying why where its size kept the model from
@@ -89,21 +98,9 @@ def solve_with_offload(
     As every exact schedule, it lists in `extra["steps"]` the steps that ran (`_Steps`: each
     one's seconds and findings), and says in `extra["interrupted"]` whether `deadline`'s stop
     was requested (the first Ctrl-C: the best schedule found by then comes back)."""
-    steps = _Steps()
-    schedule = _search(
-        graph,
-        problem,
-        budget,
-        link,
-        deadline,
-        workers,
-        progress,
-        start,
-        options,
-        steps,
-        keep_recompute,
-    )
-    schedule.extra["steps"] = steps.trace
+    search = _OffloadSearch(asked, deadline, workers, progress, options, keep_recompute)
+    schedule = search.run(start)
+    schedule.extra["steps"] = search.steps.trace
     schedule.extra["interrupted"] = deadline.stopped()
     return schedule
 
@@ -122,128 +119,211 @@ class _Steps:
         self._at = now
 
 
-def _search(
-    graph: nx.DiGraph,
-    problem: Problem,
-    budget: int,
-    link: Link,
-    deadline: Deadline,
-    workers: int,
-    progress: ProgressFn | None,
-    start: Schedule | None,
-    options: SolveOptions,
-    steps: _Steps,
-    keep_recompute: Callable[..., Schedule] | None,
-) -> Schedule:
-    """`solve_with_offload`, each step recorded in `steps`."""
-    started = time.perf_counter()
-    floor = problem.one_line_floor
-    if budget < floor:
-        raise InfeasibleBudgetError(
-            f"no schedule fits a budget of {budget} bytes ({human_bytes(budget)}), with offload "
-            f"or without: a node's inputs, output and transient bytes need {floor} bytes "
-            f"({human_bytes(floor)}); raise the budget to at least that",
-            minimum_bytes=None,
-            lower_bound_bytes=floor,
-        )
-    times = OffloadTimes.of(problem, link)
-    everything = plan_from_keep(problem, range(problem.n))
-    indexed = plan_to_ops(problem, everything)
-    steps.done("checkpoint-all", peak=indexed.peak, fits=indexed.peak <= budget)
-    if indexed.peak <= budget:
-        return _schedule(graph, problem, indexed.ops, link, budget, "OPTIMAL", None, started)
-    bases = {"checkpoint-all": everything}
-    runs = offload_runs(graph, problem, budget, link, bases, deadline.share(HEURISTIC_SHARE))
-    incumbent = _cheapest(runs, budget)
-    steps.done("offload heuristics from checkpoint-all", **_found(runs, incumbent))
-    if _at_compute_cost(incumbent, problem):
-        return _run_schedule(graph, problem, incumbent, link, budget, "OPTIMAL", None, started)
-    room = offload_model_room(options, deadline.remaining() * (1 - KEEP_RECOMPUTE_SHARE))
-    size = variable_count(problem, link, above=options.max_model_variables)
-    if start is None and keep_recompute is not None and deadline.remaining() > 0:
-        share = KEEP_RECOMPUTE_SHARE if size <= room else KEEP_RECOMPUTE_ALONE_SHARE
-        try:
-            start = keep_recompute(
-                graph,
+class _OffloadSearch:
+    """`solve_with_offload`'s steps over one state: the heuristic runs so far (`runs`), the
+    cheapest that fits (`incumbent`), each step recorded in `steps`."""
+
+    def __init__(
+        self,
+        asked: OffloadProblem,
+        deadline: Deadline,
+        workers: int,
+        progress: ProgressFn | None,
+        options: SolveOptions,
+        keep_recompute: Callable[..., Schedule] | None,
+    ) -> None:
+        self.started = time.perf_counter()
+        self.asked, self.graph, self.problem = asked, asked.graph, asked.problem
+        self.budget, self.link = asked.budget, asked.link
+        self.deadline, self.workers, self.progress = deadline, workers, progress
+        self.options, self.keep_recompute = options, keep_recompute
+        self.steps = _Steps()
+        self.runs: list[OffloadRun] = []
+        self.incumbent: OffloadRun | None = None
+
+    def run(self, start: Schedule | None) -> Schedule:
+        """The schedule (module docstring's steps, in order)."""
+        problem, budget, deadline = self.problem, self.budget, self.deadline
+        self._check_floor()
+        everything = plan_from_keep(problem, range(problem.n))
+        indexed = plan_to_ops(problem, everything)
+        self.steps.done("checkpoint-all", peak=indexed.peak, fits=indexed.peak <= budget)
+        if indexed.peak <= budget:
+            return self._schedule(indexed.ops, "OPTIMAL", None)
+        self._add_runs(
+            "checkpoint-all",
+            offload_runs(
+                self.graph,
+                problem,
                 budget,
-                time_limit=share * deadline.remaining(),
-                workers=workers,
-                deadline=deadline,
-                options=options,
+                self.link,
+                {"checkpoint-all": everything},
+                deadline.share(HEURISTIC_SHARE),
+            ),
+        )
+        if _at_compute_cost(self.incumbent, problem):
+            return self._run_schedule(self.incumbent, "OPTIMAL", None)
+        room = offload_model_room(self.options, deadline.remaining() * (1 - KEEP_RECOMPUTE_SHARE))
+        size = variable_count(problem, self.link, above=self.options.max_model_variables)
+        if start is None and self.keep_recompute is not None and deadline.remaining() > 0:
+            share = KEEP_RECOMPUTE_SHARE if size <= room else KEEP_RECOMPUTE_ALONE_SHARE
+            start = self._solve_keep_recompute(share)
+        if start is not None:
+            self._add_runs(
+                "keep/recompute",
+                _from_start(
+                    self.graph, problem, budget, self.link, start, deadline.share(HEURISTIC_SHARE)
+                ),
+            )
+        if _at_compute_cost(self.incumbent, problem):
+            return self._run_schedule(self.incumbent, "OPTIMAL", None)
+        return self._solve_model(size)
+
+    def _check_floor(self) -> None:
+        """InfeasibleBudgetError where the budget is below the one-line floor."""
+        floor, budget = self.problem.one_line_floor, self.budget
+        if budget < floor:
+            raise InfeasibleBudgetError(
+                f"no schedule fits a budget of {budget} bytes ({human_bytes(budget)}), with "
+                f"offload or without: a node's inputs, output and transient bytes need {floor} "
+                f"bytes ({human_bytes(floor)}); raise the budget to at least that",
+                minimum_bytes=None,
+                lower_bound_bytes=floor,
+            )
+
+    def _add_runs(self, base: str, runs: list[OffloadRun]) -> None:
+        """The offload heuristics' `runs` from `base` added; the incumbent the cheapest."""
+        self.runs += runs
+        self.incumbent = _cheapest(self.runs, self.budget)
+        self.steps.done(f"offload heuristics from {base}", **_found(self.runs, self.incumbent))
+
+    def _solve_keep_recompute(self, share: float) -> Schedule | None:
+        """The keep/recompute schedule solved in `share` of the time left (None where none is
+        found: infeasible, or not in time)."""
+        assert self.keep_recompute is not None
+        try:
+            start = self.keep_recompute(
+                self.graph,
+                self.budget,
+                time_limit=share * self.deadline.remaining(),
+                workers=self.workers,
+                deadline=self.deadline,
+                options=self.options,
             )
         except (InfeasibleBudgetError, SolverTimeoutError) as error:
-            start = None
-            steps.done("keep/recompute", found=type(error).__name__)
+            self.steps.done("keep/recompute", found=type(error).__name__)
+            return None
+        self.steps.done("keep/recompute", status=start.status, cost=start.cost)
+        return start
+
+    def _solve_model(self, size: int) -> Schedule:
+        """The offload model of `size` variables solved (where it suits the time left), capped
+        at the incumbent; its schedule where cheaper, else the incumbent's."""
+        problem, budget, incumbent = self.problem, self.budget, self.incumbent
+        times = OffloadTimes.of(problem, self.link)
+        cap = None if incumbent is None else _model_units(incumbent, times)
+        left = self.deadline.remaining()
+        room = offload_model_room(self.options, left)
+        tried = size <= room
+        if not tried:
+            result = OffloadResult("UNKNOWN", None, None, 0)
+            no_model = (
+                "interrupted before the exact offload model was built"
+                if self.deadline.stopped()
+                else _too_large(size, room, left, self.options)
+            )
+            self.steps.done("offload model", variables=size, built=False)
         else:
-            steps.done("keep/recompute", status=start.status, cost=start.cost)
-    if start is not None:
-        runs += _from_start(graph, problem, budget, link, start, deadline.share(HEURISTIC_SHARE))
-        incumbent = _cheapest(runs, budget)
-        steps.done("offload heuristics from keep/recompute", **_found(runs, incumbent))
-    if _at_compute_cost(incumbent, problem):
-        return _run_schedule(graph, problem, incumbent, link, budget, "OPTIMAL", None, started)
-    cap = None if incumbent is None else _model_units(incumbent, times)
-    left = deadline.remaining()
-    room = offload_model_room(options, left)
-    tried = size <= room
-    if not tried:
-        result = OffloadResult("UNKNOWN", None, None, 0)
-        no_model = (
-            "interrupted before the exact offload model was built"
-            if deadline.stopped()
-            else _too_large(size, room, left, options)
-        )
-        steps.done("offload model", variables=size, built=False)
-    else:
-        result = solve_offload_model(
-            problem,
-            budget,
-            link,
-            times,
-            deadline=deadline,
-            workers=workers,
-            cap=cap,
-            hint=None if incumbent is None else incumbent.plan,
-            progress=None if progress is None else _in_graph_units(progress, times),
-        )
-        no_model = "the exact offload model was not solved in the time left"
-        steps.done("offload model", variables=size, built=True, status=result.status)
-    if result.status == "INFEASIBLE" and cap is not None:
-        raise InternalError("the offload model refutes the incumbent's own cost")
-    if result.status == "INFEASIBLE":
-        raise InfeasibleBudgetError(
-            f"no schedule with offload fits a budget of {budget} bytes ({human_bytes(budget)}) "
-            f"over this link (proven in the stage space with offload, docs/offload.md); raise "
-            "the budget",
-            minimum_bytes=None,
-            lower_bound_bytes=floor,
-        )
-    # every node is computed at least once: the bound where CP-SAT proved nothing more
-    bound = max(times.units.to_graph(result.bound), problem.total_cost)
-    found = None
-    if result.plan is not None:
-        ops = offload_ops(problem, result.plan)
-        found = _schedule(graph, problem, ops, link, budget, result.status, bound, started)
-        _check_accounting(found, result.objective, times)
-    if found is not None and (incumbent is None or found.cost < incumbent.cost - _slack(found)):
-        return found
-    if incumbent is None:
-        peaks = [run.peak for run in runs if run.valid]
+            result = solve_offload_model(
+                problem,
+                budget,
+                self.link,
+                times,
+                deadline=self.deadline,
+                workers=self.workers,
+                cap=cap,
+                hint=None if incumbent is None else incumbent.plan,
+                progress=None if self.progress is None else _in_graph_units(self.progress, times),
+            )
+            no_model = "the exact offload model was not solved in the time left"
+            self.steps.done("offload model", variables=size, built=True, status=result.status)
+        self._check_feasible(result, cap)
+        # every node is computed at least once: the bound where CP-SAT proved nothing more
+        bound = max(times.units.to_graph(result.bound), problem.total_cost)
+        found = None
+        if result.plan is not None:
+            ops = offload_ops(problem, result.plan)
+            found = self._schedule(ops, result.status, bound)
+            _check_accounting(found, result.objective, times)
+        if found is not None and (incumbent is None or found.cost < incumbent.cost - _slack(found)):
+            return found
+        if incumbent is None:
+            raise self._nothing_found(no_model, bound)
+        # CP-SAT's proof holds for the incumbent too: it costs no more than CP-SAT's optimum
+        status = "OPTIMAL" if result.status == "OPTIMAL" else "FEASIBLE"
+        schedule = self._run_schedule(incumbent, status, bound)
+        if not tried:
+            schedule.extra["offload_model"] = no_model
+        return schedule
+
+    def _check_feasible(self, result: OffloadResult, cap: int | None) -> None:
+        """InfeasibleBudgetError where CP-SAT proved that no schedule with offload fits."""
+        if result.status == "INFEASIBLE" and cap is not None:
+            raise InternalError("the offload model refutes the incumbent's own cost")
+        if result.status == "INFEASIBLE":
+            budget = self.budget
+            raise InfeasibleBudgetError(
+                f"no schedule with offload fits a budget of {budget} bytes "
+                f"({human_bytes(budget)}) over this link (proven in the stage space with "
+                "offload, docs/offload.md); raise the budget",
+                minimum_bytes=None,
+                lower_bound_bytes=self.problem.one_line_floor,
+            )
+
+    def _nothing_found(self, no_model: str, bound: float) -> SolverTimeoutError:
+        """The error where neither the heuristics nor the model found a schedule in time."""
+        peaks = [run.peak for run in self.runs if run.valid]
         reached = (
             f"; the least peak the heuristics reach is {human_bytes(min(peaks))}" if peaks else ""
         )
-        raise SolverTimeoutError(
-            f"no schedule within {human_bytes(budget)} was found in the time limit, with "
+        return SolverTimeoutError(
+            f"no schedule within {human_bytes(self.budget)} was found in the time limit, with "
             f"offload or without ({no_model}{reached}); raise the time limit (--time-limit) "
             "or the budget",
             cost_bound=bound,
         )
-    # CP-SAT's proof holds for the incumbent too: it costs no more than CP-SAT's optimum
-    status = "OPTIMAL" if result.status == "OPTIMAL" else "FEASIBLE"
-    schedule = _run_schedule(graph, problem, incumbent, link, budget, status, bound, started)
-    if not tried:
-        schedule.extra["offload_model"] = no_model
-    return schedule
+
+    def _run_schedule(self, run: OffloadRun, status: str, bound: float | None) -> Schedule:
+        """The schedule of a heuristic run (or the keep/recompute start), `found_by` it."""
+        schedule = self._schedule(run.ops, status, bound)
+        schedule.extra["found_by"] = run.param
+        return schedule
+
+    def _schedule(
+        self, ops: Sequence[tuple[str, int]], status: str, bound: float | None
+    ) -> Schedule:
+        """The schedule of `ops`, replayed over the link: "OPTIMAL" with its own cost as the
+        bound, else "FEASIBLE" with `bound` (at most its cost)."""
+        budget = self.budget
+        schedule = make_schedule(
+            self.graph,
+            self.problem,
+            ops,
+            method="exact",
+            budget=budget,
+            link=self.link,
+            status="FEASIBLE",
+        )
+        if status == "OPTIMAL":
+            schedule.status, schedule.bound = "OPTIMAL", schedule.cost
+        else:
+            schedule.bound = None if bound is None else min(bound, schedule.cost)
+        if schedule.peak > budget:
+            raise InternalError(
+                f"the offload schedule peaks at {schedule.peak} bytes, over the budget of {budget}"
+            )
+        schedule.solve_seconds = time.perf_counter() - self.started
+        return schedule
 
 
 def _too_large(size: int, room: int, left: float, options: SolveOptions) -> str:
@@ -312,55 +392,12 @@ def _slack(schedule: Schedule) -> float:
     return 1e-9 * max(1.0, abs(schedule.cost))
 
 
-def _run_schedule(
-    graph: nx.DiGraph,
-    problem: Problem,
-    run: OffloadRun,
-    link: Link,
-    budget: int,
-    status: str,
-    bound: float | None,
-    started: float,
-) -> Schedule:
-    """The schedule of a heuristic run (or the keep/recompute start), `found_by` it."""
-    schedule = _schedule(graph, problem, run.ops, link, budget, status, bound, started)
-    schedule.extra["found_by"] = run.param
-    return schedule
-
-
 def offload_model_room(options: SolveOptions, seconds: float) -> int:
     """The most variables an offload model may have to be built and solved in `seconds`: as
     for the stage model (`solver.exact.stage_model`), `SolveOptions.model_variables_per_second`
     per second, at most `SolveOptions.max_model_variables` (building one takes about half of
     that time: 21,000 variables per second on `benchmarks.zoo.resnet50`'s module graph)."""
     return min(options.max_model_variables, int(options.model_variables_per_second * seconds))
-
-
-def _schedule(
-    graph: nx.DiGraph,
-    problem: Problem,
-    ops: Sequence[tuple[str, int]],
-    link: Link,
-    budget: int,
-    status: str,
-    bound: float | None,
-    started: float,
-) -> Schedule:
-    """The schedule of `ops`, replayed over `link`: "OPTIMAL" with its own cost as the bound,
-    else "FEASIBLE" with `bound` (at most its cost)."""
-    schedule = make_schedule(
-        graph, problem, ops, method="exact", budget=budget, link=link, status="FEASIBLE"
-    )
-    if status == "OPTIMAL":
-        schedule.status, schedule.bound = "OPTIMAL", schedule.cost
-    else:
-        schedule.bound = None if bound is None else min(bound, schedule.cost)
-    if schedule.peak > budget:
-        raise InternalError(
-            f"the offload schedule peaks at {schedule.peak} bytes, over the budget of {budget}"
-        )
-    schedule.solve_seconds = time.perf_counter() - started
-    return schedule
 
 
 def _check_accounting(schedule: Schedule, objective: int | None, times: OffloadTimes) -> None:
