@@ -23,7 +23,7 @@ from executor.errors import PlanError
 from executor.sac.facts import BlockFacts, OpFacts
 from executor.sac.measurer import Measured, storage_key
 from executor.sac.region import buffer_state, mutated_buffers
-from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
+from executor.sac.step import LossClosure, Snapshot, hooked, leaf_tensors
 from graph_capture.measurement.peak import memory_profile
 
 
@@ -162,7 +162,7 @@ def _end_forward(_module: nn.Module, _args, _out) -> None:
 def record_ops(
     model: nn.Module,
     blocks: Sequence[nn.Module],
-    step: Step,
+    step: LossClosure,
     runs: Iterable[int] = range(3),
     measurer: Measured | None = None,
     whole: bool = True,
@@ -194,7 +194,7 @@ def record_ops(
     return facts
 
 
-def _measure_scratch(model, blocks, step: Step, facts: list[BlockFacts], measurer) -> None:
+def _measure_scratch(model, blocks, step: LossClosure, facts: list[BlockFacts], measurer) -> None:
     """Each op's scratch bytes: the most it held at once during its call beyond what it left
     allocated at its end (its outputs), from the profiler's allocation events in a window
     around the call."""

@@ -18,7 +18,7 @@ from executor.sac.alike import region_inputs
 from executor.sac.measurer import DeviceMeter, Measured
 from executor.sac.policy import Policy
 from executor.sac.region_timing import RegionTimes
-from executor.sac.step import RecordingTime, Snapshot, Step
+from executor.sac.step import LossClosure, RecordingTime, Snapshot
 from solver.sac import SacBlock
 
 
@@ -43,7 +43,7 @@ def measure_overhead(
     model: nn.Module,
     regions: Sequence[nn.Module],
     streams: Sequence[Stream],
-    step: Step,
+    step: LossClosure,
     repeats: int = 5,
     clock: RecordingTime | None = None,
     measurer: Measured | None = None,

@@ -45,14 +45,14 @@ from executor.sac.op_streams import record_ops
 from executor.sac.overhead import Stream, measure_overhead, pooled, priced
 from executor.sac.region import cache_off_hooks
 from executor.sac.region_timing import RegionTimes
-from executor.sac.step import RecordingTime, Step, hooked
+from executor.sac.step import LossClosure, RecordingTime, hooked
 from executor.sac.windows import measure_windows
 from solver.sac import SacProblem
 from solver.sac.union import SacSplit, SacUnion
 from solver.sac.windows import Windows
 
 
-def _record_alike(model, modules, step: Step, runs, measurer, kinds) -> list[BlockFacts]:
+def _record_alike(model, modules, step: LossClosure, runs, measurer, kinds) -> list[BlockFacts]:
     """`record_ops` over `modules` (in call order); with `kinds` (executor/sac/alike.py), of
     the first module of each kind only, the forward ending after the last of them, each
     other module given the facts of the first of its kind."""
@@ -79,7 +79,7 @@ def record_union(
     model: nn.Module,
     blocks: Sequence[tuple[str, nn.Module]],
     children: Sequence[Sequence[tuple[str, nn.Module]] | None],
-    step: Step,
+    step: LossClosure,
     repeats: int = 3,
     clock: RecordingTime | None = None,
     measurer: Measured | None = None,
@@ -156,7 +156,7 @@ def _op_streams(
     model: nn.Module,
     modules: list[nn.Module],
     kids: list[nn.Module],
-    step: Step,
+    step: LossClosure,
     repeats: int,
     clock: RecordingTime,
     measurer: Measured,
@@ -184,7 +184,7 @@ def _prices(
     regions: list[nn.Module],
     block_names: list[str],
     facts: list[BlockFacts],
-    step: Step,
+    step: LossClosure,
     clock: RecordingTime,
     measurer: Measured,
     calls: list | None,

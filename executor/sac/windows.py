@@ -11,14 +11,14 @@ from torch import nn
 
 from executor.errors import PlanError
 from executor.sac.measurer import Measured, Timeline
-from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
+from executor.sac.step import LossClosure, Snapshot, hooked, leaf_tensors
 from solver.sac.windows import WindowError, Windows, cut_windows
 
 
 def measure_windows(
     model: nn.Module,
     blocks: Sequence[nn.Module],
-    step: Step,
+    step: LossClosure,
     children: Sequence[Sequence[nn.Module] | None] | None = None,
     measurer: Measured | None = None,
 ) -> Windows:
