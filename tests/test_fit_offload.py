@@ -16,7 +16,7 @@ import executor
 import solver
 import solver.fitting.search
 from cli.main import main
-from executor.fitting.baselines import Steps, run_step
+from executor.fitting.baselines import EagerSteps, run_step
 from executor.fitting.graphs import SizedGraphs, with_loss
 from executor.loss import default_loss
 from solver import Link
@@ -147,5 +147,5 @@ def test_a_real_step_under_a_schedule_that_copies_measures_its_host_copies():
     captured = graphs.capture(8).graph
     schedule = with_offloads(captured, [True, False], [True], Link(1e9, 1e9))
     assert schedule.extra["offloads"] > 0
-    peak, host = run_step(Steps(graphs, "adamw"), 8, schedule)
+    peak, host = run_step(EagerSteps(graphs, "adamw"), 8, schedule)
     assert host == schedule.extra["host_peak"] > 0 and peak > 0

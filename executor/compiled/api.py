@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import solver
-from executor.compiled.budget_loop import Steps, compile_within_budget
+from executor.compiled.budget_loop import CompiledSteps, compile_within_budget
 from executor.compiled.check import CompileCheck
 from executor.compiled.offload import PinnedPool, transfer_link
 from executor.compiled.plan_file import read_plan, replay_plan, write_plan
@@ -104,7 +104,7 @@ class CompiledModel(nn.Module):
         if moves:
             _on_accelerator(f"the plan at {path} offloads", model, inputs)
         with call_deadline(time_limit, CompileError) as deadline:
-            steps = Steps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
+            steps = CompiledSteps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
             call, report = replay_plan(steps, path, data, check or CompileCheck())
             return cls(steps.model, call, report, data["backend"], data["options"])
 
@@ -175,7 +175,7 @@ def compile(
     except BudgetError as e:
         raise CompileError(str(e)) from e
     with call_deadline(time_limit, CompileError) as deadline:
-        steps = Steps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
+        steps = CompiledSteps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
         call, report = compile_within_budget(
             steps, wanted, name, options, max_compiles, check or CompileCheck(), link
         )

@@ -6,7 +6,7 @@ executor/fitting/search.py).
         offload=None)
       SizedGraphs(factory, capture_sizes)   the DAG at any size: captures, affine between them;
                                             `stable_from` skips small sizes whose graph differs
-      Steps.prepare                         what exists before a step, measured (StaticBytes)
+      EagerSteps.prepare                    what exists before a step, measured (StaticBytes)
       largest_fitting                       the largest size whose least peak within the cap
                                             fits the memory left to the step, proof at size + 1
       confirmation                          the answer and the least size proven not to fit,

@@ -40,7 +40,7 @@ from torch import nn
 from executor.errors import PlanError
 from executor.sac.alike import region_kinds
 from executor.sac.facts import BlockFacts, sac_block
-from executor.sac.measurer import Measured, storage_key
+from executor.sac.measurer import Measurer, storage_key
 from executor.sac.op_streams import record_ops
 from executor.sac.overhead import Stream, measure_overhead, pooled, priced
 from executor.sac.region import cache_off_hooks
@@ -82,7 +82,7 @@ def record_union(
     step: LossClosure,
     repeats: int = 3,
     clock: RecordingTime | None = None,
-    measurer: Measured | None = None,
+    measurer: Measurer | None = None,
 ) -> tuple[SacUnion, list[list[tuple[str, nn.Module]] | None]]:
     """The SacUnion of `model`'s step over `blocks` (name, module), in forward order, split
     into `children` (per block, its children in call order, or None) where those run once
@@ -91,10 +91,10 @@ def record_union(
     op stream is recorded `repeats` times and each region's prices over 5 rounds, fewer where
     `clock` leaves no time for more (a third of its spare time to the blocks' op streams,
     half the rest to the children's, the rest to the prices); `clock` raises PlanError once
-    its deadline has passed (`RecordingTime`). `measurer` (default `Measured`) gives the bytes
+    its deadline has passed (`RecordingTime`). `measurer` (default `Measurer`) gives the bytes
     and seconds: measured, or in estimate mode predicted (executor/sac/estimate.py), where one
     run of each measurement suffices."""
-    measurer = measurer or Measured()
+    measurer = measurer or Measurer()
     repeats = measurer.repeats(repeats)
     candidates = [m for _, m in blocks] + [m for kids in children for _, m in kids or ()]
     with hooked(cache_off_hooks(candidates)):
@@ -159,7 +159,7 @@ def _op_streams(
     step: LossClosure,
     repeats: int,
     clock: RecordingTime,
-    measurer: Measured,
+    measurer: Measurer,
     kinds: list | None,
 ) -> tuple[list[BlockFacts], list[BlockFacts]]:
     """The recorded facts of the blocks' (`modules`) op streams, then of the kept children's
@@ -186,7 +186,7 @@ def _prices(
     facts: list[BlockFacts],
     step: LossClosure,
     clock: RecordingTime,
-    measurer: Measured,
+    measurer: Measurer,
     calls: list | None,
 ) -> list[RegionTimes | RuntimeError]:
     """Per region (the blocks, named `block_names`, then the kept children), the seconds its
