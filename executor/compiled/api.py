@@ -38,7 +38,7 @@ class CompiledModel(nn.Module):
     solving. ``host_pool``: where the plan offloads, torch's pinned host-memory pool for its
     offload ops (`executor.compiled.offload.PinnedPool`), opened at the first call and held
     open across steps, so each step reuses the pinned buffers of the one before
-    (``host_pool.bytes()`` counts them; ``host_pool.close()`` frees them); None otherwise."""
+    (``host_pool.host_idle()`` counts them; ``host_pool.close()`` frees them); None otherwise."""
 
     def __init__(
         self,

@@ -61,7 +61,7 @@ def run_step(
     pool = rm.host_pool
     if pool is not None:
         pool.reset_peak()
-    return step.measured_peak(), None if pool is None else pool.peak_bytes
+    return step.measured_peak(), None if pool is None else pool.host_peak
 
 
 @dataclass

@@ -220,7 +220,7 @@ def checkpoint_plan(
             with clock.solving():
                 solution = solve_sac(union, wanted, deadline, whole=whole, link=link)
             plan = _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
-            return plan if link is None else replace(plan, link=link, host=solution.host)
+            return plan if link is None else replace(plan, link=link, host_peak=solution.host_peak)
         memory = model_memory(model, [m for _, m in named], policy)
         with clock.solving():
             done = solve_sharded(
