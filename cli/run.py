@@ -322,9 +322,9 @@ def _train_and_report(
     host_as_predicted = True
     if pool is not None:
         predicted_host = schedule.extra["host_peak"]
-        host_as_predicted = pool.peak_bytes == predicted_host
+        host_as_predicted = pool.host_peak == predicted_host
         print(
-            f"host peak (pool)          {_mib(pool.peak_bytes)}   predicted "
+            f"host peak (pool)          {_mib(pool.host_peak)}   predicted "
             f"{_mib(predicted_host)}, equal: {'yes' if host_as_predicted else 'NO'} "
             f"({schedule.extra['offloads']} offloads, {schedule.extra['reloads']} reloads)"
         )

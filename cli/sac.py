@@ -116,7 +116,7 @@ def measure_step(
         split = measure_split(step)
         seconds = median_seconds(step, repeats=steps, warmup=0)
     model.zero_grad(set_to_none=True)
-    return split.device, seconds, split.host
+    return split.device_peak, seconds, split.host_peak
 
 
 def run_sac(args: argparse.Namespace) -> int:
@@ -158,7 +158,7 @@ def run_sac(args: argparse.Namespace) -> int:
             regions = sum(plan.plain_offloads())
             print(
                 f"offload: {offloaded} saved ops of checkpointed regions, {regions} regions' "
-                f"saved tensors; predicted host {_mib(plan.host)}"
+                f"saved tensors; predicted host peak {_mib(plan.host_peak)}"
             )
         if plan.world_size > 1 or any(p.device.type == "meta" for p in model.parameters()):
             return 0  # a meta model has no values to run; a sharded plan runs on its ranks
@@ -170,7 +170,7 @@ def run_sac(args: argparse.Namespace) -> int:
     for name, (peak, seconds, _) in (("eager", eager), ("plan", planned)):
         print(f"{name:<8}{_mib(peak):>16}{seconds * 1e3:>9.2f} ms{seconds / eager[1]:>9.2f}")
     if plan.link is not None:
-        print(f"plan measured / predicted host bytes: {planned[2]:,} / {plan.host:,}")
+        print(f"plan measured / predicted host peak: {planned[2]:,} / {plan.host_peak:,}")
     print(
         f"plan measured / predicted peak: {planned[0] / plan.peak:.3f}; "
         f"bytes over budget: {max(0, planned[0] - plan.budget)}"

@@ -36,9 +36,9 @@ from solver.milp.cpsat import print_progress
 from solver.target.devices import (
     BUILT_IN,
     HOST_LINKS,
+    Device,
     builtin_device,
     is_device_file,
-    load_device,
     named_link,
 )
 
@@ -144,7 +144,7 @@ def _link_owner(text: str) -> _Owner | None:
     if key in HOST_LINKS:
         return _Owner("cuda", None)
     if is_device_file(text.strip()):
-        device = load_device(text.strip())
+        device = Device.load(text.strip())
         return _Owner(device.kernels, device.name)
     return _Owner("cuda", builtin_device(key).name)
 

@@ -38,7 +38,7 @@ def test_the_point_rows_and_table_at_a_tiny_llama(tiny):
     kept, copied = tight["keep/recompute"], tight["offload"]
     assert max(kept["peak"], copied["peak"]) <= tight["budget"]
     assert copied["cost"] <= kept["cost"] * (1 + 1e-9)  # the offload space holds kept's plan
-    assert copied["host"] >= 0 and copied["status"] in ("OPTIMAL", "FEASIBLE")
+    assert copied["host_peak"] >= 0 and copied["status"] in ("OPTIMAL", "FEASIBLE")
     assert "too many for the" in copied["not built"]  # the table's status says so
     for got in point["reloads instead"]:  # each a valid schedule: stall waits on its reloads
         assert got["stall s"] >= 0 and got["cost s"] >= point["once s"] - 1e-12
@@ -55,5 +55,5 @@ def test_remat_fit_with_the_link_at_a_tiny_llama(tiny):
         "batch", 120, "module", layers=1, offload=offload_llama.LINK, name=tiny, memory=40 << 30
     )
     assert found["proven"] and found["upper"] == found["largest"] + 1
-    assert found["host bytes"] == 0  # keep/recompute's schedule at the answer copies nothing
+    assert found["host peak"] == 0  # keep/recompute's schedule at the answer copies nothing
     assert "offload over d2h 64 GB/s, h2d 64 GB/s" in found["summary"]

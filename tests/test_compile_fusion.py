@@ -130,7 +130,7 @@ def test_a_measured_peak_that_does_not_move_lowers_the_solver_budget_faster(monk
     miss solves below the last predicted peak by the excess doubled, so at most four compiles
     reach it."""
     target, step = 4 * 2**20, 64  # far above the net's step (values of 2 KiB): any fits
-    measure, first = budget_loop.Steps.measure, []
+    measure, first = budget_loop.CompiledSteps.measure, []
 
     def stuck(self, backend, partitioner):
         call, measured = measure(self, backend, partitioner)
@@ -139,7 +139,7 @@ def test_a_measured_peak_that_does_not_move_lowers_the_solver_budget_faster(monk
             measured = dataclasses.replace(measured, peak=target + step)
         return call, measured
 
-    monkeypatch.setattr(budget_loop.Steps, "measure", stuck)
+    monkeypatch.setattr(budget_loop.CompiledSteps, "measure", stuck)
     x = torch.randn(16, 32)
     cm = executor.compile(Net(layers=1), (x,), target, **SOLVED)
     tries = cm.remat.tries

@@ -435,7 +435,7 @@ def test_an_offloading_model_holds_torchs_pinned_pool_across_steps(monkeypatch):
     assert events == ["enter"], "entered at the first step, held across steps"
     buffers = {(4, torch.float32): [torch.empty(4)], (2, torch.int64): [torch.empty(2).long()] * 2}
     monkeypatch.setattr(offload_ops, "_pinned_pool", buffers)
-    assert model.host_pool.bytes() == 4 * 4 + 2 * 2 * 8
+    assert model.host_pool.host_idle() == 4 * 4 + 2 * 2 * 8
     model.host_pool.close()
     assert events == ["enter", "exit"]
     kept = CompileReport(
@@ -475,8 +475,8 @@ def test_compile_offload_on_cuda_matches_torch_within_its_predicted_peak(one_thr
     torch.compile(reference, fullgraph=True)(x).sum().backward()
     for got, want in zip(net.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-3, atol=1e-5)
-    held = model.host_pool.bytes()
+    held = model.host_pool.host_idle()
     assert held > 0, "the copies' pinned buffers went back to the pool"
     model(x).sum().backward()
-    assert model.host_pool.bytes() == held, "the next step reused them"
+    assert model.host_pool.host_idle() == held, "the next step reused them"
     model.host_pool.close()

@@ -371,7 +371,7 @@ def test_the_last_compile_of_the_loop_is_the_least_peak_one(monkeypatch, least):
     the model's, as on CLIP vision's mid budget) and the least-peak schedule fits, the loop's
     last compile is "min" and its model is returned, bit-identical to eager; before, the loop
     lowered the budget to its last compile and refused ("still measured")."""
-    measure = budget_loop.Steps.measure
+    measure = budget_loop.CompiledSteps.measure
 
     def over_unless_min(self, backend, partitioner):
         call, measured = measure(self, backend, partitioner)
@@ -379,7 +379,7 @@ def test_the_last_compile_of_the_loop_is_the_least_peak_one(monkeypatch, least):
             measured = dataclasses.replace(measured, peak=measured.peak + (1 << 30))
         return call, measured
 
-    monkeypatch.setattr(budget_loop.Steps, "measure", over_unless_min)
+    monkeypatch.setattr(budget_loop.CompiledSteps, "measure", over_unless_min)
     budget = 4 * least[3].remat.peak  # loose: its solve closes at once, its measure misses
     torch.manual_seed(0)
     net, x = Net().train(), torch.randn(64, 32)

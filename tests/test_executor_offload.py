@@ -80,7 +80,7 @@ def measured_step(rm: Rematerialized, inputs, backward) -> tuple[int, int]:
         backward(rm(*inputs))
         rm.host_pool.reset_peak()
         device = measure_peak(lambda: backward(rm(*inputs))).peak_bytes
-    return device, rm.host_pool.peak_bytes
+    return device, rm.host_pool.host_peak
 
 
 def ones_backward(out: torch.Tensor) -> None:
@@ -112,7 +112,7 @@ def test_offload_trains_bit_for_bit_below_the_keep_recompute_least(below_least):
     device, host = measured_step(rm, [x], ones_backward)
     assert device <= schedule.peak <= schedule.budget
     assert host == schedule.extra["host_peak"] > 0
-    assert rm.host_pool.held_bytes == 0  # every copy released by the step's end
+    assert rm.host_pool.host_held == 0  # every copy released by the step's end
 
 
 def test_the_offload_benchmark_measures_what_the_schedules_predict(below_least):
@@ -197,11 +197,11 @@ def test_steps_in_flight_together_keep_their_own_copies():
     (eager(x1).sum() + eager(x2).square().sum()).backward()
     rm = Rematerialized(remat, captured, schedule)
     first = rm(x1)
-    one = rm.host_pool.held_bytes
+    one = rm.host_pool.host_held
     second = rm(x2)
-    assert rm.host_pool.held_bytes == 2 * one > 0
+    assert rm.host_pool.host_held == 2 * one > 0
     (first.sum() + second.square().sum()).backward()
-    assert rm.host_pool.held_bytes == 0
+    assert rm.host_pool.host_held == 0
     for a, b in zip(eager.parameters(), remat.parameters(), strict=True):
         assert torch.equal(a.grad, b.grad)
 
@@ -309,7 +309,7 @@ def test_a_copy_keeps_views_aliases_strides_and_dtypes_and_counts_its_storages()
     copies = StepCopies()
     transfers.offload(copies, "v", values, {static.untyped_storage().data_ptr()})
     stored = 24 * 4 + 6 * 8 + 15 + 4 * 2  # base once, arange, mask, bf16, the empty nothing
-    assert transfers.pool.held_bytes == transfers.pool.peak_bytes == stored
+    assert transfers.pool.host_held == transfers.pool.host_peak == stored
     for _ in range(2):
         back = transfers.reload(copies, "v")
         flat_in, flat_back = [], []
@@ -326,9 +326,9 @@ def test_a_copy_keeps_views_aliases_strides_and_dtypes_and_counts_its_storages()
         assert back[0].untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
         assert back[4].untyped_storage().data_ptr() == static.untyped_storage().data_ptr()
     # the last reload holds the copy until the compute stream has waited for it
-    assert transfers.pool.held_bytes == stored
+    assert transfers.pool.host_held == stored
     transfers.ready(copies, "v")
-    assert transfers.pool.held_bytes == 0 and transfers.pool.peak_bytes == stored
+    assert transfers.pool.host_held == 0 and transfers.pool.host_peak == stored
 
 
 def test_a_reloaded_copy_is_held_until_the_compute_stream_waits_for_it():
@@ -338,13 +338,13 @@ def test_a_reloaded_copy_is_held_until_the_compute_stream_waits_for_it():
     transfers.offload(copies, "a", {0: torch.ones(3, dtype=torch.float64)}, set())
     transfers.reload(copies, "a")
     transfers.offload(copies, "c", {0: torch.ones(5, dtype=torch.uint8)}, set())
-    assert transfers.pool.peak_bytes == 24 + 5 and transfers.pool.held_bytes == 24
+    assert transfers.pool.host_peak == 24 + 5 and transfers.pool.host_held == 24
     transfers.ready(copies, "a")  # the first read of the reloaded value
-    assert transfers.pool.held_bytes == 0
+    assert transfers.pool.host_held == 0
     ops = [("compute", "a"), ("offload", "a"), ("free", "a"), ("reload", "a")]
     ops += [("compute", "c"), ("offload", "c"), ("compute", "d")]
     schedule_peak = solver.simulate(_held_graph(), ops, Link(1, 1)).host_peak
-    assert schedule_peak == transfers.pool.peak_bytes
+    assert schedule_peak == transfers.pool.host_peak
 
 
 def _held_graph():
@@ -369,13 +369,13 @@ def test_pinned_buffers_count_the_bytes_torch_s_host_allocator_takes():
     before = stats()[key]
     buffer = pool.allocate(3 * mib)
     assert buffer.numel() == 3 * mib and buffer.is_pinned()
-    assert pool.held_bytes == pool.peak_bytes == stats()[key] - before == 4 * mib
+    assert pool.host_held == pool.host_peak == stats()[key] - before == 4 * mib
     event = torch.cuda.Event()
     event.record()
     pool.release(buffer, event)
     again = pool.allocate(3 * mib + 1)  # its idle block, once the event has completed
     assert again.data_ptr() == buffer.data_ptr() and event.query()
-    assert stats()[key] - before == 4 * mib and pool.held_bytes == 4 * mib
+    assert stats()[key] - before == 4 * mib and pool.host_held == 4 * mib
 
 
 @pytest.mark.cuda
@@ -392,8 +392,8 @@ def test_on_cuda_the_pinned_pool_s_peak_is_the_predicted_host_peak():
         rm.host_pool.reset_peak()
         rm(x.cuda()).sum().backward()
         torch.cuda.synchronize()
-    assert rm.host_pool.peak_bytes == schedule.extra["host_peak"] > 0
-    assert rm.host_pool.held_bytes == 0
+    assert rm.host_pool.host_peak == schedule.extra["host_peak"] > 0
+    assert rm.host_pool.host_held == 0
 
 
 def test_offload_ops_without_a_way_to_run_them_are_refused(below_least):

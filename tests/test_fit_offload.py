@@ -16,7 +16,7 @@ import executor
 import solver
 import solver.fitting.search
 from cli.main import main
-from executor.fitting.baselines import Steps, run_step
+from executor.fitting.baselines import EagerSteps, run_step
 from executor.fitting.graphs import SizedGraphs, with_loss
 from executor.loss import default_loss
 from solver import Link
@@ -57,7 +57,7 @@ def test_offload_fits_a_size_keep_recompute_proves_does_not_and_the_floor_bounds
     assert run.valid and run.peak <= 56 and run.host_peak == 8 == found.schedule.extra["host_peak"]
     fit = Fit("batch", 56, 8, True, 9, 56, found.schedule, None, 0, None, None, None, None, "")
     fit.link = link
-    assert fit.host_bytes == 8
+    assert fit.host_peak == 8
     assert "the schedule at batch 8 holds 8 B on the host (1 offloads, 1 reloads" in fit.summary()
 
 
@@ -106,7 +106,7 @@ def test_without_a_link_no_solve_offloads_and_nothing_is_reported(fits):
     found, links = fits
     kept = found["none"]
     assert links and set(links) == {None} and kept.proven
-    assert kept.link is None and kept.host_bytes is None and "offload" not in kept.summary()
+    assert kept.link is None and kept.host_peak is None and "offload" not in kept.summary()
     refuted = next(p for p in kept.probes if p.size == kept.upper)
     assert f"why batch {kept.upper} does not fit: {refuted.reason}" in kept.summary()
 
@@ -122,7 +122,7 @@ def test_the_host_bytes_are_the_schedule_s_simulated_host_peak_within_the_limit(
     graphs = SizedGraphs(with_loss(meta_blocks, default_loss), (2, 3, 4), "batch", {"target": TOY})
     run = solver.simulate(graphs(copied.size), copied.schedule.ops, copied.schedule.link)
     assert run.valid and run.peak <= copied.budget
-    assert copied.host_bytes == run.host_peak <= LIMITED.host_memory
+    assert copied.host_peak == run.host_peak <= LIMITED.host_memory
 
 
 def test_remat_fit_offload_reads_a_link_and_refuses_an_unknown_one(tmp_path, capsys, monkeypatch):
@@ -147,5 +147,5 @@ def test_a_real_step_under_a_schedule_that_copies_measures_its_host_copies():
     captured = graphs.capture(8).graph
     schedule = with_offloads(captured, [True, False], [True], Link(1e9, 1e9))
     assert schedule.extra["offloads"] > 0
-    peak, host = run_step(Steps(graphs, "adamw"), 8, schedule)
+    peak, host = run_step(EagerSteps(graphs, "adamw"), 8, schedule)
     assert host == schedule.extra["host_peak"] > 0 and peak > 0

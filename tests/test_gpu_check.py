@@ -102,15 +102,15 @@ def test_measured_peaks_and_host_bytes_match_the_predicted_ones(table: dict) -> 
         slack = cell["predicted_peak"] - cell["measured_peak"]
         assert 0 <= slack <= 2 * GENERATOR_STATE_BYTES, cell  # two dropout sites in a block
     assert (
-        by_runtime["remat+offload"]["host_measured"]
-        == by_runtime["remat+offload"]["host_predicted"]
+        by_runtime["remat+offload"]["measured_host_peak"]
+        == by_runtime["remat+offload"]["predicted_host_peak"]
     )
     for runtime in ("sac", "sac+offload"):
         cell = by_runtime[runtime]
         assert cell["result"] == "ok", cell
         assert abs(cell["measured_peak"] / cell["predicted_peak"] - 1) <= 0.001, cell
     offloaded = by_runtime["sac+offload"]
-    assert offloaded["host_measured"] == offloaded["host_predicted"] > 0, offloaded
+    assert offloaded["measured_host_peak"] == offloaded["predicted_host_peak"] > 0, offloaded
 
 
 def test_the_header_names_the_deterministic_settings_and_the_structure_step(table: dict) -> None:
@@ -141,7 +141,7 @@ def test_every_offload_cell_moves_a_copy_or_says_why_it_cannot(table: dict) -> N
     for runtime in ("remat+offload", "sac+offload"):
         cell = by_runtime[runtime]
         assert cell["result"] == "ok" and cell["copies"] > 0, cell
-        assert cell["host_predicted"] > 0 and cell["host_measured"] > 0, cell
+        assert cell["predicted_host_peak"] > 0 and cell["measured_host_peak"] > 0, cell
         assert cell["budget"] < by_runtime[runtime.removesuffix("+offload")]["predicted_peak"]
     sac = by_runtime["sac+offload"]["moved"]
     assert "per copy, measured on the device (cpu)" in sac and "regions parked" in sac

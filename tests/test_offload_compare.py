@@ -51,8 +51,8 @@ def test_baseline_hooks_copy_exactly_and_count_host_bytes() -> None:
         assert all(torch.equal(a, b) for a, b in zip(grads, reference, strict=True))
         pool.reset_peak()
         measure_peak(step)
-        assert pool.peak_bytes > 0 and last[0].d2h_bytes >= pool.peak_bytes
-        assert pool.held_bytes == 0  # every host copy released by the step's end
+        assert pool.host_peak > 0 and last[0].d2h_bytes >= pool.host_peak
+        assert pool.host_held == 0  # every host copy released by the step's end
         copied[make] = last[0].d2h_bytes
     # torchtune leaves tensors under 1 KiB (the (16, 8) output, 512 B) and parameters on the
     # device; save_on_cpu copies them all

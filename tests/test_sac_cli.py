@@ -52,8 +52,8 @@ def test_offload_option_and_an_offloading_plan_file(tmp_path, capsys):
     changed, peak = replanned(plan, saved, offloaded)
     flat = flatten(plan.problem, _union_plan(plan.problem, changed))
     host = plan_host(*flat)
-    dataclasses.replace(changed, peak=peak, budget=peak, host=host).save(out)
+    dataclasses.replace(changed, peak=peak, budget=peak, host_peak=host).save(out)
     assert main([*args, "--model", "sac_models:larger", "--plan", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert f"plan measured / predicted host bytes: {host:,} / {host:,}" in printed and host > 0
+    assert f"plan measured / predicted host peak: {host:,} / {host:,}" in printed and host > 0
     assert "bytes over budget: 0" in printed

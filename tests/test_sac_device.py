@@ -21,7 +21,7 @@ from torch._C._profiler import _EventType
 import executor
 from executor import PlanError
 from executor.sac import planning
-from executor.sac.measurer import DeviceMeter, Measured
+from executor.sac.measurer import DeviceMeter, Measurer
 from executor.sac.op_streams import record_ops
 from executor.sac.overhead import Stream, measure_offload_seconds, measure_overhead
 
@@ -59,7 +59,7 @@ def synchronized_before_each_read(log: list) -> bool:
 
 def test_on_cuda_an_op_is_timed_between_two_synchronized_clock_reads():
     log: list = []
-    measured = Measured(recording_meter(CUDA0, log))
+    measured = Measurer(recording_meter(CUDA0, log))
     out, seconds = measured.call(lambda x: log.append(("op",)) or x + 1, (1,), {})
     assert out == 2 and seconds == 3.0
     sync, clock = ("synchronize", CUDA0), ("clock",)
@@ -79,7 +79,7 @@ def test_on_cuda_region_prices_read_the_clock_after_synchronizing():
     stream = Stream(tuple(o.name for o in facts.ops), (0.0,) * len(facts.ops), facts.stop)
     log: list = []
     measure_overhead(
-        net, [block], [stream], step, repeats=2, measurer=Measured(recording_meter(CUDA0, log))
+        net, [block], [stream], step, repeats=2, measurer=Measurer(recording_meter(CUDA0, log))
     )
     assert synchronized_before_each_read(log)
     assert sum(entry == ("clock",) for entry in log) == 2 * 3 * (1 + 2)  # warm-up, 2 rounds
@@ -128,10 +128,10 @@ def test_rng_states_are_the_cpus_and_the_devices_and_only_device_bytes_count():
     """A checkpoint keeps the CPU generator's state and, on CUDA, the device's: both host
     tensors, so a CUDA plan counts none of them on the device; a CPU plan the CPU's."""
     log: list = []
-    measured = Measured(recording_meter(CUDA0, log))
+    measured = Measurer(recording_meter(CUDA0, log))
     assert measured.rng_state_bytes() == 0 and ("get_rng_state", CUDA0) in log
     assert len(measured.meter.rng_states()) == 2
-    cpu = Measured()
+    cpu = Measurer()
     assert cpu.rng_state_bytes() == torch.get_rng_state().untyped_storage().nbytes() == 5056
 
 

@@ -79,7 +79,7 @@ def measured(model, step) -> tuple[int, int]:
     model.zero_grad(set_to_none=True)
     split = measure_split(lambda: step(model))
     model.zero_grad(set_to_none=True)
-    return split.device, split.host
+    return split.device_peak, split.host_peak
 
 
 def flat(plan: UnionPlan) -> list[tuple[bool, frozenset[int], frozenset[int], bool]]:
@@ -172,7 +172,9 @@ def test_drawn_models_and_budgets_offload_exactly_within_the_prediction(
         net, (x,), budget, time_limit=60, loss_fn=sum_loss, offload=LINK
     )
     device_bytes, host_bytes = measured(plan.apply(copy.deepcopy(net)), sum_step(x))
-    assert device_bytes <= plan.budget and device_bytes <= plan.peak and host_bytes == plan.host
+    assert (
+        device_bytes <= plan.budget and device_bytes <= plan.peak and host_bytes == plan.host_peak
+    )
     saved = every_saveable(plan)
     every, peak = replanned(plan, saved, every_offloadable(plan, saved), every_plain(plan))
     host = union_host(plan.problem, _union_plan(plan.problem, every))
@@ -231,7 +233,7 @@ def test_the_planner_offloads_where_recompute_costs_more(above_least):
     )
     device_bytes, host_bytes = measured(chosen.apply(copy.deepcopy(net)), sum_step(x))
     assert device_bytes <= solution.peak <= plan.budget
-    assert host_bytes == solution.host
+    assert host_bytes == solution.host_peak
     runs = [copy.deepcopy(net), chosen.apply(copy.deepcopy(net))]
     assert_same_adamw_steps(runs, lambda m, _: m(x).sum())
 
@@ -248,7 +250,7 @@ def test_only_offload_fits_a_budget_below_the_least_peak_without_it():
     assert any(plan.plain_offloads()) or any(plan.offloads())
     device_bytes, host_bytes = measured(plan.apply(copy.deepcopy(net)), sum_step(x))
     print(f"only offload: device {device_bytes} B, budget {plan.budget} B, host {host_bytes} B")
-    assert device_bytes <= plan.budget and host_bytes == plan.host > 0
+    assert device_bytes <= plan.budget and host_bytes == plan.host_peak > 0
     runs = [copy.deepcopy(net), plan.apply(copy.deepcopy(net))]
     assert_same_adamw_steps(runs, lambda m, _: m(x).sum())
 
@@ -291,11 +293,14 @@ def test_plan_files_carry_the_offload_and_format_5_files_load(tmp_path):
     path = tmp_path / "plan.json"
     offloading.save(path)
     loaded = executor.CheckpointPlan.load(path, net)
-    assert (loaded.link, loaded.host) == (link, plan.host)
+    assert (loaded.link, loaded.host_peak) == (link, plan.host_peak)
     assert loaded.offloads() == offloading.offloads()
     assert loaded.plain_offloads() == offloading.plain_offloads()
     assert "regions offloaded" in repr(loaded)
     data = json.loads(path.read_text())
+    data["host"] = data.pop("host_peak")  # `host`, the key format-6 files may hold instead
+    path.write_text(json.dumps(data))
+    assert executor.CheckpointPlan.load(path, net).host_peak == loaded.host_peak > 0
     data["format"] = "remat-sac-plan/5"  # what format 5 wrote: no link, no offload choices
     for key in ("link", "host"):
         del data[key]
@@ -303,7 +308,7 @@ def test_plan_files_carry_the_offload_and_format_5_files_load(tmp_path):
         del region["offloaded"], region["plain_offloaded"]
     path.write_text(json.dumps(data))
     old = executor.CheckpointPlan.load(path, net)
-    assert (old.link, old.offloaded, old.plain_offloaded, old.host) == (None, None, None, 0)
+    assert (old.link, old.offloaded, old.plain_offloaded, old.host_peak) == (None, None, None, 0)
     assert old.saved == offloading.saved
     data["format"] = "remat-sac-plan/4"
     path.write_text(json.dumps(data))
@@ -347,7 +352,7 @@ def test_compile_refuses_offloaded_ops_and_runs_offloaded_regions_through_graph_
 def test_offload_arguments_are_checked():
     net, x = transformer(layers=2, d=16), torch.randn(2, 8, 16)
     plain = executor.checkpoint_plan(net, (x,), "min", time_limit=60, loss_fn=sum_loss)
-    assert (plain.link, plain.offloaded, plain.host) == (None, None, 0)
+    assert (plain.link, plain.offloaded, plain.host_peak) == (None, None, 0)
     with pytest.raises(PlanError, match="offload must be"):
         executor.checkpoint_plan(net, (x,), "min", loss_fn=sum_loss, offload=64e9)
     with pytest.raises(UnknownTargetError):

@@ -1,7 +1,7 @@
 """SAC's host bytes under the host allocator's rounding (`solver.Link.host_rounding`; docs/sac.md
 "Offload"): each host buffer the runtime allocates (one per output tensor of an offloaded op,
 one per saved storage of a parked region) counts as the link rounds it, in the reference
-(`plan_host`), in CP-SAT's `host_memory` bound and in `SacSolution.host`; the recording records
+(`plan_host`), in CP-SAT's `host_memory` bound and in `SacSolution.host_peak`; the recording records
 those buffers' sizes; `checkpoint_plan` gives the link the rounding of the device its copies
 run on (exact on the CPU, where the measured host bytes equal the prediction; the next power of
 two on CUDA, where a test reads the pinned allocator's own peak)."""
@@ -61,8 +61,8 @@ def test_an_offloaded_3_mib_output_holds_4_mib_of_pinned_host():
         assert plan_host(problem, plan) == plan_host(problem, plan, EXACT) == 3 * MIB
         assert plan_host(problem, plan, POW2) == 4 * MIB
     solution = solve_sac(problem, budget(problem), Deadline.after(20), link=POW2)
-    assert solution.host == 4 * MIB
-    assert solve_sac(problem, budget(problem), Deadline.after(20), link=EXACT).host == 3 * MIB
+    assert solution.host_peak == 4 * MIB
+    assert solve_sac(problem, budget(problem), Deadline.after(20), link=EXACT).host_peak == 3 * MIB
 
 
 def test_each_output_of_a_multi_output_op_is_its_own_rounded_buffer():
@@ -77,7 +77,7 @@ def test_each_output_of_a_multi_output_op_is_its_own_rounded_buffer():
     parked = dataclasses.replace(op, saved_sizes=(3 * MIB, 3072))
     assert park_host(dataclasses.replace(problem.blocks[0], ops=(parked,)), POW2) == 4 * MIB + 4096
     solution = solve_sac(problem, budget(problem), Deadline.after(20), link=POW2)
-    assert solution.host == 4 * MIB + 4096
+    assert solution.host_peak == 4 * MIB + 4096
 
 
 @pytest.mark.parametrize("sizes", [None, LAYER_NORM])
@@ -88,11 +88,11 @@ def test_host_memory_refuses_a_plan_that_fits_only_unrounded(sizes):
     rounded = 4 * MIB if sizes is None else 4 * MIB + 4096
     tight = dataclasses.replace(POW2, host_memory=rounded - 1)
     exact = dataclasses.replace(EXACT, host_memory=rounded - 1)
-    assert solve_sac(problem, budget(problem), Deadline.after(20), link=exact).host < rounded
+    assert solve_sac(problem, budget(problem), Deadline.after(20), link=exact).host_peak < rounded
     with pytest.raises(InfeasibleBudgetError):
         solve_sac(problem, budget(problem), Deadline.after(20), link=tight)
     fits = dataclasses.replace(POW2, host_memory=rounded)
-    assert solve_sac(problem, budget(problem), Deadline.after(20), link=fits).host == rounded
+    assert solve_sac(problem, budget(problem), Deadline.after(20), link=fits).host_peak == rounded
 
 
 def test_sizes_survive_json_and_ops_without_them_hold_one_buffer_of_their_bytes():
@@ -138,7 +138,7 @@ def test_an_estimate_for_a_gpu_rounds_as_pinned_memory():
         net, (x,), "min", time_limit=60, loss_fn=sum_loss, target="h100", offload="h100"
     )
     assert plan.link.host_rounding == "power-of-two"
-    assert plan.host == union_host(plan.problem, _union_plan(plan.problem, plan), plan.link)
+    assert plan.host_peak == union_host(plan.problem, _union_plan(plan.problem, plan), plan.link)
     saved = every_saveable(plan)
     every, _ = replanned(plan, saved, every_offloadable(plan, saved), every_plain(plan))
     union_plan = _union_plan(plan.problem, every)

@@ -14,7 +14,7 @@ from graph_capture.measurement.roofline import (
     resolve_target,
     target_key,
 )
-from solver.target import Device, UnknownTargetError, builtin_device, load_device
+from solver.target import Device, UnknownTargetError, builtin_device
 from solver.target.devices import GIB, LAUNCH_SECONDS, MIB, NCCL_COMMUNICATOR_BYTES, OUTSIDE_BYTES
 
 
@@ -77,19 +77,19 @@ def test_device_file_round_trip(tmp_path):
         outside=1 << 20,
     )
     d.save(tmp_path / "mine.json")
-    assert load_device(tmp_path / "mine.json") == d
-    assert load_device(tmp_path / "mine.json").usable() == (1 << 33) - (1 << 20)
+    assert Device.load(tmp_path / "mine.json") == d
+    assert Device.load(tmp_path / "mine.json").usable() == (1 << 33) - (1 << 20)
     old = {**d.to_json(), "format": "remat-device/1", "name": "cpu"}
     for key in ("op_overhead", "kernels", "op_transient", "capacity", "outside"):
         del old[key]
     (tmp_path / "v1.json").write_text(json.dumps(old))
-    v1 = load_device(tmp_path / "v1.json")
+    v1 = Device.load(tmp_path / "v1.json")
     assert (v1.op_overhead, v1.kernels, v1.op_transient) == (0.0, "cpu", {})
     assert (v1.capacity, v1.outside, v1.usable()) == (None, 0, 1 << 34)  # memory, as written
     assert resolve_target(str(tmp_path / "mine.json")) == d
     (tmp_path / "bad.json").write_text('{"format": "other"}')
     with pytest.raises(UnknownTargetError, match="not a remat device file"):
-        load_device(tmp_path / "bad.json")
+        Device.load(tmp_path / "bad.json")
 
 
 def test_op_costs_on_fake_tensors():

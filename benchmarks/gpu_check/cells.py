@@ -115,7 +115,7 @@ def remat_cell(run: Run, cell: Cell, offload: bool) -> None:
     cell.status = schedule.status
     cell.predicted_peak, cell.predicted_s = schedule.peak, schedule.cost
     if offload:
-        cell.host_predicted = schedule.extra.get("host_peak", 0)
+        cell.predicted_host_peak = schedule.extra.get("host_peak", 0)
         cell.copies = sum(kind == "offload" for kind, _ in schedule.ops)
         cell.moved = f"{cell.copies} offloads"
     cell.grads = run.check(rm, model, exact=True)
@@ -123,7 +123,7 @@ def remat_cell(run: Run, cell: Cell, offload: bool) -> None:
         rm.host_pool.reset_peak()
     run.measure(cell, rm, model, grads_before=True)
     if rm.host_pool is not None:
-        cell.host_measured = rm.host_pool.peak_bytes
+        cell.measured_host_peak = rm.host_pool.host_peak
     if offload:
         moves(cell, f"at {cell.budget} B, below keep/recompute's least peak found")
 
@@ -163,7 +163,7 @@ def sac_cell(run: Run, cell: Cell, offload: bool) -> None:
     plain_s = run.shared.get("plain_s")
     cell.predicted_s = None if plain_s is None else plain_s + plan.cost
     if offload:
-        cell.host_predicted = plan.host
+        cell.predicted_host_peak = plan.host_peak
         ops, parked = sum(len(o) for o in plan.offloads()), sum(plan.plain_offloads())
         cell.copies = ops + parked
         seconds = plan.problem.blocks.offload_seconds
@@ -181,7 +181,7 @@ def sac_cell(run: Run, cell: Cell, offload: bool) -> None:
         with torch.random.fork_rng(devices=[]):
             split = measure_split(lambda: run.step(model))
         model.zero_grad(set_to_none=True)
-        cell.measured_peak, cell.host_measured = split.device, split.host
+        cell.measured_peak, cell.measured_host_peak = split.device_peak, split.host_peak
     if offload:
         least = run.shared.get("sac_least")
         below = "" if least is None else f" (keep/recompute's least: {least} B)"

@@ -141,8 +141,8 @@ class Cell:
     predicted_s: float | None = None
     measured_s: float | None = None
     grads: str | None = None
-    host_predicted: int | None = None
-    host_measured: int | None = None
+    predicted_host_peak: int | None = None
+    measured_host_peak: int | None = None
     copies: int | None = None
     moved: str | None = None
     seconds: float = 0.0

@@ -183,7 +183,7 @@ def _solve(dag, budget: int, time_limit: float, link) -> dict:
         "peak": schedule.peak,
         "cost": schedule.cost,
         "stall": extra.get("stall", 0.0),
-        "host": extra.get("host_peak", 0),
+        "host_peak": extra.get("host_peak", 0),
         "copies": (extra.get("offloads", 0), extra.get("reloads", 0)),
         "not built": extra.get("offload_model", ""),
         "s": time.perf_counter() - start,
@@ -259,7 +259,8 @@ def table(row: dict) -> str:
                 sizes_ = ("-", "-")
             lines.append(
                 f"| {name} | {at} | {status} | {(point['fixed'] + got['peak']) / gib:.2f} | "
-                f"{got['host'] / gib:.2f} | {(step + got['cost'] - point['once s']) * ms:.1f} | "
+                f"{got['host_peak'] / gib:.2f} | "
+                f"{(step + got['cost'] - point['once s']) * ms:.1f} | "
                 f"{sizes_[0]} | {sizes_[1]} |"
             )
     return "\n".join(lines)

@@ -97,7 +97,7 @@ def remat_fit(
     `granularity`, with `layers` decoder layers (None: the model's), in `memory` bytes per rank
     (None: what the target lets PyTorch allocate), offloading over the link `offload` names
     (None: keep/recompute): the size (in `dim`'s units: batch rows, or tokens), proven or up to
-    which size open, the host bytes at it, and the summary."""
+    which size open, the host peak at it, and the summary."""
     import executor
 
     device, fsdp = scale_llama.policy(name)
@@ -120,7 +120,7 @@ def remat_fit(
         "largest": None if fit.size is None else fit.size * unit,
         "proven": fit.proven,
         "upper": None if fit.upper is None else fit.upper * unit,
-        "host bytes": fit.host_bytes,
+        "host peak": fit.host_peak,
         "status": None if schedule is None else schedule.status,
         "summary": fit.summary(),
     }

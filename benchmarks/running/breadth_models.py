@@ -146,7 +146,7 @@ def _masked(cls: str, config: str, **settings: object) -> Case:
     )
 
 
-def _hf_call(make: Callable[[], hf_models.Call]) -> Case:
+def _hf_call(make: Callable[[], hf_models.ModelCall]) -> Case:
     _transformers()
     model, inputs, kwargs = make()
     return Case(model, inputs, kwargs, hf_loss)

@@ -9,7 +9,7 @@ peak keep/recompute reaches ("min"), then the exact offload schedules over a lin
 each schedule: predicted peak and measured device peak (profiler allocation events, bytes
 above the start of a forward+backward, `.grad` allocated before it; the host pool's numpy
 buffers are outside torch's allocator, so not in it), predicted and measured host peak
-(`HostPool.peak_bytes`), copies, predicted cost (compute plus stall, over the link) and the
+(`HostPool.host_peak`), copies, predicted cost (compute plus stall, over the link) and the
 measured median step time against eager over ``--reps`` interleaved rounds. On the CPU a copy
 is a memcpy, not a PCIe transfer: the step times say what this executor costs here, not what a
 GPU would take; the predicted cost is the model's, over the link given.
@@ -120,7 +120,7 @@ def measure(
                 "predicted_peak": schedule.peak,
                 "measured_device_peak": measured,
                 "predicted_host_peak": schedule.extra.get("host_peak", 0),
-                "measured_host_peak": 0 if rm.host_pool is None else rm.host_pool.peak_bytes,
+                "measured_host_peak": 0 if rm.host_pool is None else rm.host_pool.host_peak,
                 "offloads": kinds.count("offload"),
                 "reloads": kinds.count("reload"),
                 "recomputes": schedule.recomputes,

@@ -19,7 +19,7 @@ memory, outside torch's CPU allocator), so `measure_peak`'s profiler events coun
 side alone and the pool the host side, for every row alike.
 
 Columns: ``device peak`` (measured: bytes above the step's start, `.grad` allocated before),
-``host peak`` (measured: `HostPool.peak_bytes`), ``d2h``/``h2d`` (measured bytes copied each way
+``host peak`` (measured: `HostPool.host_peak`), ``d2h``/``h2d`` (measured bytes copied each way
 in the step), ``grads`` (``equal``: every gradient `torch.equal` to eager's, asserted),
 ``cpu step`` (measured: median seconds over ``--reps`` interleaved rounds, one thread; a copy
 here is a memcpy), ``h100 step`` (*predicted*: the captured DAG with each node's seconds from
@@ -105,7 +105,7 @@ def compare(
         hooks = last[0]
         steps[method] = step
         return Row(
-            name, method, None, peak, pool.peak_bytes, hooks.d2h_bytes, hooks.h2d_bytes, "equal"
+            name, method, None, peak, pool.host_peak, hooks.d2h_bytes, hooks.h2d_bytes, "equal"
         )
 
     pool = HostPool()
@@ -197,7 +197,7 @@ def _remat_row(
         f"{method} @ {budget:,} B",
         budget,
         peak,
-        0 if rm.host_pool is None else rm.host_pool.peak_bytes,
+        0 if rm.host_pool is None else rm.host_pool.host_peak,
         copied["offload"],
         copied["reload"],
         "equal",

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import solver
-from executor.compiled.budget_loop import Steps, compile_within_budget
+from executor.compiled.budget_loop import CompiledSteps, compile_within_budget
 from executor.compiled.check import CompileCheck
 from executor.compiled.offload import PinnedPool, transfer_link
 from executor.compiled.plan_file import read_plan, replay_plan, write_plan
@@ -38,7 +38,7 @@ class CompiledModel(nn.Module):
     solving. ``host_pool``: where the plan offloads, torch's pinned host-memory pool for its
     offload ops (`executor.compiled.offload.PinnedPool`), opened at the first call and held
     open across steps, so each step reuses the pinned buffers of the one before
-    (``host_pool.bytes()`` counts them; ``host_pool.close()`` frees them); None otherwise."""
+    (``host_pool.host_idle()`` counts them; ``host_pool.close()`` frees them); None otherwise."""
 
     def __init__(
         self,
@@ -104,7 +104,7 @@ class CompiledModel(nn.Module):
         if moves:
             _on_accelerator(f"the plan at {path} offloads", model, inputs)
         with call_deadline(time_limit, CompileError) as deadline:
-            steps = Steps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
+            steps = CompiledSteps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
             call, report = replay_plan(steps, path, data, check or CompileCheck())
             return cls(steps.model, call, report, data["backend"], data["options"])
 
@@ -178,7 +178,7 @@ def compile(
     except BudgetError as e:
         raise CompileError(str(e)) from e
     with call_deadline(time_limit, CompileError) as deadline:
-        steps = Steps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
+        steps = CompiledSteps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
         call, report = compile_within_budget(
             steps, wanted, name, options, max_compiles, check or CompileCheck(), link
         )

@@ -46,7 +46,7 @@ from executor.compiled.partitioner import (
     backend,
 )
 from executor.compiled.report import CompileReport, Try
-from executor.compiled.step import Measured, compiled_call, fresh_call, measure_step
+from executor.compiled.step import StepMeasurement, compiled_call, fresh_call, measure_step
 from executor.errors import CompileError
 from executor.fitting.graphs import expected_seconds
 from solver.core.budget import Budget, human_bytes
@@ -55,7 +55,7 @@ from solver.errors import BudgetError
 
 
 @dataclass
-class Steps:
+class CompiledSteps:
     """Compiles and measurements of ``model``'s step under one deadline, with their seconds."""
 
     model: nn.Module
@@ -77,8 +77,8 @@ class Steps:
 
     def measure(
         self, backend: Callable | str, partitioner: RematPartitioner | None
-    ) -> tuple[Callable[..., Any], Measured]:
-        """(the compiled call, `Measured`): ``model`` compiled by ``backend`` and measured,
+    ) -> tuple[Callable[..., Any], StepMeasurement]:
+        """(the compiled call, `StepMeasurement`): ``model`` compiled by ``backend`` and measured,
         each where the deadline holds it (`CompileError` otherwise)."""
         rest = self.rest()
         if rest is not None and not self.deadline.leaves(rest):
@@ -86,7 +86,7 @@ class Steps:
         call = compiled_call(self.model, backend)
         self.compiles += 1
         try:
-            measured: Measured = measure_step(
+            measured: StepMeasurement = measure_step(
                 self.model,
                 call,
                 self.inputs,
@@ -126,7 +126,7 @@ class Steps:
 
 
 def compile_within_budget(
-    steps: Steps,
+    steps: CompiledSteps,
     wanted: Budget,
     name: str,
     options: dict[str, Any],
@@ -151,7 +151,7 @@ class _BudgetLoop:
 
     def __init__(
         self,
-        steps: Steps,
+        steps: CompiledSteps,
         wanted: Budget,
         name: str,
         options: dict[str, Any],
@@ -261,7 +261,7 @@ class _BudgetLoop:
         return below - (measured - self.target) * 2 ** (len(self.tries) - 1)
 
     def _report(
-        self, call: Callable[..., Any], measured: Measured, partitioner: RematPartitioner
+        self, call: Callable[..., Any], measured: StepMeasurement, partitioner: RematPartitioner
     ) -> CompileReport:
         """The report of the compile returned, checked against torch's step."""
         steps = self.steps
@@ -302,7 +302,7 @@ class _BudgetLoop:
 
 
 def check_step(
-    steps: Steps,
+    steps: CompiledSteps,
     call: Callable[..., Any],
     name: str,
     options: dict[str, Any],

@@ -237,7 +237,7 @@ class PinnedPool:
     element count and dtype from the pool (allocating one where none is free), and the wait of
     the host copy's last reload hands it back, so each step reuses the buffers of the step
     before instead of pinning new memory per copy. The pool is torch's, one per process:
-    ``bytes()`` counts every buffer it holds free (all of them between steps), in requested
+    ``host_idle()`` counts every buffer it holds free (all of them between steps), in requested
     bytes (element count times element size; torch's host allocator may round the
     allocation up)."""
 
@@ -264,8 +264,8 @@ class PinnedPool:
         return self._stack is not None
 
     @staticmethod
-    def bytes() -> int:
-        """The bytes of the pinned buffers torch's pool holds free (requested bytes)."""
+    def host_idle() -> int:
+        """The host bytes of the pinned buffers torch's pool holds free (requested bytes)."""
         import torch._functorch._activation_offloading.offload_ops as offload_ops
 
         pool = getattr(offload_ops, "_pinned_pool", {})

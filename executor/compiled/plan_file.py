@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from executor.compiled.budget_loop import Steps, check_step
+from executor.compiled.budget_loop import CompiledSteps, check_step
 from executor.compiled.check import CompileCheck
 from executor.compiled.partitioner import RematPartitioner, backend
 from executor.compiled.report import CompileReport
@@ -66,7 +66,7 @@ def read_plan(path: str | Path) -> dict[str, Any]:
 
 
 def replay_plan(
-    steps: Steps, path: str | Path, data: dict[str, Any], check: CompileCheck
+    steps: CompiledSteps, path: str | Path, data: dict[str, Any], check: CompileCheck
 ) -> tuple[Callable[..., Any], CompileReport]:
     """(the compiled call, its `CompileReport`): `CompiledModel.load`'s compile, measurement
     and check of the plan ``data`` read from ``path``."""

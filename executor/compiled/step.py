@@ -24,11 +24,11 @@ from executor.loss import step_loss
 from graph_capture.measurement.peak import Snapshot, measure_peak
 from solver.deadline import Deadline
 
-__all__ = ["Measured", "compiled_call", "fresh_call", "measure_step"]
+__all__ = ["StepMeasurement", "compiled_call", "fresh_call", "measure_step"]
 
 
 @dataclass
-class Measured:
+class StepMeasurement:
     """One compiled step, compiled and measured: ``compile_seconds``, the first step's seconds
     (compiling, solving included); ``peak``, the measured step's peak bytes (None: not
     measured, the time left did not hold it); ``seconds``, the measured step's seconds."""
@@ -93,7 +93,7 @@ def measure_step(
     loss_fn: Callable[[object], torch.Tensor],
     deadline: Deadline,
     expected_seconds: float,
-) -> Measured:
+) -> StepMeasurement:
     """Compile ``call`` (its first step), then, where ``deadline`` leaves the
     ``expected_seconds`` of a measured step, the measured peak bytes of one more step above
     what exists before it, every ``.grad`` None at its start (the gradients it creates count).
@@ -121,9 +121,9 @@ def measure_step(
             ) from e
         compiled = time.perf_counter()
         if not deadline.leaves(expected_seconds):
-            return Measured(compiled - started, None, 0.0)
+            return StepMeasurement(compiled - started, None, 0.0)
         model.zero_grad(set_to_none=True)
         step = measure_peak(lambda: run_step(call, inputs, kwargs, loss_fn), device)
-        return Measured(compiled - started, step.peak_bytes, time.perf_counter() - compiled)
+        return StepMeasurement(compiled - started, step.peak_bytes, time.perf_counter() - compiled)
     finally:
         snapshot.restore()

@@ -6,7 +6,7 @@ executor/fitting/search.py).
         offload=None)
       SizedGraphs(factory, capture_sizes)   the DAG at any size: captures, affine between them;
                                             `stable_from` skips small sizes whose graph differs
-      Steps.prepare                         what exists before a step, measured (StaticBytes)
+      EagerSteps.prepare                    what exists before a step, measured (StaticBytes)
       largest_fitting                       the largest size whose least peak within the cap
                                             fits the memory left to the step, proof at size + 1
       confirmation                          the answer and the least size proven not to fit,
@@ -102,7 +102,7 @@ def fit(
     `offload`: a host link (a `solver.Link`, or a name `solver.target.devices.host_link`
     reads: "pcie5", "pcie4", "c2c" or a built-in target's, "h100"): the step's schedules may
     also copy values to host memory and back over it, their cost the compute plus the stall,
-    the link's `host_memory` (where set) held (docs/offload.md); `Fit.host_bytes` is what the
+    the link's `host_memory` (where set) held (docs/offload.md); `Fit.host_peak` is what the
     schedule at the answer holds on the host (per rank under FSDP2). None: keep or recompute.
 
     Raises FitError (which size failed and why; a memory below the parameters, gradients and

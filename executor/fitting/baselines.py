@@ -27,7 +27,7 @@ from solver.fitting.sizes import DOES_NOT_FIT, FITS, largest_between
 from solver.fitting.static import StaticBytes
 
 
-class Steps:
+class EagerSteps:
     """Eager training steps at any size, with the wall time each took (build and one step)."""
 
     def __init__(self, graphs: SizedGraphs, optimizer: str) -> None:
@@ -48,7 +48,9 @@ class Steps:
         return 2 * expected_seconds(self.seconds)
 
 
-def run_step(steps: Steps, size: int, schedule: solver.Schedule | None) -> tuple[int, int | None]:
+def run_step(
+    steps: EagerSteps, size: int, schedule: solver.Schedule | None
+) -> tuple[int, int | None]:
     """One real training step at `size` under `schedule` (remat's executor, on the captured
     model): its measured whole-step peak in bytes, and the bytes its host copies held at most
     (`Rematerialized.host_pool`; None for a schedule without a link)."""
@@ -59,7 +61,7 @@ def run_step(steps: Steps, size: int, schedule: solver.Schedule | None) -> tuple
     pool = rm.host_pool
     if pool is not None:
         pool.reset_peak()
-    return step.measured_peak(), None if pool is None else pool.peak_bytes
+    return step.measured_peak(), None if pool is None else pool.host_peak
 
 
 @dataclass
@@ -74,7 +76,7 @@ class Eager:
     complete: bool
 
 
-def eager(steps: Steps, memory: int, low: int, high: int, deadline: Deadline) -> Eager:
+def eager(steps: EagerSteps, memory: int, low: int, high: int, deadline: Deadline) -> Eager:
     """The largest size in [`low`, `high`] whose eager step measures within `memory` bytes
     (bisection over measured steps, `high` first), each step started only where the deadline
     leaves it time."""

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from executor.errors import FitError, PlanError
-from executor.fitting.baselines import Steps
+from executor.fitting.baselines import EagerSteps
 from executor.fitting.fsdp import fsdp_bytes
 from executor.fitting.graphs import SizedGraphs
 from executor.fitting.memory import FSDP_OPTIMIZERS, predicted_static
@@ -67,7 +67,7 @@ class StepBytes:
     `memory` bytes; `steps` runs its eager steps."""
 
     graphs: SizedGraphs
-    steps: Steps
+    steps: EagerSteps
     low: int
     static_at: Callable[[int], StaticBytes]
     optimizer_temporaries: int
@@ -91,7 +91,7 @@ def step_bytes(sizes: Sizes, step: StepSetup, notes: list[str]) -> StepBytes:
     low, note = graphs.stable_from(sizes.low)
     if note:
         notes.append(note)
-    steps = Steps(graphs, step.optimizer)
+    steps = EagerSteps(graphs, step.optimizer)
     statics, temporaries = _statics(graphs, steps, sizes.capture_sizes, step.optimizer)
     sharded = None
     if step.sharded:
@@ -151,7 +151,7 @@ def _static_at(
 
 
 def _statics(
-    graphs: SizedGraphs, steps: Steps, sizes: Sequence[int], optimizer: str
+    graphs: SizedGraphs, steps: EagerSteps, sizes: Sequence[int], optimizer: str
 ) -> tuple[dict[int, StaticBytes], int]:
     """What exists before a step at each captured size, and the optimizer step's temporaries:
     measured after one real step, or predicted from the shapes in estimate mode."""

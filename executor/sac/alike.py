@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from executor.sac.measurer import storage_key
 from executor.sac.region_timing import copy_tensors
-from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
+from executor.sac.step import LossClosure, Snapshot, hooked, leaf_tensors
 
 
 def _tensor_sig(t: torch.Tensor) -> tuple:
@@ -130,7 +130,10 @@ class Fingerprints(TorchDispatchMode):
 
 
 def region_inputs(
-    model: nn.Module, regions: Sequence[nn.Module], step: Step, prints: Fingerprints | None = None
+    model: nn.Module,
+    regions: Sequence[nn.Module],
+    step: LossClosure,
+    prints: Fingerprints | None = None,
 ) -> list:
     """Per region, the (args, kwargs) it is called with in one forward of the step: tensors
     detached and cloned, each with its `requires_grad`, identity and aliasing kept
@@ -165,7 +168,7 @@ def region_inputs(
 
 
 def region_kinds(
-    model: nn.Module, regions: Sequence[nn.Module], step: Step
+    model: nn.Module, regions: Sequence[nn.Module], step: LossClosure
 ) -> tuple[list, list[Hashable]]:
     """Per region, its inputs in one forward of the step (`region_inputs`) and its
     kind (module docstring), from that forward: equal kinds record equal facts."""

@@ -58,7 +58,7 @@ from torch.utils.checkpoint import (
 from torch.utils.weak import WeakIdKeyDictionary
 
 from executor.errors import PlanError
-from executor.sac.measurer import Measured, Timeline, storage_key
+from executor.sac.measurer import Measurer, Timeline, storage_key
 from executor.sac.region_timing import RegionTimes, region_step
 from executor.sac.step import leaf_tensors
 from graph_capture.errors import data_dependence
@@ -271,7 +271,7 @@ def sac_dispatch_seconds(ops: int = 64, repeats: int = 15) -> float:
     return max(0.0, statistics.median(differences)) / ops
 
 
-class Estimate(Measured):
+class Estimate(Measurer):
     """The recording's measurer in estimate mode (module docstring): `target` the device's
     name."""
 

@@ -63,7 +63,7 @@ def sac_block(
 ) -> SacBlock:
     """The torch-free block of recorded facts and its plain windows (f_start, f_peak, b_start,
     b_peak), its `workspace` the plain forward's measured peak beyond the op-level model;
-    `rng_bytes` the RNG state a checkpoint keeps (`Measured.rng_state_bytes`)."""
+    `rng_bytes` the RNG state a checkpoint keeps (`Measurer.rng_state_bytes`)."""
     ops = tuple(_op(o) for o in f.ops)
     copies = sum(f.buffers.values())  # the mutated buffers' values from before the forward
     held_extra = (

@@ -1,4 +1,4 @@
-"""Where a recording's bytes and seconds come from: `Measured` (a real step here, on the device
+"""Where a recording's bytes and seconds come from: `Measurer` (a real step here, on the device
 the model and inputs are on, `DeviceMeter`: the profiler's allocation events of that device,
 wall-clock seconds with the device synchronized, regions timed alone) or
 `executor.sac.estimate.Estimate` (a step under fake tensors: storages created and freed,
@@ -107,8 +107,8 @@ class DeviceMeter:
         return states
 
 
-class Measured:
-    """A real step here, on `meter`'s device (default the CPU): bytes from that device's
+class Measurer:
+    """Measures a real step here, on `meter`'s device (default the CPU): bytes from that device's
     allocation events and storages' sizes, seconds by the host's clock with the device
     synchronized, each region's checkpoint price and SAC overhead timed alone
     (`executor.sac.overhead`). `target` is None: the plan is measured, not predicted."""

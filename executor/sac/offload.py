@@ -313,13 +313,13 @@ def offloading_contexts(
 
 @dataclass(frozen=True)
 class SplitPeak:
-    """A step's measured peaks, the host copies told apart: `device` (bytes live at once above
-    the start, host copies left out), `host` (bytes of the host copies live at once), and
-    `total` (everything, as `executor.measure_peak` reports it)."""
+    """A step's measured peaks, the host copies told apart: `device_peak` (bytes live at once
+    above the start, host copies left out), `host_peak` (bytes of the host copies live at
+    once), and `total_peak` (everything, as `executor.measure_peak` reports it)."""
 
-    device: int
-    host: int
-    total: int
+    device_peak: int
+    host_peak: int
+    total_peak: int
 
 
 def measure_split(fn) -> SplitPeak:

@@ -23,9 +23,9 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from executor.errors import PlanError
 from executor.sac.facts import BlockFacts, OpFacts
-from executor.sac.measurer import Measured, storage_key
+from executor.sac.measurer import Measurer, storage_key
 from executor.sac.region import buffer_state, mutated_buffers
-from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
+from executor.sac.step import LossClosure, Snapshot, hooked, leaf_tensors
 from graph_capture.measurement.peak import memory_profile
 
 
@@ -33,7 +33,7 @@ class _Recorder(TorchDispatchMode):
     """Attributes each dispatched op to the block running (`block`, None outside blocks)."""
 
     def __init__(
-        self, blocks: list[BlockFacts], first: bool, measurer: Measured, mark_ops: bool = False
+        self, blocks: list[BlockFacts], first: bool, measurer: Measurer, mark_ops: bool = False
     ) -> None:
         super().__init__()
         self.blocks = blocks
@@ -146,7 +146,7 @@ def _hooks(blocks: Sequence[nn.Module], on_enter, on_leave) -> list:
     return handles
 
 
-def _buffer_hooks(blocks: Sequence[nn.Module], facts: list[BlockFacts], measurer: Measured) -> list:
+def _buffer_hooks(blocks: Sequence[nn.Module], facts: list[BlockFacts], measurer: Measurer) -> list:
     """Hooks recording, per block, the buffers its forward mutates and their bytes; registered
     after `_hooks`, they run outside the recorder's block (the pre-hook first, the hook last),
     so their copies and comparisons are not ops of the block."""
@@ -179,15 +179,15 @@ def _end_forward(_module: nn.Module, _args, _out) -> None:
 def record_ops(
     model: nn.Module,
     blocks: Sequence[nn.Module],
-    step: Step,
+    step: LossClosure,
     runs: Iterable[int] = range(3),
-    measurer: Measured | None = None,
+    measurer: Measurer | None = None,
     whole: bool = True,
 ) -> list[BlockFacts]:
     """Each block's forward op stream over the forwards `runs` (0, 1, ...; the module
-    docstring), its bytes and seconds from `measurer` (default `Measured`); `whole=False`: each
+    docstring), its bytes and seconds from `measurer` (default `Measurer`); `whole=False`: each
     forward ends where the last of `blocks` (in call order) returns."""
-    measurer = measurer or Measured()
+    measurer = measurer or Measurer()
     facts = [BlockFacts() for _ in blocks]
     snapshot = Snapshot(model)
     try:
@@ -211,7 +211,7 @@ def record_ops(
     return facts
 
 
-def _measure_scratch(model, blocks, step: Step, facts: list[BlockFacts], measurer) -> None:
+def _measure_scratch(model, blocks, step: LossClosure, facts: list[BlockFacts], measurer) -> None:
     """Each op's scratch bytes: the most it held at once during its call beyond what it left
     allocated at its end (its outputs), from the profiler's allocation events in a window
     around the call."""

@@ -15,10 +15,10 @@ from torch.utils.checkpoint import CheckpointError
 
 from executor.errors import PlanError
 from executor.sac.alike import region_inputs
-from executor.sac.measurer import DeviceMeter, Measured
+from executor.sac.measurer import DeviceMeter, Measurer
 from executor.sac.policy import Policy
 from executor.sac.region_timing import RegionTimes
-from executor.sac.step import RecordingTime, Snapshot, Step
+from executor.sac.step import LossClosure, RecordingTime, Snapshot
 from solver.sac import SacBlock
 
 
@@ -43,10 +43,10 @@ def measure_overhead(
     model: nn.Module,
     regions: Sequence[nn.Module],
     streams: Sequence[Stream],
-    step: Step,
+    step: LossClosure,
     repeats: int = 5,
     clock: RecordingTime | None = None,
-    measurer: Measured | None = None,
+    measurer: Measurer | None = None,
     calls: list | None = None,
 ) -> list[RegionTimes | RuntimeError]:
     """Per region, the seconds a training step pays (`RegionTimes`) for running it under a SAC
@@ -63,12 +63,12 @@ def measure_overhead(
     caller's. For a region that autograd or
     checkpoint refuses inside checkpoint, its error (a module that writes its input in place,
     such as an in-place ReLU, invalidates the input checkpoint keeps); any other error
-    (out of memory, a bug) propagates. `measurer` (default `Measured`) times each region;
+    (out of memory, a bug) propagates. `measurer` (default `Measurer`) times each region;
     in estimate mode it predicts them (`executor.sac.estimate.Estimate.region_times`).
     `calls`: each region's inputs (`region_inputs`), where the caller has them.
     """
     clock = clock or RecordingTime()
-    measurer = measurer or Measured()
+    measurer = measurer or Measurer()
     calls = calls if calls is not None else region_inputs(model, regions, step)
     snapshot = Snapshot(model)
     out: list[RegionTimes | None] = []

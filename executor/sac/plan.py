@@ -67,7 +67,7 @@ class CheckpointPlan:
     plan was solved with (None: it offloads nothing); `offloaded`: per region, the saved op
     positions whose outputs wait on the host between the forward and the recompute (None:
     none); `plain_offloaded`: per region, whether it is not checkpointed and the storages its
-    ops create that autograd saves wait on the host (None: none); `host`: the bytes those host
+    ops create that autograd saves wait on the host (None: none); `host_peak`: the bytes those host
     copies hold at their most (predicted); `cost` then includes the copies' stall, predicted
     from the link (docs/sac.md, "Offload")."""
 
@@ -89,7 +89,7 @@ class CheckpointPlan:
     world_size: int = 1
     link: Link | None = None
     offloaded: tuple[frozenset[int], ...] | None = None
-    host: int = 0
+    host_peak: int = 0
     plain_offloaded: tuple[bool, ...] | None = None
 
     def plain_offloads(self) -> tuple[bool, ...]:
@@ -120,7 +120,7 @@ class CheckpointPlan:
         if self.link is not None:
             ops = sum(len(o) for o in self.offloads())
             plain = sum(self.plain_offloads())
-            basis += f", {ops} ops and {plain} regions offloaded, host {self.host:,} B"
+            basis += f", {ops} ops and {plain} regions offloaded, host {self.host_peak:,} B"
         return (
             f"CheckpointPlan({self.status}, {len(checkpointed)} of {len(self.regions)} regions "
             f"checkpointed ({saving} saving ops), peak {self.peak:,} B of budget "
@@ -197,7 +197,7 @@ class CheckpointPlan:
                 )
             ],
             "link": None if self.link is None else self.link.to_json(),
-            "host": self.host,
+            "host_peak": self.host_peak,
             **{k: getattr(self, k) for k in ("status", "peak", "cost", "bound", "gap")},
             **{k: getattr(self, k) for k in ("budget", "plain_peak", "target", "world_size")},
             "problem": self.problem.to_json(),
@@ -241,7 +241,7 @@ class CheckpointPlan:
                 world_size=int(data.get("world_size", 1)),
                 link=None if link is None else Link.from_json(link),
                 offloaded=offloaded if any(offloaded) else None,
-                host=int(data.get("host", 0)),
+                host_peak=int(data.get("host_peak", data.get("host", 0))),
                 plain_offloaded=plain if any(plain) else None,
             )
             if (plan.offloaded is not None or any(plain)) and plan.link is None:

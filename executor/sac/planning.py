@@ -26,7 +26,7 @@ from executor.errors import PlanError
 from executor.fsdp import model_memory, resolve_policy, sharded_world_size
 from executor.loss import default_loss
 from executor.sac.blocks import select_blocks
-from executor.sac.measurer import DeviceMeter, Measured
+from executor.sac.measurer import DeviceMeter, Measurer
 from executor.sac.overhead import measure_offload_seconds
 from executor.sac.plan import CheckpointPlan, model_signature
 from executor.sac.record import RECORDING_STEPS, record_union
@@ -88,11 +88,11 @@ def _recording_device(model: nn.Module, inputs: object, estimate: bool) -> torch
     return device
 
 
-def _measurer(target: str | Device | None, device: torch.device) -> Measured:
-    """`Measured` on `device` without a target; `Estimate` for a device name, device file or
+def _measurer(target: str | Device | None, device: torch.device) -> Measurer:
+    """`Measurer` on `device` without a target; `Estimate` for a device name, device file or
     `Device` (`UnknownTargetError` for another)."""
     if target is None:
-        return Measured(DeviceMeter(device))
+        return Measurer(DeviceMeter(device))
     from executor.sac.estimate import Estimate
     from graph_capture.measurement.roofline import resolve_target
 
@@ -201,7 +201,7 @@ def checkpoint_plan(
             with clock.solving():
                 solution = solve_sac(union, wanted, deadline, whole=whole, link=link)
             plan = _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
-            return plan if link is None else replace(plan, link=link, host=solution.host)
+            return plan if link is None else replace(plan, link=link, host_peak=solution.host_peak)
         memory = model_memory(model, [m for _, m in named], policy)
         with clock.solving():
             done = solve_sharded(
@@ -239,7 +239,7 @@ class _Recording:
         model: nn.Module,
         inputs: tuple[Sequence[object], dict[str, object]],
         loss_fn: Callable[[object], torch.Tensor],
-        measurer: Measured,
+        measurer: Measurer,
         clock: RecordingTime,
     ) -> None:
         self.model, self.inputs, self.loss_fn = model, inputs, loss_fn

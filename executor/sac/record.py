@@ -40,19 +40,19 @@ from torch import nn
 from executor.errors import PlanError
 from executor.sac.alike import region_kinds
 from executor.sac.facts import BlockFacts, sac_block
-from executor.sac.measurer import Measured, storage_key
+from executor.sac.measurer import Measurer, storage_key
 from executor.sac.op_streams import record_ops
 from executor.sac.overhead import Stream, measure_overhead, pooled, priced
 from executor.sac.region import cache_off_hooks
 from executor.sac.region_timing import RegionTimes
-from executor.sac.step import RecordingTime, Step, hooked
+from executor.sac.step import LossClosure, RecordingTime, hooked
 from executor.sac.windows import measure_windows
 from solver.sac import SacProblem
 from solver.sac.union import SacSplit, SacUnion
 from solver.sac.windows import Windows
 
 
-def _record_alike(model, modules, step: Step, runs, measurer, kinds) -> list[BlockFacts]:
+def _record_alike(model, modules, step: LossClosure, runs, measurer, kinds) -> list[BlockFacts]:
     """`record_ops` over `modules` (in call order); with `kinds` (executor/sac/alike.py), of
     the first module of each kind only, the forward ending after the last of them, each
     other module given the facts of the first of its kind."""
@@ -79,10 +79,10 @@ def record_union(
     model: nn.Module,
     blocks: Sequence[tuple[str, nn.Module]],
     children: Sequence[Sequence[tuple[str, nn.Module]] | None],
-    step: Step,
+    step: LossClosure,
     repeats: int = 3,
     clock: RecordingTime | None = None,
-    measurer: Measured | None = None,
+    measurer: Measurer | None = None,
 ) -> tuple[SacUnion, list[list[tuple[str, nn.Module]] | None]]:
     """The SacUnion of `model`'s step over `blocks` (name, module), in forward order, split
     into `children` (per block, its children in call order, or None) where those run once
@@ -91,10 +91,10 @@ def record_union(
     op stream is recorded `repeats` times and each region's prices over 5 rounds, fewer where
     `clock` leaves no time for more (a third of its spare time to the blocks' op streams,
     half the rest to the children's, the rest to the prices); `clock` raises PlanError once
-    its deadline has passed (`RecordingTime`). `measurer` (default `Measured`) gives the bytes
+    its deadline has passed (`RecordingTime`). `measurer` (default `Measurer`) gives the bytes
     and seconds: measured, or in estimate mode predicted (executor/sac/estimate.py), where one
     run of each measurement suffices."""
-    measurer = measurer or Measured()
+    measurer = measurer or Measurer()
     repeats = measurer.repeats(repeats)
     candidates = [m for _, m in blocks] + [m for kids in children for _, m in kids or ()]
     with hooked(cache_off_hooks(candidates)):
@@ -156,10 +156,10 @@ def _op_streams(
     model: nn.Module,
     modules: list[nn.Module],
     kids: list[nn.Module],
-    step: Step,
+    step: LossClosure,
     repeats: int,
     clock: RecordingTime,
-    measurer: Measured,
+    measurer: Measurer,
     kinds: list | None,
 ) -> tuple[list[BlockFacts], list[BlockFacts]]:
     """The recorded facts of the blocks' (`modules`) op streams, then of the kept children's
@@ -184,9 +184,9 @@ def _prices(
     regions: list[nn.Module],
     block_names: list[str],
     facts: list[BlockFacts],
-    step: Step,
+    step: LossClosure,
     clock: RecordingTime,
-    measurer: Measured,
+    measurer: Measurer,
     calls: list | None,
 ) -> list[RegionTimes | RuntimeError]:
     """Per region (the blocks, named `block_names`, then the kept children), the seconds its

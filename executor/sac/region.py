@@ -90,7 +90,7 @@ def mutated_buffers(
     """The buffers of `module` changed since `before` (`buffer_state`): by version counter or,
     where a kernel writes a buffer its schema does not mark as written (`native_batch_norm`'s
     running statistics, whose counters stay), by `changed(buffer, copy before)` (by value;
-    `Measured.changed`)."""
+    `Measurer.changed`)."""
     changed = changed or (lambda b, copy: not torch.equal(b, copy))
     return [
         n

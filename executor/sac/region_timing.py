@@ -1,6 +1,6 @@
 """A region run and timed alone, on the inputs it gets in the step: its forward and backward
 inside `checkpoint(use_reentrant=False)` or without (`region_step`), and its checkpoint price and
-SAC overhead measured side by side (`region_times`, `RegionTimes`). `Measured.region_times`
+SAC overhead measured side by side (`region_times`, `RegionTimes`). `Measurer.region_times`
 times regions with it; `executor.sac.estimate.Estimate.region_times` runs a region once with it,
 fake."""
 

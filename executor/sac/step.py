@@ -20,10 +20,11 @@ from graph_capture.measurement.peak import Snapshot
 from solver.deadline import NEVER, Deadline
 from solver.errors import SolverTimeoutError
 
-__all__ = ["RecordingTime", "Snapshot", "Step", "hooked", "in_call_order", "leaf_tensors"]
+__all__ = ["LossClosure", "RecordingTime", "Snapshot", "hooked", "in_call_order", "leaf_tensors"]
 
-Step = Callable[[], torch.Tensor]
-"""The forward of one training step: returns the scalar loss."""
+LossClosure = Callable[[], torch.Tensor]
+"""The forward of one training step as a closure of no arguments: returns the scalar loss (as
+`torch.optim.Optimizer.step`'s ``closure`` does)."""
 
 
 def leaf_tensors(tree: object) -> list[torch.Tensor]:
@@ -111,7 +112,7 @@ class RecordingTime:
 
 
 def in_call_order(
-    model: nn.Module, named: Sequence[tuple[str, nn.Module]], step: Step
+    model: nn.Module, named: Sequence[tuple[str, nn.Module]], step: LossClosure
 ) -> list[tuple[str, nn.Module]]:
     """The (name, module) pairs in the order a forward (without grad) first calls them; those
     it never calls are left out."""

@@ -10,25 +10,25 @@ import torch
 from torch import nn
 
 from executor.errors import PlanError
-from executor.sac.measurer import Measured, Timeline
-from executor.sac.step import Snapshot, Step, hooked, leaf_tensors
+from executor.sac.measurer import Measurer, Timeline
+from executor.sac.step import LossClosure, Snapshot, hooked, leaf_tensors
 from solver.sac.windows import WindowError, Windows, cut_windows
 
 
 def measure_windows(
     model: nn.Module,
     blocks: Sequence[nn.Module],
-    step: Step,
+    step: LossClosure,
     children: Sequence[Sequence[nn.Module] | None] | None = None,
-    measurer: Measured | None = None,
+    measurer: Measurer | None = None,
 ) -> Windows:
     """The plain step's live and peak bytes per window (module docstring, step 1); with
     `children` (per block, its children in call order, or None), the children's windows and
     the block's stretches outside them too, from the same step, for each block whose children
     run once each, in sequence (`splits[j]`: (f_start, f_peak, b_start, b_peak) per child, or
     None; `inner[j]`: the block's stretches outside its children). Bytes and marks come from
-    `measurer`'s timeline (default `Measured`: the profiler's allocation events)."""
-    measurer = measurer or Measured()
+    `measurer`'s timeline (default `Measurer`: the profiler's allocation events)."""
+    measurer = measurer or Measurer()
     children = list(children) if children is not None else [None] * len(blocks)
     marks: list[str] = []
     lines: list[Timeline] = []

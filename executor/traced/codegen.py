@@ -32,7 +32,7 @@ import torch.fx
 
 from executor.errors import ExecutorError
 from executor.traced.bindings import bindings
-from executor.traced.interpreter import ScheduleInterpreter, Step, has_node
+from executor.traced.interpreter import ScheduleInterpreter, StepState, has_node
 from graph_capture.measurement.fast_ops import implementation
 
 __all__ = ["SliceState", "compile_ops"]
@@ -97,7 +97,7 @@ def compile_ops(
     ops: Sequence[Op],
     live_in: Iterable[int],
     state: SliceState,
-) -> tuple[Callable[[Step], None], set[int]]:
+) -> tuple[Callable[[StepState], None], set[int]]:
     """Compile `ops` into ``run(step)``; returns it and the slots live after it.
 
     `live_in`: slots holding values in ``step.env`` when the slice starts. `state`: what the

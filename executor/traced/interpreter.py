@@ -40,12 +40,12 @@ from executor.traced.rng import RngReplay
 from graph_capture.measurement.measure import is_random
 from graph_capture.trace.fx_nodes import device_of
 
-__all__ = ["ScheduleInterpreter", "Step", "has_node"]
+__all__ = ["ScheduleInterpreter", "StepState", "has_node"]
 
 
 @dataclass
-class Step:
-    """The state of one training step.
+class StepState:
+    """The state of one training step as the interpreter runs it.
 
     `env`: live values by fx slot. `rng`: the step's random-state record. `static`: data
     pointers of the placeholders' storages (never copied to the host). `copies`: the step's host
@@ -60,7 +60,7 @@ class Step:
     copies: StepCopies = field(default_factory=StepCopies)
     seen: set[int] = field(default_factory=set)
     results: dict[int, object] = field(default_factory=dict)
-    on_result: Callable[[Step, int, object], None] | None = None
+    on_result: Callable[[StepState, int, object], None] | None = None
 
 
 class ScheduleInterpreter:
@@ -116,12 +116,12 @@ class ScheduleInterpreter:
                 self.result_positions.setdefault(self.slot[value.name], []).append(position)
 
     # ---- the loop -------------------------------------------------------------------------
-    def run(self, ops: Iterable[tuple[str, Hashable]], step: Step) -> None:
+    def run(self, ops: Iterable[tuple[str, Hashable]], step: StepState) -> None:
         """Run `ops` in order on `step`."""
         for op in ops:
             self.run_op(op, step)
 
-    def run_op(self, op: tuple[str, Hashable], step: Step) -> None:
+    def run_op(self, op: tuple[str, Hashable], step: StepState) -> None:
         """Dispatch one op to the method named after its kind."""
         kind, node = op
         if kind == "compute":
@@ -137,7 +137,7 @@ class ScheduleInterpreter:
                 f"unknown op kind {kind!r} (expected 'compute', 'free', 'offload' or 'reload')"
             )
 
-    def compute(self, node: Hashable, step: Step) -> None:
+    def compute(self, node: Hashable, step: StepState) -> None:
         """Compute DAG node `node`: run its fx nodes in order, report graph results, and drop
         each value only the group itself reads after its last use (the group's temporaries)."""
         env = step.env
@@ -151,7 +151,7 @@ class ScheduleInterpreter:
             for internal in self.drop_after[slot]:
                 env[internal] = None
 
-    def free(self, node: Hashable, step: Step) -> None:
+    def free(self, node: Hashable, step: StepState) -> None:
         """Free DAG node `node`: drop the values of its fx nodes."""
         if step.copies.arriving or step.copies.offloading:
             self.copier().settle(step.copies, node)
@@ -159,13 +159,13 @@ class ScheduleInterpreter:
         for slot in self.members[node]:
             env[slot] = None
 
-    def offload(self, node: Hashable, step: Step) -> None:
+    def offload(self, node: Hashable, step: StepState) -> None:
         """Copy DAG node `node`'s live values to the host pool (they stay live until freed)."""
         env = step.env
         values = {s: env[s] for s in self.members[node] if env[s] is not None}
         self.copier().offload(step.copies, node, values, step.static)
 
-    def reload(self, node: Hashable, step: Step) -> None:
+    def reload(self, node: Hashable, step: StepState) -> None:
         """Copy DAG node `node`'s values back from the host pool into their slots."""
         env = step.env
         for slot, value in self.copier().reload(step.copies, node).items():
@@ -180,7 +180,7 @@ class ScheduleInterpreter:
             )
         return self.transfers
 
-    def run_node(self, slot: int, step: Step) -> object:
+    def run_node(self, slot: int, step: StepState) -> object:
         """Run one fx node on the live values; random nodes replay eager's generator state."""
         call = self._calls[slot]
         if call is None:
@@ -196,7 +196,7 @@ class ScheduleInterpreter:
                 "the capture's DAG lacks that edge (a graph_capture bug; please report it)"
             ) from None
 
-    def record_results(self, slot: int, step: Step) -> None:
+    def record_results(self, slot: int, step: StepState) -> None:
         """Report the first value of each graph output `slot` provides to `step.on_result`
         (recomputes give bit-identical values, so later ones are not reported again)."""
         value = step.env[slot]
@@ -208,12 +208,14 @@ class ScheduleInterpreter:
                 step.on_result(step, position, value)
 
     # ---- setup helpers --------------------------------------------------------------------
-    def new_step(self) -> Step:
+    def new_step(self) -> StepState:
         """A fresh step: empty values and a fresh RNG record (states are drawn per step)."""
         env: list[object] = [None] * len(self.nodes)
-        return Step(env, RngReplay(self.random_slots, self._rng_devices, self._rng_dry_runs))
+        return StepState(env, RngReplay(self.random_slots, self._rng_devices, self._rng_dry_runs))
 
-    def set_placeholders(self, step: Step, names: Sequence[str], values: Sequence[object]) -> None:
+    def set_placeholders(
+        self, step: StepState, names: Sequence[str], values: Sequence[object]
+    ) -> None:
         """Bind placeholder values (by fx name); with transfers, their storages are the step's
         static ones (never copied)."""
         for name, value in zip(names, values, strict=True):

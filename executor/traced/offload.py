@@ -47,11 +47,11 @@ __all__ = ["HostCopy", "HostPool", "StepCopies", "Transfers", "link_on", "static
 class HostPool:
     """The host memory offloaded copies occupy, in bytes.
 
-    `held_bytes`: bytes of host buffers held now, each counted as the host allocator takes it
-    (`rounding`); `peak_bytes`: the most held at once since the pool was made or
+    `host_held`: bytes of host buffers held now, each counted as the host allocator takes it
+    (`rounding`); `host_peak`: the most held at once since the pool was made or
     `reset_peak`. `Transfers` holds a copy from its offload op until the compute stream has
     waited for its value's last reload (through the offload op where never reloaded), the span
-    `solver.simulate` charges to the host; so a step's `peak_bytes` is the schedule's predicted
+    `solver.simulate` charges to the host; so a step's `host_peak` is the schedule's predicted
     host peak (``Simulation.host_peak``) where the schedule's link has the pool's `rounding`.
 
     Pinned (CUDA): each buffer is a block of torch's pinned memory of its rounded size
@@ -62,8 +62,8 @@ class HostPool:
     """
 
     pinned: bool = False
-    held_bytes: int = 0
-    peak_bytes: int = 0
+    host_held: int = 0
+    host_peak: int = 0
     _idle: dict[int, list[tuple[torch.Tensor, torch.cuda.Event | None]]] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -89,14 +89,14 @@ class HostPool:
             buffer = block[:nbytes]
         else:
             buffer = torch.from_numpy(numpy.empty(nbytes, dtype=numpy.uint8))
-        self.held_bytes += size
-        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+        self.host_held += size
+        self.host_peak = max(self.host_peak, self.host_held)
         return buffer
 
     def release(self, buffer: torch.Tensor, after: torch.cuda.Event | None = None) -> None:
         """`buffer` (from `allocate`) is no longer held; `after`: the event of the last copy
         that reads or writes it (CUDA), which a later buffer from its block waits for."""
-        self.held_bytes -= self.block_bytes(buffer.numel())
+        self.host_held -= self.block_bytes(buffer.numel())
         if self.pinned:  # the whole block: its storage is the rounded size allocated
             block = storage_bytes(buffer.untyped_storage())
             self._idle.setdefault(block.numel(), []).append((block, after))
@@ -113,7 +113,7 @@ class HostPool:
 
     def reset_peak(self) -> None:
         """Start a new peak from the bytes held now."""
-        self.peak_bytes = self.held_bytes
+        self.host_peak = self.host_held
 
 
 def link_on(link: Link | None, device: torch.device) -> Link | None:

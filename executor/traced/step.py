@@ -32,7 +32,7 @@ from torch import nn
 from executor.errors import BackwardError, UnsupportedScheduleError, UnusedOutputGradientError
 from executor.traced.codegen import SliceState, compile_ops
 from executor.traced.estimated import FirstStepPeak
-from executor.traced.interpreter import ScheduleInterpreter, Step
+from executor.traced.interpreter import ScheduleInterpreter, StepState
 from executor.traced.offload import Transfers
 from graph_capture.captured import CapturedGraph
 from graph_capture.measurement.device import no_autocast
@@ -141,7 +141,7 @@ class Program:
             FirstStepPeak(schedule, self.params[0].device) if solved_in_estimate else None
         )
 
-    def start(self, params: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Step:
+    def start(self, params: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> StepState:
         """A new step with parameters, buffers (mutated ones snapshotted) and inputs bound."""
         c = self.captured
         step = self.interpreter.new_step()
@@ -156,13 +156,13 @@ class Program:
         self._record_placeholder_results(step)
         return step
 
-    def forward(self, step: Step) -> list[torch.Tensor]:
+    def forward(self, step: StepState) -> list[torch.Tensor]:
         """Run the forward part; returns the forward outputs. Leaves the RNG where eager would."""
         self.run_forward(step)
         step.rng.finish()
         return [step.results.pop(i) for i in self.captured.forward_output_indices]
 
-    def backward(self, step: Step, tangents: Sequence[torch.Tensor]) -> dict[int, object]:
+    def backward(self, step: StepState, tangents: Sequence[torch.Tensor]) -> dict[int, object]:
         """Run the rest with the output gradients; returns the results (input grads etc.)."""
         self.interpreter.set_placeholders(step, self.captured.tangent_placeholders, tangents)
         self._record_placeholder_results(step)
@@ -192,13 +192,13 @@ class Program:
             tangents.append(grad)
         return tangents
 
-    def _record_placeholder_results(self, step: Step) -> None:
+    def _record_placeholder_results(self, step: StepState) -> None:
         for position, slot in self.placeholder_results:
             if position not in step.seen and step.env[slot] is not None:
                 step.seen.add(position)
                 self._on_result(step, position, step.env[slot])
 
-    def _on_result(self, step: Step, position: int, value: object) -> None:
+    def _on_result(self, step: StepState, position: int, value: object) -> None:
         """A graph output was computed for the first time this step: use it, keep only what
         is returned later (forward outputs, input gradients)."""
         name = self.grad_position_to_param.get(position)
@@ -252,7 +252,7 @@ class RematFunction(torch.autograd.Function):
         ctx: Any, *grad_outputs: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         program: Program = ctx.program
-        step: Step = ctx.step
+        step: StepState = ctx.step
         ctx.step = None
         if step is None:
             raise BackwardError(

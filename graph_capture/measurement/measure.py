@@ -33,7 +33,8 @@ which ``remat calibrate`` reads."""
 SCRATCH_KEY = "remat_scratch"
 """fx node meta key of an op's measured scratch bytes in a measured capture, which ``remat
 calibrate`` reads."""
-Call = Callable[[], object]
+OpCall = Callable[[], object]
+"""One op run on its inputs, bound (`_calls`)."""
 
 
 @dataclass
@@ -282,7 +283,7 @@ def _computes(node: torch.fx.Node) -> bool:
     return node.target is not operator.getitem and not isinstance(node.target, LiftedConstant)
 
 
-def _calls(gm: torch.fx.GraphModule, env: dict[str, object]) -> list[tuple[torch.fx.Node, Call]]:
+def _calls(gm: torch.fx.GraphModule, env: dict[str, object]) -> list[tuple[torch.fx.Node, OpCall]]:
     """Every op of `gm` (getitems and lifted constants aside, they compute nothing) with a
     zero-argument call running it on the values in `env`, in graph order."""
     calls = []
@@ -295,7 +296,7 @@ def _calls(gm: torch.fx.GraphModule, env: dict[str, object]) -> list[tuple[torch
 
 
 def _measure_scratch(
-    calls: list[tuple[torch.fx.Node, Call]],
+    calls: list[tuple[torch.fx.Node, OpCall]],
     measures: dict[str, NodeMeasure],
     device: torch.device,
 ) -> None:

@@ -19,7 +19,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.flop_counter import flop_registry
 
 from graph_capture.measurement.timing import median_seconds
-from solver.target import Device, builtin_device, load_device, op_key
+from solver.target import Device, builtin_device, op_key
 from solver.target.devices import is_device_file
 
 __all__ = [
@@ -151,5 +151,5 @@ def resolve_target(target: str | Device) -> Device:
     if target.lower() == "cpu":
         return cpu_device()
     if is_device_file(target):
-        return load_device(target)
+        return Device.load(target)
     return builtin_device(target)

@@ -18,7 +18,8 @@ from graph_capture.errors import CaptureError
 
 VOCAB = 128
 
-Call = tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]
+ModelCall = tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]
+"""A model and the positional and keyword arguments of one call of it."""
 
 
 def _transformers():
@@ -35,7 +36,7 @@ def _tokens(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
-def gpt2_lm(batch: int = 2, seq: int = 16, layers: int = 2, width: int = 32) -> Call:
+def gpt2_lm(batch: int = 2, seq: int = 16, layers: int = 2, width: int = 32) -> ModelCall:
     """GPT2LMHeadModel with its default config, called with ``labels=`` (next-token loss)."""
     t = _transformers()
     config = t.GPT2Config(n_layer=layers, n_embd=width, n_head=2, vocab_size=VOCAB, n_positions=seq)
@@ -45,7 +46,7 @@ def gpt2_lm(batch: int = 2, seq: int = 16, layers: int = 2, width: int = 32) -> 
 
 def llama_lm(
     batch: int = 2, seq: int = 16, layers: int = 2, width: int = 32, kv_heads: int = 2
-) -> Call:
+) -> ModelCall:
     """LlamaForCausalLM with its default config (no dropout: Llama has none), ``labels=``;
     2 query heads over ``kv_heads`` key/value heads (1: grouped-query attention)."""
     t = _transformers()
@@ -62,7 +63,7 @@ def llama_lm(
     return t.LlamaForCausalLM(config).train(), (ids,), {"labels": ids}
 
 
-def bert_mlm(batch: int = 2, seq: int = 16, layers: int = 2, width: int = 32) -> Call:
+def bert_mlm(batch: int = 2, seq: int = 16, layers: int = 2, width: int = 32) -> ModelCall:
     """BertForMaskedLM called with ``attention_mask=`` and ``labels=`` (-100 where unmasked)."""
     t = _transformers()
     config = t.BertConfig(
@@ -83,7 +84,7 @@ def bert_mlm(batch: int = 2, seq: int = 16, layers: int = 2, width: int = 32) ->
     return t.BertForMaskedLM(config).train(), (ids.masked_fill(masked, 0),), kwargs
 
 
-def vit_classifier(batch: int = 2, image: int = 32, layers: int = 2, width: int = 32) -> Call:
+def vit_classifier(batch: int = 2, image: int = 32, layers: int = 2, width: int = 32) -> ModelCall:
     """ViTForImageClassification (3 classes, 8x8 patches) called with ``labels=``."""
     t = _transformers()
     config = t.ViTConfig(
@@ -100,7 +101,7 @@ def vit_classifier(batch: int = 2, image: int = 32, layers: int = 2, width: int 
     return t.ViTForImageClassification(config).train(), (pixels,), {"labels": labels}
 
 
-def t5_lm(batch: int = 2, seq: int = 16, layers: int = 1, width: int = 32) -> Call:
+def t5_lm(batch: int = 2, seq: int = 16, layers: int = 1, width: int = 32) -> ModelCall:
     """T5ForConditionalGeneration (encoder-decoder) called with ``labels=``; the decoder's
     inputs are the labels shifted right, as in training."""
     t = _transformers()
@@ -119,7 +120,7 @@ def t5_lm(batch: int = 2, seq: int = 16, layers: int = 1, width: int = 32) -> Ca
     return t.T5ForConditionalGeneration(config).train(), (ids,), {"labels": labels}
 
 
-def bloom_lm(batch: int = 2, seq: int = 8, layers: int = 2, width: int = 32) -> Call:
+def bloom_lm(batch: int = 2, seq: int = 8, layers: int = 2, width: int = 32) -> ModelCall:
     """BloomForCausalLM with dropout 0.1 (its config's default is none), ``labels=``; its MLP's
     GeLU is a custom autograd.Function (``GeLUFunction``) in training mode."""
     t = _transformers()

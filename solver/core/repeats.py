@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from solver.core.graph import Problem
 
-Block = tuple[str, ...]
+BlockIndex = tuple[str, ...]
 """The numeric parts of a module path, in order: ("3",) for `model.h.3.attn`."""
 
 
@@ -32,14 +32,14 @@ class Mirrors:
 
     groups: tuple[tuple[int, ...], ...]
     group_of: tuple[int, ...]
-    block: tuple[Block, ...]
+    block: tuple[BlockIndex, ...]
 
     def of(self, v: int) -> tuple[int, ...]:
         """v's group (v among them), or () where v has no mirror."""
         g = self.group_of[v]
         return self.groups[g] if g >= 0 else ()
 
-    def counterpart(self, v: int, block: Block) -> int | None:
+    def counterpart(self, v: int, block: BlockIndex) -> int | None:
         """The mirror of v in `block` (v itself where v is in it), or None where there is none."""
         if self.block[v] == block:
             return v
@@ -52,7 +52,7 @@ class Mirrors:
         return bool(self.groups)
 
     @property
-    def blocks(self) -> list[Block]:
+    def blocks(self) -> list[BlockIndex]:
         """The blocks that hold a grouped node, in the order of their first node."""
         return list(dict.fromkeys(self.block[v] for v in sorted(v for g in self.groups for v in g)))
 
@@ -60,7 +60,7 @@ class Mirrors:
 def mirrors(problem: Problem) -> Mirrors:
     """The mirror groups of `problem` (module docstring); none where no module path has a
     numeric part. O(V)."""
-    blocks: list[Block] = []
+    blocks: list[BlockIndex] = []
     by_key: dict[tuple, list[int]] = {}
     rank: dict[tuple[str, bool], int] = {}
     for v, path in enumerate(problem.module):

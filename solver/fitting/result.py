@@ -33,7 +33,7 @@ class Fit:
     `warnings`: measurements that contradict the proof; `probes`: the solver's probes;
     `fsdp`: per-rank FSDP2 bytes where the fit is for `world_size` > 1 (then `static` is one
     rank's and `budget` is left after the FSDP bytes, `solver.fitting.fsdp`); `link`: the host
-    link the schedules could offload over (None: keep or recompute only), `host_bytes` what the
+    link the schedules could offload over (None: keep or recompute only), `host_peak` what the
     schedule at `size` holds on the host at most (per rank), `measured_host_peak` what the real
     step's host copies held at most (bytes; None where no step ran or without a link)."""
 
@@ -64,7 +64,7 @@ class Fit:
     measured_host_peak: int | None = None
 
     @property
-    def host_bytes(self) -> int | None:
+    def host_peak(self) -> int | None:
         """Bytes the schedule at `size` holds on the host at most (`solver.simulate`'s
         `host_peak`; 0 for a schedule that copies nothing); None without a link or a size."""
         if self.link is None or self.schedule is None:
@@ -107,7 +107,7 @@ class Fit:
             if self.measured_host_peak is not None:
                 host = (
                     f"; its host copies held at most {self.measured_host_peak} B (predicted "
-                    f"{self.host_bytes} B)"
+                    f"{self.host_peak} B)"
                 )
             lines.append(
                 f"one real step at {d} {self.size} under {self.runtime}: whole-step peak "
@@ -136,7 +136,7 @@ class Fit:
             return f"{over}: the schedule at {self.dim} {self.size} copies nothing"
         per = "" if self.fsdp is None else " per rank"
         return (
-            f"{over}: the schedule at {self.dim} {self.size} holds {self.host_bytes} B on the "
+            f"{over}: the schedule at {self.dim} {self.size} holds {self.host_peak} B on the "
             f"host{per} ({extra['offloads']} offloads, {extra['reloads']} reloads, stall "
             f"{extra['stall']:.6g} s of its cost)"
         )

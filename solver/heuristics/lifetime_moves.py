@@ -6,7 +6,7 @@ copied from one block onto another. Every move gives lifetimes, and every lifeti
 from __future__ import annotations
 
 from solver.core.graph import Problem
-from solver.core.repeats import Block, Mirrors
+from solver.core.repeats import BlockIndex, Mirrors
 from solver.core.stages import AT_USE, LAST, Lifetimes
 
 Move = tuple[int, int, int]
@@ -70,7 +70,7 @@ def moves_out(problem: Problem, lifetimes: Lifetimes, live: set[int], t: int) ->
 
 
 def copied_block(
-    problem: Problem, mirrors: Mirrors, lifetimes: Lifetimes, source: Block, target: Block
+    problem: Problem, mirrors: Mirrors, lifetimes: Lifetimes, source: BlockIndex, target: BlockIndex
 ) -> Lifetimes:
     """`lifetimes` with each grouped node of block `target` living as its mirror in `source`
     does (an end at the mirror of the stage, `counterpart_stage`; the same retention)."""

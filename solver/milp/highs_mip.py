@@ -24,7 +24,7 @@ from solver.deadline import Deadline
 from solver.milp.lp import ScaledLp, quiet_highs, scaled_lp
 from solver.milp.model import LinearModel, ModelResult
 
-Probe = tuple[dict[int, int], int]
+MipQuestion = tuple[dict[int, int], int]
 """One question for `HighsMip.solve_all`: the fixed 0/1 variables and the objective cap."""
 
 
@@ -67,7 +67,7 @@ class HighsMip:
         variables, whose scale is 1), by `deadline`."""
         return self.solve_all([(fixed, objective_cap)], deadline=deadline)[0]
 
-    def solve_all(self, probes: list[Probe], *, deadline: Deadline) -> list[ModelResult]:
+    def solve_all(self, probes: list[MipQuestion], *, deadline: Deadline) -> list[ModelResult]:
         """`solve` for each probe, all at once, one thread each (HiGHS runs outside Python's
         lock, so two probes on two cores take about as long as one)."""
         solvers = [self._prepare(fixed, cap, deadline.remaining()) for fixed, cap in probes]

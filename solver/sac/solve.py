@@ -97,8 +97,8 @@ class SacSolution:
     reference
     model, `status` ("OPTIMAL" or "FEASIBLE"), `bound` (proven lower bound on the cost, seconds),
     `gap` ((cost - bound) / cost, 0 when cost is 0) and `budget` (bytes); with a link, the cost
-    includes the copies' predicted stall and `host` is the bytes the host copies hold at their
-    most, as the link's host allocator rounds each buffer (0 without offload)."""
+    includes the copies' predicted stall and `host_peak` is the bytes the host copies hold at
+    their most, as the link's host allocator rounds each buffer (0 without offload)."""
 
     plan: SacPlan | UnionPlan
     peak: int
@@ -107,7 +107,7 @@ class SacSolution:
     bound: float
     gap: float
     budget: int
-    host: int = 0
+    host_peak: int = 0
 
 
 class _Model:

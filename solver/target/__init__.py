@@ -8,7 +8,6 @@ from solver.target.devices import (
     DeviceError,
     UnknownTargetError,
     builtin_device,
-    load_device,
     op_key,
 )
 from solver.target.fsdp import (
@@ -43,7 +42,6 @@ __all__ = [
     "activation_budgets",
     "builtin_device",
     "fsdp_memory",
-    "load_device",
     "nccl_communicators",
     "op_key",
     "predict_peak",

@@ -192,7 +192,18 @@ class Device:
         }
 
     def save(self, path: str | os.PathLike) -> None:
+        """Write the device file that `Device.load` reads (JSON, `to_json`)."""
         Path(path).write_text(json.dumps(self.to_json(), indent=1, sort_keys=True))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Device:
+        """A device file written by ``remat calibrate`` or `Device.save`; `UnknownTargetError`
+        where the file cannot be read or is not a device file."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise UnknownTargetError(f"cannot read device file {os.fspath(path)!r}: {e}") from e
+        return cls.from_json(data, source=repr(os.fspath(path)))
 
     @classmethod
     def from_json(cls, data: Mapping, source: str = "device file") -> Device:
@@ -333,7 +344,7 @@ def named_link(name: str) -> Link:
         return HOST_LINKS[key]
     try:
         link = (
-            load_device(name).host_link if is_device_file(name) else builtin_device(key).host_link
+            Device.load(name).host_link if is_device_file(name) else builtin_device(key).host_link
         )
     except UnknownTargetError as error:
         raise UnknownTargetError(f"{error}; or a host link: {', '.join(HOST_LINKS)}") from None
@@ -356,15 +367,6 @@ def host_link(offload: Link | str) -> Link:
             f"'h100'), not {offload!r}"
         )
     return named_link(offload)
-
-
-def load_device(path: str | os.PathLike) -> Device:
-    """A device file written by ``remat calibrate`` (`Device.save`)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UnknownTargetError(f"cannot read device file {os.fspath(path)!r}: {e}") from e
-    return Device.from_json(data, source=repr(os.fspath(path)))
 
 
 def is_device_file(target: str) -> bool:
