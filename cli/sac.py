@@ -11,12 +11,13 @@ overhead, gap, checkpointed regions), then for eager and the plan, each on its o
 model: the measured peak (profiler allocation events, bytes above the step's start, `.grad`
 created in the step) and the median step time. Exit status 0 only when the plan's measured peak
 is within its budget. With ``--target NAME|FILE`` the plan is solved in estimate mode (no real
-step; bytes and seconds predicted for the target, `executor.sac.estimate`); a model on the
+step; bytes and seconds predicted for the target, `executor.sac.recording.estimate`); a model on the
 meta device is then only planned, not run. ``--world-size N`` plans for FSDP2 over N ranks (the
 budget is device memory per rank) and runs nothing. ``--offload LINK`` (as `remat solve`'s:
 a link or target name, or D2H,H2D[,HOST] in GB/s) lets the plan also offload saved ops to the
 host (docs/sac.md, "Offload"); the plan's measured peak is then the device's, its host copies
-told apart (`executor.sac.offload.measure_split`), and their measured host bytes are printed."""
+told apart (`executor.sac.runtime.offload.measure_split`), and their measured host bytes are
+printed."""
 
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ from cli.profile import load_model_from_args
 from cli.solve import parse_link
 from executor.loss import default_loss
 from executor.memory import median_seconds
-from executor.sac.offload import measure_split
 from executor.sac.plan import CheckpointPlan
 from executor.sac.planning import REGIONS, checkpoint_plan
+from executor.sac.runtime.offload import measure_split
 from solver.errors import ArgumentError
 
 __all__ = ["add_sac_arguments", "measure_step", "run_sac"]

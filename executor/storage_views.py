@@ -1,6 +1,6 @@
 """Tensors rebuilt on a storage: how an offloaded value comes back on the storage its bytes were
 reloaded into (the traced executor's `executor.traced.offload`, SAC's
-`executor.sac.offload.SavedOnHost`).
+`executor.sac.runtime.offload.SavedOnHost`).
 
 A storage is copied whole, byte for byte; each tensor that used it is rebuilt on the copy with
 its own dtype, storage offset, size and stride (`View`), so views, aliases and non-contiguous

@@ -37,7 +37,7 @@ ALLOWED = {
     ("solver/interrupt.py", "KeyboardInterrupt"): (
         "a second Ctrl-C: Python's own interrupt, raised as its default handler would"
     ),
-    ("executor/sac/measurer.py", "NotImplementedError"): (
+    ("executor/sac/recording/measurer.py", "NotImplementedError"): (
         "the abstract method `Timeline.mark`, which every measurer overrides"
     ),
 }

@@ -19,7 +19,7 @@ PENDING = {
     "solver/heuristics/lifetimes.py": {"lifetime_search"},
     "solver/heuristics/offload.py": {"_run"},
     "solver/milp/cascade_rounds.py": {"cascade_bound"},
-    "solver/milp/offload.py": {"solve_offload_model"},
+    "solver/milp/offload/solve.py": {"solve_offload_model"},
     "solver/target/devices.py": {"_gpu"},
     "solver/target/fsdp.py": {"fsdp_memory"},
     "executor/check.py": {"check_step"},

@@ -10,7 +10,7 @@ regions with every saveable op MUST_SAVE. The plan's peak is measured and assert
 plain compiled model's; the eager model's predicted bytes are not asserted (inductor's fusions
 change what a step allocates). Under compile the policy finds the plan's saved ops by op and
 occurrence, as SAC's own cache does (NOTE [ SAC plans under compile ] in
-executor/sac/planned_forward.py)."""
+executor/sac/runtime/planned_forward.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The device a measured SAC recording runs on (`executor.sac.measurer.DeviceMeter`): the CPU
-or the one CUDA device the model and its inputs are on. On the CPU, with a recording fake of
+"""The device a measured SAC recording runs on (`executor.sac.recording.measurer.DeviceMeter`): the
+CPU or the one CUDA device the model and its inputs are on. On the CPU, with a recording fake of
 the `torch.cuda` calls the meter makes: on CUDA it synchronizes the device before every read
 of the clock (an op's seconds, a region's prices, the offload overhead), reads the profiler's
 allocation events of its own device only, counts the CUDA allocator's 512-byte blocks, and
@@ -21,9 +21,9 @@ from torch._C._profiler import _EventType
 import executor
 from executor import PlanError
 from executor.sac import planning
-from executor.sac.measurer import DeviceMeter, Measurer
-from executor.sac.op_streams import record_ops
-from executor.sac.overhead import Stream, measure_offload_seconds, measure_overhead
+from executor.sac.recording.measurer import DeviceMeter, Measurer
+from executor.sac.recording.op_streams import record_ops
+from executor.sac.recording.overhead import Stream, measure_offload_seconds, measure_overhead
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -183,7 +183,7 @@ def test_out_of_memory_while_pricing_propagates(solved, monkeypatch):
     def out_of_memory(*_args, **_kwargs):
         raise torch.OutOfMemoryError("out of memory")
 
-    monkeypatch.setattr("executor.sac.region_timing.region_times", out_of_memory)
+    monkeypatch.setattr("executor.sac.recording.region_timing.region_times", out_of_memory)
     with pytest.raises(torch.OutOfMemoryError):
         executor.checkpoint_plan(net, (x,), "min", time_limit=60, loss_fn=sum_loss)
 

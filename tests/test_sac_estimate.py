@@ -1,7 +1,7 @@
-"""SAC plans in estimate mode (`checkpoint_plan(..., target=...)`, executor/sac/estimate.py): the
-recording under fake tensors gives the measured recording's regions, op streams and op bytes; a
-plan made from a meta model runs on the real model with gradients and buffers `torch.equal` to
-eager; bad input is refused in one line."""
+"""SAC plans in estimate mode (`checkpoint_plan(..., target=...)`,
+executor/sac/recording/estimate.py): the recording under fake tensors gives the measured
+recording's regions, op streams and op bytes; a plan made from a meta model runs on the real model
+with gradients and buffers `torch.equal` to eager; bad input is refused in one line."""
 
 from __future__ import annotations
 
@@ -138,11 +138,11 @@ def test_remat_sac_plans_for_a_target_and_runs_the_plan(capsys):
 
 
 def test_identical_blocks_recorded_once_give_the_plan_of_recording_each(monkeypatch):
-    """Estimate mode records the first region of each kind (executor/sac/alike.py) and gives
-    its facts to the others: the recorded problem (every op's bytes and seconds, every window)
+    """Estimate mode records the first region of each kind (executor/sac/recording/alike.py) and
+    gives its facts to the others: the recorded problem (every op's bytes and seconds, every window)
     and so the plan equal those of recording every region."""
     transformers = pytest.importorskip("transformers")
-    from executor.sac.estimate import Estimate
+    from executor.sac.recording.estimate import Estimate
 
     config = transformers.LlamaConfig(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,

@@ -1,7 +1,7 @@
 """SAC plans that offload saved ops to the host (`checkpoint_plan(offload=)`, docs/sac.md
 "Offload"): gradients `torch.equal` to eager's over 3 AdamW steps with the plan's regions
 offloading every op they may and with the planner's own choice; the measured device peak (host
-copies told apart, `executor.sac.offload.measure_split`) within the predicted peak and the
+copies told apart, `executor.sac.runtime.offload.measure_split`) within the predicted peak and the
 measured host bytes equal to the predicted ones; plan files carry the choices and format 5
 files still load; torch.compile refuses an offloading plan in one line."""
 
@@ -31,7 +31,7 @@ from test_sac_state import cnn
 
 import executor
 from executor.errors import PlanError
-from executor.sac.offload import measure_split
+from executor.sac.runtime.offload import measure_split
 from executor.traced.offload import link_on
 from graph_capture.measurement.peak import CPU
 from solver.core.link import Link

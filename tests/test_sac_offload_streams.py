@@ -1,7 +1,7 @@
-"""SAC offload's CUDA path (`executor.sac.offload.CopyStreams`, docs/sac.md "Offload"): the calls
-it issues, recorded on the CPU by a fake of the CUDA calls (`TorchCuda`) through whole training
-steps of a plan that offloads ops of checkpointed regions and parks regions' saved storages;
-and, where a GPU is, the plan run on it (`-m cuda`)."""
+"""SAC offload's CUDA path (`executor.sac.runtime.offload.CopyStreams`, docs/sac.md "Offload"): the
+calls it issues, recorded on the CPU by a fake of the CUDA calls (`TorchCuda`) through whole
+training steps of a plan that offloads ops of checkpointed regions and parks regions' saved
+storages; and, where a GPU is, the plan run on it (`-m cuda`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import executor
-from executor.sac.offload import CopyStreams
+from executor.sac.runtime.offload import CopyStreams
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,7 +12,7 @@ from sac_models import assert_same_adamw_steps, sum_loss
 from torch import nn
 
 import executor
-from executor.sac.blocks import default_blocks
+from executor.sac.recording.blocks import default_blocks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

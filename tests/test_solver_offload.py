@@ -30,8 +30,8 @@ from solver.exact.offload import OffloadProblem, solve_with_offload
 from solver.examples import chain, uniform_training_chain
 from solver.heuristics.offload import offload_runs
 from solver.io import save_graph
-from solver.milp.offload_model import OffloadModel, variable_count
-from solver.milp.offload_times import OffloadTimes
+from solver.milp.offload.model import OffloadModel, variable_count
+from solver.milp.offload.times import OffloadTimes
 from solver.target.devices import BUILT_IN, HOST_LINKS, Device, UnknownTargetError, builtin_device
 
 TIME_LIMIT = 30.0

@@ -42,7 +42,7 @@ docs/offload.md), then the cells (`RUNTIMES`):
 
 Per cell: predicted peak (the schedule's or plan's, bytes), measured peak (CUDA:
 `torch.cuda.max_memory_allocated` after a reset; CPU: the profiler's allocation events,
-`executor.measure_peak`; SAC with offload on the CPU: `executor.sac.offload.measure_split`'s
+`executor.measure_peak`; SAC with offload on the CPU: `executor.sac.runtime.offload.measure_split`'s
 device part), predicted step seconds (`predicted_s`: the capture's op seconds summed for eager,
 the schedule's cost, compute plus the link's stall, for the own executor, that plain sum (of
 the runtime's model, not SAC's) plus the plan's cost for SAC, the compiled regions' cost for

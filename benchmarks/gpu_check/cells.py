@@ -175,7 +175,7 @@ def sac_cell(run: Run, cell: Cell, offload: bool) -> None:
     cell.grads = run.check(model, model, exact=True)
     run.measure(cell, model, model, grads_before=False)
     if offload and run.device.type == "cpu":
-        from executor.sac.offload import measure_split
+        from executor.sac.runtime.offload import measure_split
 
         model.zero_grad(set_to_none=True)
         with torch.random.fork_rng(devices=[]):

@@ -16,7 +16,7 @@ and the inputs.
 The prediction: `executor.fsdp.model_memory` (`fsdp_memory` of the blocks' and the root's
 parameter shapes) under `executor.fsdp_policy` for this CPU (gloo, step counters on it), and the
 single-process step's windows measured on the unsharded model with the same checkpointing
-(`executor.sac.windows.measure_windows`, one rank's batch, with `transformer.drop` as a
+(`executor.sac.recording.windows.measure_windows`, one rank's batch, with `transformer.drop` as a
 leading block so that block 0's backward is cut from the root's) and the bytes live when its
 forward returns (`measure_each`: the backward's start), combined by `predict_peak`. The
 inputs and buffers (resident on both sides, not FSDP's) are added to both resident columns.
@@ -157,7 +157,7 @@ def predicted(args: argparse.Namespace, mode: str, plan_path: str, rank: int):
     """The model's prediction for `rank` and its resident bytes beside FSDP's (inputs and
     buffers)."""
     from executor.fsdp import fsdp_policy, model_memory
-    from executor.sac.windows import measure_windows
+    from executor.sac.recording.windows import measure_windows
     from graph_capture.measurement.peak import measure_each
     from solver.target import predict_peak
 

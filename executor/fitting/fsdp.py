@@ -1,6 +1,6 @@
 """A model's per-rank FSDP2 bytes for `fit(..., world_size=N)`: `fully_shard` on each of the
-model's repeated blocks (`executor.sac.blocks.default_blocks`, in the order its forward calls
-them) and at the root, under the call's policy (`executor.fsdp`, NOTE [ one FSDP policy ]),
+model's repeated blocks (`executor.sac.recording.blocks.default_blocks`, in the order its forward
+calls them) and at the root, under the call's policy (`executor.fsdp`, NOTE [ one FSDP policy ]),
 counted by `solver.fitting.fsdp.FsdpBytes`. The forward that gives the order runs on fake tensors
 (`graph_capture.measurement.estimate.fake_step`), as estimate mode's capture does: a meta-built
 model runs there (HF Llama's mask reads a value with `.item()`, which a meta tensor refuses and
@@ -14,7 +14,7 @@ from torch import nn
 
 from executor.errors import FitError, PlanError
 from executor.fsdp import model_memory
-from executor.sac.blocks import select_blocks
+from executor.sac.recording.blocks import select_blocks
 from executor.sac.step import in_call_order
 from graph_capture.measurement.estimate import fake_step
 from solver.fitting.fsdp import FsdpBytes

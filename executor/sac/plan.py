@@ -4,7 +4,7 @@
     plan.save("plan.json"); executor.CheckpointPlan.load("plan.json", model)
 
 `checkpoint_plan` (executor/sac/planning.py) solves a plan; `apply` gives its regions the
-forwards of executor/sac/planned_forward.py.
+forwards of executor/sac/runtime/planned_forward.py.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 from torch import nn
 
 from executor.errors import PlanError
-from executor.sac.offload import CopyStreams
-from executor.sac.planned_forward import checkpointed_forward, offloading_forward
-from executor.sac.policy import Policy
+from executor.sac.runtime.offload import CopyStreams
+from executor.sac.runtime.planned_forward import checkpointed_forward, offloading_forward
+from executor.sac.runtime.policy import Policy
 from solver.core.budget import plain_step
 from solver.core.link import Link
 from solver.errors import ScheduleMismatchError
@@ -61,15 +61,15 @@ class CheckpointPlan:
     bytes; `plain_peak`: the peak of the step without checkpointing (100%; `plain_step` names
     it: measured, or predicted in estimate mode). `target`:
     None where bytes and seconds were measured here; in estimate mode the target device's
-    name, and `plain_peak` and every second are predicted for it (executor/sac/estimate.py).
-    `world_size` > 1: sharded by FSDP2, and `peak`, `budget`, `plain_peak` are bytes per rank
-    on the device (resident included: docs/sac.md, "Under FSDP2"). `link`: the host link the
-    plan was solved with (None: it offloads nothing); `offloaded`: per region, the saved op
-    positions whose outputs wait on the host between the forward and the recompute (None:
-    none); `plain_offloaded`: per region, whether it is not checkpointed and the storages its
-    ops create that autograd saves wait on the host (None: none); `host_peak`: the bytes those host
-    copies hold at their most (predicted); `cost` then includes the copies' stall, predicted
-    from the link (docs/sac.md, "Offload")."""
+    name, and `plain_peak` and every second are predicted for it
+    (executor/sac/recording/estimate.py). `world_size` > 1: sharded by FSDP2, and `peak`, `budget`,
+    `plain_peak` are bytes per rank on the device (resident included: docs/sac.md, "Under FSDP2").
+    `link`: the host link the plan was solved with (None: it offloads nothing); `offloaded`: per
+    region, the saved op positions whose outputs wait on the host between the forward and the
+    recompute (None: none); `plain_offloaded`: per region, whether it is not checkpointed and the
+    storages its ops create that autograd saves wait on the host (None: none); `host_peak`: the
+    bytes those host copies hold at their most (predicted); `cost` then includes the copies' stall,
+    predicted from the link (docs/sac.md, "Offload")."""
 
     model_signature: str
     regions: tuple[str, ...]

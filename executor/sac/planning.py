@@ -5,12 +5,13 @@ executor/sac/plan.py).
 
 `checkpoint_plan` steps:
 1. `_run_eagerly`: one plain step, so a model that fails with the inputs fails with its own error;
-2. `select_blocks`: the blocks (executor/sac/blocks.py), and `_children`: each block's children;
-3. `record_union`: measured windows, op streams, checkpoint price and SAC overhead of both
-   (executor/sac/record.py);
+2. `select_blocks`: the blocks (executor/sac/recording/blocks.py), and `_children`: each block's
+children; 3. `record_union`: measured windows, op streams, checkpoint price and SAC overhead of both
+   (executor/sac/recording/record.py);
 4. `solve_sac`: the least recompute seconds plus price and overhead under the budget over every
    granularity (solver/sac/solve.py, solver/sac/union.py); with `offload=` a host link, each
-   saved op may wait on the host instead (NOTE [ SAC offload model ], executor/sac/offload.py).
+   saved op may wait on the host instead (NOTE [ SAC offload model ],
+   executor/sac/runtime/offload.py).
 docs/sac.md gives the memory model and its measured accuracy.
 """
 
@@ -25,11 +26,11 @@ from torch import nn
 from executor.errors import PlanError
 from executor.fsdp import model_memory, resolve_policy, sharded_world_size
 from executor.loss import default_loss
-from executor.sac.blocks import select_blocks
-from executor.sac.measurer import DeviceMeter, Measurer
-from executor.sac.overhead import measure_offload_seconds
 from executor.sac.plan import CheckpointPlan, model_signature
-from executor.sac.record import RECORDING_STEPS, record_union
+from executor.sac.recording.blocks import select_blocks
+from executor.sac.recording.measurer import DeviceMeter, Measurer
+from executor.sac.recording.overhead import measure_offload_seconds
+from executor.sac.recording.record import RECORDING_STEPS, record_union
 from executor.sac.sharded import solve_sharded
 from executor.sac.step import RecordingTime, Snapshot, in_call_order, leaf_tensors
 from executor.traced.offload import link_on
@@ -93,7 +94,7 @@ def _measurer(target: str | Device | None, device: torch.device) -> Measurer:
     `Device` (`UnknownTargetError` for another)."""
     if target is None:
         return Measurer(DeviceMeter(device))
-    from executor.sac.estimate import Estimate
+    from executor.sac.recording.estimate import Estimate
     from graph_capture.measurement.roofline import resolve_target
 
     return Estimate(resolve_target(target))
@@ -141,8 +142,8 @@ def checkpoint_plan(
     recording, each measurement run once, does not finish within it (naming what it recorded
     and about how long it needs). InfeasibleBudgetError names the least budget when none
     fits. `target`: None measures a real step here; a device name (`solver.target`), a
-    device file or a `Device` plans in estimate mode (executor/sac/estimate.py): no real step
-    runs, the model may be on the meta device, bytes and seconds (and `plain_peak`) are
+    device file or a `Device` plans in estimate mode (executor/sac/recording/estimate.py): no real
+    step runs, the model may be on the meta device, bytes and seconds (and `plain_peak`) are
     predicted for the target, and `plan.target` names it. `world_size` > 1 (or `fsdp`, a
     `solver.target.FsdpPolicy`, NOTE [ one FSDP policy ] in executor/fsdp.py): the model is
     sharded by FSDP2 (`fully_shard` on each block and at the root; without `fsdp`, the policy

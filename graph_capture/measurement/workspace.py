@@ -3,8 +3,8 @@ call beyond its outputs (scratch no output holds, which fake tensors do not show
 
 `workspace_bytes` is the one model both estimate paths use: the traced-graph estimate
 (`graph_capture.measurement.estimate`, each fx node's ``scratch_bytes``, from which the DAG's
-``op_transient`` follows) and the SAC recording's `executor.sac.estimate.Estimate` (each op's
-scratch and a transient allocation in the step's timeline, so the windows' peaks hold it).
+``op_transient`` follows) and the SAC recording's `executor.sac.recording.estimate.Estimate` (each
+op's scratch and a transient allocation in the step's timeline, so the windows' peaks hold it).
 
 In order: a device's measured table (`Device.op_transient`, ``remat calibrate``) where it has
 the op's key; else, for aten's CPU kernels (``Device.kernels == "cpu"``), the formulas below,

@@ -46,9 +46,9 @@ from solver.errors import (
 from solver.exact.options import DEFAULT, SolveOptions
 from solver.heuristics.offload import OffloadRun, offload_runs
 from solver.milp.cpsat import ProgressFn
-from solver.milp.offload import OffloadResult, solve_offload_model
-from solver.milp.offload_model import variable_count
-from solver.milp.offload_times import OffloadTimes
+from solver.milp.offload.model import variable_count
+from solver.milp.offload.solve import OffloadResult, solve_offload_model
+from solver.milp.offload.times import OffloadTimes
 
 KEEP_RECOMPUTE_SHARE = 0.3
 """Share of the time limit the keep/recompute solve gets for the incumbent where the offload

@@ -60,7 +60,7 @@ from solver.errors import (
 from solver.exact import solve
 from solver.fitting.sizes import DOES_NOT_FIT, FITS, OPEN, largest_between
 from solver.heuristics.baselines import block_checkpoint
-from solver.milp.offload_times import OffloadTimes
+from solver.milp.offload.times import OffloadTimes
 
 KEEP_RECOMPUTE_SHARE = 0.5
 """With offload, the share of the time the keep/recompute search gets before the search with

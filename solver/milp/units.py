@@ -74,7 +74,7 @@ class CostUnits:
     @classmethod
     def whole(cls, values: Sequence[float]) -> CostUnits:
         """The units of `of` for any times in graph units (costs, and copy times with
-        offload: `solver.milp.offload_times`), `int_cost` holding each value in them."""
+        offload: `solver.milp.offload.times`), `int_cost` holding each value in them."""
         for digits in range(MAX_SCALE_DIGITS + 1):
             scale = 10**digits
             if all(abs(c * scale - round(c * scale)) <= 1e-9 * max(1.0, c * scale) for c in values):

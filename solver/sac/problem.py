@@ -76,8 +76,8 @@ class SacBlock:
     step under plain checkpoint minus without checkpoint, run alone and measured, less the
     recorded seconds of every op up to `stop`. Paid by every checkpointed region. Recorded at
     least 0: where the measured price is less than those seconds, the ops' `seconds` up to
-    `stop` are scaled down to it instead (executor/sac/record.py); the solver takes any sign.
-    `buffers`: names (relative to the region) of the buffers its forward mutates (BatchNorm's
+    `stop` are scaled down to it instead (executor/sac/recording/record.py); the solver takes any
+    sign. `buffers`: names (relative to the region) of the buffers its forward mutates (BatchNorm's
     running statistics), restored around its recompute; their bytes are in `held_extra` (a
     copy from before the forward) and in `recompute_extra` (a copy during the recompute).
     """
@@ -122,7 +122,7 @@ class SacProblem:
     """Blocks in forward order, the other stretches, and the plain step's peak: measured, or
     predicted in estimate mode (`plain_peak_basis`). `offload_seconds`: seconds the runtime
     spends per offloaded op besides its copies (its Python: the pack, the cache entry's swap,
-    the reload's issue and read; measured, executor/sac/offload.py), 0 where the plan cannot
+    the reload's issue and read; measured, executor/sac/runtime/offload.py), 0 where the plan cannot
     offload."""
 
     blocks: tuple[SacBlock, ...]

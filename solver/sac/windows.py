@@ -1,7 +1,7 @@
 """A step's memory windows around blocks and their children, cut from its allocation events at
 the marks its module hooks made: live bytes at each block's forward and backward start, the peak
-of each stretch between marks (`cut_windows`). Torch-free: `executor.sac.windows` records the
-events and marks (the profiler's allocation events, or a fake step's storages)."""
+of each stretch between marks (`cut_windows`). Torch-free: `executor.sac.recording.windows` records
+the events and marks (the profiler's allocation events, or a fake step's storages)."""
 
 from __future__ import annotations
 

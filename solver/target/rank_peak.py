@@ -27,8 +27,8 @@ class StepWindows:
     starts, the loss computed (None: `head`); `root_b_start`, `root_b_peak`, live when block
     0's backward ends (its input's gradient complete) and the most from then to the step's
     end (None: `b_peak[0]`); `end`, live at the step's end (None: its gradients,
-    `sum(FsdpMemory.unsharded_grads)`). `executor.sac.windows.measure_windows` measures the
-    windows (`from_segments`); run with the module before block 0 (GPT-2's `transformer.drop`)
+    `sum(FsdpMemory.unsharded_grads)`). `executor.sac.recording.windows.measure_windows` measures
+    the windows (`from_segments`); run with the module before block 0 (GPT-2's `transformer.drop`)
     as a leading block, it also cuts block 0's backward at `root_b_start`.
     """
 

@@ -1,7 +1,7 @@
 """Record what a SAC plan is solved over (`solver.sac.SacUnion`) from a model and its inputs.
 
 Steps (`record_union`):
-1. `measure_windows` (`executor.sac.windows`): one plain training step (forward, loss,
+1. `measure_windows` (`executor.sac.recording.windows`): one plain training step (forward, loss,
    backward) under the profiler's allocation events, with instants marked where each block's
    forward starts and ends and where the gradient of its output is complete (its backward
    starts), and the same for each block's children: live and peak bytes of every window
@@ -10,24 +10,24 @@ Steps (`record_union`):
    previous one, and its output's gradient completes before the previous child's (a child
    called twice, such as one ReLU module used twice, or an in-place child whose output is its
    input, is not).
-2. `record_ops` (`executor.sac.op_streams`): for the blocks, then for the split blocks'
+2. `record_ops` (`executor.sac.recording.op_streams`): for the blocks, then for the split blocks'
    children: the forward again, `repeats` times, under a TorchDispatchMode that sees the ops
    the SAC policy sees and under saved-tensor hooks that see what autograd saves: per op its
    new storage bytes, the last op reading it, whether autograd saves it, whether it may be
    MUST_SAVE, its wall time and, once more under the profiler, its scratch bytes; `sac_block`
-   (`executor.sac.facts`) makes a block's facts a torch-free block, each op's seconds the
+   (`executor.sac.recording.facts`) makes a block's facts a torch-free block, each op's seconds the
    median of its runs.
-3. `measure_overhead` (`executor.sac.overhead`): per region, the seconds its SAC policy costs
-   beyond plain checkpoint, and plain checkpoint beyond none; the latter less the recorded
+3. `measure_overhead` (`executor.sac.recording.overhead`): per region, the seconds its SAC policy
+   costs beyond plain checkpoint, and plain checkpoint beyond none; the latter less the recorded
    seconds of the ops a full recompute reruns is the region's `price` (where it is less, those
    seconds are scaled down to it instead: `overhead.priced`).
 In estimate mode (no noise), each region's kind is taken first, with its inputs, from one
-forward (`executor.sac.alike`), and step 2 records the first region of each kind only, its
+forward (`executor.sac.recording.alike`), and step 2 records the first region of each kind only, its
 forward ending after the last of them, the others of a kind taking its facts.
 The RNG state and the model's buffers are restored after each run, and `.grad` is left as found.
-Bytes and seconds come from a measurer (`executor.sac.measurer`): measured as above, or in
-estimate mode predicted for a target from a fake step (`executor.sac.estimate`: scratch is the
-target's workspace model).
+Bytes and seconds come from a measurer (`executor.sac.recording.measurer`): measured as above, or in
+estimate mode predicted for a target from a fake step (`executor.sac.recording.estimate`: scratch
+is the target's workspace model).
 """
 
 from __future__ import annotations
@@ -38,23 +38,23 @@ from collections.abc import Sequence
 from torch import nn
 
 from executor.errors import PlanError
-from executor.sac.alike import region_kinds
-from executor.sac.facts import BlockFacts, sac_block
-from executor.sac.measurer import Measurer, storage_key
-from executor.sac.op_streams import record_ops
-from executor.sac.overhead import Stream, measure_overhead, pooled, priced
-from executor.sac.region import cache_off_hooks
-from executor.sac.region_timing import RegionTimes
+from executor.sac.recording.alike import region_kinds
+from executor.sac.recording.facts import BlockFacts, sac_block
+from executor.sac.recording.measurer import Measurer, storage_key
+from executor.sac.recording.op_streams import record_ops
+from executor.sac.recording.overhead import Stream, measure_overhead, pooled, priced
+from executor.sac.recording.region_timing import RegionTimes
+from executor.sac.recording.windows import measure_windows
+from executor.sac.runtime.region import cache_off_hooks
 from executor.sac.step import LossClosure, RecordingTime, hooked
-from executor.sac.windows import measure_windows
 from solver.sac import SacProblem
 from solver.sac.union import SacSplit, SacUnion
 from solver.sac.windows import Windows
 
 
 def _record_alike(model, modules, step: LossClosure, runs, measurer, kinds) -> list[BlockFacts]:
-    """`record_ops` over `modules` (in call order); with `kinds` (executor/sac/alike.py), of
-    the first module of each kind only, the forward ending after the last of them, each
+    """`record_ops` over `modules` (in call order); with `kinds` (executor/sac/recording/alike.py),
+    of the first module of each kind only, the forward ending after the last of them, each
     other module given the facts of the first of its kind."""
     if kinds is None:
         return record_ops(model, modules, step, runs, measurer)
@@ -92,8 +92,8 @@ def record_union(
     `clock` leaves no time for more (a third of its spare time to the blocks' op streams,
     half the rest to the children's, the rest to the prices); `clock` raises PlanError once
     its deadline has passed (`RecordingTime`). `measurer` (default `Measurer`) gives the bytes
-    and seconds: measured, or in estimate mode predicted (executor/sac/estimate.py), where one
-    run of each measurement suffices."""
+    and seconds: measured, or in estimate mode predicted (executor/sac/recording/estimate.py),
+    where one run of each measurement suffices."""
     measurer = measurer or Measurer()
     repeats = measurer.repeats(repeats)
     candidates = [m for _, m in blocks] + [m for kids in children for _, m in kids or ()]

@@ -1,8 +1,8 @@
 """A region run and timed alone, on the inputs it gets in the step: its forward and backward
 inside `checkpoint(use_reentrant=False)` or without (`region_step`), and its checkpoint price and
 SAC overhead measured side by side (`region_times`, `RegionTimes`). `Measurer.region_times`
-times regions with it; `executor.sac.estimate.Estimate.region_times` runs a region once with it,
-fake."""
+times regions with it; `executor.sac.recording.estimate.Estimate.region_times` runs a region once
+with it, fake."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from executor.sac.policy import Policy
-from executor.sac.region import run_checkpointed
+from executor.sac.runtime.policy import Policy
+from executor.sac.runtime.region import run_checkpointed
 from executor.sac.step import leaf_tensors
 
 

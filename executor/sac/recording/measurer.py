@@ -1,8 +1,8 @@
 """Where a recording's bytes and seconds come from: `Measurer` (a real step here, on the device
 the model and inputs are on, `DeviceMeter`: the profiler's allocation events of that device,
 wall-clock seconds with the device synchronized, regions timed alone) or
-`executor.sac.estimate.Estimate` (a step under fake tensors: storages created and freed,
-seconds from a target device's model). The recording (executor/sac/record.py, windows.py,
+`executor.sac.recording.estimate.Estimate` (a step under fake tensors: storages created and freed,
+seconds from a target device's model). The recording (executor/sac/recording/record.py, windows.py,
 op_streams.py, overhead.py) is one code path; it asks its measurer for each number."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from executor.sac import region_timing
+from executor.sac.recording import region_timing
 from graph_capture.measurement.peak import CPU, allocation_events, marked_windows, memory_profile
 
 CUDA_BLOCK = 512
@@ -111,12 +111,12 @@ class Measurer:
     """Measures a real step here, on `meter`'s device (default the CPU): bytes from that device's
     allocation events and storages' sizes, seconds by the host's clock with the device
     synchronized, each region's checkpoint price and SAC overhead timed alone
-    (`executor.sac.overhead`). `target` is None: the plan is measured, not predicted."""
+    (`executor.sac.recording.overhead`). `target` is None: the plan is measured, not predicted."""
 
     target: str | None = None
     measures_scratch = True  # each op's kernel scratch, from a profiled forward
     runs_warmup = True  # one plain step first, so the model's own errors surface as they are
-    records_alike = False  # regions of one kind recorded once (executor/sac/alike.py)
+    records_alike = False  # regions of one kind recorded once (executor/sac/recording/alike.py)
 
     def __init__(self, meter: DeviceMeter | None = None) -> None:
         self.meter = meter or DeviceMeter()
@@ -165,8 +165,8 @@ class Measurer:
         return sum(s.untyped_storage().nbytes() for s in states if s.device == self.meter.device)
 
     def region_times(self, module: nn.Module, call, name: str, stream, rounds: Iterable[int]):
-        """The region's `RegionTimes` (executor/sac/region_timing.py), measured: `rounds` (0,
-        1, ...) of it alone on `call` (its args and kwargs in the step), three ways side by
+        """The region's `RegionTimes` (executor/sac/recording/region_timing.py), measured: `rounds`
+        (0, 1, ...) of it alone on `call` (its args and kwargs in the step), three ways side by
         side, on the meter's clock; `stream` its recorded op stream (`overhead.Stream`)."""
         return region_timing.region_times(module, call, name, stream.ops, rounds, self.meter.now)
 

@@ -1,8 +1,8 @@
 """A region's SAC policy: MUST_SAVE for the plan's saved ops, MUST_RECOMPUTE for the others, with
-the plan's offloaded ops (saved ones) moved to the host and back (executor/sac/offload.py), and
-the op-stream check (NOTE [ SAC policy state ], NOTE [ SAC plans under compile ] in
-executor/sac/planned_forward.py). Used by `CheckpointPlan.apply` and by the recording, which
-times it (`executor.sac.overhead.measure_overhead`)."""
+the plan's offloaded ops (saved ones) moved to the host and back (executor/sac/runtime/offload.py),
+and the op-stream check (NOTE [ SAC policy state ], NOTE [ SAC plans under compile ] in
+executor/sac/runtime/planned_forward.py). Used by `CheckpointPlan.apply` and by the recording, which
+times it (`executor.sac.recording.overhead.measure_overhead`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from torch.utils.checkpoint import (
 )
 
 from executor.errors import OpStreamMismatchError, PlanError
-from executor.sac.offload import CopyStreams, HostCopies, offloading_contexts
+from executor.sac.runtime.offload import CopyStreams, HostCopies, offloading_contexts
 
 
 class Policy:
@@ -45,7 +45,7 @@ class Policy:
         # finds values by op and occurrence index, so the counter lives per checkpoint call.
         position = self.position = [0]
         occurrences: dict[str, int] = {}
-        copies = HostCopies(self.streams)  # the offloaded outputs (executor/sac/offload.py)
+        copies = HostCopies(self.streams)  # the offloaded outputs (executor/sac/runtime/offload.py)
 
         def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
             if _tracing(op, args, kwargs):

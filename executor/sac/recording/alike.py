@@ -5,8 +5,8 @@ strides, dtypes, storage sizes and whether each output's storage is new, which e
 the region (or which input) made each tensor it reads, and the tensors autograd saves, by the
 op that made them. Regions of one kind record the same facts (op streams, bytes, seconds,
 liveness, what autograd saves), so a recording records the first of each kind and gives its
-facts to the others (`executor.sac.record`); every region's fingerprint is taken in the same
-step, so no region takes another's facts unless its own forward matched op by op.
+facts to the others (`executor.sac.recording.record`); every region's fingerprint is taken in the
+same step, so no region takes another's facts unless its own forward matched op by op.
 
 Under fake tensors nothing is noisy and every fact follows from shapes, dtypes and the data
 flow, which the fingerprint holds; in measured mode, where seconds and kernel scratch are
@@ -22,8 +22,8 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from executor.sac.measurer import storage_key
-from executor.sac.region_timing import copy_tensors
+from executor.sac.recording.measurer import storage_key
+from executor.sac.recording.region_timing import copy_tensors
 from executor.sac.step import LossClosure, Snapshot, hooked, leaf_tensors
 
 
@@ -138,7 +138,7 @@ def region_inputs(
     """Per region, the (args, kwargs) it is called with in one forward of the step: tensors
     detached and cloned, each with its `requires_grad`, identity and aliasing kept
     (`copy_tensors`); with `prints`, each region's fingerprint taken in the same forward
-    (executor/sac/alike.py)."""
+    (executor/sac/recording/alike.py)."""
     calls: list = [None] * len(regions)
 
     def keep(j: int, args, kwargs) -> None:

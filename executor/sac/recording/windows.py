@@ -1,6 +1,7 @@
 """The plain step's memory windows around blocks and their children (`measure_windows`):
 live and peak bytes, cut at marks made by module hooks, from the profiler's allocation events
-(or, in estimate mode, the storages a fake step creates and frees: `executor.sac.measurer`)."""
+(or, in estimate mode, the storages a fake step creates and frees:
+`executor.sac.recording.measurer`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from torch import nn
 
 from executor.errors import PlanError
-from executor.sac.measurer import Measurer, Timeline
+from executor.sac.recording.measurer import Measurer, Timeline
 from executor.sac.step import LossClosure, Snapshot, hooked, leaf_tensors
 from solver.sac.windows import WindowError, Windows, cut_windows
 

@@ -14,10 +14,10 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointError
 
 from executor.errors import PlanError
-from executor.sac.alike import region_inputs
-from executor.sac.measurer import DeviceMeter, Measurer
-from executor.sac.policy import Policy
-from executor.sac.region_timing import RegionTimes
+from executor.sac.recording.alike import region_inputs
+from executor.sac.recording.measurer import DeviceMeter, Measurer
+from executor.sac.recording.region_timing import RegionTimes
+from executor.sac.runtime.policy import Policy
 from executor.sac.step import LossClosure, RecordingTime, Snapshot
 from solver.sac import SacBlock
 
@@ -51,7 +51,7 @@ def measure_overhead(
 ) -> list[RegionTimes | RuntimeError]:
     """Per region, the seconds a training step pays (`RegionTimes`) for running it under a SAC
     policy rather than under plain checkpoint (`overhead`: the policy's dispatch modes in its
-    forward and its recompute and the op-stream check, `executor.sac.policy.Policy`
+    forward and its recompute and the op-stream check, `executor.sac.runtime.policy.Policy`
     recomputing every op, the same recompute as plain checkpoint's), and for running it under
     plain checkpoint rather than without (`checkpoint`: the recompute and checkpoint's own
     machinery: saving inputs and RNG state, the recompute's Python, the unpack hooks). Each
@@ -64,7 +64,7 @@ def measure_overhead(
     checkpoint refuses inside checkpoint, its error (a module that writes its input in place,
     such as an in-place ReLU, invalidates the input checkpoint keeps); any other error
     (out of memory, a bug) propagates. `measurer` (default `Measurer`) times each region;
-    in estimate mode it predicts them (`executor.sac.estimate.Estimate.region_times`).
+    in estimate mode it predicts them (`executor.sac.recording.estimate.Estimate.region_times`).
     `calls`: each region's inputs (`region_inputs`), where the caller has them.
     """
     clock = clock or RecordingTime()
@@ -135,7 +135,7 @@ def measure_offload_seconds(rounds: int = 60, meter: DeviceMeter | None = None) 
     Measured on `meter`'s device (default the CPU; the plan's, `checkpoint_plan`), timed by
     `DeviceMeter.now`: the runtime's Python (the pack, the cache entry's swap, the reload's
     issue and read) and the small copies, on CUDA the runtime's own (into pinned host memory
-    on its copy streams, `executor.sac.offload.CopyStreams`), the device synchronized
+    on its copy streams, `executor.sac.runtime.offload.CopyStreams`), the device synchronized
     before each read of the clock."""
     meter = meter or DeviceMeter()
     generator = torch.Generator().manual_seed(0)

@@ -58,8 +58,8 @@ from torch.utils.checkpoint import (
 from torch.utils.weak import WeakIdKeyDictionary
 
 from executor.errors import PlanError
-from executor.sac.measurer import Measurer, Timeline, storage_key
-from executor.sac.region_timing import RegionTimes, region_step
+from executor.sac.recording.measurer import Measurer, Timeline, storage_key
+from executor.sac.recording.region_timing import RegionTimes, region_step
 from executor.sac.step import leaf_tensors
 from graph_capture.errors import data_dependence
 from graph_capture.measurement.roofline import op_seconds

@@ -1,5 +1,5 @@
 """What a recording records per op and per block of an op stream (`OpFacts`, `BlockFacts`,
-filled by `executor.sac.op_streams`), and a block's facts as the solver's torch-free block
+filled by `executor.sac.recording.op_streams`), and a block's facts as the solver's torch-free block
 (`sac_block`: a `solver.sac.SacBlock` of `SacOp`s, bytes per kind of storage, seconds the
 median of the measured ones)."""
 

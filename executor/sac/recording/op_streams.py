@@ -8,8 +8,8 @@ whether autograd saves it, whether it may be MUST_SAVE, and its wall time in eac
 (its last op before its last pack) and the buffers its forward mutates. A run whose op stream
 differs from the first's is a PlanError. Then once more under the profiler, each op in a
 window, for its scratch bytes (`_measure_scratch`). The facts are
-`executor.sac.facts.BlockFacts`; bytes and seconds come from a measurer
-(`executor.sac.measurer`)."""
+`executor.sac.recording.facts.BlockFacts`; bytes and seconds come from a measurer
+(`executor.sac.recording.measurer`)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from executor.errors import PlanError
-from executor.sac.facts import BlockFacts, OpFacts
-from executor.sac.measurer import Measurer, storage_key
-from executor.sac.region import buffer_state, mutated_buffers
+from executor.sac.recording.facts import BlockFacts, OpFacts
+from executor.sac.recording.measurer import Measurer, storage_key
+from executor.sac.runtime.region import buffer_state, mutated_buffers
 from executor.sac.step import LossClosure, Snapshot, hooked, leaf_tensors
 from graph_capture.measurement.peak import memory_profile
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from executor.sac.offload import SavedOnHost
-from executor.sac.policy import Policy
-from executor.sac.region import cache_off, run_checkpointed
+from executor.sac.runtime.offload import SavedOnHost
+from executor.sac.runtime.policy import Policy
+from executor.sac.runtime.region import cache_off, run_checkpointed
 from executor.sac.step import leaf_tensors
 
 
 def checkpointed_forward(module: nn.Module, *args: object, **kwargs: object) -> object:
     """A planned block's `forward`: its class's forward inside `checkpoint(use_reentrant=False)`
-    with the block's policy (`executor.sac.region.run_checkpointed`: the KV cache off, the
+    with the block's policy (`executor.sac.runtime.region.run_checkpointed`: the KV cache off, the
     recompute seeing the call's containers, the buffers its forward mutates restored around
     the recompute). A region that saves no op runs without a policy (plain checkpoint: no
     dispatch modes, no op-stream check, the same recompute and early stop), except while

@@ -38,7 +38,7 @@ from solver.core.offload import OffloadPlan
 from solver.core.stages import StagePlan
 from solver.deadline import Deadline, Paced
 from solver.milp.cpsat import OVERRUN_PER_VARIABLE
-from solver.milp.offload_times import OffloadTimes
+from solver.milp.offload.times import OffloadTimes
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Solving the exact offload model (`solver.milp.offload_model`) with CP-SAT by a deadline:
+"""Solving the exact offload model (`solver.milp.offload.model`) with CP-SAT by a deadline:
 its parameters, the time kept in hand for CP-SAT's overrun, and what a solve found
 (`OffloadResult`)."""
 
@@ -14,8 +14,8 @@ from solver.core.offload import OffloadPlan
 from solver.deadline import Deadline
 from solver.errors import InternalError
 from solver.milp.cpsat import OVERRUN_PER_VARIABLE, OVERRUN_SHARE, Progress, ProgressFn
-from solver.milp.offload_model import OffloadModel
-from solver.milp.offload_times import OffloadTimes
+from solver.milp.offload.model import OffloadModel
+from solver.milp.offload.times import OffloadTimes
 
 
 @dataclass(frozen=True)

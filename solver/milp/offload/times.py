@@ -1,4 +1,4 @@
-"""The whole units the exact offload model (`solver.milp.offload_model`) counts time in: each
+"""The whole units the exact offload model (`solver.milp.offload.model`) counts time in: each
 node's compute, offload and reload time over a link, exact where they can be, else rounded."""
 
 from __future__ import annotations

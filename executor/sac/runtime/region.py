@@ -1,5 +1,6 @@
 """How a region runs inside `torch.utils.checkpoint`, at runtime (`executor.sac`) and in the
-recording (`executor.sac.record`, `executor.sac.op_streams`, `executor.sac.overhead`) alike:
+recording (`executor.sac.recording.record`, `executor.sac.recording.op_streams`,
+`executor.sac.recording.overhead`) alike:
 
 - `cache_off`: a region that runs inside checkpoint gets HuggingFace's KV cache off, as under
   HF's own gradient checkpointing (`GradientCheckpointingLayer`): `use_cache=True` becomes
@@ -31,7 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
-from executor.sac.policy import Policy, contexts_of
+from executor.sac.runtime.policy import Policy, contexts_of
 
 logger = logging.getLogger(__name__)
 
