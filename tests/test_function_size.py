@@ -14,7 +14,6 @@ MAX_LINES = 80
 MAX_PARAMETERS = 8
 
 PENDING = {
-    "solver/fitting/search.py": {"largest_fitting", "_search"},
     "solver/heuristics/eviction_search.py": {"eviction_search"},
     "solver/heuristics/lifetimes.py": {"lifetime_search"},
     "solver/heuristics/offload.py": {"_run"},

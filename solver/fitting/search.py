@@ -236,14 +236,16 @@ def largest_fitting(
 
     Raises ArgumentError for `low` < 0, `high` < `low` or a `memory` that grows with the size,
     GraphError for graphs that break NOTE [monotone sizes].
+
+    Exception to the 8-parameter rule: the public entry point of the fit search (docs/fit.md);
+    its keyword-only parameters are the search's options.
     """
     if low < 0 or (high is not None and high < low):
         raise ArgumentError(f"sizes must satisfy 0 <= low <= high, not low={low}, high={high}")
     started = time.perf_counter()
     deadline = Deadline(started + time_limit) if deadline is None else deadline
-    search = partial(
-        _search, graph_at, memory, compute_budget, high=high, workers=workers, progress=progress
-    )
+    question = _Question(graph_at, memory, compute_budget, high, workers, progress)
+    search = partial(_search, question)
     if offload is None:
         return search(low, deadline, None, started)
     kept = search(low, deadline.share(KEEP_RECOMPUTE_SHARE), None, started)
@@ -259,21 +261,26 @@ def largest_fitting(
     return FitResult(best, upper, proven, schedule, fits + copied.probes, seconds)
 
 
+@dataclass(frozen=True)
+class _Question:
+    """What `largest_fitting` asks, the same over each schedule space it searches (its
+    parameters of those names)."""
+
+    graph_at: Callable[[int], nx.DiGraph | None]
+    memory: int | Callable[[int], int]
+    compute_budget: float | str | None
+    high: int | None
+    workers: int
+    progress: Callable[[Probe], None] | None
+
+
 def _search(
-    graph_at: Callable[[int], nx.DiGraph | None],
-    memory: int | Callable[[int], int],
-    compute_budget: float | str | None,
-    low: int,
-    deadline: Deadline,
-    offload: Link | None,
-    started: float,
-    *,
-    high: int | None,
-    workers: int,
-    progress: Callable[[Probe], None] | None,
+    question: _Question, low: int, deadline: Deadline, offload: Link | None, started: float
 ) -> FitResult:
     """`largest_fitting` over one schedule space: keep/recompute (`offload` None) or with
     offload over the link, from `low` (`started`: the call's start, `time.perf_counter`)."""
+    graph_at, memory, compute_budget = question.graph_at, question.memory, question.compute_budget
+    high, workers, progress = question.high, question.workers, question.progress
     probes: dict[int, Probe] = {}
     graphs: dict[int, nx.DiGraph] = {}
 
