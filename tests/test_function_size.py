@@ -16,7 +16,6 @@ MAX_PARAMETERS = 8
 PENDING = {
     "solver/heuristics/eviction_search.py": {"eviction_search"},
     "solver/heuristics/lifetimes.py": {"lifetime_search"},
-    "solver/heuristics/offload.py": {"_run"},
     "solver/milp/cascade_rounds.py": {"cascade_bound"},
     "solver/milp/offload/solve.py": {"solve_offload_model"},
     "solver/target/devices.py": {"_gpu"},

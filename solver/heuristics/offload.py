@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from functools import partial
 
 import networkx as nx
 
@@ -88,7 +87,7 @@ def offload_runs(
         for timing in TIMINGS:
             if deadline.passed():
                 return runs
-            run = partial(_run, graph, problem, link, base, order, f"{name}, {timing}", timing)
+            run = _Runs(graph, problem, link, base, order, f"{name}, {timing}", timing)
             every = run(len(order), "offload all")
             runs.append(every)
             if every.fits(budget):
@@ -98,20 +97,23 @@ def offload_runs(
     return runs
 
 
-def _run(
-    graph: nx.DiGraph,
-    problem: Problem,
-    link: Link,
-    base: StagePlan,
-    order: list[_Gap],
-    label: str,
-    timing: str,
-    count: int,
-    param: str,
-) -> OffloadRun:
-    """`base` with the first `count` gaps of `order` offloaded, replayed."""
-    plan = _plan(problem, base, order[:count], link, timing)
-    return _replayed(graph, problem, link, plan, f"{param} ({label})")
+@dataclass(frozen=True)
+class _Runs:
+    """The runs of one base plan and timing: `base` with a prefix of the gaps in `order`
+    offloaded over `link` (`label`: the base's name and the timing)."""
+
+    graph: nx.DiGraph
+    problem: Problem
+    link: Link
+    base: StagePlan
+    order: list[_Gap]
+    label: str
+    timing: str
+
+    def __call__(self, count: int, param: str) -> OffloadRun:
+        """`base` with the first `count` gaps of `order` offloaded, replayed."""
+        plan = _plan(self.problem, self.base, self.order[:count], self.link, self.timing)
+        return _replayed(self.graph, self.problem, self.link, plan, f"{param} ({self.label})")
 
 
 def _fewest(run, count: int, budget: int, deadline: Deadline) -> OffloadRun | None:
