@@ -18,7 +18,6 @@ PENDING = {
     "solver/heuristics/lifetimes.py": {"lifetime_search"},
     "solver/milp/cascade_rounds.py": {"cascade_bound"},
     "solver/milp/offload/solve.py": {"solve_offload_model"},
-    "solver/target/devices.py": {"_gpu"},
     "solver/target/fsdp.py": {"fsdp_memory"},
     "executor/check.py": {"check_step"},
     "executor/compiled/check.py": {"check_compiled"},

@@ -268,16 +268,11 @@ for `remat solve --offload c2c`. Each holds its copies in pinned host memory
 
 
 def _gpu(
-    name: str,
-    fp32: float,
-    tf32: float,
-    bf16: float,
-    fp64: float,
-    tbs: float,
-    mib: int,
-    gib: float,
-    link: str,
+    name: str, peaks: tuple[float, float, float, float], tbs: float, mib: int, gib: float, link: str
 ) -> Device:
+    """A built-in GPU from its published figures (`peaks`: dense TFLOP/s in FP32, TF32 tensor,
+    BF16/FP16 tensor and FP64; the others as `BUILT_IN`'s comment says)."""
+    fp32, tf32, bf16, fp64 = peaks
     flops = {
         "float32": fp32 * TERA,
         "tf32": tf32 * TERA,
@@ -308,12 +303,12 @@ def _gpu(
 BUILT_IN: dict[str, Device] = {
     d.name: d
     for d in (
-        _gpu("h100", 66.9, 494.7, 989.4, 66.9, 3.35, 81_559, 79.11, "pcie5"),
-        _gpu("h100-96gb", 66.9, 494.7, 989.4, 66.9, 3.35, 96 * 1024, 95.02, "pcie5"),
-        _gpu("a100-80gb", 19.5, 156.0, 312.0, 19.5, 2.039, 81_920, 79.25, "pcie4"),
-        _gpu("a100-40gb", 19.5, 156.0, 312.0, 19.5, 1.555, 40_960, 39.39, "pcie4"),
-        _gpu("l4", 30.3, 60.0, 121.0, 0.49, 0.300, 23_034, 22.03, "pcie4"),
-        _gpu("rtx4090", 82.6, 82.6, 165.2, 1.29, 1.008, 24_564, 23.65, "pcie4"),
+        _gpu("h100", (66.9, 494.7, 989.4, 66.9), 3.35, 81_559, 79.11, "pcie5"),
+        _gpu("h100-96gb", (66.9, 494.7, 989.4, 66.9), 3.35, 96 * 1024, 95.02, "pcie5"),
+        _gpu("a100-80gb", (19.5, 156.0, 312.0, 19.5), 2.039, 81_920, 79.25, "pcie4"),
+        _gpu("a100-40gb", (19.5, 156.0, 312.0, 19.5), 1.555, 40_960, 39.39, "pcie4"),
+        _gpu("l4", (30.3, 60.0, 121.0, 0.49), 0.300, 23_034, 22.03, "pcie4"),
+        _gpu("rtx4090", (82.6, 82.6, 165.2, 1.29), 1.008, 24_564, 23.65, "pcie4"),
     )
 }
 ALIASES = {"h100-sxm": "h100", "h100-80gb": "h100", "a100": "a100-80gb", "4090": "rtx4090"}
