@@ -17,7 +17,6 @@ PENDING = {
     "solver/heuristics/eviction_search.py": {"eviction_search"},
     "solver/heuristics/lifetimes.py": {"lifetime_search"},
     "solver/milp/cascade_rounds.py": {"cascade_bound"},
-    "solver/milp/offload/solve.py": {"solve_offload_model"},
     "solver/target/fsdp.py": {"fsdp_memory"},
     "executor/check.py": {"check_step"},
     "executor/compiled/check.py": {"check_compiled"},

@@ -47,7 +47,7 @@ from solver.exact.options import DEFAULT, SolveOptions
 from solver.heuristics.offload import OffloadRun, offload_runs
 from solver.milp.cpsat import ProgressFn
 from solver.milp.offload.model import variable_count
-from solver.milp.offload.solve import OffloadResult, solve_offload_model
+from solver.milp.offload.solve import Incumbent, OffloadResult, solve_offload_model
 from solver.milp.offload.times import OffloadTimes
 
 KEEP_RECOMPUTE_SHARE = 0.3
@@ -241,8 +241,7 @@ class _OffloadSearch:
                 times,
                 deadline=self.deadline,
                 workers=self.workers,
-                cap=cap,
-                hint=None if incumbent is None else incumbent.plan,
+                incumbent=Incumbent(cap, None if incumbent is None else incumbent.plan),
                 progress=None if self.progress is None else _in_graph_units(self.progress, times),
             )
             no_model = "the exact offload model was not solved in the time left"

@@ -29,6 +29,15 @@ class OffloadResult:
     bound: int
 
 
+@dataclass(frozen=True)
+class Incumbent:
+    """What a solve of the model starts from: at most `cap` units where given, a plan `hint`
+    where given (`cap` must be at least its T)."""
+
+    cap: int | None = None
+    hint: OffloadPlan | None = None
+
+
 def solve_offload_model(
     problem: Problem,
     budget: int,
@@ -37,13 +46,12 @@ def solve_offload_model(
     *,
     deadline: Deadline,
     workers: int,
-    cap: int | None = None,
-    hint: OffloadPlan | None = None,
+    incumbent: Incumbent = Incumbent(),
     progress: ProgressFn | None = None,
 ) -> OffloadResult:
-    """Build the model and minimise T by `deadline` (at most `cap` units where given, a plan
-    `hint` where given: `cap` must be at least its T). `progress` gets (seconds, objective,
-    bound) in model units."""
+    """Build the model and minimise T by `deadline`, from `incumbent`. `progress` gets
+    (seconds, objective, bound) in model units."""
+    cap, hint = incumbent.cap, incumbent.hint
     try:
         model = OffloadModel(problem, budget, link, times, cap, deadline)
     except TimeoutError:
