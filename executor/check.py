@@ -132,15 +132,24 @@ class Noise:
     factor: float = 10.0
 
 
+@dataclass(frozen=True)
+class Failure:
+    """How `check_step` reports a step that differs: ``error`` raised naming ``subject`` (the
+    step checked) against ``reference_name`` (the step it is held to), ending with ``advice``
+    (what to do)."""
+
+    subject: str
+    reference_name: str
+    error: type[ExecutorError]
+    advice: str
+
+
 def check_step(
     model: nn.Module,
     step: Callable[[], NamedValues],
     reference: Callable[[], NamedValues],
+    failure: Failure,
     *,
-    subject: str,
-    reference_name: str,
-    error: type[ExecutorError],
-    advice: str,
     rtol: float | None = None,
     noise: Noise | None = None,
 ) -> CheckReport:
@@ -148,8 +157,10 @@ def check_step(
     against ``reference`` from the same state (module docstring). ``rtol`` None: every value
     must be `torch.equal` to the reference's; else its `relative_difference` at most ``rtol``,
     or, for a value of rounding noise's size, at most `Noise`'s allowance (``noise``).
-    Raises ``error`` naming ``subject``, the first value that differs and its relative
-    difference, then ``advice`` (what to do; the model is not returned)."""
+    Raises ``failure.error`` naming ``failure.subject``, the first value that differs and its
+    relative difference, then ``failure.advice`` (the model is not returned)."""
+    subject, reference_name = failure.subject, failure.reference_name
+    error, advice = failure.error, failure.advice
     started = time.perf_counter()
     snapshot = Snapshot(model)
     try:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from executor.check import CheckReport, NamedValues, Noise, check_step
+from executor.check import CheckReport, Failure, NamedValues, Noise, check_step
 from executor.compiled.step import fresh_call, run_step
 from executor.errors import CompileError
 
@@ -88,10 +88,12 @@ def check_compiled(
         model,
         _loss_step(call, inputs, kwargs, loss_fn),
         _loss_step(reference, inputs, kwargs, loss_fn),
-        subject="remat's compiled step",
-        reference_name=reference_name,
-        error=CompileError,
-        advice=f"{hint}report it with the model, and compile without remat meanwhile",
+        Failure(
+            subject="remat's compiled step",
+            reference_name=reference_name,
+            error=CompileError,
+            advice=f"{hint}report it with the model, and compile without remat meanwhile",
+        ),
         rtol=None if exact else options.rtol,
         noise=Noise(
             _loss_step(fresh_call(model), inputs, kwargs, loss_fn),

@@ -15,7 +15,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from executor.check import CheckReport, NamedValues, check_step
+from executor.check import CheckReport, Failure, NamedValues, check_step
 from executor.errors import RematerializeError
 from executor.traced.checks import check_call
 from executor.traced.estimated import EstimateCheck, match_estimated
@@ -208,13 +208,16 @@ def check_against_eager(
             remat.model,
             _tangent_step(remat, captured, inputs, kwargs),
             _tangent_step(remat.model, captured, inputs, kwargs),
-            subject="the rematerialized step",
-            reference_name="eager's on the example inputs",
-            error=RematerializeError,
-            advice=(
-                "the traced graph computes another way than eager here (e.g. an HF model whose "
-                "eager code reads input values to choose its attention kernel, "
-                "docs/training.md); train this model without remat, and report it with the model"
+            Failure(
+                subject="the rematerialized step",
+                reference_name="eager's on the example inputs",
+                error=RematerializeError,
+                advice=(
+                    "the traced graph computes another way than eager here (e.g. an HF model "
+                    "whose eager code reads input values to choose its attention kernel, "
+                    "docs/training.md); train this model without remat, and report it with the "
+                    "model"
+                ),
             ),
         )
     finally:
