@@ -12,7 +12,7 @@ from torch import nn
 
 import executor
 from executor.check import relative_difference
-from executor.compiled.check import check_compiled
+from executor.compiled.check import LossStep, check_compiled
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -29,9 +29,7 @@ def _check(model, call, reference, inputs, exact: bool, rtol: float = 1e-3):
         model,
         call,
         reference,
-        inputs,
-        {},
-        lambda out: out.square().mean(),
+        LossStep(inputs, {}, lambda out: out.square().mean()),
         exact=exact,
         options=executor.CompileCheck(rtol=rtol),
         reference_name="the reference",

@@ -18,7 +18,6 @@ PENDING = {
     "solver/heuristics/lifetimes.py": {"lifetime_search"},
     "solver/milp/cascade_rounds.py": {"cascade_bound"},
     "solver/target/fsdp.py": {"fsdp_memory"},
-    "executor/compiled/check.py": {"check_compiled"},
     "executor/traced/codegen.py": {"compile_ops"},
     "cli/run.py": {"_train_and_report"},
     "cli/solve.py": {"_solve_and_print"},

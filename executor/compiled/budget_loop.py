@@ -36,7 +36,7 @@ from torch import nn
 
 import solver
 from executor.check import CheckReport
-from executor.compiled.check import CompileCheck, check_compiled
+from executor.compiled.check import CompileCheck, LossStep, check_compiled
 from executor.compiled.partitioner import (
     LAYOUT,
     RegionPlan,
@@ -328,9 +328,7 @@ def check_step(
         steps.model,
         call,
         reference,
-        steps.inputs,
-        steps.kwargs,
-        steps.loss_fn,
+        LossStep(steps.inputs, steps.kwargs, steps.loss_fn),
         exact=name == "aot_eager",
         options=check,
         reference_name=label,

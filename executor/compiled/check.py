@@ -32,7 +32,7 @@ from executor.check import CheckReport, Failure, NamedValues, Noise, check_step
 from executor.compiled.step import fresh_call, run_step
 from executor.errors import CompileError
 
-__all__ = ["CompileCheck", "check_compiled"]
+__all__ = ["CompileCheck", "LossStep", "check_compiled"]
 
 
 @dataclass(frozen=True)
@@ -51,23 +51,25 @@ class CompileCheck:
     factor: float = 10.0
 
 
-def _loss_step(
-    call: Callable[..., object],
-    inputs: Sequence[object],
-    kwargs: Mapping[str, object],
-    loss_fn: Callable[[object], torch.Tensor],
-) -> Callable[[], NamedValues]:
-    """One step through ``call`` returning its loss as "the loss"."""
-    return lambda: [("the loss", run_step(call, inputs, kwargs, loss_fn))]
+@dataclass(frozen=True)
+class LossStep:
+    """The step `check_compiled` runs through each call: ``call(*inputs, **kwargs)``, then
+    ``loss_fn`` of its output, then the backward."""
+
+    inputs: Sequence[object]
+    kwargs: Mapping[str, object]
+    loss_fn: Callable[[object], torch.Tensor]
+
+    def through(self, call: Callable[..., object]) -> Callable[[], NamedValues]:
+        """One step through ``call`` returning its loss as "the loss"."""
+        return lambda: [("the loss", run_step(call, self.inputs, self.kwargs, self.loss_fn))]
 
 
 def check_compiled(
     model: nn.Module,
     call: Callable[..., object],
     reference: Callable[..., object],
-    inputs: Sequence[object],
-    kwargs: Mapping[str, object],
-    loss_fn: Callable[[object], torch.Tensor],
+    loss_step: LossStep,
     exact: bool,
     options: CompileCheck,
     reference_name: str,
@@ -86,8 +88,8 @@ def check_compiled(
     )
     return check_step(
         model,
-        _loss_step(call, inputs, kwargs, loss_fn),
-        _loss_step(reference, inputs, kwargs, loss_fn),
+        loss_step.through(call),
+        loss_step.through(reference),
         Failure(
             subject="remat's compiled step",
             reference_name=reference_name,
@@ -96,7 +98,7 @@ def check_compiled(
         ),
         rtol=None if exact else options.rtol,
         noise=Noise(
-            _loss_step(fresh_call(model), inputs, kwargs, loss_fn),
+            loss_step.through(fresh_call(model)),
             "eager",
             options.small,
             options.factor,
