@@ -16,7 +16,6 @@ MAX_PARAMETERS = 8
 PENDING = {
     "solver/heuristics/eviction_search.py": {"eviction_search"},
     "solver/heuristics/lifetimes.py": {"lifetime_search"},
-    "solver/milp/cascade_rounds.py": {"cascade_bound"},
     "solver/target/fsdp.py": {"fsdp_memory"},
     "executor/traced/codegen.py": {"compile_ops"},
     "cli/run.py": {"_train_and_report"},

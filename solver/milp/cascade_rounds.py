@@ -20,7 +20,7 @@ from solver.deadline import Deadline
 from solver.milp.cascade import CascadeModel, Crossings, cascade_model, violated_rows
 from solver.milp.cpsat import CpSatModel, ProgressFn
 from solver.milp.highs_mip import HighsMip
-from solver.milp.lp import GrowingLp
+from solver.milp.lp import DualBound, GrowingLp
 from solver.milp.model import ModelResult
 
 
@@ -92,27 +92,7 @@ def cascade_bound(
         if progress is not None:
             progress(time.perf_counter() - started, objective, max(lower, bound))
 
-    lp = None
-    relaxation = GrowingLp(model.lm)
-    probing = False  # the rows last added were only the nearest to breaking
-    while True:
-        solved = relaxation.solve(deadline)
-        if solved is None:
-            break
-        rose = solved.bound > lower
-        lp, lower = solved, max(lower, solved.bound)
-        report(math.inf, lower)
-        assert lp.values is not None
-        if probing and not rose:
-            break
-        broken = violated_rows(model, lp.values)
-        probing = not broken
-        if probing:  # the check is a heuristic: try the nearest rows once
-            broken = violated_rows(model, lp.values, tolerance=-math.inf)
-        if not broken or deadline.passed():
-            break
-        model.add_rows(broken[:ROWS_PER_ROUND])
-        lp = None
+    lp, lower = _lp_rounds(model, deadline, report)
     lp_bound = lower
     values: Sequence[float] | None = None if lp is None else lp.values
     fixed = {} if lp is None or cap is None else lp.fixings(cap)
@@ -134,6 +114,37 @@ def cascade_bound(
     if cap is not None:
         lower = min(lower, cap + 1)
     return CascadeBound(lower, min(lp_bound, lower), values, model)
+
+
+def _lp_rounds(
+    model: CascadeModel, deadline: Deadline, report: Callable[[float, float], None]
+) -> tuple[DualBound | None, int]:
+    """Step 1 of `cascade_bound`: row generation on the LP, each round from the last one's
+    basis, adding rows to `model`. The last LP solved where it broke no row (None where rows
+    were added after it or none was solved), and the highest bound (0 without one)."""
+    lp = None
+    lower = 0
+    relaxation = GrowingLp(model.lm)
+    probing = False  # the rows last added were only the nearest to breaking
+    while True:
+        solved = relaxation.solve(deadline)
+        if solved is None:
+            break
+        rose = solved.bound > lower
+        lp, lower = solved, max(lower, solved.bound)
+        report(math.inf, lower)
+        assert lp.values is not None
+        if probing and not rose:
+            break
+        broken = violated_rows(model, lp.values)
+        probing = not broken
+        if probing:  # the check is a heuristic: try the nearest rows once
+            broken = violated_rows(model, lp.values, tolerance=-math.inf)
+        if not broken or deadline.passed():
+            break
+        model.add_rows(broken[:ROWS_PER_ROUND])
+        lp = None
+    return lp, lower
 
 
 def _solve_01(
