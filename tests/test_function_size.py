@@ -14,8 +14,6 @@ MAX_LINES = 80
 MAX_PARAMETERS = 8
 
 PENDING = {
-    "solver/heuristics/eviction_search.py": {"eviction_search"},
-    "solver/heuristics/lifetimes.py": {"lifetime_search"},
     "solver/target/fsdp.py": {"fsdp_memory"},
     "executor/traced/codegen.py": {"compile_ops"},
     "cli/run.py": {"_train_and_report"},

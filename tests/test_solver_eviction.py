@@ -30,6 +30,7 @@ from solver.heuristics.eviction import (
 )
 from solver.heuristics.eviction_search import (
     PINNED,
+    EvictionMoves,
     eviction_search,
     peak_search,
     pin_candidates,
@@ -141,7 +142,9 @@ def test_the_eviction_search_is_valid_and_between_the_rule_and_the_optimum(graph
     problem = solver.prepare(graph)
     budget = _budget(problem, where)
     rule = evict_within(problem, budget)
-    searched = eviction_search(problem, budget, deadline=NEVER, rounds=30, mirrored=mirrored)
+    searched = eviction_search(
+        problem, budget, deadline=NEVER, rounds=30, moves=EvictionMoves(mirrored=mirrored)
+    )
     if rule is None:
         assert searched is None
         return
@@ -150,7 +153,9 @@ def test_the_eviction_search_is_valid_and_between_the_rule_and_the_optimum(graph
     assert searched.schedule.cost <= rule.schedule.cost
     optimum = min_cost_within(stage_space_frontier(graph), budget)
     assert optimum is not None and optimum <= searched.schedule.cost + 1e-9
-    again = eviction_search(problem, budget, deadline=NEVER, rounds=30, mirrored=mirrored)
+    again = eviction_search(
+        problem, budget, deadline=NEVER, rounds=30, moves=EvictionMoves(mirrored=mirrored)
+    )
     assert again is not None and again.schedule.ops == searched.schedule.ops
 
 

@@ -15,8 +15,9 @@ from solver.core.stages import Member
 from solver.deadline import Deadline
 from solver.exact.state import Search
 from solver.exact.warm_start import moment_first, small_model
-from solver.heuristics.eviction_search import eviction_search
+from solver.heuristics.eviction_search import EvictionMoves, eviction_search
 from solver.heuristics.lifetimes import (
+    LifetimeMoves,
     Lifetimes,
     lifetime_search,
     longest,
@@ -152,7 +153,7 @@ class _CascadeRun:
             resume=self.search.incumbent,
             found=self.found,
             stop=self.done,
-            mirrored=self.options.mirror_moves,
+            moves=EvictionMoves(mirrored=self.options.mirror_moves),
         )
 
     def search_lifetimes(self) -> list[Member]:
@@ -176,7 +177,7 @@ class _CascadeRun:
             found=self.found_lifetimes,
             enough=lambda member: search.goal.value(member) <= search.floor,
             stop=self._lifetimes_stop,
-            mirrored=self.options.mirror_moves,
+            moves=LifetimeMoves(mirrored=self.options.mirror_moves),
         )
         if self.done() or self.deadline.passed():
             return []
@@ -222,10 +223,9 @@ def _from_evictions(
         problem,
         budget,
         deadline=deadline.share(0.5),
-        seed=2,
         found=found_run,
         stop=stop,
-        mirrored=options.mirror_moves,
+        moves=EvictionMoves(seed=2, mirrored=options.mirror_moves),
     )
     if best is not None:
         lifetime_search(
@@ -233,10 +233,9 @@ def _from_evictions(
             budget,
             [start_from_member(problem, best)],
             deadline=deadline,
-            seed=2,
             found=found_plan,
             stop=stop,
-            mirrored=options.mirror_moves,
+            moves=LifetimeMoves(seed=2, mirrored=options.mirror_moves),
         )
 
 
@@ -292,9 +291,8 @@ def lifetime_polish(search: Search) -> Search:
             budget,
             deadline=search.deadline,
             resume=search.incumbent,
-            seed=1,
             found=search.offer,
-            mirrored=search.options.mirror_moves,
+            moves=EvictionMoves(seed=1, mirrored=search.options.mirror_moves),
         )
         return search
     lifetime_search(
@@ -302,9 +300,8 @@ def lifetime_polish(search: Search) -> Search:
         budget,
         [start_from_member(problem, search.incumbent)],
         deadline=search.deadline,
-        seed=1,
         found=search.offer,
-        mirrored=search.options.mirror_moves,
+        moves=LifetimeMoves(seed=1, mirrored=search.options.mirror_moves),
         enough=lambda member: search.goal.value(member) <= search.floor,
     )
     return search

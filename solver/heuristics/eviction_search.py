@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from solver.core.graph import Problem
 from solver.core.repeats import Mirrors, mirrors
@@ -82,27 +82,34 @@ def pin_candidates(problem: Problem, plan: StagePlan) -> list[int]:
     return sorted(ranked, key=lambda u: (-saved[u] / problem.mem[u], u))
 
 
+@dataclass(frozen=True)
+class EvictionMoves:
+    """How `eviction_search` draws its moves: `seed` of its random draws; `mirrored`: change
+    each drawn node's factor with its mirrors' (where the graph has repeated blocks);
+    `pin_tries`: how many of the pin candidates of each cheaper run on the pinned line to try
+    (0: random rounds only)."""
+
+    seed: int = 0
+    mirrored: bool = True
+    pin_tries: int = PIN_TRIES
+
+
 def eviction_search(
     problem: Problem,
     budget: int,
     *,
     deadline: Deadline,
     resume: Member | None = None,
-    seed: int = 0,
     rounds: int | None = None,
     found: Callable[[Member], object] | None = None,
     stop: Callable[[], bool] | None = None,
-    mirrored: bool = True,
-    pin_tries: int = PIN_TRIES,
+    moves: EvictionMoves = EvictionMoves(),
 ) -> Member | None:
     """The cheapest eviction run within `budget` bytes found by `deadline` (or after `rounds`
     rounds, where given), from `resume` where it is an eviction run within the budget (it
     carries its `EvictionKey`), else from the rule's runs; None where none of those fits (the
-    search needs a fitting start). `found` is called with each run cheaper than the start as
-    it comes; `stop()` ends the search between rounds. `mirrored`: change each drawn node's
-    factor with its mirrors' (where the graph has repeated blocks). `pin_tries`: how many of
-    the pin candidates of each cheaper run on the pinned line to try (0: random rounds
-    only)."""
+    search needs a fitting start), drawing its moves as `moves` says. `found` is called with
+    each run cheaper than the start as it comes; `stop()` ends the search between rounds."""
     if resume is not None and resume.eviction is not None and resume.schedule.peak <= budget:
         start: Member | None = resume
     else:
@@ -110,10 +117,10 @@ def eviction_search(
     if start is None:
         return None
     evictable = _evictable(problem)
-    groups = mirrors(problem) if mirrored else None
-    rng = random.Random(seed)
+    groups = mirrors(problem) if moves.mirrored else None
+    rng = random.Random(moves.seed)
     randomly = _Chain(problem, start, 0)
-    pinning = _Chain(problem, start, pin_tries)
+    pinning = _Chain(problem, start, moves.pin_tries)
     best = start
     done = 0
     while evictable and not deadline.passed() and not (stop is not None and stop()):

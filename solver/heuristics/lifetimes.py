@@ -160,30 +160,38 @@ def start_from_plan(problem: Problem, plan: StagePlan) -> Lifetimes:
     return Lifetimes(tuple(end), (LAST,) * n)
 
 
+@dataclass(frozen=True)
+class LifetimeMoves:
+    """How `lifetime_search` draws its moves: `seed` of its perturbations; `candidates`: moves
+    evaluated per repair step; `mirrored`: where the graph has repeated blocks
+    (`solver.core.repeats`), also try each move in every block at once."""
+
+    seed: int = 0
+    candidates: int = 3
+    mirrored: bool = True
+
+
 def lifetime_search(
     problem: Problem,
     budget: int,
     starts: Sequence[Lifetimes],
     *,
     deadline: Deadline,
-    seed: int = 0,
-    candidates: int = 3,
     found: Callable[[Member], object] | None = None,
     enough: Callable[[Member], bool] | None = None,
     stop: Callable[[], bool] | None = None,
-    mirrored: bool = True,
+    moves: LifetimeMoves = LifetimeMoves(),
 ) -> Member | None:
     """The cheapest plan within `budget` bytes found from `starts` by `deadline`: each start
     repaired and improved without swaps, then the best improved with swaps, then
-    perturb-repair-improve rounds (module docstring); None when no start could be repaired.
-    `candidates`: moves evaluated per repair step. `found` is called with each better plan as
-    it comes; the search stops early once `enough(plan)` says it cannot be beaten, or when
-    `stop()` says so between rounds once every start has been tried. `mirrored`: where the
-    graph has repeated blocks (`solver.core.repeats`), also try each move in every block at
-    once."""
+    perturb-repair-improve rounds (module docstring), drawing its moves as `moves` says; None
+    when no start could be repaired. `found` is called with each better plan as it comes; the
+    search stops early once `enough(plan)` says it cannot be beaten, or when `stop()` says so
+    between rounds once every start has been tried."""
+    candidates = moves.candidates
     with paused_collection():  # the search allocates millions of acyclic objects
-        rng = random.Random(seed)
-        mirror_groups = (mirrors(problem) or None) if mirrored else None
+        rng = random.Random(moves.seed)
+        mirror_groups = (mirrors(problem) or None) if moves.mirrored else None
         best: _Evaluation | None = None
         # each start repaired and improved with moves in every block, then (where it overflows)
         # again with moves of one value: the first is quicker on many blocks (GPT-2-24), the
