@@ -233,15 +233,53 @@ class _Timeline:
         self.moments.append(Moment(window, level, sum(b for _, b in parts), parts))
 
 
-def fsdp_memory(
-    blocks: Sequence[Sequence[Shape]], root: Sequence[Shape], policy: FsdpPolicy
-) -> FsdpMemory:
-    """FSDP2's per-rank memory for blocks sharded in forward order (`blocks[k]`: the shapes of
-    block k's parameters) and the root's remaining parameters (`root`; a tied parameter once),
-    trained under `policy` (NOTE [ FSDP2 memory model ])."""
-    p = policy
-    groups = [_Group(shapes, p) for shapes in blocks]
-    top = _Group(root, p)
+class _Collectives:
+    """FSDP2's collectives, each on one group, as the buffers they allocate and free on the
+    timeline `t` (`gloo`: the gloo backend, whose collectives add a scratch copy)."""
+
+    def __init__(self, t: _Timeline, gloo: bool) -> None:
+        self.t = t
+        self.gloo = gloo
+
+    def unshard(self, name: str, g: _Group, window: str, level: str) -> None:
+        self.t.alloc(f"all-gather copy-in {name}", g.c)
+        self.t.alloc(f"all-gather {name}", g.ag)
+        self.t.alloc("gloo all-gather scratch", g.ag if self.gloo else 0)
+        self.t.mark(window, level)
+        self.t.free("gloo all-gather scratch")
+        self.t.free(f"all-gather copy-in {name}")
+
+    def copy_out(self, name: str, g: _Group, window: str, forward: bool, held: str | None) -> None:
+        """In forward, the all-gather output `held` is freed first and this one held."""
+        if held is not None:
+            self.t.free(f"all-gather {held}")
+        self.t.alloc(f"unsharded {name}", g.u)
+        self.t.mark(window, "start")
+        if not forward:
+            self.t.free(f"all-gather {name}")
+
+    def reduce(self, name: str, g: _Group, previous: str | None, window: str) -> None:
+        self.t.free(f"unsharded {name}")
+        if previous is not None:
+            self.t.free(f"reduce-scatter input {previous}")
+        self.t.alloc(f"reduce-scatter input {name}", g.s)
+        self.t.mark(window, "end")
+        self.t.alloc(f"unsharded grads freed {name}", -g.grads)
+        self.t.alloc(f"reduce-scatter output {name}", g.o)
+        self.t.alloc("gloo reduce-scatter scratch", g.s if self.gloo else 0)
+        self.t.mark(window, "end")
+        self.t.free("gloo reduce-scatter scratch")
+        if g.cast:
+            self.t.alloc(f"sharded grads {name}", g.cast)
+            self.t.mark(window, "end")
+            self.t.free(f"reduce-scatter output {name}")
+        else:
+            self.t.live[f"sharded grads {name}"] = self.t.live.pop(f"reduce-scatter output {name}")
+
+
+def _resident(groups: list[_Group], top: _Group, p: FsdpPolicy) -> tuple[dict[str, int], int]:
+    """What each rank holds throughout, by part (the sharded parameters, the optimizer
+    state), and the bytes of its local shards in the master dtype."""
     ms = _itemsize(p.master_dtype)
     per_param = {"adamw": 2, "sgd_momentum": 1}.get(p.optimizer, 0)
     locals_ = [n for g in (*groups, top) for n in g.local]
@@ -253,54 +291,30 @@ def fsdp_memory(
         "sharded params": sum(g.params for g in (*groups, top)),
         "optimizer state": state,
     }
+    return resident_parts, local_bytes
+
+
+def fsdp_memory(
+    blocks: Sequence[Sequence[Shape]], root: Sequence[Shape], policy: FsdpPolicy
+) -> FsdpMemory:
+    """FSDP2's per-rank memory for blocks sharded in forward order (`blocks[k]`: the shapes of
+    block k's parameters) and the root's remaining parameters (`root`; a tied parameter once),
+    trained under `policy` (NOTE [ FSDP2 memory model ])."""
+    p = policy
+    groups = [_Group(shapes, p) for shapes in blocks]
+    top = _Group(root, p)
+    resident_parts, local_bytes = _resident(groups, top, p)
     n = len(groups)
     t = _Timeline()
-
-    gloo = p.backend == "gloo"
-
-    def unshard(name: str, g: _Group, window: str, level: str) -> None:
-        t.alloc(f"all-gather copy-in {name}", g.c)
-        t.alloc(f"all-gather {name}", g.ag)
-        t.alloc("gloo all-gather scratch", g.ag if gloo else 0)
-        t.mark(window, level)
-        t.free("gloo all-gather scratch")
-        t.free(f"all-gather copy-in {name}")
-
-    def copy_out(name: str, g: _Group, window: str, forward: bool, held: str | None) -> None:
-        """In forward, the all-gather output `held` is freed first and this one held."""
-        if held is not None:
-            t.free(f"all-gather {held}")
-        t.alloc(f"unsharded {name}", g.u)
-        t.mark(window, "start")
-        if not forward:
-            t.free(f"all-gather {name}")
-
-    def reduce(name: str, g: _Group, previous: str | None, window: str) -> None:
-        t.free(f"unsharded {name}")
-        if previous is not None:
-            t.free(f"reduce-scatter input {previous}")
-        t.alloc(f"reduce-scatter input {name}", g.s)
-        t.mark(window, "end")
-        t.alloc(f"unsharded grads freed {name}", -g.grads)
-        t.alloc(f"reduce-scatter output {name}", g.o)
-        t.alloc("gloo reduce-scatter scratch", g.s if gloo else 0)
-        t.mark(window, "end")
-        t.free("gloo reduce-scatter scratch")
-        if g.cast:
-            t.alloc(f"sharded grads {name}", g.cast)
-            t.mark(window, "end")
-            t.free(f"reduce-scatter output {name}")
-        else:
-            t.live[f"sharded grads {name}"] = t.live.pop(f"reduce-scatter output {name}")
-
-    unshard("root", top, "root forward", "start")
-    copy_out("root", top, "root forward", forward=True, held=None)
+    c = _Collectives(t, p.backend == "gloo")
+    c.unshard("root", top, "root forward", "start")
+    c.copy_out("root", top, "root forward", forward=True, held=None)
     t.mark("root forward", "peak")
     held = "root"
     for k, g in enumerate(groups):
         window = f"forward {k}"
-        unshard(str(k), g, window, "start")
-        copy_out(str(k), g, window, forward=True, held=held)
+        c.unshard(str(k), g, window, "start")
+        c.copy_out(str(k), g, window, forward=True, held=held)
         held = str(k)
         t.mark(window, "peak")
         if p.reshard_after_forward:
@@ -310,20 +324,20 @@ def fsdp_memory(
     t.mark("head", "peak")
     t.free(f"all-gather {held}")  # the root's post-forward frees the last one held
     if n and p.reshard_after_forward:  # the root's pre-backward, as the backward starts
-        unshard(str(n - 1), groups[-1], "head", "start")
+        c.unshard(str(n - 1), groups[-1], "head", "start")
     t.mark("head", "peak")
     previous = None
     for k in reversed(range(n)):
         window, g = f"backward {k}", groups[k]
         if p.reshard_after_forward:
-            copy_out(str(k), g, window, forward=False, held=None)
+            c.copy_out(str(k), g, window, forward=False, held=None)
             if k > 0:
-                unshard(str(k - 1), groups[k - 1], window, "start")
+                c.unshard(str(k - 1), groups[k - 1], window, "start")
         t.mark(window, "peak")
-        reduce(str(k), g, previous, window)
+        c.reduce(str(k), g, previous, window)
         previous = str(k)
     t.mark("root backward", "peak")  # the root's own backward (embeddings), before its reduce
-    reduce("root", top, previous, "root backward")
+    c.reduce("root", top, previous, "root backward")
     t.free("reduce-scatter input root")
     after = sum(b for name, b in t.live.items() if name.startswith("sharded grads"))
     return FsdpMemory(
