@@ -14,7 +14,6 @@ MAX_LINES = 80
 MAX_PARAMETERS = 8
 
 PENDING = {
-    "executor/traced/codegen.py": {"compile_ops"},
     "cli/run.py": {"_train_and_report"},
     "cli/solve.py": {"_solve_and_print"},
 }

@@ -165,19 +165,24 @@ def compile_ops(
     namespace: dict[str, object] = dict(src.constants)
     if state.offloaded:
         namespace["transfers"] = interp.copier()
-    # the op's faster CPU implementation where it has one (`graph_capture.measurement.fast_ops`),
-    # else torch's own binding where it makes the node's exact call (`executor.traced.bindings`),
-    # else the OpOverload's `_op`, the C++ callable its Python __call__ forwards to
+    namespace.update(_callables(interp, src))
+    code = compile("\n".join(lines), "<remat schedule>", "exec")
+    exec(code, namespace)
+    return namespace["run"], live  # type: ignore[return-value]
+
+
+def _callables(interp: ScheduleInterpreter, src: _Source) -> dict[str, object]:
+    """``f<slot>``, the callable each node the source calls runs: the op's faster CPU
+    implementation where it has one (`graph_capture.measurement.fast_ops`), else torch's own
+    binding where it makes the node's exact call (`executor.traced.bindings`), else the
+    OpOverload's `_op`, the C++ callable its Python __call__ forwards to."""
     called = {slot: interp.nodes[slot] for slot in sorted(src.called)}
     runs = {slot: implementation(n) for slot, n in called.items()}
     bound = bindings(n for slot, n in called.items() if runs[slot] is n.target)
     for slot, n in called.items():
         if runs[slot] is n.target:
             runs[slot] = bound.get(n) or getattr(n.target, "_op", n.target)
-    namespace.update({f"f{slot}": run for slot, run in runs.items()})
-    code = compile("\n".join(lines), "<remat schedule>", "exec")
-    exec(code, namespace)
-    return namespace["run"], live  # type: ignore[return-value]
+    return {f"f{slot}": run for slot, run in runs.items()}
 
 
 def _node_line(src: _Source, interp: ScheduleInterpreter, slot: int, live: set[int]) -> str:
