@@ -257,33 +257,13 @@ def _train_and_report(
     kwargs: dict[str, torch.Tensor],
 ) -> int:
     """Capture, solve, train the copies side by side and print the report."""
-    from solver import prepare
-
     captured = capture_with_args(args, model, inputs, kwargs, summary=sys.stdout)
     call = (inputs, kwargs)
     device = next(model.parameters()).device
     schedule = _schedule(args, captured, device)
     runners = _runners(model, captured, schedule, args.lr, output_names(args), call)
-    eager, remat = runners[0], runners[1]
-
-    mismatches: list[str] = []
-    names = [n for n, _ in eager.model.named_parameters()]
-    for k in range(args.steps):
-        (out_e, grads_e), (out_r, grads_r), *_ = (r.step(call) for r in runners)
-        if not all(torch.equal(a, b) for a, b in zip(out_e, out_r, strict=True)):
-            mismatches.append(f"step {k}: outputs")
-        mismatches += [
-            f"step {k}: grad of {n}"
-            for n, a, b in zip(names, grads_e, grads_r, strict=True)
-            if not torch.equal(a, b)
-        ]
-    same_params = all(
-        torch.equal(a, b)
-        for a, b in zip(
-            eager.model.state_dict().values(), remat.model.state_dict().values(), strict=True
-        )
-    )
-    pool = remat.call.host_pool
+    mismatches, same_params = _train_side_by_side(runners, args.steps, call)
+    pool = runners[1].call.host_pool  # remat's
     if pool is not None:
         pool.reset_peak()  # between steps: no copy is held
     peaks = {r.name: r.peak_bytes(call) for r in runners}
@@ -297,16 +277,7 @@ def _train_and_report(
         f"schedule: {schedule.method} {schedule.status}, {len(schedule.ops)} ops, "
         f"{schedule.recomputes} recomputes, budget {'-' if budget is None else _mib(budget)}"
     )
-    problem = prepare(captured.dag)
-    print(
-        f"predicted recompute cost  {100 * (schedule.cost / problem.total_cost - 1):+.1f}% of "
-        f"computing each node once ({captured.cost_model} cost model)"
-    )
-    if problem.step_cost is not None:
-        print(
-            f"predicted step overhead   {100 * problem.overhead(schedule.cost):+.1f}% of the "
-            "plain step measured at capture"
-        )
+    _print_predicted_cost(captured, schedule)
     measured = peaks["remat"]
     limit = schedule.peak if budget is None else budget
     print(f"predicted peak (solver)   {_mib(schedule.peak)}")
@@ -336,6 +307,50 @@ def _train_and_report(
     for line in mismatches[:10]:
         print(f"  mismatch: {line}")
     return 0 if exact and within and host_as_predicted else 1
+
+
+def _train_side_by_side(
+    runners: list[_Runner], steps: int, call: tuple[tuple, dict]
+) -> tuple[list[str], bool]:
+    """Train every runner `steps` steps on `call`: what differed between eager (the first) and
+    remat (the second) at each step (outputs, a gradient), and whether their parameters are
+    equal after the last."""
+    eager, remat = runners[0], runners[1]
+    mismatches: list[str] = []
+    names = [n for n, _ in eager.model.named_parameters()]
+    for k in range(steps):
+        (out_e, grads_e), (out_r, grads_r), *_ = (r.step(call) for r in runners)
+        if not all(torch.equal(a, b) for a, b in zip(out_e, out_r, strict=True)):
+            mismatches.append(f"step {k}: outputs")
+        mismatches += [
+            f"step {k}: grad of {n}"
+            for n, a, b in zip(names, grads_e, grads_r, strict=True)
+            if not torch.equal(a, b)
+        ]
+    same_params = all(
+        torch.equal(a, b)
+        for a, b in zip(
+            eager.model.state_dict().values(), remat.model.state_dict().values(), strict=True
+        )
+    )
+    return mismatches, same_params
+
+
+def _print_predicted_cost(captured, schedule) -> None:  # CapturedGraph, solver.Schedule
+    """The schedule's predicted recompute cost, and its step overhead where the capture
+    measured the plain step."""
+    from solver import prepare
+
+    problem = prepare(captured.dag)
+    print(
+        f"predicted recompute cost  {100 * (schedule.cost / problem.total_cost - 1):+.1f}% of "
+        f"computing each node once ({captured.cost_model} cost model)"
+    )
+    if problem.step_cost is not None:
+        print(
+            f"predicted step overhead   {100 * problem.overhead(schedule.cost):+.1f}% of the "
+            "plain step measured at capture"
+        )
 
 
 def _print_times(runners: list[_Runner], peaks: dict[str, int], times: dict[str, float]) -> None:
