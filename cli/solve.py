@@ -267,18 +267,12 @@ def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, 
             f"imports and loading the graph took {time.perf_counter() - began:.1f} s); raise it"
         )
     problem = prepare(graph)
-    ref_peak, basis = hundred_percent(problem)
-    name = graph.graph.get("name", "graph")
-    print(
-        f"{name}: {problem.n} nodes, {graph.number_of_edges()} edges, checkpoint-all peak "
-        f"{human_bytes(checkpoint_all_peak(problem))}, cost {problem.total_cost:.6g}, memory "
-        f"lower bound {human_bytes(problem.memory_lower_bound)}; 100% = {basis}, "
-        f"{human_bytes(ref_peak)}"
-    )
+    ref_peak = _print_graph(graph, problem)
     given = (args.budget or "80%") if args.objective == "cost" else args.budget
     wanted = check_arguments(args.objective, given, args.compute_budget, args.offload, _option)
     link, pairing = (None, "") if args.offload is None else offload_link(args.offload, graph)
     offloaded: Schedule | None = None
+    missing = ""  # the exact row's status where keep/recompute found no schedule
     if wanted is not None:  # objective cost
         if wanted.least:
             print("objective: the least peak, then the least cost at it")
@@ -331,6 +325,41 @@ def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, 
             progress=not args.quiet,
             deadline=exact_deadline,
         )
+    _print_exact_rows(problem, ref_peak, schedule, missing, offloaded)
+    schedule = schedule if offloaded is None else offloaded
+    if args.out:  # before the rows: a second Ctrl-C there loses nothing
+        schedule.save(args.out)
+        print(f"\nschedule written to {args.out}", file=sys.stderr)
+    if schedule.extra.get("interrupted"):
+        print("(interrupted: no heuristic rows)")
+    elif not args.no_baselines:
+        _heuristic_rows(args, problem, schedule, ref_peak, deadline)
+    return 0
+
+
+def _print_graph(graph: nx.DiGraph, problem: Problem) -> int:
+    """Print the graph's line (its size, checkpoint-all's peak and cost, the memory lower
+    bound, what 100% is); returns 100% in bytes."""
+    ref_peak, basis = hundred_percent(problem)
+    name = graph.graph.get("name", "graph")
+    print(
+        f"{name}: {problem.n} nodes, {graph.number_of_edges()} edges, checkpoint-all peak "
+        f"{human_bytes(checkpoint_all_peak(problem))}, cost {problem.total_cost:.6g}, memory "
+        f"lower bound {human_bytes(problem.memory_lower_bound)}; 100% = {basis}, "
+        f"{human_bytes(ref_peak)}"
+    )
+    return ref_peak
+
+
+def _print_exact_rows(
+    problem: Problem,
+    ref_peak: int,
+    schedule: Schedule | None,
+    missing: str,
+    offloaded: Schedule | None,
+) -> None:
+    """Print the table's header and its exact rows: keep/recompute's `schedule` (where None,
+    a row of status `missing`) and, where given, the offload solve's with its copies."""
     print()
     print(
         f"{'method':<26} {'cost':>12} {'overhead':>9} {'peak (% of 100%)':>22} "
@@ -349,15 +378,6 @@ def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, 
             f"{extra['reloads']} reloads, stall {extra['stall']:.6g}, host peak "
             f"{human_bytes(extra['host_peak'])}"
         )
-        schedule = offloaded
-    if args.out:  # before the rows: a second Ctrl-C there loses nothing
-        schedule.save(args.out)
-        print(f"\nschedule written to {args.out}", file=sys.stderr)
-    if schedule.extra.get("interrupted"):
-        print("(interrupted: no heuristic rows)")
-    elif not args.no_baselines:
-        _heuristic_rows(args, problem, schedule, ref_peak, deadline)
-    return 0
 
 
 def _exact_row(method: str, schedule: Schedule, problem: Problem, ref_peak: int) -> str:
