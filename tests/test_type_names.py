@@ -10,10 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("graph_capture", "solver", "executor", "cli")
 
-TWICE = {
-    "Op": "one alias, tuple[str, Hashable] (a schedule op), written in solver/core/schedule.py, "
-    "solver/core/simulate.py, executor/traced/step.py and executor/traced/codegen.py",
-}
+TWICE: dict[str, str] = {}
 """Names defined in more than one module, each with the reason."""
 
 

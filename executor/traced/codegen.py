@@ -34,10 +34,9 @@ from executor.errors import ExecutorError
 from executor.traced.bindings import bindings
 from executor.traced.interpreter import ScheduleInterpreter, StepState, has_node
 from graph_capture.measurement.fast_ops import implementation
+from solver.core.schedule import Op
 
 __all__ = ["SliceState", "compile_ops"]
-
-Op = tuple[str, Hashable]
 
 
 @dataclass

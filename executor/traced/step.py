@@ -23,7 +23,7 @@ buffer taken at the start of the step, so every recompute sees what the first co
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -36,12 +36,9 @@ from executor.traced.interpreter import ScheduleInterpreter, StepState
 from executor.traced.offload import Transfers
 from graph_capture.captured import CapturedGraph
 from graph_capture.measurement.device import no_autocast
-from solver.core.schedule import Schedule
+from solver.core.schedule import Op, Schedule
 
 __all__ = ["Program", "RematFunction", "split_ops"]
-
-
-Op = tuple[str, Hashable]
 
 
 def split_ops(captured: CapturedGraph, ops: Sequence[Op]) -> int:

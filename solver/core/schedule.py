@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -12,7 +12,7 @@ import networkx as nx
 
 from solver.core.graph import Problem, prepare
 from solver.core.link import Link, LinkError
-from solver.core.simulate import simulate
+from solver.core.simulate import Op, simulate
 from solver.core.stages import IndexedSchedule
 from solver.errors import InternalError, InvalidScheduleError, ScheduleMismatchError
 
@@ -21,8 +21,6 @@ FORMAT_VERSION = 2
 READ_VERSIONS = (1, 2)
 """Versions `Schedule.from_json` reads: 1 has no `link` (read as None; a file without a
 `version` is read as 1); 2 adds it, and offload and reload ops (docs/offload.md)."""
-
-Op = tuple[str, Hashable]
 
 
 @dataclass

@@ -43,6 +43,7 @@ from solver.core.link import Link
 from solver.errors import InvalidScheduleError
 
 Op = tuple[str, Hashable]
+"""A schedule op: (kind, node), kind one of "compute", "free", "offload", "reload"."""
 
 
 @dataclass(frozen=True)
