@@ -29,6 +29,7 @@ from solver.deadline import Deadline, Stop
 from solver.errors import ArgumentError, InfeasibleBudgetError, SolverTimeoutError
 from solver.exact import solve
 from solver.exact.offload import OffloadProblem, solve_with_offload
+from solver.exact.options import DEFAULT
 from solver.exact.pipeline import check_arguments, print_interrupted
 from solver.heuristics.registry import HEURISTICS, members
 from solver.interrupt import first_sigint_stops
@@ -41,14 +42,6 @@ from solver.target.devices import (
     is_device_file,
     named_link,
 )
-
-TABLE_SHARE = 0.2
-OFFLOAD_SHARE = 0.5
-"""With --offload, the keep/recompute solve's share of the exact solves' time; the offload
-solve, which starts from its schedule, has the rest."""
-"""Share of `--time-limit` left to the heuristic rows of the table: the exact solve gets the
-rest, so that the whole command returns within the limit (`python -m benchmarks.solving.time_limits
---cli` measures it)."""
 
 
 def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,8 +73,8 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help=f"seconds for the whole command (default 30; from its start for a graph file, "
         f"from the end of the capture for --model): the exact solve ends by "
-        f"{100 * (1 - TABLE_SHARE):.0f}%% of them and the heuristic rows by the end (with "
-        "--no-baselines the solve gets all); Ctrl-C stops the search and prints what it "
+        f"{100 * DEFAULT.shares.command_exact:.0f}%% of them and the heuristic rows by the end "
+        "(with --no-baselines the solve gets all); Ctrl-C stops the search and prints what it "
         "found, a second Ctrl-C aborts",
     )
     parser.add_argument(
@@ -258,7 +251,7 @@ def run_solve(args: argparse.Namespace, graph: nx.DiGraph, began: float | None =
 def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, stop: Stop) -> int:
     """`run_solve` with the command's `stop`, which every deadline below carries."""
     deadline = Deadline(began + args.time_limit, stop)
-    share = 1 if args.no_baselines else 1 - TABLE_SHARE
+    share = 1 if args.no_baselines else DEFAULT.shares.command_exact
     exact_deadline = Deadline(began + share * args.time_limit, stop)
     exact_limit = exact_deadline.at - time.perf_counter()
     if exact_limit <= 0:
@@ -282,7 +275,7 @@ def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, 
             print(f"objective: least cost with peak <= {human_bytes(budget)} ({budget} bytes)")
         if link is not None:
             print(pairing)
-        keep_share = 1.0 if link is None else OFFLOAD_SHARE
+        keep_share = 1.0 if link is None else DEFAULT.shares.command_keep_recompute
         try:
             schedule = solve(
                 graph,

@@ -28,7 +28,7 @@ from solver.errors import (
     SolverTimeoutError,
     SpellingError,
 )
-from solver.exact import SolveOptions, solve
+from solver.exact import SolveOptions, TimeShares, solve
 from solver.fitting.static import StaticBytesError
 from solver.heuristics.baselines import BASELINES
 from solver.heuristics.registry import HEURISTICS, baseline, evict
@@ -63,6 +63,7 @@ __all__ = [
     "SolverTimeoutError",
     "SpellingError",
     "StaticBytesError",
+    "TimeShares",
     "UnknownTargetError",
     "WindowError",
     "baseline",

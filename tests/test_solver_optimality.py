@@ -82,7 +82,7 @@ def test_probes_reach_the_exhaustive_optimum_from_a_poor_incumbent():
 def test_cpsat_shares_its_time_only_where_the_lp_is_weak_on_an_op_level_graph():
     """CP-SAT's run from the incumbent leaves time to the lifetime polish exactly where the
     stage model's LP is under the floor and the lifetime search has run
-    (`SolveOptions.minimise_share`)."""
+    (`TimeShares.minimise`)."""
     graph = uniform_training_chain(4)
     problem = solver.prepare(graph)
     goal = Goal("cost", CostUnits.of(problem))

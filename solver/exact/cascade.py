@@ -29,11 +29,11 @@ from solver.milp.cpsat import ProgressFn
 
 
 def cascade_cover(search: Search) -> Search:
-    """Step, for `SolveOptions.cascade_share` of the time limit (less where the stage model is
+    """Step, for `TimeShares.cascade` of the time limit (less where the stage model is
     small, `_share`; the read-gap cover must have left the search open):
 
     1. the cascade cover's bound by row generation (its LP rounds until no row is broken, then
-       a CP-SAT round with what is left of `cascade_first_share` of the limit, whose 0/1
+       a CP-SAT round with what is left of `TimeShares.cascade_first` of the limit, whose 0/1
        solution the lifetime search starts from); it raises the floor (NOTE [certificates]:
        a certified LP bound, or CP-SAT's);
     2. then, on two threads until the step's deadline: HiGHS's branch and cut raising the bound
@@ -65,7 +65,7 @@ def cascade_cover(search: Search) -> Search:
         problem,
         budget,
         units.int_cost,
-        deadline=search.deadline.within(options.cascade_first_share * search.time_limit),
+        deadline=search.deadline.within(options.shares.cascade_first * search.time_limit),
         cap=_cap(search),
         cpsat_workers=search.workers,
         progress=progress,
@@ -222,7 +222,7 @@ def _from_evictions(
     best = eviction_search(
         problem,
         budget,
-        deadline=deadline.share(0.5),
+        deadline=deadline.share(options.shares.cascade_eviction),
         found=found_run,
         stop=stop,
         moves=EvictionMoves(seed=2, mirrored=options.mirror_moves),
@@ -263,11 +263,11 @@ def _lifetimes_behind(search: Search) -> bool:
 
 
 def _share(search: Search) -> float:
-    """The step's share of the limit: `cascade_share`, or `cascade_small_share` where the stage
+    """The step's share of the limit: `TimeShares.cascade`, or `cascade_small` where the stage
     model is small enough for the steps after it (the moment relaxation, the stage model's
     probes) to search it (`warm_start.small_model`)."""
     options = search.options
-    return options.cascade_small_share if small_model(search) else options.cascade_share
+    return options.shares.cascade_small if small_model(search) else options.shares.cascade
 
 
 def _cap(search: Search) -> int | None:

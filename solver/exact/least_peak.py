@@ -38,11 +38,11 @@ def begin(search: Search) -> Search:
 def heuristic_least_peak(search: Search) -> Search:
     """Step: the least-peak search over the heuristics run at a budget
     (`solver.heuristics.least_peak`), each run of a new least peak offered as it comes, within
-    `SolveOptions.heuristic_share` of the limit; where the stage model is too large to be built
+    `TimeShares.heuristic` of the limit; where the stage model is too large to be built
     (`peak_model`), the search takes its time too, all but that share of the limit, which is
     left to the checkpoint policies (on a 24-layer Llama, 3,335 nodes, a tenth of 60 s bisected
     down to 26% of the checkpoint-all peak where eviction fits 3.3%)."""
-    share = search.options.heuristic_share
+    share = search.options.shares.heuristic
     if _model_size(search) > search.options.max_model_variables:
         share = 1 - share
     deadline = search.share_of_limit(share)
@@ -52,9 +52,9 @@ def heuristic_least_peak(search: Search) -> Search:
 
 def checkpoint_policies(search: Search) -> Search:
     """Step: every checkpoint-policy member (the recompute-at-each-use family included: it is
-    the least-memory end of the policies), for at most `SolveOptions.policy_share` of the
+    the least-memory end of the policies), for at most `TimeShares.policy` of the
     limit."""
-    deadline = search.deadline.within(search.options.policy_share * search.time_limit)
+    deadline = search.deadline.within(search.options.shares.policy * search.time_limit)
     search.offer(*all_policies(search.problem, deadline, each_use=True))
     return search
 

@@ -50,18 +50,6 @@ from solver.milp.offload.model import variable_count
 from solver.milp.offload.solve import Incumbent, OffloadResult, solve_offload_model
 from solver.milp.offload.times import OffloadTimes
 
-KEEP_RECOMPUTE_SHARE = 0.3
-"""Share of the time limit the keep/recompute solve gets for the incumbent where the offload
-model is built..."""
-
-KEEP_RECOMPUTE_ALONE_SHARE = 0.9
-"""...and where it is too large for the time left (`offload_model_room`): the incumbent is
-then the result."""
-
-HEURISTIC_SHARE = 0.5
-"""Share of the time left that the offload heuristics may take from each base plan (a few dozen
-replays by the simulator)."""
-
 
 @dataclass(frozen=True)
 class OffloadProblem:
@@ -87,13 +75,13 @@ def solve_with_offload(
     """The least-cost schedule with offload over `asked.link` within `asked.budget` bytes, by
     `deadline`: never costlier than the offload heuristics' runs that fit, nor than the
     keep/recompute schedule `start` (the caller's; else one is solved by `keep_recompute`,
-    `solver.solve` without offload, in `KEEP_RECOMPUTE_SHARE` of the time; none where no time
-    is left or `keep_recompute` is None). The offload model is built only where its variables
-    are within `offload_model_room` of the time left, and within the deadline; otherwise the
-    incumbent comes back, "FEASIBLE" with the cost of computing every node once as its bound
-    (graph units), and `extra["offload_model"]` saying why where its size kept the model from
-    being built. Raises InfeasibleBudgetError where no schedule fits (below the one-line
-    floor, or proven by CP-SAT) and SolverTimeoutError where none is found in time.
+    `solver.solve` without offload, in `TimeShares.offload_keep_recompute` of the time left; none
+    where no time is left or `keep_recompute` is None). The offload model is built only where its
+    variables are within `offload_model_room` of the time left, and within the deadline; otherwise
+    the incumbent comes back, "FEASIBLE" with the cost of computing every node once as its bound
+    (graph units), and `extra["offload_model"]` saying why where its size kept the model from being
+    built. Raises InfeasibleBudgetError where no schedule fits (below the one-line floor, or proven
+    by CP-SAT) and SolverTimeoutError where none is found in time.
 
     As every exact schedule, it lists in `extra["steps"]` the steps that ran (`_Steps`: each
     one's seconds and findings), and says in `extra["interrupted"]` whether `deadline`'s stop
@@ -144,6 +132,7 @@ class _OffloadSearch:
     def run(self, start: Schedule | None) -> Schedule:
         """The schedule (module docstring's steps, in order)."""
         problem, budget, deadline = self.problem, self.budget, self.deadline
+        shares = self.options.shares
         self._check_floor()
         everything = plan_from_keep(problem, range(problem.n))
         indexed = plan_to_ops(problem, everything)
@@ -158,21 +147,32 @@ class _OffloadSearch:
                 budget,
                 self.link,
                 {"checkpoint-all": everything},
-                deadline.share(HEURISTIC_SHARE),
+                deadline.share(shares.offload_heuristics),
             ),
         )
         if _at_compute_cost(self.incumbent, problem):
             return self._run_schedule(self.incumbent, "OPTIMAL", None)
-        room = offload_model_room(self.options, deadline.remaining() * (1 - KEEP_RECOMPUTE_SHARE))
+        room = offload_model_room(
+            self.options, deadline.remaining() * (1 - shares.offload_keep_recompute)
+        )
         size = variable_count(problem, self.link, above=self.options.max_model_variables)
         if start is None and self.keep_recompute is not None and deadline.remaining() > 0:
-            share = KEEP_RECOMPUTE_SHARE if size <= room else KEEP_RECOMPUTE_ALONE_SHARE
+            share = (
+                shares.offload_keep_recompute
+                if size <= room
+                else shares.offload_keep_recompute_alone
+            )
             start = self._solve_keep_recompute(share)
         if start is not None:
             self._add_runs(
                 "keep/recompute",
                 _from_start(
-                    self.graph, problem, budget, self.link, start, deadline.share(HEURISTIC_SHARE)
+                    self.graph,
+                    problem,
+                    budget,
+                    self.link,
+                    start,
+                    deadline.share(shares.offload_heuristics),
                 ),
             )
         if _at_compute_cost(self.incumbent, problem):

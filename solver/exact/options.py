@@ -1,17 +1,18 @@
 """`SolveOptions`: the tuning of the exact search, a frozen parameter of `solver.solve`.
 
-Every share is of seconds: "of the limit" counts from the start of the solve, "of the remaining
-time" from when the step begins. The defaults are the settings `python -m
+How the solve's seconds are shared out among its steps is one field, `shares`
+(`solver.exact.time_shares.TimeShares`). The defaults are the settings `python -m
 benchmarks.solving.solver_scale` and `python -m benchmarks.solving.time_limits` were run with;
-docs/solver.md
-says what each trades.
+docs/solver.md says what each trades.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from solver.exact.time_shares import TimeShares
 
 
 @dataclass(frozen=True)
@@ -21,33 +22,14 @@ class SolveOptions:
     Warm starts (`solver.exact.warm_start`):
         warm_starts: the heuristics of `solver.heuristics.registry.HEURISTICS` the search starts
             from, among "eviction", "backward" and "policies" (every checkpoint policy).
-        warm_start_share: share of the limit the backward searches may take.
-        heuristic_share: share of the limit the least-peak search may take (objective
-            "memory"; objective "cost" where no heuristic fits the budget).
-        peak_search_small_share: objective "cost" where no heuristic fits the budget and the
-            stage model is small (`cascade_small_model`): share of the limit the eviction
-            search for lower peaks may take after the least-peak search (`warm_start_share`
-            elsewhere). The steps after the cascade cover wait for it, and on such graphs they
-            find the schedules (BERT-1 at the least peak + 10%: it found none in 30 s; at 0.2
-            the solve is OPTIMAL in 60 s, at 0.5 it ends at 1.50 of the node costs
-            recomputed against the optimum's 0.298).
-        policy_share: objective "memory": the checkpoint policies may take this share of the
-            limit from when they start (on the 24-layer transformers they take 40-70 s and
-            peak 3-5x above eviction; the time goes to the eviction search for lower peaks).
     Bounds:
         cover: solve the read-gap cover (`solver.exact.cover`).
-        cover_share: seconds the cover may take, as a share of the limit.
         cover_workers: CP-SAT workers for the cover (one is deterministic: the same plan on
             every run).
         cascade: solve the cascade cover and run the lifetime search from its solution
             (`solver.exact.cascade`), where recomputes need dead inputs (op-level graphs).
-        cascade_first_share: share of the limit its first bound (LP rounds until no row is
-            broken, then one CP-SAT round) may take, counted from the step's start (where the
-            warm starts take half the limit, on 10,000-node graphs, it still gets its time)...
-        cascade_share: ...and the step as a whole (the bound rising on one thread, the lifetime
-            search on the other)...
-        cascade_small_share, cascade_small_model: ...or this share where the stage model has at
-            most this many variables, leaving the rest to the steps that search it.
+        cascade_small_model: the stage model is small (`TimeShares.cascade_small` and
+            `peak_search_small`) where it has at most this many variables.
         cascade_stall: once the cascade bound is final, the lifetime search stops when it has
             not improved for this share of the limit (`lifetime_polish` takes it up again with
             the time the later steps leave).
@@ -79,39 +61,25 @@ class SolveOptions:
         model_variables_per_second: ...nor is a model with more variables than this many per
             second left: its LP would not end in the time left (docs/solver.md, "The stage
             model"), and building it would take that time from the lifetime polish.
-        lp_share: share of the remaining time one LP relaxation may take.
-        lp_repeat_share: after a rounding beats the incumbent, the model is rebuilt at its cost
-            and its LP solved again while an LP takes less than this share of the remaining time.
         rounding: round the LP's keep fractions into schedules.
     Probes (`solver.exact.probes`):
         mip_gap, mip_min_variables: HiGHS's branch and cut probes caps when the LP bound is
             within mip_gap of the incumbent's recompute cost and the model has at least
             mip_min_variables variables; CP-SAT searches otherwise.
-        probe_share: share of the remaining time one climbing HiGHS probe may take.
         climb_first_step: the first cap is this share of the gap above the floor...
         climb_growth: ...and the step grows by this factor after each refuted cap.
         climb_pairs: probe two caps at once on two threads (the next and the one its refutation
             would lead to).
-        minimise_share: where the stage model's LP bound is under the floor the covers proved
-            and the lifetime search has run (op-level graphs), CP-SAT's run from the incumbent
-            takes this share of the remaining time and leaves the rest to `lifetime_polish`.
     steps: the pipeline's steps in order (None: `solver.exact.pipeline.COST_STEPS` for objective
         "cost", `solver.exact.least_peak.STEPS` for "memory"); a step is a function of the
         search state that returns it (`solver.exact.state.SearchStep`).
+    shares: the seconds of the solve each step may take (`TimeShares`).
     """
 
     warm_starts: Sequence[str] = ("eviction", "backward", "policies")
-    warm_start_share: float = 0.5
-    heuristic_share: float = 0.1
-    peak_search_small_share: float = 0.2
-    policy_share: float = 0.1
     cover: bool = True
-    cover_share: float = 0.1
     cover_workers: int = 1
     cascade: bool = True
-    cascade_first_share: float = 0.15
-    cascade_share: float = 0.8
-    cascade_small_share: float = 0.3
     cascade_small_model: int = 50_000
     cascade_stall: float = 0.05
     mirror_moves: bool = True
@@ -122,17 +90,14 @@ class SolveOptions:
     moment_max_variables: int = 160_000
     max_model_variables: int = 1_500_000
     model_variables_per_second: int = 10_000
-    lp_share: float = 0.5
-    lp_repeat_share: float = 0.1
     rounding: bool = True
     mip_gap: float = 0.5
     mip_min_variables: int = 20_000
-    probe_share: float = 0.5
     climb_first_step: float = 1 / 8
     climb_growth: float = 1.5
     climb_pairs: bool = True
-    minimise_share: float = 0.5
     steps: Sequence[Callable[[Any], Any]] | None = None
+    shares: TimeShares = field(default_factory=TimeShares)
 
 
 DEFAULT = SolveOptions()

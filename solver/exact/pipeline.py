@@ -87,10 +87,10 @@ def solve(
         budget: peak-memory budget for objective="cost" (`solver.core.budget.Budget`): bytes,
             or text like "512MiB" / "80%" (of the measured plain step where the graph has
             `plain_peak`, else of the checkpoint-all peak), or "min": the least peak (within
-            `compute_budget`), found with half of the time, then the least cost at that peak
-            with the rest (`extra["least_peak"]`: the status and bound of the least-peak
-            search; where the second search finds nothing in time, the least-peak schedule,
-            "FEASIBLE"). None means unconstrained. With objective="memory" it must be None
+            `compute_budget`), found with `TimeShares.least_peak` of the time, then the least
+            cost at that peak with the rest (`extra["least_peak"]`: the status and bound of the
+            least-peak search; where the second search finds nothing in time, the least-peak
+            schedule, "FEASIBLE"). None means unconstrained. With objective="memory" it must be None
             (ArgumentError), as compute_budget must be with objective="cost" but for "min".
         objective: "cost" (least total cost with peak <= budget) or "memory" (least peak with
             total cost <= compute_budget).
@@ -156,7 +156,7 @@ def solve(
     whole = Deadline(at, stop)
     with first_sigint_stops(stop, print_interrupted if progress is True else None):
         if least:
-            return _least_then_cheapest(run, units, limit, whole)
+            return _least_then_cheapest(run, units, limit, whole, options.shares.least_peak)
         if objective == "memory":
             return finish(run(Goal("memory", units, compute_budget=limit), whole))
         bytes_ = None if wanted is None else wanted.bytes(lambda: hundred_percent(problem)[0])
@@ -219,12 +219,14 @@ def _least_then_cheapest(
     units: CostUnits,
     compute_budget: float | None,
     deadline: Deadline,
+    share: float,
 ) -> Schedule:
-    """The budget "min": the least peak (cost within `compute_budget`, graph units) by half of
-    the time left, then the least cost at that peak by `deadline`. The second search starts
-    from the least-peak schedule, so that what it returns costs at most as much (and stays
-    within `compute_budget`) even where it stops at its deadline ("FEASIBLE")."""
-    first = run(Goal("memory", units, compute_budget=compute_budget), deadline.share(0.5))
+    """The budget "min": the least peak (cost within `compute_budget`, graph units) by `share`
+    of the time left (`TimeShares.least_peak`), then the least cost at that peak by
+    `deadline`. The second search starts from the least-peak schedule, so that what it returns
+    costs at most as much (and stays within `compute_budget`) even where it stops at its
+    deadline ("FEASIBLE")."""
+    first = run(Goal("memory", units, compute_budget=compute_budget), deadline.share(share))
     least = finish(first)
     schedule = finish(run(Goal("cost", units, budget=least.peak), deadline, first.incumbent))
     schedule.compute_budget = compute_budget

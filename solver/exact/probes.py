@@ -73,13 +73,13 @@ def minimise(search: Search) -> None:
     with the LP's certified fixings at that cap, from the incumbent as a complete hint (which its
     local search improves: without a first solution it finds none on the op-level graphs).
     Where the LP is weaker than the floor and the lifetime search has run (`_weak_on_op_level`),
-    only `SolveOptions.minimise_share` of the time is CP-SAT's: the rest is
+    only `TimeShares.minimise` of the time is CP-SAT's: the rest is
     `lifetime_polish`'s."""
     model, lp, incumbent, cap = search.model, search.lp, search.incumbent, search.value
     assert model is not None and lp is not None and incumbent is not None and cap is not None
     deadline = search.deadline
     if _weak_on_op_level(search):
-        deadline = deadline.share(search.options.minimise_share)
+        deadline = deadline.share(search.options.shares.minimise)
     result = CpSatModel(model).solve(
         deadline=deadline,
         workers=search.workers,
@@ -131,7 +131,7 @@ def climb(search: Search) -> None:
         if options.climb_pairs and caps[0] < value - 1:  # the cap that follows if caps[0] fails
             caps.append(min(value - 1, caps[0] + 1 + step))
             step = max(step + 1, round(options.climb_growth * step))
-        share = 1.0 if caps[-1] == value - 1 else options.probe_share
+        share = 1.0 if caps[-1] == value - 1 else options.shares.probe
         questions = [(lp.fixings(cap), cap) for cap in caps]
         results = mip.solve_all(questions, deadline=search.deadline.share(share))
         go_on = True

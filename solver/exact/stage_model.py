@@ -54,14 +54,14 @@ def stage_model(search: Search) -> Search:
 
 
 def lp_deadline(search: Search) -> Deadline:
-    """When an LP relaxation must end: `SolveOptions.lp_share` of the remaining time."""
-    return search.deadline.share(search.options.lp_share)
+    """When an LP relaxation must end: `TimeShares.lp` of the remaining time."""
+    return search.deadline.share(search.options.shares.lp)
 
 
 def lp_relaxation(search: Search) -> Search:
-    """Step: the model's LP relaxation (within `SolveOptions.lp_share` of the remaining time,
+    """Step: the model's LP relaxation (within `TimeShares.lp` of the remaining time,
     beside the pending warm starts): its bound raises the floor and its roundings are offered.
-    While a rounding beats the incumbent, an LP takes under `lp_repeat_share` of the remaining
+    While a rounding beats the incumbent, an LP takes under `TimeShares.lp_repeat` of the remaining
     time and the new incumbent's cost shrinks the model, the model is rebuilt there and its LP
     solved again (another LP optimum, another rounding)."""
     problem, budget, units, options = (
@@ -94,7 +94,7 @@ def lp_relaxation(search: Search) -> Search:
         limit = search.value
         if limit is None or (before is not None and limit >= before):
             break
-        if search.elapsed() - began > options.lp_repeat_share * search.deadline.remaining():
+        if search.elapsed() - began > options.shares.lp_repeat * search.deadline.remaining():
             break
         size = len(model.names)
         if variable_count(problem, units.int_cost, limit, above=size) == size:

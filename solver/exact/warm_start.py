@@ -60,7 +60,7 @@ SMALL_GRAPH = 400
 
 def warm_start(search: Search) -> Search:
     """Step: the heuristics at the budget that `SolveOptions.warm_starts` names, within
-    `warm_start_share` of the limit. Eviction runs first (fast, and on the published graphs
+    `TimeShares.warm_start` of the limit. Eviction runs first (fast, and on the published graphs
     within 0.1% of the optimum); per-block checkpointing (`module_blocks`), the other checkpoint
     policies, then the backward searches, wait in `Search.pending` for the next engine call
     (evaluated beside it, on the other core), unless nothing before them fits or (the backward
@@ -69,7 +69,7 @@ def warm_start(search: Search) -> Search:
     heuristics waits there too (`_least_peak_run`)."""
     problem, budget, names = search.problem, search.goal.budget, search.options.warm_starts
     assert budget is not None
-    deadline = search.share_of_limit(search.options.warm_start_share)
+    deadline = search.share_of_limit(search.options.shares.warm_start)
     if "eviction" in names:
         search.offer(*eviction_runs(problem, budget, deadline))
     backward_now = "backward" in names and (search.incumbent is None or moment_first(search))
@@ -99,21 +99,21 @@ def warm_start(search: Search) -> Search:
 
 def _least_peak_run(search: Search) -> list[Member]:
     """Where no heuristic fits the budget: the least-peak search over the eviction and
-    backward runs (`solver.heuristics.least_peak`, for `SolveOptions.heuristic_share` of the
+    backward runs (`solver.heuristics.least_peak`, for `TimeShares.heuristic` of the
     limit from when it starts, beside the next engine call), then, where its run is an eviction
     run over the budget, the eviction search for lower peaks from it until one fits
-    (`eviction_search.peak_search`, within `SolveOptions.warm_start_share` of the limit, or
-    `peak_search_small_share` where the stage model is small (`small_model`): the steps after
+    (`eviction_search.peak_search`, within `TimeShares.warm_start` of the limit, or
+    `peak_search_small` where the stage model is small (`small_model`): the steps after
     the cascade cover wait for it, and there the moment relaxation and the LP's roundings give
     schedules). Its run is offered (a run at a lower byte budget may fit where the run at this
     one does not); where it does not fit either, its peak is kept for the error that says which
     budget the heuristics reach (`Search.heuristic_peak`)."""
     budget, options = search.goal.budget, search.options
-    deadline = search.deadline.within(options.heuristic_share * search.time_limit)
+    deadline = search.deadline.within(options.shares.heuristic * search.time_limit)
     run = least_peak(search.problem, None, deadline)
     if run is not None and run.eviction is not None and not search.goal.fits(run):
         small = small_model(search)
-        share = options.peak_search_small_share if small else options.warm_start_share
+        share = options.shares.peak_search_small if small else options.shares.warm_start
         longer = search.deadline.within(share * search.time_limit)
         run = peak_search(search.problem, run, deadline=longer, enough=budget)
     if run is not None and not search.goal.fits(run):
