@@ -3,9 +3,9 @@
 How the solve's seconds are shared out among its steps is one field, `shares`
 (`TimeShares`). Every share is a fraction of seconds: "of the limit" counts from the start of
 the solve (the step ends by that instant, or earlier where the solve's own deadline comes
-first); "of the time left" counts from when the step begins. The defaults are the settings `python -m
-benchmarks.solving.solver_scale` and `python -m benchmarks.solving.time_limits` were run with;
-docs/solver.md says what each trades.
+first); "of the time left" counts from when the step begins. The defaults are the settings
+`python -m benchmarks.solving.solver_scale` and `python -m benchmarks.solving.time_limits` were
+run with; docs/solver.md says what each trades.
 """
 
 from __future__ import annotations
