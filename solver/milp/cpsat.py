@@ -138,23 +138,9 @@ class CpSatModel:
         for var, value in (hint or {}).items():
             m.proto.solution_hint.vars.append(var)
             m.proto.solution_hint.values.append(value)
-        left = deadline.remaining()
-        overrun = OVERRUN_PER_VARIABLE * len(self.lm.names) + OVERRUN_SHARE * left
-        if left <= overrun:
+        solver = configured_solver(deadline, len(self.lm.names), workers, presolve)
+        if solver is None:
             return ModelResult("UNKNOWN", None, None, 0.0, exact=True)  # would end past the limit
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = left - overrun
-        solver.parameters.num_workers = workers
-        # Linearising the memory constraints for the LP workers tightens the bound, and one
-        # presolve pass without probing shortens the proofs on the stage models (docs/solver.md,
-        # "CP-SAT"; `python -m benchmarks.solving.solver_scale`).
-        solver.parameters.linearization_level = 2
-        solver.parameters.max_presolve_iterations = 1
-        solver.parameters.cp_model_probing_level = 0
-        solver.parameters.cp_model_presolve = presolve
-        # Ctrl-C is the solve's to handle (`solver.interrupt`): CP-SAT's own handler would end
-        # this call only, and the next step would run on.
-        solver.parameters.catch_sigint_signal = False
         callback = Progress(progress) if progress else None
         with deadline.on_stop(solver.stop_search):
             status = solver.solve(m, callback)
@@ -166,3 +152,31 @@ class CpSatModel:
             )
         bound = solver.best_objective_bound if name == "UNKNOWN" else 0.0
         return ModelResult(name, None, None, bound, exact=True)
+
+
+def configured_solver(
+    deadline: Deadline, variables: int, workers: int, presolve: bool = True
+) -> cp_model.CpSolver | None:
+    """A CP-SAT solver for a model of `variables` variables that ends by `deadline` (its time
+    limit less the overrun CP-SAT is measured to take past it: `OVERRUN_PER_VARIABLE` per
+    variable and `OVERRUN_SHARE` of the time left), or None where that leaves no time.
+
+    Linearising the memory constraints for the LP workers tightens the bound, and one presolve
+    pass without probing shortens the proofs on the stage models (docs/solver.md, "CP-SAT";
+    `python -m benchmarks.solving.solver_scale`; the full presolve's dual strengthening took
+    10 s of VGG16's 90% solve); `presolve` False skips it. Ctrl-C is the solve's to handle
+    (`solver.interrupt`): CP-SAT's own handler would end this call only, and the next step
+    would run on."""
+    left = deadline.remaining()
+    overrun = OVERRUN_PER_VARIABLE * variables + OVERRUN_SHARE * left
+    if left <= overrun:
+        return None
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = left - overrun
+    solver.parameters.num_workers = workers
+    solver.parameters.linearization_level = 2
+    solver.parameters.max_presolve_iterations = 1
+    solver.parameters.cp_model_probing_level = 0
+    solver.parameters.cp_model_presolve = presolve
+    solver.parameters.catch_sigint_signal = False
+    return solver

@@ -13,7 +13,7 @@ from solver.core.link import Link
 from solver.core.offload import OffloadPlan
 from solver.deadline import Deadline
 from solver.errors import InternalError
-from solver.milp.cpsat import OVERRUN_PER_VARIABLE, OVERRUN_SHARE, Progress, ProgressFn
+from solver.milp.cpsat import Progress, ProgressFn, configured_solver
 from solver.milp.offload.model import OffloadModel
 from solver.milp.offload.times import OffloadTimes
 
@@ -61,19 +61,9 @@ def solve_offload_model(
     invalid = model.m.validate()
     if invalid:
         raise InternalError(f"the offload model is invalid ({invalid})")
-    left = deadline.remaining()
-    overrun = OVERRUN_PER_VARIABLE * len(model.m.proto.variables) + OVERRUN_SHARE * left
-    if left <= overrun:
+    solver = configured_solver(deadline, len(model.m.proto.variables), workers)
+    if solver is None:
         return OffloadResult("UNKNOWN", None, None, 0)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = left - overrun
-    solver.parameters.num_workers = workers
-    # as for the stage model (`solver.milp.cpsat`): one presolve pass without probing (the full
-    # presolve's dual strengthening took 10 s of VGG16's 90% solve), linearised rows for the LP
-    solver.parameters.linearization_level = 2
-    solver.parameters.max_presolve_iterations = 1
-    solver.parameters.cp_model_probing_level = 0
-    solver.parameters.catch_sigint_signal = False
     callback = Progress(progress) if progress else None
     with deadline.on_stop(solver.stop_search):
         status = solver.solve(model.m, callback)
