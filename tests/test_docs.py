@@ -184,7 +184,8 @@ class StrictParser(argparse.ArgumentParser):
 def parser_of(files: list[Path]) -> StrictParser:
     """An argparse parser with every `add_argument` call of the files (and of
     `benchmarks.common.command_line` where a file calls it), its literal arguments kept:
-    option names, `nargs`, `action`, `choices` (`type` is left out: values stay strings)."""
+    option names, `nargs`, `action`, literal `choices` (`type` and `required` are left out:
+    values stay strings, and a shown command may give part of what a run needs)."""
     sources = list(files)
     if any("command_line(" in f.read_text() for f in files):
         sources.append(BENCHMARKS / "common.py")
@@ -200,8 +201,13 @@ def parser_of(files: list[Path]) -> StrictParser:
             names = [ast.literal_eval(arg) for arg in node.args]
             keywords = {}
             for keyword in node.keywords:
-                if keyword.arg in ("nargs", "action", "choices", "required", "dest"):
+                if keyword.arg in ("nargs", "action", "dest"):
                     keywords[keyword.arg] = ast.literal_eval(keyword.value)
+                elif keyword.arg == "choices":  # computed choices are not checked
+                    try:
+                        keywords["choices"] = ast.literal_eval(keyword.value)
+                    except ValueError:
+                        pass
             parser.add_argument(*names, **keywords)
     return parser
 
