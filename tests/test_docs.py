@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import re
 import shlex
 from dataclasses import dataclass
@@ -66,6 +67,10 @@ def anchors(path: Path) -> set[str]:
     return found
 
 
+def plain(text: str) -> str:
+    return text.replace("`", "")
+
+
 def headings(path: Path) -> set[str]:
     return {m.group(1) for _, line in outside_code(path) if (m := re.match(r"^#+ +(.*)$", line))}
 
@@ -102,7 +107,7 @@ def test_every_section_named_in_prose_exists(page: Path):
         target = ROOT / "docs" / name
         if not target.exists():
             missing.append(f"{name} (no such doc)")
-        elif not any(h.replace("`", "").startswith(section.replace("`", "")) for h in headings(target)):
+        elif not any(plain(h).startswith(plain(section)) for h in headings(target)):
             missing.append(f'{name}, "{section}"')
     assert not missing, f"{page.name} names sections that do not exist: {missing}"
 
@@ -150,10 +155,13 @@ ALL_TABLES = [t for page in DOCS for t in tables(page)]
 
 def test_every_measured_table_is_preceded_by_its_command():
     bare = [f"{t.page.name}:{t.line}" for t in ALL_TABLES if measured(t) and t.command is None]
-    assert not bare, f"measured tables without a `Command: \\`python -m benchmarks...\\`` line: {bare}"
+    assert not bare, f"measured tables without a `Command: python -m benchmarks...` line: {bare}"
 
 
-@pytest.mark.parametrize("page", [p for p in DOCS if p.name != "benchmarks.md"], ids=lambda p: p.name)
+REFERENCE_DOCS = [p for p in DOCS if p.name != "benchmarks.md"]
+
+
+@pytest.mark.parametrize("page", REFERENCE_DOCS, ids=lambda p: p.name)
 def test_a_doc_holds_at_most_one_measured_table(page: Path):
     held = [t.line for t in tables(page) if measured(t)]
     assert len(held) <= 1, (
@@ -204,10 +212,8 @@ def parser_of(files: list[Path]) -> StrictParser:
                 if keyword.arg in ("nargs", "action", "dest"):
                     keywords[keyword.arg] = ast.literal_eval(keyword.value)
                 elif keyword.arg == "choices":  # computed choices are not checked
-                    try:
+                    with contextlib.suppress(ValueError):
                         keywords["choices"] = ast.literal_eval(keyword.value)
-                    except ValueError:
-                        pass
             parser.add_argument(*names, **keywords)
     return parser
 
