@@ -71,9 +71,10 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-limit",
         type=float,
         default=30.0,
-        help=f"seconds for the whole command (default 30; from its start for a graph file, "
-        f"from the end of the capture for --model): the exact solve ends by "
-        f"{100 * DEFAULT.shares.command_exact:.0f}%% of them and the heuristic rows by the end "
+        help="seconds for the whole command (default 30; from its start for a graph file, "
+        "from the end of the capture for --model, which has as many of its own): the exact "
+        f"solve ends by {100 * DEFAULT.shares.command_exact:.0f}%% of them and the heuristic "
+        "rows by the end "
         "(with --no-baselines the solve gets all); Ctrl-C stops the search and prints what it "
         "found, a second Ctrl-C aborts",
     )
