@@ -28,13 +28,14 @@ from solver.errors import (
     SolverTimeoutError,
     SpellingError,
 )
-from solver.exact import SolveOptions, TimeShares, solve
+from solver.exact import SolveOptions, solve
 from solver.fitting.static import StaticBytesError
 from solver.heuristics.baselines import BASELINES
 from solver.heuristics.registry import HEURISTICS, baseline, evict
 from solver.heuristics.rotor import NotAChainError
 from solver.sac.windows import WindowError
 from solver.target.devices import DeviceError, UnknownTargetError
+from solver.time_shares import FitShares, RematerializeShares, SacShares, TimeShares
 
 __all__ = [
     "BASELINES",
@@ -46,6 +47,7 @@ __all__ = [
     "Deadline",
     "DeadlineError",
     "DeviceError",
+    "FitShares",
     "GraphError",
     "InfeasibleBudgetError",
     "InternalError",
@@ -56,6 +58,8 @@ __all__ = [
     "NotAChainError",
     "Problem",
     "RematError",
+    "RematerializeShares",
+    "SacShares",
     "Schedule",
     "ScheduleMismatchError",
     "Simulation",

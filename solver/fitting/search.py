@@ -61,10 +61,7 @@ from solver.exact import solve
 from solver.fitting.sizes import DOES_NOT_FIT, FITS, OPEN, largest_between
 from solver.heuristics.baselines import block_checkpoint
 from solver.milp.offload.times import OffloadTimes
-
-KEEP_RECOMPUTE_SHARE = 0.5
-"""With offload, the share of the time the keep/recompute search gets before the search with
-offload goes on from its answer (`largest_fitting`)."""
+from solver.time_shares import FIT_SHARES, FitShares
 
 
 @dataclass
@@ -114,17 +111,18 @@ def probe(
     size: int = 0,
     workers: int = 8,
     offload: Link | None = None,
+    shares: FitShares = FIT_SHARES,
 ) -> Probe:
     """Decide whether a schedule of `graph` peaks at or under `memory` bytes within the compute
     budget (a factor of computing every node once, 1.3 or "1.3x", or "0.02units": the
     spellings of `solver.core.budget`; None: unlimited), by `deadline` (NOTE [fit
     proofs]). The peak floor above `memory`, or checkpoint-all within it, decides at once;
-    else a quarter of the time goes to the least peak within the cap (it closes at once on
-    chains and small graphs) and, where that leaves it open, the rest to the least cost within
-    `memory` against the cap. With a host link (`offload`), the floor is the one-line floor and
-    the time goes to the least cost with offload within `memory` (its cost the compute plus
-    the stall; its schedule may hold bytes on the host): `largest_fitting` has decided the
-    keep/recompute schedules before (NOTE [fit proofs])."""
+    else `shares.probe_least_peak` of the time goes to the least peak within the cap (it
+    closes at once on chains and small graphs) and, where that leaves it open, the rest to the
+    least cost within `memory` against the cap. With a host link (`offload`), the floor is the
+    one-line floor and the time goes to the least cost with offload within `memory` (its cost
+    the compute plus the stall; its schedule may hold bytes on the host): `largest_fitting` has
+    decided the keep/recompute schedules before (NOTE [fit proofs])."""
     started = time.perf_counter()
     problem = prepare(graph)
     cap = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
@@ -146,7 +144,7 @@ def probe(
         reason = f"computing every node once peaks at {peak} B"
         return done(FITS, reason, _checked(graph, plain, memory, cap))
     if offload is None:
-        limit = max(deadline.remaining() / 4, 0.05)
+        limit = max(shares.probe_least_peak * deadline.remaining(), 0.05)
         least = solve(
             graph,
             objective="memory",
@@ -213,6 +211,7 @@ def largest_fitting(
     workers: int = 8,
     progress: Callable[[Probe], None] | None = None,
     offload: Link | None = None,
+    shares: FitShares = FIT_SHARES,
 ) -> FitResult:
     """The largest size s in [low, high] whose graph `graph_at(s)` has a schedule peaking at or
     under `memory` bytes within `compute_budget` (a factor like 1.3 or "1.3x" of computing
@@ -221,13 +220,13 @@ def largest_fitting(
     must not grow with the size (NOTE [monotone sizes]).
 
     Doubling from `low` finds a size that does not fit (or reaches `high`); bisection then closes
-    the interval. Each probe gets a quarter of the time left (`probe`); `progress` sees each
+    the interval. Each probe gets `shares.probe` of the time left (`probe`); `progress` sees each
     probe as it ends. `deadline`, where given, is used instead of `time_limit` (a search that
     is one step of a longer piece of work: its stop ends the search too); `graph_at` may return
     None where it cannot give the graph by then, which ends the search as the time limit does.
     `offload`: a host link; the schedules may then also copy values to the host and back over
     it (`probe`; NOTE [fit proofs]).
-    With `offload`, keep/recompute is searched first (`KEEP_RECOMPUTE_SHARE` of the time; it
+    With `offload`, keep/recompute is searched first (`shares.keep_recompute` of the time; it
     closes at once where it is easy): every size it shows to fit fits with offload too; the
     search with offload goes on from the size after its answer, and its proofs alone bound the
     answer (`probes`: the keep/recompute sizes that fit, then the sizes tried with offload).
@@ -244,11 +243,11 @@ def largest_fitting(
         raise ArgumentError(f"sizes must satisfy 0 <= low <= high, not low={low}, high={high}")
     started = time.perf_counter()
     deadline = Deadline(started + time_limit) if deadline is None else deadline
-    question = _Question(graph_at, memory, compute_budget, high, workers, progress)
+    question = _Question(graph_at, memory, compute_budget, high, workers, progress, shares)
     search = partial(_search, question)
     if offload is None:
         return search(low, deadline, None, started)
-    kept = search(low, deadline.share(KEEP_RECOMPUTE_SHARE), None, started)
+    kept = search(low, deadline.share(shares.keep_recompute), None, started)
     fits = [p for p in kept.probes if p.verdict == FITS]  # the others prove nothing here
     if kept.size is not None and high is not None and kept.size >= high:
         return replace(kept, probes=fits, seconds=time.perf_counter() - started)
@@ -272,6 +271,7 @@ class _Question:
     high: int | None
     workers: int
     progress: Callable[[Probe], None] | None
+    shares: FitShares
 
 
 def _search(
@@ -294,7 +294,7 @@ def _search(
         graphs[size] = graph
         memories[size] = memory(size) if callable(memory) else memory
         _check_memory(memories, size)
-        share = deadline.share(0.25)
+        share = deadline.share(question.shares.probe)
         found = probe(
             graph,
             memories[size],
@@ -303,6 +303,7 @@ def _search(
             size=size,
             workers=workers,
             offload=offload,
+            shares=question.shares,
         )
         probes[size] = found
         if progress is not None:

@@ -81,6 +81,7 @@ from solver.sac.memory import (
 )
 from solver.sac.problem import SacBlock, SacProblem
 from solver.sac.union import SacUnion, UnionPlan, union_cost, union_host, union_peak
+from solver.time_shares import SAC_SHARES, SacShares
 
 NS = 1e9
 """Cost units per second in the 0/1 model (whole nanoseconds)."""
@@ -405,11 +406,12 @@ def solve_sac(
     deadline: Deadline,
     whole: bool = True,
     link: Link | None = None,
+    shares: SacShares = SAC_SHARES,
 ) -> SacSolution:
     """The plan of least cost (recompute seconds plus each region's checkpoint price plus the SAC
     runtime's overhead of each region saving an op) whose predicted peak is at most `budget`
     (`Budget`: bytes, a percentage of the plain step, or "min": the least peak any plan reaches,
-    found with half of the time). Over a `SacUnion` the plan is a `UnionPlan`
+    found with `shares.least_peak` of the time left). Over a `SacUnion` the plan is a `UnionPlan`
     (per block: none, whole, or children; `whole=False`: never whole where a split exists),
     over a `SacProblem` a `SacPlan`. With `link` (a host link), each saved op may also be
     offloaded to the host and reloaded for the recompute (NOTE [ SAC offload model ],
@@ -420,7 +422,7 @@ def solve_sac(
     union = problem if isinstance(problem, SacUnion) else SacUnion.whole(problem)
     wanted = Budget.of(budget)
     if wanted.least:
-        _, budget, _ = least_peak(union, deadline.share(0.5), whole, link)
+        _, budget, _ = least_peak(union, deadline.share(shares.least_peak), whole, link)
     else:
         budget = wanted.bytes(lambda: union.plain_peak)
     model = _Model(union, int(budget), whole, link)
