@@ -70,8 +70,9 @@ class TimeShares:
             table's heuristic rows have the rest (with --no-baselines the solves get all).
             `python -m benchmarks.solving.time_limits --cli` measures that the command returns
             within the limit.
-        command_keep_recompute: with --offload, the keep/recompute solve, of the exact solves'
-            time; the offload solve, which starts from its schedule, has the rest.
+        command_keep_recompute: with --offload, the keep/recompute solve that
+            `solve_with_offload` runs first (`keep_recompute_first`), of the exact solves' time
+            left; the offload solve, which starts from its schedule, has the rest.
     """
 
     warm_start: float = 0.5

@@ -232,7 +232,7 @@ def test_an_offload_solve_stopped_returns_its_incumbent_marked_interrupted():
     began = time.perf_counter()
     schedule = solve_with_offload(
         OffloadProblem(graph, problem, budget, SLOW_LINK), Deadline.after(LIMIT, stop), start=start
-    )
+    ).schedule
     assert time.perf_counter() - began < PROMPT
     assert schedule.extra["interrupted"] is True and schedule.cost <= start.cost
     assert schedule.extra["offload_model"] == "interrupted before the exact offload model was built"

@@ -2,6 +2,8 @@
 
     solve_with_offload(OffloadProblem(graph, problem, budget, link), deadline)
       the one-line floor            a budget below it fits no schedule
+      (keep/recompute first)        where the caller asks for it (`remat solve --offload`, which
+                                    prints it as a row of its own), the keep/recompute solve
       checkpoint-all                closes the search where it fits
       offload heuristics            from checkpoint-all (`solver.heuristics.offload`); one at
                                     the cost of computing every node once closes the search
@@ -41,6 +43,7 @@ from solver.deadline import Deadline
 from solver.errors import (
     InfeasibleBudgetError,
     InternalError,
+    RematError,
     SolverTimeoutError,
 )
 from solver.exact.options import DEFAULT, SolveOptions
@@ -62,6 +65,18 @@ class OffloadProblem:
     link: Link
 
 
+@dataclass(frozen=True)
+class OffloadSolve:
+    """What `solve_with_offload` found: the `schedule` with offload, and the keep/recompute
+    schedule it started from (`start`, the caller's or solved; None where there was none), or
+    the error that ended the keep/recompute solve (`InfeasibleBudgetError`,
+    `SolverTimeoutError`; None where it found one or did not run)."""
+
+    schedule: Schedule
+    keep_recompute: Schedule | None = None
+    keep_recompute_error: RematError | None = None
+
+
 def solve_with_offload(
     asked: OffloadProblem,
     deadline: Deadline,
@@ -71,26 +86,36 @@ def solve_with_offload(
     start: Schedule | None = None,
     options: SolveOptions = DEFAULT,
     keep_recompute: Callable[..., Schedule] | None = None,
-) -> Schedule:
+    keep_recompute_first: bool = False,
+) -> OffloadSolve:
     """The least-cost schedule with offload over `asked.link` within `asked.budget` bytes, by
     `deadline`: never costlier than the offload heuristics' runs that fit, nor than the
     keep/recompute schedule `start` (the caller's; else one is solved by `keep_recompute`,
     `solver.solve` without offload, in `TimeShares.offload_keep_recompute` of the time left; none
-    where no time is left or `keep_recompute` is None). The offload model is built only where its
-    variables are within `offload_model_room` of the time left, and within the deadline; otherwise
-    the incumbent comes back, "FEASIBLE" with the cost of computing every node once as its bound
-    (graph units), and `extra["offload_model"]` saying why where its size kept the model from being
-    built. Raises InfeasibleBudgetError where no schedule fits (below the one-line floor, or proven
-    by CP-SAT) and SolverTimeoutError where none is found in time.
+    where no time is left or `keep_recompute` is None). `keep_recompute_first` (with
+    `keep_recompute` and no `start`): the keep/recompute solve runs first, in
+    `TimeShares.command_keep_recompute` of the time left, also where checkpoint-all or an
+    offload heuristic would close the search without it (`remat solve --offload` prints its
+    schedule as a row of its own). `progress` sees the keep/recompute solve's incumbents, then
+    the offload model's. The offload model is built only where its variables are within
+    `offload_model_room` of the time left, and within the deadline; otherwise the incumbent
+    comes back, "FEASIBLE" with the cost of computing every node once as its bound (graph
+    units), and `extra["offload_model"]` saying why where its size kept the model from being
+    built. Raises InfeasibleBudgetError where no schedule fits (below the one-line floor, or
+    proven by CP-SAT) and SolverTimeoutError where none is found in time.
 
-    As every exact schedule, it lists in `extra["steps"]` the steps that ran (`_Steps`: each
-    one's seconds and findings), and says in `extra["interrupted"]` whether `deadline`'s stop
-    was requested (the first Ctrl-C: the best schedule found by then comes back)."""
+    Returns an `OffloadSolve`: the schedule, which as every exact schedule lists in
+    `extra["steps"]` the steps that ran (`_Steps`: each one's seconds and findings) and says in
+    `extra["interrupted"]` whether `deadline`'s stop was requested (the first Ctrl-C: the best
+    schedule found by then comes back), and the keep/recompute solve's schedule or error."""
     search = _OffloadSearch(asked, deadline, workers, progress, options, keep_recompute)
+    if start is None and keep_recompute is not None and keep_recompute_first:
+        search.check_floor()
+        start = search.solve_keep_recompute(options.shares.command_keep_recompute)
     schedule = search.run(start)
     schedule.extra["steps"] = search.steps.trace
     schedule.extra["interrupted"] = deadline.stopped()
-    return schedule
+    return OffloadSolve(schedule, start, search.keep_recompute_error)
 
 
 class _Steps:
@@ -128,12 +153,14 @@ class _OffloadSearch:
         self.steps = _Steps()
         self.runs: list[OffloadRun] = []
         self.incumbent: OffloadRun | None = None
+        self.keep_recompute_solved = False
+        self.keep_recompute_error: RematError | None = None
 
     def run(self, start: Schedule | None) -> Schedule:
         """The schedule (module docstring's steps, in order)."""
         problem, budget, deadline = self.problem, self.budget, self.deadline
         shares = self.options.shares
-        self._check_floor()
+        self.check_floor()
         everything = plan_from_keep(problem, range(problem.n))
         indexed = plan_to_ops(problem, everything)
         self.steps.done("checkpoint-all", peak=indexed.peak, fits=indexed.peak <= budget)
@@ -156,13 +183,14 @@ class _OffloadSearch:
             self.options, deadline.remaining() * (1 - shares.offload_keep_recompute)
         )
         size = variable_count(problem, self.link, above=self.options.max_model_variables)
-        if start is None and self.keep_recompute is not None and deadline.remaining() > 0:
+        solves = not self.keep_recompute_solved and self.keep_recompute is not None
+        if start is None and solves and deadline.remaining() > 0:
             share = (
                 shares.offload_keep_recompute
                 if size <= room
                 else shares.offload_keep_recompute_alone
             )
-            start = self._solve_keep_recompute(share)
+            start = self.solve_keep_recompute(share)
         if start is not None:
             self._add_runs(
                 "keep/recompute",
@@ -179,7 +207,7 @@ class _OffloadSearch:
             return self._run_schedule(self.incumbent, "OPTIMAL", None)
         return self._solve_model(size)
 
-    def _check_floor(self) -> None:
+    def check_floor(self) -> None:
         """InfeasibleBudgetError where the budget is below the one-line floor."""
         floor, budget = self.problem.one_line_floor, self.budget
         if budget < floor:
@@ -197,20 +225,23 @@ class _OffloadSearch:
         self.incumbent = _cheapest(self.runs, self.budget)
         self.steps.done(f"offload heuristics from {base}", **_found(self.runs, self.incumbent))
 
-    def _solve_keep_recompute(self, share: float) -> Schedule | None:
+    def solve_keep_recompute(self, share: float) -> Schedule | None:
         """The keep/recompute schedule solved in `share` of the time left (None where none is
-        found: infeasible, or not in time)."""
+        found: infeasible, or not in time: `keep_recompute_error` says which)."""
         assert self.keep_recompute is not None
+        self.keep_recompute_solved = True
         try:
             start = self.keep_recompute(
                 self.graph,
                 self.budget,
                 time_limit=share * self.deadline.remaining(),
                 workers=self.workers,
+                progress=self.progress,
                 deadline=self.deadline,
                 options=self.options,
             )
         except (InfeasibleBudgetError, SolverTimeoutError) as error:
+            self.keep_recompute_error = error
             self.steps.done("keep/recompute", found=type(error).__name__)
             return None
         self.steps.done("keep/recompute", status=start.status, cost=start.cost)

@@ -169,7 +169,7 @@ def solve(
                 progress=report,
                 options=options,
                 keep_recompute=solve,
-            )
+            ).schedule
         return finish(run(Goal("cost", units, budget=bytes_), whole))
 
 
