@@ -28,7 +28,7 @@ from solver.core.stages import cheapest_within, smallest_within
 from solver.deadline import Deadline, Stop
 from solver.errors import ArgumentError, InfeasibleBudgetError
 from solver.exact import solve
-from solver.exact.offload import OffloadProblem, solve_with_offload
+from solver.exact.offload.search import OffloadProblem, solve_with_offload
 from solver.exact.options import DEFAULT
 from solver.exact.pipeline import check_arguments, print_interrupted
 from solver.heuristics.registry import HEURISTICS, members

@@ -22,7 +22,7 @@ from solver_checks import GRAPHS
 import solver
 from cli.main import main
 from solver.deadline import Deadline, Stop
-from solver.exact.offload import OffloadProblem, solve_with_offload
+from solver.exact.offload.search import OffloadProblem, solve_with_offload
 from solver.examples import training_graph
 from solver.interrupt import first_sigint_stops
 from solver.io import load_graph, save_graph

@@ -26,7 +26,7 @@ from solver.core.link import LinkError
 from solver.core.offload import OffloadPlan, offload_ops
 from solver.core.stages import StagePlan, plan_from_keep
 from solver.deadline import NEVER, Deadline
-from solver.exact.offload import OffloadProblem, solve_with_offload
+from solver.exact.offload.search import OffloadProblem, solve_with_offload
 from solver.examples import chain, uniform_training_chain
 from solver.heuristics.offload import offload_runs
 from solver.io import save_graph

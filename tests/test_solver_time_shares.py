@@ -14,7 +14,7 @@ import pytest
 import cli.solve
 import solver
 from cli.main import build_parser
-from solver.exact.offload import solve_with_offload
+from solver.exact.offload.search import solve_with_offload
 from solver.exact.options import DEFAULT
 from solver.examples import residual_demo
 

@@ -1,7 +1,7 @@
 """The fit on its one deadline (`fit_sizes`): the step's bytes at any size (`step_bytes`), the
 largest size proven to fit and the least proven not to, confirmed on captures
-(`solver.fitting.search`), one real step at that size, eager's and per-block checkpointing's
-sizes beside it, all as one `Fit`.
+(`solver.fitting.search`, `solver.fitting.confirmation`), one real step at that size, eager's
+and per-block checkpointing's sizes beside it, all as one `Fit`.
 
 NOTE [one deadline]: `time_limit` bounds the whole call, captures and steps included, as
 `solver.solve`'s does: one `Deadline` (with the first Ctrl-C's `Stop`) is made at the call and
@@ -22,8 +22,9 @@ from executor.fitting.graphs import SizedGraphs
 from executor.fitting.step_bytes import Sizes, StepBytes, StepSetup, step_bytes
 from solver.core.schedule import Schedule
 from solver.deadline import Deadline
+from solver.fitting.confirmation import confirmed
 from solver.fitting.result import Fit, cut_short, eager_above
-from solver.fitting.search import FitResult, confirmed, largest_fitting
+from solver.fitting.search import FitResult, largest_fitting
 from solver.time_shares import FIT_SHARES, FitShares
 
 
