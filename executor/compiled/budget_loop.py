@@ -125,29 +125,18 @@ class CompiledSteps:
         )
 
 
-def compile_within_budget(
-    steps: CompiledSteps,
-    wanted: Budget,
-    name: str,
-    options: dict[str, Any],
-    max_compiles: int,
-    check: CompileCheck,
-    link: solver.Link | None = None,
-) -> tuple[Callable[..., Any], CompileReport]:
-    """(the compiled call, its `CompileReport`): ``steps.model`` compiled by the backend
-    ``name`` with inductor ``options`` and remat's partition, solved at ``wanted`` (offloading
-    over ``link`` where one is given) and lowered until the measured peak is within it, at
-    most ``max_compiles`` times, then held against torch's step (``check``); `CompileError`
-    where no compile measures within the budget in time."""
-    return _BudgetLoop(steps, wanted, name, options, max_compiles, check, link).run()
+class BudgetLoop:
+    """``steps.model`` compiled by the backend ``name`` with inductor ``options`` and remat's
+    partition, solved at ``wanted`` (offloading over ``link`` where one is given) and lowered
+    until the measured peak is within it, at most ``max_compiles`` times, then held against
+    torch's step (``check``): `run` returns the compiled call and its `CompileReport`, or
+    raises `CompileError` where no compile measures within the budget in time.
 
-
-class _BudgetLoop:
-    """One `compile_within_budget` call. A solver budget is bytes, or None for "min" (the
-    least-peak schedule). ``tries``: the measured compiles; ``attempted``: the solver budget
-    of every compile, measured or not; ``infeasible``: the last compile's solve, below the
-    least; ``runs_twice``: a schedule refused for recomputing a run-once op;
-    ``plain_peak``: the plain compile's measured peak (bytes), once a percentage needed it."""
+    A solver budget is bytes, or None for "min" (the least-peak schedule). ``tries``: the
+    measured compiles; ``attempted``: the solver budget of every compile, measured or not;
+    ``infeasible``: the last compile's solve, below the least; ``runs_twice``: a schedule
+    refused for recomputing a run-once op; ``plain_peak``: the plain compile's measured peak
+    (bytes), once a percentage needed it."""
 
     def __init__(
         self,
@@ -157,7 +146,7 @@ class _BudgetLoop:
         options: dict[str, Any],
         max_compiles: int,
         check: CompileCheck,
-        link: solver.Link | None,
+        link: solver.Link | None = None,
     ) -> None:
         self.steps, self.name, self.options = steps, name, options
         self.max_compiles, self.check, self.link = max_compiles, check, link
@@ -181,6 +170,7 @@ class _BudgetLoop:
         return self.plain_peak
 
     def run(self) -> tuple[Callable[..., Any], CompileReport]:
+        """(the compiled call, its `CompileReport`): the loop (module docstring)."""
         solver_budget: int | None = None if self.minimum else self.target
         for attempt in range(self.max_compiles):
             self.attempted.append(solver_budget)
