@@ -35,7 +35,13 @@ from solver.heuristics.registry import HEURISTICS, baseline, evict
 from solver.heuristics.rotor import NotAChainError
 from solver.sac.windows import WindowError
 from solver.target.devices import DeviceError, UnknownTargetError
-from solver.time_shares import FitShares, RematerializeShares, SacShares, TimeShares
+from solver.time_shares import (
+    CompileShares,
+    FitShares,
+    RematerializeShares,
+    SacShares,
+    TimeShares,
+)
 
 __all__ = [
     "BASELINES",
@@ -43,6 +49,7 @@ __all__ = [
     "ArgumentError",
     "Budget",
     "BudgetError",
+    "CompileShares",
     "ComputeBudgetError",
     "Deadline",
     "DeadlineError",

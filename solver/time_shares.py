@@ -6,6 +6,7 @@ each field a fraction of named seconds, with the defaults every call runs with.
 - `SacShares`: `executor.checkpoint_plan`'s recording and its SAC solve
   (`solver.sac.solve.solve_sac`).
 - `RematerializeShares`: `executor.rematerialize`'s solve after its capture.
+- `CompileShares`: `executor.compile`'s solves within its compiles.
 
 "Of the limit" counts from the start of the call or step named (the step ends by that instant,
 or earlier where the call's own deadline comes first); "of the time left" counts from when the
@@ -147,9 +148,25 @@ class RematerializeShares:
     solve_at_least: float = 0.5
 
 
+@dataclass(frozen=True)
+class CompileShares:
+    """Fractions of an `executor.compile`'s seconds (`executor.compiled.budget_loop`). Each
+    compile left has an equal share of the time left; its solves have that share less what the
+    rest of a compile and its measurement are expected to take, once a compile has been timed.
+
+    first_solves: before any compile has been timed, the solves' part of a compile's equal
+        share; the compile and its measurement, whose seconds are not known yet, have the
+        rest.
+    """
+
+    first_solves: float = 0.5
+
+
 FIT_SHARES = FitShares()
 """The fit's default shares (a frozen default parameter)."""
 SAC_SHARES = SacShares()
 """`checkpoint_plan`'s default shares (a frozen default parameter)."""
 REMATERIALIZE_SHARES = RematerializeShares()
 """`rematerialize`'s default shares (a frozen default parameter)."""
+COMPILE_SHARES = CompileShares()
+"""`executor.compile`'s default shares (a frozen default parameter)."""

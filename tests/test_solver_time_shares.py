@@ -63,7 +63,8 @@ def test_the_library_and_the_command_read_the_same_object():
 
 
 def test_every_other_calls_shares_are_written_out_with_the_numbers_they_run_with():
-    """`fit`'s, `checkpoint_plan`'s and `rematerialize`'s shares, beside `TimeShares`."""
+    """`fit`'s, `checkpoint_plan`'s, `rematerialize`'s and `compile`'s shares, beside
+    `TimeShares`."""
     assert asdict(solver.FitShares()) == {
         "search": 0.6,
         "keep_recompute": 0.5,
@@ -77,6 +78,7 @@ def test_every_other_calls_shares_are_written_out_with_the_numbers_they_run_with
         "least_peak": 0.5,
     }
     assert asdict(solver.RematerializeShares()) == {"solve_at_least": 0.5}
+    assert asdict(solver.CompileShares()) == {"first_solves": 0.5}
 
 
 LIBRARY = ("graph_capture", "solver", "executor", "cli")

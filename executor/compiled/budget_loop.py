@@ -52,6 +52,7 @@ from executor.fitting.graphs import expected_seconds
 from solver.core.budget import Budget, human_bytes
 from solver.deadline import Deadline
 from solver.errors import BudgetError
+from solver.time_shares import COMPILE_SHARES, CompileShares
 
 
 @dataclass
@@ -130,7 +131,8 @@ class BudgetLoop:
     partition, solved at ``wanted`` (offloading over ``link`` where one is given) and lowered
     until the measured peak is within it, at most ``max_compiles`` times, then held against
     torch's step (``check``): `run` returns the compiled call and its `CompileReport`, or
-    raises `CompileError` where no compile measures within the budget in time.
+    raises `CompileError` where no compile measures within the budget in time; ``shares``: how
+    the solves share the time (NOTE [one deadline]).
 
     A solver budget is bytes, or None for "min" (the least-peak schedule). ``tries``: the
     measured compiles; ``attempted``: the solver budget of every compile, measured or not;
@@ -147,9 +149,11 @@ class BudgetLoop:
         max_compiles: int,
         check: CompileCheck,
         link: solver.Link | None = None,
+        shares: CompileShares = COMPILE_SHARES,
     ) -> None:
         self.steps, self.name, self.options = steps, name, options
         self.max_compiles, self.check, self.link = max_compiles, check, link
+        self.shares = shares
         self.plain_peak: int | None = None
         self.budget, self.minimum = wanted.text, wanted.least
         try:
@@ -211,7 +215,8 @@ class BudgetLoop:
         # under inductor the check compiles torch's partition once more: a share of its own
         left = (2 if self.minimum else self.max_compiles - attempt) + (self.name == "inductor")
         deadline = self.steps.deadline
-        solves = deadline.within(_solve_seconds(deadline.remaining(), left, self.steps.rest()))
+        seconds = _solve_seconds(deadline.remaining(), left, self.steps.rest(), self.shares)
+        solves = deadline.within(seconds)
         return RematPartitioner(
             "min" if solver_budget is None else solver_budget,
             solves,
@@ -326,13 +331,14 @@ def check_step(
     )
 
 
-def _solve_seconds(left: float, tries: int, rest: float | None) -> float:
+def _solve_seconds(left: float, tries: int, rest: float | None, shares: CompileShares) -> float:
     """Seconds for the solves of the next of ``tries`` compiles when ``left`` seconds remain
     and a compile beyond its solves, with its measurement, is expected to take ``rest`` (None:
-    not known yet, taken as half of a compile's equal share): an equal share of what the
-    compiles leave, or where that is nothing, of what this one leaves."""
+    not known yet: the solves take ``shares.first_solves`` of a compile's equal share): an
+    equal share of what the compiles leave, or where that is nothing, of what this one
+    leaves."""
     if rest is None:
-        return left / tries / 2
+        return shares.first_solves * (left / tries)
     return max(left / tries - rest, (left - rest) / tries, 0.0)
 
 
