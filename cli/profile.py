@@ -177,8 +177,9 @@ def capture_with_args(
     summary: TextIO | None = None,
 ) -> CapturedGraph:
     """Capture `model` called with `inputs` and `kwargs`, with the capture options of the
-    arguments (granularity, cost model, module depth); prints a one-line summary to `summary`
-    (default stderr: stdout carries the command's tables)."""
+    arguments (granularity, cost model, module depth) within the command's ``--time-limit``
+    seconds where it has one; prints a one-line summary to `summary` (default stderr: stdout
+    carries the command's tables)."""
     started = time.perf_counter()
     graph = capture(
         model,
@@ -190,6 +191,7 @@ def capture_with_args(
         backward_from=output_names(args),
         plain_peak=getattr(args, "target", None) is None,
         target=getattr(args, "target", None),
+        time_limit=getattr(args, "time_limit", None),
     )
     dag = graph.dag
     mode = f"estimated for target {dag.graph['target']!r} in" if "target" in dag.graph else "in"

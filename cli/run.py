@@ -79,7 +79,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--schedule", default=None, help="a schedule file solved offline instead of solving"
     )
     parser.add_argument(
-        "--time-limit", type=float, default=60.0, help="seconds for the exact solver (default 60)"
+        "--time-limit",
+        type=float,
+        default=60.0,
+        help="seconds for the capture, and as many for the exact solver (default 60)",
     )
     parser.add_argument(
         "--offload",

@@ -26,9 +26,9 @@ from solver.core.link import Link, LinkError
 from solver.core.schedule import Schedule
 from solver.core.stages import cheapest_within, smallest_within
 from solver.deadline import Deadline, Stop
-from solver.errors import ArgumentError, InfeasibleBudgetError, SolverTimeoutError
+from solver.errors import ArgumentError, InfeasibleBudgetError
 from solver.exact import solve
-from solver.exact.offload import OffloadProblem, solve_with_offload
+from solver.exact.offload.search import OffloadProblem, solve_with_offload
 from solver.exact.options import DEFAULT
 from solver.exact.pipeline import check_arguments, print_interrupted
 from solver.heuristics.registry import HEURISTICS, members
@@ -71,9 +71,10 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-limit",
         type=float,
         default=30.0,
-        help=f"seconds for the whole command (default 30; from its start for a graph file, "
-        f"from the end of the capture for --model): the exact solve ends by "
-        f"{100 * DEFAULT.shares.command_exact:.0f}%% of them and the heuristic rows by the end "
+        help="seconds for the whole command (default 30; from its start for a graph file, "
+        "from the end of the capture for --model, which has as many of its own): the exact "
+        f"solve ends by {100 * DEFAULT.shares.command_exact:.0f}%% of them and the heuristic "
+        "rows by the end "
         "(with --no-baselines the solve gets all); Ctrl-C stops the search and prints what it "
         "found, a second Ctrl-C aborts",
     )
@@ -273,35 +274,32 @@ def _solve_and_print(args: argparse.Namespace, graph: nx.DiGraph, began: float, 
         else:
             budget = wanted.bytes(lambda: ref_peak)
             print(f"objective: least cost with peak <= {human_bytes(budget)} ({budget} bytes)")
-        if link is not None:
-            print(pairing)
-        keep_share = 1.0 if link is None else DEFAULT.shares.command_keep_recompute
-        try:
+        if link is None:
             schedule = solve(
                 graph,
                 budget,
                 compute_budget=args.compute_budget,
-                time_limit=keep_share * exact_limit,
+                time_limit=exact_limit,
                 workers=args.workers,
                 progress=not args.quiet,
                 deadline=exact_deadline,
             )
-        except (InfeasibleBudgetError, SolverTimeoutError) as exc:
-            if link is None:
-                raise
-            print(f"keep/recompute: {exc}")
-            schedule = None
-            missing = "INFEASIBLE" if isinstance(exc, InfeasibleBudgetError) else "NONE FOUND"
-        if link is not None:
+        else:
+            print(pairing)
             assert isinstance(budget, int)
-            offloaded = solve_with_offload(
+            solved = solve_with_offload(
                 OffloadProblem(graph, problem, budget, link),
                 exact_deadline,
                 workers=args.workers,
                 progress=None if args.quiet else print_progress,
-                start=schedule,
                 keep_recompute=solve,
+                keep_recompute_first=True,
             )
+            schedule, offloaded = solved.keep_recompute, solved.schedule
+            if solved.keep_recompute_error is not None:
+                error = solved.keep_recompute_error
+                print(f"keep/recompute: {error}")
+                missing = "INFEASIBLE" if isinstance(error, InfeasibleBudgetError) else "NONE FOUND"
     else:
         limit = (
             None

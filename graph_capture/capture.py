@@ -12,6 +12,7 @@ from torch import nn
 
 from graph_capture.assemble import Grouping, assemble
 from graph_capture.captured import CapturedGraph
+from graph_capture.errors import CaptureError
 from graph_capture.inputs import positional_inputs
 from graph_capture.joint import trace_step
 from graph_capture.measurement.calibrate import add_accumulation_seconds
@@ -23,7 +24,8 @@ from graph_capture.measurement.roofline import resolve_target
 from graph_capture.trace.zero_tangents import OutputName
 from solver.core.budget import checkpoint_all_peak
 from solver.core.graph import prepare
-from solver.errors import ArgumentError
+from solver.deadline import NEVER, Deadline, check_time_limit
+from solver.errors import ArgumentError, DeadlineError
 from solver.spelling import spelled
 from solver.target import Device
 
@@ -43,6 +45,7 @@ def capture(
     backward_from: Sequence[OutputName] | None = None,
     plain_peak: bool = False,
     target: str | Device | None = None,
+    time_limit: float | None = None,
 ) -> CapturedGraph:
     """Capture ``model(*example_inputs, **example_kwargs)`` forward + backward as a
     `CapturedGraph`.
@@ -84,6 +87,13 @@ def capture(
     The global RNG state and the model are left as they were. ``example_inputs``: a tuple or
     list, or one tensor (`graph_capture.inputs.positional_inputs`). Raises `CaptureError`, and
     `solver.target.UnknownTargetError` for an unknown target.
+    ``time_limit``: seconds for the whole call (None: no limit; one that is not a positive
+    number is refused with the line every entry point gives, `solver.deadline.check_time_limit`).
+    Its one `solver.Deadline` is checked before every step begins: the trace, each op of the
+    measuring run, the scratch bytes' runs, each timed pass, the gradient accumulation, the
+    plain step, the grouping (in estimate mode: the trace, each op, the grouping); past it,
+    `CaptureError` saying which step it came before and what to do (raise ``time_limit``, or
+    measure fewer ``repeats``).
 
     Two paths share the tracing (`graph_capture.joint.trace_step`) and the DAG's assembly
     (`graph_capture.assemble.assemble`):
@@ -94,15 +104,31 @@ def capture(
     """
     if granularity not in GRANULARITIES:
         raise ArgumentError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")
+    if time_limit is not None:
+        check_time_limit(time_limit, CaptureError)
+    deadline = NEVER if time_limit is None else Deadline.after(time_limit)
     example_inputs = positional_inputs(example_inputs)
     kwargs = dict(example_kwargs or {})
     target_device = _target_device(target)
     grouping = Grouping(granularity, cost_model, module_depth)
-    if target_device is None:
-        return _capture_measured(
-            model, example_inputs, kwargs, grouping, backward_from, repeats, plain_peak
+    try:
+        if target_device is None:
+            return _capture_measured(
+                model,
+                example_inputs,
+                kwargs,
+                grouping,
+                backward_from,
+                repeats,
+                plain_peak,
+                deadline,
+            )
+        return _capture_estimated(
+            model, example_inputs, kwargs, grouping, backward_from, target_device, deadline
         )
-    return _capture_estimated(model, example_inputs, kwargs, grouping, backward_from, target_device)
+    except DeadlineError as passed:
+        measured_passes = repeats if target_device is None else 1
+        raise _past_time_limit(passed, time_limit, measured_passes) from passed
 
 
 def _capture_measured(
@@ -113,8 +139,10 @@ def _capture_measured(
     backward_from: Sequence[OutputName] | None,
     repeats: int,
     measure_plain_peak: bool,
+    deadline: Deadline,
 ) -> CapturedGraph:
-    """`capture` on the model's device, in order, under a forked RNG:
+    """`capture` on the model's device, in order, under a forked RNG, each step checking
+    ``deadline`` before it begins (`DeadlineError`):
 
     1. `trace_step`: the joint graph on the real inputs, its tangents and arguments
     2. `measure_joint`: each op's seconds (least of ``repeats - 1`` passes) and bytes, run
@@ -131,24 +159,26 @@ def _capture_measured(
     device = model_device(model)
     autocast = AutocastState.current(device)
     with fork_rng(device):
+        deadline.check("the trace")
         joint = trace_step(model, example_inputs, kwargs, backward_from, contextlib.nullcontext())
         gm = joint.gm
         with no_autocast(device.type):
-            measured = measure_joint(gm, joint.args, repeats=repeats)
+            measured = measure_joint(gm, joint.args, repeats=repeats, deadline=deadline)
         for node in gm.graph.nodes:
             if node.name in measured.nodes:
                 node.meta[SECONDS_KEY] = measured.nodes[node.name].seconds
                 node.meta[SCRATCH_KEY] = measured.nodes[node.name].scratch_bytes
+        deadline.check("timing the gradient accumulation")
         accumulation = add_accumulation_seconds(
             gm, joint.grad_positions, measured.outputs, measured.nodes, repeats
         )
-        plain_peak = (
-            _plain_peak(
+        plain_peak = None
+        if measure_plain_peak:
+            deadline.check("the plain step's peak")
+            plain_peak = _plain_peak(
                 model, example_inputs, kwargs, joint.layout, joint.tangents, joint.zero_outputs
             )
-            if measure_plain_peak
-            else None
-        )
+    deadline.check("grouping the graph")
     captured = assemble(model, example_inputs, kwargs, joint, measured, grouping, None, autocast)
     captured.dag.graph["device"] = device.type
     if plain_peak is not None:
@@ -165,8 +195,10 @@ def _capture_estimated(
     grouping: Grouping,
     backward_from: Sequence[OutputName] | None,
     target: Device,
+    deadline: Deadline,
 ) -> CapturedGraph:
-    """`capture` for ``target`` with no real step, in order, under a forked RNG:
+    """`capture` for ``target`` with no real step, in order, under a forked RNG, each step
+    checking ``deadline`` before it begins (`DeadlineError`):
 
     1. `fake_step`: the model's parameters and buffers and the inputs as fake CPU tensors
     2. `trace_step`: the joint graph on them, its tangents made in the fake mode
@@ -179,11 +211,15 @@ def _capture_estimated(
     """
     device = torch.device("cpu")
     autocast = AutocastState.current(device)
+    deadline.check("the trace")
     with fork_rng(device), fake_step(model, example_inputs, kwargs) as fake:
         joint = trace_step(
             model, fake.inputs, fake.kwargs, backward_from, fake.mode, (example_inputs, kwargs)
         )
-        measured = estimate_joint(joint.gm, joint.args, target, fake.mode, joint.grad_positions)
+        measured = estimate_joint(
+            joint.gm, joint.args, target, fake.mode, joint.grad_positions, deadline
+        )
+    deadline.check("grouping the graph")
     captured = assemble(model, example_inputs, kwargs, joint, measured, grouping, target, autocast)
     dag = captured.dag
     dag.graph["plain_peak"] = max(1, checkpoint_all_peak(prepare(dag)))
@@ -191,6 +227,20 @@ def _capture_estimated(
     if grouping.cost_model == "time" and measured.pass_seconds is not None:
         dag.graph["step_cost"] = measured.pass_seconds
     return captured
+
+
+def _past_time_limit(passed: DeadlineError, time_limit: float, repeats: int) -> CaptureError:
+    """The error of a capture that ran past ``time_limit`` seconds (``passed``: before which
+    step), saying what to do: raise it, or measure fewer passes where ``repeats`` > 1."""
+    fewer = (
+        f", or measure fewer passes (repeats={repeats}: each beyond the first is one more timed "
+        "run of the step)"
+        if repeats > 1
+        else ""
+    )
+    return CaptureError(
+        f"capture ran past time_limit={time_limit:g} s ({passed}): raise time_limit{fewer}"
+    )
 
 
 def _target_device(target: str | Device | None) -> Device | None:

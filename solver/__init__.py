@@ -28,13 +28,20 @@ from solver.errors import (
     SolverTimeoutError,
     SpellingError,
 )
-from solver.exact import SolveOptions, TimeShares, solve
+from solver.exact import SolveOptions, solve
 from solver.fitting.static import StaticBytesError
 from solver.heuristics.baselines import BASELINES
 from solver.heuristics.registry import HEURISTICS, baseline, evict
 from solver.heuristics.rotor import NotAChainError
 from solver.sac.windows import WindowError
 from solver.target.devices import DeviceError, UnknownTargetError
+from solver.time_shares import (
+    CompileShares,
+    FitShares,
+    RematerializeShares,
+    SacShares,
+    TimeShares,
+)
 
 __all__ = [
     "BASELINES",
@@ -42,10 +49,12 @@ __all__ = [
     "ArgumentError",
     "Budget",
     "BudgetError",
+    "CompileShares",
     "ComputeBudgetError",
     "Deadline",
     "DeadlineError",
     "DeviceError",
+    "FitShares",
     "GraphError",
     "InfeasibleBudgetError",
     "InternalError",
@@ -56,6 +65,8 @@ __all__ = [
     "NotAChainError",
     "Problem",
     "RematError",
+    "RematerializeShares",
+    "SacShares",
     "Schedule",
     "ScheduleMismatchError",
     "Simulation",

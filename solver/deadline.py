@@ -96,6 +96,12 @@ class Deadline:
         """Whether the instant has come or the stop has been requested."""
         return self.stopped() or time.perf_counter() >= self.at
 
+    def check(self, before: str) -> None:
+        """Raise DeadlineError, naming the work it comes `before` ("the trace"), where the
+        deadline has passed: a piece of work that cannot end early checks before it begins."""
+        if self.passed():
+            raise DeadlineError(f"the deadline passed before {before}")
+
     def leaves(self, seconds: float) -> bool:
         """Whether `seconds` more of work would end by the deadline (False once stopped)."""
         return not self.stopped() and time.perf_counter() + seconds <= self.at

@@ -13,7 +13,7 @@ from torch import nn
 import executor
 from cli.main import main
 from executor.fitting.graphs import SizedGraphs
-from solver.fitting.search import DOES_NOT_FIT
+from solver.fitting.sizes import DOES_NOT_FIT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,10 +16,10 @@ from test_executor_fit import MEMORY, attention, blocks
 from torch import nn
 
 import executor
-import solver.fitting.search
+import solver.fitting.probe
 from executor.fitting.graphs import SizedGraphs
 from executor.fitting.memory import TrainingStep
-from solver.fitting.search import per_block_peak
+from solver.fitting.per_block import per_block_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,7 +39,7 @@ def test_every_solve_in_a_fit_gets_the_fits_one_deadline_and_stop(monkeypatch):
     """Every solve's deadline is the fit's own or a share of it (`deadline_checks`)."""
     assert_solves_share_the_calls_deadline(
         monkeypatch,
-        solver.fitting.search,
+        solver.fitting.probe,
         lambda: executor.fit(attention, ATTENTION_MEMORY, dim="seq", time_limit=8, run=False),
     )
 

@@ -14,14 +14,15 @@ from test_fit_fsdp import TOY, meta_blocks
 
 import executor
 import solver
-import solver.fitting.search
+import solver.fitting.probe
 from cli.main import main
 from executor.fitting.baselines import EagerSteps, run_step
 from executor.fitting.graphs import SizedGraphs, with_loss
 from executor.loss import default_loss
 from solver import Link
 from solver.fitting.result import Fit
-from solver.fitting.search import DOES_NOT_FIT, FITS, largest_fitting
+from solver.fitting.search import largest_fitting
+from solver.fitting.sizes import DOES_NOT_FIT, FITS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -87,7 +88,7 @@ def fits() -> tuple[dict[str, executor.Fit], list[object]]:
     checkpoint-all decide each size at once (2 s each, here): both fits are proven and end
     long before their 60 s, so a loaded machine leaves them the same answer."""
     links: list[object] = []
-    solve = solver.fitting.search.solve
+    solve = solver.fitting.probe.solve
 
     def recording(*args, **kwargs):
         links.append(kwargs.get("offload"))
@@ -95,7 +96,7 @@ def fits() -> tuple[dict[str, executor.Fit], list[object]]:
 
     common = {"target": TOY, "time_limit": 60}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(solver.fitting.search, "solve", recording)
+        patch.setattr(solver.fitting.probe, "solve", recording)
         kept = executor.fit(meta_blocks, MEMORY, **common)
         without = list(links)
         copied = executor.fit(meta_blocks, MEMORY, offload=LIMITED, **common)

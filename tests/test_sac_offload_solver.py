@@ -18,7 +18,8 @@ from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError
 from solver.sac import SacBlock, SacOp, SacPlan, SacProblem, Segment, plan_cost, plan_peak
 from solver.sac.memory import block_stall, offloadable, plain_offload_bytes, plan_host
-from solver.sac.solve import _Model, solve_sac
+from solver.sac.plan_model import PlanModel
+from solver.sac.solve import solve_sac
 from solver.sac.union import SacUnion, UnionPlan, union_cost, union_host, union_peak
 
 # 1e6 bytes per second: a drawn op's bytes (at most 50) copy in whole microseconds, as its
@@ -183,7 +184,7 @@ def test_without_a_link_the_plan_offloads_nothing_and_a_link_only_lowers_the_cos
     budget = int(low + where * (problem.plain_peak - low))
     plain = solve_sac(problem, budget, Deadline.after(20))
     assert plain.plan.offloaded is None and plain.host_peak == 0
-    names = {v.name for v in _Model(SacUnion.whole(problem), budget).m.Proto().variables}
+    names = {v.name for v in PlanModel(SacUnion.whole(problem), budget).m.Proto().variables}
     assert not any(n.startswith(("o", "q", "wf", "wr")) for n in names)  # no offload variables
     assert plan_cost(problem, plain.plan, SLOW) == plain.cost
     offloading = solve_sac(problem, budget, Deadline.after(20), link=FAST)

@@ -227,12 +227,12 @@ _ROWS = st.lists(
 @settings(max_examples=300, derandomize=True, deadline=None)
 @given(rows=_ROWS)
 def test_rows_left_out_are_implied_by_those_kept(rows):
-    """`_binding` keeps the same feasible set: for every assignment of the 0/1 variables the
+    """`binding_rows` keeps the same feasible set: for every assignment of the 0/1 variables the
     largest left-hand side over the kept rows is the largest over all rows, so `<= P` holds
     for the kept rows exactly where it holds for all (checked by enumeration)."""
-    from solver.sac.solve import _binding
+    from solver.sac.plan_model import binding_rows
 
-    kept = _binding(rows)
+    kept = binding_rows(rows)
     assert kept
     for bits in itertools.product((0, 1), repeat=5):
 

@@ -15,7 +15,8 @@ import solver
 from solver.core.budget import parse_compute_budget
 from solver.core.graph import prepare
 from solver.examples import chain, training_graph
-from solver.fitting.search import DOES_NOT_FIT, FITS, largest_fitting
+from solver.fitting.search import largest_fitting
+from solver.fitting.sizes import DOES_NOT_FIT, FITS
 
 HIGH = 12
 """The largest size tried; a graph whose bytes do not grow fits every size up to it."""

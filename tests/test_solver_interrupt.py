@@ -22,7 +22,7 @@ from solver_checks import GRAPHS
 import solver
 from cli.main import main
 from solver.deadline import Deadline, Stop
-from solver.exact.offload import OffloadProblem, solve_with_offload
+from solver.exact.offload.search import OffloadProblem, solve_with_offload
 from solver.examples import training_graph
 from solver.interrupt import first_sigint_stops
 from solver.io import load_graph, save_graph
@@ -232,7 +232,7 @@ def test_an_offload_solve_stopped_returns_its_incumbent_marked_interrupted():
     began = time.perf_counter()
     schedule = solve_with_offload(
         OffloadProblem(graph, problem, budget, SLOW_LINK), Deadline.after(LIMIT, stop), start=start
-    )
+    ).schedule
     assert time.perf_counter() - began < PROMPT
     assert schedule.extra["interrupted"] is True and schedule.cost <= start.cost
     assert schedule.extra["offload_model"] == "interrupted before the exact offload model was built"

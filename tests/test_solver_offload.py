@@ -26,7 +26,7 @@ from solver.core.link import LinkError
 from solver.core.offload import OffloadPlan, offload_ops
 from solver.core.stages import StagePlan, plan_from_keep
 from solver.deadline import NEVER, Deadline
-from solver.exact.offload import OffloadProblem, solve_with_offload
+from solver.exact.offload.search import OffloadProblem, solve_with_offload
 from solver.examples import chain, uniform_training_chain
 from solver.heuristics.offload import offload_runs
 from solver.io import save_graph
@@ -235,6 +235,47 @@ def test_offload_makes_a_budget_below_the_keep_recompute_least_feasible(tmp_path
     assert code == 0
     assert "INFEASIBLE" in table.split("exact + offload")[0]  # the keep/recompute row
     assert re.search(r"exact \+ offload +6 ", table)
+
+
+def test_remat_solve_offload_runs_the_librarys_one_orchestration(tmp_path, monkeypatch, capsys):
+    """`remat solve --offload` solves keep/recompute once, inside `solve_with_offload` (its
+    `keep_recompute_first`), and prints that solve's row: where it finds no schedule, the
+    offload solve does not solve it again."""
+    import cli.solve
+
+    graph = _reduction()
+    save_graph(graph, tmp_path / "g.json")
+    budgets: list[object] = []
+    solve = cli.solve.solve
+
+    def counted(graph, budget=None, **kwargs):
+        budgets.append(budget)
+        return solve(graph, budget, **kwargs)
+
+    monkeypatch.setattr(cli.solve, "solve", counted)
+    argv = ["solve", str(tmp_path / "g.json"), "--budget", "7", "--offload", "1e-9,1e-9"]
+    assert main([*argv, "--quiet", "--no-baselines"]) == 0
+    assert budgets == [7]  # the keep/recompute solve, once (INFEASIBLE)
+    table = capsys.readouterr().out
+    assert "keep/recompute: no schedule fits" in table
+    assert re.search(r"^exact +- +- +- +INFEASIBLE", table, re.MULTILINE)
+    problem = solver.prepare(graph)
+    solved = solve_with_offload(
+        OffloadProblem(graph, problem, 7, Link(1, 1)),
+        Deadline.after(TIME_LIMIT),
+        keep_recompute=solver.solve,
+        keep_recompute_first=True,
+    )
+    assert solved.keep_recompute is None and solved.schedule.cost == 6
+    assert isinstance(solved.keep_recompute_error, solver.InfeasibleBudgetError)
+    roomy = solve_with_offload(
+        OffloadProblem(graph, problem, 100, Link(1, 1)),
+        Deadline.after(TIME_LIMIT),
+        keep_recompute=solver.solve,
+        keep_recompute_first=True,
+    )
+    assert roomy.keep_recompute is not None and roomy.keep_recompute.status == "OPTIMAL"
+    assert roomy.keep_recompute_error is None
 
 
 REDUCTION_STEPS = {
@@ -610,7 +651,7 @@ def test_with_no_time_left_or_too_large_a_model_the_incumbent_comes_back():
         solve_with_offload(OffloadProblem(graph, problem, budget, slow), Deadline.after(0))
     start = solver.solve(graph, budget, time_limit=TIME_LIMIT)
     asked = OffloadProblem(graph, problem, budget, slow)
-    late = solve_with_offload(asked, Deadline.after(0), start=start)
+    late = solve_with_offload(asked, Deadline.after(0), start=start).schedule
     assert late.ops == start.ops and late.status == "FEASIBLE"
     assert late.bound == problem.total_cost == 18
     assert "too many for the 0.0 s left" in late.extra["offload_model"]

@@ -17,7 +17,7 @@ parameter bytes, so the Keras applications' parameter counts are used (Keras's p
 figures: VGG16 138,357,544; VGG19 143,667,240; MobileNet 4,253,864; ResNet50 25,636,712) and
 the segmentation graphs get the whole 16e9 bytes, with the fixed bytes up to which the answer
 stands ("holds while fixed <="). The proof is over Checkmate's stage schedules, the space its
-ILP searched (`solver.fitting.search`, NOTE [fit proofs]).
+ILP searched (`solver.fitting.search`, NOTE [fit proofs] in `solver.fitting.probe`).
 
 Run: nice -n 5 python -m benchmarks.planning.fit_published [--time-limit 600] [--graphs VGG16 ...]
      [--out results]

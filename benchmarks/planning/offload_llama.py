@@ -131,14 +131,13 @@ def reloads_instead(dag, solved: dict, link) -> list[dict]:
     from solver.core.graph import prepare
     from solver.core.offload import OffloadPlan, offload_ops
     from solver.core.simulate import simulate
-    from solver.core.stages import StagePlan
-    from solver.exact.offload import _stage_plan
+    from solver.core.stages import StagePlan, plan_from_ops
 
     got = solved["keep/recompute"]
     if "ops" not in got:
         return []
     problem = prepare(dag)
-    plan = _stage_plan(problem, [(kind, v) for kind, v in got["ops"]])
+    plan = plan_from_ops(problem, [(kind, v) for kind, v in got["ops"]])
     rows = []
     for t, stage in enumerate(plan.computed):
         recomputed = set(stage) - {t}

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import solver
-from executor.compiled.budget_loop import CompiledSteps, compile_within_budget
+from executor.compiled.budget_loop import BudgetLoop, CompiledSteps
 from executor.compiled.check import CompileCheck
 from executor.compiled.offload import PinnedPool, transfer_link
 from executor.compiled.plan_file import read_plan, replay_plan, write_plan
@@ -179,9 +179,8 @@ def compile(
         raise CompileError(str(e)) from e
     with call_deadline(time_limit, CompileError) as deadline:
         steps = CompiledSteps(model, inputs, dict(example_kwargs or {}), loss_fn, deadline)
-        call, report = compile_within_budget(
-            steps, wanted, name, options, max_compiles, check or CompileCheck(), link
-        )
+        loop = BudgetLoop(steps, wanted, name, options, max_compiles, check or CompileCheck(), link)
+        call, report = loop.run()
         return CompiledModel(steps.model, call, report, name, options)
 
 

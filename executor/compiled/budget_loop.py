@@ -52,6 +52,7 @@ from executor.fitting.graphs import expected_seconds
 from solver.core.budget import Budget, human_bytes
 from solver.deadline import Deadline
 from solver.errors import BudgetError
+from solver.time_shares import COMPILE_SHARES, CompileShares
 
 
 @dataclass
@@ -125,29 +126,19 @@ class CompiledSteps:
         )
 
 
-def compile_within_budget(
-    steps: CompiledSteps,
-    wanted: Budget,
-    name: str,
-    options: dict[str, Any],
-    max_compiles: int,
-    check: CompileCheck,
-    link: solver.Link | None = None,
-) -> tuple[Callable[..., Any], CompileReport]:
-    """(the compiled call, its `CompileReport`): ``steps.model`` compiled by the backend
-    ``name`` with inductor ``options`` and remat's partition, solved at ``wanted`` (offloading
-    over ``link`` where one is given) and lowered until the measured peak is within it, at
-    most ``max_compiles`` times, then held against torch's step (``check``); `CompileError`
-    where no compile measures within the budget in time."""
-    return _BudgetLoop(steps, wanted, name, options, max_compiles, check, link).run()
+class BudgetLoop:
+    """``steps.model`` compiled by the backend ``name`` with inductor ``options`` and remat's
+    partition, solved at ``wanted`` (offloading over ``link`` where one is given) and lowered
+    until the measured peak is within it, at most ``max_compiles`` times, then held against
+    torch's step (``check``): `run` returns the compiled call and its `CompileReport`, or
+    raises `CompileError` where no compile measures within the budget in time; ``shares``: how
+    the solves share the time (NOTE [one deadline]).
 
-
-class _BudgetLoop:
-    """One `compile_within_budget` call. A solver budget is bytes, or None for "min" (the
-    least-peak schedule). ``tries``: the measured compiles; ``attempted``: the solver budget
-    of every compile, measured or not; ``infeasible``: the last compile's solve, below the
-    least; ``runs_twice``: a schedule refused for recomputing a run-once op;
-    ``plain_peak``: the plain compile's measured peak (bytes), once a percentage needed it."""
+    A solver budget is bytes, or None for "min" (the least-peak schedule). ``tries``: the
+    measured compiles; ``attempted``: the solver budget of every compile, measured or not;
+    ``infeasible``: the last compile's solve, below the least; ``runs_twice``: a schedule
+    refused for recomputing a run-once op; ``plain_peak``: the plain compile's measured peak
+    (bytes), once a percentage needed it."""
 
     def __init__(
         self,
@@ -157,10 +148,12 @@ class _BudgetLoop:
         options: dict[str, Any],
         max_compiles: int,
         check: CompileCheck,
-        link: solver.Link | None,
+        link: solver.Link | None = None,
+        shares: CompileShares = COMPILE_SHARES,
     ) -> None:
         self.steps, self.name, self.options = steps, name, options
         self.max_compiles, self.check, self.link = max_compiles, check, link
+        self.shares = shares
         self.plain_peak: int | None = None
         self.budget, self.minimum = wanted.text, wanted.least
         try:
@@ -181,6 +174,7 @@ class _BudgetLoop:
         return self.plain_peak
 
     def run(self) -> tuple[Callable[..., Any], CompileReport]:
+        """(the compiled call, its `CompileReport`): the loop (module docstring)."""
         solver_budget: int | None = None if self.minimum else self.target
         for attempt in range(self.max_compiles):
             self.attempted.append(solver_budget)
@@ -221,7 +215,8 @@ class _BudgetLoop:
         # under inductor the check compiles torch's partition once more: a share of its own
         left = (2 if self.minimum else self.max_compiles - attempt) + (self.name == "inductor")
         deadline = self.steps.deadline
-        solves = deadline.within(_solve_seconds(deadline.remaining(), left, self.steps.rest()))
+        seconds = _solve_seconds(deadline.remaining(), left, self.steps.rest(), self.shares)
+        solves = deadline.within(seconds)
         return RematPartitioner(
             "min" if solver_budget is None else solver_budget,
             solves,
@@ -336,13 +331,14 @@ def check_step(
     )
 
 
-def _solve_seconds(left: float, tries: int, rest: float | None) -> float:
+def _solve_seconds(left: float, tries: int, rest: float | None, shares: CompileShares) -> float:
     """Seconds for the solves of the next of ``tries`` compiles when ``left`` seconds remain
     and a compile beyond its solves, with its measurement, is expected to take ``rest`` (None:
-    not known yet, taken as half of a compile's equal share): an equal share of what the
-    compiles leave, or where that is nothing, of what this one leaves."""
+    not known yet: the solves take ``shares.first_solves`` of a compile's equal share): an
+    equal share of what the compiles leave, or where that is nothing, of what this one
+    leaves."""
     if rest is None:
-        return left / tries / 2
+        return shares.first_solves * (left / tries)
     return max(left / tries - rest, (left - rest) / tries, 0.0)
 
 

@@ -22,7 +22,7 @@ from executor.fitting.graphs import SizedGraphs, build, expected_seconds
 from executor.fitting.memory import TrainingStep
 from executor.traced.module import Rematerialized
 from solver.deadline import Deadline
-from solver.fitting.search import per_block_peak
+from solver.fitting.per_block import per_block_peak
 from solver.fitting.sizes import DOES_NOT_FIT, FITS, largest_between
 from solver.fitting.static import StaticBytes
 

@@ -1,7 +1,7 @@
 """The fit on its one deadline (`fit_sizes`): the step's bytes at any size (`step_bytes`), the
 largest size proven to fit and the least proven not to, confirmed on captures
-(`solver.fitting.search`), one real step at that size, eager's and per-block checkpointing's
-sizes beside it, all as one `Fit`.
+(`solver.fitting.search`, `solver.fitting.confirmation`), one real step at that size, eager's
+and per-block checkpointing's sizes beside it, all as one `Fit`.
 
 NOTE [one deadline]: `time_limit` bounds the whole call, captures and steps included, as
 `solver.solve`'s does: one `Deadline` (with the first Ctrl-C's `Stop`) is made at the call and
@@ -22,17 +22,17 @@ from executor.fitting.graphs import SizedGraphs
 from executor.fitting.step_bytes import Sizes, StepBytes, StepSetup, step_bytes
 from solver.core.schedule import Schedule
 from solver.deadline import Deadline
+from solver.fitting.confirmation import confirmed
 from solver.fitting.result import Fit, cut_short, eager_above
-from solver.fitting.search import FitResult, confirmed, largest_fitting
-
-SEARCH_SHARE = 0.6
-"""The share of the time left that a search gets; the rest is for the confirming captures, the
-real steps and the baselines (and, where a capture refutes the prediction, the second search)."""
+from solver.fitting.search import FitResult, largest_fitting
+from solver.time_shares import FIT_SHARES, FitShares
 
 
-def fit_sizes(sizes: Sizes, step: StepSetup, deadline: Deadline) -> Fit:
+def fit_sizes(
+    sizes: Sizes, step: StepSetup, deadline: Deadline, shares: FitShares = FIT_SHARES
+) -> Fit:
     """`executor.fitting.api.fit` below its argument checks, on its one deadline (NOTE [one
-    deadline]), in order:
+    deadline]) shared out as `shares` says, in order:
 
     1. `step_bytes`: the graph at any size and what exists before a step (measured, predicted,
        or per rank under FSDP2), affine in the size
@@ -47,7 +47,7 @@ def fit_sizes(sizes: Sizes, step: StepSetup, deadline: Deadline) -> Fit:
     begun = time.perf_counter()
     notes = [step.memory_note] if step.memory_note else []
     at = step_bytes(sizes, step, notes)
-    found = _search(at, sizes, step, deadline, notes, begun)
+    found = _search(at, sizes, step, deadline, notes, begun, shares)
     size = found.size
     measured = measured_host = None
     if step.run and size is not None:
@@ -94,9 +94,10 @@ def _search(
     deadline: Deadline,
     notes: list[str],
     begun: float,
+    shares: FitShares,
 ) -> FitResult:
     """The largest size whose least peak within the step's cap fits the bytes left to the step
-    (`largest_fitting`, on `SEARCH_SHARE` of the time left, offloading over the step's link
+    (`largest_fitting`, on `shares.search` of the time left, offloading over the step's link
     where it has one), confirmed on captures
     (`confirmed`: a second search where a capture refutes the prediction); a capture starts
     only where the deadline leaves it time. FitError where the deadline passed before any size
@@ -109,7 +110,7 @@ def _search(
         return at.graphs(size)
 
     def search() -> FitResult:
-        share = deadline.share(SEARCH_SHARE)
+        share = deadline.share(shares.search)
         return largest_fitting(
             graph_at,
             at.left,
@@ -118,6 +119,7 @@ def _search(
             high=sizes.high,
             deadline=share,
             offload=step.link,
+            shares=shares,
         )
 
     found = confirmed(search, at.graphs, sizes.dim, at.low, deadline, notes)

@@ -44,6 +44,7 @@ from solver.sac.union import SacUnion, UnionPlan
 from solver.spelling import spelled
 from solver.target import Device, FsdpPolicy
 from solver.target.devices import host_link
+from solver.time_shares import SAC_SHARES
 
 __all__ = ["REGIONS", "checkpoint_plan"]
 
@@ -188,9 +189,10 @@ def checkpoint_plan(
         clock = RecordingTime(
             time_limit,
             deadline,
-            deadline.share(0.5),
+            deadline.share(SAC_SHARES.recording),
             sum(RECORDING_STEPS[k] for k in ("eager", "windows", "order"))
             + sets * sum(RECORDING_STEPS[k] for k in ("ops", "prices")),
+            shares=SAC_SHARES,
         )
         step = _Recording(model, (example_inputs, kwargs), loss_fn, measurer, clock)
         named, kept, union = step.record(blocks, regions)
@@ -200,13 +202,22 @@ def checkpoint_plan(
                 seconds = measure_offload_seconds(meter=measurer.meter)
                 union = replace(union, blocks=replace(union.blocks, offload_seconds=seconds))
             with clock.solving():
-                solution = solve_sac(union, wanted, deadline, whole=whole, link=link)
+                solution = solve_sac(
+                    union, wanted, deadline, whole=whole, link=link, shares=clock.shares
+                )
             plan = _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
             return plan if link is None else replace(plan, link=link, host_peak=solution.host_peak)
         memory = model_memory(model, [m for _, m in named], policy)
         with clock.solving():
             done = solve_sharded(
-                union, memory, wanted, device, deadline, whole, policy.nccl_communicators
+                union,
+                memory,
+                wanted,
+                device,
+                deadline,
+                whole,
+                policy.nccl_communicators,
+                clock.shares,
             )
         plan = _plan(model, named, kept, union, done.solution, measurer.target, done.plain_peak)
         return replace(plan, world_size=policy.world_size)

@@ -15,6 +15,7 @@ from solver.sac.sharded import rank_peak, shifted
 from solver.sac.solve import SacSolution, solve_sac
 from solver.sac.union import SacUnion, UnionPlan
 from solver.target import Device, FsdpMemory
+from solver.time_shares import SAC_SHARES, SacShares
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,13 @@ def solve_sharded(
     deadline: Deadline,
     whole: bool,
     nccl_communicators: int = 0,
+    shares: SacShares = SAC_SHARES,
 ) -> ShardedSolution:
     """The least-cost plan whose per-rank peak fits `budget`: bytes or units of device memory
     per rank, a percentage of the per-rank peak without checkpointing, "min", or None (what
     the target lets PyTorch allocate: `Device.usable` with `nccl_communicators`). The step's
     budget is what the resident bytes leave, each window less its most FSDP bytes
-    (solver/sac/sharded.py)."""
+    (solver/sac/sharded.py); `shares`: the solve's (`solve_sac`)."""
     plain = memory.resident + rank_peak(union, _no_checkpoint(union), memory).step_peak
     wanted = Budget.of(budget)
     usable = None if device is None else lambda: device.usable(nccl_communicators)
@@ -69,7 +71,11 @@ def solve_sharded(
     problem = shifted(union, memory)
     try:
         solution = solve_sac(
-            problem, wanted if rank is None else rank - memory.resident, deadline, whole
+            problem,
+            wanted if rank is None else rank - memory.resident,
+            deadline,
+            whole,
+            shares=shares,
         )
     except InfeasibleBudgetError as e:
         least = None if e.minimum_bytes is None else memory.resident + e.minimum_bytes

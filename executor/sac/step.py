@@ -19,6 +19,7 @@ from executor.errors import PlanError
 from graph_capture.measurement.peak import Snapshot
 from solver.deadline import NEVER, Deadline
 from solver.errors import SolverTimeoutError
+from solver.time_shares import SAC_SHARES, SacShares
 
 __all__ = ["LossClosure", "RecordingTime", "Snapshot", "hooked", "in_call_order", "leaf_tensors"]
 
@@ -47,7 +48,8 @@ class RecordingTime:
     """The time a recording may take, in plain steps and seconds (`time.perf_counter()`).
 
     `deadline` ends the whole call (`time_limit` seconds from its start); `spare` is when the
-    recording stops repeating measurements, leaving the rest to the solve. A measurement's
+    recording stops repeating measurements, leaving the rest to the solve; `shares` says how
+    the call's seconds are shared out (`SacShares`: `spare` is its `recording`). A measurement's
     first run is taken whatever the time (`repeats`); `finished` notes each part recorded,
     with its weight in plain steps at one run per measurement of the `total` the recording
     makes, and raises `PlanError` once `deadline` has passed (or its stop was requested: the
@@ -60,6 +62,7 @@ class RecordingTime:
     began: float = field(default_factory=time.perf_counter)
     done: list[str] = field(default_factory=list)
     steps: float = 0.0
+    shares: SacShares = SAC_SHARES
 
     def repeats(self, most: int, until: Deadline | None = None) -> Iterator[int]:
         """0, 1, ... below `most`: the first always, each further one while `until` (default

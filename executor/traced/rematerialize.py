@@ -21,6 +21,7 @@ from solver.errors import SolverTimeoutError
 from solver.interrupt import call_deadline
 from solver.spelling import spelled
 from solver.target.devices import host_link
+from solver.time_shares import REMATERIALIZE_SHARES, RematerializeShares
 
 __all__ = ["rematerialize"]
 
@@ -91,13 +92,17 @@ def _device_of(model: nn.Module) -> torch.device:
     return torch.device("cpu") if first is None else first.device
 
 
-def _leave_for_check(deadline: Deadline, captured: CapturedGraph) -> Deadline:
+def _leave_for_check(
+    deadline: Deadline,
+    captured: CapturedGraph,
+    shares: RematerializeShares = REMATERIALIZE_SHARES,
+) -> Deadline:
     """The solve's deadline: ``deadline`` less what the check after it takes (one eager and
     one rematerialized step: three times the plain step's seconds measured at capture, graph
-    attribute ``step_cost``), but never less than half the time left."""
+    attribute ``step_cost``), but never less than ``shares.solve_at_least`` of the time left."""
     check_seconds = 3.0 * float(captured.dag.graph.get("step_cost", 0.0))
-    half = time.perf_counter() + deadline.remaining() / 2
-    return deadline.until(max(half, deadline.at - check_seconds))
+    least = deadline.share(shares.solve_at_least).at
+    return deadline.until(max(least, deadline.at - check_seconds))
 
 
 def _link(offload: Link | str | None) -> Link | None:

@@ -44,6 +44,7 @@ from graph_capture.measurement.roofline import op_flops, op_seconds
 from graph_capture.measurement.workspace import workspace_bytes
 from graph_capture.trace.fx_nodes import describe_op
 from graph_capture.trace.lifted import LiftedConstant
+from solver.deadline import NEVER, Deadline
 from solver.target import Device
 
 __all__ = ["CUDA_GENERATOR_STATE_BYTES", "FakeStep", "estimate_joint", "fake_step"]
@@ -119,12 +120,14 @@ def estimate_joint(
     device: Device,
     mode: FakeTensorMode,
     grad_positions: Sequence[int],
+    deadline: Deadline = NEVER,
 ) -> JointMeasure:
     """`measure.measure_joint`'s `JointMeasure` for ``device``, from fake tensors (``args``:
     the joint's fake placeholders, made in ``mode``). Each node's ``seconds`` is its predicted
     time; ``pass_seconds`` is their sum (the predicted step: what runs between ops is not
     modelled). A lifted constant is static memory, like a placeholder. Raises `CaptureError`
-    naming an op that fails on the fake tensors."""
+    naming an op that fails on the fake tensors, and `DeadlineError` before an op once
+    ``deadline`` has passed."""
     rounding = device.rounding
     lifted = [n for n in gm.graph.nodes if isinstance(n.target, LiftedConstant)]
     _check_constants(lifted)
@@ -144,6 +147,7 @@ def estimate_joint(
             partial(storages_of, rounding=rounding),
             static=list(constants.values()),
             on="fake tensors",
+            deadline=deadline,
         )
         total = sum(measure.seconds for measure in measures.values())
         total += _accumulation_seconds(gm, grad_positions, outputs, measures, device)

@@ -25,6 +25,7 @@ from graph_capture.measurement.fast_ops import implementation
 from graph_capture.measurement.peak import measure_each
 from graph_capture.trace.fx_nodes import describe_op, device_of
 from graph_capture.trace.lifted import LiftedConstant, lifted_constants
+from solver.deadline import NEVER, Deadline
 
 StorageKey = tuple[int, int]
 SECONDS_KEY = "remat_seconds"
@@ -137,12 +138,14 @@ def interpret(
     *,
     static: object = (),
     on: str,
+    deadline: Deadline = NEVER,
 ) -> tuple[dict[str, object], dict[str, NodeMeasure], list[object]]:
     """Run ``gm``'s calls in graph order with ``run_node``, every value kept: returns the values
     (fx node name -> value), the measures with ``new_storages`` set (the storages no placeholder,
     ``static`` value or earlier node holds, keyed by ``storages``) and the graph's flat outputs.
     Raises `CaptureError` for a node that is not a call, or naming the op that failed on ``on``
-    (what the values are: "the example tensors", "fake tensors")."""
+    (what the values are: "the example tensors", "fake tensors"), and `DeadlineError` before an
+    op once ``deadline`` has passed."""
     env: dict[str, object] = {}
     measures: dict[str, NodeMeasure] = {}
     seen: set[StorageKey] = set()
@@ -162,6 +165,7 @@ def interpret(
                 f"unexpected fx node {node.op} '{node.name}' ({node.target}) in the joint "
                 "graph; only calls can be measured and replayed"
             )
+        deadline.check(f"running {node.name} on {on}")
         fn_args, fn_kwargs = torch.fx.node.map_arg(
             (node.args, node.kwargs), lambda n, env=env: env[n.name]
         )
@@ -182,7 +186,11 @@ def interpret(
 
 
 def measure_joint(
-    gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], *, repeats: int = 5
+    gm: torch.fx.GraphModule,
+    args: Sequence[torch.Tensor],
+    *,
+    repeats: int = 5,
+    deadline: Deadline = NEVER,
 ) -> JointMeasure:
     """Run ``gm`` once node by node (every value kept: storages, FLOPs), each op once more
     under the allocation profiler for its scratch bytes, then, with those values released,
@@ -195,19 +203,28 @@ def measure_joint(
     The outputs are those of a plain run: each node's value is from a run that started from
     the RNG state the plain run would have had. Ops run where their inputs are (the model's
     device); a lifted constant is static memory, like a placeholder. Raises `CaptureError`
-    naming the op and its module when an op fails on the real tensors.
+    naming the op and its module when an op fails on the real tensors, and `DeadlineError` once
+    ``deadline`` has passed: before each op of the first run, before the scratch bytes' runs and
+    before each timed pass.
     """
     with torch.no_grad():
         env, measures, outputs = interpret(
-            gm, args, _run_node, storages_of, static=lifted_constants(gm), on="the example tensors"
+            gm,
+            args,
+            _run_node,
+            storages_of,
+            static=lifted_constants(gm),
+            on="the example tensors",
+            deadline=deadline,
         )
         calls = _calls(gm, env)
         device = device_of(calls[0][0]) if calls else torch.device("cpu")
         with fork_rng(device):
+            deadline.check("measuring the ops' scratch bytes")
             _measure_scratch(calls, measures, device)
             del calls
             env.clear()  # timed without them, as a step does not hold every value
-            pass_seconds = _time_in_step_order(gm, args, measures, device, repeats - 1)
+            pass_seconds = _time_in_step_order(gm, args, measures, device, repeats - 1, deadline)
     return JointMeasure(measures, outputs, pass_seconds)
 
 
@@ -239,20 +256,23 @@ def _time_in_step_order(
     measures: dict[str, NodeMeasure],
     device: torch.device,
     passes: int,
+    deadline: Deadline,
 ) -> float | None:
     """Set every op's ``seconds`` to its least over `passes` runs of the whole graph in order,
     each value dropped after its last use (`step_drops`): the op timed where a step runs it,
     after the ops before it, with the allocator and caches in the state a step leaves them (an
     op timed alone on values that all stay alive reads other caches and allocates elsewhere).
     Returns the least wall time of a whole pass (seconds), measured in the same passes as the
-    ops, so both see the same machine; nothing changes and None comes back when `passes` < 1."""
+    ops, so both see the same machine; nothing changes and None comes back when `passes` < 1.
+    Raises `DeadlineError` before a pass once `deadline` has passed."""
     if passes < 1:
         return None
     plan = [(node, drops, implementation(node)) for node, drops in step_drops(gm)]
     placeholders = [n.name for n in gm.graph.find_nodes(op="placeholder")]
     least: dict[str, float] = {}
     whole = math.inf
-    for _ in range(passes):
+    for k in range(passes):
+        deadline.check(f"timed pass {k + 1} of {passes}")
         synchronize(device)
         started = time.perf_counter()
         env: dict[str, object] = dict(zip(placeholders, args, strict=True))

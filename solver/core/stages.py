@@ -11,7 +11,7 @@ lowest peak, so a plan determines its schedule.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from solver.core.graph import Problem
@@ -139,6 +139,33 @@ class Lifetimes:
 Window = list[int]
 """One copy of a value: [first stage it is live in, last stage it may be read in, last stage
 it is read in (-1: none)]."""
+
+
+def plan_from_ops(problem: Problem, ops: Sequence[tuple[str, Hashable]]) -> StagePlan:
+    """The stage plan of a keep/recompute schedule's ops: stage t runs to the first compute of
+    node t and the frees after it; what is live then is carried into t + 1."""
+    computed: list[tuple[int, ...]] = []
+    kept: list[frozenset[int]] = [frozenset()]
+    live: set[int] = set()
+    stage: list[int] = []
+    seen: set[int] = set()
+    boundary = False
+    for kind, v in ops:
+        i = problem.index[v]
+        if boundary and kind == "compute":
+            computed.append(tuple(sorted(stage)))
+            kept.append(frozenset(live))
+            stage, boundary = [], False
+        if kind == "compute":
+            stage.append(i)
+            live.add(i)
+            boundary = i not in seen
+            seen.add(i)
+        else:
+            live.discard(i)
+    computed.append(tuple(sorted(stage)))
+    kept.append(frozenset())
+    return StagePlan(tuple(computed), tuple(kept))
 
 
 def lifetime_windows(

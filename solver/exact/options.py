@@ -1,11 +1,9 @@
 """`SolveOptions`: the tuning of the exact search, a frozen parameter of `solver.solve`.
 
 How the solve's seconds are shared out among its steps is one field, `shares`
-(`TimeShares`). Every share is a fraction of seconds: "of the limit" counts from the start of
-the solve (the step ends by that instant, or earlier where the solve's own deadline comes
-first); "of the time left" counts from when the step begins. The defaults are the settings
-`python -m benchmarks.solving.solver_scale` and `python -m benchmarks.solving.time_limits` were
-run with; docs/solver.md says what each trades.
+(`solver.time_shares.TimeShares`, with the shares of every other call's seconds). The defaults
+are the settings `python -m benchmarks.solving.solver_scale` and `python -m
+benchmarks.solving.time_limits` were run with; docs/solver.md says what each trades.
 """
 
 from __future__ import annotations
@@ -14,83 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-
-@dataclass(frozen=True)
-class TimeShares:
-    """Fractions of a solve's seconds, one per step that takes a share.
-
-    Warm starts (`solver.exact.warm_start`, `solver.exact.least_peak`), of the limit:
-        warm_start: the backward searches; also the eviction search for lower peaks after the
-            least-peak search (objective "cost" where no heuristic fits the budget).
-        heuristic: the least-peak search (objective "memory"; objective "cost" where no
-            heuristic fits the budget).
-        peak_search_small: the eviction search for lower peaks where the stage model is small
-            (`SolveOptions.cascade_small_model`), in `warm_start`'s place. The steps after the
-            cascade cover wait for it, and on such graphs they find the schedules (BERT-1 at
-            the least peak + 10%: it found none in 30 s; at 0.2 the solve is OPTIMAL in 60 s,
-            at 0.5 it ends at 1.50 of the node costs recomputed against the optimum's 0.298).
-        policy: objective "memory": the checkpoint policies, counted from when they start (on
-            the 24-layer transformers they take 40-70 s and peak 3-5x above eviction; the time
-            goes to the eviction search for lower peaks).
-    Bounds, of the limit:
-        cover: the read-gap cover (`solver.exact.cover`).
-        cascade_first: the cascade cover's first bound (LP rounds until no row is broken, then
-            one CP-SAT round), counted from the step's start (where the warm starts take half
-            the limit, on 10,000-node graphs, it still gets its time)...
-        cascade: ...and the cascade step as a whole (`solver.exact.cascade`: the bound rising
-            on one thread, the lifetime search on the other)...
-        cascade_small: ...or this share where the stage model has at most
-            `SolveOptions.cascade_small_model` variables, leaving the rest to the steps that
-            search it.
-        cascade_eviction: once the lifetime search is quiet (`SolveOptions.lifetime_quiet`),
-            the eviction search from the rule's runs, of the time left to the cascade step's
-            end (the lifetime search from its best takes the rest).
-    The stage model and its probes (`solver.exact.stage_model`, `solver.exact.probes`), of the
-    time left:
-        lp: one LP relaxation.
-        lp_repeat: after a rounding beats the incumbent, the model is rebuilt at its cost and its
-            LP solved again while an LP takes less than this share.
-        probe: one climbing HiGHS probe (the last cap below the incumbent takes all).
-        minimise: where the stage model's LP bound is under the floor the covers proved and the
-            lifetime search has run (op-level graphs), CP-SAT's run from the incumbent; the
-            rest is `lifetime_polish`'s.
-    Budget "min" (`solver.exact.pipeline`), of the time left:
-        least_peak: the least-peak search; the least cost at that peak has the rest.
-    With offload (`solver.exact.offload`), of the time left:
-        offload_keep_recompute: the keep/recompute solve, for the incumbent, where the offload
-            model is built...
-        offload_keep_recompute_alone: ...and where the model is too large for the time left
-            (`offload_model_room`): the incumbent is then the result.
-        offload_heuristics: the offload heuristics from each base plan (a few dozen replays by
-            the simulator).
-    `remat solve` (`cli.solve`):
-        command_exact: the exact solves, of --time-limit counted from the command's start; the
-            table's heuristic rows have the rest (with --no-baselines the solves get all).
-            `python -m benchmarks.solving.time_limits --cli` measures that the command returns
-            within the limit.
-        command_keep_recompute: with --offload, the keep/recompute solve, of the exact solves'
-            time; the offload solve, which starts from its schedule, has the rest.
-    """
-
-    warm_start: float = 0.5
-    heuristic: float = 0.1
-    peak_search_small: float = 0.2
-    policy: float = 0.1
-    cover: float = 0.1
-    cascade_first: float = 0.15
-    cascade: float = 0.8
-    cascade_small: float = 0.3
-    cascade_eviction: float = 0.5
-    lp: float = 0.5
-    lp_repeat: float = 0.1
-    probe: float = 0.5
-    minimise: float = 0.5
-    least_peak: float = 0.5
-    offload_keep_recompute: float = 0.3
-    offload_keep_recompute_alone: float = 0.9
-    offload_heuristics: float = 0.5
-    command_exact: float = 0.8
-    command_keep_recompute: float = 0.5
+from solver.time_shares import TimeShares
 
 
 @dataclass(frozen=True)

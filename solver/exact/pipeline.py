@@ -41,7 +41,7 @@ from solver.exact import least_peak, warm_start
 from solver.exact.cascade import cascade_cover, lifetime_polish
 from solver.exact.cover import read_gap_cover
 from solver.exact.moments import moment_relaxation
-from solver.exact.offload import OffloadProblem, solve_with_offload
+from solver.exact.offload.search import OffloadProblem, solve_with_offload
 from solver.exact.options import DEFAULT, SolveOptions
 from solver.exact.probes import probes
 from solver.exact.stage_model import lp_relaxation, stage_model
@@ -112,7 +112,7 @@ def solve(
             "h100", as `solver.target.devices.host_link` reads it): values may also be
             offloaded and reloaded over it, and the schedule is the optimum of the stage space
             with offload, its cost the compute cost plus the stall (docs/offload.md;
-            `solver.exact.offload`; objective "cost" only). None: keep or recompute only.
+            `solver.exact.offload.search`; objective "cost" only). None: keep or recompute only.
 
     Returns a `Schedule` replayed by the independent simulator, within the budgets; status
     "OPTIMAL" only with an exact certificate (NOTE [certificates] in `solver.exact.state`), its
@@ -169,7 +169,7 @@ def solve(
                 progress=report,
                 options=options,
                 keep_recompute=solve,
-            )
+            ).schedule
         return finish(run(Goal("cost", units, budget=bytes_), whole))
 
 

@@ -10,7 +10,7 @@ from solver.core.budget import human_bytes
 from solver.core.link import Link
 from solver.core.schedule import Schedule
 from solver.fitting.fsdp import FsdpBytes
-from solver.fitting.search import Probe
+from solver.fitting.probe import Probe
 from solver.fitting.static import StaticBytes
 
 RUNTIME = "remat's executor (executor.Rematerialized)"

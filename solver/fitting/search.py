@@ -11,18 +11,7 @@
                                            sizes), until they are adjacent or the time is
                                            spent (the sizes between are then open)
 
-NOTE [fit proofs]: "fits" rests only on a schedule that the simulator replays at or under
-`memory` bytes and within the compute cap. "Does not fit" rests only on a proven bound over the
-solver's schedule space (Checkmate's stage schedules, `docs/solver.md`): the least peak within
-the cap proven above `memory`, the least cost within `memory` proven above the cap, or no
-schedule within `memory` at all (`InfeasibleBudgetError`). An incumbent never proves that a size
-does not fit. With a host link (`offload`), the space is the stage space with offload
-(docs/offload.md), which holds every keep/recompute schedule: a keep/recompute schedule that
-fits still fits, but its bounds prove nothing there (a copy may take a value's place); "does not
-fit" then rests on the one-line floor (`Problem.one_line_floor`: the pending-inputs floor assumes
-inputs stay live, which a reload need not) or on the offload solve's proven cost bound (less
-what rounding the times to whole units may have moved it, `OffloadTimes.rounding`) or
-infeasibility.
+Each verdict rests on NOTE [fit proofs] (`solver.fitting.probe`).
 
 NOTE [monotone sizes]: that a size is the largest rests on the least peak within the cap never
 falling as the size grows. It holds when the graphs at every size have the same nodes, edges and
@@ -37,50 +26,19 @@ host limit does not change.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Protocol
 
 import networkx as nx
 
-from solver.core.budget import checkpoint_all_peak, parse_compute_budget
-from solver.core.graph import prepare
 from solver.core.link import Link
 from solver.core.schedule import Schedule
-from solver.core.simulate import simulate
 from solver.deadline import Deadline
-from solver.errors import (
-    ArgumentError,
-    GraphError,
-    InfeasibleBudgetError,
-    InternalError,
-    SolverTimeoutError,
-)
-from solver.exact import solve
+from solver.errors import ArgumentError, GraphError
+from solver.fitting.probe import Probe, probe
 from solver.fitting.sizes import DOES_NOT_FIT, FITS, OPEN, largest_between
-from solver.heuristics.baselines import block_checkpoint
-from solver.milp.offload.times import OffloadTimes
-
-KEEP_RECOMPUTE_SHARE = 0.5
-"""With offload, the share of the time the keep/recompute search gets before the search with
-offload goes on from its answer (`largest_fitting`)."""
-
-
-@dataclass
-class Probe:
-    """What was proven at one size. `verdict` is FITS, DOES_NOT_FIT or OPEN; `schedule` is the
-    schedule that fits (FITS only); `peak` is the least peak found within the cap and `bound` a
-    proven lower bound on it (bytes; `bound` is None where only the cost solve decided);
-    `reason` says what decided; `seconds` the wall time of the probe."""
-
-    size: int
-    verdict: str
-    reason: str
-    seconds: float
-    peak: int | None = None
-    bound: int | None = None
-    schedule: Schedule | None = field(default=None, repr=False)
+from solver.time_shares import FIT_SHARES, FitShares
 
 
 @dataclass
@@ -105,102 +63,6 @@ class FitResult:
         return self.size, self.upper
 
 
-def probe(
-    graph: nx.DiGraph,
-    memory: int,
-    compute_budget: float | str | None,
-    deadline: Deadline,
-    *,
-    size: int = 0,
-    workers: int = 8,
-    offload: Link | None = None,
-) -> Probe:
-    """Decide whether a schedule of `graph` peaks at or under `memory` bytes within the compute
-    budget (a factor of computing every node once, 1.3 or "1.3x", or "0.02units": the
-    spellings of `solver.core.budget`; None: unlimited), by `deadline` (NOTE [fit
-    proofs]). The peak floor above `memory`, or checkpoint-all within it, decides at once;
-    else a quarter of the time goes to the least peak within the cap (it closes at once on
-    chains and small graphs) and, where that leaves it open, the rest to the least cost within
-    `memory` against the cap. With a host link (`offload`), the floor is the one-line floor and
-    the time goes to the least cost with offload within `memory` (its cost the compute plus
-    the stall; its schedule may hold bytes on the host): `largest_fitting` has decided the
-    keep/recompute schedules before (NOTE [fit proofs])."""
-    started = time.perf_counter()
-    problem = prepare(graph)
-    cap = None if compute_budget is None else parse_compute_budget(compute_budget, problem)
-    peak: int | None = None
-    bound: int | None = problem.memory_lower_bound if offload is None else problem.one_line_floor
-    # a cost bound with offload is over times rounded to whole units: less what rounding moves
-    slack = 0.0 if offload is None else OffloadTimes.of(problem, offload).rounding
-
-    def done(verdict: str, reason: str, schedule: Schedule | None = None) -> Probe:
-        seconds = time.perf_counter() - started
-        return Probe(size, verdict, reason, seconds, peak, bound, schedule)
-
-    if bound > memory:
-        return done(DOES_NOT_FIT, f"no schedule peaks below {bound} B (the peak floor)")
-    if checkpoint_all_peak(problem) <= memory:  # no recomputation: within every cap
-        limit = max(deadline.remaining(), 0.05)
-        plain = solve(graph, memory, time_limit=limit, workers=workers, deadline=deadline)
-        peak = plain.peak
-        reason = f"computing every node once peaks at {peak} B"
-        return done(FITS, reason, _checked(graph, plain, memory, cap))
-    if offload is None:
-        limit = max(deadline.remaining() / 4, 0.05)
-        least = solve(
-            graph,
-            objective="memory",
-            compute_budget=compute_budget,
-            time_limit=limit,
-            workers=workers,
-            deadline=deadline,
-        )
-        peak, bound = least.peak, int(least.bound) if least.bound is not None else bound
-        if peak <= memory:
-            return done(FITS, f"a schedule peaks at {peak} B", _checked(graph, least, memory, cap))
-        if bound is not None and bound > memory:
-            return done(DOES_NOT_FIT, f"the least peak within the cap is proven >= {bound} B")
-    limit = max(deadline.remaining(), 0.05)
-    try:
-        cheapest = solve(
-            graph, memory, time_limit=limit, workers=workers, deadline=deadline, offload=offload
-        )
-    except InfeasibleBudgetError as error:
-        return done(DOES_NOT_FIT, f"no schedule peaks within {memory} B ({error})")
-    except SolverTimeoutError as error:
-        if cap is not None and error.cost_bound is not None and error.cost_bound - slack > cap:
-            return done(DOES_NOT_FIT, _over_cap(error.cost_bound - slack, cap, memory))
-        cost = "nothing within the memory found"
-    else:
-        if cap is None or cheapest.cost <= cap * (1 + 1e-12):
-            peak = cheapest.peak if peak is None else min(peak, cheapest.peak)
-            checked = _checked(graph, cheapest, memory, cap)
-            return done(FITS, f"a schedule within {memory} B costs {cheapest.cost:g}", checked)
-        if cheapest.bound is not None and cheapest.bound - slack > cap:
-            return done(DOES_NOT_FIT, _over_cap(cheapest.bound - slack, cap, memory))
-        cost = f"least cost within the memory in [{cheapest.bound:g}, {cheapest.cost:g}]"
-    if offload is not None:
-        return done(OPEN, f"peak floor {bound} B; with offload, {cost}")
-    return done(OPEN, f"least peak within the cap in [{bound}, {peak}] B; {cost}")
-
-
-def _over_cap(cost_bound: float, cap: float, memory: int) -> str:
-    return f"every schedule within {memory} B costs >= {cost_bound:g} > the cap {cap:g}"
-
-
-def _checked(graph: nx.DiGraph, schedule: Schedule, memory: int, cap: float | None) -> Schedule:
-    """The schedule, after the simulator replays it (over its link, within the link's host
-    limit) within `memory` and the cap (NOTE [fit proofs]); an internal error otherwise."""
-    run = simulate(graph, schedule.ops, schedule.link)
-    over = not run.valid or run.peak > memory
-    if over or (cap is not None and run.cost > cap * (1 + 1e-12)):
-        raise InternalError(
-            f"a schedule replays at {run.peak} B, cost {run.cost:g}, outside {memory} B and "
-            f"the cap {cap}"
-        )
-    return schedule
-
-
 def largest_fitting(
     graph_at: Callable[[int], nx.DiGraph | None],
     memory: int | Callable[[int], int],
@@ -213,6 +75,7 @@ def largest_fitting(
     workers: int = 8,
     progress: Callable[[Probe], None] | None = None,
     offload: Link | None = None,
+    shares: FitShares = FIT_SHARES,
 ) -> FitResult:
     """The largest size s in [low, high] whose graph `graph_at(s)` has a schedule peaking at or
     under `memory` bytes within `compute_budget` (a factor like 1.3 or "1.3x" of computing
@@ -221,13 +84,13 @@ def largest_fitting(
     must not grow with the size (NOTE [monotone sizes]).
 
     Doubling from `low` finds a size that does not fit (or reaches `high`); bisection then closes
-    the interval. Each probe gets a quarter of the time left (`probe`); `progress` sees each
+    the interval. Each probe gets `shares.probe` of the time left (`probe`); `progress` sees each
     probe as it ends. `deadline`, where given, is used instead of `time_limit` (a search that
     is one step of a longer piece of work: its stop ends the search too); `graph_at` may return
     None where it cannot give the graph by then, which ends the search as the time limit does.
     `offload`: a host link; the schedules may then also copy values to the host and back over
     it (`probe`; NOTE [fit proofs]).
-    With `offload`, keep/recompute is searched first (`KEEP_RECOMPUTE_SHARE` of the time; it
+    With `offload`, keep/recompute is searched first (`shares.keep_recompute` of the time; it
     closes at once where it is easy): every size it shows to fit fits with offload too; the
     search with offload goes on from the size after its answer, and its proofs alone bound the
     answer (`probes`: the keep/recompute sizes that fit, then the sizes tried with offload).
@@ -244,11 +107,11 @@ def largest_fitting(
         raise ArgumentError(f"sizes must satisfy 0 <= low <= high, not low={low}, high={high}")
     started = time.perf_counter()
     deadline = Deadline(started + time_limit) if deadline is None else deadline
-    question = _Question(graph_at, memory, compute_budget, high, workers, progress)
+    question = _Question(graph_at, memory, compute_budget, high, workers, progress, shares)
     search = partial(_search, question)
     if offload is None:
         return search(low, deadline, None, started)
-    kept = search(low, deadline.share(KEEP_RECOMPUTE_SHARE), None, started)
+    kept = search(low, deadline.share(shares.keep_recompute), None, started)
     fits = [p for p in kept.probes if p.verdict == FITS]  # the others prove nothing here
     if kept.size is not None and high is not None and kept.size >= high:
         return replace(kept, probes=fits, seconds=time.perf_counter() - started)
@@ -272,6 +135,7 @@ class _Question:
     high: int | None
     workers: int
     progress: Callable[[Probe], None] | None
+    shares: FitShares
 
 
 def _search(
@@ -294,7 +158,7 @@ def _search(
         graphs[size] = graph
         memories[size] = memory(size) if callable(memory) else memory
         _check_memory(memories, size)
-        share = deadline.share(0.25)
+        share = deadline.share(question.shares.probe)
         found = probe(
             graph,
             memories[size],
@@ -303,6 +167,7 @@ def _search(
             size=size,
             workers=workers,
             offload=offload,
+            shares=question.shares,
         )
         probes[size] = found
         if progress is not None:
@@ -375,89 +240,3 @@ def _check_monotone(graphs: dict[int, nx.DiGraph], size: int, graph: nx.DiGraph)
                         f"to {other.get(key, 0)} B at size {large}: the least peak must not fall "
                         "as the size grows"
                     )
-
-
-def per_block_peak(graph: nx.DiGraph, cap: str | None) -> int | None:
-    """The least peak (bytes) of checkpointing every module block of one depth, over the depths
-    whose cost is within the compute cap (`cap`: text like "1.3x", None: unlimited); None where
-    no depth is."""
-    problem = prepare(graph)
-    limit = None if cap is None else parse_compute_budget(cap, problem)
-    modules = problem.module
-    depth = max((m.count(".") + 1 for m in modules if m), default=0)
-    peaks = []
-    for d in range(1, depth + 1):
-        schedule = block_checkpoint(problem, [_cut(m, d) for m in modules]).schedule
-        if limit is None or schedule.cost <= limit * (1 + 1e-12):
-            peaks.append(schedule.peak)
-    if depth == 0:  # no module blocks: nothing is checkpointed, within every cap
-        return checkpoint_all_peak(problem)
-    return min(peaks, default=None)
-
-
-def _cut(module: str, depth: int) -> str | None:
-    """The module path cut to `depth` parts; None where it is shorter (no block)."""
-    if not module or module.count(".") < depth - 1:
-        return None
-    return ".".join(module.split(".")[:depth])
-
-
-class SizedSource(Protocol):
-    """Where a search's graphs come from (`executor.fitting.graphs.SizedGraphs`): `captures`
-    holds the sizes captured; with `affine`, the other sizes' graphs are predicted from them."""
-
-    captures: Mapping[int, object]
-    affine: bool
-
-    def expected_seconds(self, size: int) -> float:
-        """Seconds a capture at `size` is expected to take."""
-        ...
-
-    def refute(self, size: int) -> bool:
-        """Capture `size`: whether the capture differs from the prediction."""
-        ...
-
-
-def confirmed(
-    search: Callable[[], FitResult],
-    graphs: SizedSource,
-    dim: str,
-    low: int,
-    deadline: Deadline,
-    notes: list[str],
-) -> FitResult:
-    """`search()`'s answer counting only probes decided on a captured graph.
-
-    A probe decided on the affine prediction counts once its size is captured and the capture
-    is the predicted graph (then its proof holds on it). The answer and its upper bound are
-    captured where the deadline leaves time; where a capture refutes the prediction, `search()`
-    runs again (over captures then) and its answer is taken. What was not captured is noted in
-    `notes` (in `dim` units)."""
-    found = search()
-    captured = {p.size for p in found.probes if p.size in graphs.captures}
-    for size in (found.size, found.upper):
-        if not graphs.affine or size is None or size in captured:
-            continue
-        if not deadline.leaves(graphs.expected_seconds(size)):
-            notes.append(
-                f"{dim} {size} was decided on the affine prediction and not captured by the "
-                "deadline: it is not counted"
-            )
-            continue
-        if graphs.refute(size):  # the prediction is wrong there: no answer rests on it
-            notes.append(
-                f"the capture at {dim} {size} differs from the affine prediction: searched "
-                "again over captures"
-            )
-            found = search()
-            captured = {p.size for p in found.probes}
-            break
-        captured.add(size)
-    probes = [p for p in found.probes if p.size in captured]
-    size = max((p.size for p in probes if p.verdict == FITS), default=None)
-    upper = min(
-        (p.size for p in probes if p.verdict == DOES_NOT_FIT and p.size > (size or 0)), default=None
-    )
-    proven = upper is not None and upper == (low if size is None else size + 1)
-    schedule = None if size is None else next(p.schedule for p in probes if p.size == size)
-    return FitResult(size, upper, proven, schedule, found.probes, found.seconds)

@@ -164,15 +164,16 @@ def _op_streams(
 ) -> tuple[list[BlockFacts], list[BlockFacts]]:
     """The recorded facts of the blocks' (`modules`) op streams, then of the kept children's
     (`kids`, none recorded where there are none), each up to `repeats` runs within `clock`'s
-    spare time (a third of it to the blocks, half the rest to the children); `kinds` (per
+    spare time (`SacShares.block_streams` of it to the blocks, `child_streams` of the rest to
+    the children); `kinds` (per
     region, blocks first; None: every region recorded) records each kind once."""
-    runs = clock.repeats(repeats, clock.spare.share(1 / 3))
+    runs = clock.repeats(repeats, clock.spare.share(clock.shares.block_streams))
     alike = None if kinds is None else kinds[: len(modules)]
     facts = _record_alike(model, modules, step, runs, measurer, alike)
     clock.finished("the blocks' op streams", RECORDING_STEPS["ops"])
     if not kids:
         return facts, []
-    runs = clock.repeats(repeats, clock.spare.share(1 / 2))
+    runs = clock.repeats(repeats, clock.spare.share(clock.shares.child_streams))
     alike = None if kinds is None else kinds[len(modules) :]
     kid_facts = _record_alike(model, kids, step, runs, measurer, alike)
     clock.finished("the children's op streams", RECORDING_STEPS["ops"])
