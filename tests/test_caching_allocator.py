@@ -150,6 +150,46 @@ def test_expandable_best_fit_counts_the_unmapped_space_after_a_free_tail():
     assert allocator.reserved == 40 * MIB
 
 
+def _reserved_after_each(events, config=None) -> list[int]:
+    allocator = CachingAllocator(config)
+    reserved = []
+    for key, nbytes in events:
+        if nbytes:
+            assert allocator.allocate(key, nbytes)
+        else:
+            allocator.free(key)
+        reserved.append(allocator.reserved // MIB)
+    return reserved
+
+
+def test_the_walk_throughs_of_pytorchs_fragmentation_devlog():
+    # Edward Yang, "When does fragmentation occur in the CUDA caching allocator?", PyTorch
+    # DevLog, 2026-06-01 (github.com/pytorch/devlogs, content/eager/
+    # 2026-06-01-cuda-caching-allocator.md): the MiB reserved its walk-throughs state.
+    small = [(f"s{i}", 16 * MIB) for i in range(8)]
+    large = [(f"l{i}", 32 * MIB) for i in range(4)]
+    free_small = [_free(key) for key, _ in small]
+    free_large = [_free(key) for key, _ in large]
+    # without expandable segments, small then large: 8 segments of 16, kept; 4 more of 32
+    assert simulate([*small, *free_small, *large]).reserved == 256 * MIB
+    # large then small: each 32 MiB segment splits into two 16 MiB blocks: 128
+    assert simulate([*large, *free_large, *small]).reserved == 128 * MIB
+    # with expandable segments (20 MiB pages), 8 x 16 MiB map 20, 40, 60, 80, 80, 100, 120,
+    # 140 MiB; all freed, they merge and 4 x 32 MiB map nothing more
+    steps = _reserved_after_each([*small, *free_small, *large], EXPANDABLE)
+    assert steps[:8] == [20, 40, 60, 80, 80, 100, 120, 140] and steps[-1] == 140
+    # live blocks pin the splits: with #0 and #2 of four 16 MiB freed, 32 MiB grows the
+    # segment (the 16 MiB free tail plus one page); all freed, 32 MiB fits without growing
+    four = [(f"f{i}", 16 * MIB) for i in range(4)]
+    pinned = [*four, _free("f0"), _free("f2"), ("big", 32 * MIB), _free("big")]
+    everything = [*pinned, _free("f1"), _free("f3"), ("again", 32 * MIB)]
+    steps = _reserved_after_each(everything, EXPANDABLE)
+    assert steps[3] == 80 and steps[6] == 100 and steps[-1] == 100
+    # the 1 MiB boundary: 2 MiB then 0.5 MiB use both pools (20 + 2 MiB), 2 then 2 share one
+    assert simulate([("a", 2 * MIB), _free("a"), ("b", MIB // 2)], EXPANDABLE).reserved == 22 * MIB
+    assert simulate([("a", 2 * MIB), _free("a"), ("b", 2 * MIB)], EXPANDABLE).reserved == 20 * MIB
+
+
 def test_at_capacity_cached_segments_are_released_and_then_the_allocation_fails():
     # a, b: 20 MiB segments each (reserved 40 MiB = capacity); a freed stays cached. c (22 MiB)
     # fits no cached block; cudaMalloc of 22 MiB fails; release_cached_blocks frees a's whole

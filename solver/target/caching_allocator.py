@@ -32,8 +32,9 @@ constants with their source lines. Modelled, by the function of that file each s
   or the largest ones down to the request); then ``release_cached_blocks`` (cudaFree every cached
   segment that is wholly free, unmap every free whole page of expandable segments) and one more
   try; then an out-of-memory error, which the model reports as the event where the job fails.
-- ``expandable_segments``: one segment per pool whose pages (2 MiB in the small pool,
-  ``large_segment_size`` in the large one) are mapped as needed (``try_allocate_expandable_block``,
+- ``expandable_segments``: one segment per pool whose pages (2 MiB, ``kSmallBuffer``, in the
+  small pool; 20 MiB, ``kLargeBuffer``, in the large one, whatever ``large_segment_size``) are
+  mapped as needed (``try_allocate_expandable_block``,
   ``find_expandable_block``, ``map_block``): a request that no cached block fits maps pages from
   the lowest address where free and unmapped space together hold it, so it reuses the free tail
   and reserved grows by whole pages; best fit treats a free block followed by unmapped space as
@@ -71,7 +72,8 @@ MIN_LARGE_ALLOC = 10 * MIB
 ROUND_LARGE = 2 * MIB
 """``kRoundLarge``: larger requests get a segment of their size rounded up to this (bytes)."""
 LARGE_BUFFER = 20 * MIB
-"""``kLargeBuffer``, the default ``large_segment_size`` (bytes)."""
+"""``kLargeBuffer``: the default ``large_segment_size``, and a large-pool page of an expandable
+segment (bytes)."""
 ROUNDUP_INTERVALS = 16
 """``kRoundUpPowerOfTwoIntervals``: the power-of-two intervals from 1 MiB to 64 GiB that
 ``roundup_power2_divisions`` sets one by one."""
@@ -718,7 +720,7 @@ class CachingAllocator:
                 candidate = candidate.prev
             if room(candidate) >= size:
                 return candidate
-        page = SMALL_BUFFER if pool.small else self.config.large_segment_size
+        page = SMALL_BUFFER if pool.small else LARGE_BUFFER
         segment = self._new_segment(ADDRESS_SPACE, pool.small, page)
         block = _Block(segment.address, segment.size, segment, mapped=False)
         pool.add(block)
