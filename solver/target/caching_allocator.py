@@ -91,7 +91,9 @@ MODELLED_KEYS = (
 )
 IGNORED_KEYS = (
     "release_lock_on_cudamalloc",
+    "release_lock_on_hipmalloc",
     "pinned_use_cuda_host_register",
+    "pinned_use_hip_host_register",
     "pinned_num_register_threads",
     "pinned_use_background_threads",
     "pinned_reserve_segment_size_mb",
@@ -99,8 +101,9 @@ IGNORED_KEYS = (
     "graph_capture_record_stream_reuse",
     "throw_on_cudamalloc_oom",
 )
-"""Keys torch knows that do not change what the device allocator reserves on one stream (host
-pinned memory, locking, graph capture, failing before rather than at ``cudaMalloc``)."""
+"""Keys torch knows that do not change what the device allocator reserves on one stream: host
+pinned memory, locking, graph capture, and ``throw_on_cudamalloc_oom`` (it fails an allocation
+before ``cudaMalloc`` where ``cudaMalloc`` would fail, which is where the model fails it)."""
 REFUSED_KEYS = {
     "per_process_memory_fraction": "give simulate's capacity (bytes) as that fraction instead",
 }
@@ -232,9 +235,13 @@ def _tokens(conf: str) -> list[str]:
     return [*tokens, word] if word else tokens
 
 
-def _entries(tokens: list[str]) -> list[tuple[str, str | list[tuple[str, str]]]]:
-    """(key, value) pairs of ``key:value,key:[a:b,c:d]``; a list value as (a, b) pairs."""
-    entries: list[tuple[str, str | list[tuple[str, str]]]] = []
+Value = str | list[tuple[str, str]]
+"""A setting's value: one token, or a bracketed list as (a, b) pairs of ``[a:b,...]``."""
+
+
+def _entries(tokens: list[str]) -> list[tuple[str, Value]]:
+    """(key, value) pairs of ``key:value,key:[a:b,c:d]``."""
+    entries: list[tuple[str, Value]] = []
     i = 0
     while i < len(tokens):
         key = tokens[i]
@@ -265,7 +272,7 @@ def _entries(tokens: list[str]) -> list[tuple[str, str | list[tuple[str, str]]]]
     return entries
 
 
-def _read_setting(key: str, value: object, fields: dict[str, object]) -> None:
+def _read_setting(key: str, value: Value, fields: dict[str, object]) -> None:
     """Sets ``fields`` from one modelled ``key:value`` (sizes from MiB to bytes)."""
     if isinstance(value, list) and key != "roundup_power2_divisions":
         raise ArgumentError(f"allocator setting {key!r} takes one value, not a list")
@@ -289,24 +296,25 @@ def _read_setting(key: str, value: object, fields: dict[str, object]) -> None:
             "max_non_split_rounding_mb": "max_non_split_rounding_size",
             "large_segment_size_mb": "large_segment_size",
         }[key]
-        fields[field] = _number(key, text, int) * MIB
+        fields[field] = int(_number(key, text, int)) * MIB
 
 
-def _number(key: str, text: str, kind: type) -> int | float:
+def _number(key: str, text: str, kind: type[int] | type[float]) -> float:
+    """``text`` read as ``kind``; `ArgumentError` naming the setting where it is not one."""
     try:
         return kind(text)
     except ValueError:
         raise ArgumentError(f"allocator setting {key}:{text}: give a number") from None
 
 
-def _divisions(value: object) -> int | tuple[int, ...]:
+def _divisions(value: Value) -> int | tuple[int, ...]:
     """``parseRoundUpPower2Divisions``: one number, or ``[size_mb:divisions,...,>:divisions]``
     where the first entry also covers the intervals below it and ``>`` the ones above the last."""
     if isinstance(value, str):
         return int(_number("roundup_power2_divisions", value, int))
     table = [0] * ROUNDUP_INTERVALS
     first, last = True, 0
-    for bound, text in value:  # type: ignore[union-attr]
+    for bound, text in value:
         divisions = int(_number("roundup_power2_divisions", text, int))
         if bound == ">":
             table[last + 1 :] = [divisions] * (ROUNDUP_INTERVALS - last - 1)
@@ -443,6 +451,8 @@ class CachingAllocator:
     def block_size(self, key: Hashable) -> int:
         """The bytes the allocation ``key`` holds (its rounded request, or more where the rest
         of its block was too small to split off)."""
+        if key not in self._live:
+            raise ArgumentError(f"block_size of {key!r}, which is not allocated")
         return self._live[key].size
 
     def allocate(self, key: Hashable, nbytes: int) -> bool:
@@ -479,26 +489,18 @@ class CachingAllocator:
 
     def snapshot(self) -> tuple[SegmentInfo, ...]:
         """Every segment with its blocks, in address order."""
+        every = [*self._live.values(), *(b for p in self._pools for b in p.blocks.values())]
+        heads = {block.segment: block for block in every if block.prev is None}
         found = []
         for segment in sorted(self._segments, key=lambda s: s.address):
-            pool = self._pools[0] if segment.small else self._pools[1]
-            block = next(
-                b
-                for b in [*pool.blocks.values(), *self._live.values()]
-                if b.segment is segment and b.prev is None
-            )
             blocks = []
+            block: _Block | None = heads[segment]
             while block is not None:
                 blocks.append(BlockInfo(block.address, block.size, block.allocated, block.mapped))
                 block = block.next
+            expandable = segment.page is not None
             found.append(
-                SegmentInfo(
-                    segment.address,
-                    segment.size,
-                    segment.small,
-                    segment.page is not None,
-                    tuple(blocks),
-                )
+                SegmentInfo(segment.address, segment.size, segment.small, expandable, tuple(blocks))
             )
         return tuple(found)
 
