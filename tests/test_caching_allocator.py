@@ -287,6 +287,12 @@ def test_allocate_and_free_refuse_keys_out_of_order():
         allocator.allocate("a", 1)
     with pytest.raises(ArgumentError, match="not allocated"):
         allocator.free("b")
+    with pytest.raises(ArgumentError, match="not allocated"):
+        allocator.block_size("b")
+    with pytest.raises(ArgumentError, match="bytes > 0"):
+        allocator.allocate("c", -1)
+    with pytest.raises(ArgumentError, match="capacity"):
+        CachingAllocator(capacity=-1)
 
 
 CONFIGS = st.sampled_from(
