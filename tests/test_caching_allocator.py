@@ -418,3 +418,53 @@ def test_peaks_name_the_events_that_reach_them():
     assert (report.peak_reserved, report.reserved, report.allocated) == (70 * MIB,) * 2 + (
         30 * MIB,
     )
+
+
+GPU_SEQUENCES = {
+    "one of each size": [("a", 1), ("b", MIB + 1), ("c", 3 * MIB), ("d", 11 * MIB)],
+    "reuse and split": [("a", 12 * MIB), _free("a"), ("b", 4 * MIB), ("c", 8 * MIB)],
+    "merge": [("a", 3 * MIB), ("b", 3 * MIB), _free("a"), _free("b"), ("c", 20 * MIB)],
+    "batch grows": [("x1", 20 * MIB), ("x2", 20 * MIB), _free("x1"), _free("x2"), ("y", 22 * MIB)],
+    "tail best fit": [("x", 6 * MIB), ("y", 10 * MIB), _free("x"), ("z", 4 * MIB), ("w", 5 * MIB)],
+    "small then large": [
+        *((f"s{i}", 16 * MIB) for i in range(8)),
+        *(_free(f"s{i}") for i in range(8)),
+        *((f"l{i}", 32 * MIB) for i in range(4)),
+    ],
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("expandable", [False, True])
+@pytest.mark.parametrize("name", sorted(GPU_SEQUENCES))
+def test_the_model_matches_torchs_allocator_on_a_gpu(name, expandable):
+    # Each sequence runs in a pool of its own (torch.cuda.MemPool: nothing else allocates from
+    # it); after every event the pool's reserved and allocated bytes (memory_snapshot) equal
+    # the model's
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    setting = f"expandable_segments:{expandable}"
+    torch.cuda.memory._set_allocator_settings(setting)
+    model = CachingAllocator(AllocatorConfig.parse(setting))
+    pool, live, seen = torch.cuda.MemPool(), {}, []
+    try:
+        for key, nbytes in GPU_SEQUENCES[name]:
+            if nbytes:
+                with torch.cuda.use_mem_pool(pool):
+                    live[key] = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+                model.allocate(key, nbytes)
+            else:
+                del live[key]
+                model.free(key)
+            segments = torch.cuda.memory_snapshot(pool.id)
+            blocks = [b for s in segments for b in s["blocks"]]
+            reserved = sum(s["total_size"] for s in segments)
+            allocated = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
+            seen.append((key, reserved, allocated, model.reserved, model.allocated))
+        assert all(r == mr and a == ma for _, r, a, mr, ma in seen), seen
+    finally:
+        live.clear()
+        del pool
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+        torch.cuda.empty_cache()
