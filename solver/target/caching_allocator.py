@@ -1,0 +1,820 @@
+"""A torch-free model of PyTorch's CUDA caching allocator: from a sequence of allocations and
+frees on one stream, the bytes it reserves from the device (what a job fails on) beside the bytes
+it hands out (``torch.cuda.memory_allocated``), and where a device of a given capacity runs out.
+
+The policy is PyTorch's native allocator (``c10/cuda/CUDACachingAllocator.cpp``,
+``DeviceCachingAllocator``; its configuration in ``c10/core/AllocatorConfig.{h,cpp}`` and
+``c10/cuda/CUDAAllocatorConfig.h``), as torch 2.13 and 2.14 ship it. docs/allocator.md lists the
+constants with their source lines. Modelled, by the function of that file each step follows:
+
+- ``round_size``: a request of n bytes takes ``max(512, n rounded up to 512)`` bytes
+  (``kMinBlockSize``), or with ``roundup_power2_divisions`` the next of that many equal steps
+  between the powers of two around n (``roundup_power2_next_division``) when n is over
+  512 x divisions.
+- ``get_pool``: rounded sizes up to 1 MiB (``kSmallSize``) use the small pool, larger ones the
+  large pool; the pools never lend to each other.
+- ``get_free_block``: best fit, the cached free block of the pool smallest in (size, address)
+  that holds the request; with ``max_split_size`` a request under it takes no cached block of at
+  least that size, and a request of at least that size takes no block of
+  ``max_non_split_rounding_size`` (default ``large_segment_size``, 20 MiB) or more above it.
+- ``get_allocation_size``: when no cached block fits, a new segment (one ``cudaMalloc``) of
+  2 MiB (``kSmallBuffer``) for the small pool, ``large_segment_size`` (20 MiB, ``kLargeBuffer``)
+  for large requests under 10 MiB (``kMinLargeAlloc``), else the request rounded up to 2 MiB
+  (``kRoundLarge``).
+- ``should_split``: the block handed out is split, and the rest cached, when the rest is at
+  least 512 bytes (small pool, or any pool under expandable segments) or, in the large pool,
+  when the rest is over 1 MiB and the request is under ``max_split_size``; otherwise the whole
+  block is handed out and counts as allocated (``allocated_bytes`` counts block sizes).
+- ``free_block``: a freed block merges with the free neighbours of its segment; segments are
+  never returned on a free.
+- ``malloc``'s retry on a failed ``cudaMalloc`` (``capacity`` reached): with ``max_split_size``
+  set, first ``release_available_cached_blocks`` (cudaFree cached oversize blocks, one that fits
+  or the largest ones down to the request); then ``release_cached_blocks`` (cudaFree every cached
+  segment that is wholly free, unmap every free whole page of expandable segments) and one more
+  try; then an out-of-memory error, which the model reports as the event where the job fails.
+- ``expandable_segments``: one segment per pool whose pages (2 MiB, ``kSmallBuffer``, in the
+  small pool; 20 MiB, ``kLargeBuffer``, in the large one, whatever ``large_segment_size``) are
+  mapped as needed (``try_allocate_expandable_block``,
+  ``find_expandable_block``, ``map_block``): a request that no cached block fits maps pages from
+  the lowest address where free and unmapped space together hold it, so it reuses the free tail
+  and reserved grows by whole pages; best fit treats a free block followed by unmapped space as
+  that much larger (``expandable_size``); pages come back only under ``release_cached_blocks``.
+
+Not modelled: more than one stream (blocks are cached per stream), ``record_stream`` and the
+events that delay a free, CUDA graph private pools and ``MemPool``, ``cudaMalloc`` failing
+below ``capacity`` because another process took memory, memory outside the allocator (the CUDA
+context, cuBLAS/cuDNN workspaces, NCCL buffers: `solver.target.devices` counts those),
+``garbage_collection_threshold`` (it acts only under a per-process memory fraction, which
+`AllocatorConfig.parse` refuses: give ``capacity`` instead), the ``cudaMallocAsync`` backend,
+changing the configuration during a run, the free-memory callbacks, and the 9/8 of device memory
+of address space an expandable segment reserves (a request larger than that is not modelled).
+Addresses of separate ``cudaMalloc`` segments are not known: the model places each new segment
+above the last, which decides only ties between cached blocks of equal size.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+
+from solver.errors import ArgumentError, InternalError
+
+MIB = 1 << 20
+MIN_BLOCK_SIZE = 512
+"""``kMinBlockSize``: every request is rounded up to a multiple of this (bytes)."""
+SMALL_SIZE = MIB
+"""``kSmallSize``: the largest rounded request of the small pool (bytes)."""
+SMALL_BUFFER = 2 * MIB
+"""``kSmallBuffer``: a small-pool segment, and a small-pool page of an expandable segment."""
+MIN_LARGE_ALLOC = 10 * MIB
+"""``kMinLargeAlloc``: large requests under this get a ``large_segment_size`` segment."""
+ROUND_LARGE = 2 * MIB
+"""``kRoundLarge``: larger requests get a segment of their size rounded up to this (bytes)."""
+LARGE_BUFFER = 20 * MIB
+"""``kLargeBuffer``: the default ``large_segment_size``, and a large-pool page of an expandable
+segment (bytes)."""
+ROUNDUP_INTERVALS = 16
+"""``kRoundUpPowerOfTwoIntervals``: the power-of-two intervals from 1 MiB to 64 GiB that
+``roundup_power2_divisions`` sets one by one."""
+ADDRESS_SPACE = 1 << 46
+"""Virtual bytes of one expandable segment in the model: more than any device maps."""
+
+MODELLED_KEYS = (
+    "expandable_segments",
+    "max_split_size_mb",
+    "max_non_split_rounding_mb",
+    "roundup_power2_divisions",
+    "large_segment_size_mb",
+    "garbage_collection_threshold",
+    "backend",
+)
+IGNORED_KEYS = (
+    "release_lock_on_cudamalloc",
+    "release_lock_on_hipmalloc",
+    "pinned_use_cuda_host_register",
+    "pinned_use_hip_host_register",
+    "pinned_num_register_threads",
+    "pinned_use_background_threads",
+    "pinned_reserve_segment_size_mb",
+    "pinned_free_catch_all",
+    "graph_capture_record_stream_reuse",
+    "throw_on_cudamalloc_oom",
+)
+"""Keys torch knows that do not change what the device allocator reserves on one stream: host
+pinned memory, locking, graph capture, and ``throw_on_cudamalloc_oom`` (it fails an allocation
+before ``cudaMalloc`` where ``cudaMalloc`` would fail, which is where the model fails it)."""
+REFUSED_KEYS = {
+    "per_process_memory_fraction": "give simulate's capacity (bytes) as that fraction instead",
+}
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """The caching allocator's settings, torch's defaults unless given.
+
+    ``max_split_size``, ``max_non_split_rounding_size`` and ``large_segment_size`` are bytes
+    (``PYTORCH_ALLOC_CONF`` gives them in MiB); ``max_split_size`` None is torch's unlimited and
+    ``max_non_split_rounding_size`` None is ``large_segment_size``. ``roundup_power2_divisions``
+    is None (no power-of-two rounding), one number of divisions for every size, or 16 numbers,
+    one per interval [2^i MiB, 2^(i+1) MiB) for i = 0..15 (the first also below 1 MiB, the last
+    also above), each 0 or a power of two. ``garbage_collection_threshold`` is kept for the
+    record: it acts only under a per-process memory fraction, which the model does not have.
+    """
+
+    expandable_segments: bool = False
+    max_split_size: int | None = None
+    max_non_split_rounding_size: int | None = None
+    roundup_power2_divisions: int | tuple[int, ...] | None = None
+    large_segment_size: int = LARGE_BUFFER
+    garbage_collection_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        divisions = self.roundup_power2_divisions
+        if isinstance(divisions, int):
+            divisions = (divisions,) * ROUNDUP_INTERVALS
+            object.__setattr__(self, "roundup_power2_divisions", divisions)
+        if divisions is not None and (
+            len(divisions) != ROUNDUP_INTERVALS or any(d < 0 or d & (d - 1) for d in divisions)
+        ):
+            raise ArgumentError(
+                f"roundup_power2_divisions {divisions!r}: give one number or "
+                f"{ROUNDUP_INTERVALS}, each 0 or a power of two"
+            )
+        if self.large_segment_size <= MIN_LARGE_ALLOC:
+            raise ArgumentError(
+                f"large_segment_size {self.large_segment_size} bytes: torch requires more than "
+                f"{MIN_LARGE_ALLOC // MIB} MiB"
+            )
+        for name in ("max_split_size", "max_non_split_rounding_size"):
+            value = getattr(self, name)
+            if value is not None and value < self.large_segment_size:
+                raise ArgumentError(
+                    f"{name} {value} bytes: torch requires at least large_segment_size "
+                    f"({self.large_segment_size} bytes)"
+                )
+        threshold = self.garbage_collection_threshold
+        if threshold is not None and not 0 < threshold < 1:
+            raise ArgumentError(f"garbage_collection_threshold {threshold}: give one in (0, 1)")
+
+    @classmethod
+    def parse(cls, conf: str) -> AllocatorConfig:
+        """The settings a ``PYTORCH_ALLOC_CONF`` (or ``PYTORCH_CUDA_ALLOC_CONF``) string makes,
+        for example ``"expandable_segments:True,max_split_size_mb:512"``; torch's syntax and
+        checks (``AcceleratorAllocatorConfig::parseArgs``). Raises `ArgumentError` on a key
+        torch does not know, naming those it knows, and on one the model cannot follow."""
+        entries = _entries(_tokens(conf))
+        known = (*MODELLED_KEYS, *IGNORED_KEYS, *REFUSED_KEYS)
+        fields: dict[str, object] = {}
+        for key, value in entries:
+            if key not in known:
+                raise ArgumentError(
+                    f"unknown allocator setting {key!r} in {conf!r}; torch knows "
+                    + ", ".join(known)
+                )
+            if key in REFUSED_KEYS:
+                raise ArgumentError(
+                    f"allocator setting {key!r} is not modelled: {REFUSED_KEYS[key]}"
+                )
+            if key in MODELLED_KEYS:
+                _read_setting(key, value, fields)
+        return cls(**fields)
+
+    @property
+    def non_split_rounding(self) -> int:
+        """Bytes by which a cached block may exceed a request of at least ``max_split_size``."""
+        return self.max_non_split_rounding_size or self.large_segment_size
+
+    def round_size(self, nbytes: int) -> int:
+        """The bytes a request of ``nbytes`` takes (``round_size``)."""
+        if nbytes < MIN_BLOCK_SIZE:
+            return MIN_BLOCK_SIZE
+        divisions = 0
+        if self.roundup_power2_divisions is not None:
+            interval = max(0, nbytes.bit_length() - 1 - 20)
+            divisions = self.roundup_power2_divisions[min(interval, ROUNDUP_INTERVALS - 1)]
+        if divisions > 1 and nbytes > MIN_BLOCK_SIZE * divisions:
+            return _next_division(nbytes, divisions)
+        return -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+
+    def allocation_size(self, size: int) -> int:
+        """The bytes of a new segment for a rounded request of ``size``
+        (``get_allocation_size``)."""
+        if size <= SMALL_SIZE:
+            return SMALL_BUFFER
+        if size < MIN_LARGE_ALLOC:
+            return self.large_segment_size
+        return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+
+def _next_division(size: int, divisions: int) -> int:
+    """``roundup_power2_next_division``: ``size`` up to the next of ``divisions`` equal steps
+    between the powers of two below and above it."""
+    if size & (size - 1) == 0:
+        return size
+    floor = 1 << (size.bit_length() - 1)
+    step = floor >> (divisions.bit_length() - 1)
+    if step == 0:
+        return floor << 1
+    below = size & ~(step - 1)
+    return size if below == size else below + step
+
+
+def _tokens(conf: str) -> list[str]:
+    """``ConfigTokenizer``: names and values, with ``: , [ ]`` tokens of their own, no spaces."""
+    tokens: list[str] = []
+    word = ""
+    for char in conf:
+        if char in ",:[]":
+            if word:
+                tokens.append(word)
+                word = ""
+            tokens.append(char)
+        elif not char.isspace():
+            word += char
+    return [*tokens, word] if word else tokens
+
+
+Value = str | list[tuple[str, str]]
+"""A setting's value: one token, or a bracketed list as (a, b) pairs of ``[a:b,...]``."""
+
+
+def _entries(tokens: list[str]) -> list[tuple[str, Value]]:
+    """(key, value) pairs of ``key:value,key:[a:b,c:d]``."""
+    entries: list[tuple[str, Value]] = []
+    i = 0
+    while i < len(tokens):
+        key = tokens[i]
+        if i + 2 >= len(tokens) or tokens[i + 1] != ":":
+            raise ArgumentError(f"allocator setting {key!r}: expected '{key}:<value>'")
+        if tokens[i + 2] != "[":
+            entries.append((key, tokens[i + 2]))
+            i += 3
+        else:
+            pairs: list[tuple[str, str]] = []
+            i += 3
+            while i < len(tokens) and tokens[i] != "]":
+                if tokens[i] == ",":
+                    i += 1
+                    continue
+                if i + 2 >= len(tokens) or tokens[i + 1] != ":":
+                    raise ArgumentError(f"allocator setting {key!r}: expected [size:value,...]")
+                pairs.append((tokens[i], tokens[i + 2]))
+                i += 3
+            if i >= len(tokens):
+                raise ArgumentError(f"allocator setting {key!r}: ']' missing")
+            entries.append((key, pairs))
+            i += 1
+        if i < len(tokens):
+            if tokens[i] != ",":
+                raise ArgumentError(f"allocator settings: expected ',' after {key!r}")
+            i += 1
+    return entries
+
+
+def _read_setting(key: str, value: Value, fields: dict[str, object]) -> None:
+    """Sets ``fields`` from one modelled ``key:value`` (sizes from MiB to bytes)."""
+    if isinstance(value, list) and key != "roundup_power2_divisions":
+        raise ArgumentError(f"allocator setting {key!r} takes one value, not a list")
+    text = value if isinstance(value, str) else ""
+    if key == "expandable_segments":
+        if text not in ("True", "False"):
+            raise ArgumentError(f"expandable_segments:{text}: give True or False")
+        fields["expandable_segments"] = text == "True"
+    elif key == "backend":
+        if text != "native":
+            raise ArgumentError(
+                f"backend:{text} is not modelled: the model is the native caching allocator"
+            )
+    elif key == "garbage_collection_threshold":
+        fields[key] = _number(key, text, float)
+    elif key == "roundup_power2_divisions":
+        fields[key] = _divisions(value)
+    else:
+        field = {
+            "max_split_size_mb": "max_split_size",
+            "max_non_split_rounding_mb": "max_non_split_rounding_size",
+            "large_segment_size_mb": "large_segment_size",
+        }[key]
+        fields[field] = int(_number(key, text, int)) * MIB
+
+
+def _number(key: str, text: str, kind: type[int] | type[float]) -> float:
+    """``text`` read as ``kind``; `ArgumentError` naming the setting where it is not one."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise ArgumentError(f"allocator setting {key}:{text}: give a number") from None
+
+
+def _divisions(value: Value) -> int | tuple[int, ...]:
+    """``parseRoundUpPower2Divisions``: one number, or ``[size_mb:divisions,...,>:divisions]``
+    where the first entry also covers the intervals below it and ``>`` the ones above the last."""
+    if isinstance(value, str):
+        return int(_number("roundup_power2_divisions", value, int))
+    table = [0] * ROUNDUP_INTERVALS
+    first, last = True, 0
+    for bound, text in value:
+        divisions = int(_number("roundup_power2_divisions", text, int))
+        if bound == ">":
+            table[last + 1 :] = [divisions] * (ROUNDUP_INTERVALS - last - 1)
+            continue
+        size = int(_number("roundup_power2_divisions", bound, int))
+        if size <= 0 or size & (size - 1):
+            raise ArgumentError(f"roundup_power2_divisions: interval {bound} is not a power of 2")
+        index = min(size.bit_length() - 1, ROUNDUP_INTERVALS - 1)
+        if first:
+            table[:index] = [divisions] * index
+            first = False
+        table[index] = divisions
+        last = index
+    return tuple(table)
+
+
+@dataclass(eq=False)
+class _Segment:
+    """One ``cudaMalloc`` (``page`` None) or one expandable segment's address space (``page``:
+    the bytes mapped at a time)."""
+
+    address: int
+    size: int
+    small: bool
+    page: int | None
+
+
+@dataclass(eq=False)
+class _Block:
+    """A piece of a segment: allocated, cached free (``mapped``) or unmapped address space."""
+
+    address: int
+    size: int
+    segment: _Segment
+    allocated: bool = False
+    mapped: bool = True
+    prev: _Block | None = None
+    next: _Block | None = None
+
+
+class _Pool:
+    """The cached free blocks of one pool ordered by (size, address), and its unmapped
+    expandable address space ordered by address (``BlockPool``)."""
+
+    def __init__(self, small: bool) -> None:
+        self.small = small
+        self.free: list[tuple[int, int]] = []
+        self.unmapped: list[int] = []
+        self.blocks: dict[int, _Block] = {}
+
+    def add(self, block: _Block) -> None:
+        bisect.insort(self.free if block.mapped else self.unmapped, _key(block))
+        self.blocks[block.address] = block
+
+    def remove(self, block: _Block) -> None:
+        keys = self.free if block.mapped else self.unmapped
+        index = bisect.bisect_left(keys, _key(block))
+        if index == len(keys) or keys[index] != _key(block):
+            raise InternalError(f"block at {block.address} is not in its pool")
+        del keys[index]
+        del self.blocks[block.address]
+
+    def cached(self, index: int) -> _Block:
+        return self.blocks[self.free[index][1]]
+
+
+def _key(block: _Block) -> tuple[int, int] | int:
+    return (block.size, block.address) if block.mapped else block.address
+
+
+def _expandable_size(block: _Block) -> int:
+    """A cached block's size for best fit under expandable segments: with the unmapped space
+    right after it (``expandable_size``)."""
+    after = block.next
+    return block.size + (after.size if after is not None and not after.mapped else 0)
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One block of a segment (bytes): in use, cached free, or (expandable) not mapped."""
+
+    address: int
+    size: int
+    allocated: bool
+    mapped: bool
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """One segment (bytes), as ``torch.cuda.memory_snapshot`` lists them, its blocks in address
+    order; an expandable one with its unmapped address space."""
+
+    address: int
+    size: int
+    small_pool: bool
+    expandable: bool
+    blocks: tuple[BlockInfo, ...]
+
+
+class CachingAllocator:
+    """The caching allocator's state on one stream of one device: call `allocate` and `free` in
+    the order the program does; `allocated` and `reserved` are torch's ``memory_allocated`` and
+    ``memory_reserved`` (bytes), and the counters its ``memory_stats``.
+
+    ``capacity`` is the bytes the allocator can get from the device (``cudaMalloc`` fails past
+    it); None for no limit.
+    """
+
+    def __init__(self, config: AllocatorConfig | None = None, capacity: int | None = None) -> None:
+        if capacity is not None and capacity < 0:
+            raise ArgumentError(f"capacity {capacity}: give bytes >= 0, or None for no limit")
+        self.config = config or AllocatorConfig()
+        self.capacity = capacity
+        self.allocated = 0
+        self.reserved = 0
+        self.peak_allocated = 0
+        self.peak_reserved = 0
+        self.device_allocs = 0
+        """``num_device_alloc``: ``cudaMalloc`` calls and page mappings."""
+        self.device_frees = 0
+        """``num_device_free``: ``cudaFree`` calls and page unmappings."""
+        self.alloc_retries = 0
+        """``num_alloc_retries``: allocations retried after releasing every cached segment."""
+        self._pools = (_Pool(small=True), _Pool(small=False))
+        self._segments: list[_Segment] = []
+        self._live: dict[Hashable, _Block] = {}
+        self._next_address = SMALL_BUFFER
+
+    @property
+    def segments(self) -> int:
+        """Live segments: ``cudaMalloc`` segments, and expandable segments once each."""
+        return len(self._segments)
+
+    def block_size(self, key: Hashable) -> int:
+        """The bytes the allocation ``key`` holds (its rounded request, or more where the rest
+        of its block was too small to split off)."""
+        if key not in self._live:
+            raise ArgumentError(f"block_size of {key!r}, which is not allocated")
+        return self._live[key].size
+
+    def allocate(self, key: Hashable, nbytes: int) -> bool:
+        """Allocates ``nbytes`` (> 0) for the tensor ``key``; False where torch raises its
+        out-of-memory error (cached segments are released first, as torch does)."""
+        if nbytes <= 0 or key in self._live:
+            raise ArgumentError(
+                f"allocation {key!r} of {nbytes} bytes: give a key not live and bytes > 0 "
+                "(torch allocates nothing for an empty tensor)"
+            )
+        size = self.config.round_size(nbytes)
+        pool = self._pools[0] if size <= SMALL_SIZE else self._pools[1]
+        block = self._cached_block(pool, size) or self._new_block(pool, size)
+        if block is None:
+            return False
+        block = self._split(pool, block, size)
+        block.allocated = True
+        self._live[key] = block
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return True
+
+    def free(self, key: Hashable) -> None:
+        """Frees the allocation ``key``: its block merges with free neighbours and stays cached."""
+        block = self._live.pop(key, None)
+        if block is None:
+            raise ArgumentError(f"free of {key!r}, which is not allocated")
+        block.allocated = False
+        self.allocated -= block.size
+        pool = self._pool_of(block)
+        self._merge(pool, block, block.prev)
+        self._merge(pool, block, block.next)
+        pool.add(block)
+
+    def snapshot(self) -> tuple[SegmentInfo, ...]:
+        """Every segment with its blocks, in address order."""
+        every = [*self._live.values(), *(b for p in self._pools for b in p.blocks.values())]
+        heads = {block.segment: block for block in every if block.prev is None}
+        found = []
+        for segment in sorted(self._segments, key=lambda s: s.address):
+            blocks = []
+            block: _Block | None = heads[segment]
+            while block is not None:
+                blocks.append(BlockInfo(block.address, block.size, block.allocated, block.mapped))
+                block = block.next
+            expandable = segment.page is not None
+            found.append(
+                SegmentInfo(segment.address, segment.size, segment.small, expandable, tuple(blocks))
+            )
+        return tuple(found)
+
+    def _pool_of(self, block: _Block) -> _Pool:
+        return self._pools[0] if block.segment.small else self._pools[1]
+
+    def _cached_block(self, pool: _Pool, size: int) -> _Block | None:
+        """``get_free_block``: the best-fitting cached block, taken out of the pool, or None."""
+        index = bisect.bisect_left(pool.free, (size, -1))
+        if index == len(pool.free):
+            return None
+        block = pool.cached(index)
+        while (
+            block.segment.page is not None
+            and index + 1 < len(pool.free)
+            and _expandable_size(pool.cached(index + 1)) < _expandable_size(block)
+        ):
+            index += 1
+            block = pool.cached(index)
+        limit = self.config.max_split_size
+        if limit is not None and size < limit <= block.size:
+            return None
+        if (
+            limit is not None
+            and size >= limit
+            and block.size >= size + self.config.non_split_rounding
+        ):
+            return None
+        pool.remove(block)
+        return block
+
+    def _new_block(self, pool: _Pool, size: int) -> _Block | None:
+        """``malloc``'s path when no cached block fits: a new segment or pages, then the same
+        after releasing cached oversize blocks, then after releasing every cached segment."""
+        block = self._device_block(pool, size)
+        if block is None and self._release_oversize(pool, size):
+            block = self._device_block(pool, size)
+        if block is None:
+            self._release_cached()
+            self.alloc_retries += 1
+            block = self._device_block(pool, size)
+        return block
+
+    def _device_block(self, pool: _Pool, size: int) -> _Block | None:
+        """``alloc_block``: new device memory holding ``size`` bytes, or None at capacity."""
+        if self.config.expandable_segments:
+            return self._expandable_block(pool, size)
+        nbytes = self.config.allocation_size(size)
+        if not self._fits(nbytes):
+            return None
+        segment = self._new_segment(nbytes, pool.small, page=None)
+        self._grow(nbytes)
+        return _Block(segment.address, nbytes, segment)
+
+    def _fits(self, nbytes: int) -> bool:
+        return self.capacity is None or self.reserved + nbytes <= self.capacity
+
+    def _grow(self, nbytes: int) -> None:
+        self.reserved += nbytes
+        self.device_allocs += 1
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def _new_segment(self, nbytes: int, small: bool, page: int | None) -> _Segment:
+        segment = _Segment(self._next_address, nbytes, small, page)
+        self._next_address += -(-nbytes // SMALL_BUFFER) * SMALL_BUFFER + SMALL_BUFFER
+        self._segments.append(segment)
+        return segment
+
+    def _split(self, pool: _Pool, block: _Block, size: int) -> _Block:
+        """``should_split`` and ``alloc_found_block``: the block to hand out for ``size``, the
+        rest of ``block`` cached where it is large enough."""
+        rest = block.size - size
+        if pool.small or self.config.expandable_segments:
+            split = rest >= MIN_BLOCK_SIZE
+        else:
+            limit = self.config.max_split_size
+            split = (limit is None or size < limit) and rest > SMALL_SIZE
+        if not split:
+            return block
+        taken = _Block(block.address, size, block.segment, prev=block.prev, next=block)
+        if block.prev is not None:
+            block.prev.next = taken
+        block.prev = taken
+        block.address += size
+        block.size = rest
+        pool.add(block)
+        return taken
+
+    def _merge(self, pool: _Pool, block: _Block, other: _Block | None) -> None:
+        """``try_merge_blocks``: ``other``, a neighbour, joins ``block`` (not in the pool) where
+        both are free and both mapped or both not."""
+        if other is None or other.allocated or other.mapped != block.mapped:
+            return
+        pool.remove(other)
+        if block.prev is other:
+            block.address = other.address
+            block.prev = other.prev
+            if block.prev is not None:
+                block.prev.next = block
+        else:
+            block.next = other.next
+            if block.next is not None:
+                block.next.prev = block
+        block.size += other.size
+
+    def _release_segment(self, pool: _Pool, block: _Block) -> None:
+        """``release_block``: ``cudaFree`` of a cached block that is a whole segment."""
+        if block.prev is not None or block.next is not None or block.segment.page is not None:
+            raise InternalError(f"release of block at {block.address}, not a whole segment")
+        pool.remove(block)
+        self._segments.remove(block.segment)
+        self.reserved -= block.size
+        self.device_frees += 1
+
+    def _release_oversize(self, pool: _Pool, size: int) -> bool:
+        """``release_available_cached_blocks``: with ``max_split_size``, releases the smallest
+        cached oversize block that holds the request, else the largest ones down to it; True
+        where enough was released."""
+        limit = self.config.max_split_size
+        if limit is None:
+            return False
+        wanted = max(size, limit)
+        index = bisect.bisect_left(pool.free, (wanted, -1))
+        if index < len(pool.free) and pool.cached(index).segment.page is None:
+            self._release_segment(pool, pool.cached(index))
+            return True
+        released = 0
+        index -= 1
+        while released < wanted and index >= 0 and pool.cached(index).size >= limit:
+            block = pool.cached(index)
+            index -= 1
+            if block.segment.page is None:
+                released += block.size
+                self._release_segment(pool, block)
+        return released >= wanted
+
+    def _release_cached(self) -> None:
+        """``release_cached_blocks``: releases every cached whole segment and unmaps the free
+        whole pages of expandable segments (an expandable segment left with no mapped page
+        goes too)."""
+        for pool in reversed(self._pools):
+            cached = [pool.blocks[address] for _, address in pool.free]
+            for block in cached:
+                if block.segment.page is None:
+                    if block.prev is None and block.next is None:
+                        self._release_segment(pool, block)
+                    continue
+                self._unmap(pool, block)
+                if block.prev is None and block.next is None and not block.mapped:
+                    pool.remove(block)
+                    self._segments.remove(block.segment)
+
+    def _unmap(self, pool: _Pool, block: _Block) -> None:
+        """``unmap_block``: the whole pages inside a cached expandable block are unmapped; the
+        bytes before and after them stay cached."""
+        segment = block.segment
+        page = segment.page or 0
+        begin = -(-(block.address - segment.address) // page)
+        end = (block.address + block.size - segment.address) // page
+        if begin >= end:
+            return
+        pool.remove(block)
+        start, nbytes = segment.address + begin * page, (end - begin) * page
+        if start > block.address:
+            before = _Block(block.address, start - block.address, segment, prev=block.prev)
+            self._splice(before, block.prev, block)
+            pool.add(before)
+        if start + nbytes < block.address + block.size:
+            after = _Block(start + nbytes, block.address + block.size - start - nbytes, segment)
+            self._splice(after, block, block.next)
+            pool.add(after)
+        block.address, block.size, block.mapped = start, nbytes, False
+        self._merge(pool, block, block.prev)
+        self._merge(pool, block, block.next)
+        pool.add(block)
+        self.reserved -= nbytes
+        self.device_frees += 1
+
+    @staticmethod
+    def _splice(block: _Block, before: _Block | None, after: _Block | None) -> None:
+        """Links ``block`` between ``before`` and ``after``."""
+        block.prev, block.next = before, after
+        if before is not None:
+            before.next = block
+        if after is not None:
+            after.prev = block
+
+    def _expandable_block(self, pool: _Pool, size: int) -> _Block | None:
+        """``try_allocate_expandable_block``: maps pages where free and unmapped space together
+        first hold ``size`` bytes; the mapped block (taken out of the pool), or None at
+        capacity."""
+        candidate = self._expandable_candidate(pool, size)
+        if not candidate.mapped and not self._map(pool, candidate, min(candidate.size, size)):
+            return None
+        while candidate.size < size:
+            following = candidate.next
+            if following is None or following.allocated:
+                raise InternalError("expandable candidate without the space it was chosen for")
+            if not self._map(pool, following, min(size - candidate.size, following.size)):
+                return None
+            candidate = following
+        pool.remove(candidate)
+        return candidate
+
+    def _expandable_candidate(self, pool: _Pool, size: int) -> _Block:
+        """``find_expandable_block``: the lowest unmapped block (with the cached block before
+        it) from which free and unmapped space hold ``size`` bytes, else a new segment's."""
+
+        def room(block: _Block | None) -> int:
+            total = 0
+            while total < size and block is not None and not block.allocated:
+                total += block.size
+                block = block.next
+            return total
+
+        for address in pool.unmapped:
+            candidate = pool.blocks[address]
+            if candidate.prev is not None and not candidate.prev.allocated:
+                candidate = candidate.prev
+            if room(candidate) >= size:
+                return candidate
+        page = SMALL_BUFFER if pool.small else LARGE_BUFFER
+        segment = self._new_segment(ADDRESS_SPACE, pool.small, page)
+        block = _Block(segment.address, segment.size, segment, mapped=False)
+        pool.add(block)
+        return block
+
+    def _map(self, pool: _Pool, block: _Block, nbytes: int) -> bool:
+        """``map_block``: maps the pages of ``block``'s first ``nbytes`` (False at capacity);
+        the mapped part merges with cached neighbours and is cached."""
+        segment = block.segment
+        page = segment.page or 0
+        offset = block.address - segment.address
+        mapped = -(-(offset + nbytes) // page) * page - offset
+        if not self._fits(mapped):
+            return False
+        pool.remove(block)
+        block.mapped = True
+        if mapped < block.size:
+            rest = _Block(block.address + mapped, block.size - mapped, segment, mapped=False)
+            self._splice(rest, block, block.next)
+            pool.add(rest)
+            block.size = mapped
+        self._merge(pool, block, block.prev)
+        self._merge(pool, block, block.next)
+        pool.add(block)
+        self._grow(mapped)
+        return True
+
+
+@dataclass(frozen=True)
+class AllocatorReport:
+    """What the caching allocator does over a run (bytes): peaks of ``memory_allocated`` and
+    ``memory_reserved`` and the index of the event that first reached each, both at the end,
+    live segments at the end, ``num_device_alloc``, ``num_device_free`` and
+    ``num_alloc_retries``, the events run, and ``oom_event``: the index of the allocation
+    that fails at ``capacity`` after releasing cached segments (the run stops there), or None.
+    """
+
+    peak_allocated: int
+    peak_reserved: int
+    allocated: int
+    reserved: int
+    segments: int
+    device_allocs: int
+    device_frees: int
+    alloc_retries: int
+    peak_allocated_event: int | None
+    peak_reserved_event: int | None
+    oom_event: int | None
+    events: int
+
+    @property
+    def fits(self) -> bool:
+        """Whether every allocation succeeded."""
+        return self.oom_event is None
+
+
+def simulate(
+    events: Iterable[tuple[Hashable, int]],
+    config: AllocatorConfig | None = None,
+    capacity: int | None = None,
+) -> AllocatorReport:
+    """Runs the caching allocator over ``events``, each ``(key, nbytes)``: ``nbytes`` > 0
+    allocates that many bytes for the tensor ``key``, ``nbytes`` == 0 frees ``key`` (torch
+    allocates nothing for an empty tensor, so a sequence leaves those out). ``capacity``: the
+    bytes the allocator can get from the device, None for no limit. Stops at the first
+    allocation that fails."""
+    allocator = CachingAllocator(config, capacity)
+    peak_allocated_event = peak_reserved_event = oom_event = None
+    count = 0
+    for index, (key, nbytes) in enumerate(events):
+        count = index + 1
+        before = allocator.peak_allocated, allocator.peak_reserved
+        if nbytes == 0:
+            allocator.free(key)
+        elif not allocator.allocate(key, nbytes):
+            oom_event = index
+            break
+        if allocator.peak_allocated > before[0]:
+            peak_allocated_event = index
+        if allocator.peak_reserved > before[1]:
+            peak_reserved_event = index
+    return AllocatorReport(
+        peak_allocated=allocator.peak_allocated,
+        peak_reserved=allocator.peak_reserved,
+        allocated=allocator.allocated,
+        reserved=allocator.reserved,
+        segments=allocator.segments,
+        device_allocs=allocator.device_allocs,
+        device_frees=allocator.device_frees,
+        alloc_retries=allocator.alloc_retries,
+        peak_allocated_event=peak_allocated_event,
+        peak_reserved_event=peak_reserved_event,
+        oom_event=oom_event,
+        events=count,
+    )
