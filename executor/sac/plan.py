@@ -24,7 +24,8 @@ from executor.sac.runtime.policy import Policy
 from solver.core.budget import plain_step
 from solver.core.link import Link
 from solver.errors import ScheduleMismatchError
-from solver.sac.union import SacUnion
+from solver.sac.memory import SacPlan
+from solver.sac.union import SacUnion, UnionPlan
 
 __all__ = ["CheckpointPlan", "model_signature"]
 
@@ -44,6 +45,17 @@ def model_signature(model: nn.Module) -> str:
         )
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _sac_plan(regions: list[tuple[bool, frozenset[int], frozenset[int], bool]]) -> SacPlan:
+    """The `SacPlan` of regions given as (checkpointed, saved, offloaded, plain offloaded)."""
+    checkpointed, saved, offloaded, plain = (tuple(column) for column in zip(*regions, strict=True))
+    return SacPlan(
+        checkpointed,
+        saved,
+        offloaded if any(offloaded) else None,
+        plain if any(plain) else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,20 @@ class CheckpointPlan:
         """The name of 100%: "the measured plain step", or "the predicted plain step" in
         estimate mode."""
         return plain_step("measured" if self.target is None else "predicted")
+
+    def union_plan(self) -> UnionPlan:
+        """The plan over `problem`'s regions (each block, then its children where it has a
+        split), as the solver's `UnionPlan`, its offloads included."""
+        per_region = list(
+            zip(self.checkpointed, self.saved, self.offloads(), self.plain_offloads(), strict=True)
+        )
+        blocks, kids, k = [], [], 0
+        for split in self.problem.splits:
+            blocks.append(per_region[k])
+            m = 0 if split is None else len(split.children)
+            kids.append(None if split is None else _sac_plan(per_region[k + 1 : k + 1 + m]))
+            k += 1 + m
+        return UnionPlan(_sac_plan(blocks), tuple(kids))
 
     def checkpointed_regions(self) -> list[str]:
         """Names of the regions that run inside a checkpoint."""
