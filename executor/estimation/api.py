@@ -14,29 +14,30 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from executor.errors import PlanError
+from executor.estimation.grad_groups import grad_groups
 from executor.estimation.report import StepEstimate, StrategyEstimate
 from executor.estimation.step_seconds import measured_step_seconds, predicted_step_seconds
 from executor.fitting.memory import predicted_static
 from executor.loss import default_loss
 from executor.sac.plan import CheckpointPlan
 from executor.sac.planning import RecordedStep, StepOptions, record_step
-from executor.sac.step import in_call_order
 from graph_capture.inputs import positional_inputs
 from solver.core.budget import BYTES, Budget
 from solver.core.link import Link
+from solver.deadline import Deadline
 from solver.errors import InfeasibleBudgetError
 from solver.interrupt import call_deadline
 from solver.sac.policies import POLICIES, policy_plan, sac_overhead
 from solver.sac.sharded import plan_windows
 from solver.sac.union import UnionPlan, union_cost
 from solver.spelling import spelled
-from solver.target import Device, FsdpMemory, FsdpPolicy
+from solver.target import Device, FsdpMemory, FsdpPolicy, predict_peak
 from solver.target.components import peak_components, plain_memory
 from solver.target.devices import host_link
 
@@ -75,103 +76,103 @@ def _tokens(inputs: Sequence[object], kwargs: Mapping[str, object]) -> tuple[int
     return (ids[0].numel() if ids else None), samples
 
 
-def _grad_groups(
-    step: RecordedStep,
-    inputs: Sequence[object],
-    kwargs: Mapping[str, object],
-    loss_fn: Callable[[object], torch.Tensor],
-    rounding: int,
-) -> tuple[list[int], int]:
-    """(bytes of each block's trainable parameters' gradients, then the root's; bytes of the
-    root's whose module a forward first calls after the last block: the head's), a parameter
-    counted once, rounded as the device's allocator. The call order is one forward without
-    grad under the recording's measurer."""
-
-    def nbytes(params: Sequence[nn.Parameter]) -> int:
-        return sum(-(-p.numel() * p.element_size() // rounding) * rounding for p in params)
-
-    model = step.model
-    seen: set[int] = set()
-    grads = []
-    for _, block in step.named:
-        params = [p for p in block.parameters() if p.requires_grad and id(p) not in seen]
-        seen.update(id(p) for p in params)
-        grads.append(nbytes(params))
-    owners = [
-        (name, m)
-        for name, m in model.named_modules()
-        if any(id(p) not in seen for p in m.parameters(recurse=False))
-    ]
-    with step.measurer.running(model, (list(inputs), dict(kwargs))) as (args, kw):
-        order = in_call_order(
-            model, [*step.named[-1:], *owners], lambda: loss_fn(model(*args, **kw))
-        )
-    names = [name for name, _ in order]
-    last = names.index(step.named[-1][0]) if step.named[-1][0] in names else len(names)
-    head = {id(p) for name, m in order[last + 1 :] for p in m.parameters(recurse=False)}
-    rest = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad and id(p) not in seen]
-    return [*grads, nbytes(rest)], nbytes([p for p in rest if id(p) in head])
-
-
 @dataclass(frozen=True)
-class _Basis:
-    """What every row shares: the per-rank model, bytes outside the model and of the head's
-    gradients (`peak_components`), and the plain step's seconds."""
+class _Rows:
+    """Makes the rows of one recorded step: the per-rank model (`memory`), bytes outside the
+    model (`other`) and of the head's gradients (`head_grads`, `peak_components`), the plain
+    step's seconds and the memory each row is judged against (`usable`, bytes per rank)."""
 
+    step: RecordedStep
     memory: FsdpMemory
     other: int
     head_grads: int
     plain: float
+    usable: int
 
-
-def _row(name: str, step: RecordedStep, plan: UnionPlan, basis: _Basis) -> StrategyEstimate:
-    """A strategy's row from its plan over the recorded union."""
-    memory = basis.memory
-    windows = plan_windows(step.union, plan)
-    components = peak_components(memory, windows, basis.other, basis.head_grads)
-    recompute = union_cost(step.union, plan)
-    peak_at = _peak_at(memory, windows)
-    overhead = sac_overhead(step.union, plan)
-    note = f"SAC overhead {overhead:.3g} s of it" if overhead else ""
-    seconds = basis.plain + recompute
-    return StrategyEstimate(name, components, peak_at, recompute, seconds, "fixed", note=note)
-
-
-def _peak_at(memory: FsdpMemory, windows) -> str:
-    from solver.target import predict_peak
-
-    peak = predict_peak(memory, windows)
-    return f"{peak.window}, {peak.level}"
-
-
-def _solved(
-    name: str,
-    step: RecordedStep,
-    budget: int,
-    deadline,
-    link: Link | None,
-    rows: Callable[[str, UnionPlan], StrategyEstimate],
-) -> StrategyEstimate:
-    """remat's row: the least-cost plan within `budget` bytes (per rank, for the step: what
-    `RecordedStep.solve` reads), or a row saying no plan fits and the least peak."""
-    try:
-        plan: CheckpointPlan = step.solve(Budget.of(budget), deadline, link)
-    except InfeasibleBudgetError as e:
-        return StrategyEstimate(
-            name, None, "", 0.0, 0.0, "infeasible", least=e.minimum_bytes, note="no plan fits"
+    def fixed(self, name: str) -> StrategyEstimate:
+        """The row of a fixed policy (`solver.sac.policies.POLICIES`)."""
+        plan = policy_plan(self.step.union, name)
+        row = self.evaluated(name, plan)
+        none = self.evaluated("none", policy_plan(self.step.union, "none"))
+        assert row.components is not None and none.components is not None
+        resident = 0 if self.step.policy is not None else self.memory.resident + self.other
+        checkpoint = self.step.fixed(
+            plan,
+            row.components.total - self.other - resident,
+            self.usable - self.other - resident,
+            none.components.total - self.other - resident,
         )
-    except PlanError as e:
-        return StrategyEstimate(name, None, "", 0.0, 0.0, "infeasible", note=str(e))
-    row = rows(name, plan.union_plan())
-    return StrategyEstimate(
-        name,
-        row.components,
-        row.peak_at,
-        plan.cost,
-        row.seconds - row.recompute + plan.cost,
-        f"{plan.status} gap {plan.gap:.2%}",
-        host_bytes=plan.host_peak,
-    )
+        overhead = sac_overhead(self.step.union, plan)
+        note = f"SAC overhead {overhead:.3g} s of it" if overhead else ""
+        return replace(row, plan=checkpoint, note=note)
+
+    def evaluated(self, name: str, plan: UnionPlan, cost: float | None = None) -> StrategyEstimate:
+        """The row of `plan` over the recorded union; `cost`: what it adds to the step
+        (seconds; default `union_cost`)."""
+        windows = plan_windows(self.step.union, plan)
+        components = peak_components(self.memory, windows, self.other, self.head_grads)
+        peak = predict_peak(self.memory, windows)
+        recompute = union_cost(self.step.union, plan) if cost is None else cost
+        return StrategyEstimate(
+            name,
+            components,
+            f"{peak.window}, {peak.level}",
+            recompute,
+            self.plain + recompute,
+            "FIXED",
+        )
+
+    def solved(self, name: str, deadline: Deadline, link: Link | None) -> StrategyEstimate:
+        """remat's row: the least-cost plan within `usable` (with `link`: offloads allowed),
+        or a row saying no plan fits and the least peak."""
+        resident = 0 if self.step.policy is not None else self.memory.resident
+        budget = Budget.of(self.usable - self.other - resident)
+        try:
+            plan: CheckpointPlan = self.step.solve(budget, deadline, link)
+        except InfeasibleBudgetError as e:
+            least = None if e.minimum_bytes is None else e.minimum_bytes + self.other + resident
+            return StrategyEstimate(name, None, "", 0.0, 0.0, "INFEASIBLE", least=least,
+                                    note="no plan fits")  # fmt: skip
+        except PlanError as e:
+            return StrategyEstimate(name, None, "", 0.0, 0.0, "INFEASIBLE", note=str(e))
+        row = self.evaluated(name, plan.union_plan(), plan.cost)
+        status = f"{plan.status} gap {plan.gap:.2%}"
+        return replace(row, status=status, host_bytes=plan.host_peak, plan=plan)
+
+
+def _rows(
+    step: RecordedStep,
+    inputs: Sequence[object],
+    kwargs: Mapping[str, object],
+    loss_fn: Callable[[object], torch.Tensor],
+    optimizer: str,
+    budget: str | int | None,
+) -> _Rows:
+    """The row maker of a recorded step: its per-rank model (FSDP2's, or one process's from
+    the static bytes and the gradient groups), the plain step's seconds (predicted for the
+    target, measured here without one) and the memory per rank (`budget`, or the device's)."""
+    model, device = step.model, step.device
+    rounding = device.rounding if device is not None else 1
+    static, _ = predicted_static(model, inputs, kwargs, optimizer, rounding)
+    with step.measurer.running(model, (list(inputs), dict(kwargs))) as (args, kw):
+        groups = grad_groups(model, step.named, lambda: loss_fn(model(*args, **kw)))
+    if step.policy is not None:
+        memory = step.memory()
+        communicators = step.policy.nccl_communicators
+    else:
+        grads = groups.block_bytes(rounding)
+        memory = plain_memory(static.parameters, static.optimizer_state, grads)
+        communicators = 0
+    if budget is not None:
+        usable = Budget.of(budget).bytes()
+    else:
+        usable = _machine_memory() if device is None else device.usable(communicators)
+    if device is not None:
+        plain = predicted_step_seconds(model, inputs, kwargs, loss_fn, device)
+    else:
+        plain = measured_step_seconds(model, inputs, kwargs, loss_fn)
+    other = static.buffers + static.inputs
+    return _Rows(step, memory, other, groups.head_bytes(rounding), plain, usable)
 
 
 @spelled
@@ -212,54 +213,31 @@ def estimate(
             f"estimate's budget is device memory per rank in bytes or units, not {budget!r}"
         )
     link = None if offload is None else host_link(offload)
+    if link is not None and (world_size > 1 or fsdp is not None):
+        raise PlanError("offload= estimates one process's step: leave it out with world_size > 1")
     inputs = positional_inputs(example_inputs, PlanError)
     kwargs = dict(example_kwargs or {})
     with call_deadline(time_limit, PlanError) as deadline:
         options = StepOptions(kwargs, blocks, regions, loss_fn, target, world_size, fsdp)
         step = record_step(model, inputs, options, deadline, time_limit)
-        if link is not None and step.policy is not None:
-            raise PlanError(
-                "offload= estimates one process's step: leave it out with world_size > 1"
-            )
-        device = step.device
-        rounding = device.rounding if device is not None else 1
-        static, _ = predicted_static(model, inputs, kwargs, optimizer, rounding)
-        grads, head = _grad_groups(step, inputs, kwargs, loss_fn, rounding)
-        if step.policy is not None:
-            memory = step.memory()
-            usable = device.usable(step.policy.nccl_communicators) if device else _machine_memory()
-        else:
-            memory = plain_memory(static.parameters, static.optimizer_state, grads)
-            usable = device.usable(0) if device is not None else _machine_memory()
-        if budget is not None:
-            usable = Budget.of(budget).bytes()
-        if device is not None:
-            plain = predicted_step_seconds(model, inputs, kwargs, loss_fn, device)
-        else:
-            plain = measured_step_seconds(model, inputs, kwargs, loss_fn)
-        basis = _Basis(memory, static.buffers + static.inputs, head, plain)
-
-        def row(name: str, plan: UnionPlan) -> StrategyEstimate:
-            return _row(name, step, plan, basis)
-
-        rows = [row(p, policy_plan(step.union, p)) for p in POLICIES]
+        make = _rows(step, inputs, kwargs, loss_fn, optimizer, budget)
+        rows = [make.fixed(p) for p in POLICIES]
         rows.append(
             StrategyEstimate(
-                "torch.compile", None, "", 0.0, 0.0, "not predicted", note=COMPILE_NOTE
+                "torch.compile", None, "", 0.0, 0.0, "NOT PREDICTED", note=COMPILE_NOTE
             )
         )
-        # the step's budget: what the resident bytes leave (the sharded solve adds them itself)
-        step_budget = usable - basis.other - (0 if step.policy is not None else memory.resident)
-        rows.append(_solved("remat", step, step_budget, deadline, None, row))
+        rows.append(make.solved("remat", deadline, None))
         if link is not None:
-            rows.append(_solved("remat + offload", step, step_budget, deadline, link, row))
+            rows.append(make.solved("remat + offload", deadline, link))
     tokens, samples = _tokens(inputs, kwargs)
+    device = step.device
     return StepEstimate(
         tuple(rows),
-        usable,
+        make.usable,
         None if device is None else device.name,
         1 if step.policy is None else step.policy.world_size,
-        plain,
+        make.plain,
         tokens,
         samples,
         "measured recording" if device is None else "predicted",

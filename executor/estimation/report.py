@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from executor.sac.plan import CheckpointPlan
 from graph_capture.measurement.roofline import resolve_target
 from solver.errors import ArgumentError
 from solver.target import Device
@@ -24,7 +25,8 @@ class StrategyEstimate:
     overhead, copies' stall); `seconds`: the step's seconds (the plain step's plus
     `recompute`); `host_bytes`: pinned host bytes its copies hold (offload); `status`: the
     solve's ("OPTIMAL", "FEASIBLE") or "fixed" for a fixed policy; `note`: why a row has no
-    plan, or what it is."""
+    plan, or what it is; `plan`: the `CheckpointPlan` that runs the strategy
+    (`plan.apply(model)`; None for a row without one)."""
 
     name: str
     components: Components | None
@@ -35,6 +37,7 @@ class StrategyEstimate:
     host_bytes: int = 0
     least: int | None = None
     note: str = ""
+    plan: CheckpointPlan | None = field(default=None, compare=False, repr=False)
 
     @property
     def total(self) -> int | None:
@@ -110,7 +113,9 @@ class StepEstimate:
         """The estimate as plain data: the fields, each row with its components (bytes)."""
         rows = []
         for r in self.strategies:
-            row = {k: v for k, v in asdict(r).items() if k != "components"}
+            row = {
+                k: getattr(r, k) for k in r.__dataclass_fields__ if k not in ("components", "plan")
+            }
             row["components"] = None if r.components is None else r.components.as_dict()
             row["total"] = r.total
             rows.append(row)

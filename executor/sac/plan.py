@@ -62,26 +62,26 @@ def _sac_plan(regions: list[tuple[bool, frozenset[int], frozenset[int], bool]]) 
 class CheckpointPlan:
     """A solved SAC plan. `model_signature`: a digest of the model it was solved for
     (`model_signature`); `regions`: its candidate regions (module names) in order, each block
-    followed by its children where it can be split (at most one of a block and its children
-    is checkpointed); per region, `region_types` (class names), `ops` (the recorded op stream),
+    followed by its children where it can be split (at most one of a block and its children is
+    checkpointed); per region, `region_types` (class names), `ops` (the recorded op stream),
     `checkpointed` (whether it runs inside a checkpoint) and `saved` (the op positions it saves
     rather than recomputes). `peak`: predicted step peak (bytes above what exists before the
     step); `cost`: seconds, the recompute (measured per op) plus each region's checkpoint price
     (measured per region) plus the SAC overhead of each region saving an op (measured per
     region; a region saving nothing runs as plain checkpoint); `bound`: proven lower bound on
-    the cost; `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE"; `budget`:
-    bytes; `plain_peak`: the peak of the step without checkpointing (100%; `plain_step` names
-    it: measured, or predicted in estimate mode). `target`:
-    None where bytes and seconds were measured here; in estimate mode the target device's
-    name, and `plain_peak` and every second are predicted for it
-    (executor/sac/recording/estimate.py). `world_size` > 1: sharded by FSDP2, and `peak`, `budget`,
-    `plain_peak` are bytes per rank on the device (resident included: docs/sac.md, "Under FSDP2").
-    `link`: the host link the plan was solved with (None: it offloads nothing); `offloaded`: per
-    region, the saved op positions whose outputs wait on the host between the forward and the
-    recompute (None: none); `plain_offloaded`: per region, whether it is not checkpointed and the
-    storages its ops create that autograd saves wait on the host (None: none); `host_peak`: the
-    bytes those host copies hold at their most (predicted); `cost` then includes the copies' stall,
-    predicted from the link (docs/sac.md, "Offload")."""
+    the cost; `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE" ("FIXED": a fixed
+    policy's, `executor.estimate`); `budget`: bytes; `plain_peak`: the peak of the step without
+    checkpointing (100%; `plain_step` names it: measured, or predicted in estimate mode).
+    `target`: None where bytes and seconds were measured here; in estimate mode the target
+    device's name, and `plain_peak` and every second are predicted for it
+    (executor/sac/recording/estimate.py). `world_size` > 1: sharded by FSDP2, and `peak`,
+    `budget`, `plain_peak` are bytes per rank on the device (resident included: docs/sac.md,
+    "Under FSDP2"). `link`: the host link the plan was solved with (None: it offloads nothing);
+    `offloaded`: per region, the saved op positions whose outputs wait on the host between the
+    forward and the recompute (None: none); `plain_offloaded`: per region, whether it is not
+    checkpointed and the storages its ops create that autograd saves wait on the host (None:
+    none); `host_peak`: the bytes those host copies hold at their most (predicted); `cost` then
+    includes the copies' stall, predicted from the link (docs/sac.md, "Offload")."""
 
     model_signature: str
     regions: tuple[str, ...]

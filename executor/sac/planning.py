@@ -40,8 +40,8 @@ from solver.core.budget import USABLE, Budget
 from solver.core.link import Link
 from solver.deadline import Deadline
 from solver.interrupt import call_deadline
-from solver.sac.solve import solve_sac
-from solver.sac.union import SacUnion, UnionPlan
+from solver.sac.solve import SacSolution, solve_sac
+from solver.sac.union import SacUnion, UnionPlan, union_cost
 from solver.spelling import spelled
 from solver.target import Device, FsdpMemory, FsdpPolicy
 from solver.target.devices import host_link
@@ -227,6 +227,19 @@ class RecordedStep:
         if self.policy is None:
             raise PlanError("a step recorded for one process has no FSDP2 memory")
         return model_memory(self.model, [m for _, m in self.named], self.policy)
+
+    def fixed(self, plan: UnionPlan, peak: int, budget: int, plain_peak: int) -> CheckpointPlan:
+        """The `CheckpointPlan` of a plan not solved for (a fixed policy) over the recorded
+        regions, with its predicted `peak` against `budget` and the step's without
+        checkpointing, `plain_peak` (bytes; per rank where sharded): status "FIXED", its cost
+        `union_cost`'s, bound and gap 0."""
+        cost = union_cost(self.union, plan)
+        solution = SacSolution(plan, peak, cost, "FIXED", cost, 0.0, budget)
+        target = self.measurer.target
+        out = _plan(
+            self.model, self.named, self.kept, self.union, solution, target, self.union.plain_peak
+        )
+        return out if self.policy is None else replace(out, world_size=self.policy.world_size)
 
     def solve(self, wanted: Budget, deadline: Deadline, link: Link | None) -> CheckpointPlan:
         """The least-cost plan within `wanted` (per rank where sharded; `link`: one process's

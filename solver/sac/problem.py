@@ -123,13 +123,15 @@ class SacProblem:
     predicted in estimate mode (`plain_peak_basis`). `offload_seconds`: seconds the runtime
     spends per offloaded op besides its copies (its Python: the pack, the cache entry's swap,
     the reload's issue and read; measured, executor/sac/runtime/offload.py), 0 where the plan cannot
-    offload."""
+    offload. `backward_start`: bytes live when the plain step's backward starts, the loss
+    computed (None: not recorded)."""
 
     blocks: tuple[SacBlock, ...]
     segments: tuple[Segment, ...]
     plain_peak: int
     plain_peak_basis: str = "measured"
     offload_seconds: float = 0.0
+    backward_start: int | None = None
 
     def to_json(self) -> dict:
         return {
@@ -138,6 +140,7 @@ class SacProblem:
             "plain_peak": self.plain_peak,
             "plain_peak_basis": self.plain_peak_basis,
             "offload_seconds": self.offload_seconds,
+            "backward_start": self.backward_start,
         }
 
     @classmethod
@@ -148,4 +151,5 @@ class SacProblem:
             int(d["plain_peak"]),
             str(d.get("plain_peak_basis", "measured")),
             float(d.get("offload_seconds", 0.0)),
+            d.get("backward_start"),
         )

@@ -114,7 +114,9 @@ def plan_windows(union: SacUnion, plan: UnionPlan) -> StepWindows:
         peaks[j] = max(peaks[j], value)
     first = [owner.index(j) for j in range(n)] + [len(owner)]
     segments = [Segment(s.peak, first.index(s.held)) for s in outside]
-    return StepWindows.from_segments(f_start, f_peak, b_start, b_peak, segments)
+    start = union.blocks.backward_start
+    backward_start = None if start is None else start - held[n]
+    return StepWindows.from_segments(f_start, f_peak, b_start, b_peak, segments, backward_start)
 
 
 def rank_peak(union: SacUnion, plan: UnionPlan, memory: FsdpMemory) -> RankPeak:

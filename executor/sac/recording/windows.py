@@ -6,6 +6,7 @@ live and peak bytes, cut at marks made by module hooks, from the profiler's allo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -13,7 +14,10 @@ from torch import nn
 from executor.errors import PlanError
 from executor.sac.recording.measurer import Measurer, Timeline
 from executor.sac.step import LossClosure, Snapshot, hooked, leaf_tensors
-from solver.sac.windows import WindowError, Windows, cut_windows
+from solver.sac.windows import WindowError, Windows, cut_windows, live_at
+
+BACKWARD_START = "bw"
+"""The mark made when the loss is computed, before its backward (`Windows.backward_start`)."""
 
 
 def measure_windows(
@@ -63,11 +67,17 @@ def measure_windows(
     try:
         with hooked(handles), measurer.timeline() as line:
             lines.append(line)
-            step().backward()
+            loss = step()
+            mark(BACKWARD_START)
+            loss.backward()
+            del loss
     finally:
         snapshot.restore()
     counts = [None if not k or len(k) < 2 else len(k) for k in children]
+    times = dict(zip(marks, line.times, strict=True))
+    kept = [(m, t) for m, t in zip(marks, line.times, strict=True) if m != BACKWARD_START]
     try:
-        return cut_windows(line.times, line.events, marks, counts)
+        windows = cut_windows([t for _, t in kept], line.events, [m for m, _ in kept], counts)
     except WindowError as e:
         raise PlanError(str(e)) from e
+    return replace(windows, backward_start=live_at(line.events, times[BACKWARD_START]))
