@@ -37,8 +37,8 @@ from solver.sac.policies import POLICIES, policy_plan, sac_overhead
 from solver.sac.sharded import plan_windows
 from solver.sac.union import UnionPlan, union_cost
 from solver.spelling import spelled
-from solver.target import Device, FsdpMemory, FsdpPolicy, predict_peak
-from solver.target.components import peak_components, plain_memory
+from solver.target import Device, FsdpMemory, FsdpPolicy
+from solver.target.components import latest_peak, peak_components, plain_memory
 from solver.target.devices import host_link
 
 __all__ = ["STRATEGIES", "estimate"]
@@ -111,12 +111,12 @@ class _Rows:
         (seconds; default `union_cost`)."""
         windows = plan_windows(self.step.union, plan)
         components = peak_components(self.memory, windows, self.other, self.head_grads)
-        peak = predict_peak(self.memory, windows)
+        moment, _ = latest_peak(self.memory, windows)
         recompute = union_cost(self.step.union, plan) if cost is None else cost
         return StrategyEstimate(
             name,
             components,
-            f"{peak.window}, {peak.level}",
+            f"{moment.window}, {moment.level}",
             recompute,
             self.plain + recompute,
             "FIXED",
@@ -126,7 +126,11 @@ class _Rows:
         """remat's row: the least-cost plan within `usable` (with `link`: offloads allowed),
         or a row saying no plan fits and the least peak."""
         resident = 0 if self.step.policy is not None else self.memory.resident
-        budget = Budget.of(self.usable - self.other - resident)
+        none = self.evaluated("none", policy_plan(self.step.union, "none")).total
+        assert none is not None
+        # above the step without checkpointing nothing is to be saved: solved at that peak,
+        # CP-SAT's numbers stay those of the step (a CPU target's memory is 2^62 bytes)
+        budget = Budget.of(min(self.usable, none) - self.other - resident)
         try:
             plan: CheckpointPlan = self.step.solve(budget, deadline, link)
         except InfeasibleBudgetError as e:

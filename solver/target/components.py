@@ -2,7 +2,8 @@
 per-rank model (`FsdpMemory`: FSDP2's, or `plain_memory`'s for one process) and its
 single-process activation windows (`StepWindows`). Torch-free; bytes throughout.
 
-At the peak moment (`predict_peak`'s), the rank holds:
+At the peak moment (`latest_peak`: `predict_peak`'s bytes, the latest moment holding them),
+the rank holds:
 
 - `parameters`: the resident parameters (FSDP2: the local shards; one process: all of them);
 - `optimizer_states`: the optimizer's resident state (AdamW's two moments, SGD's momentum);
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from solver.target.fsdp import FsdpMemory, Moment
-from solver.target.rank_peak import RankPeak, StepWindows, predict_peak
+from solver.target.rank_peak import StepWindows
 
 SHARDED_GRADS = "sharded grads"
 """The prefix of `Moment.parts` naming FSDP2's sharded gradients."""
@@ -109,13 +110,18 @@ def finished_grads(window: str, level: str, unsharded_grads: Sequence[int], head
     return done + (unsharded_grads[k] if level == "end" else 0)
 
 
-def peak_moment(memory: FsdpMemory, peak: RankPeak) -> Moment:
-    """The moment `predict_peak` found the peak at (the first of its window and level with
-    its FSDP bytes)."""
+def latest_peak(memory: FsdpMemory, windows: StepWindows) -> tuple[Moment, int]:
+    """The last moment at which the rank holds its most bytes (`predict_peak`'s total, which
+    names the first), and the activation bytes then. Where windows tie (a level not measured is
+    bounded by its window's peak), the latest has the most gradients complete."""
+    grads = sum(memory.unsharded_grads)
+    best: tuple[int, Moment, int] | None = None
     for m in memory.moments:
-        if (m.window, m.level, m.fsdp_bytes) == (peak.window, peak.level, peak.fsdp):
-            return m
-    raise AssertionError(f"no moment at {peak.window} {peak.level}")
+        act = windows.level(m.window, m.level, grads)
+        if best is None or act + m.fsdp_bytes >= best[0]:
+            best = (act + m.fsdp_bytes, m, act)
+    assert best is not None  # the root's moments are always there
+    return best[1], best[2]
 
 
 def _start_level(windows: StepWindows, window: str, grads: int) -> int:
@@ -134,22 +140,24 @@ def peak_components(
     """The components of the rank's bytes at the step's peak (module docstring); `other`:
     bytes outside the model (buffers, inputs) resident throughout; `head_grads`: bytes of the
     root's gradients of parameters first used after the last block (`finished_grads`)."""
-    peak = predict_peak(memory, windows)
-    moment = peak_moment(memory, peak)
+    moment, activation = latest_peak(memory, windows)
     grads = sum(memory.unsharded_grads)
     sharded = sum(b for name, b in moment.parts if name.startswith(SHARDED_GRADS))
     reduced = sum(b for name, b in moment.parts if name.startswith(FREED_GRADS))  # <= 0
-    done = finished_grads(peak.window, peak.level, memory.unsharded_grads, head_grads)
-    first = next(levels[0] for w, levels in window_names(len(windows.f_start)) if w == peak.window)
-    start_done = finished_grads(peak.window, first, memory.unsharded_grads, head_grads)
-    at_start = _start_level(windows, peak.window, grads)
-    saved = min(at_start - start_done, peak.activation - done)
+    window, level = moment.window, moment.level
+    if window == "root backward" and windows.level(window, "end", grads) >= activation:
+        level = "end"  # the root's backward peaks at the step's end: every gradient complete
+    done = finished_grads(window, level, memory.unsharded_grads, head_grads)
+    first = next(levels[0] for w, levels in window_names(len(windows.f_start)) if w == window)
+    start_done = finished_grads(window, first, memory.unsharded_grads, head_grads)
+    at_start = _start_level(windows, window, grads)
+    saved = min(at_start - start_done, activation - done)
     return Components(
         parameters=memory.resident_parts["sharded params"],
         gradients=sharded + done + reduced,
         optimizer_states=memory.resident_parts["optimizer state"],
-        fsdp_buffers=peak.fsdp - sharded - reduced,
+        fsdp_buffers=moment.fsdp_bytes - sharded - reduced,
         saved_activations=saved,
-        transient=peak.activation - done - saved,
+        transient=activation - done - saved,
         other=other,
     )

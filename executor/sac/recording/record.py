@@ -154,6 +154,9 @@ def _record_union(model, blocks, children, step, repeats, clock: RecordingTime, 
         windows.peak,
         basis,
         backward_start=windows.backward_start,
+        root_b_start=windows.root_b_start,
+        root_b_peak=windows.root_b_peak,
+        end=windows.end,
     )
     return SacUnion(problem, tuple(splits)), kept
 
