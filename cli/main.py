@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli.calibrate import add_calibrate_arguments, run_calibrate
+from cli.estimate import add_estimate_arguments, run_estimate
 from cli.fit import add_fit_arguments, run_fit
 from cli.profile import (
     add_graph_arguments,
@@ -89,6 +90,12 @@ SUBCOMMANDS = (
         "solve a selective-checkpoint plan for torch.utils.checkpoint; measured vs eager",
         add_sac_arguments,
         run_sac,
+    ),
+    Subcommand(
+        "estimate",
+        "will a training step fit, and how fast: every checkpointing strategy side by side",
+        add_estimate_arguments,
+        run_estimate,
     ),
     Subcommand(
         "calibrate",

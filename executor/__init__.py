@@ -39,6 +39,7 @@ from executor.errors import (
     UnsupportedScheduleError,
     UnusedOutputGradientError,
 )
+from executor.estimation import StepEstimate, StrategyEstimate, estimate
 from executor.fitting.api import fit
 from executor.fsdp import FsdpPolicy, fsdp_policy
 from executor.loss import default_loss
@@ -70,11 +71,14 @@ __all__ = [
     "PlanError",
     "RematerializeError",
     "Rematerialized",
+    "StepEstimate",
+    "StrategyEstimate",
     "UnsupportedScheduleError",
     "UnusedOutputGradientError",
     "checkpoint_plan",
     "compile",
     "default_loss",
+    "estimate",
     "fit",
     "fsdp_policy",
     "measure_peak",

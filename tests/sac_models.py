@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 import executor
-from solver.sac import SacPlan
-from solver.sac.union import SacUnion, UnionPlan, union_peak
+from solver.sac.union import union_peak
 
 
 class MLP(nn.Module):
@@ -128,27 +127,7 @@ def replanned(
     (per region in `plan.regions` order; None: none), and that plan's predicted peak (bytes)
     from the reference model."""
     changed = dataclasses.replace(plan, saved=saved, offloaded=offloaded, plain_offloaded=plain)
-    return changed, union_peak(plan.problem, _union_plan(plan.problem, changed))
-
-
-def _union_plan(union: SacUnion, plan: executor.CheckpointPlan) -> UnionPlan:
-    """The `UnionPlan` of the plan's regions (`plan.regions` order) over `union`."""
-    flat = iter(
-        zip(plan.checkpointed, plan.saved, plan.offloads(), plan.plain_offloads(), strict=True)
-    )
-    blocks, children = [], []
-    for split in union.splits:
-        blocks.append(next(flat))
-        kids = [] if split is None else [next(flat) for _ in split.children]
-        children.append(None if split is None else _sac_plan(kids))
-    return UnionPlan(_sac_plan(blocks), tuple(children))
-
-
-def _sac_plan(regions: list[tuple[bool, frozenset[int], frozenset[int], bool]]) -> SacPlan:
-    checkpointed, saved, offloaded, plain = (tuple(x) for x in zip(*regions, strict=True))
-    return SacPlan(
-        checkpointed, saved, offloaded if any(offloaded) else None, plain if any(plain) else None
-    )
+    return changed, union_peak(plan.problem, changed.union_plan())
 
 
 def every_saveable(plan: executor.CheckpointPlan) -> tuple[frozenset[int], ...]:

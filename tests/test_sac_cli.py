@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from sac_models import _union_plan, every_saveable, larger, replanned
+from sac_models import every_saveable, larger, replanned
 
 import executor
 from cli.main import main
@@ -50,7 +50,7 @@ def test_offload_option_and_an_offloading_plan_file(tmp_path, capsys):
         for r, s in zip(plan.problem.regions(), saved, strict=True)
     )
     changed, peak = replanned(plan, saved, offloaded)
-    flat = flatten(plan.problem, _union_plan(plan.problem, changed))
+    flat = flatten(plan.problem, changed.union_plan())
     host = plan_host(*flat)
     dataclasses.replace(changed, peak=peak, budget=peak, host_peak=host).save(out)
     assert main([*args, "--model", "sac_models:larger", "--plan", str(out)]) == 0

@@ -19,7 +19,6 @@ from sac_models import (
     MLP,
     Attention,
     Net,
-    _union_plan,
     assert_same_adamw_steps,
     every_saveable,
     mlp_net,
@@ -131,7 +130,7 @@ def test_offloading_every_saved_op_is_exact_and_within_its_prediction(case):
     plain = every_plain(plan)
     assert any(offloaded) or any(plain), "the plan's regions should have ops to offload"
     offloading, peak = replanned(plan, saved, offloaded, plain)
-    host = union_host(plan.problem, _union_plan(plan.problem, offloading))
+    host = union_host(plan.problem, offloading.union_plan())
     keeping, _ = replanned(plan, saved)
 
     def step(m):
@@ -177,7 +176,7 @@ def test_drawn_models_and_budgets_offload_exactly_within_the_prediction(
     )
     saved = every_saveable(plan)
     every, peak = replanned(plan, saved, every_offloadable(plan, saved), every_plain(plan))
-    host = union_host(plan.problem, _union_plan(plan.problem, every))
+    host = union_host(plan.problem, every.union_plan())
     device_bytes, host_bytes = measured(every.apply(copy.deepcopy(net)), sum_step(x))
     assert device_bytes <= peak and host_bytes == host
     runs = [copy.deepcopy(net), every.apply(copy.deepcopy(net)), plan.apply(copy.deepcopy(net))]
@@ -272,7 +271,7 @@ def test_parked_regions_leave_their_output_on_the_device_and_off_the_host():
     bare = dataclasses.replace(plan, checkpointed=(False,) * len(plan.regions), saved=none)
     parking, _ = replanned(bare, none, None, every_plain(bare))
     assert all(parking.plain_offloads())
-    host = union_host(plan.problem, _union_plan(plan.problem, parking))
+    host = union_host(plan.problem, parking.union_plan())
     ends_saved = [r.ops[-1].name == "aten.relu_.default" for r in regions_of(plan)]
     assert all(ends_saved) and host > 0
     _, host_bytes = measured(

@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 import torch
-from sac_models import MLP, Net, _union_plan, every_saveable, replanned, sum_loss, transformer
+from sac_models import MLP, Net, every_saveable, replanned, sum_loss, transformer
 from test_sac_offload import every_offloadable, every_plain, measured, sum_step
 
 import executor
@@ -123,7 +123,7 @@ def test_the_recording_records_each_output_tensor_and_saved_storage_and_cpu_plan
         assert sum(op.saved_sizes) == op.saved_bytes
     saved = every_saveable(plan)
     every, _ = replanned(plan, saved, every_offloadable(plan, saved), every_plain(plan))
-    host = union_host(plan.problem, _union_plan(plan.problem, every), plan.link)
+    host = union_host(plan.problem, every.union_plan(), plan.link)
     model = every.apply(copy.deepcopy(net))
     assert measured(model, sum_step(x))[1] == host > 0
 
@@ -138,10 +138,10 @@ def test_an_estimate_for_a_gpu_rounds_as_pinned_memory():
         net, (x,), "min", time_limit=60, loss_fn=sum_loss, target="h100", offload="h100"
     )
     assert plan.link.host_rounding == "power-of-two"
-    assert plan.host_peak == union_host(plan.problem, _union_plan(plan.problem, plan), plan.link)
+    assert plan.host_peak == union_host(plan.problem, plan.union_plan(), plan.link)
     saved = every_saveable(plan)
     every, _ = replanned(plan, saved, every_offloadable(plan, saved), every_plain(plan))
-    union_plan = _union_plan(plan.problem, every)
+    union_plan = every.union_plan()
     # 3 x 40 x 48 float32 outputs: 23,040 B each, 32 KiB pinned
     assert union_host(plan.problem, union_plan, plan.link) > union_host(plan.problem, union_plan)
 
@@ -163,7 +163,7 @@ def test_on_cuda_the_pinned_allocators_peak_is_the_plans_host_bytes():
     assert plan.link.host_rounding == "power-of-two"
     saved = every_saveable(plan)
     every, _ = replanned(plan, saved, every_offloadable(plan, saved), every_plain(plan))
-    union_plan = _union_plan(plan.problem, every)
+    union_plan = every.union_plan()
     predicted = union_host(plan.problem, union_plan, plan.link)
     model = every.apply(copy.deepcopy(net))
     model(x).sum().backward()  # warm-up

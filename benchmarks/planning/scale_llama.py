@@ -58,6 +58,8 @@ RUNS = {
     "llama2_70b_b1": (LLAMA2_70B, 1, 4096, "a100-80gb", 64, ("selective fits", None)),
 }
 MAIN = ("llama3_8b", "llama3_70b")
+POLICY_ROWS = {"none": "none", "full": "full", "selective (torchtitan)": "selective"}
+"""The fixed SAC policies' rows (`solver.sac.policies.POLICIES`), by their label here."""
 PUBLISHED = ("llama31_8b_b2", "llama31_8b_b2_w128", "llama2_70b_b2", "llama2_70b_b1")
 
 
@@ -99,33 +101,6 @@ def _rss() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
 
 
-def torchtitan_saved(block) -> frozenset[int]:
-    """torchtitan's selective-op policy on a recorded block: save SDPA's outputs and every
-    second `aten.mm` (the first, third, ...), recompute the rest; ops SAC may not save
-    (docs/sac.md) stay recomputed."""
-    saved, mm = set(), 0
-    for i, op in enumerate(block.ops):
-        keep = "scaled_dot_product" in op.name
-        if op.name == "aten.mm.default":
-            mm += 1
-            keep = mm % 2 == 1
-        if keep and op.saveable and i <= block.stop:
-            saved.add(i)
-    return frozenset(saved)
-
-
-def _union_plan(union, checkpointed, saved):
-    from solver.sac.memory import SacPlan
-    from solver.sac.union import UnionPlan
-
-    n = len(union.blocks.blocks)
-    kids = tuple(
-        None if s is None else SacPlan((False,) * len(s.children), (frozenset(),) * len(s.children))
-        for s in union.splits
-    )
-    return UnionPlan(SacPlan((checkpointed,) * n, tuple(saved)), kids)
-
-
 def part_plan(
     name: str,
     time_limit: float,
@@ -138,6 +113,7 @@ def part_plan(
     "min": the least per-rank peak)."""
     import executor
     from executor.fsdp import model_memory
+    from solver.sac.policies import policy_plan, sac_overhead
     from solver.sac.sharded import rank_peak
     from solver.sac.union import union_cost
 
@@ -153,23 +129,18 @@ def part_plan(
     union = plan.problem
     modules = dict(model.named_modules())
     memory = model_memory(model, [modules[b.name] for b in union.blocks.blocks], fsdp)
-    blocks = union.blocks.blocks
-    plans = {
-        "none": _union_plan(union, False, [frozenset()] * len(blocks)),
-        "full": _union_plan(union, True, [frozenset()] * len(blocks)),
-        "selective (torchtitan)": _union_plan(union, True, [torchtitan_saved(b) for b in blocks]),
-    }
+    plans = {label: policy_plan(union, name) for label, name in POLICY_ROWS.items()}
     rows = {}
     for label, p in plans.items():
         peak = rank_peak(union, p, memory)
         rows[label] = {"peak": peak.peak, "at": f"{peak.window}, {peak.level}"}
         rows[label]["recompute"] = union_cost(union, p)
-        rows[label]["overhead"] = _overhead(union, p)
-    chosen = _plan_of(plan)
+        rows[label]["overhead"] = sac_overhead(union, p)
+    chosen = plan.union_plan()
     peak = rank_peak(union, chosen, memory)
     rows["SAC plan (remat)"] = {"peak": plan.peak, "at": f"{peak.window}, {peak.level}"}
     rows["SAC plan (remat)"]["recompute"] = union_cost(union, chosen)
-    rows["SAC plan (remat)"]["overhead"] = _overhead(union, chosen)
+    rows["SAC plan (remat)"]["overhead"] = sac_overhead(union, chosen)
     ckpt = plan.checkpointed_regions()
     return {
         "plan s": seconds,
@@ -181,35 +152,6 @@ def part_plan(
         "usable": device.usable(fsdp.nccl_communicators),
         "rows": rows,
     }
-
-
-def _overhead(union, plan) -> float:
-    """Seconds of SAC's dispatch modes (this host's) in the plan's cost: regions saving an op."""
-    from solver.sac.union import flatten
-
-    problem, flat = flatten(union, plan)
-    regions = zip(problem.blocks, flat.checkpointed, flat.saved, strict=True)
-    return sum(b.overhead for b, c, s in regions if c and s)
-
-
-def _plan_of(plan):
-    """The `UnionPlan` a `CheckpointPlan` holds (regions: each block, then its children)."""
-    from solver.sac.memory import SacPlan
-    from solver.sac.union import UnionPlan
-
-    union, k = plan.problem, 0
-    blocks_c, blocks_s, kids = [], [], []
-    for split in union.splits:
-        blocks_c.append(plan.checkpointed[k])
-        blocks_s.append(plan.saved[k])
-        k += 1
-        if split is None:
-            kids.append(None)
-            continue
-        m = len(split.children)
-        kids.append(SacPlan(plan.checkpointed[k : k + m], plan.saved[k : k + m]))
-        k += m
-    return UnionPlan(SacPlan(tuple(blocks_c), tuple(blocks_s)), tuple(kids))
 
 
 def part_capture(name: str, path: str, granularity: str = "op") -> dict:

@@ -24,7 +24,8 @@ from executor.sac.runtime.policy import Policy
 from solver.core.budget import plain_step
 from solver.core.link import Link
 from solver.errors import ScheduleMismatchError
-from solver.sac.union import SacUnion
+from solver.sac.memory import SacPlan
+from solver.sac.union import SacUnion, UnionPlan
 
 __all__ = ["CheckpointPlan", "model_signature"]
 
@@ -46,30 +47,41 @@ def model_signature(model: nn.Module) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _sac_plan(regions: list[tuple[bool, frozenset[int], frozenset[int], bool]]) -> SacPlan:
+    """The `SacPlan` of regions given as (checkpointed, saved, offloaded, plain offloaded)."""
+    checkpointed, saved, offloaded, plain = (tuple(column) for column in zip(*regions, strict=True))
+    return SacPlan(
+        checkpointed,
+        saved,
+        offloaded if any(offloaded) else None,
+        plain if any(plain) else None,
+    )
+
+
 @dataclass(frozen=True)
 class CheckpointPlan:
     """A solved SAC plan. `model_signature`: a digest of the model it was solved for
     (`model_signature`); `regions`: its candidate regions (module names) in order, each block
-    followed by its children where it can be split (at most one of a block and its children
-    is checkpointed); per region, `region_types` (class names), `ops` (the recorded op stream),
+    followed by its children where it can be split (at most one of a block and its children is
+    checkpointed); per region, `region_types` (class names), `ops` (the recorded op stream),
     `checkpointed` (whether it runs inside a checkpoint) and `saved` (the op positions it saves
     rather than recomputes). `peak`: predicted step peak (bytes above what exists before the
     step); `cost`: seconds, the recompute (measured per op) plus each region's checkpoint price
     (measured per region) plus the SAC overhead of each region saving an op (measured per
     region; a region saving nothing runs as plain checkpoint); `bound`: proven lower bound on
-    the cost; `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE"; `budget`:
-    bytes; `plain_peak`: the peak of the step without checkpointing (100%; `plain_step` names
-    it: measured, or predicted in estimate mode). `target`:
-    None where bytes and seconds were measured here; in estimate mode the target device's
-    name, and `plain_peak` and every second are predicted for it
-    (executor/sac/recording/estimate.py). `world_size` > 1: sharded by FSDP2, and `peak`, `budget`,
-    `plain_peak` are bytes per rank on the device (resident included: docs/sac.md, "Under FSDP2").
-    `link`: the host link the plan was solved with (None: it offloads nothing); `offloaded`: per
-    region, the saved op positions whose outputs wait on the host between the forward and the
-    recompute (None: none); `plain_offloaded`: per region, whether it is not checkpointed and the
-    storages its ops create that autograd saves wait on the host (None: none); `host_peak`: the
-    bytes those host copies hold at their most (predicted); `cost` then includes the copies' stall,
-    predicted from the link (docs/sac.md, "Offload")."""
+    the cost; `gap`: (cost - bound) / cost; `status`: "OPTIMAL" or "FEASIBLE" ("FIXED": a fixed
+    policy's, `executor.estimate`); `budget`: bytes; `plain_peak`: the peak of the step without
+    checkpointing (100%; `plain_step` names it: measured, or predicted in estimate mode).
+    `target`: None where bytes and seconds were measured here; in estimate mode the target
+    device's name, and `plain_peak` and every second are predicted for it
+    (executor/sac/recording/estimate.py). `world_size` > 1: sharded by FSDP2, and `peak`,
+    `budget`, `plain_peak` are bytes per rank on the device (resident included: docs/sac.md,
+    "Under FSDP2"). `link`: the host link the plan was solved with (None: it offloads nothing);
+    `offloaded`: per region, the saved op positions whose outputs wait on the host between the
+    forward and the recompute (None: none); `plain_offloaded`: per region, whether it is not
+    checkpointed and the storages its ops create that autograd saves wait on the host (None:
+    none); `host_peak`: the bytes those host copies hold at their most (predicted); `cost` then
+    includes the copies' stall, predicted from the link (docs/sac.md, "Offload")."""
 
     model_signature: str
     regions: tuple[str, ...]
@@ -105,6 +117,20 @@ class CheckpointPlan:
         """The name of 100%: "the measured plain step", or "the predicted plain step" in
         estimate mode."""
         return plain_step("measured" if self.target is None else "predicted")
+
+    def union_plan(self) -> UnionPlan:
+        """The plan over `problem`'s regions (each block, then its children where it has a
+        split), as the solver's `UnionPlan`, its offloads included."""
+        per_region = list(
+            zip(self.checkpointed, self.saved, self.offloads(), self.plain_offloads(), strict=True)
+        )
+        blocks, kids, k = [], [], 0
+        for split in self.problem.splits:
+            blocks.append(per_region[k])
+            m = 0 if split is None else len(split.children)
+            kids.append(None if split is None else _sac_plan(per_region[k + 1 : k + 1 + m]))
+            k += 1 + m
+        return UnionPlan(_sac_plan(blocks), tuple(kids))
 
     def checkpointed_regions(self) -> list[str]:
         """Names of the regions that run inside a checkpoint."""

@@ -18,7 +18,7 @@ docs/sac.md gives the memory model and its measured accuracy.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -38,15 +38,16 @@ from graph_capture.inputs import positional_inputs
 from graph_capture.measurement.peak import CPU
 from solver.core.budget import USABLE, Budget
 from solver.core.link import Link
+from solver.deadline import Deadline
 from solver.interrupt import call_deadline
-from solver.sac.solve import solve_sac
-from solver.sac.union import SacUnion, UnionPlan
+from solver.sac.solve import SacSolution, solve_sac
+from solver.sac.union import SacUnion, UnionPlan, union_cost
 from solver.spelling import spelled
-from solver.target import Device, FsdpPolicy
+from solver.target import Device, FsdpMemory, FsdpPolicy
 from solver.target.devices import host_link
 from solver.time_shares import SAC_SHARES
 
-__all__ = ["REGIONS", "checkpoint_plan"]
+__all__ = ["REGIONS", "RecordedStep", "StepOptions", "checkpoint_plan", "record_step"]
 
 
 def _run_eagerly(model: nn.Module, step: Callable[[], torch.Tensor]) -> None:
@@ -171,56 +172,143 @@ def checkpoint_plan(
     parameters are the one interface's options, each documented here."""
     link, world_size, sharded = _checked(regions, world_size, fsdp, offload)
     wanted = Budget.of(budget)  # an unreadable budget fails before any recording
-    example_inputs = positional_inputs(example_inputs, PlanError)
-    kwargs = dict(example_kwargs or {})
-    recorded_on = _recording_device(model, (example_inputs, kwargs), target is not None)
-    measurer = _measurer(target, recorded_on)
-    device = getattr(measurer, "device", None)
-    # the host rounding of the device the plan's copies run on: the recording's, or the target's
-    link = link_on(link, recorded_on if device is None else torch.device(device.kernels))
-    if wanted.kind == USABLE and not (sharded and device is not None):
+    if wanted.kind == USABLE and not (sharded and target is not None):
         raise PlanError(
             "budget None is a target's usable memory per rank, for a sharded plan (a target "
             "and world_size > 1): give bytes, units, a percentage or 'min'"
         )
-    policy = resolve_policy(model, world_size, fsdp, device) if sharded else None
     with call_deadline(time_limit, PlanError) as deadline:
-        sets = 1 if regions == "blocks" else 2  # the blocks, and their children
-        clock = RecordingTime(
-            time_limit,
+        step = record_step(
+            model,
+            example_inputs,
+            StepOptions(example_kwargs, blocks, regions, loss_fn, target, world_size, fsdp),
             deadline,
-            deadline.share(SAC_SHARES.recording),
-            sum(RECORDING_STEPS[k] for k in ("eager", "windows", "order"))
-            + sets * sum(RECORDING_STEPS[k] for k in ("ops", "prices")),
-            shares=SAC_SHARES,
+            time_limit,
         )
-        step = _Recording(model, (example_inputs, kwargs), loss_fn, measurer, clock)
-        named, kept, union = step.record(blocks, regions)
-        whole = regions != "children"
-        if policy is None:
+        return step.solve(wanted, deadline, link)
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """What `record_step` records, as `checkpoint_plan`'s arguments of the same names."""
+
+    example_kwargs: Mapping[str, object] | None = None
+    blocks: Sequence[str] | None = None
+    regions: str = "choose"
+    loss_fn: Callable[[object], torch.Tensor] = default_loss
+    target: str | Device | None = None
+    world_size: int = 1
+    fsdp: FsdpPolicy | None = None
+
+
+@dataclass
+class RecordedStep:
+    """One recorded training step, ready to solve at any budget: the model, its blocks in call
+    order (`named`) and kept children (`kept`), the recorded union, the measurer, the FSDP2
+    policy (None: one process) and the time the recording took (`clock`)."""
+
+    model: nn.Module
+    named: list
+    kept: list
+    union: SacUnion
+    measurer: Measurer
+    policy: FsdpPolicy | None
+    recorded_on: torch.device
+    clock: RecordingTime
+    whole: bool
+
+    @property
+    def device(self) -> Device | None:
+        """The target device (None: measured here)."""
+        return getattr(self.measurer, "device", None)
+
+    def memory(self) -> FsdpMemory:
+        """FSDP2's per-rank memory of the sharded step (`model_memory`); PlanError in one
+        process."""
+        if self.policy is None:
+            raise PlanError("a step recorded for one process has no FSDP2 memory")
+        return model_memory(self.model, [m for _, m in self.named], self.policy)
+
+    def fixed(self, plan: UnionPlan, peak: int, budget: int, plain_peak: int) -> CheckpointPlan:
+        """The `CheckpointPlan` of a plan not solved for (a fixed policy) over the recorded
+        regions, with its predicted `peak` against `budget` and the step's without
+        checkpointing, `plain_peak` (bytes; per rank where sharded): status "FIXED", its cost
+        `union_cost`'s, bound and gap 0."""
+        cost = union_cost(self.union, plan)
+        solution = SacSolution(plan, peak, cost, "FIXED", cost, 0.0, budget)
+        target = self.measurer.target
+        out = _plan(self.model, self.named, self.kept, self.union, solution, target, plain_peak)
+        return out if self.policy is None else replace(out, world_size=self.policy.world_size)
+
+    def solve(self, wanted: Budget, deadline: Deadline, link: Link | None) -> CheckpointPlan:
+        """The least-cost plan within `wanted` (per rank where sharded; `link`: one process's
+        host link, offloads allowed) before `deadline`."""
+        device, clock, union = self.device, self.clock, self.union
+        # the host rounding of the device the plan's copies run on: the recording's, or the target's
+        on = self.recorded_on if device is None else torch.device(device.kernels)
+        link = link_on(link, on)
+        target = self.measurer.target
+        if self.policy is None:
             if link is not None:
-                seconds = measure_offload_seconds(meter=measurer.meter)
+                seconds = measure_offload_seconds(meter=self.measurer.meter)
                 union = replace(union, blocks=replace(union.blocks, offload_seconds=seconds))
             with clock.solving():
                 solution = solve_sac(
-                    union, wanted, deadline, whole=whole, link=link, shares=clock.shares
+                    union, wanted, deadline, whole=self.whole, link=link, shares=clock.shares
                 )
-            plan = _plan(model, named, kept, union, solution, measurer.target, union.plain_peak)
+            plan = _plan(
+                self.model, self.named, self.kept, union, solution, target, union.plain_peak
+            )
             return plan if link is None else replace(plan, link=link, host_peak=solution.host_peak)
-        memory = model_memory(model, [m for _, m in named], policy)
         with clock.solving():
             done = solve_sharded(
                 union,
-                memory,
+                self.memory(),
                 wanted,
                 device,
                 deadline,
-                whole,
-                policy.nccl_communicators,
+                self.whole,
+                self.policy.nccl_communicators,
                 clock.shares,
             )
-        plan = _plan(model, named, kept, union, done.solution, measurer.target, done.plain_peak)
-        return replace(plan, world_size=policy.world_size)
+        plan = _plan(
+            self.model, self.named, self.kept, union, done.solution, target, done.plain_peak
+        )
+        return replace(plan, world_size=self.policy.world_size)
+
+
+def record_step(
+    model: nn.Module,
+    example_inputs: Sequence[object] | torch.Tensor,
+    options: StepOptions,
+    deadline: Deadline,
+    time_limit: float,
+) -> RecordedStep:
+    """Record one training step of `model` (`checkpoint_plan`'s recording, within half of
+    `time_limit` seconds, ending by `deadline`) for solves at any budget."""
+    o = options
+    _check_world_size(o.world_size)
+    world_size = sharded_world_size(o.world_size, o.fsdp)
+    sharded = world_size > 1 or o.fsdp is not None
+    example_inputs = positional_inputs(example_inputs, PlanError)
+    kwargs = dict(o.example_kwargs or {})
+    recorded_on = _recording_device(model, (example_inputs, kwargs), o.target is not None)
+    measurer = _measurer(o.target, recorded_on)
+    device = getattr(measurer, "device", None)
+    policy = resolve_policy(model, world_size, o.fsdp, device) if sharded else None
+    sets = 1 if o.regions == "blocks" else 2  # the blocks, and their children
+    clock = RecordingTime(
+        time_limit,
+        deadline,
+        deadline.share(SAC_SHARES.recording),
+        sum(RECORDING_STEPS[k] for k in ("eager", "windows", "order"))
+        + sets * sum(RECORDING_STEPS[k] for k in ("ops", "prices")),
+        shares=SAC_SHARES,
+    )
+    step = _Recording(model, (example_inputs, kwargs), o.loss_fn, measurer, clock)
+    named, kept, union = step.record(o.blocks, o.regions)
+    whole = o.regions != "children"
+    return RecordedStep(model, named, kept, union, measurer, policy, recorded_on, clock, whole)
 
 
 def _checked(

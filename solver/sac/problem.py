@@ -123,13 +123,19 @@ class SacProblem:
     predicted in estimate mode (`plain_peak_basis`). `offload_seconds`: seconds the runtime
     spends per offloaded op besides its copies (its Python: the pack, the cache entry's swap,
     the reload's issue and read; measured, executor/sac/runtime/offload.py), 0 where the plan cannot
-    offload."""
+    offload. `backward_start`, `root_b_start`, `root_b_peak`, `end`: the plain step's bytes live
+    when its backward starts, when block 0's backward ends, the most from then on, and at its
+    end (`solver.sac.windows.Windows`; None: not recorded)."""
 
     blocks: tuple[SacBlock, ...]
     segments: tuple[Segment, ...]
     plain_peak: int
     plain_peak_basis: str = "measured"
     offload_seconds: float = 0.0
+    backward_start: int | None = None
+    root_b_start: int | None = None
+    root_b_peak: int | None = None
+    end: int | None = None
 
     def to_json(self) -> dict:
         return {
@@ -138,6 +144,10 @@ class SacProblem:
             "plain_peak": self.plain_peak,
             "plain_peak_basis": self.plain_peak_basis,
             "offload_seconds": self.offload_seconds,
+            "backward_start": self.backward_start,
+            "root_b_start": self.root_b_start,
+            "root_b_peak": self.root_b_peak,
+            "end": self.end,
         }
 
     @classmethod
@@ -148,4 +158,8 @@ class SacProblem:
             int(d["plain_peak"]),
             str(d.get("plain_peak_basis", "measured")),
             float(d.get("offload_seconds", 0.0)),
+            d.get("backward_start"),
+            d.get("root_b_start"),
+            d.get("root_b_peak"),
+            d.get("end"),
         )

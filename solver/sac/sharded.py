@@ -114,7 +114,13 @@ def plan_windows(union: SacUnion, plan: UnionPlan) -> StepWindows:
         peaks[j] = max(peaks[j], value)
     first = [owner.index(j) for j in range(n)] + [len(owner)]
     segments = [Segment(s.peak, first.index(s.held)) for s in outside]
-    return StepWindows.from_segments(f_start, f_peak, b_start, b_peak, segments)
+    p = union.blocks
+    backward_start = None if p.backward_start is None else p.backward_start - held[n]
+    windows = StepWindows.from_segments(
+        f_start, f_peak, b_start, b_peak, segments, backward_start, p.end
+    )
+    # every block's backward is over at block 0's end: no plan changes the root's backward
+    return replace(windows, root_b_start=p.root_b_start, root_b_peak=p.root_b_peak)
 
 
 def rank_peak(union: SacUnion, plan: UnionPlan, memory: FsdpMemory) -> RankPeak:

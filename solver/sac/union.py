@@ -151,6 +151,10 @@ def flatten(union: SacUnion, plan: UnionPlan) -> tuple[SacProblem, SacPlan]:
         tuple(segments),
         union.plain_peak,
         offload_seconds=union.blocks.offload_seconds,
+        backward_start=union.blocks.backward_start,
+        root_b_start=union.blocks.root_b_start,
+        root_b_peak=union.blocks.root_b_peak,
+        end=union.blocks.end,
     )
     offloads = tuple(offloaded) if any(offloaded) else None
     plains = tuple(plain) if any(plain) else None

@@ -23,7 +23,10 @@ class Windows:
     next mark (`f_peak`), the same for its backward (`b_start`, `b_peak`); the stretches outside
     blocks (`segments`), the step's `peak`; per block whose children ran once each in sequence,
     their windows (`splits[j]`) and the block's stretches outside them (`inner[j]`), else
-    None. Bytes."""
+    None; `backward_start`: live bytes when the backward starts, the loss computed;
+    `root_b_start`, `root_b_peak`: live when block 0's inputs' gradients are complete and the
+    most from then to the step's end (the root's own backward); `end`: live at the step's end
+    (None: not measured; the root's None where block 0's inputs need no gradient). Bytes."""
 
     f_start: list[int]
     f_peak: list[int]
@@ -33,6 +36,10 @@ class Windows:
     peak: int
     splits: list[list[tuple[int, int, int, int]] | None] = field(default_factory=list)
     inner: list[list[Segment] | None] = field(default_factory=list)
+    backward_start: int | None = None
+    root_b_start: int | None = None
+    root_b_peak: int | None = None
+    end: int | None = None
 
 
 def _labels(j: int, children: int | None) -> tuple[list[str], list[str]]:
@@ -145,6 +152,21 @@ def _untie(
                 labels[i], labels[i + 1] = labels[i + 1], labels[i]
                 changed = True
     return labels
+
+
+def live_at(events: list[tuple[int, int]], time: int) -> int:
+    """Live bytes at `time` (events stamped with it counted) of `events` (time, +/- bytes)."""
+    return sum(size for t, size in events if t <= time)
+
+
+def peak_after(events: list[tuple[int, int]], time: int) -> int:
+    """The most bytes live from `time` (`live_at`) to the end of `events`."""
+    live = best = live_at(events, time)
+    for t, size in events:
+        if t > time:
+            live += size
+            best = max(best, live)
+    return best
 
 
 def _stretches(events: list[tuple[int, int]], times: list[int]) -> tuple[list[int], int, list[int]]:

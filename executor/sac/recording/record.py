@@ -148,7 +148,16 @@ def _record_union(model, blocks, children, step, repeats, clock: RecordingTime, 
         out.append(priced(sac_block(name, f, window, params, rng_bytes), overheads[j]))
     splits, kept = _splits(kept, windows, flat_facts, overheads[len(blocks) :], params, rng_bytes)
     basis = "measured" if measurer.target is None else "predicted"
-    problem = SacProblem(tuple(out), tuple(windows.segments), windows.peak, basis)
+    problem = SacProblem(
+        tuple(out),
+        tuple(windows.segments),
+        windows.peak,
+        basis,
+        backward_start=windows.backward_start,
+        root_b_start=windows.root_b_start,
+        root_b_peak=windows.root_b_peak,
+        end=windows.end,
+    )
     return SacUnion(problem, tuple(splits)), kept
 
 

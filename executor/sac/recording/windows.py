@@ -6,6 +6,7 @@ live and peak bytes, cut at marks made by module hooks, from the profiler's allo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -13,7 +14,12 @@ from torch import nn
 from executor.errors import PlanError
 from executor.sac.recording.measurer import Measurer, Timeline
 from executor.sac.step import LossClosure, Snapshot, hooked, leaf_tensors
-from solver.sac.windows import WindowError, Windows, cut_windows
+from solver.sac.windows import WindowError, Windows, cut_windows, live_at, peak_after
+
+BACKWARD_START = "bw"
+"""The mark made when the loss is computed, before its backward (`Windows.backward_start`)."""
+ROOT_BACKWARD = "rb"
+"""The mark made when block 0's inputs' gradients are complete (`Windows.root_b_start`)."""
 
 
 def measure_windows(
@@ -51,23 +57,50 @@ def measure_windows(
             if t.requires_grad:
                 t.register_hook(hook)
 
+    def root_backward(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Block 0's inputs' gradients complete: the root's own backward starts."""
+        fired = []
+
+        def hook(grad: torch.Tensor) -> None:
+            if not fired:
+                fired.append(True)
+                mark(ROOT_BACKWARD)
+
+        for t in leaf_tensors((args, kwargs)):
+            if t.requires_grad:
+                t.register_hook(hook)
+
     regions = [(str(j), b) for j, b in enumerate(blocks)]
     for j, kids in enumerate(children):
         regions += [(f"{j}.{c}", m) for c, m in enumerate(kids or [])]
     snapshot = Snapshot(model)
     model.zero_grad(set_to_none=True)
-    handles = []
+    handles = [blocks[0].register_forward_pre_hook(root_backward, with_kwargs=True)]
     for label, module in regions:
         handles.append(module.register_forward_pre_hook(lambda _m, _a, x=label: mark(f"fs{x}")))
         handles.append(module.register_forward_hook(lambda _m, _a, o, x=label: on_leave(x, o)))
     try:
         with hooked(handles), measurer.timeline() as line:
             lines.append(line)
-            step().backward()
+            loss = step()
+            mark(BACKWARD_START)
+            loss.backward()
+            del loss
     finally:
         snapshot.restore()
     counts = [None if not k or len(k) < 2 else len(k) for k in children]
+    times = dict(zip(marks, line.times, strict=True))
+    extra = (BACKWARD_START, ROOT_BACKWARD)
+    kept = [(m, t) for m, t in zip(marks, line.times, strict=True) if m not in extra]
     try:
-        return cut_windows(line.times, line.events, marks, counts)
+        windows = cut_windows([t for _, t in kept], line.events, [m for m, _ in kept], counts)
     except WindowError as e:
         raise PlanError(str(e)) from e
+    root = times.get(ROOT_BACKWARD)
+    return replace(
+        windows,
+        backward_start=live_at(line.events, times[BACKWARD_START]),
+        root_b_start=None if root is None else live_at(line.events, root),
+        root_b_peak=None if root is None else peak_after(line.events, root),
+        end=sum(size for _, size in line.events),
+    )

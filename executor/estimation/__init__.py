@@ -1,0 +1,7 @@
+"""Will a training step fit, and how fast: every checkpointing strategy side by side
+(`estimate`, `StepEstimate`)."""
+
+from executor.estimation.api import STRATEGIES, estimate
+from executor.estimation.report import StepEstimate, StrategyEstimate
+
+__all__ = ["STRATEGIES", "StepEstimate", "StrategyEstimate", "estimate"]

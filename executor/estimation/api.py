@@ -1,0 +1,248 @@
+"""`estimate`: will a training step fit, and how fast, under every checkpointing strategy.
+
+    est = executor.estimate(model, (ids,), example_kwargs={"labels": ids}, target="h100",
+                            world_size=8)
+    print(est.to_markdown()); est.plot("strategies.png"); est.fits("h100")
+
+One recording of the step (`executor.sac.planning.record_step`: estimate mode for a target,
+measured here without one) is solved and evaluated for each strategy (`STRATEGIES`); every
+row's bytes are the same per-rank model (`solver.target.components.peak_components`), its
+seconds the plain step's plus what the strategy adds (`solver.sac.union.union_cost`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from executor.errors import PlanError
+from executor.estimation.grad_groups import grad_groups
+from executor.estimation.report import StepEstimate, StrategyEstimate
+from executor.estimation.step_seconds import measured_step_seconds, predicted_step_seconds
+from executor.fitting.memory import predicted_static
+from executor.loss import default_loss
+from executor.sac.plan import CheckpointPlan
+from executor.sac.planning import RecordedStep, StepOptions, record_step
+from graph_capture.inputs import positional_inputs
+from solver.core.budget import BYTES, Budget
+from solver.core.link import Link
+from solver.deadline import Deadline
+from solver.errors import InfeasibleBudgetError
+from solver.interrupt import call_deadline
+from solver.sac.policies import POLICIES, policy_plan, sac_overhead
+from solver.sac.sharded import plan_windows
+from solver.sac.union import UnionPlan, union_cost
+from solver.spelling import spelled
+from solver.target import Device, FsdpMemory, FsdpPolicy
+from solver.target.components import latest_peak, peak_components, plain_memory
+from solver.target.devices import host_link
+
+__all__ = ["STRATEGIES", "estimate"]
+
+STRATEGIES = (
+    "none",
+    "full",
+    "selective",
+    "torch.compile",
+    "remat",
+    "remat + offload",
+)
+"""The rows of an estimate, in order: no checkpointing; every block checkpointed (saving
+nothing); torchtitan's selective op policy (SDPA and every second matmul saved); torch.compile's
+memory-budget partition at its default; remat's exact SAC plan at the usable memory; the same
+with offload to the host (where a link is given, one process)."""
+
+COMPILE_NOTE = (
+    "not predicted: torch.compile's default partition (activation_memory_budget 1.0) is a "
+    "min-cut over its fused graph, which a fake eager step does not show"
+)
+
+
+def _machine_memory() -> int:
+    """Bytes of this machine's physical memory (the budget measured here without one)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _tokens(inputs: Sequence[object], kwargs: Mapping[str, object]) -> tuple[int | None, int]:
+    """(token ids per step: the elements of the first integer tensor of at least two
+    dimensions, None where there is none; samples per step: the first tensor's first dim)."""
+    tensors = [t for t in (*inputs, *kwargs.values()) if isinstance(t, torch.Tensor)]
+    ids = [t for t in tensors if t.dim() >= 2 and not t.is_floating_point()]
+    samples = tensors[0].shape[0] if tensors and tensors[0].dim() else 1
+    return (ids[0].numel() if ids else None), samples
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Makes the rows of one recorded step: the per-rank model (`memory`), bytes outside the
+    model (`other`) and of the head's gradients (`head_grads`, `peak_components`), the plain
+    step's seconds and the memory each row is judged against (`usable`, bytes per rank)."""
+
+    step: RecordedStep
+    memory: FsdpMemory
+    other: int
+    head_grads: int
+    plain: float
+    usable: int
+
+    def fixed(self, name: str) -> StrategyEstimate:
+        """The row of a fixed policy (`solver.sac.policies.POLICIES`)."""
+        plan = policy_plan(self.step.union, name)
+        row = self.evaluated(name, plan)
+        none = self.evaluated("none", policy_plan(self.step.union, "none"))
+        assert row.components is not None and none.components is not None
+        resident = 0 if self.step.policy is not None else self.memory.resident + self.other
+        checkpoint = self.step.fixed(
+            plan,
+            row.components.total - self.other - resident,
+            self.usable - self.other - resident,
+            none.components.total - self.other - resident,
+        )
+        overhead = sac_overhead(self.step.union, plan)
+        note = f"SAC overhead {overhead:.3g} s of it" if overhead else ""
+        return replace(row, plan=checkpoint, note=note)
+
+    def evaluated(self, name: str, plan: UnionPlan, cost: float | None = None) -> StrategyEstimate:
+        """The row of `plan` over the recorded union; `cost`: what it adds to the step
+        (seconds; default `union_cost`)."""
+        windows = plan_windows(self.step.union, plan)
+        components = peak_components(self.memory, windows, self.other, self.head_grads)
+        moment, _ = latest_peak(self.memory, windows)
+        recompute = union_cost(self.step.union, plan) if cost is None else cost
+        return StrategyEstimate(
+            name,
+            components,
+            f"{moment.window}, {moment.level}",
+            recompute,
+            self.plain + recompute,
+            "FIXED",
+        )
+
+    def solved(self, name: str, deadline: Deadline, link: Link | None) -> StrategyEstimate:
+        """remat's row: the least-cost plan within `usable` (with `link`: offloads allowed),
+        or a row saying no plan fits and the least peak."""
+        resident = 0 if self.step.policy is not None else self.memory.resident
+        none = self.evaluated("none", policy_plan(self.step.union, "none")).total
+        assert none is not None
+        # above the step without checkpointing nothing is to be saved: solved at that peak,
+        # CP-SAT's numbers stay those of the step (a CPU target's memory is 2^62 bytes)
+        budget = Budget.of(min(self.usable, none) - self.other - resident)
+        try:
+            plan: CheckpointPlan = self.step.solve(budget, deadline, link)
+        except InfeasibleBudgetError as e:
+            least = None if e.minimum_bytes is None else e.minimum_bytes + self.other + resident
+            return StrategyEstimate(name, None, "", 0.0, 0.0, "INFEASIBLE", least=least,
+                                    note="no plan fits")  # fmt: skip
+        except PlanError as e:
+            return StrategyEstimate(name, None, "", 0.0, 0.0, "INFEASIBLE", note=str(e))
+        row = self.evaluated(name, plan.union_plan(), plan.cost)
+        status = f"{plan.status} gap {plan.gap:.2%}"
+        return replace(row, status=status, host_bytes=plan.host_peak, plan=plan)
+
+
+def _rows(
+    step: RecordedStep,
+    inputs: Sequence[object],
+    kwargs: Mapping[str, object],
+    loss_fn: Callable[[object], torch.Tensor],
+    optimizer: str,
+    budget: str | int | None,
+) -> _Rows:
+    """The row maker of a recorded step: its per-rank model (FSDP2's, or one process's from
+    the static bytes and the gradient groups), the plain step's seconds (predicted for the
+    target, measured here without one) and the memory per rank (`budget`, or the device's)."""
+    model, device = step.model, step.device
+    rounding = device.rounding if device is not None else 1
+    static, _ = predicted_static(model, inputs, kwargs, optimizer, rounding)
+    with step.measurer.running(model, (list(inputs), dict(kwargs))) as (args, kw):
+        groups = grad_groups(model, step.named, lambda: loss_fn(model(*args, **kw)))
+    if step.policy is not None:
+        memory = step.memory()
+        communicators = step.policy.nccl_communicators
+    else:
+        grads = groups.block_bytes(rounding)
+        memory = plain_memory(static.parameters, static.optimizer_state, grads)
+        communicators = 0
+    if budget is not None:
+        usable = Budget.of(budget).bytes()
+    else:
+        usable = _machine_memory() if device is None else device.usable(communicators)
+    if device is not None:
+        plain = predicted_step_seconds(model, inputs, kwargs, loss_fn, device)
+    else:
+        plain = measured_step_seconds(model, inputs, kwargs, loss_fn)
+    other = static.buffers + static.inputs
+    return _Rows(step, memory, other, groups.head_bytes(rounding), plain, usable)
+
+
+@spelled
+def estimate(
+    model: nn.Module,
+    example_inputs: Sequence[object] | torch.Tensor,
+    budget: str | int | None = None,
+    *,
+    example_kwargs: Mapping[str, object] | None = None,
+    target: str | Device | None = None,
+    world_size: int = 1,
+    fsdp: FsdpPolicy | None = None,
+    optimizer: str = "adamw",
+    offload: Link | str | None = None,
+    blocks: Sequence[str] | None = None,
+    regions: str = "choose",
+    loss_fn: Callable[[object], torch.Tensor] = default_loss,
+    time_limit: float = 120,
+) -> StepEstimate:
+    """Every strategy's bytes per rank, verdict and step seconds for one training step of
+    `model` on the example inputs (`loss_fn(model(*example_inputs, **example_kwargs))
+    .backward()`, then `optimizer`'s step: "adamw", "sgd" or "none"), side by side
+    (`StepEstimate`; rows `STRATEGIES`).
+
+    `budget`: the device memory per rank the rows are judged against and remat's plan is
+    solved for (bytes or units such as "80GiB"); None: what `target` lets PyTorch allocate
+    (`Device.usable`), or this machine's physical memory without a target. `target`: a device
+    name, file or `Device` (estimate mode: nothing real runs, the model may be on the meta
+    device); None: measured here. `world_size` > 1 or `fsdp`: FSDP2 per rank, as
+    `checkpoint_plan`'s. `offload`: a host link (one process): the "remat + offload" row.
+    `blocks`, `regions`, `loss_fn`: as `checkpoint_plan`'s. `time_limit`: seconds for the
+    whole call (the recording takes at most half; each solve what is left).
+
+    Exception to the 8-parameter and 80-line rules: a public entry point whose keyword-only
+    parameters are the one interface's options, each documented here."""
+    if budget is not None and Budget.of(budget).kind != BYTES:
+        raise PlanError(
+            f"estimate's budget is device memory per rank in bytes or units, not {budget!r}"
+        )
+    link = None if offload is None else host_link(offload)
+    if link is not None and (world_size > 1 or fsdp is not None):
+        raise PlanError("offload= estimates one process's step: leave it out with world_size > 1")
+    inputs = positional_inputs(example_inputs, PlanError)
+    kwargs = dict(example_kwargs or {})
+    with call_deadline(time_limit, PlanError) as deadline:
+        options = StepOptions(kwargs, blocks, regions, loss_fn, target, world_size, fsdp)
+        step = record_step(model, inputs, options, deadline, time_limit)
+        make = _rows(step, inputs, kwargs, loss_fn, optimizer, budget)
+        rows = [make.fixed(p) for p in POLICIES]
+        rows.append(
+            StrategyEstimate(
+                "torch.compile", None, "", 0.0, 0.0, "NOT PREDICTED", note=COMPILE_NOTE
+            )
+        )
+        rows.append(make.solved("remat", deadline, None))
+        if link is not None:
+            rows.append(make.solved("remat + offload", deadline, link))
+    tokens, samples = _tokens(inputs, kwargs)
+    device = step.device
+    return StepEstimate(
+        tuple(rows),
+        make.usable,
+        None if device is None else device.name,
+        1 if step.policy is None else step.policy.world_size,
+        make.plain,
+        tokens,
+        samples,
+        "measured recording" if device is None else "predicted",
+    )

@@ -1,0 +1,175 @@
+"""`StepEstimate`: every checkpointing strategy's bytes per rank, verdict and seconds for one
+training step, side by side (`executor.estimate` makes it). Bytes are per rank; seconds are
+per step; both predicted for a target, or from this machine's recording without one."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from executor.sac.plan import CheckpointPlan
+from graph_capture.measurement.roofline import resolve_target
+from solver.errors import ArgumentError
+from solver.target import Device
+from solver.target.components import Components
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class StrategyEstimate:
+    """One strategy's row. `name`: what it is; `components`: the rank's bytes at the step's
+    peak by component (`solver.target.components`; None where no plan fits, `least` then
+    says the least peak any plan reaches); `peak_at`: the window and level of the peak;
+    `recompute`: seconds the strategy adds to the plain step (recompute, checkpoint's price, SAC
+    overhead, copies' stall); `seconds`: the step's seconds (the plain step's plus
+    `recompute`); `host_bytes`: pinned host bytes its copies hold (offload); `status`: the
+    solve's ("OPTIMAL", "FEASIBLE") or "fixed" for a fixed policy; `note`: why a row has no
+    plan, or what it is; `plan`: the `CheckpointPlan` that runs the strategy
+    (`plan.apply(model)`; None for a row without one)."""
+
+    name: str
+    components: Components | None
+    peak_at: str
+    recompute: float
+    seconds: float
+    status: str
+    host_bytes: int = 0
+    least: int | None = None
+    note: str = ""
+    plan: CheckpointPlan | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def total(self) -> int | None:
+        """Bytes per rank at the step's peak (None where no plan fits)."""
+        return None if self.components is None else self.components.total
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """One training step's estimate: `strategies` (rows, in `STRATEGIES`' order), the memory
+    each is judged against (`usable`: bytes per rank PyTorch may allocate), `target` (None:
+    measured here), `world_size`, `tokens` (per rank per step; None where the inputs hold no
+    token ids: then `samples`), `plain_seconds` (the step without checkpointing)."""
+
+    strategies: tuple[StrategyEstimate, ...]
+    usable: int
+    target: str | None
+    world_size: int
+    plain_seconds: float
+    tokens: int | None
+    samples: int
+    basis: str = field(default="predicted")
+
+    def strategy(self, name: str) -> StrategyEstimate:
+        """The row named `name`; ArgumentError naming the rows otherwise."""
+        for row in self.strategies:
+            if row.name == name:
+                return row
+        names = ", ".join(r.name for r in self.strategies)
+        raise ArgumentError(f"no strategy {name!r} in this estimate: one of {names}")
+
+    def memory_of(self, device: str | Device | int | None = None) -> int:
+        """Bytes per rank of `device`: a target name, a device file, a `Device` (its usable
+        memory, NCCL's share taken under FSDP2) or bytes; None: `usable`."""
+        if device is None:
+            return self.usable
+        if isinstance(device, int):
+            return device
+        resolved = resolve_target(device)
+        return resolved.usable(1 if self.world_size > 1 else 0)
+
+    def fitting(self, device: str | Device | int | None = None) -> list[StrategyEstimate]:
+        """The rows whose bytes per rank fit `device` (`memory_of`), fastest first."""
+        memory = self.memory_of(device)
+        rows = [r for r in self.strategies if r.total is not None and r.total <= memory]
+        return sorted(rows, key=lambda r: r.seconds)
+
+    def fits(self, device: str | Device | int | None = None) -> bool:
+        """Whether some strategy's step fits `device` (`memory_of`)."""
+        return bool(self.fitting(device))
+
+    def throughput(self, row: StrategyEstimate) -> float:
+        """Tokens per second per rank of `row` (samples per second without token ids)."""
+        return (self.tokens or self.samples) / row.seconds if row.seconds > 0 else 0.0
+
+    def to_markdown(self) -> str:
+        """The table: one row per strategy, bytes in GiB (2^30), its verdict against `usable`,
+        seconds and throughput per rank."""
+        rate = "tokens/s" if self.tokens else "samples/s"
+        where = self.target or "this machine (measured)"
+        name, size = _unit(self)
+        head = (
+            f"Per rank of {self.world_size} on {where}, {self.basis}; usable "
+            f"{self.usable / size:,.2f} {name}; bytes in {name}.\n\n"
+            "| strategy | parameters | gradients | optimizer | FSDP buffers | saved activations "
+            f"| transient | other | total | fits (headroom) | step s | {rate} |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        )
+        lines = [_markdown_row(self, r, size) for r in self.strategies]
+        return head + "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict:
+        """The estimate as plain data: the fields, each row with its components (bytes)."""
+        rows = []
+        for r in self.strategies:
+            row = {
+                k: getattr(r, k) for k in r.__dataclass_fields__ if k not in ("components", "plan")
+            }
+            row["components"] = None if r.components is None else r.components.as_dict()
+            row["total"] = r.total
+            rows.append(row)
+        head = {k: v for k, v in asdict(self).items() if k != "strategies"}
+        return {**head, "strategies": rows}
+
+    def plot(self, path: str | Path) -> Path:
+        """A stacked bar per strategy (components, GiB) with the usable memory as a line,
+        written to `path` (a format matplotlib knows by its suffix)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = [r for r in self.strategies if r.components is not None]
+        fig, ax = plt.subplots(figsize=(1.6 * max(len(rows), 3) + 2, 4.5))
+        bottoms = [0.0] * len(rows)
+        for part in Components.__dataclass_fields__:
+            values = [getattr(r.components, part) / GIB for r in rows]
+            ax.bar([r.name for r in rows], values, bottom=bottoms, label=part.replace("_", " "))
+            bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+        ax.axhline(self.usable / GIB, color="black", linestyle="--", label="usable")
+        ax.set_ylabel("GiB per rank")
+        ax.set_title(f"{self.target or 'measured here'}, {self.world_size} rank(s)")
+        ax.legend(fontsize=7)
+        plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
+        fig.tight_layout()
+        out = Path(path)
+        fig.savefig(out)
+        plt.close(fig)
+        return out
+
+
+UNITS = (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10))
+"""The table's units, largest first: the first in which the largest row is at least 1."""
+
+
+def _unit(estimate: StepEstimate) -> tuple[str, int]:
+    most = max((r.total or 0 for r in estimate.strategies), default=0) or estimate.usable
+    return next(((n, b) for n, b in UNITS if most >= b), UNITS[-1])
+
+
+def _markdown_row(estimate: StepEstimate, row: StrategyEstimate, size: int) -> str:
+    def scaled(nbytes: int) -> str:
+        return f"{nbytes / size:,.2f}"
+
+    if row.components is None:
+        least = "" if row.least is None else f"least {scaled(row.least)}: "
+        return f"| {row.name} | {least}{row.note} |" + " |" * 10
+    c = row.components
+    parts = [c.parameters, c.gradients, c.optimizer_states, c.fsdp_buffers]
+    parts += [c.saved_activations, c.transient, c.other, c.total]
+    spare = estimate.usable - c.total
+    verdict = f"yes ({scaled(spare)})" if spare >= 0 else f"no (over {scaled(-spare)})"
+    cells = [row.name, *map(scaled, parts), verdict]
+    cells += [f"{row.seconds:.4g}", f"{estimate.throughput(row):,.0f}"]
+    return "| " + " | ".join(cells) + " |"
