@@ -60,12 +60,17 @@ def _canonical(counts: Sequence[int | None]) -> list[str]:
 
 
 def cut_windows(
-    times: list[int], events: list[tuple[int, int]], marks: list[str], counts: list[int | None]
+    times: list[int],
+    events: list[tuple[int, int]],
+    marks: list[str],
+    counts: list[int | None],
+    until: int | None = None,
 ) -> Windows:
     """Live bytes at each mark and the peak of each stretch between consecutive marks: the
     blocks' windows, and where a block's children ran in sequence, theirs. `times`: each
     mark's time, in the order of `marks`; `events`: (time, bytes) allocated (+) and freed (-),
-    in time order."""
+    in time order; `until`: where block 0's backward ends (the last stretch stops there; the
+    step's `peak` still counts what follows), None: the step's end."""
     timed = sorted(zip(times, marks, strict=True))
     times = [t for t, _ in timed]
     n = len(counts)
@@ -88,11 +93,11 @@ def cut_windows(
             f"return a tensor that requires grad; the step ran {[x for _, x in timed]}"
         )
     coarse = [(t, x) for t, x in kept if x in blocks_only]
-    starts, first, after = _stretches(events, [t for t, _ in coarse])
+    starts, first, after = _stretches(events, [t for t, _ in coarse], until)
     at = {label: m for m, (_, label) in enumerate(coarse)}
     segments = [Segment(first, 0)]
     segments += [Segment(after[at[f"fe{j}"]], j + 1) for j in range(n)]
-    fine_starts, _, fine_after = _stretches(events, [t for t, _ in kept])
+    fine_starts, _, fine_after = _stretches(events, [t for t, _ in kept], until)
     fat = {label: m for m, (_, label) in enumerate(kept)}
     splits: list[list[tuple[int, int, int, int]] | None] = []
     inner: list[list[Segment] | None] = []
@@ -126,7 +131,7 @@ def cut_windows(
         b_start=[starts[at[f"bs{j}"]] for j in range(n)],
         b_peak=[after[at[f"bs{j}"]] for j in range(n)],
         segments=segments,
-        peak=max([first, *after]),
+        peak=max([first, *after, 0 if until is None else peak_after(events, until)]),
         splits=splits,
         inner=inner,
     )
@@ -169,10 +174,12 @@ def peak_after(events: list[tuple[int, int]], time: int) -> int:
     return best
 
 
-def _stretches(events: list[tuple[int, int]], times: list[int]) -> tuple[list[int], int, list[int]]:
+def _stretches(
+    events: list[tuple[int, int]], times: list[int], until: int | None = None
+) -> tuple[list[int], int, list[int]]:
     """Live bytes at each mark time, the peak before the first, and the peak of the stretch
-    from each mark to the next (the last: to the end). An event stamped with a mark's own time
-    may fall on either side: it counts on both."""
+    from each mark to the next (the last: to `until`, or the end). An event stamped with a
+    mark's own time may fall on either side: it counts on both."""
     live = peak = 0
     starts: list[int] = []
     peaks: list[int] = []  # peak of the stretch before each mark
@@ -190,7 +197,9 @@ def _stretches(events: list[tuple[int, int]], times: list[int]) -> tuple[list[in
         peaks.append(peak)
         starts.append(max(before, live))
         peak = max(before, live)
-    for _, size in events[k:]:
+    for t, size in events[k:]:
+        if until is not None and t > until:
+            break
         live += size
         peak = max(peak, live)
     peaks.append(peak)

@@ -5,7 +5,7 @@ live and peak bytes, cut at marks made by module hooks, from the profiler's allo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -20,6 +20,21 @@ BACKWARD_START = "bw"
 """The mark made when the loss is computed, before its backward (`Windows.backward_start`)."""
 ROOT_BACKWARD = "rb"
 """The mark made when block 0's inputs' gradients are complete (`Windows.root_b_start`)."""
+
+
+def on_first_gradient(tensors: object, mark: Callable[[str], None], label: str) -> None:
+    """Make the mark `label` when the first gradient of the tensors among `tensors` (a pytree)
+    that require grad is computed."""
+    fired = []
+
+    def hook(grad: torch.Tensor) -> None:
+        if not fired:
+            fired.append(True)
+            mark(label)
+
+    for t in leaf_tensors(tensors):
+        if t.requires_grad:
+            t.register_hook(hook)
 
 
 def measure_windows(
@@ -46,29 +61,10 @@ def measure_windows(
 
     def on_leave(label: str, out: object) -> None:
         mark(f"fe{label}")
-        fired = []
-
-        def hook(grad: torch.Tensor) -> None:
-            if not fired:
-                fired.append(True)
-                mark(f"bs{label}")
-
-        for t in leaf_tensors(out):
-            if t.requires_grad:
-                t.register_hook(hook)
+        on_first_gradient(out, mark, f"bs{label}")
 
     def root_backward(_module: nn.Module, args: tuple, kwargs: dict) -> None:
-        """Block 0's inputs' gradients complete: the root's own backward starts."""
-        fired = []
-
-        def hook(grad: torch.Tensor) -> None:
-            if not fired:
-                fired.append(True)
-                mark(ROOT_BACKWARD)
-
-        for t in leaf_tensors((args, kwargs)):
-            if t.requires_grad:
-                t.register_hook(hook)
+        on_first_gradient((args, kwargs), mark, ROOT_BACKWARD)  # block 0's backward ends
 
     regions = [(str(j), b) for j, b in enumerate(blocks)]
     for j, kids in enumerate(children):
@@ -89,14 +85,22 @@ def measure_windows(
     finally:
         snapshot.restore()
     counts = [None if not k or len(k) < 2 else len(k) for k in children]
+    return _cut(line, marks, counts)
+
+
+def _cut(line: Timeline, marks: list[str], counts: list[int | None]) -> Windows:
+    """The windows of the timeline `line` cut at its `marks` (`cut_windows`), with the bytes
+    live at the backward's start, the root's backward and the step's end."""
     times = dict(zip(marks, line.times, strict=True))
     extra = (BACKWARD_START, ROOT_BACKWARD)
     kept = [(m, t) for m, t in zip(marks, line.times, strict=True) if m not in extra]
+    root = times.get(ROOT_BACKWARD)
     try:
-        windows = cut_windows([t for _, t in kept], line.events, [m for m, _ in kept], counts)
+        windows = cut_windows(
+            [t for _, t in kept], line.events, [m for m, _ in kept], counts, until=root
+        )
     except WindowError as e:
         raise PlanError(str(e)) from e
-    root = times.get(ROOT_BACKWARD)
     return replace(
         windows,
         backward_start=live_at(line.events, times[BACKWARD_START]),
