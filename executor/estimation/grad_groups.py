@@ -57,9 +57,14 @@ def grad_groups(
     ]
     last = blocks[-1]
     order = [name for name, _ in in_call_order(model, [last, *owners], forward)]
-    after = order[order.index(last[0]) + 1 :] if last[0] in order else []
+    at = order.index(last[0]) if last[0] in order else len(order)
     modules = dict(owners)
-    head_ids = {id(p) for name in after for p in modules[name].parameters(recurse=False)}
+
+    def used(names: Sequence[str]) -> set[int]:
+        return {id(p) for name in names for p in modules[name].parameters(recurse=False)}
+
+    # a tied parameter (an embedding the head reuses) is first used before the blocks
+    head_ids = used(order[at + 1 :]) - used(order[:at])
     rest = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad and id(p) not in seen]
     head = tuple(p for p in rest if id(p) in head_ids)
     stem = tuple(p for p in rest if id(p) not in head_ids)
