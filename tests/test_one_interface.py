@@ -292,6 +292,7 @@ ENTRY_POINTS = {
     "graph_capture.capture": capture,
     "executor.rematerialize": executor.rematerialize,
     "executor.checkpoint_plan": executor.checkpoint_plan,
+    "executor.estimate": executor.estimate,
     "executor.fit": executor.fit,
     "executor.compile": executor.compile,
     "solver.Schedule.load": solver.Schedule.load,

@@ -186,15 +186,15 @@ def estimate(
     budget: str | int | None = None,
     *,
     example_kwargs: Mapping[str, object] | None = None,
+    blocks: Sequence[str] | None = None,
+    regions: str = "choose",
+    time_limit: float = 120,
+    loss_fn: Callable[[object], torch.Tensor] = default_loss,
     target: str | Device | None = None,
     world_size: int = 1,
     fsdp: FsdpPolicy | None = None,
-    optimizer: str = "adamw",
     offload: Link | str | None = None,
-    blocks: Sequence[str] | None = None,
-    regions: str = "choose",
-    loss_fn: Callable[[object], torch.Tensor] = default_loss,
-    time_limit: float = 120,
+    optimizer: str = "adamw",
 ) -> StepEstimate:
     """Every strategy's bytes per rank, verdict and step seconds for one training step of
     `model` on the example inputs (`loss_fn(model(*example_inputs, **example_kwargs))

@@ -297,9 +297,10 @@ def _gpu(
 # out-of-memory messages print it on that GPU (NOTE [ usable memory ]; sources and spread in
 # docs/estimate.md, "Usable memory"), and the host link (`HOST_LINKS`: the H100s on PCIe Gen5
 # x16, the others on Gen4 x16, as published). `h100-96gb`: the H100 with 96 GB of HBM2e that
-# torchtitan's published runs used (docs/performance.md); its rates and bandwidth are assumed
-# equal to the H100 SXM's (not published here), its memory is the nominal 96 GiB, its capacity
-# the one torchtitan's own logs imply (GiB over percent of capacity).
+# torchtitan's published runs used (docs/benchmarks.md, "torchtitan's published runs"); its
+# rates and bandwidth are assumed equal to the H100 SXM's (not published here), its memory is
+# the nominal 96 GiB, its capacity the one torchtitan's own logs imply (GiB over percent of
+# capacity).
 BUILT_IN: dict[str, Device] = {
     d.name: d
     for d in (
