@@ -24,7 +24,8 @@ class StrategyEstimate:
     `recompute`: seconds the strategy adds to the plain step (recompute, checkpoint's price, SAC
     overhead, copies' stall); `seconds`: the step's seconds (the plain step's plus
     `recompute`); `host_bytes`: pinned host bytes its copies hold (offload); `status`: the
-    solve's ("OPTIMAL", "FEASIBLE") or "fixed" for a fixed policy; `note`: why a row has no
+    solve's with its gap ("OPTIMAL gap 0.00%", "FEASIBLE gap 0.41%"), "FIXED" for a fixed
+    policy, "INFEASIBLE" where no plan fits, "NOT PREDICTED"; `note`: why a row has no
     plan, or what it is; `plan`: the `CheckpointPlan` that runs the strategy
     (`plan.apply(model)`; None for a row without one)."""
 
@@ -94,8 +95,9 @@ class StepEstimate:
         return (self.tokens or self.samples) / row.seconds if row.seconds > 0 else 0.0
 
     def to_markdown(self) -> str:
-        """The table: one row per strategy, bytes in GiB (2^30), its verdict against `usable`,
-        seconds and throughput per rank."""
+        """The table: one row per strategy, bytes in the largest unit of `UNITS` its rows
+        reach, its verdict against `usable`, seconds and throughput per rank, and how its plan
+        was reached (`status`)."""
         rate = "tokens/s" if self.tokens else "samples/s"
         where = self.target or "this machine (measured)"
         name, size = _unit(self)
@@ -103,8 +105,8 @@ class StepEstimate:
             f"Per rank of {self.world_size} on {where}, {self.basis}; usable "
             f"{self.usable / size:,.2f} {name}; bytes in {name}.\n\n"
             "| strategy | parameters | gradients | optimizer | FSDP buffers | saved activations "
-            f"| transient | other | total | fits (headroom) | step s | {rate} |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+            f"| transient | other | total | fits (headroom) | step s | {rate} | plan |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         )
         lines = [_markdown_row(self, r, size) for r in self.strategies]
         return head + "\n".join(lines) + "\n"
@@ -164,12 +166,12 @@ def _markdown_row(estimate: StepEstimate, row: StrategyEstimate, size: int) -> s
 
     if row.components is None:
         least = "" if row.least is None else f"least {scaled(row.least)}: "
-        return f"| {row.name} | {least}{row.note} |" + " |" * 10
+        return f"| {row.name} | {least}{row.note} |" + " |" * 10 + f" {row.status} |"
     c = row.components
     parts = [c.parameters, c.gradients, c.optimizer_states, c.fsdp_buffers]
     parts += [c.saved_activations, c.transient, c.other, c.total]
     spare = estimate.usable - c.total
     verdict = f"yes ({scaled(spare)})" if spare >= 0 else f"no (over {scaled(-spare)})"
     cells = [row.name, *map(scaled, parts), verdict]
-    cells += [f"{row.seconds:.4g}", f"{estimate.throughput(row):,.0f}"]
+    cells += [f"{row.seconds:.4g}", f"{estimate.throughput(row):,.0f}", row.status]
     return "| " + " | ".join(cells) + " |"
