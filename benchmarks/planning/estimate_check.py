@@ -94,7 +94,7 @@ def _complete_grads(
     complete by then: `done`, each block's completion time then the head's; the stem's at
     `last`, the step's last event."""
     total = 0
-    complete = [*zip(groups.blocks, done, strict=False), (groups.head, done[-1])]
+    complete = [*zip(groups.blocks, done[:-1], strict=True), (groups.head, done[-1])]
     for params, at in (*complete, (groups.stem, last)):
         if (last if at is None else at) <= when:
             total += sum(live.get(p.grad.untyped_storage().data_ptr(), 0) for p in params)

@@ -22,9 +22,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.planning.scale_llama import RUNS
+from benchmarks.planning.scale_llama import GIB, RUNS
 
-GIB = 1 << 30
 MAIN = ("llama3_8b", "llama3_70b")
 """The runs by default: `scale_llama.RUNS`' Llama-3-8B (H100, 8 ranks, sequence 8192) and -70B
 (A100 80GB, 64 ranks, sequence 8192)."""

@@ -25,9 +25,7 @@ import argparse
 from collections.abc import Sequence
 
 from benchmarks.planning.estimate_speed import MAIN
-from benchmarks.planning.scale_llama import RUNS, build, policy
-
-GIB = 1 << 30
+from benchmarks.planning.scale_llama import GIB, RUNS, build, policy
 
 
 def parameter_counts(model) -> tuple[int, int]:
