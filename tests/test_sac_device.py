@@ -20,7 +20,7 @@ from torch._C._profiler import _EventType
 
 import executor
 from executor import PlanError
-from executor.sac import planning
+from executor.sac import recorded_step
 from executor.sac.recording.measurer import DeviceMeter, Measurer
 from executor.sac.recording.op_streams import record_ops
 from executor.sac.recording.overhead import Stream, measure_offload_seconds, measure_overhead
@@ -162,7 +162,7 @@ def test_the_recording_reads_the_meter_of_the_models_device(monkeypatch):
             calls["now"] += 1
             return super().now()
 
-    monkeypatch.setattr(planning, "DeviceMeter", Counting)
+    monkeypatch.setattr(recorded_step, "DeviceMeter", Counting)
     net, x = mlp_net(layers=2), torch.randn(4, 8, 32)
     executor.checkpoint_plan(net, (x,), "min", loss_fn=sum_loss, regions="blocks", offload="h100")
     assert [m.device for m in made] == [torch.device("cpu")]

@@ -95,7 +95,7 @@ def compare(name: str, budget: str, steps: int, time_limit: float) -> dict:
 
 def llama8b(time_limit: float) -> dict:
     """Plan Llama-3-8B (seq 8192, bf16, meta) for h100 in this process: seconds and RSS."""
-    import executor.sac.planning as plan_module
+    import executor.sac.recorded_step as plan_module
     from benchmarks.planning.scale_llama import build
 
     model, ids, step_kwargs = build("llama3_8b")

@@ -4,7 +4,7 @@
                             world_size=8)
     print(est.to_markdown()); est.plot("strategies.png"); est.fits("h100")
 
-One recording of the step (`executor.sac.planning.record_step`: estimate mode for a target,
+One recording of the step (`executor.sac.recorded_step.record_step`: estimate mode for a target,
 measured here without one) is solved and evaluated for each strategy (`STRATEGIES`); every
 row's bytes are the same per-rank model (`solver.target.components.peak_components`), its
 seconds the plain step's plus what the strategy adds (`solver.sac.union.union_cost`).
@@ -26,7 +26,7 @@ from executor.estimation.step_seconds import measured_step_seconds, predicted_st
 from executor.fitting.memory import predicted_static
 from executor.loss import default_loss
 from executor.sac.plan import CheckpointPlan
-from executor.sac.planning import RecordedStep, StepOptions, record_step
+from executor.sac.recorded_step import RecordedStep, StepOptions, record_step
 from graph_capture.inputs import positional_inputs
 from solver.core.budget import BYTES, Budget
 from solver.core.link import Link
