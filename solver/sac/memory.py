@@ -15,7 +15,9 @@ NOTE [ SAC memory model ] (torch 2.13, docs/sac.md):
      holds, and the checkpoint still holds its extra bytes (`held_extra`): the rest of its
      backward is the plain step's (`b_peak`) plus those.
   3. Everything else is the plain step's measured memory minus the savings of the blocks whose
-     forward bytes are held at that moment.
+     forward bytes are held at that moment; the root's backward after block 0's
+     (`root_b_peak`, where the recording measures it apart) holds none: every plan's is the
+     plain step's.
 A plan's cost (seconds) is its recompute, plus each checkpointed region's `price` (what
 checkpoint costs beyond the recorded seconds of the ops it reruns), plus the SAC runtime's
 `overhead` of each region that saves an op (`plan_cost`).
@@ -194,7 +196,8 @@ def check_plan(problem: SacProblem, plan: SacPlan) -> None:
 
 def plan_terms(problem: SacProblem, plan: SacPlan) -> list[tuple[str, int, int]]:
     """Every term of the plan's predicted peak (bytes above the bytes live before the step),
-    as (kind, index, bytes): ("segment", i, ...) for `problem.segments[i]`, ("forward", j, ...)
+    as (kind, index, bytes): ("segment", i, ...) for `problem.segments[i]`, ("root", 0, ...)
+    for the root's backward after block 0's (where measured apart), ("forward", j, ...)
     and ("backward", j, ...) for block j's forward (its plain peak, or each op of a
     checkpointed forward) and backward (its plain peak plus what a checkpoint holds, and each
     op of its recompute)."""
@@ -212,6 +215,8 @@ def plan_terms(problem: SacProblem, plan: SacPlan) -> list[tuple[str, int, int]]
     ]
     before = [sum(d[:j]) for j in range(len(d) + 1)]  # savings held by blocks 0..j-1
     terms = [("segment", i, seg.peak - before[seg.held]) for i, seg in enumerate(problem.segments)]
+    if problem.root_b_peak is not None:  # the root's backward: every block's is over
+        terms.append(("root", 0, problem.root_b_peak))
     for j, (block, ckpt, saved) in enumerate(
         zip(problem.blocks, plan.checkpointed, plan.saved, strict=True)
     ):

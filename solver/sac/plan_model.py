@@ -223,6 +223,8 @@ class PlanModel:
         before = [sum(d[:j]) for j in range(len(d) + 1)]
         for seg in union.blocks.segments:
             m.Add(seg.peak - before[seg.held] <= P)
+        if union.blocks.root_b_peak is not None:  # every block's backward over: nothing held
+            m.Add(union.blocks.root_b_peak <= P)
         for j, block in enumerate(union.blocks.blocks):
             split, c = union.splits[j], self.c[j]
             own = self._savings(block, c, self.s[j])

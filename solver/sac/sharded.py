@@ -102,6 +102,8 @@ def plan_windows(union: SacUnion, plan: UnionPlan) -> StepWindows:
     f_peak, b_peak = list(f_start), list(b_start)
     outside: list[Segment] = []
     for kind, i, value in plan_terms(problem, flat):
+        if kind == "root":  # the windows carry the root's backward apart (below)
+            continue
         if kind == "segment":
             if i < len(inner_owner):
                 j, kind = inner_owner[i]
