@@ -9,12 +9,16 @@ weights, no hub) with ``--batch`` x ``--seq`` token ids as its labels, in ``--dt
 FSDP2 (``--world-size`` > 1) it is gathered in that dtype from float32 master weights and its
 gradients reduced in float32 (torchtitan's defaults). ``--model`` is a factory as for
 `remat sac` (``(model, example_inputs[, example_kwargs])``). Without ``--target`` the step is
-recorded here (measured). Exit status 0 when some strategy fits, 1 when none does."""
+recorded here (measured). ``--largest batch seq`` (with ``--hf-config``) adds each row's largest
+local batch at ``--seq`` and largest sequence at ``--batch`` (in multiples of
+``min(1024, --seq)`` tokens), one estimate per size. Exit status 0 when some strategy fits, 1
+when none does."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 
 from cli.profile import load_model_from_args
 from cli.solve import parse_link
@@ -25,6 +29,28 @@ from executor.sac.planning import REGIONS
 from solver.errors import ArgumentError
 
 __all__ = ["add_estimate_arguments", "run_estimate"]
+
+LARGEST = ("batch", "seq")
+"""The dimensions ``--largest`` searches."""
+
+
+def _factories(args: argparse.Namespace) -> dict[str, Callable[[int], object]]:
+    """``--largest``'s factories: the ``--hf-config`` model at a batch of n rows (at
+    ``--seq``), or at a sequence of n units of ``min(1024, --seq)`` tokens (at ``--batch``),
+    keyed by the column name."""
+    if args.largest and not args.hf_config:
+        raise ArgumentError(
+            "--largest builds the model at other sizes from --hf-config; for a --model "
+            "factory call executor.estimate(..., factories={'batch': f}) from Python"
+        )
+    unit = min(1024, args.seq)
+    made = {
+        "batch": lambda n: model_from_config(args.hf_config, n, args.seq, args.dtype),
+        f"seq (x{unit:,} tokens)": lambda n: model_from_config(
+            args.hf_config, args.batch, n * unit, args.dtype
+        ),
+    }
+    return {k: f for k, f in made.items() if k.split()[0] in args.largest}
 
 
 def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,12 +72,20 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--offload", metavar="LINK", help="a host link: adds remat + offload")
     parser.add_argument("--regions", choices=REGIONS, default="choose")
+    parser.add_argument(
+        "--largest",
+        nargs="+",
+        choices=LARGEST,
+        default=[],
+        help="each row's largest batch / sequence that fits (--hf-config)",
+    )
     parser.add_argument("--time-limit", type=float, default=120, help="seconds (default 120)")
     parser.add_argument("--plot", metavar="PATH", help="a stacked bar per strategy")
     parser.add_argument("--out", metavar="PATH", help="the rows as JSON")
 
 
 def run_estimate(args: argparse.Namespace) -> int:
+    factories = _factories(args)
     if args.hf_config:
         model, inputs, kwargs = model_from_config(args.hf_config, args.batch, args.seq, args.dtype)
     else:
@@ -75,6 +109,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         offload=None if args.offload is None else parse_link(args.offload),
         regions=args.regions,
         time_limit=args.time_limit,
+        factories=factories or None,
     )
     print(est.to_markdown())
     if args.plot:

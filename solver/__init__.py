@@ -37,6 +37,7 @@ from solver.sac.windows import WindowError
 from solver.target.devices import DeviceError, UnknownTargetError
 from solver.time_shares import (
     CompileShares,
+    EstimateShares,
     FitShares,
     RematerializeShares,
     SacShares,
@@ -54,6 +55,7 @@ __all__ = [
     "Deadline",
     "DeadlineError",
     "DeviceError",
+    "EstimateShares",
     "FitShares",
     "GraphError",
     "InfeasibleBudgetError",

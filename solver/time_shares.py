@@ -7,6 +7,7 @@ each field a fraction of named seconds, with the defaults every call runs with.
   (`solver.sac.solve.solve_sac`).
 - `RematerializeShares`: `executor.rematerialize`'s solve after its capture.
 - `CompileShares`: `executor.compile`'s solves within its compiles.
+- `EstimateShares`: `executor.estimate`'s search for the largest sizes.
 
 "Of the limit" counts from the start of the call or step named (the step ends by that instant,
 or earlier where the call's own deadline comes first); "of the time left" counts from when the
@@ -162,6 +163,20 @@ class CompileShares:
     first_solves: float = 0.5
 
 
+@dataclass(frozen=True)
+class EstimateShares:
+    """Fractions of an `executor.estimate`'s seconds where it searches the largest sizes
+    (`factories`).
+
+    first: of the limit, the estimate at the example inputs' size; the search has the rest.
+    size: of the time left to the search, one size's estimate (its recording and solves), so
+        that a size that takes long leaves time for the sizes after it.
+    """
+
+    first: float = 0.4
+    size: float = 0.25
+
+
 FIT_SHARES = FitShares()
 """The fit's default shares (a frozen default parameter)."""
 SAC_SHARES = SacShares()
@@ -170,3 +185,5 @@ REMATERIALIZE_SHARES = RematerializeShares()
 """`rematerialize`'s default shares (a frozen default parameter)."""
 COMPILE_SHARES = CompileShares()
 """`executor.compile`'s default shares (a frozen default parameter)."""
+ESTIMATE_SHARES = EstimateShares()
+"""`executor.estimate`'s default shares (a frozen default parameter)."""

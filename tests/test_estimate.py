@@ -238,11 +238,14 @@ def test_cli_estimates_a_hugging_face_config_without_weights(tmp_path, capsys):
         [
             *("estimate", "--hf-config", str(tmp_path), "--target", "h100", "--world-size", "2"),
             *("--seq", "64", "--batch", "2", "--time-limit", "60", "--out", str(out)),
+            *("--budget", "8MiB", "--largest", "seq"),
         ]
     )
     printed = capsys.readouterr().out
     assert status == 0 and "Per rank of 2 on h100, predicted" in printed
+    assert "| largest seq (x64 tokens) |" in printed
     rows = json.loads(out.read_text())["strategies"]
+    assert all(r["largest"]["seq (x64 tokens)"]["proven"] for r in rows if r["largest"])
     assert {r["name"] for r in rows} >= {"none", "full", "selective", "remat"}
     assert rows[0]["components"]["fsdp_buffers"] > 0
     assert main(["estimate", "--hf-config", str(tmp_path / "missing")]) == 2
@@ -251,3 +254,42 @@ def test_cli_estimates_a_hugging_face_config_without_weights(tmp_path, capsys):
 def test_cli_refuses_a_world_size_below_one(capsys):
     status = main(["estimate", "--model", "sac_models:small", "--world-size", "0"])
     assert status == 2 and "world" in capsys.readouterr().err
+
+
+def _sized(batch: int):
+    torch.manual_seed(0)
+    return transformer(layers=2, d=16), (torch.randn(batch, 8, 16),)
+
+
+def test_largest_batch_per_row_is_the_brute_force_largest_proven():
+    """Each row's largest batch (`factories`) against brute force: one estimate per batch from
+    1 up, the largest whose row fits; proven, its upper the size above."""
+    budget = "190KiB"
+    net, x = _sized(2)
+    est = executor.estimate(
+        net, x, budget, loss_fn=sum_loss, target="h100", time_limit=120,
+        factories={"batch": _sized},
+    )  # fmt: skip
+    largest = {r.name: r.largest["batch"] for r in est.strategies if r.largest}
+    assert set(largest) == {"none", "full", "selective", "remat"}
+    most = max(v.size for v in largest.values()) + 1
+    scan = {
+        n: executor.estimate(*_sized(n), budget, loss_fn=sum_loss, target="h100", time_limit=30)
+        for n in range(1, most + 1)
+    }
+    for name, found in largest.items():
+        fitting = [n for n, e in scan.items() if e.strategy(name).total is not None
+                   and e.strategy(name).total <= e.usable]  # fmt: skip
+        assert fitting == list(range(1, len(fitting) + 1))  # fits never comes back
+        assert (found.size, found.proven, found.upper) == (len(fitting), True, len(fitting) + 1)
+    assert largest["remat"].size >= max(v.size for v in largest.values())
+    assert "largest batch" in est.to_markdown() and "(proven)" in est.to_markdown()
+    assert json.loads(json.dumps(est.to_json()))["strategies"][0]["largest"]["batch"]["proven"]
+
+
+def test_largest_sizes_refusals_say_what_to_give(capsys):
+    net, x = _sized(2)
+    with pytest.raises(PlanError, match="give a budget or a target"):
+        executor.estimate(net, x, loss_fn=sum_loss, factories={"batch": _sized})
+    status = main(["estimate", "--model", "sac_models:small", "--largest", "batch"])
+    assert status == 2 and "factories=" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from solver.fitting.sizes import DOES_NOT_FIT, FITS, OPEN, affine, largest_between
+from solver.fitting.sizes import DOES_NOT_FIT, FITS, OPEN, affine, largest_between, largest_size
 
 
 @given(
@@ -64,6 +64,43 @@ def test_open_sizes_and_a_stop_never_give_a_wrong_answer(width: int, data) -> No
         assert all(b - a < 2 for a, b in pairwise(marks))
     if not left_open and len(asked) < answers:
         assert (fits, closed) == (threshold, True)
+
+
+@given(
+    threshold=st.integers(0, 300),
+    guess=st.none() | st.integers(-5, 400),
+    most=st.integers(1, 500),
+    data=st.data(),
+)
+def test_the_search_from_one_finds_the_largest_size_whatever_the_guess(
+    threshold: int, guess: int | None, most: int, data
+) -> None:
+    """Against brute force, with any guess (right, wrong, none) and sizes left open: `fits`
+    fits, `fails` does not, closed only where adjacent; without open sizes, the answer is the
+    largest size up to `most` that fits, proven unless `most` fits; each size asked once."""
+    left_open = data.draw(st.sets(st.integers(1, 400), max_size=5))
+    asked: list[int] = []
+
+    def decide(size: int) -> str:
+        asked.append(size)
+        if size in left_open:
+            return OPEN
+        return FITS if size <= threshold else DOES_NOT_FIT
+
+    found = largest_size(decide, lambda: guess, most)
+    assert len(asked) == len(set(asked)) and all(1 <= s <= most for s in asked)
+    assert found.fits <= threshold and found.fits not in left_open
+    assert found.fails is None or threshold < found.fails <= most
+    assert found.closed == (found.fails is not None and found.fails - found.fits == 1)
+    if not left_open:
+        assert found.fits == min(threshold, most)
+        assert found.closed == (threshold < most)
+
+
+def test_the_search_stops_where_decide_has_no_time() -> None:
+    answers = iter([FITS, FITS, None])
+    found = largest_size(lambda size: next(answers), lambda: 10, 100)
+    assert (found.fits, found.fails, found.closed) == (2, None, False)
 
 
 def test_a_verdict_outside_the_three_is_refused() -> None:

@@ -63,7 +63,7 @@ def test_the_library_and_the_command_read_the_same_object():
 
 
 def test_every_other_calls_shares_are_written_out_with_the_numbers_they_run_with():
-    """`fit`'s, `checkpoint_plan`'s, `rematerialize`'s and `compile`'s shares, beside
+    """`fit`'s, `checkpoint_plan`'s, `rematerialize`'s, `compile`'s and `estimate`'s shares, beside
     `TimeShares`."""
     assert asdict(solver.FitShares()) == {
         "search": 0.6,
@@ -79,6 +79,7 @@ def test_every_other_calls_shares_are_written_out_with_the_numbers_they_run_with
     }
     assert asdict(solver.RematerializeShares()) == {"solve_at_least": 0.5}
     assert asdict(solver.CompileShares()) == {"first_solves": 0.5}
+    assert asdict(solver.EstimateShares()) == {"first": 0.4, "size": 0.25}
 
 
 LIBRARY = ("graph_capture", "solver", "executor", "cli")

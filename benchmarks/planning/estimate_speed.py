@@ -1,13 +1,15 @@
 """How long `remat estimate` takes, and in how much memory, on Llama-3-8B and -70B configs.
 
     python -m benchmarks.planning.estimate_speed [--only llama3_8b llama3_70b] [--time-limit 120]
+        [--largest batch seq]
 
 Each run writes the model's `config.json` (the published Llama-3 shapes of
 `benchmarks.planning.scale_llama`) to a temporary folder and runs
 `remat estimate --hf-config that/config.json --target T --world-size W --batch B --seq S` in a
 child process, as a user would: its wall seconds (the whole command: Python's start, the meta
 model's build, the fake step's recording, every strategy's rows and the solve) and its peak
-RSS (`os.wait4`'s `ru_maxrss`) are measured here, its table printed below them.
+RSS (`os.wait4`'s `ru_maxrss`) are measured here, its table printed below them. `--largest`
+passes ``--largest`` on: each row's largest batch and sequence too, one estimate per size.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", choices=sorted(RUNS), default=list(MAIN))
     parser.add_argument("--time-limit", type=float, default=120)
+    parser.add_argument("--largest", nargs="+", choices=("batch", "seq"), default=[])
     args = parser.parse_args(argv)
     rows, tables = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -66,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "--world-size", str(world), "--batch", str(batch), "--seq", str(seq),
                 "--time-limit", str(args.time_limit),
             ]  # fmt: skip
+            flags += ["--largest", *args.largest] if args.largest else []
             seconds, rss, code, out = timed_estimate(flags)
             rows.append(
                 f"| {name} | {target} | {world} | {batch} x {seq} | {seconds:.1f} | "

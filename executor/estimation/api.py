@@ -21,6 +21,7 @@ from torch import nn
 
 from executor.errors import PlanError
 from executor.estimation.grad_groups import grad_groups
+from executor.estimation.largest import largest_sizes
 from executor.estimation.report import StepEstimate, StrategyEstimate
 from executor.estimation.step_seconds import measured_step_seconds, predicted_step_seconds
 from executor.fitting.memory import predicted_static
@@ -31,7 +32,7 @@ from graph_capture.inputs import positional_inputs
 from solver.core.budget import BYTES, Budget
 from solver.core.link import Link
 from solver.deadline import Deadline
-from solver.errors import InfeasibleBudgetError
+from solver.errors import InfeasibleBudgetError, SolverTimeoutError
 from solver.interrupt import call_deadline
 from solver.sac.policies import POLICIES, policy_plan, sac_overhead
 from solver.sac.sharded import plan_windows
@@ -40,6 +41,7 @@ from solver.spelling import spelled
 from solver.target import Device, FsdpMemory, FsdpPolicy
 from solver.target.components import latest_peak, peak_components, plain_memory
 from solver.target.devices import host_link
+from solver.time_shares import ESTIMATE_SHARES
 
 __all__ = ["STRATEGIES", "estimate"]
 
@@ -123,8 +125,9 @@ class _Rows:
         )
 
     def solved(self, name: str, deadline: Deadline, link: Link | None) -> StrategyEstimate:
-        """remat's row: the least-cost plan within `usable` (with `link`: offloads allowed),
-        or a row saying no plan fits and the least peak."""
+        """remat's row: the least-cost plan within `usable` (with `link`: offloads allowed);
+        where none fits, an "INFEASIBLE" row with the least peak (the solve's proof), or
+        "NONE FOUND" where the solve found none in its time."""
         resident = 0 if self.step.policy is not None else self.memory.resident
         none = self.evaluated("none", policy_plan(self.step.union, "none")).total
         assert none is not None
@@ -137,8 +140,8 @@ class _Rows:
             least = None if e.minimum_bytes is None else e.minimum_bytes + self.other + resident
             return StrategyEstimate(name, None, "", 0.0, 0.0, "INFEASIBLE", least=least,
                                     note="no plan fits")  # fmt: skip
-        except PlanError as e:
-            return StrategyEstimate(name, None, "", 0.0, 0.0, "INFEASIBLE", note=str(e))
+        except (PlanError, SolverTimeoutError) as e:
+            return StrategyEstimate(name, None, "", 0.0, 0.0, "NONE FOUND", note=str(e))
         row = self.evaluated(name, plan.union_plan(), plan.cost)
         status = f"{plan.status} gap {plan.gap:.2%}"
         return replace(row, status=status, host_bytes=plan.host_peak, plan=plan)
@@ -179,6 +182,55 @@ def _rows(
     return _Rows(step, memory, other, groups.head_bytes(rounding), plain, usable)
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """What an estimate holds the same at every size: `estimate`'s arguments of the same names
+    (`link`: the host link `offload` names)."""
+
+    blocks: Sequence[str] | None
+    regions: str
+    loss_fn: Callable[[object], torch.Tensor]
+    target: str | Device | None
+    world_size: int
+    fsdp: FsdpPolicy | None
+    budget: str | int | None
+    optimizer: str
+    link: Link | None
+
+
+def _estimate_at(
+    model: nn.Module,
+    inputs: Sequence[object],
+    kwargs: Mapping[str, object],
+    settings: _Settings,
+    deadline: Deadline,
+) -> StepEstimate:
+    """Every strategy's row for one step of `model` on the inputs, by `deadline`."""
+    s = settings
+    options = StepOptions(kwargs, s.blocks, s.regions, s.loss_fn, s.target, s.world_size, s.fsdp)
+    step = record_step(model, inputs, options, deadline, deadline.remaining())
+    make = _rows(step, inputs, kwargs, s.loss_fn, s.optimizer, s.budget)
+    rows = [make.fixed(p) for p in POLICIES]
+    rows.append(
+        StrategyEstimate("torch.compile", None, "", 0.0, 0.0, "NOT PREDICTED", note=COMPILE_NOTE)
+    )
+    rows.append(make.solved("remat", deadline, None))
+    if s.link is not None:
+        rows.append(make.solved("remat + offload", deadline, s.link))
+    tokens, samples = _tokens(inputs, kwargs)
+    device = step.device
+    return StepEstimate(
+        tuple(rows),
+        make.usable,
+        None if device is None else device.name,
+        1 if step.policy is None else step.policy.world_size,
+        make.plain,
+        tokens,
+        samples,
+        "measured recording" if device is None else "predicted",
+    )
+
+
 @spelled
 def estimate(
     model: nn.Module,
@@ -195,6 +247,7 @@ def estimate(
     fsdp: FsdpPolicy | None = None,
     offload: Link | str | None = None,
     optimizer: str = "adamw",
+    factories: Mapping[str, Callable[[int], object]] | None = None,
 ) -> StepEstimate:
     """Every strategy's bytes per rank, verdict and step seconds for one training step of
     `model` on the example inputs (`loss_fn(model(*example_inputs, **example_kwargs))
@@ -207,8 +260,14 @@ def estimate(
     name, file or `Device` (estimate mode: nothing real runs, the model may be on the meta
     device); None: measured here. `world_size` > 1 or `fsdp`: FSDP2 per rank, as
     `checkpoint_plan`'s. `offload`: a host link (one process): the "remat + offload" row.
-    `blocks`, `regions`, `loss_fn`: as `checkpoint_plan`'s. `time_limit`: seconds for the
-    whole call (the recording takes at most half; each solve what is left).
+    `blocks`, `regions`, `loss_fn`: as `checkpoint_plan`'s. `factories`: per dimension
+    ("batch", "seq", ...), a factory as `executor.fit`'s (`factory(size)` returns
+    ``(model, example_inputs[, example_kwargs])`` at that size): each row's largest size
+    along it (`StrategyEstimate.largest`, executor/estimation/largest.py), one estimate per
+    size; measured sizes without a target run real steps, so give a `budget` there.
+    `time_limit`: seconds for the whole call (the recording takes at most half; each solve
+    what is left; with `factories`, the example inputs' estimate `EstimateShares.first` of it,
+    each size `EstimateShares.size` of the time left).
 
     Exception to the 8-parameter and 80-line rules: a public entry point whose keyword-only
     parameters are the one interface's options, each documented here."""
@@ -219,30 +278,28 @@ def estimate(
     link = None if offload is None else host_link(offload)
     if link is not None and (world_size > 1 or fsdp is not None):
         raise PlanError("offload= estimates one process's step: leave it out with world_size > 1")
-    inputs = positional_inputs(example_inputs, PlanError)
-    kwargs = dict(example_kwargs or {})
-    with call_deadline(time_limit, PlanError) as deadline:
-        options = StepOptions(kwargs, blocks, regions, loss_fn, target, world_size, fsdp)
-        step = record_step(model, inputs, options, deadline, time_limit)
-        make = _rows(step, inputs, kwargs, loss_fn, optimizer, budget)
-        rows = [make.fixed(p) for p in POLICIES]
-        rows.append(
-            StrategyEstimate(
-                "torch.compile", None, "", 0.0, 0.0, "NOT PREDICTED", note=COMPILE_NOTE
-            )
+    if factories and target is None and budget is None:
+        raise PlanError(
+            "factories= searches sizes until a step does not fit: measured here (no target) "
+            "that means steps as large as this machine's memory; give a budget or a target"
         )
-        rows.append(make.solved("remat", deadline, None))
-        if link is not None:
-            rows.append(make.solved("remat + offload", deadline, link))
-    tokens, samples = _tokens(inputs, kwargs)
-    device = step.device
-    return StepEstimate(
-        tuple(rows),
-        make.usable,
-        None if device is None else device.name,
-        1 if step.policy is None else step.policy.world_size,
-        make.plain,
-        tokens,
-        samples,
-        "measured recording" if device is None else "predicted",
+    inputs = positional_inputs(example_inputs, PlanError)
+    settings = _Settings(
+        blocks, regions, loss_fn, target, world_size, fsdp, budget, optimizer, link
     )
+    with call_deadline(time_limit, PlanError) as deadline:
+        first = deadline.within(ESTIMATE_SHARES.first * time_limit) if factories else deadline
+        est = _estimate_at(model, inputs, dict(example_kwargs or {}), settings, first)
+        if not factories:
+            return est
+
+        def estimate_at(made: object, by: Deadline) -> StepEstimate:
+            m, i, k = made
+            return _estimate_at(m, positional_inputs(i, PlanError), dict(k), settings, by)
+
+        found = largest_sizes(factories, est, estimate_at, deadline)
+    rows = tuple(
+        replace(r, largest={d: found[d][r.name] for d in found if r.name in found[d]})
+        for r in est.strategies
+    )
+    return replace(est, strategies=rows)

@@ -4,6 +4,7 @@ per step; both predicted for a target, or from this machine's recording without 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,24 @@ GIB = 1 << 30
 
 
 @dataclass(frozen=True)
+class Largest:
+    """The largest size along one dimension (its factory's units) at which a strategy's step
+    fits (`executor.estimation.largest`): `size` (0: not even size 1); `proven` where the size
+    above it was estimated and does not fit; `upper`, the least size estimated not to fit
+    (None: none found before the search ended)."""
+
+    size: int
+    proven: bool
+    upper: int | None
+
+    def __str__(self) -> str:
+        if self.proven:
+            return f"{self.size:,} (proven)"
+        above = "none found" if self.upper is None else f"{self.upper:,} does not"
+        return f">= {self.size:,} ({above})" if self.size else f"open ({above})"
+
+
+@dataclass(frozen=True)
 class StrategyEstimate:
     """One strategy's row. `name`: what it is; `components`: the rank's bytes at the step's
     peak by component (`solver.target.components`; None where no plan fits, `least` then
@@ -25,9 +44,11 @@ class StrategyEstimate:
     overhead, copies' stall); `seconds`: the step's seconds (the plain step's plus
     `recompute`); `host_bytes`: pinned host bytes its copies hold (offload); `status`: the
     solve's with its gap ("OPTIMAL gap 0.00%", "FEASIBLE gap 0.41%"), "FIXED" for a fixed
-    policy, "INFEASIBLE" where no plan fits, "NOT PREDICTED"; `note`: why a row has no
+    policy, "INFEASIBLE" where no plan fits (proven), "NONE FOUND" where the solve found
+    none in its time, "NOT PREDICTED"; `note`: why a row has no
     plan, or what it is; `plan`: the `CheckpointPlan` that runs the strategy
-    (`plan.apply(model)`; None for a row without one)."""
+    (`plan.apply(model)`; None for a row without one); `largest`: per dimension searched
+    (`estimate`'s `factories`), the largest size at which the strategy fits."""
 
     name: str
     components: Components | None
@@ -39,6 +60,7 @@ class StrategyEstimate:
     least: int | None = None
     note: str = ""
     plan: CheckpointPlan | None = field(default=None, compare=False, repr=False)
+    largest: Mapping[str, Largest] = field(default_factory=dict)
 
     @property
     def total(self) -> int | None:
@@ -101,23 +123,29 @@ class StepEstimate:
         rate = "tokens/s" if self.tokens else "samples/s"
         where = self.target or "this machine (measured)"
         name, size = _unit(self)
+        dims = self.dimensions()
+        largest = "".join(f" largest {d} |" for d in dims)
         head = (
             f"Per rank of {self.world_size} on {where}, {self.basis}; usable "
             f"{self.usable / size:,.2f} {name}; bytes in {name}.\n\n"
             "| strategy | parameters | gradients | optimizer | FSDP buffers | saved activations "
-            f"| transient | other | total | fits (headroom) | step s | {rate} | plan |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+            f"| transient | other | total | fits (headroom) | step s | {rate} | plan |{largest}\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(dims) + "\n"
         )
-        lines = [_markdown_row(self, r, size) for r in self.strategies]
+        lines = [_markdown_row(self, r, size, dims) for r in self.strategies]
         return head + "\n".join(lines) + "\n"
+
+    def dimensions(self) -> list[str]:
+        """The dimensions whose largest sizes were searched, in the order first found."""
+        return list(dict.fromkeys(d for r in self.strategies for d in r.largest))
 
     def to_json(self) -> dict:
         """The estimate as plain data: the fields, each row with its components (bytes)."""
         rows = []
         for r in self.strategies:
-            row = {
-                k: getattr(r, k) for k in r.__dataclass_fields__ if k not in ("components", "plan")
-            }
+            skip = ("components", "plan", "largest")
+            row = {k: getattr(r, k) for k in r.__dataclass_fields__ if k not in skip}
+            row["largest"] = {d: asdict(v) for d, v in r.largest.items()}
             row["components"] = None if r.components is None else r.components.as_dict()
             row["total"] = r.total
             rows.append(row)
@@ -160,13 +188,14 @@ def _unit(estimate: StepEstimate) -> tuple[str, int]:
     return next(((n, b) for n, b in UNITS if most >= b), UNITS[-1])
 
 
-def _markdown_row(estimate: StepEstimate, row: StrategyEstimate, size: int) -> str:
+def _markdown_row(estimate: StepEstimate, row: StrategyEstimate, size: int, dims: list[str]) -> str:
     def scaled(nbytes: int) -> str:
         return f"{nbytes / size:,.2f}"
 
+    largest = "".join(f" {row.largest.get(d, '-')} |" for d in dims)
     if row.components is None:
         least = "" if row.least is None else f"least {scaled(row.least)}: "
-        return f"| {row.name} | {least}{row.note} |" + " |" * 10 + f" {row.status} |"
+        return f"| {row.name} | {least}{row.note} |" + " |" * 10 + f" {row.status} |{largest}"
     c = row.components
     parts = [c.parameters, c.gradients, c.optimizer_states, c.fsdp_buffers]
     parts += [c.saved_activations, c.transient, c.other, c.total]
@@ -174,4 +203,4 @@ def _markdown_row(estimate: StepEstimate, row: StrategyEstimate, size: int) -> s
     verdict = f"yes ({scaled(spare)})" if spare >= 0 else f"no (over {scaled(-spare)})"
     cells = [row.name, *map(scaled, parts), verdict]
     cells += [f"{row.seconds:.4g}", f"{estimate.throughput(row):,.0f}", row.status]
-    return "| " + " | ".join(cells) + " |"
+    return "| " + " | ".join(cells) + " |" + largest

@@ -3,6 +3,8 @@ for a largest size runs, and the one affine fit of bytes against the size.
 
     largest_between(decide, fits, fails)  bisection between a size that fits and one that does
                                           not, around sizes left undecided
+    largest_size(decide, guess, most)     the largest size from 1 that fits, with no size known
+                                          not to: a guess, doubling, then the bisection
     affine({size: bytes, ...})            bytes = base + slope * size with a whole slope
                                           through every point, or None
 """
@@ -55,6 +57,66 @@ def largest_between(
                 f"decide returned {verdict!r}: give FITS, DOES_NOT_FIT, OPEN or None"
             )
     return fits, fails, fails - fits == 1
+
+
+@dataclass(frozen=True)
+class SizeSearch:
+    """The answer of `largest_size`: `fits`, the largest size known to fit (0: size 1 does not);
+    `fails`, the least size known not to (None: none up to the search's `most`); `closed`
+    where they are adjacent, so that `fits` is proven the largest."""
+
+    fits: int
+    fails: int | None
+    closed: bool
+
+
+def largest_size(
+    decide: Callable[[int], str | None],
+    guess: Callable[[], int | None],
+    most: int,
+) -> SizeSearch:
+    """The largest size from 1 to `most` that fits, where whether a size fits never changes from
+    "does not fit" back to "fits" as the size grows (`decide` as `largest_between`'s).
+
+    Sizes 1 and 2 first; then `guess()` (asked once they are decided: the size predicted to be
+    the largest that fits, or None) and the size above it; then doubling from the largest size
+    decided until one does not fit or `most` is passed; then `largest_between`. A None from
+    `decide` ends the search where it stands."""
+    fits, fails = 0, None
+    undecided: set[int] = set()
+
+    def take(size: int) -> bool:
+        """Decide `size` where it is still in question; False where `decide` has no time."""
+        nonlocal fits, fails
+        if size <= fits or size > most or size in undecided or (fails and size >= fails):
+            return True
+        verdict = decide(size)
+        if verdict is None:
+            return False
+        if verdict == FITS:
+            fits = size
+        elif verdict == DOES_NOT_FIT:
+            fails = size
+        elif verdict == OPEN:
+            undecided.add(size)
+        else:
+            raise ArgumentError(
+                f"decide returned {verdict!r}: give FITS, DOES_NOT_FIT, OPEN or None"
+            )
+        return True
+
+    if not (take(1) and take(2)):
+        return SizeSearch(fits, fails, fails == fits + 1)
+    predicted = guess() if fails is None else None
+    if predicted is not None and not (take(min(predicted, most)) and take(predicted + 1)):
+        return SizeSearch(fits, fails, fails == fits + 1)
+    while fails is None:
+        reached = max(fits, *undecided, 1)
+        size = min(2 * reached, most)
+        if size <= reached or not take(size):
+            return SizeSearch(fits, fails, False)  # `most` reached, or no time
+    fits, fails, closed = largest_between(decide, fits, fails, undecided)
+    return SizeSearch(fits, fails, closed)
 
 
 @dataclass(frozen=True)

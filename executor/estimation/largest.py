@@ -1,0 +1,112 @@
+"""The largest sizes at which each strategy's step fits (`largest_sizes`): per dimension (a
+factory building the model and inputs at any size, as `executor.fit`'s), one estimate per
+size, shared by every row; `solver.fitting.sizes.largest_size` searches each row's sizes, its
+guess the size where the row's total, affine in the size through sizes 1 and 2, meets the
+usable memory.
+
+A size fits a row where the row's bytes per rank are within the usable memory; it does not
+where they are above it (a fixed policy), or where remat's solve proves that no plan fits
+(`InfeasibleBudgetError`); it stays open where the solve found no plan in its time. A row's
+largest size is proven where the size above it was estimated and does not fit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from executor.errors import PlanError
+from executor.estimation.report import Largest, StepEstimate, StrategyEstimate
+from graph_capture.models.factories import unpack_model
+from solver.deadline import Deadline
+from solver.errors import DeadlineError
+from solver.fitting.sizes import DOES_NOT_FIT, FITS, OPEN, largest_size
+from solver.time_shares import ESTIMATE_SHARES, EstimateShares
+
+MOST = 1 << 20
+"""The largest size searched (in the factory's units)."""
+
+EstimateAt = Callable[[object, Deadline], StepEstimate]
+"""One estimate of a factory's output (``(model, example_inputs[, example_kwargs])``) by a
+deadline."""
+
+
+@dataclass
+class _Sizes:
+    """The estimates of one dimension's sizes, each made once (None: no time left for it)."""
+
+    dim: str
+    factory: Callable[[int], object]
+    estimate_at: EstimateAt
+    deadline: Deadline
+    shares: EstimateShares
+    seen: dict[int, StepEstimate | None]
+
+    def at(self, size: int) -> StepEstimate | None:
+        if size not in self.seen:
+            self.seen[size] = self._estimate(size)
+        return self.seen[size]
+
+    def _estimate(self, size: int) -> StepEstimate | None:
+        if self.deadline.passed():
+            return None
+        try:
+            made = unpack_model(self.factory(size))
+        except Exception as error:  # the user's code: any failure is reported with its size
+            raise PlanError(
+                f"the {self.dim} factory failed at size {size}: {type(error).__name__}: {error}"
+            ) from error
+        within = self.deadline.share(self.shares.size)
+        try:
+            return self.estimate_at(made, within)
+        except (PlanError, DeadlineError):
+            if within.passed():
+                return None  # out of time: the sizes above take as long
+            raise
+
+
+def verdict(row: StrategyEstimate, usable: int) -> str:
+    """Whether `row`'s step fits `usable` bytes per rank (module docstring)."""
+    if row.total is not None:
+        return FITS if row.total <= usable else DOES_NOT_FIT
+    return DOES_NOT_FIT if row.status == "INFEASIBLE" else OPEN
+
+
+def _guess(sizes: _Sizes, name: str, usable: int) -> int | None:
+    """The size at which `name`'s total, affine through sizes 1 and 2, is the most within
+    `usable` (None: a total missing, or not growing with the size)."""
+    one, two = sizes.at(1), sizes.at(2)
+    if one is None or two is None:
+        return None
+    a, b = one.strategy(name).total, two.strategy(name).total
+    if a is None or b is None or b <= a:
+        return None
+    return 1 + (usable - a) // (b - a)
+
+
+def _largest(sizes: _Sizes, name: str, usable: int) -> Largest:
+    """Row `name`'s largest size along `sizes`' dimension."""
+
+    def decide(size: int) -> str | None:
+        at = sizes.at(size)
+        return None if at is None else verdict(at.strategy(name), usable)
+
+    search = largest_size(decide, lambda: _guess(sizes, name, usable), MOST)
+    return Largest(search.fits, search.closed, search.fails)
+
+
+def largest_sizes(
+    factories: Mapping[str, Callable[[int], object]],
+    estimate: StepEstimate,
+    estimate_at: EstimateAt,
+    deadline: Deadline,
+    shares: EstimateShares = ESTIMATE_SHARES,
+) -> dict[str, dict[str, Largest]]:
+    """Per dimension of `factories`, per row of `estimate` that is predicted, the largest size
+    whose step fits `estimate.usable` (module docstring); each size estimated by `estimate_at`
+    with `shares.size` of the time left before `deadline`."""
+    out: dict[str, dict[str, Largest]] = {}
+    for dim, factory in factories.items():
+        sizes = _Sizes(dim, factory, estimate_at, deadline, shares, {})
+        rows = [r.name for r in estimate.strategies if r.status != "NOT PREDICTED"]
+        out[dim] = {name: _largest(sizes, name, estimate.usable) for name in rows}
+    return out
