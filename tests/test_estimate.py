@@ -293,3 +293,26 @@ def test_largest_sizes_refusals_say_what_to_give(capsys):
         executor.estimate(net, x, loss_fn=sum_loss, factories={"batch": _sized})
     status = main(["estimate", "--model", "sac_models:small", "--largest", "batch"])
     assert status == 2 and "factories=" in capsys.readouterr().err
+
+
+def test_each_row_names_the_largest_tensor_at_its_peak(tmp_path):
+    """A language model's peak is in its loss: the row names the log-softmax's
+    [tokens, vocab] float32 output and its bytes (estimate mode); measured, no name."""
+    transformers = pytest.importorskip("transformers")
+    from executor.estimation.hf_config import model_from_config
+
+    config = transformers.LlamaConfig(
+        vocab_size=4000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64,
+    )  # fmt: skip
+    config.save_pretrained(tmp_path)
+    model, ids, kwargs = model_from_config(tmp_path, 2, 64, "float32")
+    est = executor.estimate(model, ids, example_kwargs=kwargs, target="h100", time_limit=60)
+    for row in (r for r in est.strategies if r.total is not None):
+        assert row.peak_at.startswith("head")
+        assert row.bottleneck == "aten._log_softmax.default's [128, 4000] float32 output"
+        assert row.bottleneck_bytes == 128 * 4000 * 4
+    assert "The largest tensor at each peak" in est.to_markdown()
+    net, x = _sized(2)
+    measured = executor.estimate(net, x, loss_fn=sum_loss, time_limit=60)
+    assert all(r.bottleneck == "" for r in measured.strategies)

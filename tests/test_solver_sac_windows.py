@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from solver.sac.windows import WindowError, cut_windows
+from solver.sac.windows import Allocation, WindowError, cut_windows, largest_at_peaks
 
 MARKS = ["fs0", "fe0", "fs1", "fe1", "bs1", "bs0"]
 
@@ -49,3 +49,47 @@ def test_windows_are_the_replayed_live_bytes_and_stretch_peaks(seed):
 def test_a_block_run_twice_is_refused():
     with pytest.raises(WindowError, match="once per step"):
         cut_windows([1, 2, 3, 4], [(0, 8)], ["fs0", "fe0", "fs0", "fe0"], [None])
+
+
+def _largest_by_replay(allocations, stretches):
+    """Per stretch, by brute force: live bytes after every time in it, the first time of the
+    most, and the largest allocation made in the stretch by then and live then."""
+    out = []
+    for name, begin, end in stretches:
+        stop = end if end is not None else 10**9
+
+        def live(t):
+            return sum(
+                a.nbytes for a in allocations if a.start <= t and (a.end is None or a.end > t)
+            )
+
+        times = [begin] + sorted(
+            {x for a in allocations for x in (a.start, a.end) if x is not None and begin < x < stop}
+            | {a.start for a in allocations if a.start == begin}
+        )
+        at = max(times, key=lambda t: (live(t), -t))
+        held = [a for a in allocations if begin <= a.start <= at and (a.end is None or a.end > at)]
+        if held:
+            top = max(held, key=lambda a: (a.nbytes, -a.start))
+            out.append((name, top.nbytes))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_largest_at_peaks_is_the_replayed_largest_live_allocation(seed):
+    """`largest_at_peaks` against a replay: per stretch, the bytes of the largest allocation
+    made in it and live at its first peak (distinct event times, as a fake step's clock)."""
+    rng = random.Random(seed)
+    clock = iter(rng.sample(range(1, 400), 120))
+    allocations = []
+    for k in range(rng.randint(1, 40)):
+        start, end = sorted((next(clock), next(clock)))
+        live = rng.random() < 0.1
+        allocations.append(
+            Allocation(start, None if live else end, rng.randint(1, 64) * 8, f"t{k}")
+        )
+    cuts = sorted(rng.sample(range(1, 400), 5))
+    stretches = [(f"w{k}", a, b) for k, (a, b) in enumerate(itertools.pairwise([-1, *cuts]))]
+    stretches.append(("last", cuts[-1], None))
+    found = largest_at_peaks(allocations, stretches)
+    assert [(n, b) for n, _, b in found] == _largest_by_replay(allocations, stretches)

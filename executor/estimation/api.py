@@ -115,6 +115,8 @@ class _Rows:
         components = peak_components(self.memory, windows, self.other, self.head_grads)
         moment, _ = latest_peak(self.memory, windows)
         recompute = union_cost(self.step.union, plan) if cost is None else cost
+        largest = {w: (what, b) for w, what, b in self.step.union.blocks.largest}
+        what, nbytes = largest.get(moment.window, ("", 0))
         return StrategyEstimate(
             name,
             components,
@@ -122,6 +124,8 @@ class _Rows:
             recompute,
             self.plain + recompute,
             "FIXED",
+            bottleneck=what,
+            bottleneck_bytes=nbytes,
         )
 
     def solved(self, name: str, deadline: Deadline, link: Link | None) -> StrategyEstimate:

@@ -48,7 +48,10 @@ class StrategyEstimate:
     none in its time, "NOT PREDICTED"; `note`: why a row has no
     plan, or what it is; `plan`: the `CheckpointPlan` that runs the strategy
     (`plan.apply(model)`; None for a row without one); `largest`: per dimension searched
-    (`estimate`'s `factories`), the largest size at which the strategy fits."""
+    (`estimate`'s `factories`), the largest size at which the strategy fits; `bottleneck`:
+    the largest tensor the plain step makes in the window of the peak and holds at that
+    window's peak, in words (the op, its output's shape and dtype), where the recording names
+    its tensors (estimate mode; empty measured), and its bytes (`bottleneck_bytes`)."""
 
     name: str
     components: Components | None
@@ -61,6 +64,8 @@ class StrategyEstimate:
     note: str = ""
     plan: CheckpointPlan | None = field(default=None, compare=False, repr=False)
     largest: Mapping[str, Largest] = field(default_factory=dict)
+    bottleneck: str = ""
+    bottleneck_bytes: int = 0
 
     @property
     def total(self) -> int | None:
@@ -133,7 +138,13 @@ class StepEstimate:
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(dims) + "\n"
         )
         lines = [_markdown_row(self, r, size, dims) for r in self.strategies]
-        return head + "\n".join(lines) + "\n"
+        named = [
+            f"- {r.name}: {r.peak_at}: {r.bottleneck}, {r.bottleneck_bytes / size:,.2f} {name}"
+            for r in self.strategies
+            if r.bottleneck
+        ]
+        largest = "\n\nThe largest tensor at each peak:\n\n" + "\n".join(named) if named else ""
+        return head + "\n".join(lines) + largest + "\n"
 
     def dimensions(self) -> list[str]:
         """The dimensions whose largest sizes were searched, in the order first found."""

@@ -125,7 +125,9 @@ class SacProblem:
     the reload's issue and read; measured, executor/sac/runtime/offload.py), 0 where the plan cannot
     offload. `backward_start`, `root_b_start`, `root_b_peak`, `end`: the plain step's bytes live
     when its backward starts, when block 0's backward ends, the most from then on, and at its
-    end (`solver.sac.windows.Windows`; None: not recorded)."""
+    end (`solver.sac.windows.Windows`; None: not recorded); `largest`: per window, the largest
+    allocation made in it and live at its peak, (window, what, bytes), where the measurer
+    names them (estimate mode)."""
 
     blocks: tuple[SacBlock, ...]
     segments: tuple[Segment, ...]
@@ -136,6 +138,7 @@ class SacProblem:
     root_b_start: int | None = None
     root_b_peak: int | None = None
     end: int | None = None
+    largest: tuple[tuple[str, str, int], ...] = ()
 
     def to_json(self) -> dict:
         return {
@@ -148,6 +151,7 @@ class SacProblem:
             "root_b_start": self.root_b_start,
             "root_b_peak": self.root_b_peak,
             "end": self.end,
+            "largest": [list(x) for x in self.largest],
         }
 
     @classmethod
@@ -162,4 +166,5 @@ class SacProblem:
             d.get("root_b_start"),
             d.get("root_b_peak"),
             d.get("end"),
+            tuple((str(w), str(what), int(b)) for w, what, b in d.get("largest", ())),
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from solver.errors import RematError
 from solver.sac.problem import Segment
@@ -26,7 +27,9 @@ class Windows:
     None; `backward_start`: live bytes when the backward starts, the loss computed;
     `root_b_start`, `root_b_peak`: live when block 0's inputs' gradients are complete and the
     most from then to the step's end (the root's own backward); `end`: live at the step's end
-    (None: not measured; the root's None where block 0's inputs need no gradient). Bytes."""
+    (None: not measured; the root's None where block 0's inputs need no gradient). Bytes.
+    `largest`: per window (`solver.target.components.window_names`' names) whose allocations
+    the measurer names, the largest made in it and live at its peak (`largest_at_peaks`)."""
 
     f_start: list[int]
     f_peak: list[int]
@@ -40,6 +43,51 @@ class Windows:
     root_b_start: int | None = None
     root_b_peak: int | None = None
     end: int | None = None
+    largest: tuple[tuple[str, str, int], ...] = ()
+
+
+class Allocation(NamedTuple):
+    """One allocation of a step: made at `start`, freed at `end` (None: live at the step's
+    end), `nbytes` bytes, `what` it is in words (the op and its output's shape and dtype)."""
+
+    start: int
+    end: int | None
+    nbytes: int
+    what: str
+
+
+def largest_at_peaks(
+    allocations: Sequence[Allocation], stretches: Sequence[tuple[str, int, int | None]]
+) -> tuple[tuple[str, str, int], ...]:
+    """Per stretch (name, start time, end time or None: the step's end), the largest
+    allocation made in it and live at its peak, as (name, what, bytes); a stretch whose
+    allocations are all freed before its peak, or that makes none, is left out. The peak is
+    the first moment of the stretch holding the most bytes of `allocations` (every one of
+    them counted, made in the stretch or before)."""
+    events = sorted(
+        [(a.start, a.nbytes) for a in allocations]
+        + [(a.end, -a.nbytes) for a in allocations if a.end is not None]
+    )
+    by_start = sorted(allocations)
+    starts = [a.start for a in by_start]
+    out = []
+    live, k = 0, 0
+    for name, begin, end in stretches:
+        while k < len(events) and events[k][0] < begin:
+            live += events[k][1]
+            k += 1
+        best, at = live, begin
+        while k < len(events) and (end is None or events[k][0] < end):
+            live += events[k][1]
+            if live > best:
+                best, at = live, events[k][0]
+            k += 1
+        made = by_start[bisect.bisect_left(starts, begin) : bisect.bisect_right(starts, at)]
+        held = [a for a in made if a.end is None or a.end > at]
+        if held:
+            top = max(held, key=lambda a: a.nbytes)
+            out.append((name, top.what, top.nbytes))
+    return tuple(out)
 
 
 def _labels(j: int, children: int | None) -> tuple[list[str], list[str]]:

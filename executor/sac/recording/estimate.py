@@ -64,6 +64,7 @@ from executor.sac.step import leaf_tensors
 from graph_capture.errors import data_dependence
 from graph_capture.measurement.roofline import op_seconds
 from graph_capture.measurement.workspace import workspace_bytes
+from solver.sac.windows import Allocation
 from solver.target import Device
 
 __all__ = ["Estimate", "sac_dispatch_seconds"]
@@ -93,6 +94,9 @@ class _Tracker(TorchDispatchMode):
         self.clock = 0
         self.events: list[tuple[int, int]] = []
         self.live: dict[int, int] = {}  # storage -> bytes
+        self.made: dict[int, tuple] = {}  # storage -> when, op, shape, dtype (no reference)
+        self.allocations: list[Allocation] = []  # those freed, while `labelling`
+        self.labelling = False
         self.values = WeakIdKeyDictionary()  # fake tensor -> its real value
         self.stale: set[int] = set()  # storages written by an op not computed for real
         self.unmarked: set[int] = set()  # storages written by `_UNMARKED_WRITES`
@@ -128,7 +132,7 @@ class _Tracker(TorchDispatchMode):
             raise
         outs = leaf_tensors(out)
         self._written(func, args, kwargs)
-        self._allocated(tensors, outs)
+        self._allocated(func, tensors, outs)
         if workspace := workspace_bytes(self.device, func, args, kwargs, out):
             self.events += [(self.clock + 1, workspace), (self.clock + 2, -workspace)]
             self.clock += 2
@@ -165,7 +169,7 @@ class _Tracker(TorchDispatchMode):
                 if isinstance(args[k], torch.Tensor):
                     self.unmarked.add(storage_key(args[k]))
 
-    def _allocated(self, inputs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+    def _allocated(self, func, inputs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
         read = {storage_key(t) for t in inputs}
         for t in outs:
             if not isinstance(t, FakeTensor):
@@ -182,6 +186,8 @@ class _Tracker(TorchDispatchMode):
             self.live[key] = nbytes
             self.clock += 1
             self.events.append((self.clock, nbytes))
+            if self.labelling:
+                self.made[key] = (self.clock, func, tuple(t.shape), t.dtype)
             weakref.finalize(storage, self._freed, key)
 
     def _freed(self, key: int) -> None:
@@ -190,6 +196,20 @@ class _Tracker(TorchDispatchMode):
         self.unmarked.discard(key)
         self.clock += 1
         self.events.append((self.clock, -nbytes))
+        if key in self.made:
+            self.allocations.append(self._allocation(key, nbytes, self.clock))
+
+    def _allocation(self, key: int, nbytes: int, end: int | None) -> Allocation:
+        """The `Allocation` of a storage made while labelling, freed at `end` (None: live)."""
+        start, func, shape, dtype = self.made.pop(key)
+        what = f"{func}'s {list(shape)} {str(dtype).removeprefix('torch.')} output"
+        return Allocation(start, end, nbytes, what)
+
+    def labelled(self) -> list[Allocation]:
+        """The allocations made while labelling, those still live included; labelling ends."""
+        live = [self._allocation(k, self.live.get(k, 0), None) for k in list(self.made)]
+        out, self.allocations, self.labelling = self.allocations + live, [], False
+        return sorted(out)
 
 
 class _Tracked(Timeline):
@@ -324,7 +344,11 @@ class Estimate(Measurer):
     def timeline(self) -> Iterator[Timeline]:
         line = _Tracked(self.tracker)
         self.tracker.events = []
-        yield line
+        self.tracker.labelling = True
+        try:
+            yield line
+        finally:
+            line.allocations = self.tracker.labelled()
         line.events, self.tracker.events = self.tracker.events, []
 
     def changed(self, buffer: torch.Tensor, before: torch.Tensor) -> bool:

@@ -17,6 +17,7 @@ from torch import nn
 
 from executor.sac.recording import region_timing
 from graph_capture.measurement.peak import CPU, allocation_events, marked_windows, memory_profile
+from solver.sac.windows import Allocation
 
 CUDA_BLOCK = 512
 """Bytes the CUDA caching allocator rounds every request up to a multiple of
@@ -33,12 +34,14 @@ def storage_key(t: torch.Tensor) -> int:
 
 class Timeline:
     """A step's live bytes over time: `events` (time, +bytes allocated / -bytes freed) in time
-    order and `times`, the time of each `mark` in the order made. Filled when its context
-    (`Measurer.timeline`) ends."""
+    order and `times`, the time of each `mark` in the order made; `allocations`, where the
+    measurer knows what each allocation is (estimate mode; empty from the profiler):
+    `solver.sac.windows.Allocation`s. Filled when its context (`Measurer.timeline`) ends."""
 
     def __init__(self) -> None:
         self.events: list[tuple[int, int]] = []
         self.times: list[int] = []
+        self.allocations: list[Allocation] = []
         self.count = 0
 
     def mark(self) -> None:

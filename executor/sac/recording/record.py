@@ -157,6 +157,7 @@ def _record_union(model, blocks, children, step, repeats, clock: RecordingTime, 
         root_b_start=windows.root_b_start,
         root_b_peak=windows.root_b_peak,
         end=windows.end,
+        largest=windows.largest,
     )
     return SacUnion(problem, tuple(splits)), kept
 

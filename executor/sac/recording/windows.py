@@ -14,7 +14,14 @@ from torch import nn
 from executor.errors import PlanError
 from executor.sac.recording.measurer import Measurer, Timeline
 from executor.sac.step import LossClosure, Snapshot, hooked, leaf_tensors
-from solver.sac.windows import WindowError, Windows, cut_windows, live_at, peak_after
+from solver.sac.windows import (
+    WindowError,
+    Windows,
+    cut_windows,
+    largest_at_peaks,
+    live_at,
+    peak_after,
+)
 
 BACKWARD_START = "bw"
 """The mark made when the loss is computed, before its backward (`Windows.backward_start`)."""
@@ -107,4 +114,20 @@ def _cut(line: Timeline, marks: list[str], counts: list[int | None]) -> Windows:
         root_b_start=None if root is None else live_at(line.events, root),
         root_b_peak=None if root is None else peak_after(line.events, root),
         end=sum(size for _, size in line.events),
+        largest=largest_at_peaks(line.allocations, _window_spans(times, len(counts))),
     )
+
+
+def _window_spans(times: dict[str, int], blocks: int) -> list[tuple[str, int, int | None]]:
+    """The step's windows (`window_names`' names) as (name, start time, end time or None: the
+    step's end), from the marks' `times`."""
+    root = times.get(ROOT_BACKWARD)
+    out = [("root forward", -1, times["fs0"])]
+    for k in range(blocks):
+        out.append((f"forward {k}", times[f"fs{k}"], times[f"fe{k}"]))
+        if k < blocks - 1:
+            out.append((f"between {k}", times[f"fe{k}"], times[f"fs{k + 1}"]))
+    out.append(("head", times[f"fe{blocks - 1}"], times[f"bs{blocks - 1}"]))
+    for k in reversed(range(blocks)):
+        out.append((f"backward {k}", times[f"bs{k}"], times[f"bs{k - 1}"] if k else root))
+    return out + ([("root backward", root, None)] if root is not None else [])
