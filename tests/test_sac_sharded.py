@@ -4,18 +4,23 @@ single-process windows; a budget the resident bytes fill is refused in one line.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sac_models import sum_loss, transformer
+from test_sac_solver import all_plans, problems
 
 import executor
 from cli.main import main
 from executor.errors import PlanError
 from solver.sac.memory import SacPlan
-from solver.sac.sharded import plan_windows
-from solver.sac.union import UnionPlan
+from solver.sac.problem import Segment
+from solver.sac.sharded import plan_windows, rank_peak, shifted
+from solver.sac.union import SacUnion, UnionPlan, union_peak
 from solver.target import Device, FsdpPolicy, StepWindows, fsdp_memory, predict_peak
 from solver.target.devices import NCCL_COMMUNICATOR_BYTES
 
@@ -103,3 +108,35 @@ def test_no_budget_is_what_the_target_lets_pytorch_allocate():
     small = Device("small", gpu.flops, 1e11, 1 << 40, capacity=NCCL_COMMUNICATOR_BYTES + 4096)
     with pytest.raises(PlanError, match=r"per rank \(small's 0\.00 GiB usable \(capacity"):
         executor.checkpoint_plan(net, (x,), None, loss_fn=sum_loss, target=small, world_size=2)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(problem=problems(), data=st.data())
+def test_the_shifted_problem_bounds_every_plans_per_rank_peak(problem, data):
+    """Against every plan of drawn problems whose root's backward is measured apart (a stretch
+    before, between and after the blocks, as the recording cuts them; the levels inside a
+    window at most its peak), under a drawn FSDP2 model: the shifted problem's peak plus the
+    resident bytes is at least the per-rank peak (`rank_peak`), the bound the sharded solve
+    promises."""
+    n = len(problem.blocks)
+    segments = tuple(Segment(data.draw(st.integers(0, 300)), h) for h in range(n + 1))
+    root_peak = data.draw(st.integers(0, 600))
+    problem = dataclasses.replace(
+        problem,
+        segments=segments,
+        backward_start=data.draw(st.integers(0, segments[-1].peak)),
+        root_b_start=data.draw(st.integers(0, root_peak)),
+        root_b_peak=root_peak,
+        end=data.draw(st.integers(0, root_peak)),
+    )
+    union = SacUnion.whole(problem)
+    shape = st.tuples(st.integers(1, 6), st.integers(1, 6))
+    memory = fsdp_memory(
+        [data.draw(st.lists(shape, min_size=1, max_size=2)) for _ in range(n)],
+        data.draw(st.lists(shape, min_size=1, max_size=2)),
+        FsdpPolicy(data.draw(st.integers(2, 4)), "float32", "float32", rounding=8),
+    )
+    bound = shifted(union, memory)
+    for plan in all_plans(problem):
+        chosen = UnionPlan(plan, (None,) * n)
+        assert union_peak(bound, chosen) + memory.resident >= rank_peak(union, chosen, memory).peak

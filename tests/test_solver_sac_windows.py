@@ -63,10 +63,18 @@ def _largest_by_replay(allocations, stretches):
                 a.nbytes for a in allocations if a.start <= t and (a.end is None or a.end > t)
             )
 
-        times = [begin] + sorted(
-            {x for a in allocations for x in (a.start, a.end) if x is not None and begin < x < stop}
-            | {a.start for a in allocations if a.start == begin}
-        )
+        times = [
+            begin,
+            *sorted(
+                {
+                    x
+                    for a in allocations
+                    for x in (a.start, a.end)
+                    if x is not None and begin < x < stop
+                }
+                | {a.start for a in allocations if a.start == begin}
+            ),
+        ]
         at = max(times, key=lambda t: (live(t), -t))
         held = [a for a in allocations if begin <= a.start <= at and (a.end is None or a.end > at)]
         if held:

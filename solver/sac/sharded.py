@@ -5,7 +5,8 @@ buffers at moments of that step (`solver.target.fsdp`). Two things join them:
 
 - `shifted(union, memory)`: the problem with each window of the step raised by the most FSDP
   bytes of that window (the blocks' forward and backward windows, the stretches before, between
-  and after them; a split block's children and inner stretches by their block's). Every term
+  and after them, the root's backward after block 0's; a split block's children and inner
+  stretches by their block's). Every term
   of the SAC memory model then bounds the rank's bytes above its resident ones while that term
   holds, so a plan whose shifted peak fits `device memory - resident` fits the device. Per
   window the FSDP maximum meets each of its activation levels: an upper bound.
@@ -70,7 +71,9 @@ def shifted(union: SacUnion, memory: FsdpMemory) -> SacUnion:
         )
         children = tuple(_raise(c, fwd[j], bwd[j]) for c in split.children)
         splits.append(SacSplit(children, inner))
-    problem = replace(union.blocks, blocks=blocks, segments=segments)
+    root = union.blocks.root_b_peak
+    raised = None if root is None else root + memory.max_fsdp_bytes("root backward")
+    problem = replace(union.blocks, blocks=blocks, segments=segments, root_b_peak=raised)
     return SacUnion(problem, tuple(splits))
 
 
