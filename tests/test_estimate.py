@@ -316,3 +316,31 @@ def test_each_row_names_the_largest_tensor_at_its_peak(tmp_path):
     net, x = _sized(2)
     measured = executor.estimate(net, x, loss_fn=sum_loss, time_limit=60)
     assert all(r.bottleneck == "" for r in measured.strategies)
+
+
+class _Positions(nn.Module):
+    """A transformer stack with a table of 5 positions: a batch above 5 rows fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = transformer(layers=2, d=16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 5:
+            raise IndexError(f"position {x.shape[0]} is outside the table of 5")
+        return self.net(x)
+
+
+def test_a_size_the_model_fails_at_ends_the_search_unproven_saying_why():
+    def factory(batch: int):
+        return _Positions(), (torch.randn(batch, 8, 16),)
+
+    est = executor.estimate(
+        *factory(2), "1GiB", loss_fn=sum_loss, target="h100", time_limit=120,
+        factories={"batch": factory},
+    )  # fmt: skip
+    for row in (r for r in est.strategies if r.largest):
+        found = row.largest["batch"]
+        assert 2 <= found.size <= 5 and not found.proven and found.upper is None
+        assert "IndexError: position" in found.note
+    assert "Searches that ended short" in est.to_markdown()

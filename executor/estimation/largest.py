@@ -7,18 +7,20 @@ usable memory.
 A size fits a row where the row's bytes per rank are within the usable memory; it does not
 where they are above it (a fixed policy), or where remat's solve proves that no plan fits
 (`InfeasibleBudgetError`); it stays open where the solve found no plan in its time. A row's
-largest size is proven where the size above it was estimated and does not fit."""
+largest size is proven where the size above it was estimated and does not fit. The search ends
+short where no time is left or the model fails at a size (a position table it outgrows, a
+tensor too large to address): the row's `Largest.note` says which."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from executor.errors import PlanError
 from executor.estimation.report import Largest, StepEstimate, StrategyEstimate
 from graph_capture.models.factories import unpack_model
 from solver.deadline import Deadline
-from solver.errors import DeadlineError
+from solver.errors import InternalError
 from solver.fitting.sizes import DOES_NOT_FIT, FITS, OPEN, largest_size
 from solver.time_shares import ESTIMATE_SHARES, EstimateShares
 
@@ -32,14 +34,16 @@ deadline."""
 
 @dataclass
 class _Sizes:
-    """The estimates of one dimension's sizes, each made once (None: no time left for it)."""
+    """The estimates of one dimension's sizes, each made once (None: no time left for it, or
+    the model failed at that size: `stop` says which)."""
 
     dim: str
     factory: Callable[[int], object]
     estimate_at: EstimateAt
     deadline: Deadline
     shares: EstimateShares
-    seen: dict[int, StepEstimate | None]
+    seen: dict[int, StepEstimate | None] = field(default_factory=dict)
+    stop: str = ""  # why a size has no estimate
 
     def at(self, size: int) -> StepEstimate | None:
         if size not in self.seen:
@@ -48,6 +52,7 @@ class _Sizes:
 
     def _estimate(self, size: int) -> StepEstimate | None:
         if self.deadline.passed():
+            self.stop = f"no time left to estimate {self.dim} {size:,}"
             return None
         try:
             made = unpack_model(self.factory(size))
@@ -58,10 +63,14 @@ class _Sizes:
         within = self.deadline.share(self.shares.size)
         try:
             return self.estimate_at(made, within)
-        except (PlanError, DeadlineError):
-            if within.passed():
-                return None  # out of time: the sizes above take as long
+        except InternalError:
             raise
+        except Exception as error:  # the model at this size: its own error ends the search
+            if within.passed():
+                self.stop = f"no time left to estimate {self.dim} {size:,}"
+            else:
+                self.stop = f"{self.dim} {size:,} failed: {type(error).__name__}: {error}"
+            return None
 
 
 def verdict(row: StrategyEstimate, usable: int) -> str:
@@ -91,7 +100,7 @@ def _largest(sizes: _Sizes, name: str, usable: int) -> Largest:
         return None if at is None else verdict(at.strategy(name), usable)
 
     search = largest_size(decide, lambda: _guess(sizes, name, usable), MOST)
-    return Largest(search.fits, search.closed, search.fails)
+    return Largest(search.fits, search.closed, search.fails, "" if search.closed else sizes.stop)
 
 
 def largest_sizes(
@@ -106,7 +115,7 @@ def largest_sizes(
     with `shares.size` of the time left before `deadline`."""
     out: dict[str, dict[str, Largest]] = {}
     for dim, factory in factories.items():
-        sizes = _Sizes(dim, factory, estimate_at, deadline, shares, {})
+        sizes = _Sizes(dim, factory, estimate_at, deadline, shares)
         rows = [r.name for r in estimate.strategies if r.status != "NOT PREDICTED"]
         out[dim] = {name: _largest(sizes, name, estimate.usable) for name in rows}
     return out

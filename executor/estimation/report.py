@@ -22,11 +22,13 @@ class Largest:
     """The largest size along one dimension (its factory's units) at which a strategy's step
     fits (`executor.estimation.largest`): `size` (0: not even size 1); `proven` where the size
     above it was estimated and does not fit; `upper`, the least size estimated not to fit
-    (None: none found before the search ended)."""
+    (None: none found before the search ended); `note`: why an unproven search ended (no time
+    left, or the model failed at a size)."""
 
     size: int
     proven: bool
     upper: int | None
+    note: str = ""
 
     def __str__(self) -> str:
         if self.proven:
@@ -144,7 +146,14 @@ class StepEstimate:
             if r.bottleneck
         ]
         largest = "\n\nThe largest tensor at each peak:\n\n" + "\n".join(named) if named else ""
-        return head + "\n".join(lines) + largest + "\n"
+        stops = dict.fromkeys(
+            f"- {r.name}, largest {d}: {v.note}"
+            for r in self.strategies
+            for d, v in r.largest.items()
+            if v.note
+        )
+        ended = "\n\nSearches that ended short:\n\n" + "\n".join(stops) if stops else ""
+        return head + "\n".join(lines) + largest + ended + "\n"
 
     def dimensions(self) -> list[str]:
         """The dimensions whose largest sizes were searched, in the order first found."""

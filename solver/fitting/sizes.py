@@ -80,8 +80,9 @@ def largest_size(
 
     Sizes 1 and 2 first; then `guess()` (asked once they are decided: the size predicted to be
     the largest that fits, or None) and the size above it; then doubling from the largest size
-    decided until one does not fit or `most` is passed; then `largest_between`. A None from
-    `decide` ends the search where it stands."""
+    decided (the last step `most` itself) until one does not fit; then `largest_between`. A
+    None from `decide` ends the search where it stands, and so does a size the doubling reaches
+    that `decide` leaves open (larger sizes are no easier to decide)."""
     fits, fails = 0, None
     undecided: set[int] = set()
 
@@ -113,8 +114,8 @@ def largest_size(
     while fails is None:
         reached = max(fits, *undecided, 1)
         size = min(2 * reached, most)
-        if size <= reached or not take(size):
-            return SizeSearch(fits, fails, False)  # `most` reached, or no time
+        if size <= reached or not take(size) or size in undecided:
+            return SizeSearch(fits, fails, False)  # `most` reached, no time, or left open
     fits, fails, closed = largest_between(decide, fits, fails, undecided)
     return SizeSearch(fits, fails, closed)
 
