@@ -29,13 +29,21 @@ class InfeasibleBudgetError(RematError):
     """No schedule fits the memory budget.
 
     `minimum_bytes` is the smallest budget (bytes) for which a schedule exists in the solver's
-    schedule space, when it is known, else None; `lower_bound_bytes` is a proven lower bound.
+    schedule space, when it is known, else None; `lower_bound_bytes` is a proven lower bound;
+    `least_plan`, where the solver found it, the plan (or schedule) of the least peak found.
     """
 
-    def __init__(self, message: str, minimum_bytes: int | None, lower_bound_bytes: int) -> None:
+    def __init__(
+        self,
+        message: str,
+        minimum_bytes: int | None,
+        lower_bound_bytes: int,
+        least_plan: object | None = None,
+    ) -> None:
         super().__init__(message)
         self.minimum_bytes = minimum_bytes
         self.lower_bound_bytes = lower_bound_bytes
+        self.least_plan = least_plan
 
 
 class ComputeBudgetError(RematError):

@@ -168,12 +168,15 @@ class EstimateShares:
     """Fractions of an `executor.estimate`'s seconds where it searches the largest sizes
     (`factories`).
 
-    first: of the limit, the estimate at the example inputs' size; the search has the rest.
-    size: of the time left to the search, one size's estimate (its recording and solves), so
-        that a size that takes long leaves time for the sizes after it.
+    first: of the limit, the estimate at the example inputs' size.
+    search: of the time left after it, the search for the largest sizes; the re-plans of what
+        would move remat's limits have the rest.
+    size: of the time left to the search or the re-plans, one size's estimate (its recording
+        and solves), so that a size that takes long leaves time for the ones after it.
     """
 
     first: float = 0.4
+    search: float = 0.6
     size: float = 0.25
 
 

@@ -344,3 +344,77 @@ def test_a_size_the_model_fails_at_ends_the_search_unproven_saying_why():
         assert 2 <= found.size <= 5 and not found.proven and found.upper is None
         assert "IndexError: position" in found.note
     assert "Searches that ended short" in est.to_markdown()
+
+
+def _llama_config(tmp_path, vocab: int = 8000):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64,
+    )  # fmt: skip
+    config.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_the_chunked_loss_is_the_models_loss_with_its_gradients(tmp_path):
+    """`ChunkedLoss` against the model's own loss on real tensors: the same loss and
+    gradients up to summation order (chunks of 16 tokens over 40)."""
+    transformers = pytest.importorskip("transformers")
+    from executor.estimation.chunked_loss import ChunkedLoss
+
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.from_pretrained(_llama_config(tmp_path, vocab=300))
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.randint(0, 300, (2, 40))
+    labels = ids.clone()
+    labels[0, :5] = -100
+    expected = model(ids, labels=labels).loss
+    expected.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    got = ChunkedLoss(model, chunk=16)(ids, labels)
+    got.backward()
+    torch.testing.assert_close(got, expected)
+    for p, g in zip(model.parameters(), grads, strict=True):
+        torch.testing.assert_close(p.grad, g)
+
+
+def test_what_would_move_the_limit_is_each_change_re_planned(tmp_path):
+    """At the least sequence remat's row does not fit, each move's row is the row of an
+    estimate of the changed step made directly: a chunked loss (it fits: the [tokens, vocab]
+    log-softmax was the limit), FSDP2 over 2 ranks and offload over the target's link."""
+    from executor.estimation.chunked_loss import ChunkedLoss
+    from executor.estimation.hf_config import model_from_config
+
+    path = _llama_config(tmp_path)
+
+    def factory(n: int):
+        return model_from_config(path, 1, n * 1024, "float32")
+
+    model, ids, kw = factory(2)
+    est = executor.estimate(
+        model, ids, "600MiB", example_kwargs=kw, target="h100", time_limit=300,
+        factories={"seq": factory},
+    )  # fmt: skip
+    limit = est.strategy("remat").largest["seq"]
+    assert limit.proven and "_log_softmax" in limit.limit
+    moved = {m.change.split(" (")[0]: m for m in est.moves}
+    assert set(moved) == {"a chunked loss", "FSDP2 over 2 ranks", "offload"}
+    assert all(m.dim == "seq" and m.size == limit.upper for m in est.moves)
+    model, ids, kw = factory(limit.upper)
+    direct = {
+        "a chunked loss": executor.estimate(
+            ChunkedLoss(model), ids, "600MiB", example_kwargs=kw, target="h100"
+        ).strategy("remat"),
+        "FSDP2 over 2 ranks": executor.estimate(
+            model, ids, "600MiB", example_kwargs=kw, target="h100", world_size=2
+        ).strategy("remat"),
+        "offload": executor.estimate(
+            model, ids, "600MiB", example_kwargs=kw, target="h100", offload="h100"
+        ).strategy("remat + offload"),
+    }
+    for name, row in direct.items():
+        assert (moved[name].row.total, moved[name].row.least) == (row.total, row.least)
+    assert moved["a chunked loss"].row.total <= est.usable  # the chunked loss moves it
+    assert "What would move remat's limit" in est.to_markdown()
+    assert json.loads(json.dumps(est.to_json()))["moves"][0]["row"]["name"] == "remat"

@@ -22,7 +22,9 @@ from torch import nn
 from executor.errors import PlanError
 from executor.estimation.grad_groups import grad_groups
 from executor.estimation.largest import largest_sizes
+from executor.estimation.moves import moves
 from executor.estimation.report import StepEstimate, StrategyEstimate
+from executor.estimation.settings import EstimateSettings
 from executor.estimation.step_seconds import measured_step_seconds, predicted_step_seconds
 from executor.fitting.memory import predicted_static
 from executor.loss import default_loss
@@ -130,8 +132,8 @@ class _Rows:
 
     def solved(self, name: str, deadline: Deadline, link: Link | None) -> StrategyEstimate:
         """remat's row: the least-cost plan within `usable` (with `link`: offloads allowed);
-        where none fits, an "INFEASIBLE" row with the least peak (the solve's proof), or
-        "NONE FOUND" where the solve found none in its time."""
+        where none fits, an "INFEASIBLE" row with the least peak (the solve's proof) and where
+        the least-peak plan peaks, or "NONE FOUND" where the solve found none in its time."""
         resident = 0 if self.step.policy is not None else self.memory.resident
         none = self.evaluated("none", policy_plan(self.step.union, "none")).total
         assert none is not None
@@ -142,8 +144,13 @@ class _Rows:
             plan: CheckpointPlan = self.step.solve(budget, deadline, link)
         except InfeasibleBudgetError as e:
             least = None if e.minimum_bytes is None else e.minimum_bytes + self.other + resident
-            return StrategyEstimate(name, None, "", 0.0, 0.0, "INFEASIBLE", least=least,
-                                    note="no plan fits")  # fmt: skip
+            row = StrategyEstimate(name, None, "", 0.0, 0.0, "INFEASIBLE", least=least,
+                                   note="no plan fits")  # fmt: skip
+            if e.least_plan is None:
+                return row
+            floor = self.evaluated(name, e.least_plan)  # where the least-peak plan peaks
+            return replace(row, peak_at=floor.peak_at, bottleneck=floor.bottleneck,
+                           bottleneck_bytes=floor.bottleneck_bytes)  # fmt: skip
         except (PlanError, SolverTimeoutError) as e:
             return StrategyEstimate(name, None, "", 0.0, 0.0, "NONE FOUND", note=str(e))
         row = self.evaluated(name, plan.union_plan(), plan.cost)
@@ -186,27 +193,11 @@ def _rows(
     return _Rows(step, memory, other, groups.head_bytes(rounding), plain, usable)
 
 
-@dataclass(frozen=True)
-class _Settings:
-    """What an estimate holds the same at every size: `estimate`'s arguments of the same names
-    (`link`: the host link `offload` names)."""
-
-    blocks: Sequence[str] | None
-    regions: str
-    loss_fn: Callable[[object], torch.Tensor]
-    target: str | Device | None
-    world_size: int
-    fsdp: FsdpPolicy | None
-    budget: str | int | None
-    optimizer: str
-    link: Link | None
-
-
 def _estimate_at(
     model: nn.Module,
     inputs: Sequence[object],
     kwargs: Mapping[str, object],
-    settings: _Settings,
+    settings: EstimateSettings,
     deadline: Deadline,
 ) -> StepEstimate:
     """Every strategy's row for one step of `model` on the inputs, by `deadline`."""
@@ -288,7 +279,7 @@ def estimate(
             "that means steps as large as this machine's memory; give a budget or a target"
         )
     inputs = positional_inputs(example_inputs, PlanError)
-    settings = _Settings(
+    settings = EstimateSettings(
         blocks, regions, loss_fn, target, world_size, fsdp, budget, optimizer, link
     )
     with call_deadline(time_limit, PlanError) as deadline:
@@ -297,13 +288,22 @@ def estimate(
         if not factories:
             return est
 
-        def estimate_at(made: object, by: Deadline) -> StepEstimate:
+        def estimate_with(made: object, s: EstimateSettings, by: Deadline) -> StepEstimate:
             m, i, k = made
-            return _estimate_at(m, positional_inputs(i, PlanError), dict(k), settings, by)
+            within = by.share(ESTIMATE_SHARES.size)
+            return _estimate_at(m, positional_inputs(i, PlanError), dict(k), s, within)
 
-        found = largest_sizes(factories, est, estimate_at, deadline)
+        found = largest_sizes(
+            factories,
+            est,
+            lambda made, by: estimate_with(made, settings, by),
+            deadline.share(ESTIMATE_SHARES.search),
+        )
+        remat = {d: found[d]["remat"] for d in found if "remat" in found[d]}
+        limits = {d: (v.upper, factories[d]) for d, v in remat.items() if v.upper is not None}
+        moved = moves(limits, settings, estimate_with, deadline)
     rows = tuple(
         replace(r, largest={d: found[d][r.name] for d in found if r.name in found[d]})
         for r in est.strategies
     )
-    return replace(est, strategies=rows)
+    return replace(est, strategies=rows, moves=moved)

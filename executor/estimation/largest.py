@@ -22,14 +22,13 @@ from graph_capture.models.factories import unpack_model
 from solver.deadline import Deadline
 from solver.errors import InternalError
 from solver.fitting.sizes import DOES_NOT_FIT, FITS, OPEN, largest_size
-from solver.time_shares import ESTIMATE_SHARES, EstimateShares
 
 MOST = 1 << 20
 """The largest size searched (in the factory's units)."""
 
 EstimateAt = Callable[[object, Deadline], StepEstimate]
-"""One estimate of a factory's output (``(model, example_inputs[, example_kwargs])``) by a
-deadline."""
+"""One estimate of a factory's output (``(model, example_inputs[, example_kwargs])``) in its
+share of the time left to a deadline."""
 
 
 @dataclass
@@ -41,7 +40,6 @@ class _Sizes:
     factory: Callable[[int], object]
     estimate_at: EstimateAt
     deadline: Deadline
-    shares: EstimateShares
     seen: dict[int, StepEstimate | None] = field(default_factory=dict)
     stop: str = ""  # why a size has no estimate
 
@@ -60,16 +58,12 @@ class _Sizes:
             raise PlanError(
                 f"the {self.dim} factory failed at size {size}: {type(error).__name__}: {error}"
             ) from error
-        within = self.deadline.share(self.shares.size)
         try:
-            return self.estimate_at(made, within)
+            return self.estimate_at(made, self.deadline)
         except InternalError:
             raise
-        except Exception as error:  # the model at this size: its own error ends the search
-            if within.passed():
-                self.stop = f"no time left to estimate {self.dim} {size:,}"
-            else:
-                self.stop = f"{self.dim} {size:,} failed: {type(error).__name__}: {error}"
+        except Exception as error:  # the model at this size, or its time: ends the search
+            self.stop = f"{self.dim} {size:,} failed: {type(error).__name__}: {error}"
             return None
 
 
@@ -100,7 +94,13 @@ def _largest(sizes: _Sizes, name: str, usable: int) -> Largest:
         return None if at is None else verdict(at.strategy(name), usable)
 
     search = largest_size(decide, lambda: _guess(sizes, name, usable), MOST)
-    return Largest(search.fits, search.closed, search.fails, "" if search.closed else sizes.stop)
+    note = "" if search.closed else sizes.stop
+    above = None if search.fails is None else sizes.seen.get(search.fails)
+    if above is None:
+        return Largest(search.fits, search.closed, search.fails, note)
+    row = above.strategy(name)
+    limit = f"{row.peak_at}: {row.bottleneck}" if row.bottleneck else ""
+    return Largest(search.fits, search.closed, search.fails, note, limit, row.bottleneck_bytes)
 
 
 def largest_sizes(
@@ -108,14 +108,13 @@ def largest_sizes(
     estimate: StepEstimate,
     estimate_at: EstimateAt,
     deadline: Deadline,
-    shares: EstimateShares = ESTIMATE_SHARES,
 ) -> dict[str, dict[str, Largest]]:
     """Per dimension of `factories`, per row of `estimate` that is predicted, the largest size
-    whose step fits `estimate.usable` (module docstring); each size estimated by `estimate_at`
-    with `shares.size` of the time left before `deadline`."""
+    whose step fits `estimate.usable` (module docstring); each size estimated by
+    `estimate_at(made, deadline)`, which takes its share of the time left."""
     out: dict[str, dict[str, Largest]] = {}
     for dim, factory in factories.items():
-        sizes = _Sizes(dim, factory, estimate_at, deadline, shares)
+        sizes = _Sizes(dim, factory, estimate_at, deadline)
         rows = [r.name for r in estimate.strategies if r.status != "NOT PREDICTED"]
         out[dim] = {name: _largest(sizes, name, estimate.usable) for name in rows}
     return out

@@ -23,18 +23,50 @@ class Largest:
     fits (`executor.estimation.largest`): `size` (0: not even size 1); `proven` where the size
     above it was estimated and does not fit; `upper`, the least size estimated not to fit
     (None: none found before the search ended); `note`: why an unproven search ended (no time
-    left, or the model failed at a size)."""
+    left, or the model failed at a size); `limit`: at `upper`, where the row peaks and the
+    largest tensor then (`StrategyEstimate.bottleneck`), `limit_bytes` its bytes."""
 
     size: int
     proven: bool
     upper: int | None
     note: str = ""
+    limit: str = ""
+    limit_bytes: int = 0
 
     def __str__(self) -> str:
         if self.proven:
             return f"{self.size:,} (proven)"
         above = "none found" if self.upper is None else f"{self.upper:,} does not"
         return f">= {self.size:,} ({above})" if self.size else f"open ({above})"
+
+
+@dataclass(frozen=True)
+class Move:
+    """remat's row at `size` along `dim` (the least size at which it does not fit) re-planned
+    with `change` (executor/estimation/moves.py): `row` (None where the change does not
+    apply, `note` saying why), judged against `usable` bytes per rank."""
+
+    dim: str
+    size: int
+    change: str
+    row: StrategyEstimate | None
+    note: str = ""
+    usable: int = 0
+
+    def verdict(self, unit: tuple[str, int] = ("GiB", 1 << 30)) -> str:
+        """Whether the change makes the size fit, in words, bytes in `unit` (name, bytes)."""
+        name, size = unit
+        if self.row is None:
+            return f"not planned: {self.note}"
+        if self.row.total is None:
+            least = (
+                "" if self.row.least is None else f" (least {self.row.least / size:,.2f} {name})"
+            )
+            return f"still no plan fits{least}"
+        total = self.row.total
+        if total <= self.usable:
+            return f"fits: {total / size:,.2f} {name}, {self.row.seconds:.4g} s per step"
+        return f"does not fit: {total / size:,.2f} {name}"
 
 
 @dataclass(frozen=True)
@@ -53,7 +85,8 @@ class StrategyEstimate:
     (`estimate`'s `factories`), the largest size at which the strategy fits; `bottleneck`:
     the largest tensor the plain step makes in the window of the peak and holds at that
     window's peak, in words (the op, its output's shape and dtype), where the recording names
-    its tensors (estimate mode; empty measured), and its bytes (`bottleneck_bytes`)."""
+    its tensors (estimate mode; empty measured), and its bytes (`bottleneck_bytes`); where no
+    plan fits, those of the least-peak plan."""
 
     name: str
     components: Components | None
@@ -80,7 +113,8 @@ class StepEstimate:
     """One training step's estimate: `strategies` (rows, in `STRATEGIES`' order), the memory
     each is judged against (`usable`: bytes per rank PyTorch may allocate), `target` (None:
     measured here), `world_size`, `tokens` (per rank per step; None where the inputs hold no
-    token ids: then `samples`), `plain_seconds` (the step without checkpointing)."""
+    token ids: then `samples`), `plain_seconds` (the step without checkpointing); `moves`,
+    with `factories`: what would move remat's largest sizes, each re-planned (`Move`)."""
 
     strategies: tuple[StrategyEstimate, ...]
     usable: int
@@ -90,6 +124,7 @@ class StepEstimate:
     tokens: int | None
     samples: int
     basis: str = field(default="predicted")
+    moves: tuple[Move, ...] = ()
 
     def strategy(self, name: str) -> StrategyEstimate:
         """The row named `name`; ArgumentError naming the rows otherwise."""
@@ -153,7 +188,17 @@ class StepEstimate:
             if v.note
         )
         ended = "\n\nSearches that ended short:\n\n" + "\n".join(stops) if stops else ""
-        return head + "\n".join(lines) + largest + ended + "\n"
+        limits = [
+            f"- {r.name}, {d} {v.upper:,}: {v.limit}, {v.limit_bytes / size:,.2f} {name}"
+            for r in self.strategies
+            for d, v in r.largest.items()
+            if v.limit and v.upper is not None
+        ]
+        limit = "\n\nWhat sets each largest size (at the size above it):\n\n" if limits else ""
+        moved = [f"- {m.dim} {m.size:,}, {m.change}: {m.verdict((name, size))}" for m in self.moves]
+        move = "\n\nWhat would move remat's limit (re-planned):\n\n" if moved else ""
+        tail = largest + limit + "\n".join(limits) + move + "\n".join(moved) + ended
+        return head + "\n".join(lines) + tail + "\n"
 
     def dimensions(self) -> list[str]:
         """The dimensions whose largest sizes were searched, in the order first found."""
@@ -161,16 +206,14 @@ class StepEstimate:
 
     def to_json(self) -> dict:
         """The estimate as plain data: the fields, each row with its components (bytes)."""
-        rows = []
-        for r in self.strategies:
-            skip = ("components", "plan", "largest")
-            row = {k: getattr(r, k) for k in r.__dataclass_fields__ if k not in skip}
-            row["largest"] = {d: asdict(v) for d, v in r.largest.items()}
-            row["components"] = None if r.components is None else r.components.as_dict()
-            row["total"] = r.total
-            rows.append(row)
-        head = {k: v for k, v in asdict(self).items() if k != "strategies"}
-        return {**head, "strategies": rows}
+        head = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        head["strategies"] = [_row_json(r) for r in self.strategies]
+        head["moves"] = [
+            {**{k: getattr(m, k) for k in ("dim", "size", "change", "note", "usable")},
+             "row": None if m.row is None else _row_json(m.row)}
+            for m in self.moves
+        ]  # fmt: skip
+        return head
 
     def plot(self, path: str | Path) -> Path:
         """A stacked bar per strategy (components, GiB) with the usable memory as a line,
@@ -197,6 +240,17 @@ class StepEstimate:
         fig.savefig(out)
         plt.close(fig)
         return out
+
+
+def _row_json(r: StrategyEstimate) -> dict:
+    """A row as plain data: its fields but the plan, its components and largest sizes as
+    dicts, its total."""
+    skip = ("components", "plan", "largest")
+    row = {k: getattr(r, k) for k in r.__dataclass_fields__ if k not in skip}
+    row["largest"] = {d: asdict(v) for d, v in r.largest.items()}
+    row["components"] = None if r.components is None else r.components.as_dict()
+    row["total"] = r.total
+    return row
 
 
 UNITS = (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10))

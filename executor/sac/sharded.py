@@ -86,6 +86,7 @@ def solve_sharded(
             "that",
             least,
             memory.resident + e.lower_bound_bytes,
+            e.least_plan,
         ) from e
     peak = rank_peak(union, solution.plan, memory)
     bound = memory.resident + solution.budget

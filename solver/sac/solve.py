@@ -97,7 +97,7 @@ def solve_sac(
     if status == cp_model.INFEASIBLE:
         hundred = plain_step(union.plain_peak_basis)
         try:
-            _, least, proven = least_peak(union, deadline, whole, link)
+            plan, least, proven = least_peak(union, deadline, whole, link)
         except SolverTimeoutError as e:
             raise InfeasibleBudgetError(
                 f"no SAC plan fits {budget} bytes, and the least predicted peak was not found "
@@ -111,6 +111,7 @@ def solve_sac(
             f"{'' if proven else ' (found, not proven least)'}; give at least that",
             least if proven else None,
             int(budget) + 1,
+            plan if isinstance(problem, SacUnion) else plan.blocks,
         )
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise SolverTimeoutError(f"no SAC plan within {budget} bytes found in time: give more time")
