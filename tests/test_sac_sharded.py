@@ -115,17 +115,25 @@ def test_no_budget_is_what_the_target_lets_pytorch_allocate():
 def test_the_shifted_problem_bounds_every_plans_per_rank_peak(problem, data):
     """Against every plan of drawn problems whose root's backward is measured apart (a stretch
     before, between and after the blocks, as the recording cuts them; the levels inside a
-    window at most its peak), under a drawn FSDP2 model: the shifted problem's peak plus the
-    resident bytes is at least the per-rank peak (`rank_peak`), the bound the sharded solve
-    promises."""
+    window at most its peak, each backward window's peak at least the next one's start),
+    under a drawn FSDP2 model: the shifted problem's peak plus the resident bytes is at least
+    the per-rank peak (`rank_peak`), the bound the sharded solve promises."""
     n = len(problem.blocks)
     segments = tuple(Segment(data.draw(st.integers(0, 300)), h) for h in range(n + 1))
     root_peak = data.draw(st.integers(0, 600))
+    # a block's backward window ends where the next one starts: its peak is at least that
+    ends = [root_start := data.draw(st.integers(0, root_peak))]
+    ends += [b.b_start for b in problem.blocks[:-1]]
+    blocks = tuple(
+        dataclasses.replace(b, b_peak=max(b.b_peak, end))
+        for b, end in zip(problem.blocks, ends, strict=True)
+    )
     problem = dataclasses.replace(
         problem,
+        blocks=blocks,
         segments=segments,
         backward_start=data.draw(st.integers(0, segments[-1].peak)),
-        root_b_start=data.draw(st.integers(0, root_peak)),
+        root_b_start=root_start,
         root_b_peak=root_peak,
         end=data.draw(st.integers(0, root_peak)),
     )
