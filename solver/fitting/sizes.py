@@ -19,6 +19,11 @@ from solver.errors import ArgumentError
 
 FITS, DOES_NOT_FIT, OPEN = "fits", "does not fit", "open"
 
+GUESS_REACH = 16
+"""How far `largest_size` trusts a guess: at most this many times the largest size known to fit
+then (a fit through small sizes can miss far where the peak moves to another part of the
+step as the size grows)."""
+
 
 def largest_between(
     decide: Callable[[int], str | None],
@@ -79,7 +84,8 @@ def largest_size(
     "does not fit" back to "fits" as the size grows (`decide` as `largest_between`'s).
 
     Sizes 1 and 2 first; then `guess()` (asked once they are decided: the size predicted to be
-    the largest that fits, or None) and the size above it; then doubling from the largest size
+    the largest that fits, or None; at most `GUESS_REACH` times the largest that fits) and the
+    size above it; then doubling from the largest size
     decided (the last step `most` itself) until one does not fit; then `largest_between`. A
     None from `decide` ends the search where it stands, and so does a size the doubling reaches
     that `decide` leaves open (larger sizes are no easier to decide)."""
@@ -109,7 +115,9 @@ def largest_size(
     if not (take(1) and take(2)):
         return SizeSearch(fits, fails, fails == fits + 1)
     predicted = guess() if fails is None else None
-    if predicted is not None and not (take(min(predicted, most)) and take(predicted + 1)):
+    if predicted is not None:
+        predicted = min(predicted, GUESS_REACH * max(fits, 1), most)
+    if predicted is not None and not (take(predicted) and take(predicted + 1)):
         return SizeSearch(fits, fails, fails == fits + 1)
     while fails is None:
         reached = max(fits, *undecided, 1)
