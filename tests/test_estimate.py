@@ -398,9 +398,9 @@ def test_what_would_move_the_limit_is_each_change_re_planned(tmp_path):
     )  # fmt: skip
     limit = est.strategy("remat").largest["seq"]
     assert limit.proven and "_log_softmax" in limit.limit
-    moved = {m.change.split(" (")[0]: m for m in est.moves}
+    moved = {m.change.split(" (")[0]: m for m in est.replans}
     assert set(moved) == {"a chunked loss", "FSDP2 over 2 ranks", "offload"}
-    assert all(m.dim == "seq" and m.size == limit.upper for m in est.moves)
+    assert all(m.dim == "seq" and m.size == limit.upper for m in est.replans)
     model, ids, kw = factory(limit.upper)
     direct = {
         "a chunked loss": executor.estimate(
@@ -417,4 +417,4 @@ def test_what_would_move_the_limit_is_each_change_re_planned(tmp_path):
         assert (moved[name].row.total, moved[name].row.least) == (row.total, row.least)
     assert moved["a chunked loss"].row.total <= est.usable  # the chunked loss moves it
     assert "What would move remat's limit" in est.to_markdown()
-    assert json.loads(json.dumps(est.to_json()))["moves"][0]["row"]["name"] == "remat"
+    assert json.loads(json.dumps(est.to_json()))["replans"][0]["row"]["name"] == "remat"

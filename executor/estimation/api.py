@@ -22,7 +22,7 @@ from torch import nn
 from executor.errors import PlanError
 from executor.estimation.grad_groups import grad_groups
 from executor.estimation.largest import largest_sizes
-from executor.estimation.moves import moves
+from executor.estimation.replans import replans
 from executor.estimation.report import StepEstimate, StrategyEstimate
 from executor.estimation.settings import EstimateSettings
 from executor.estimation.step_seconds import measured_step_seconds, predicted_step_seconds
@@ -301,9 +301,9 @@ def estimate(
         )
         remat = {d: found[d]["remat"] for d in found if "remat" in found[d]}
         limits = {d: (v.upper, factories[d]) for d, v in remat.items() if v.upper is not None}
-        moved = moves(limits, settings, estimate_with, deadline)
+        replanned = replans(limits, settings, estimate_with, deadline)
     rows = tuple(
         replace(r, largest={d: found[d][r.name] for d in found if r.name in found[d]})
         for r in est.strategies
     )
-    return replace(est, strategies=rows, moves=moved)
+    return replace(est, strategies=rows, replans=replanned)

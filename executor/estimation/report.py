@@ -41,9 +41,9 @@ class Largest:
 
 
 @dataclass(frozen=True)
-class Move:
+class Replan:
     """remat's row at `size` along `dim` (the least size at which it does not fit) re-planned
-    with `change` (executor/estimation/moves.py): `row` (None where the change does not
+    with `change` (executor/estimation/replans.py): `row` (None where the change does not
     apply, `note` saying why), judged against `usable` bytes per rank."""
 
     dim: str
@@ -113,8 +113,8 @@ class StepEstimate:
     """One training step's estimate: `strategies` (rows, in `STRATEGIES`' order), the memory
     each is judged against (`usable`: bytes per rank PyTorch may allocate), `target` (None:
     measured here), `world_size`, `tokens` (per rank per step; None where the inputs hold no
-    token ids: then `samples`), `plain_seconds` (the step without checkpointing); `moves`,
-    with `factories`: what would move remat's largest sizes, each re-planned (`Move`)."""
+    token ids: then `samples`), `plain_seconds` (the step without checkpointing); `replans`,
+    with `factories`: what would move remat's largest sizes, each re-planned (`Replan`)."""
 
     strategies: tuple[StrategyEstimate, ...]
     usable: int
@@ -124,7 +124,7 @@ class StepEstimate:
     tokens: int | None
     samples: int
     basis: str = field(default="predicted")
-    moves: tuple[Move, ...] = ()
+    replans: tuple[Replan, ...] = ()
 
     def strategy(self, name: str) -> StrategyEstimate:
         """The row named `name`; ArgumentError naming the rows otherwise."""
@@ -195,7 +195,9 @@ class StepEstimate:
             if v.limit and v.upper is not None
         ]
         limit = "\n\nWhat sets each largest size (at the size above it):\n\n" if limits else ""
-        moved = [f"- {m.dim} {m.size:,}, {m.change}: {m.verdict((name, size))}" for m in self.moves]
+        moved = [
+            f"- {m.dim} {m.size:,}, {m.change}: {m.verdict((name, size))}" for m in self.replans
+        ]
         move = "\n\nWhat would move remat's limit (re-planned):\n\n" if moved else ""
         tail = largest + limit + "\n".join(limits) + move + "\n".join(moved) + ended
         return head + "\n".join(lines) + tail + "\n"
@@ -208,10 +210,10 @@ class StepEstimate:
         """The estimate as plain data: the fields, each row with its components (bytes)."""
         head = {k: getattr(self, k) for k in self.__dataclass_fields__}
         head["strategies"] = [_row_json(r) for r in self.strategies]
-        head["moves"] = [
+        head["replans"] = [
             {**{k: getattr(m, k) for k in ("dim", "size", "change", "note", "usable")},
              "row": None if m.row is None else _row_json(m.row)}
-            for m in self.moves
+            for m in self.replans
         ]  # fmt: skip
         return head
 

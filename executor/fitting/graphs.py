@@ -29,13 +29,11 @@ from executor.loss import step_loss
 from graph_capture import capture
 from graph_capture.captured import CapturedGraph
 from graph_capture.errors import CaptureError
-from graph_capture.models.factories import unpack_model
+from graph_capture.models.factories import Made, unpack_model
 from solver.fitting.sizes import affine
 
 BYTES = ("mem", "transient")
 """The node attributes that must be affine in the size."""
-
-Made = tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]
 
 
 def with_loss(

@@ -33,9 +33,11 @@ def import_factory(spec: str) -> Callable[..., object]:
         ) from error
 
 
-def unpack_model(
-    made: object,
-) -> tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+Made = tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]
+"""A factory's result unpacked: ``(model, example_inputs, example_kwargs)``."""
+
+
+def unpack_model(made: object) -> Made:
     """A factory's result as ``(model in train mode, example_inputs, example_kwargs)``, one
     tensor as the one input (`positional_inputs`); CaptureError where it is not ``(model,
     example_inputs[, example_kwargs])``."""

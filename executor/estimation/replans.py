@@ -1,4 +1,4 @@
-"""What would move remat's largest size (`moves`): at the least size along a dimension where
+"""What would move remat's largest size (`replans`): at the least size along a dimension where
 remat's row does not fit, the step estimated again with one thing changed, each a re-plan of
 the whole step, never a guess:
 
@@ -8,7 +8,7 @@ the whole step, never a guess:
 - offload to the host over the link given, or the target's (one process only: offload under
   FSDP2 is not planned).
 
-A change that does not apply is a `Move` without a row, saying why."""
+A change that does not apply is a `Replan` without a row, saying why."""
 
 from __future__ import annotations
 
@@ -18,15 +18,12 @@ from dataclasses import dataclass, replace
 from torch import nn
 
 from executor.estimation.chunked_loss import CHUNK, ChunkedLoss, chunkable
-from executor.estimation.report import Move, StepEstimate
+from executor.estimation.report import Replan, StepEstimate
 from executor.estimation.settings import EstimateSettings
 from graph_capture.measurement.roofline import resolve_target
-from graph_capture.models.factories import unpack_model
+from graph_capture.models.factories import Made, unpack_model
 from solver.deadline import Deadline
 from solver.errors import InternalError
-
-Made = tuple[nn.Module, tuple, dict]
-"""A factory's output: ``(model, example_inputs, example_kwargs)``."""
 
 
 @dataclass(frozen=True)
@@ -68,12 +65,12 @@ def changes(made: Made, s: EstimateSettings) -> list[Change]:
     return out
 
 
-def moves(
+def replans(
     limits: Mapping[str, tuple[int, Callable[[int], object]]],
     settings: EstimateSettings,
     estimate_at: Callable[[Made, EstimateSettings, Deadline], StepEstimate],
     deadline: Deadline,
-) -> tuple[Move, ...]:
+) -> tuple[Replan, ...]:
     """Per dimension, at the size remat's row does not fit (`limits`: the size, and the
     dimension's factory), each of `changes` re-planned by `estimate_at`: its row then."""
     out = []
@@ -83,7 +80,7 @@ def moves(
             if not change.why_not and deadline.passed():
                 change = replace(change, why_not="no time left")
             if change.why_not:
-                out.append(Move(dim, size, change.what, None, change.why_not))
+                out.append(Replan(dim, size, change.what, None, change.why_not))
                 continue
             model, inputs, kwargs = made
             run = (change.model(model) if change.model else model, inputs, kwargs)
@@ -93,7 +90,7 @@ def moves(
             except InternalError:
                 raise
             except Exception as error:  # the changed model's own failure, said in its row
-                out.append(Move(dim, size, change.what, None, f"{type(error).__name__}: {error}"))
+                out.append(Replan(dim, size, change.what, None, f"{type(error).__name__}: {error}"))
                 continue
-            out.append(Move(dim, size, change.what, est.strategy(change.row), "", est.usable))
+            out.append(Replan(dim, size, change.what, est.strategy(change.row), "", est.usable))
     return tuple(out)
