@@ -168,16 +168,15 @@ class EstimateShares:
     """Fractions of an `executor.estimate`'s seconds where it searches the largest sizes
     (`factories`).
 
-    first: of the limit, the estimate at the example inputs' size.
-    search: of the time left after it, the search for the largest sizes; the re-plans of what
-        would move remat's limits have the rest.
-    size: of the time left to the search or the re-plans, one size's estimate (its recording
-        and solves), so that a size that takes long leaves time for the ones after it.
+    first: of the limit, the estimate at the example inputs' size, and the most any later
+        size's estimate or re-plan may take (a size is not started where less time is left
+        than the longest estimate so far took).
+    search: of the time left after the first estimate, the search for the largest sizes; the
+        re-plans of what would move remat's limits have the rest.
     """
 
     first: float = 0.4
     search: float = 0.6
-    size: float = 0.25
 
 
 FIT_SHARES = FitShares()

@@ -261,8 +261,9 @@ def estimate(
     along it (`StrategyEstimate.largest`, executor/estimation/largest.py), one estimate per
     size; measured sizes without a target run real steps, so give a `budget` there.
     `time_limit`: seconds for the whole call (the recording takes at most half; each solve
-    what is left; with `factories`, the example inputs' estimate `EstimateShares.first` of it,
-    each size `EstimateShares.size` of the time left).
+    what is left; with `factories`, the example inputs' estimate and each size's at most
+    `EstimateShares.first` of it, the search `EstimateShares.search` of what is left after the
+    first, the re-plans the rest).
 
     Exception to the 8-parameter and 80-line rules: a public entry point whose keyword-only
     parameters are the one interface's options, each documented here."""
@@ -290,7 +291,7 @@ def estimate(
 
         def estimate_with(made: object, s: EstimateSettings, by: Deadline) -> StepEstimate:
             m, i, k = made
-            within = by.share(ESTIMATE_SHARES.size)
+            within = by.within(ESTIMATE_SHARES.first * time_limit)  # as long as the first
             return _estimate_at(m, positional_inputs(i, PlanError), dict(k), s, within)
 
         found = largest_sizes(

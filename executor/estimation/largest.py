@@ -13,6 +13,7 @@ tensor too large to address): the row's `Largest.note` says which."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -27,8 +28,8 @@ MOST = 1 << 20
 """The largest size searched (in the factory's units)."""
 
 EstimateAt = Callable[[object, Deadline], StepEstimate]
-"""One estimate of a factory's output (``(model, example_inputs[, example_kwargs])``) in its
-share of the time left to a deadline."""
+"""One estimate of a factory's output (``(model, example_inputs[, example_kwargs])``) by a
+deadline (within the time one size may take)."""
 
 
 @dataclass
@@ -42,6 +43,7 @@ class _Sizes:
     deadline: Deadline
     seen: dict[int, StepEstimate | None] = field(default_factory=dict)
     stop: str = ""  # why a size has no estimate
+    longest: float = 0.0  # seconds of the longest estimate so far
 
     def at(self, size: int) -> StepEstimate | None:
         if size not in self.seen:
@@ -49,8 +51,12 @@ class _Sizes:
         return self.seen[size]
 
     def _estimate(self, size: int) -> StepEstimate | None:
-        if self.deadline.passed():
-            self.stop = f"no time left to estimate {self.dim} {size:,}"
+        if not self.deadline.leaves(self.longest):
+            left = self.deadline.remaining()
+            self.stop = (
+                f"{left:.0f} s left, and a size's estimate took up to {self.longest:.0f} s: "
+                f"{self.dim} {size:,} not estimated; give more time_limit"
+            )
             return None
         try:
             made = unpack_model(self.factory(size))
@@ -58,6 +64,7 @@ class _Sizes:
             raise PlanError(
                 f"the {self.dim} factory failed at size {size}: {type(error).__name__}: {error}"
             ) from error
+        start = time.perf_counter()
         try:
             return self.estimate_at(made, self.deadline)
         except InternalError:
@@ -65,6 +72,8 @@ class _Sizes:
         except Exception as error:  # the model at this size, or its time: ends the search
             self.stop = f"{self.dim} {size:,} failed: {type(error).__name__}: {error}"
             return None
+        finally:
+            self.longest = max(self.longest, time.perf_counter() - start)
 
 
 def verdict(row: StrategyEstimate, usable: int) -> str:
@@ -111,7 +120,8 @@ def largest_sizes(
 ) -> dict[str, dict[str, Largest]]:
     """Per dimension of `factories`, per row of `estimate` that is predicted, the largest size
     whose step fits `estimate.usable` (module docstring); each size estimated by
-    `estimate_at(made, deadline)`, which takes its share of the time left."""
+    `estimate_at(made, deadline)`; a size is not started where the time left is less than the
+    longest estimate so far."""
     out: dict[str, dict[str, Largest]] = {}
     for dim, factory in factories.items():
         sizes = _Sizes(dim, factory, estimate_at, deadline)
