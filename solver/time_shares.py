@@ -173,10 +173,14 @@ class EstimateShares:
         than the longest estimate so far took).
     search: of the time left after the first estimate, the search for the largest sizes; the
         re-plans of what would move remat's limits have the rest.
+    deciding: in the search, remat's solve at a size where no fixed policy fits, in times the
+        size's recording seconds: it decides whether a plan fits (found: fits; proven absent:
+        does not; neither: the size stays open), not the plan's cost.
     """
 
     first: float = 0.4
     search: float = 0.6
+    deciding: float = 1.0
 
 
 FIT_SHARES = FitShares()

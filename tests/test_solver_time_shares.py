@@ -79,7 +79,7 @@ def test_every_other_calls_shares_are_written_out_with_the_numbers_they_run_with
     }
     assert asdict(solver.RematerializeShares()) == {"solve_at_least": 0.5}
     assert asdict(solver.CompileShares()) == {"first_solves": 0.5}
-    assert asdict(solver.EstimateShares()) == {"first": 0.4, "search": 0.6}
+    assert asdict(solver.EstimateShares()) == {"first": 0.4, "search": 0.6, "deciding": 1.0}
 
 
 LIBRARY = ("graph_capture", "solver", "executor", "cli")

@@ -13,6 +13,7 @@ seconds the plain step's plus what the strategy adds (`solver.sac.union.union_co
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -199,19 +200,36 @@ def _estimate_at(
     kwargs: Mapping[str, object],
     settings: EstimateSettings,
     deadline: Deadline,
+    deciding: bool = False,
 ) -> StepEstimate:
-    """Every strategy's row for one step of `model` on the inputs, by `deadline`."""
+    """Every strategy's row for one step of `model` on the inputs, by `deadline`. `deciding`
+    (a size of the largest-size search): remat's rows only say whether a plan fits: where a
+    fixed policy's row fits, that row (remat's plans include it); else the solve, for
+    `EstimateShares.deciding` times the recording's seconds."""
     s = settings
+    start = time.perf_counter()
     options = StepOptions(kwargs, s.blocks, s.regions, s.loss_fn, s.target, s.world_size, s.fsdp)
     step = record_step(model, inputs, options, deadline, deadline.remaining())
     make = _rows(step, inputs, kwargs, s.loss_fn, s.optimizer, s.budget)
     rows = [make.fixed(p) for p in POLICIES]
+    fitting = sorted(
+        (r for r in rows if r.total is not None and r.total <= make.usable), key=lambda r: r.seconds
+    )
+    by = deadline.within(ESTIMATE_SHARES.deciding * (time.perf_counter() - start))
+
+    def remat(name: str, link: Link | None) -> StrategyEstimate:
+        if not deciding:
+            return make.solved(name, deadline, link)
+        if fitting:
+            return replace(fitting[0], name=name, note=f"{fitting[0].name} fits (size search)")
+        return make.solved(name, by, link)
+
     rows.append(
         StrategyEstimate("torch.compile", None, "", 0.0, 0.0, "NOT PREDICTED", note=COMPILE_NOTE)
     )
-    rows.append(make.solved("remat", deadline, None))
+    rows.append(remat("remat", None))
     if s.link is not None:
-        rows.append(make.solved("remat + offload", deadline, s.link))
+        rows.append(remat("remat + offload", s.link))
     tokens, samples = _tokens(inputs, kwargs)
     device = step.device
     return StepEstimate(
@@ -289,15 +307,17 @@ def estimate(
         if not factories:
             return est
 
-        def estimate_with(made: object, s: EstimateSettings, by: Deadline) -> StepEstimate:
+        def estimate_with(
+            made: object, s: EstimateSettings, by: Deadline, deciding: bool = False
+        ) -> StepEstimate:
             m, i, k = made
             within = by.within(ESTIMATE_SHARES.first * time_limit)  # as long as the first
-            return _estimate_at(m, positional_inputs(i, PlanError), dict(k), s, within)
+            return _estimate_at(m, positional_inputs(i, PlanError), dict(k), s, within, deciding)
 
         found = largest_sizes(
             factories,
             est,
-            lambda made, by: estimate_with(made, settings, by),
+            lambda made, by: estimate_with(made, settings, by, deciding=True),
             deadline.share(ESTIMATE_SHARES.search),
         )
         remat = {d: found[d]["remat"] for d in found if "remat" in found[d]}
