@@ -2,6 +2,6 @@
 (`estimate`, `StepEstimate`)."""
 
 from executor.estimation.api import STRATEGIES, estimate
-from executor.estimation.report import Largest, StepEstimate, StrategyEstimate
+from executor.estimation.report import Largest, Replan, StepEstimate, StrategyEstimate
 
-__all__ = ["STRATEGIES", "Largest", "StepEstimate", "StrategyEstimate", "estimate"]
+__all__ = ["STRATEGIES", "Largest", "Replan", "StepEstimate", "StrategyEstimate", "estimate"]
