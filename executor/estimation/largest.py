@@ -103,13 +103,22 @@ def _largest(sizes: _Sizes, name: str, usable: int) -> Largest:
         return None if at is None else verdict(at.strategy(name), usable)
 
     search = largest_size(decide, lambda: _guess(sizes, name, usable), MOST)
-    note = "" if search.closed else sizes.stop
+    note = "" if search.closed else sizes.stop or _left_open(sizes, name, search.fits)
     above = None if search.fails is None else sizes.seen.get(search.fails)
     if above is None:
         return Largest(search.fits, search.closed, search.fails, note)
     row = above.strategy(name)
     limit = f"{row.peak_at}: {row.bottleneck}" if row.bottleneck else ""
     return Largest(search.fits, search.closed, search.fails, note, limit, row.bottleneck_bytes)
+
+
+def _left_open(sizes: _Sizes, name: str, fits: int) -> str:
+    """Why the least size above `fits` that `name`'s row leaves open is open ("": none)."""
+    for size in sorted(n for n, at in sizes.seen.items() if at is not None and n > fits):
+        row = sizes.seen[size].strategy(name)
+        if verdict(row, sizes.seen[size].usable) == OPEN:
+            return f"{sizes.dim} {size:,} left open: {row.status}: {row.note}"
+    return ""
 
 
 def largest_sizes(

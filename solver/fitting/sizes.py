@@ -87,8 +87,10 @@ def largest_size(
     the largest that fits, or None; at most `GUESS_REACH` times the largest that fits) and the
     size above it; then doubling from the largest size
     decided (the last step `most` itself) until one does not fit; then `largest_between`. A
-    None from `decide` ends the search where it stands, and so does a size the doubling reaches
-    that `decide` leaves open (larger sizes are no easier to decide)."""
+    None from `decide` ends the search where it stands. Where the doubling reaches a size that
+    `decide` leaves open, no larger one is tried (larger sizes are no easier to decide): the
+    bisection runs below it, and the answer is proven only where it finds a size that does not
+    fit next to one that does."""
     fits, fails = 0, None
     undecided: set[int] = set()
 
@@ -122,8 +124,13 @@ def largest_size(
     while fails is None:
         reached = max(fits, *undecided, 1)
         size = min(2 * reached, most)
-        if size <= reached or not take(size) or size in undecided:
-            return SizeSearch(fits, fails, False)  # `most` reached, no time, or left open
+        if size <= reached or not take(size):
+            return SizeSearch(fits, fails, False)  # `most` reached, or no time
+        if size in undecided:  # larger sizes are no easier: search below it
+            fits, above, _ = largest_between(decide, fits, size, undecided - {size})
+            if above == size:
+                return SizeSearch(fits, None, False)
+            return SizeSearch(fits, above, above - fits == 1)
     fits, fails, closed = largest_between(decide, fits, fails, undecided)
     return SizeSearch(fits, fails, closed)
 
