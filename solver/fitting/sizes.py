@@ -25,6 +25,33 @@ then (a fit through small sizes can miss far where the peak moves to another par
 step as the size grows)."""
 
 
+@dataclass
+class _Known:
+    """What a search knows: the largest size known to fit (`fits`), the least known not to
+    (`fails`, None: none), the sizes `decide` left open (`undecided`)."""
+
+    fits: int
+    fails: int | None
+    undecided: set[int]
+
+    def ask(self, decide: Callable[[int], str | None], size: int) -> bool:
+        """`decide(size)` noted; False where it answers None (no time left)."""
+        verdict = decide(size)
+        if verdict is None:
+            return False
+        if verdict == FITS:
+            self.fits = size
+        elif verdict == DOES_NOT_FIT:
+            self.fails = size
+        elif verdict == OPEN:
+            self.undecided.add(size)
+        else:
+            raise ArgumentError(
+                f"decide returned {verdict!r}: give FITS, DOES_NOT_FIT, OPEN or None"
+            )
+        return True
+
+
 def largest_between(
     decide: Callable[[int], str | None],
     fits: int,
@@ -41,27 +68,16 @@ def largest_between(
     goes on both sides of it, None (no time left) ends the search. Ends where every gap is one
     size wide. Returns ``(fits, fails, closed)``: `closed` where they are adjacent, so that
     `fits` is the largest size that fits."""
-    left_open = set(undecided)
+    known = _Known(fits, fails, set(undecided))
     while True:
-        marks = [fits, *sorted(s for s in left_open if fits < s < fails), fails]
+        fails = known.fails
+        assert fails is not None  # given, and only ever lowered
+        between = sorted(s for s in known.undecided if known.fits < s < fails)
+        marks = [known.fits, *between, fails]
         a, b = max(pairwise(marks), key=lambda pair: pair[1] - pair[0])
-        if b - a < 2:
+        if b - a < 2 or not known.ask(decide, (a + b) // 2):
             break
-        middle = (a + b) // 2
-        verdict = decide(middle)
-        if verdict is None:
-            break
-        if verdict == FITS:
-            fits = middle
-        elif verdict == DOES_NOT_FIT:
-            fails = middle
-        elif verdict == OPEN:
-            left_open.add(middle)
-        else:
-            raise ArgumentError(
-                f"decide returned {verdict!r}: give FITS, DOES_NOT_FIT, OPEN or None"
-            )
-    return fits, fails, fails - fits == 1
+    return known.fits, fails, fails - known.fits == 1
 
 
 @dataclass(frozen=True)
@@ -85,53 +101,43 @@ def largest_size(
 
     Sizes 1 and 2 first; then `guess()` (asked once they are decided: the size predicted to be
     the largest that fits, or None; at most `GUESS_REACH` times the largest that fits) and the
-    size above it; then doubling from the largest size
-    decided (the last step `most` itself) until one does not fit; then `largest_between`. A
-    None from `decide` ends the search where it stands. Where the doubling reaches a size that
-    `decide` leaves open, no larger one is tried (larger sizes are no easier to decide): the
-    bisection runs below it, and the answer is proven only where it finds a size that does not
-    fit next to one that does."""
-    fits, fails = 0, None
-    undecided: set[int] = set()
+    size above it; then doubling from the largest size decided (the last step `most` itself)
+    until one does not fit; then `largest_between`. A None from `decide` ends the search where
+    it stands. Where the doubling reaches a size that `decide` leaves open, no larger one is
+    tried (larger sizes are no easier to decide): the bisection runs below it, and the answer
+    is proven only where it finds a size that does not fit next to one that does."""
+    known = _Known(0, None, set())
 
     def take(size: int) -> bool:
         """Decide `size` where it is still in question; False where `decide` has no time."""
-        nonlocal fits, fails
-        if size <= fits or size > most or size in undecided or (fails and size >= fails):
+        settled = size <= known.fits or (known.fails is not None and size >= known.fails)
+        if settled or size > most or size in known.undecided:
             return True
-        verdict = decide(size)
-        if verdict is None:
-            return False
-        if verdict == FITS:
-            fits = size
-        elif verdict == DOES_NOT_FIT:
-            fails = size
-        elif verdict == OPEN:
-            undecided.add(size)
-        else:
-            raise ArgumentError(
-                f"decide returned {verdict!r}: give FITS, DOES_NOT_FIT, OPEN or None"
-            )
-        return True
+        return known.ask(decide, size)
+
+    def answer() -> SizeSearch:
+        fails = known.fails
+        return SizeSearch(known.fits, fails, fails is not None and fails - known.fits == 1)
 
     if not (take(1) and take(2)):
-        return SizeSearch(fits, fails, fails == fits + 1)
-    predicted = guess() if fails is None else None
+        return answer()
+    predicted = guess() if known.fails is None else None
     if predicted is not None:
-        predicted = min(predicted, GUESS_REACH * max(fits, 1), most)
-    if predicted is not None and not (take(predicted) and take(predicted + 1)):
-        return SizeSearch(fits, fails, fails == fits + 1)
-    while fails is None:
-        reached = max(fits, *undecided, 1)
+        predicted = min(predicted, GUESS_REACH * max(known.fits, 1), most)
+        if not (take(predicted) and take(predicted + 1)):
+            return answer()
+    while known.fails is None:
+        reached = max(known.fits, *known.undecided, 1)
         size = min(2 * reached, most)
         if size <= reached or not take(size):
-            return SizeSearch(fits, fails, False)  # `most` reached, or no time
-        if size in undecided:  # larger sizes are no easier: search below it
-            fits, above, _ = largest_between(decide, fits, size, undecided - {size})
+            return answer()  # `most` reached, or no time
+        if size in known.undecided:  # larger sizes are no easier: search below it
+            others = known.undecided - {size}
+            fits, above, _ = largest_between(decide, known.fits, size, others)
             if above == size:
                 return SizeSearch(fits, None, False)
             return SizeSearch(fits, above, above - fits == 1)
-    fits, fails, closed = largest_between(decide, fits, fails, undecided)
+    fits, fails, closed = largest_between(decide, known.fits, known.fails, known.undecided)
     return SizeSearch(fits, fails, closed)
 
 
