@@ -380,9 +380,10 @@ def test_the_chunked_loss_is_the_models_loss_with_its_gradients(tmp_path):
 
 
 def test_what_would_move_the_limit_is_each_change_re_planned(tmp_path):
-    """At the least sequence remat's row does not fit, each move's row is the row of an
-    estimate of the changed step made directly: a chunked loss (it fits: the [tokens, vocab]
-    log-softmax was the limit), FSDP2 over 2 ranks and offload over the target's link."""
+    """At the least sequence remat's row does not fit, each re-plan agrees with an estimate of
+    the changed step made directly (fits or not; the fixed policy's row that decided it, or
+    remat's solve): a chunked loss (it fits: the [tokens, vocab] log-softmax was the limit),
+    FSDP2 over 2 ranks and offload over the target's link."""
     from executor.estimation.chunked_loss import ChunkedLoss
     from executor.estimation.hf_config import model_from_config
 
@@ -405,16 +406,23 @@ def test_what_would_move_the_limit_is_each_change_re_planned(tmp_path):
     direct = {
         "a chunked loss": executor.estimate(
             ChunkedLoss(model), ids, "600MiB", example_kwargs=kw, target="h100"
-        ).strategy("remat"),
+        ),
         "FSDP2 over 2 ranks": executor.estimate(
             model, ids, "600MiB", example_kwargs=kw, target="h100", world_size=2
-        ).strategy("remat"),
+        ),
         "offload": executor.estimate(
             model, ids, "600MiB", example_kwargs=kw, target="h100", offload="h100"
-        ).strategy("remat + offload"),
+        ),
     }
-    for name, row in direct.items():
-        assert (moved[name].row.total, moved[name].row.least) == (row.total, row.least)
+    for name, est_changed in direct.items():
+        row, remat = moved[name].row, est_changed.strategy(moved[name].row.name)
+        fits = remat.total is not None and remat.total <= est.usable
+        assert (row.total is not None and row.total <= est.usable) == fits
+        if row.note.endswith("'s plan fits"):  # the fixed policy's row that decided it
+            fixed = est_changed.strategy(row.note.removesuffix("'s plan fits"))
+            assert (row.total, row.seconds) == (fixed.total, fixed.seconds)
+        else:
+            assert (row.total, row.least) == (remat.total, remat.least)
     assert moved["a chunked loss"].row.total <= est.usable  # the chunked loss moves it
     assert "What would move remat's limit" in est.to_markdown()
     assert json.loads(json.dumps(est.to_json()))["replans"][0]["row"]["name"] == "remat"

@@ -221,8 +221,12 @@ def _estimate_at(
         if not deciding:
             return make.solved(name, deadline, link)
         if fitting:
-            return replace(fitting[0], name=name, note=f"{fitting[0].name} fits (size search)")
-        return make.solved(name, by, link)
+            return replace(fitting[0], name=name, note=f"{fitting[0].name}'s plan fits")
+        row = make.solved(name, by, link)
+        if row.status != "NONE FOUND":
+            return row
+        seconds = by.at - start
+        return replace(row, note=f"no plan found in the {seconds:.0f} s a size's solve is given")
 
     rows.append(
         StrategyEstimate("torch.compile", None, "", 0.0, 0.0, "NOT PREDICTED", note=COMPILE_NOTE)
@@ -321,7 +325,8 @@ def estimate(
             deadline.share(ESTIMATE_SHARES.search),
         )
         remat = {d: found[d]["remat"] for d in found if "remat" in found[d]}
-        limits = {d: (v.upper, factories[d]) for d, v in remat.items() if v.upper is not None}
+        # the least size remat's row is not known to fit: proven not to, or left open
+        limits = {d: (v.size + 1, factories[d]) for d, v in remat.items() if v.size}
         replanned = replans(limits, settings, estimate_with, deadline)
     rows = tuple(
         replace(r, largest={d: found[d][r.name] for d in found if r.name in found[d]})

@@ -1,6 +1,6 @@
 """What would move remat's largest size (`replans`): at the least size along a dimension where
-remat's row does not fit, the step estimated again with one thing changed, each a re-plan of
-the whole step, never a guess:
+remat's row is not known to fit (it does not, or the size search left it open), the step
+estimated again with one thing changed, each a re-plan of the whole step, never a guess:
 
 - a chunked loss (`ChunkedLoss`: one chunk's logits live at once), for a Hugging Face causal
   LM given labels;
@@ -68,11 +68,12 @@ def changes(made: Made, s: EstimateSettings) -> list[Change]:
 def replans(
     limits: Mapping[str, tuple[int, Callable[[int], object]]],
     settings: EstimateSettings,
-    estimate_at: Callable[[Made, EstimateSettings, Deadline], StepEstimate],
+    estimate_at: Callable[[Made, EstimateSettings, Deadline, bool], StepEstimate],
     deadline: Deadline,
 ) -> tuple[Replan, ...]:
-    """Per dimension, at the size remat's row does not fit (`limits`: the size, and the
-    dimension's factory), each of `changes` re-planned by `estimate_at`: its row then."""
+    """Per dimension, at the least size remat's row is not known to fit (`limits`: the size,
+    and the dimension's factory), each of `changes` re-planned by `estimate_at` deciding as the
+    size search does (a fixed policy's row where one fits, else remat's solve): its row."""
     out = []
     for dim, (size, factory) in limits.items():
         made = unpack_model(factory(size))
@@ -86,7 +87,7 @@ def replans(
             run = (change.model(model) if change.model else model, inputs, kwargs)
             changed = change.settings(settings) if change.settings else settings
             try:
-                est = estimate_at(run, changed, deadline)
+                est = estimate_at(run, changed, deadline, True)
             except InternalError:
                 raise
             except Exception as error:  # the changed model's own failure, said in its row

@@ -42,9 +42,11 @@ class Largest:
 
 @dataclass(frozen=True)
 class Replan:
-    """remat's row at `size` along `dim` (the least size at which it does not fit) re-planned
-    with `change` (executor/estimation/replans.py): `row` (None where the change does not
-    apply, `note` saying why), judged against `usable` bytes per rank."""
+    """remat's row at `size` along `dim` (the least size at which it is not known to fit)
+    re-planned with `change` (executor/estimation/replans.py), decided as the size search
+    decides (a fixed policy's row where one fits, its name in the row's note): `row` (None
+    where the change does not apply, `note` saying why), judged against `usable` bytes per
+    rank."""
 
     dim: str
     size: int
@@ -65,7 +67,8 @@ class Replan:
             return f"still no plan fits{least}"
         total = self.row.total
         if total <= self.usable:
-            return f"fits: {total / size:,.2f} {name}, {self.row.seconds:.4g} s per step"
+            how = f" ({self.row.note})" if self.row.note else ""
+            return f"fits: {total / size:,.2f} {name}, {self.row.seconds:.4g} s per step{how}"
         return f"does not fit: {total / size:,.2f} {name}"
 
 
