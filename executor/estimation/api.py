@@ -222,11 +222,11 @@ def _estimate_at(
             return make.solved(name, deadline, link)
         if fitting:
             return replace(fitting[0], name=name, note=f"{fitting[0].name}'s plan fits")
+        given = by.remaining()
         row = make.solved(name, by, link)
         if row.status != "NONE FOUND":
             return row
-        seconds = by.at - start
-        return replace(row, note=f"no plan found in the {seconds:.0f} s a size's solve is given")
+        return replace(row, note=f"no plan found in the {given:.0f} s a size's solve is given")
 
     rows.append(
         StrategyEstimate("torch.compile", None, "", 0.0, 0.0, "NOT PREDICTED", note=COMPILE_NOTE)
