@@ -59,6 +59,14 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 from solver.errors import ArgumentError, InternalError
+from solver.target.allocator_blocks import (
+    BlockInfo,
+    DeviceSegment,
+    MemoryBlock,
+    Pool,
+    SegmentInfo,
+    expandable_size,
+)
 from solver.target.allocator_config import (
     ADDRESS_SPACE,
     LARGE_BUFFER,
@@ -69,89 +77,6 @@ from solver.target.allocator_config import (
 )
 
 __all__ = ["AllocatorConfig", "AllocatorReport", "CachingAllocator", "simulate"]
-
-
-@dataclass(eq=False)
-class _Segment:
-    """One ``cudaMalloc`` (``page`` None) or one expandable segment's address space (``page``:
-    the bytes mapped at a time)."""
-
-    address: int
-    size: int
-    small: bool
-    page: int | None
-
-
-@dataclass(eq=False)
-class _Block:
-    """A piece of a segment: allocated, cached free (``mapped``) or unmapped address space."""
-
-    address: int
-    size: int
-    segment: _Segment
-    allocated: bool = False
-    mapped: bool = True
-    prev: _Block | None = None
-    next: _Block | None = None
-
-
-class _Pool:
-    """The cached free blocks of one pool ordered by (size, address), and its unmapped
-    expandable address space ordered by address (``BlockPool``)."""
-
-    def __init__(self, small: bool) -> None:
-        self.small = small
-        self.free: list[tuple[int, int]] = []
-        self.unmapped: list[int] = []
-        self.blocks: dict[int, _Block] = {}
-
-    def add(self, block: _Block) -> None:
-        bisect.insort(self.free if block.mapped else self.unmapped, _key(block))
-        self.blocks[block.address] = block
-
-    def remove(self, block: _Block) -> None:
-        keys = self.free if block.mapped else self.unmapped
-        index = bisect.bisect_left(keys, _key(block))
-        if index == len(keys) or keys[index] != _key(block):
-            raise InternalError(f"block at {block.address} is not in its pool")
-        del keys[index]
-        del self.blocks[block.address]
-
-    def cached(self, index: int) -> _Block:
-        return self.blocks[self.free[index][1]]
-
-
-def _key(block: _Block) -> tuple[int, int] | int:
-    return (block.size, block.address) if block.mapped else block.address
-
-
-def _expandable_size(block: _Block) -> int:
-    """A cached block's size for best fit under expandable segments: with the unmapped space
-    right after it (``expandable_size``)."""
-    after = block.next
-    return block.size + (after.size if after is not None and not after.mapped else 0)
-
-
-@dataclass(frozen=True)
-class BlockInfo:
-    """One block of a segment (bytes): in use, cached free, or (expandable) not mapped."""
-
-    address: int
-    size: int
-    allocated: bool
-    mapped: bool
-
-
-@dataclass(frozen=True)
-class SegmentInfo:
-    """One segment (bytes), as ``torch.cuda.memory_snapshot`` lists them, its blocks in address
-    order; an expandable one with its unmapped address space."""
-
-    address: int
-    size: int
-    small_pool: bool
-    expandable: bool
-    blocks: tuple[BlockInfo, ...]
 
 
 class CachingAllocator:
@@ -178,9 +103,9 @@ class CachingAllocator:
         """``num_device_free``: ``cudaFree`` calls and page unmappings."""
         self.alloc_retries = 0
         """``num_alloc_retries``: allocations retried after releasing every cached segment."""
-        self._pools = (_Pool(small=True), _Pool(small=False))
-        self._segments: list[_Segment] = []
-        self._live: dict[Hashable, _Block] = {}
+        self._pools = (Pool(small=True), Pool(small=False))
+        self._segments: list[DeviceSegment] = []
+        self._live: dict[Hashable, MemoryBlock] = {}
         self._next_address = SMALL_BUFFER
 
     @property
@@ -234,7 +159,7 @@ class CachingAllocator:
         found = []
         for segment in sorted(self._segments, key=lambda s: s.address):
             blocks = []
-            block: _Block | None = heads[segment]
+            block: MemoryBlock | None = heads[segment]
             while block is not None:
                 blocks.append(BlockInfo(block.address, block.size, block.allocated, block.mapped))
                 block = block.next
@@ -244,10 +169,10 @@ class CachingAllocator:
             )
         return tuple(found)
 
-    def _pool_of(self, block: _Block) -> _Pool:
+    def _pool_of(self, block: MemoryBlock) -> Pool:
         return self._pools[0] if block.segment.small else self._pools[1]
 
-    def _cached_block(self, pool: _Pool, size: int) -> _Block | None:
+    def _cached_block(self, pool: Pool, size: int) -> MemoryBlock | None:
         """``get_free_block``: the best-fitting cached block, taken out of the pool, or None."""
         index = bisect.bisect_left(pool.free, (size, -1))
         if index == len(pool.free):
@@ -256,7 +181,7 @@ class CachingAllocator:
         while (
             block.segment.page is not None
             and index + 1 < len(pool.free)
-            and _expandable_size(pool.cached(index + 1)) < _expandable_size(block)
+            and expandable_size(pool.cached(index + 1)) < expandable_size(block)
         ):
             index += 1
             block = pool.cached(index)
@@ -272,7 +197,7 @@ class CachingAllocator:
         pool.remove(block)
         return block
 
-    def _new_block(self, pool: _Pool, size: int) -> _Block | None:
+    def _new_block(self, pool: Pool, size: int) -> MemoryBlock | None:
         """``malloc``'s path when no cached block fits: a new segment or pages, then the same
         after releasing cached oversize blocks, then after releasing every cached segment."""
         block = self._device_block(pool, size)
@@ -284,7 +209,7 @@ class CachingAllocator:
             block = self._device_block(pool, size)
         return block
 
-    def _device_block(self, pool: _Pool, size: int) -> _Block | None:
+    def _device_block(self, pool: Pool, size: int) -> MemoryBlock | None:
         """``alloc_block``: new device memory holding ``size`` bytes, or None at capacity."""
         if self.config.expandable_segments:
             return self._expandable_block(pool, size)
@@ -293,7 +218,7 @@ class CachingAllocator:
             return None
         segment = self._new_segment(nbytes, pool.small, page=None)
         self._grow(nbytes)
-        return _Block(segment.address, nbytes, segment)
+        return MemoryBlock(segment.address, nbytes, segment)
 
     def _fits(self, nbytes: int) -> bool:
         return self.capacity is None or self.reserved + nbytes <= self.capacity
@@ -303,13 +228,13 @@ class CachingAllocator:
         self.device_allocs += 1
         self.peak_reserved = max(self.peak_reserved, self.reserved)
 
-    def _new_segment(self, nbytes: int, small: bool, page: int | None) -> _Segment:
-        segment = _Segment(self._next_address, nbytes, small, page)
+    def _new_segment(self, nbytes: int, small: bool, page: int | None) -> DeviceSegment:
+        segment = DeviceSegment(self._next_address, nbytes, small, page)
         self._next_address += -(-nbytes // SMALL_BUFFER) * SMALL_BUFFER + SMALL_BUFFER
         self._segments.append(segment)
         return segment
 
-    def _split(self, pool: _Pool, block: _Block, size: int) -> _Block:
+    def _split(self, pool: Pool, block: MemoryBlock, size: int) -> MemoryBlock:
         """``should_split`` and ``alloc_found_block``: the block to hand out for ``size``, the
         rest of ``block`` cached where it is large enough."""
         rest = block.size - size
@@ -320,7 +245,7 @@ class CachingAllocator:
             split = (limit is None or size < limit) and rest > SMALL_SIZE
         if not split:
             return block
-        taken = _Block(block.address, size, block.segment, prev=block.prev, next=block)
+        taken = MemoryBlock(block.address, size, block.segment, prev=block.prev, next=block)
         if block.prev is not None:
             block.prev.next = taken
         block.prev = taken
@@ -329,7 +254,7 @@ class CachingAllocator:
         pool.add(block)
         return taken
 
-    def _merge(self, pool: _Pool, block: _Block, other: _Block | None) -> None:
+    def _merge(self, pool: Pool, block: MemoryBlock, other: MemoryBlock | None) -> None:
         """``try_merge_blocks``: ``other``, a neighbour, joins ``block`` (not in the pool) where
         both are free and both mapped or both not."""
         if other is None or other.allocated or other.mapped != block.mapped:
@@ -346,7 +271,7 @@ class CachingAllocator:
                 block.next.prev = block
         block.size += other.size
 
-    def _release_segment(self, pool: _Pool, block: _Block) -> None:
+    def _release_segment(self, pool: Pool, block: MemoryBlock) -> None:
         """``release_block``: ``cudaFree`` of a cached block that is a whole segment."""
         if block.prev is not None or block.next is not None or block.segment.page is not None:
             raise InternalError(f"release of block at {block.address}, not a whole segment")
@@ -355,7 +280,7 @@ class CachingAllocator:
         self.reserved -= block.size
         self.device_frees += 1
 
-    def _release_oversize(self, pool: _Pool, size: int) -> bool:
+    def _release_oversize(self, pool: Pool, size: int) -> bool:
         """``release_available_cached_blocks``: with ``max_split_size``, releases the smallest
         cached oversize block that holds the request, else the largest ones down to it; True
         where enough was released."""
@@ -393,7 +318,7 @@ class CachingAllocator:
                     pool.remove(block)
                     self._segments.remove(block.segment)
 
-    def _unmap(self, pool: _Pool, block: _Block) -> None:
+    def _unmap(self, pool: Pool, block: MemoryBlock) -> None:
         """``unmap_block``: the whole pages inside a cached expandable block are unmapped; the
         bytes before and after them stay cached."""
         segment = block.segment
@@ -405,11 +330,13 @@ class CachingAllocator:
         pool.remove(block)
         start, nbytes = segment.address + begin * page, (end - begin) * page
         if start > block.address:
-            before = _Block(block.address, start - block.address, segment, prev=block.prev)
+            before = MemoryBlock(block.address, start - block.address, segment, prev=block.prev)
             self._splice(before, block.prev, block)
             pool.add(before)
         if start + nbytes < block.address + block.size:
-            after = _Block(start + nbytes, block.address + block.size - start - nbytes, segment)
+            after = MemoryBlock(
+                start + nbytes, block.address + block.size - start - nbytes, segment
+            )
             self._splice(after, block, block.next)
             pool.add(after)
         block.address, block.size, block.mapped = start, nbytes, False
@@ -420,7 +347,7 @@ class CachingAllocator:
         self.device_frees += 1
 
     @staticmethod
-    def _splice(block: _Block, before: _Block | None, after: _Block | None) -> None:
+    def _splice(block: MemoryBlock, before: MemoryBlock | None, after: MemoryBlock | None) -> None:
         """Links ``block`` between ``before`` and ``after``."""
         block.prev, block.next = before, after
         if before is not None:
@@ -428,7 +355,7 @@ class CachingAllocator:
         if after is not None:
             after.prev = block
 
-    def _expandable_block(self, pool: _Pool, size: int) -> _Block | None:
+    def _expandable_block(self, pool: Pool, size: int) -> MemoryBlock | None:
         """``try_allocate_expandable_block``: maps pages where free and unmapped space together
         first hold ``size`` bytes; the mapped block (taken out of the pool), or None at
         capacity."""
@@ -445,11 +372,11 @@ class CachingAllocator:
         pool.remove(candidate)
         return candidate
 
-    def _expandable_candidate(self, pool: _Pool, size: int) -> _Block:
+    def _expandable_candidate(self, pool: Pool, size: int) -> MemoryBlock:
         """``find_expandable_block``: the lowest unmapped block (with the cached block before
         it) from which free and unmapped space hold ``size`` bytes, else a new segment's."""
 
-        def room(block: _Block | None) -> int:
+        def room(block: MemoryBlock | None) -> int:
             total = 0
             while total < size and block is not None and not block.allocated:
                 total += block.size
@@ -464,11 +391,11 @@ class CachingAllocator:
                 return candidate
         page = SMALL_BUFFER if pool.small else LARGE_BUFFER
         segment = self._new_segment(ADDRESS_SPACE, pool.small, page)
-        block = _Block(segment.address, segment.size, segment, mapped=False)
+        block = MemoryBlock(segment.address, segment.size, segment, mapped=False)
         pool.add(block)
         return block
 
-    def _map(self, pool: _Pool, block: _Block, nbytes: int) -> bool:
+    def _map(self, pool: Pool, block: MemoryBlock, nbytes: int) -> bool:
         """``map_block``: maps the pages of ``block``'s first ``nbytes`` (False at capacity);
         the mapped part merges with cached neighbours and is cached."""
         segment = block.segment
@@ -480,7 +407,7 @@ class CachingAllocator:
         pool.remove(block)
         block.mapped = True
         if mapped < block.size:
-            rest = _Block(block.address + mapped, block.size - mapped, segment, mapped=False)
+            rest = MemoryBlock(block.address + mapped, block.size - mapped, segment, mapped=False)
             self._splice(rest, block, block.next)
             pool.add(rest)
             block.size = mapped
