@@ -127,24 +127,31 @@ class Deadline:
 class Paced:
     """Work done in parts of known sizes (`work[k]`: any unit proportional to its time, e.g. a
     model stage's variables) by `deadline`: `check(k)` before part k raises DeadlineError where
-    the deadline has passed or, past 5% of the work, where the rate so far says that the rest
-    and `reserve` seconds (what must follow it) would not end by it."""
+    `reserve` seconds (what must follow the work) would not end by the deadline or, past 5% of
+    the work, where the rate so far says that the rest and `reserve` would not. `begin()` checks
+    the reserve alone, before any part (for set-up that precedes part 0)."""
 
     def __init__(self, work: Sequence[int], deadline: Deadline, reserve: float = 0.0) -> None:
         self.deadline, self.reserve, self.began = deadline, reserve, time.perf_counter()
         self.work = list(work)
         self.total, self.done = sum(self.work), 0
 
+    def begin(self) -> None:
+        """Raise DeadlineError where `reserve` alone would not end by the deadline."""
+        self._check_rest(0.0, "before its first part")
+
     def check(self, k: int) -> None:
         """Raise DeadlineError before part k unless the rest can be done in time."""
         done, left = self.done, self.total - self.done
-        rest = (time.perf_counter() - self.began) * left / done if done else 0.0
-        late = done > 0.05 * self.total and not self.deadline.leaves(rest + self.reserve)
-        if self.deadline.passed() or late:
-            raise DeadlineError(
-                f"the model would not be built by the deadline (part {k} of {len(self.work)})"
-            )
+        measured = done > 0.05 * self.total  # a rate from fewer parts is noise
+        rest = (time.perf_counter() - self.began) * left / done if measured else 0.0
+        self._check_rest(rest, f"part {k} of {len(self.work)}")
         self.done += self.work[k]
+
+    def _check_rest(self, rest: float, where: str) -> None:
+        """Raise DeadlineError unless `rest` seconds and the reserve end by the deadline."""
+        if not self.deadline.leaves(rest + self.reserve):
+            raise DeadlineError(f"the model would not be built by the deadline ({where})")
 
 
 NEVER = Deadline(math.inf)

@@ -488,7 +488,7 @@ def test_offload_is_for_the_cost_objective_at_a_budget():
     "options",
     [
         solver.SolveOptions(),  # 36,803 variables: too many for the second left, not built
-        solver.SolveOptions(model_variables_per_second=10**9),  # attempted, stopped building
+        solver.SolveOptions(model_variables_per_second=10**9),  # attempted: overrun too long
     ],
 )
 def test_the_offload_solve_keeps_its_time_limit_where_the_model_would_overrun(options):

@@ -119,6 +119,7 @@ class OffloadModel:
         work = [shape.stage_variables(problem, t) for t in range(n)]
         reserve = OVERRUN_PER_VARIABLE * sum(work)
         self.paced = Paced(work + work, deadline, reserve)  # the stages' rows, then their clocks
+        self.paced.begin()  # before the variables: CP-SAT's overrun alone may not fit
         # every compute in every stage and every copy, or the cap: every clock is at most T
         self.horizon = (
             n * sum(times.cost) + sum(times.d2h) + n * sum(times.h2d) if cap is None else cap
