@@ -141,3 +141,20 @@ def test_compile_distances_take_a_missing_grad_as_equal_only_where_both_miss_it(
     got = {"a": None, "b": one * (1 + 1e-6), "c": one}
     distances = breadth_compile._distances(want, got, floor=1e-3)
     assert distances["a"] == 0.0 and 0 < distances["b"] < 1e-5 and distances["c"] == math.inf
+
+
+def test_the_grid_puts_each_architectures_runtimes_on_one_row():
+    cell = breadth_report.Cell
+    cells = [
+        cell("gpt2", "hf", "eager", "equal", peak=2**20),
+        cell("gpt2", "hf", "remat", "equal", "11 recomputes", 2**19, 2**20, 3.0),
+        cell("gpt2", "hf", "compile min", "close: 1e-07 (torch.compile 1e-07)", "2 recomputes"),
+        cell("tv_vit", "torchvision", "eager", "refused: A|B"),
+    ]
+    assert breadth_report.grid(cells).splitlines() == [
+        "| architecture | family | eager | remat | compile min |",
+        "|---|---|---|---|---|",
+        "| gpt2 | hf | equal; 1.000 MiB | equal; 11 recomputes; 0.500 MiB of 1.000 MiB "
+        "| close: 1e-07 (torch.compile 1e-07); 2 recomputes |",
+        "| tv_vit | torchvision | refused: A\\|B | - | - |",
+    ]

@@ -1,5 +1,6 @@
 """The breadth benchmark's cells as results: the `Cell` record, a refusal's one line
-(`_refusal`), the markdown table and the summary per result kind."""
+(`_refusal`), the per-cell table (streamed as the rows run), the grid (one row per
+architecture, one column per runtime: the report's table) and the summary per result kind."""
 
 from __future__ import annotations
 
@@ -77,6 +78,30 @@ def table(cells: Sequence[Cell]) -> str:
     return head + "\n".join(cell.markdown() for cell in cells) + "\n"
 
 
+def grid(cells: Sequence[Cell]) -> str:
+    """One row per architecture, one column per runtime (in the cells' order): each entry the
+    result, what it checkpointed and the measured peak (of the budget, where one was given)."""
+    runtimes = list(dict.fromkeys(c.runtime for c in cells))
+    rows: dict[tuple[str, str], dict[str, Cell]] = {}
+    for cell in cells:
+        rows.setdefault((cell.architecture, cell.family), {})[cell.runtime] = cell
+    head = ["architecture", "family", *runtimes]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (architecture, family), by_runtime in rows.items():
+        entries = [_entry(by_runtime[r]) if r in by_runtime else "-" for r in runtimes]
+        lines.append("| " + " | ".join([architecture, family, *entries]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _entry(cell: Cell) -> str:
+    """``result; checkpointed; peak [of budget]`` for the grid."""
+    peak = _mib(cell.peak) if cell.budget is None else f"{_mib(cell.peak)} of {_mib(cell.budget)}"
+    parts = [cell.result.replace("|", "\\|")]
+    parts += [cell.checkpointed] if cell.checkpointed != "-" else []
+    parts += [peak] if cell.peak is not None else []
+    return "; ".join(parts)
+
+
 def summary(cells: Sequence[Cell]) -> str:
     """Cells per result; equal runtime cells whose schedule or plan checkpoints nothing (so that
     they test little) are counted apart."""
@@ -89,5 +114,5 @@ def summary(cells: Sequence[Cell]) -> str:
 
 
 def report(cells: Sequence[Cell], command: str) -> str:
-    """The markdown report: the command, the summary, the table."""
-    return f"`{command}`: {summary(cells)}\n\n{table(cells)}"
+    """The markdown report: the command, the summary, the grid."""
+    return f"`{command}`: {summary(cells)}\n\n{grid(cells)}"
