@@ -1,6 +1,7 @@
 """The caching allocator model's pieces (`solver.target.caching_allocator`): segments, the
-blocks they are cut into, the pools that cache free blocks, and the snapshot's read-only
-views of them (`SegmentInfo`, `BlockInfo`). Torch-free; bytes and addresses throughout."""
+blocks they are cut into (a list linked by ``prev`` and ``next`` in address order: `splice`,
+`merge`), the pools that cache free blocks, and the snapshot's read-only views of them
+(`SegmentInfo`, `BlockInfo`). Torch-free; bytes and addresses throughout."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ __all__ = [
     "SegmentInfo",
     "block_key",
     "expandable_size",
+    "merge",
+    "splice",
 ]
 
 
@@ -72,6 +75,33 @@ class Pool:
 
 def block_key(block: MemoryBlock) -> tuple[int, int] | int:
     return (block.size, block.address) if block.mapped else block.address
+
+
+def splice(block: MemoryBlock, before: MemoryBlock | None, after: MemoryBlock | None) -> None:
+    """Links ``block`` between ``before`` and ``after``."""
+    block.prev, block.next = before, after
+    if before is not None:
+        before.next = block
+    if after is not None:
+        after.prev = block
+
+
+def merge(pool: Pool, block: MemoryBlock, other: MemoryBlock | None) -> None:
+    """``try_merge_blocks``: ``other``, a neighbour, joins ``block`` (not in the pool) where
+    both are free and both mapped or both not."""
+    if other is None or other.allocated or other.mapped != block.mapped:
+        return
+    pool.remove(other)
+    if block.prev is other:
+        block.address = other.address
+        block.prev = other.prev
+        if block.prev is not None:
+            block.prev.next = block
+    else:
+        block.next = other.next
+        if block.next is not None:
+            block.next.prev = block
+    block.size += other.size
 
 
 def expandable_size(block: MemoryBlock) -> int:

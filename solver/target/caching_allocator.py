@@ -4,52 +4,13 @@ it hands out (``torch.cuda.memory_allocated``), and where a device of a given ca
 
 The policy is PyTorch's native allocator (``c10/cuda/CUDACachingAllocator.cpp``,
 ``DeviceCachingAllocator``; its configuration in ``c10/core/AllocatorConfig.{h,cpp}`` and
-``c10/cuda/CUDAAllocatorConfig.h``), as torch 2.13 and 2.14 ship it. docs/allocator.md lists the
-constants with their source lines. Modelled, by the function of that file each step follows:
-
-- ``round_size``: a request of n bytes takes ``max(512, n rounded up to 512)`` bytes
-  (``kMinBlockSize``), or with ``roundup_power2_divisions`` the next of that many equal steps
-  between the powers of two around n (``roundup_power2_next_division``) when n is over
-  512 x divisions.
-- ``get_pool``: rounded sizes up to 1 MiB (``kSmallSize``) use the small pool, larger ones the
-  large pool; the pools never lend to each other.
-- ``get_free_block``: best fit, the cached free block of the pool smallest in (size, address)
-  that holds the request; with ``max_split_size`` a request under it takes no cached block of at
-  least that size, and a request of at least that size takes no block of
-  ``max_non_split_rounding_size`` (default ``large_segment_size``, 20 MiB) or more above it.
-- ``get_allocation_size``: when no cached block fits, a new segment (one ``cudaMalloc``) of
-  2 MiB (``kSmallBuffer``) for the small pool, ``large_segment_size`` (20 MiB, ``kLargeBuffer``)
-  for large requests under 10 MiB (``kMinLargeAlloc``), else the request rounded up to 2 MiB
-  (``kRoundLarge``).
-- ``should_split``: the block handed out is split, and the rest cached, when the rest is at
-  least 512 bytes (small pool, or any pool under expandable segments) or, in the large pool,
-  when the rest is over 1 MiB and the request is under ``max_split_size``; otherwise the whole
-  block is handed out and counts as allocated (``allocated_bytes`` counts block sizes).
-- ``free_block``: a freed block merges with the free neighbours of its segment; segments are
-  never returned on a free.
-- ``malloc``'s retry on a failed ``cudaMalloc`` (``capacity`` reached): with ``max_split_size``
-  set, first ``release_available_cached_blocks`` (cudaFree cached oversize blocks, one that fits
-  or the largest ones down to the request); then ``release_cached_blocks`` (cudaFree every cached
-  segment that is wholly free, unmap every free whole page of expandable segments) and one more
-  try; then an out-of-memory error, which the model reports as the event where the job fails.
-- ``expandable_segments``: one segment per pool whose pages (2 MiB, ``kSmallBuffer``, in the
-  small pool; 20 MiB, ``kLargeBuffer``, in the large one, whatever ``large_segment_size``) are
-  mapped as needed (``try_allocate_expandable_block``,
-  ``find_expandable_block``, ``map_block``): a request that no cached block fits maps pages from
-  the lowest address where free and unmapped space together hold it, so it reuses the free tail
-  and reserved grows by whole pages; best fit treats a free block followed by unmapped space as
-  that much larger (``expandable_size``); pages come back only under ``release_cached_blocks``.
-
-Not modelled: more than one stream (blocks are cached per stream), ``record_stream`` and the
-events that delay a free, CUDA graph private pools and ``MemPool``, ``cudaMalloc`` failing
-below ``capacity`` because another process took memory, memory outside the allocator (the CUDA
-context, cuBLAS/cuDNN workspaces, NCCL buffers: `solver.target.devices` counts those),
-``garbage_collection_threshold`` (it acts only under a per-process memory fraction, which
-`AllocatorConfig.parse` refuses: give ``capacity`` instead), the ``cudaMallocAsync`` backend,
-changing the configuration during a run, the free-memory callbacks, and the 9/8 of device memory
-of address space an expandable segment reserves (a request larger than that is not modelled).
-Addresses of separate ``cudaMalloc`` segments are not known: the model places each new segment
-above the last, which decides only ties between cached blocks of equal size.
+``c10/cuda/CUDAAllocatorConfig.h``), as torch 2.13 and 2.14 ship it. Each private method names
+the torch function it follows (``get_free_block``, ``alloc_block``, ``should_split``,
+``release_cached_blocks``, ``map_block``, ...); docs/allocator.md, "The policy modelled", gives
+each step with its constants and their source lines, and "Not modelled" what is left out (more
+than one stream, CUDA graph pools, ``cudaMallocAsync``, memory outside the allocator, ...). The
+segments, blocks and pools are `solver.target.allocator_blocks`'; the settings
+`solver.target.allocator_config`'s.
 """
 
 from __future__ import annotations
@@ -66,6 +27,8 @@ from solver.target.allocator_blocks import (
     Pool,
     SegmentInfo,
     expandable_size,
+    merge,
+    splice,
 )
 from solver.target.allocator_config import (
     ADDRESS_SPACE,
@@ -148,8 +111,8 @@ class CachingAllocator:
         block.allocated = False
         self.allocated -= block.size
         pool = self._pool_of(block)
-        self._merge(pool, block, block.prev)
-        self._merge(pool, block, block.next)
+        merge(pool, block, block.prev)
+        merge(pool, block, block.next)
         pool.add(block)
 
     def snapshot(self) -> tuple[SegmentInfo, ...]:
@@ -245,31 +208,12 @@ class CachingAllocator:
             split = (limit is None or size < limit) and rest > SMALL_SIZE
         if not split:
             return block
-        taken = MemoryBlock(block.address, size, block.segment, prev=block.prev, next=block)
-        if block.prev is not None:
-            block.prev.next = taken
-        block.prev = taken
+        taken = MemoryBlock(block.address, size, block.segment)
+        splice(taken, block.prev, block)
         block.address += size
         block.size = rest
         pool.add(block)
         return taken
-
-    def _merge(self, pool: Pool, block: MemoryBlock, other: MemoryBlock | None) -> None:
-        """``try_merge_blocks``: ``other``, a neighbour, joins ``block`` (not in the pool) where
-        both are free and both mapped or both not."""
-        if other is None or other.allocated or other.mapped != block.mapped:
-            return
-        pool.remove(other)
-        if block.prev is other:
-            block.address = other.address
-            block.prev = other.prev
-            if block.prev is not None:
-                block.prev.next = block
-        else:
-            block.next = other.next
-            if block.next is not None:
-                block.next.prev = block
-        block.size += other.size
 
     def _release_segment(self, pool: Pool, block: MemoryBlock) -> None:
         """``release_block``: ``cudaFree`` of a cached block that is a whole segment."""
@@ -331,29 +275,20 @@ class CachingAllocator:
         start, nbytes = segment.address + begin * page, (end - begin) * page
         if start > block.address:
             before = MemoryBlock(block.address, start - block.address, segment, prev=block.prev)
-            self._splice(before, block.prev, block)
+            splice(before, block.prev, block)
             pool.add(before)
         if start + nbytes < block.address + block.size:
             after = MemoryBlock(
                 start + nbytes, block.address + block.size - start - nbytes, segment
             )
-            self._splice(after, block, block.next)
+            splice(after, block, block.next)
             pool.add(after)
         block.address, block.size, block.mapped = start, nbytes, False
-        self._merge(pool, block, block.prev)
-        self._merge(pool, block, block.next)
+        merge(pool, block, block.prev)
+        merge(pool, block, block.next)
         pool.add(block)
         self.reserved -= nbytes
         self.device_frees += 1
-
-    @staticmethod
-    def _splice(block: MemoryBlock, before: MemoryBlock | None, after: MemoryBlock | None) -> None:
-        """Links ``block`` between ``before`` and ``after``."""
-        block.prev, block.next = before, after
-        if before is not None:
-            before.next = block
-        if after is not None:
-            after.prev = block
 
     def _expandable_block(self, pool: Pool, size: int) -> MemoryBlock | None:
         """``try_allocate_expandable_block``: maps pages where free and unmapped space together
@@ -408,11 +343,11 @@ class CachingAllocator:
         block.mapped = True
         if mapped < block.size:
             rest = MemoryBlock(block.address + mapped, block.size - mapped, segment, mapped=False)
-            self._splice(rest, block, block.next)
+            splice(rest, block, block.next)
             pool.add(rest)
             block.size = mapped
-        self._merge(pool, block, block.prev)
-        self._merge(pool, block, block.next)
+        merge(pool, block, block.prev)
+        merge(pool, block, block.next)
         pool.add(block)
         self._grow(mapped)
         return True
