@@ -177,12 +177,15 @@ def run_hf(time_limit: float) -> None:
             f"| {type(model).__name__} | {len(captured.joint.graph.nodes)} | "
             f"{dag.number_of_nodes()} ({captured.first_backward_index}) | {seconds:.1f} | "
         )
+        budget = "50%"
         try:
-            budget, schedule = "50%", solver.solve(dag, "50%", time_limit=time_limit)
-        except solver.InfeasibleBudgetError:  # below the least peak: run the least instead
-            budget, schedule = "min", solver.solve(dag, "min", time_limit=time_limit)
+            try:
+                schedule = solver.solve(dag, budget, time_limit=time_limit)
+            except solver.InfeasibleBudgetError:  # below the least peak: run the least instead
+                budget = "min"
+                schedule = solver.solve(dag, budget, time_limit=time_limit)
         except solver.RematError as error:  # a row that says why, the other families go on
-            print(nodes + f"50% | - | {type(error).__name__}: {str(error).splitlines()[0]} |")
+            print(nodes + f"{budget} | - | {type(error).__name__}: {str(error).splitlines()[0]} |")
             continue
         rm = Rematerialized(copy.deepcopy(model), captured, schedule)
         exact = _exact_steps(model, rm, args, kwargs, lambda out: out.loss)
