@@ -71,6 +71,12 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget", help="device memory per rank (default: what the target lets PyTorch allocate)"
     )
     parser.add_argument("--offload", metavar="LINK", help="a host link: adds remat + offload")
+    parser.add_argument(
+        "--alloc-conf",
+        metavar="CONF",
+        help="the CUDA caching allocator's settings for the reserved column, a "
+        "PYTORCH_ALLOC_CONF string (default: this environment's, else torch's defaults)",
+    )
     parser.add_argument("--regions", choices=REGIONS, default="choose")
     parser.add_argument(
         "--largest",
@@ -110,6 +116,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         regions=args.regions,
         time_limit=args.time_limit,
         factories=factories or None,
+        alloc_conf=args.alloc_conf,
     )
     print(est.to_markdown())
     if args.plot:

@@ -25,6 +25,7 @@ from executor.estimation.grad_groups import grad_groups
 from executor.estimation.largest import largest_sizes
 from executor.estimation.replans import replans
 from executor.estimation.report import StepEstimate, StrategyEstimate
+from executor.estimation.reserved import log_step, predict_reserved
 from executor.estimation.settings import EstimateSettings
 from executor.estimation.step_seconds import measured_step_seconds, predicted_step_seconds
 from executor.fitting.memory import predicted_static
@@ -42,6 +43,7 @@ from solver.sac.sharded import plan_windows
 from solver.sac.union import UnionPlan, union_cost
 from solver.spelling import spelled
 from solver.target import Device, FsdpMemory, FsdpPolicy
+from solver.target.caching_allocator import AllocatorConfig
 from solver.target.components import latest_peak, peak_components, plain_memory
 from solver.target.devices import host_link
 from solver.time_shares import ESTIMATE_SHARES
@@ -65,6 +67,12 @@ COMPILE_NOTE = (
     "not predicted: torch.compile's default partition (activation_memory_budget 1.0) is a "
     "min-cut over its fused graph, which a fake eager step does not show"
 )
+
+
+def environment_alloc_conf() -> str:
+    """The caching allocator's settings this process's torch reads: ``PYTORCH_ALLOC_CONF``,
+    else ``PYTORCH_CUDA_ALLOC_CONF``, else "" (torch's defaults)."""
+    return os.environ.get("PYTORCH_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
 
 
 def _machine_memory() -> int:
@@ -234,6 +242,9 @@ def _estimate_at(
     rows.append(remat("remat", None))
     if s.link is not None:
         rows.append(remat("remat + offload", s.link))
+    reserved_note = _reserved_note(step)
+    if not deciding and not reserved_note:
+        rows = [_with_reserved(r, step, inputs, kwargs, s, make.usable) for r in rows]
     tokens, samples = _tokens(inputs, kwargs)
     device = step.device
     return StepEstimate(
@@ -245,7 +256,40 @@ def _estimate_at(
         tokens,
         samples,
         "measured recording" if device is None else "predicted",
+        reserved_note=reserved_note,
     )
+
+
+def _reserved_note(step: RecordedStep) -> str:
+    """Why the rows' reserved bytes are not predicted ("" where they are)."""
+    device = step.device
+    if device is None:
+        return "is not predicted measured here: the CPU has no caching allocator"
+    if device.kernels != "cuda":
+        return f"is not predicted for target {device.name}: not a CUDA device"
+    if step.policy is not None:
+        return (
+            "is not predicted under FSDP2: its all-gathers and reduce-scatters allocate on "
+            "their own streams, and the allocator model is one stream's"
+        )
+    return ""
+
+
+def _with_reserved(
+    row: StrategyEstimate,
+    step: RecordedStep,
+    inputs: Sequence[object],
+    kwargs: Mapping[str, object],
+    s: EstimateSettings,
+    usable: int,
+) -> StrategyEstimate:
+    """`row` with its plan's reserved bytes (`executor.estimation.reserved`); as it is where it
+    has no plan, or a plan that copies to the host (its copies run on their own streams)."""
+    plan = row.plan
+    if plan is None or row.components is None or plan.link is not None:
+        return row
+    logged = log_step(step.model, inputs, kwargs, s.loss_fn, step.measurer, plan)
+    return replace(row, reserved=predict_reserved(logged, s.optimizer, s.alloc_conf, usable))
 
 
 @spelled
@@ -265,6 +309,7 @@ def estimate(
     offload: Link | str | None = None,
     optimizer: str = "adamw",
     factories: Mapping[str, Callable[[int], object]] | None = None,
+    alloc_conf: str | None = None,
 ) -> StepEstimate:
     """Every strategy's bytes per rank, verdict and step seconds for one training step of
     `model` on the example inputs (`loss_fn(model(*example_inputs, **example_kwargs))
@@ -282,6 +327,10 @@ def estimate(
     ``(model, example_inputs[, example_kwargs])`` at that size): each row's largest size
     along it (`StrategyEstimate.largest`, executor/estimation/largest.py), one estimate per
     size; measured sizes without a target run real steps, so give a `budget` there.
+    `alloc_conf`: the CUDA caching allocator's settings each row's reserved bytes are
+    predicted under (a ``PYTORCH_ALLOC_CONF`` string, such as torchtitan's
+    "expandable_segments:True"; None: this process's ``PYTORCH_ALLOC_CONF`` or
+    ``PYTORCH_CUDA_ALLOC_CONF``, as torch reads them, else torch's defaults).
     `time_limit`: seconds for the whole call (the recording takes at most half; each solve
     what is left; with `factories`, the example inputs' estimate and each size's at most
     `EstimateShares.first` of it, the search `EstimateShares.search` of what is left after the
@@ -302,8 +351,10 @@ def estimate(
             "that means steps as large as this machine's memory; give a budget or a target"
         )
     inputs = positional_inputs(example_inputs, PlanError)
+    conf = alloc_conf if alloc_conf is not None else environment_alloc_conf()
+    AllocatorConfig.parse(conf)  # an ArgumentError naming the setting, before any work
     settings = EstimateSettings(
-        blocks, regions, loss_fn, target, world_size, fsdp, budget, optimizer, link
+        blocks, regions, loss_fn, target, world_size, fsdp, budget, optimizer, link, conf
     )
     with call_deadline(time_limit, PlanError) as deadline:
         first = deadline.within(ESTIMATE_SHARES.first * time_limit) if factories else deadline

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from executor.estimation.reserved import ReservedBytes
 from executor.sac.plan import CheckpointPlan
 from graph_capture.measurement.roofline import resolve_target
 from solver.errors import ArgumentError
@@ -104,6 +105,7 @@ class StrategyEstimate:
     largest: Mapping[str, Largest] = field(default_factory=dict)
     bottleneck: str = ""
     bottleneck_bytes: int = 0
+    reserved: ReservedBytes | None = None
 
     @property
     def total(self) -> int | None:
@@ -117,7 +119,8 @@ class StepEstimate:
     each is judged against (`usable`: bytes per rank PyTorch may allocate), `target` (None:
     measured here), `world_size`, `tokens` (per rank per step; None where the inputs hold no
     token ids: then `samples`), `plain_seconds` (the step without checkpointing); `replans`,
-    with `factories`: what would move remat's largest sizes, each re-planned (`Replan`)."""
+    with `factories`: what would move remat's largest sizes, each re-planned (`Replan`);
+    `reserved_note`: where the rows' reserved bytes are not predicted, why."""
 
     strategies: tuple[StrategyEstimate, ...]
     usable: int
@@ -128,6 +131,7 @@ class StepEstimate:
     samples: int
     basis: str = field(default="predicted")
     replans: tuple[Replan, ...] = ()
+    reserved_note: str = ""
 
     def strategy(self, name: str) -> StrategyEstimate:
         """The row named `name`; ArgumentError naming the rows otherwise."""
@@ -170,14 +174,23 @@ class StepEstimate:
         name, size = _unit(self)
         dims = self.dimensions()
         largest = "".join(f" largest {d} |" for d in dims)
+        conf = next((r.reserved.config for r in self.strategies if r.reserved), None)
+        reserved = "" if conf is None else " reserved, predicted |"
+        allocator = (
+            f" Reserved: the caching allocator ({conf or 'torch defaults'}) over two steps."
+            if conf is not None
+            else f" Reserved memory {self.reserved_note}." * bool(self.reserved_note)
+        )
         head = (
             f"Per rank of {self.world_size} on {where}, {self.basis}; usable "
-            f"{self.usable / size:,.2f} {name}; bytes in {name}.\n\n"
+            f"{self.usable / size:,.2f} {name}; bytes in {name}.{allocator}\n\n"
             "| strategy | parameters | gradients | optimizer | FSDP buffers | saved activations "
-            f"| transient | other | total | fits (headroom) | step s | {rate} | plan |{largest}\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(dims) + "\n"
+            f"| transient | other | total | fits (headroom) |{reserved} step s | {rate} | plan "
+            f"|{largest}\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            + "---|" * (len(dims) + bool(reserved))
+            + "\n"
         )
-        lines = [_markdown_row(self, r, size, dims) for r in self.strategies]
+        lines = [_markdown_row(self, r, size, dims, conf is not None) for r in self.strategies]
         named = [
             f"- {r.name}: {r.peak_at}: {r.bottleneck}, {r.bottleneck_bytes / size:,.2f} {name}"
             for r in self.strategies
@@ -250,9 +263,10 @@ class StepEstimate:
 def _row_json(r: StrategyEstimate) -> dict:
     """A row as plain data: its fields but the plan, its components and largest sizes as
     dicts, its total."""
-    skip = ("components", "plan", "largest")
+    skip = ("components", "plan", "largest", "reserved")
     row = {k: getattr(r, k) for k in r.__dataclass_fields__ if k not in skip}
     row["largest"] = {d: asdict(v) for d, v in r.largest.items()}
+    row["reserved"] = None if r.reserved is None else asdict(r.reserved)
     row["components"] = None if r.components is None else r.components.as_dict()
     row["total"] = r.total
     return row
@@ -267,19 +281,26 @@ def _unit(estimate: StepEstimate) -> tuple[str, int]:
     return next(((n, b) for n, b in UNITS if most >= b), UNITS[-1])
 
 
-def _markdown_row(estimate: StepEstimate, row: StrategyEstimate, size: int, dims: list[str]) -> str:
+def _markdown_row(
+    estimate: StepEstimate, row: StrategyEstimate, size: int, dims: list[str], reserved: bool
+) -> str:
     def scaled(nbytes: int) -> str:
         return f"{nbytes / size:,.2f}"
 
     largest = "".join(f" {row.largest.get(d, '-')} |" for d in dims)
     if row.components is None:
         least = "" if row.least is None else f"least {scaled(row.least)}: "
-        return f"| {row.name} | {least}{row.note} |" + " |" * 10 + f" {row.status} |{largest}"
+        empty = " |" * (10 + reserved)
+        return f"| {row.name} | {least}{row.note} |{empty} {row.status} |{largest}"
     c = row.components
     parts = [c.parameters, c.gradients, c.optimizer_states, c.fsdp_buffers]
     parts += [c.saved_activations, c.transient, c.other, c.total]
     spare = estimate.usable - c.total
     verdict = f"yes ({scaled(spare)})" if spare >= 0 else f"no (over {scaled(-spare)})"
     cells = [row.name, *map(scaled, parts), verdict]
+    if reserved:
+        r = row.reserved
+        fails = "" if r is None or r.fits else ": an allocation fails"
+        cells.append("-" if r is None else f"{scaled(r.reserved)}{fails}")
     cells += [f"{row.seconds:.4g}", f"{estimate.throughput(row):,.0f}", row.status]
     return "| " + " | ".join(cells) + " |" + largest

@@ -15,7 +15,8 @@ from solver.target import Device, FsdpPolicy
 @dataclass(frozen=True)
 class EstimateSettings:
     """What an estimate holds the same at every size: `estimate`'s arguments of the same names
-    (`link`: the host link `offload` names)."""
+    (`link`: the host link `offload` names; `alloc_conf`: the caching allocator's settings,
+    `alloc_conf`'s or the environment's)."""
 
     blocks: Sequence[str] | None
     regions: str
@@ -26,3 +27,4 @@ class EstimateSettings:
     budget: str | int | None
     optimizer: str
     link: Link | None
+    alloc_conf: str = ""

@@ -9,9 +9,11 @@ forwards of executor/sac/runtime/planned_forward.py.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,8 @@ __all__ = ["CheckpointPlan", "model_signature"]
 
 FORMAT = "remat-sac-plan/7"
 READS = ("remat-sac-plan/5", "remat-sac-plan/6", FORMAT)
+_APPLIED = ("forward", "remat_sac_policy", "remat_sac_buffers", "remat_sac_offload")
+"""The attributes `CheckpointPlan.apply` sets on a region's module."""
 """The plan formats `CheckpointPlan.load` reads: 6 adds the offload choices and the link, 7 the
 sizes of each op's host buffers (`solver.sac.SacOp.host_sizes`, `saved_sizes`; a format 6
 file's ops have one buffer of their bytes); a format 5 file offloads nothing."""
@@ -195,6 +199,24 @@ class CheckpointPlan:
             module.remat_sac_buffers = regions[j].buffers
             module.forward = types.MethodType(checkpointed_forward, module)
         return model
+
+    @contextlib.contextmanager
+    def applied(self, model: nn.Module, streams: CopyStreams | None = None) -> Iterator[nn.Module]:
+        """`apply` for the length of the block; after it, each region's module as it was."""
+        modules = dict(model.named_modules())
+        before = {
+            name: {a: modules[name].__dict__[a] for a in _APPLIED if a in modules[name].__dict__}
+            for name in self.regions
+            if name in modules
+        }
+        self.apply(model, streams)
+        try:
+            yield model
+        finally:
+            for name, attributes in before.items():
+                for a in _APPLIED:
+                    modules[name].__dict__.pop(a, None)
+                modules[name].__dict__.update(attributes)
 
     def save(self, path: str | Path) -> None:
         """Write the plan as JSON."""

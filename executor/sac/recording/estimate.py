@@ -42,7 +42,7 @@ import statistics
 import sys
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -100,6 +100,8 @@ class _Tracker(TorchDispatchMode):
         self.values = WeakIdKeyDictionary()  # fake tensor -> its real value
         self.stale: set[int] = set()  # storages written by an op not computed for real
         self.unmarked: set[int] = set()  # storages written by `_UNMARKED_WRITES`
+        self.sequence: list[tuple[Hashable, int]] | None = None  # keyed, while `sequencing`
+        self.sequenced: set[int] = set()  # storages allocated while sequencing, live
 
     def known(self, t: object) -> bool:
         return isinstance(t, torch.Tensor) and t in self.values and storage_key(t) not in self.stale
@@ -136,6 +138,9 @@ class _Tracker(TorchDispatchMode):
         if workspace := workspace_bytes(self.device, func, args, kwargs, out):
             self.events += [(self.clock + 1, workspace), (self.clock + 2, -workspace)]
             self.clock += 2
+            if self.sequence is not None:
+                key = ("workspace", self.clock)
+                self.sequence += [(key, workspace), (key, 0)]
         if (
             computable
             and outs
@@ -188,6 +193,9 @@ class _Tracker(TorchDispatchMode):
             self.events.append((self.clock, nbytes))
             if self.labelling:
                 self.made[key] = (self.clock, func, tuple(t.shape), t.dtype)
+            if self.sequence is not None:
+                self.sequence.append((key, nbytes))
+                self.sequenced.add(key)
             weakref.finalize(storage, self._freed, key)
 
     def _freed(self, key: int) -> None:
@@ -198,6 +206,10 @@ class _Tracker(TorchDispatchMode):
         self.events.append((self.clock, -nbytes))
         if key in self.made:
             self.allocations.append(self._allocation(key, nbytes, self.clock))
+        if key in self.sequenced:
+            self.sequenced.discard(key)
+            if self.sequence is not None:
+                self.sequence.append((key, 0))
 
     def _allocation(self, key: int, nbytes: int, end: int | None) -> Allocation:
         """The `Allocation` of a storage made while labelling, freed at `end` (None: live)."""
@@ -350,6 +362,20 @@ class Estimate(Measurer):
         finally:
             line.allocations = self.tracker.labelled()
         line.events, self.tracker.events = self.tracker.events, []
+
+    @contextlib.contextmanager
+    def sequencing(self) -> Iterator[list[tuple[Hashable, int]]]:
+        """The allocations and frees made inside the block, in order, as the caching allocator's
+        model takes them (`solver.target.caching_allocator.simulate`): (storage, bytes rounded
+        as the target rounds) for a storage made, (storage, 0) for its free, an op's workspace
+        as its own key made and freed right after the op. Storages made before the block and
+        freed in it are left out; those made in it and live at its end have no free."""
+        sequence: list[tuple[Hashable, int]] = []
+        self.tracker.sequence, self.tracker.sequenced = sequence, set()
+        try:
+            yield sequence
+        finally:
+            self.tracker.sequence = None
 
     def changed(self, buffer: torch.Tensor, before: torch.Tensor) -> bool:
         return storage_key(buffer) in self.tracker.unmarked

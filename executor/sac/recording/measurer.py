@@ -22,8 +22,8 @@ from solver.sac.windows import Allocation
 CUDA_BLOCK = 512
 """Bytes the CUDA caching allocator rounds every request up to a multiple of
 (``kMinBlockSize`` in c10/cuda/CUDACachingAllocator.cpp's ``round_size``; at least one block;
-``roundup_power2_divisions`` in ``PYTORCH_CUDA_ALLOC_CONF`` rounds further, and is not
-modelled)."""
+``roundup_power2_divisions`` in ``PYTORCH_ALLOC_CONF`` rounds further: the reserved-memory model,
+`solver.target.caching_allocator`, applies it, the recording's bytes do not)."""
 
 
 def storage_key(t: torch.Tensor) -> int:

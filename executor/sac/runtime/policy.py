@@ -81,7 +81,7 @@ class Policy:
         return offloading_contexts(forward, recompute, copies)
 
     def check_complete(self) -> None:
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or _faked():
             return  # NOTE [ SAC plans under compile ]
         if self.position[0] != len(self.ops):
             raise OpStreamMismatchError(
@@ -91,12 +91,20 @@ class Policy:
             )
 
 
+def _faked() -> bool:
+    """Whether a FakeTensorMode is active (every tensor made is fake)."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+
+
 def _tracing(op, args, kwargs) -> bool:
     """Whether the op is being traced (torch.compile's AOT tracing or dynamo's fake-tensor
-    runs), not run eagerly."""
+    runs, or any step under a FakeTensorMode, such as estimate mode's reserved bytes), not run
+    eagerly: a factory op has no fake argument, and the active fake mode tells."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     if _is_compiling(op, args, kwargs) or torch.compiler.is_compiling():
+        return True
+    if _faked():
         return True
     return any(isinstance(a, FakeTensor) for a in pytree.tree_leaves((args, kwargs)))
 
