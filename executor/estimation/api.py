@@ -25,7 +25,7 @@ from executor.estimation.grad_groups import grad_groups
 from executor.estimation.largest import largest_sizes
 from executor.estimation.replans import replans
 from executor.estimation.report import StepEstimate, StrategyEstimate
-from executor.estimation.reserved import log_step, predict_reserved
+from executor.estimation.reserved import LoggedStep, log_step, predict_reserved
 from executor.estimation.settings import EstimateSettings
 from executor.estimation.step_seconds import measured_step_seconds, predicted_step_seconds
 from executor.fitting.memory import predicted_static
@@ -244,7 +244,8 @@ def _estimate_at(
         rows.append(remat("remat + offload", s.link))
     reserved_note = _reserved_note(step)
     if not deciding and not reserved_note:
-        rows = [_with_reserved(r, step, inputs, kwargs, s, make.usable) for r in rows]
+        logged: dict[tuple, LoggedStep] = {}  # rows with the same plan run one step
+        rows = [_with_reserved(r, step, inputs, kwargs, s, make.usable, logged) for r in rows]
     tokens, samples = _tokens(inputs, kwargs)
     device = step.device
     return StepEstimate(
@@ -282,14 +283,18 @@ def _with_reserved(
     kwargs: Mapping[str, object],
     s: EstimateSettings,
     usable: int,
+    logged: dict[tuple, LoggedStep],
 ) -> StrategyEstimate:
     """`row` with its plan's reserved bytes (`executor.estimation.reserved`); as it is where it
-    has no plan, or a plan that copies to the host (its copies run on their own streams)."""
+    has no plan, or a plan that copies to the host (its copies run on their own streams).
+    `logged`: the steps logged so far, by what their plans checkpoint and save."""
     plan = row.plan
     if plan is None or row.components is None or plan.link is not None:
         return row
-    logged = log_step(step.model, inputs, kwargs, s.loss_fn, step.measurer, plan)
-    return replace(row, reserved=predict_reserved(logged, s.optimizer, s.alloc_conf, usable))
+    key = (plan.checkpointed, plan.saved)
+    if key not in logged:
+        logged[key] = log_step(step.model, inputs, kwargs, s.loss_fn, step.measurer, plan)
+    return replace(row, reserved=predict_reserved(logged[key], s.optimizer, s.alloc_conf, usable))
 
 
 @spelled
