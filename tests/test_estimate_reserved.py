@@ -161,7 +161,7 @@ def test_the_table_shows_reserved_and_says_when_an_allocation_fails():
     [
         ({"target": "h100", "world_size": 2}, "under FSDP2"),
         ({"target": "cpu"}, "not a CUDA device"),
-        ({}, "measured here"),
+        ({}, "estimate mode only"),
     ],
 )
 def test_settings_it_does_not_cover_say_why(kwargs, note):

@@ -265,7 +265,7 @@ def _reserved_note(step: RecordedStep) -> str:
     """Why the rows' reserved bytes are not predicted ("" where they are)."""
     device = step.device
     if device is None:
-        return "is not predicted measured here: the CPU has no caching allocator"
+        return "is predicted in estimate mode only: give target= a CUDA device"
     if device.kernels != "cuda":
         return f"is not predicted for target {device.name}: not a CUDA device"
     if step.policy is not None:
