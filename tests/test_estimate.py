@@ -11,6 +11,7 @@ import json
 
 import pytest
 import torch
+from estimate_models import drawn_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sac_models import sum_loss, transformer
@@ -32,46 +33,9 @@ FLOOR = 256
 less is more than 2% of them)."""
 
 
-class ConvNet(nn.Module):
-    """A stem convolution, `layers` conv-ReLU blocks and a linear head."""
-
-    def __init__(self, layers: int, channels: int) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, channels, 3, padding=1)
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU())
-            for _ in range(layers)
-        )
-        self.head = nn.Linear(channels, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.stem(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x.mean((2, 3)))
-
-
-def _hf(family: str, layers: int, width: int, batch: int, seq: int):
-    from benchmarks.zoo import hf
-
-    bench = getattr(hf, family)(layers=layers, hidden=width, batch=batch, seq=seq)
-    model, inputs = bench
-    return model, inputs, lambda out: out
-
-
-def _model(family: str, layers: int, width: int, batch: int, seq: int):
-    """(model, inputs, loss) of a drawn case."""
-    torch.manual_seed(0)
-    if family == "transformer":
-        return transformer(layers=layers, d=width), (torch.randn(batch, seq, width),), sum_loss
-    if family == "cnn":
-        return ConvNet(layers, width), (torch.randn(batch, 3, seq, seq),), sum_loss
-    return _hf(family, layers, width, batch, seq)
-
-
 @functools.cache
 def _compared(case: tuple) -> dict:
-    model, inputs, loss = _model(*case)
+    model, inputs, loss = drawn_model(*case)
     return compare(model, inputs, loss, time_limit=60)
 
 

@@ -15,54 +15,26 @@ import functools
 
 import pytest
 import torch
+from estimate_models import drawn_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sac_models import sum_loss, transformer
-from torch import nn
 
 import executor
 from executor.estimation.reserved import LoggedStep, training_sequence
 from solver.errors import ArgumentError
 from solver.target.caching_allocator import AllocatorConfig, simulate
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 MIB = 1 << 20
 FAMILIES = ("transformer", "gpt2", "llama", "bert")
-
-
-class ConvNet(nn.Module):
-    def __init__(self, layers: int, channels: int) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, channels, 3, padding=1)
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU())
-            for _ in range(layers)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.stem(x)
-        for block in self.blocks:
-            x = block(x)
-        return x
-
-
-def _model(family: str, layers: int, width: int, batch: int, seq: int):
-    torch.manual_seed(0)
-    if family == "transformer":
-        return transformer(layers=layers, d=width), (torch.randn(batch, seq, width),), sum_loss
-    if family == "cnn":
-        return ConvNet(layers, width), (torch.randn(batch, 3, seq, seq),), sum_loss
-    from benchmarks.zoo import hf
-
-    model, inputs = getattr(hf, family)(layers=layers, hidden=width, batch=batch, seq=seq)
-    return model, inputs, lambda out: out
 
 
 @functools.cache
 def _estimated(case: tuple, budget_at: float, conf: str) -> executor.StepEstimate:
     """The estimate of a drawn case at `budget_at` of the way from full checkpoint's total to
     the plain step's (None: the device's usable memory)."""
-    torch.set_num_threads(1)
-    model, inputs, loss = _model(*case)
+    model, inputs, loss = drawn_model(*case)
     budget = None
     if budget_at is not None:
         first = executor.estimate(model, inputs, target="h100", loss_fn=loss)
@@ -165,23 +137,21 @@ def test_the_table_shows_reserved_and_says_when_an_allocation_fails():
     ],
 )
 def test_settings_it_does_not_cover_say_why(kwargs, note):
-    torch.set_num_threads(1)
-    model, inputs, loss = _model("transformer", 2, 32, 1, 16)
+    model, inputs, loss = drawn_model("transformer", 2, 32, 1, 16)
     est = executor.estimate(model, inputs, loss_fn=loss, **kwargs)
     assert all(r.reserved is None for r in est.strategies)
     assert note in est.reserved_note and note in est.to_markdown()
 
 
 def test_the_offload_row_has_no_reserved_bytes():
-    torch.set_num_threads(1)
-    model, inputs, loss = _model("transformer", 2, 32, 1, 16)
+    model, inputs, loss = drawn_model("transformer", 2, 32, 1, 16)
     est = executor.estimate(model, inputs, target="h100", loss_fn=loss, offload="pcie4")
     assert est.strategy("remat").reserved is not None
     assert est.strategy("remat + offload").reserved is None
 
 
 def test_an_allocator_setting_torch_would_refuse_is_refused_before_any_work():
-    model, inputs, loss = _model("transformer", 2, 32, 1, 16)
+    model, inputs, loss = drawn_model("transformer", 2, 32, 1, 16)
     with pytest.raises(ArgumentError, match="unknown"):
         executor.estimate(model, inputs, target="h100", loss_fn=loss, alloc_conf="no_such:1")
 
@@ -197,8 +167,7 @@ def test_the_environment_gives_the_default_setting(monkeypatch):
 
 
 def test_applied_leaves_the_model_as_found():
-    torch.set_num_threads(1)
-    model, inputs, loss = _model("transformer", 2, 32, 1, 16)
+    model, inputs, loss = drawn_model("transformer", 2, 32, 1, 16)
     plan = executor.estimate(model, inputs, loss_fn=loss).strategy("full").plan
     modules = dict(model.named_modules())
     blocks = [modules[name] for name in plan.regions]
