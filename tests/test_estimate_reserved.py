@@ -124,8 +124,26 @@ def test_the_table_shows_reserved_and_says_when_an_allocation_fails():
     # the budget lies below the allocator's 2 MiB pages: reserved cannot fit it
     assert remat.total <= est.usable < remat.reserved.reserved
     assert not remat.reserved.fits and "an allocation fails" in table
+    # re-solved lower by what reserved exceeds the budget: no plan goes that low here
+    assert remat.note == "no plan found whose reserved bytes fit the usable memory"
+    assert remat.note in table
     row = next(r for r in est.to_json()["strategies"] if r["name"] == "remat")
     assert row["reserved"]["reserved"] == remat.reserved.reserved
+
+
+def test_remat_is_solved_again_below_the_budget_until_its_reserved_bytes_fit():
+    from benchmarks.zoo import hf
+
+    model, inputs = hf.gpt2(layers=4, hidden=256, batch=4, seq=256)
+    budget = 150 << 20  # remat's least-cost plan within it reserves 160 MiB
+    est = executor.estimate(model, inputs, budget, target="h100", loss_fn=lambda out: out)
+    remat, full = est.strategy("remat"), est.strategy("full")
+    assert remat.note.startswith("solved within ") and remat.note in est.to_markdown()
+    within = int(remat.note.split()[2].replace(",", ""))
+    assert remat.total <= within < budget
+    assert remat.reserved.fits and remat.reserved.reserved <= budget
+    assert remat.plan.budget <= within  # the plan that runs is the one solved lower
+    assert full.reserved.fits and remat.seconds <= full.seconds
 
 
 @pytest.mark.parametrize(

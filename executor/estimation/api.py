@@ -139,16 +139,20 @@ class _Rows:
             bottleneck_bytes=nbytes,
         )
 
-    def solved(self, name: str, deadline: Deadline, link: Link | None) -> StrategyEstimate:
-        """remat's row: the least-cost plan within `usable` (with `link`: offloads allowed);
-        where none fits, an "INFEASIBLE" row with the least peak (the solve's proof) and where
-        the least-peak plan peaks, or "NONE FOUND" where the solve found none in its time."""
+    def solved(
+        self, name: str, deadline: Deadline, link: Link | None, within: int | None = None
+    ) -> StrategyEstimate:
+        """remat's row: the least-cost plan within `within` bytes per rank (default `usable`;
+        with `link`: offloads allowed); where none fits, an "INFEASIBLE" row with the least
+        peak (the solve's proof) and where the least-peak plan peaks, or "NONE FOUND" where the
+        solve found none in its time."""
         resident = 0 if self.step.policy is not None else self.memory.resident
         none = self.evaluated("none", policy_plan(self.step.union, "none")).total
         assert none is not None
         # above the step without checkpointing nothing is to be saved: solved at that peak,
         # CP-SAT's numbers stay those of the step (a CPU target's memory is 2^62 bytes)
-        budget = Budget.of(min(self.usable, none) - self.other - resident)
+        limit = self.usable if within is None else within
+        budget = Budget.of(min(limit, none) - self.other - resident)
         try:
             plan: CheckpointPlan = self.step.solve(budget, deadline, link)
         except InfeasibleBudgetError as e:
@@ -245,7 +249,12 @@ def _estimate_at(
     reserved_note = _reserved_note(step)
     if not deciding and not reserved_note:
         logged: dict[tuple, LoggedStep] = {}  # rows with the same plan run one step
-        rows = [_with_reserved(r, step, inputs, kwargs, s, make.usable, logged) for r in rows]
+
+        def reserve(row: StrategyEstimate) -> StrategyEstimate:
+            return _with_reserved(row, step, inputs, kwargs, s, make.usable, logged)
+
+        rows = [reserve(r) for r in rows]
+        rows = [_leaving_room(r, make, deadline, reserve) if r.name == "remat" else r for r in rows]
     tokens, samples = _tokens(inputs, kwargs)
     device = step.device
     return StepEstimate(
@@ -259,6 +268,40 @@ def _estimate_at(
         "measured recording" if device is None else "predicted",
         reserved_note=reserved_note,
     )
+
+
+RESERVE_ROUNDS = 3
+"""The most re-solves `_leaving_room` makes for remat's row."""
+
+
+def _leaving_room(
+    row: StrategyEstimate,
+    make: _Rows,
+    deadline: Deadline,
+    reserve: Callable[[StrategyEstimate], StrategyEstimate],
+) -> StrategyEstimate:
+    """remat's row whose plan fits the usable memory by allocated bytes but not by the caching
+    allocator's reserved ones, re-solved within the usable memory less what its reserved bytes
+    exceed it by (at most `RESERVE_ROUNDS` solves, each checked by `reserve`): the first plan
+    whose reserved bytes fit, its note saying so; else the row as it was, its note saying
+    that no plan found leaves the allocator room."""
+    current = row
+    for _ in range(RESERVE_ROUNDS):
+        got = current.reserved
+        if got is None or got.fits or current.total is None or deadline.passed():
+            break
+        within = current.total - (got.reserved - make.usable)
+        tried = reserve(make.solved(row.name, deadline, None, within))
+        if tried.total is None:
+            break
+        current = replace(
+            tried, note=f"solved within {within:,} B: room for the caching allocator's reserve"
+        )
+    if current is row or current.reserved is None or not current.reserved.fits:
+        if row.reserved is None or row.reserved.fits:
+            return row
+        return replace(row, note="no plan found whose reserved bytes fit the usable memory")
+    return current
 
 
 def _reserved_note(step: RecordedStep) -> str:

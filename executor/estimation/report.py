@@ -197,6 +197,8 @@ class StepEstimate:
             if r.bottleneck
         ]
         largest = "\n\nThe largest tensor at each peak:\n\n" + "\n".join(named) if named else ""
+        notes = [f"- {r.name}: {r.note}" for r in self.strategies if r.note and r.components]
+        largest = ("\n\nNotes:\n\n" + "\n".join(notes) if notes else "") + largest
         stops = dict.fromkeys(
             f"- {r.name}, largest {d}: {v.note}"
             for r in self.strategies
