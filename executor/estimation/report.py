@@ -236,8 +236,9 @@ class StepEstimate:
         return head
 
     def plot(self, path: str | Path) -> Path:
-        """A stacked bar per strategy (components, GiB) with the usable memory as a line,
-        written to `path` (a format matplotlib knows by its suffix)."""
+        """A stacked bar per strategy (components, GiB) with the usable memory as a line and
+        each row's predicted reserved bytes as a mark over its bar, written to `path` (a
+        format matplotlib knows by its suffix)."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -251,6 +252,10 @@ class StepEstimate:
             ax.bar([r.name for r in rows], values, bottom=bottoms, label=part.replace("_", " "))
             bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
         ax.axhline(self.usable / GIB, color="black", linestyle="--", label="usable")
+        reserved = [(k, r.reserved.reserved / GIB) for k, r in enumerate(rows) if r.reserved]
+        if reserved:
+            at, values = zip(*reserved, strict=True)
+            ax.scatter(at, values, marker="_", s=900, color="black", label="reserved, predicted")
         ax.set_ylabel("GiB per rank")
         ax.set_title(f"{self.target or 'measured here'}, {self.world_size} rank(s)")
         ax.legend(fontsize=7)
