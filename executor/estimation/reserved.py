@@ -3,8 +3,9 @@
 A job fails on the bytes the CUDA caching allocator has reserved, not on those its tensors hold.
 Each row's plan (`CheckpointPlan.applied`) runs one more fake step of the recorded model, and
 estimate mode's tracker logs every storage it makes and frees, in order, rounded as the target
-rounds (`Estimate.sequencing`): that is the allocation sequence torch's checkpoint and SAC
-runtime make under that plan, not a model of it. `training_sequence` puts it into a training
+rounds (`Estimate.sequencing`): the allocations torch's checkpoint and SAC runtime make under
+that plan, in the CPU kernels' trace (a GPU's kernels can allocate otherwise: SDPA's backends,
+cuDNN's workspaces, docs/estimate.md "Limits"). `training_sequence` puts it into a training
 loop's steady state:
 
 1. the parameters, buffers and inputs, each storage one allocation, before the first step;
