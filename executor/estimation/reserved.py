@@ -37,8 +37,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from executor.fitting.memory import OPTIMIZER_STATES
 from executor.sac.plan import CheckpointPlan
 from executor.sac.recording.estimate import Estimate
+from executor.sac.recording.measurer import storage_key
 from graph_capture.measurement.peak import Snapshot
 from solver.target.caching_allocator import AllocatorConfig, simulate
 
@@ -85,7 +87,7 @@ def _storages(tensors: Sequence[torch.Tensor], measurer: Estimate) -> list[int]:
     """Bytes of each distinct storage among `tensors`, as the target rounds them."""
     seen: dict[int, int] = {}
     for t in tensors:
-        seen.setdefault(t.untyped_storage()._cdata, measurer.nbytes(t))
+        seen.setdefault(storage_key(t), measurer.nbytes(t))
     return list(seen.values())
 
 
@@ -137,7 +139,7 @@ def training_sequence(logged: LoggedStep, optimizer: str, steps: int = STEPS) ->
     """The allocations and frees of `steps` training steps (module docstring), the logged
     step's keys told apart per step."""
     events: list[Event] = [(("static", i), b) for i, b in enumerate(logged.static)]
-    moments = {"adamw": 2, "sgd": 1, "none": 0}[optimizer]
+    moments = OPTIMIZER_STATES[optimizer]
     groups: dict[torch.dtype, list[int]] = {}
     for i, (_, dtype) in enumerate(logged.trainable):
         groups.setdefault(dtype, []).append(i)
@@ -164,7 +166,7 @@ def step_allocated(logged: LoggedStep, optimizer: str) -> int:
     """Peak bytes while the logged forward and backward run, in a steady state: the static
     storages, the optimizer's state and the step's own bytes (unrounded by the allocator's
     blocks beyond the target's rounding), as the row's `total` counts them."""
-    moments = {"adamw": 2, "sgd": 1, "none": 0}[optimizer]
+    moments = OPTIMIZER_STATES[optimizer]
     before = sum(logged.static) + moments * sum(b for b, _ in logged.trainable)
     live = peak = 0
     sizes: dict[Hashable, int] = {}

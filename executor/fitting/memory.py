@@ -111,6 +111,11 @@ class TrainingStep:
         return measure_peak(self.optimizer.step, device).peak_bytes
 
 
+OPTIMIZER_STATES = {"adamw": 2, "sgd": 1, "none": 0}
+"""Per optimizer name, the state tensors it keeps per trainable parameter, each the
+parameter's size: AdamW's two moments, SGD's momentum buffer."""
+
+
 def predicted_static(
     model: nn.Module,
     inputs: Sequence[torch.Tensor],
@@ -134,7 +139,7 @@ def predicted_static(
 
     params = list(dict.fromkeys(model.parameters()))
     trainable = nbytes(p for p in params if p.requires_grad)
-    moments = {"adamw": 2, "sgd": 1, "none": 0}[optimizer]
+    moments = OPTIMIZER_STATES[optimizer]
     static = StaticBytes(
         parameters=nbytes(params),
         gradients=trainable,
