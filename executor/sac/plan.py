@@ -33,11 +33,11 @@ __all__ = ["CheckpointPlan", "model_signature"]
 
 FORMAT = "remat-sac-plan/7"
 READS = ("remat-sac-plan/5", "remat-sac-plan/6", FORMAT)
-_APPLIED = ("forward", "remat_sac_policy", "remat_sac_buffers", "remat_sac_offload")
-"""The attributes `CheckpointPlan.apply` sets on a region's module."""
 """The plan formats `CheckpointPlan.load` reads: 6 adds the offload choices and the link, 7 the
 sizes of each op's host buffers (`solver.sac.SacOp.host_sizes`, `saved_sizes`; a format 6
 file's ops have one buffer of their bytes); a format 5 file offloads nothing."""
+_APPLIED = ("forward", "remat_sac_policy", "remat_sac_buffers", "remat_sac_offload")
+"""The attributes `CheckpointPlan.apply` sets on a region's module."""
 
 
 def model_signature(model: nn.Module) -> str:
